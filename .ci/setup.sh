@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# setup.sh: installs xtc's build and test dependencies from Debian 12 packages when missing.
+# Needs root (or sudo) only when something is missing.
+set -euo pipefail
+pkgs="cmake make gcc pkg-config flex bison check llvm-19-dev python3 python3-torch python3-numpy"
+missing=""
+for p in $pkgs; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "setup: installing$missing"
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+echo "setup: dependencies present"

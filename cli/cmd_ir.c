@@ -1,0 +1,54 @@
+/* cmd_ir.c: `xtc ir`: print the IR of a model. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(void)
+{
+    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask]\n\n"
+           "Prints the tensor IR of a model, one op per line with its type.\n"
+           "  --model NAME  which model of the file (default: the last one)\n"
+           "  --train       include the targets input and the loss output\n"
+           "  --mask        include the padding-mask input\n");
+}
+
+int cli_ir(int argc, char **argv)
+{
+    const char *path = NULL, *model = NULL, *v;
+    XtLowerOpts opt = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage();
+            return 0;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
+            model = v;
+        } else if (!strcmp(argv[i], "--train")) {
+            opt.train = 1;
+        } else if (!strcmp(argv[i], "--mask")) {
+            opt.mask = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "xtc ir: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "xtc ir: more than one input file\n");
+            return 2;
+        }
+    }
+    if (!path) {
+        usage();
+        return 2;
+    }
+    XtfFile *f = cli_load_xtf(path);
+    if (!f)
+        return 1;
+    IrGraph *g = cli_lower(f, model, &opt);
+    xtf_free(f);
+    if (!g)
+        return 1;
+    ir_print(g, stdout);
+    ir_graph_free(g);
+    return 0;
+}

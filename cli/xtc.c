@@ -1,0 +1,46 @@
+/* xtc.c: the command line. One table of subcommands; each parses its own flags, prints its
+ * --help, and reports any error as one line on stderr with a non-zero exit status. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static int cmd_help(int argc, char **argv);
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"ir", cli_ir, "print the IR of a model (after lowering, or after a pass)"},
+    {"run", cli_run, "run a model on inputs from a .safetensors file"},
+    {"check", cli_check, "parse and check a .xtf file, reporting every error"},
+    {"demo", cli_demo, "compile the bundled GPT, run it on a prompt, show the result"},
+    {"help", cmd_help, "show this help"},
+};
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("xtc: a compiler and runtime for transformer models (x-transformers in C)\n\n"
+           "usage: xtc <command> [options]     (xtc <command> --help for details)\n\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        printf("  %-10s %s\n", commands[i].name, commands[i].summary);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        cmd_help(0, NULL);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "xtc: unknown command '%s' (try 'xtc help')\n", argv[1]);
+    return 2;
+}

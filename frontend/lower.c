@@ -1,0 +1,796 @@
+/* lower.c: lowering of checked x-transformers models (.xtf) to the tensor IR.
+ *
+ * Follows ../shared/XT-SEMANTICS.md (x-transformers 0.23.0) operation for operation: the
+ * section numbers in comments point there. Parameters carry their exact state_dict names.
+ * Everything is expressed in primitive IR ops (LayerNorm as mean/variance/rsqrt, attention as
+ * matmul/softmax/where); the fusion passes recombine them.
+ *
+ * Symbols: "b" (batch), "n" (sequence, bounded by max_seq_len), "m" (context length, for
+ * cross-attention), "s"/"t" (source/target lengths of XTransformer). Inputs and outputs are
+ * named as in DESIGN.md ("Module interface"). */
+#include "xtf.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ir.h"
+
+typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
+
+#define MAX_LAYERS 512
+
+/* One AttentionLayers stack (section 4) with its Attention and FeedForward options. */
+typedef struct {
+    const XtfValue *call;
+    int dim, depth, heads, dim_head;
+    int causal, cross_attend, only_cross;
+    NormKind norm;
+    int pre_norm, sandwich_norm, rezero, macaron;
+    int scale_residual, gate_residual, residual_attn, cross_residual_attn;
+    int rotary, rotary_dim;     /* rotary_dim = rd of section 7.2 */
+    int rel_pos, rel_buckets, rel_max_distance;
+    int pia;                    /* position_infused_attn */
+    int use_qk_norm_attn, qk_norm;
+    double qk_scale_init;
+    int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
+    int ff_glu, ff_relu_squared, ff_post_act_ln;
+    double ff_mult;
+    char types[MAX_LAYERS];
+    int ntypes;
+} Stack;
+
+typedef struct {
+    IrGraph *g;
+    const XtfFile *f;
+    XtfDiag *d;
+    const XtLowerOpts *opt;
+    const char *root;     /* state_dict prefix of the current wrapper ("", "encoder.", ...) */
+    const char *vroot;    /* label prefix ("", "enc.", ...) */
+    IrDim B;
+    IrNode *mask;         /* bool[b, n] for self-attention, or NULL */
+    IrNode *context;      /* f32[b, m, dim] for cross-attention, or NULL */
+    IrNode *context_mask; /* bool[b, m] or NULL */
+} Lx;
+
+/* ---- small helpers ---- */
+
+static IrDim C(int64_t v) { return ir_dim(v); }
+
+static IrNode *paramv(Lx *L, int buffer, int rank, const IrDim *shape, const char *fmt, ...)
+{
+    char name[256], full[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "%s%s", L->root, name);
+    return buffer ? ir_buffer(L->g, full, rank, shape) : ir_param(L->g, full, rank, shape);
+}
+
+static IrNode *param1(Lx *L, int64_t d0, const char *prefix, const char *leaf)
+{
+    IrDim s[1] = {C(d0)};
+    return paramv(L, 0, 1, s, "%s.%s", prefix, leaf);
+}
+
+static IrNode *cf(Lx *L, double v) { return ir_const(L->g, v, IR_F32); }
+static IrNode *add(Lx *L, IrNode *a, IrNode *b) { return ir_binary(L->g, IR_ADD, a, b); }
+static IrNode *sub(Lx *L, IrNode *a, IrNode *b) { return ir_binary(L->g, IR_SUB, a, b); }
+static IrNode *mul(Lx *L, IrNode *a, IrNode *b) { return ir_binary(L->g, IR_MUL, a, b); }
+static IrNode *un(Lx *L, IrOp op, IrNode *x) { return ir_unary(L->g, op, x); }
+
+static IrNode *lab(Lx *L, IrNode *n, const char *fmt, ...)
+{
+    char buf[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return ir_label(L->g, n, "%s%s", L->vroot, buf);
+}
+
+static IrDim seq_of(IrNode *x) { return x ? x->shape[1] : C(0); }
+
+/* y = x @ W.T (+ b); W is [out, in] (section 1) */
+static IrNode *linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int bias)
+{
+    IrDim ws[2] = {C(out), C(in)};
+    IrNode *y = ir_matmul(L->g, x, paramv(L, 0, 2, ws, "%s.weight", prefix), 1);
+    if (bias)
+        y = add(L, y, param1(L, out, prefix, "bias"));
+    return y;
+}
+
+static IrNode *mean_last(Lx *L, IrNode *x, int d)
+{
+    return mul(L, ir_reduce(L->g, IR_SUM, x, -1), cf(L, 1.0 / d));
+}
+
+/* nn.LayerNorm(d): (x - mean) / sqrt(var_biased + 1e-5) * weight + bias (section 8) */
+static IrNode *layer_norm(Lx *L, IrNode *x, const char *prefix, int d)
+{
+    IrNode *xc = sub(L, x, mean_last(L, x, d));
+    IrNode *var = mean_last(L, mul(L, xc, xc), d);
+    IrNode *y = mul(L, xc, un(L, IR_RSQRT, add(L, var, cf(L, 1e-5))));
+    return add(L, mul(L, y, param1(L, d, prefix, "weight")), param1(L, d, prefix, "bias"));
+}
+
+/* ScaleNorm / RMSNorm: x / clamp(||x|| * d^-0.5, min=eps) * g (section 8) */
+static IrNode *scale_norm(Lx *L, IrNode *x, const char *prefix, int d, int gdim, double eps)
+{
+    IrNode *nrm = un(L, IR_SQRT, ir_reduce(L->g, IR_SUM, mul(L, x, x), -1));
+    nrm = ir_binary(L->g, IR_MAX, mul(L, nrm, cf(L, 1.0 / sqrt((double)d))), cf(L, eps));
+    return mul(L, ir_binary(L->g, IR_DIV, x, nrm), param1(L, gdim, prefix, "g"));
+}
+
+static IrNode *block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
+{
+    switch (S->norm) {
+    case NORM_RMS: return scale_norm(L, x, prefix, S->dim, S->dim, 1e-8);
+    case NORM_SCALE: return scale_norm(L, x, prefix, S->dim, 1, 1e-5);
+    default: return layer_norm(L, x, prefix, S->dim);
+    }
+}
+
+/* F.normalize(x, dim=-1): x / max(||x||, 1e-12) */
+static IrNode *l2norm(Lx *L, IrNode *x)
+{
+    IrNode *nrm = un(L, IR_SQRT, ir_reduce(L->g, IR_SUM, mul(L, x, x), -1));
+    return ir_binary(L->g, IR_DIV, x, ir_binary(L->g, IR_MAX, nrm, cf(L, 1e-12)));
+}
+
+/* [b, n, h*d] -> [b, h, n, d] */
+static IrNode *split_heads(Lx *L, IrNode *x, int h, int dh)
+{
+    if (!x)
+        return NULL;
+    IrDim s[4] = {L->B, seq_of(x), C(h), C(dh)};
+    static const int perm[4] = {0, 2, 1, 3};
+    return ir_permute(L->g, ir_reshape(L->g, x, 4, s), perm);
+}
+
+/* [b, h, n, d] -> [b, n, h*d] */
+static IrNode *merge_heads(Lx *L, IrNode *x, int h, int dh)
+{
+    if (!x)
+        return NULL;
+    static const int perm[4] = {0, 2, 1, 3};
+    IrDim s[3] = {L->B, x->shape[2], C((int64_t)h * dh)};
+    return ir_reshape(L->g, ir_permute(L->g, x, perm), 3, s);
+}
+
+/* dots[b, g, i, j] = sum_h W[g, h] dots[b, h, i, j]: talking heads, a 1x1 conv (step 10) */
+static IrNode *mix_heads(Lx *L, IrNode *dots, const char *prefix, const char *which, int h)
+{
+    IrDim ws[4] = {C(h), C(h), C(1), C(1)}, w2[2] = {C(h), C(h)};
+    IrNode *w = ir_reshape(L->g, paramv(L, 0, 4, ws, "%s.%s.weight", prefix, which), 2, w2);
+    static const int to_last[4] = {0, 2, 3, 1}, back[4] = {0, 3, 1, 2};
+    return ir_permute(L->g, ir_matmul(L->g, ir_permute(L->g, dots, to_last), w, 1), back);
+}
+
+/* Per-stack position tensors, shared by every self-attention layer. */
+typedef struct {
+    IrNode *rot_cos, *rot_sin;  /* [n, rd] */
+    IrNode *pia;                /* [n, dim] sinusoids */
+    IrNode *relpos_table;       /* [buckets, heads] */
+} Positions;
+
+/* Rotary positions (section 7.2) on t[b, h, m, dh], positions 0..m-1. */
+static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
+{
+    int rd = S->rotary_dim, half = rd / 2, dh = S->dim_head;
+    IrGraph *g = L->g;
+    IrNode *xr = ir_slice(g, t, -1, C(0), C(rd));
+    IrNode *x1 = ir_slice(g, xr, -1, C(0), C(half));
+    IrNode *x2 = ir_slice(g, xr, -1, C(half), C(half));
+    IrNode *rot = ir_concat(g, un(L, IR_NEG, x2), x1, -1);
+    IrNode *out = add(L, mul(L, xr, P->rot_cos), mul(L, rot, P->rot_sin));
+    if (rd < dh)
+        out = ir_concat(g, out, ir_slice(g, t, -1, C(rd), C(dh - rd)), -1);
+    return out;
+}
+
+/* Attention block (section 5). x[b, n, dim] is the normed stream; cross = 'c' layer.
+ * *prev: in, the previous layer's pre-softmax logits (residual attention) or NULL; out, this
+ * layer's. */
+static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer, int cross,
+                         const Positions *P, IrNode **prev)
+{
+    IrGraph *g = L->g;
+    char name[256];
+    int h = S->heads, dh = S->dim_head, inner = h * dh;
+    IrNode *kv = cross ? L->context : x;
+    if (!kv || !x)
+        return NULL;
+    IrNode *q_in = x, *k_in = kv;
+    if (!cross && S->pia) { /* step 2: sinusoids on the q and k inputs, not v */
+        q_in = add(L, x, P->pia);
+        k_in = add(L, kv, P->pia);
+    }
+    snprintf(name, sizeof name, "%s.to_q", p);
+    IrNode *q = split_heads(L, lab(L, linear(L, q_in, name, S->dim, inner, 0), "layer%d.attn.q", layer), h, dh);
+    snprintf(name, sizeof name, "%s.to_k", p);
+    IrNode *k = split_heads(L, lab(L, linear(L, k_in, name, S->dim, inner, 0), "layer%d.attn.k", layer), h, dh);
+    snprintf(name, sizeof name, "%s.to_v", p);
+    IrNode *v = split_heads(L, lab(L, linear(L, kv, name, S->dim, inner, 0), "layer%d.attn.v", layer), h, dh);
+
+    if (!cross && S->rotary) { /* step 4: q, k AND v */
+        q = lab(L, rotary(L, S, q, P), "layer%d.attn.q_rot", layer);
+        k = lab(L, rotary(L, S, k, P), "layer%d.attn.k_rot", layer);
+        v = lab(L, rotary(L, S, v, P), "layer%d.attn.v_rot", layer);
+    }
+    if (!q || !k || !v)
+        return NULL;
+    IrDim I = q->shape[2], J = k->shape[2];
+
+    /* step 5: key padding, masking queries too */
+    IrNode *qmask = L->mask, *kmask = cross ? L->context_mask : L->mask;
+    IrNode *input_mask = NULL;
+    if (L->mask || (cross && L->context_mask)) {
+        IrNode *t = ir_const(g, 1, IR_BOOL);
+        IrDim sq[4] = {L->B, C(1), I, C(1)}, sk[4] = {L->B, C(1), C(1), J};
+        IrNode *qm = qmask ? ir_reshape(g, qmask, 4, sq) : t;
+        IrNode *km = kmask ? ir_reshape(g, kmask, 4, sk) : t;
+        IrDim full[4] = {L->B, C(1), I, J};
+        input_mask = ir_expand(g, ir_binary(g, IR_AND, qm, km), 4, full);
+    }
+    /* step 6: memory key/values, broadcast over the batch, not rotated */
+    if (S->num_mem_kv) {
+        int M = S->num_mem_kv;
+        IrDim ms[3] = {C(h), C(M), C(dh)}, bs[4] = {L->B, C(h), C(M), C(dh)};
+        IrNode *mk = ir_expand(g, paramv(L, 0, 3, ms, "%s.mem_k", p), 4, bs);
+        IrNode *mv = ir_expand(g, paramv(L, 0, 3, ms, "%s.mem_v", p), 4, bs);
+        k = ir_concat(g, mk, k, 2);
+        v = ir_concat(g, mv, v, 2);
+        if (input_mask) {
+            IrDim ps[4] = {L->B, C(1), I, C(M)};
+            input_mask = ir_concat(g, ir_expand(g, ir_const(g, 1, IR_BOOL), 4, ps), input_mask, 3);
+        }
+        if (!k)
+            return NULL;
+        J = k->shape[2];
+    }
+    /* steps 7-8: scaled logits, or cosine similarity with a learned temperature */
+    IrNode *scale;
+    if (S->qk_norm) {
+        q = l2norm(L, q);
+        k = l2norm(L, k);
+        IrDim ss[4] = {C(1), C(h), C(1), C(1)};
+        IrNode *s = paramv(L, 0, 4, ss, "%s.scale", p);
+        scale = ir_unary(g, IR_RECIP, ir_binary(g, IR_MAX, un(L, IR_EXP, s), cf(L, 1e-2)));
+    } else {
+        scale = cf(L, pow((double)dh, -0.5));
+    }
+    IrNode *dots = lab(L, mul(L, ir_matmul(g, q, k, 1), scale), "layer%d.attn.dots", layer);
+    if (*prev) /* step 9 */
+        dots = add(L, dots, *prev);
+    *prev = dots; /* pre_softmax_attn */
+    if (S->talking_heads) /* step 10 */
+        dots = mix_heads(L, dots, p, "pre_softmax_talking_heads", h);
+    if (!cross && P->relpos_table) { /* step 11, section 7.3 */
+        IrNode *bucket = ir_relpos(g, I, J, S->rel_buckets, S->rel_max_distance, S->causal);
+        static const int perm[3] = {2, 0, 1};
+        IrNode *b = ir_permute(g, ir_gather(g, P->relpos_table, bucket), perm);
+        dots = add(L, dots, lab(L, mul(L, b, cf(L, sqrt((double)dh))), "layer%d.attn.rel_pos", layer));
+    }
+    /* step 12: -FLT_MAX fill (not -inf), so fully masked rows attend uniformly */
+    IrNode *neg = cf(L, -FLT_MAX);
+    if (input_mask)
+        dots = ir_where(g, input_mask, dots, neg);
+    if (!cross && S->causal) { /* j > i + (J - I) */
+        IrDim si[2] = {I, C(1)}, sj[2] = {C(1), J};
+        IrNode *qi = ir_reshape(g, ir_arange(g, ir_dim_sub(J, I), I, IR_I64), 2, si);
+        IrNode *kj = ir_reshape(g, ir_arange(g, C(0), J, IR_I64), 2, sj);
+        dots = ir_where(g, lab(L, ir_binary(g, IR_LT, qi, kj), "causal_mask"), neg, dots);
+    }
+    IrNode *attn = lab(L, ir_softmax(g, dots), "layer%d.attn.weights", layer); /* step 14 */
+    if (S->talking_heads) /* step 15 */
+        attn = mix_heads(L, attn, p, "post_softmax_talking_heads", h);
+    IrNode *out = ir_matmul(g, attn, v, 0); /* step 16 */
+    if (S->head_scale) {
+        IrDim ss[4] = {C(1), C(h), C(1), C(1)};
+        out = mul(L, out, paramv(L, 0, 4, ss, "%s.head_scale_params", p));
+    }
+    out = merge_heads(L, out, h, dh);
+    if (S->gate_values) { /* step 17 */
+        snprintf(name, sizeof name, "%s.to_v_gate", p);
+        out = mul(L, out, un(L, IR_SIGMOID, linear(L, x, name, S->dim, inner, 1)));
+    }
+    if (S->on_attn) { /* step 18: Linear(inner, 2 dim) + GLU: a * sigmoid(gate) */
+        snprintf(name, sizeof name, "%s.to_out.0", p);
+        IrNode *y = linear(L, out, name, inner, 2 * S->dim, 1);
+        IrNode *a = ir_slice(g, y, -1, C(0), C(S->dim));
+        IrNode *gt = ir_slice(g, y, -1, C(S->dim), C(S->dim));
+        out = mul(L, a, un(L, IR_SIGMOID, gt));
+    } else {
+        snprintf(name, sizeof name, "%s.to_out", p);
+        out = linear(L, out, name, inner, S->dim, 1);
+    }
+    return lab(L, out, "layer%d.attn.out", layer);
+}
+
+static IrNode *ff_act(Lx *L, const Stack *S, IrNode *x)
+{
+    if (S->ff_relu_squared) {
+        IrNode *r = un(L, IR_RELU, x);
+        return mul(L, r, r);
+    }
+    return un(L, IR_GELU, x);
+}
+
+/* FeedForward (section 6) */
+static IrNode *feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int layer)
+{
+    IrGraph *g = L->g;
+    char name[256];
+    int inner = (int)(S->dim * S->ff_mult);
+    IrNode *hdn;
+    if (S->ff_glu) { /* val, gate = proj(x).chunk(2); val * act(gate): the second half gates */
+        snprintf(name, sizeof name, "%s.net.0.proj", p);
+        IrNode *pr = lab(L, linear(L, x, name, S->dim, 2 * inner, 1), "layer%d.ff.proj", layer);
+        IrNode *val = ir_slice(g, pr, -1, C(0), C(inner));
+        IrNode *gate = ir_slice(g, pr, -1, C(inner), C(inner));
+        hdn = mul(L, val, ff_act(L, S, gate));
+    } else {
+        snprintf(name, sizeof name, "%s.net.0.0", p);
+        IrNode *pr = lab(L, linear(L, x, name, S->dim, inner, 1), "layer%d.ff.proj", layer);
+        hdn = ff_act(L, S, pr);
+    }
+    lab(L, hdn, "layer%d.ff.act", layer);
+    if (S->ff_post_act_ln) {
+        snprintf(name, sizeof name, "%s.net.1", p);
+        hdn = layer_norm(L, hdn, name, inner);
+    }
+    snprintf(name, sizeof name, "%s.net.3", p);
+    return lab(L, linear(L, hdn, name, inner, S->dim, 1), "layer%d.ff.out", layer);
+}
+
+/* GRUCell(input = out, hidden = residual), row blocks r, z, n (section 4) */
+static IrNode *gru_gate(Lx *L, const Stack *S, IrNode *out, IrNode *res, const char *p)
+{
+    IrGraph *g = L->g;
+    int d = S->dim;
+    IrDim ws[2] = {C(3 * d), C(d)};
+    IrNode *gi = add(L, ir_matmul(g, out, paramv(L, 0, 2, ws, "%s.gru.weight_ih", p), 1),
+                     param1(L, 3 * d, p, "gru.bias_ih"));
+    IrNode *gh = add(L, ir_matmul(g, res, paramv(L, 0, 2, ws, "%s.gru.weight_hh", p), 1),
+                     param1(L, 3 * d, p, "gru.bias_hh"));
+    IrNode *r = un(L, IR_SIGMOID, add(L, ir_slice(g, gi, -1, C(0), C(d)), ir_slice(g, gh, -1, C(0), C(d))));
+    IrNode *z = un(L, IR_SIGMOID, add(L, ir_slice(g, gi, -1, C(d), C(d)), ir_slice(g, gh, -1, C(d), C(d))));
+    IrNode *c = un(L, IR_TANH, add(L, ir_slice(g, gi, -1, C(2 * d), C(d)), mul(L, r, ir_slice(g, gh, -1, C(2 * d), C(d)))));
+    /* (1 - z) * c + z * res = c + z * (res - c) */
+    return add(L, c, mul(L, z, sub(L, res, c)));
+}
+
+static int stack_error(Lx *L, const XtfValue *call, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    xtf_diag_error(L->d, L->f, call->loc, "%s", msg);
+    return -1;
+}
+
+static int read_stack(Lx *L, const XtfValue *call, Stack *S)
+{
+    memset(S, 0, sizeof *S);
+    S->call = call;
+    int is_cross_attender = strcmp(call->s, "CrossAttender") == 0;
+    S->causal = strcmp(call->s, "Decoder") == 0;
+    S->cross_attend = xtf_bool(call, "cross_attend") || is_cross_attender;
+    S->only_cross = xtf_bool(call, "only_cross") || is_cross_attender;
+    S->dim = (int)xtf_int(call, "dim");
+    S->depth = (int)xtf_int(call, "depth");
+    S->heads = (int)xtf_int(call, "heads");
+    S->dim_head = (int)xtf_int(call, "attn_dim_head");
+    S->norm = xtf_bool(call, "use_rmsnorm") ? NORM_RMS : xtf_bool(call, "use_scalenorm") ? NORM_SCALE : NORM_LAYER;
+    S->pre_norm = xtf_bool(call, "pre_norm");
+    S->sandwich_norm = xtf_bool(call, "sandwich_norm");
+    S->rezero = xtf_bool(call, "use_rezero");
+    S->macaron = xtf_bool(call, "macaron");
+    S->scale_residual = xtf_bool(call, "scale_residual");
+    S->gate_residual = xtf_bool(call, "gate_residual");
+    S->residual_attn = xtf_bool(call, "residual_attn");
+    S->cross_residual_attn = xtf_bool(call, "cross_residual_attn");
+    S->rotary = xtf_bool(call, "rotary_pos_emb");
+    if (S->rotary) {
+        const XtfValue *rd = xtf_arg(call, "rotary_emb_dim");
+        int r = rd && rd->kind == XV_INT ? (int)rd->i : S->dim_head / 2;
+        S->rotary_dim = r < 32 ? 32 : r; /* section 7.2: silently raised to 32 */
+        if (S->rotary_dim > S->dim_head || S->rotary_dim % 2)
+            return stack_error(L, call, "rotary dimension %d must be even and at most attn_dim_head (%d)",
+                               S->rotary_dim, S->dim_head);
+    }
+    S->rel_pos = xtf_bool(call, "rel_pos_bias");
+    S->rel_buckets = (int)xtf_int(call, "rel_pos_num_buckets");
+    S->rel_max_distance = (int)xtf_int(call, "rel_pos_max_distance");
+    S->pia = xtf_bool(call, "position_infused_attn");
+    if (S->pia && S->dim % 2)
+        return stack_error(L, call, "position_infused_attn needs an even dim, got %d", S->dim);
+    S->use_qk_norm_attn = xtf_bool(call, "use_qk_norm_attn");
+    S->qk_norm = xtf_bool(call, "attn_qk_norm") || S->use_qk_norm_attn;
+    S->talking_heads = xtf_bool(call, "attn_talking_heads");
+    S->on_attn = xtf_bool(call, "attn_on_attn");
+    S->gate_values = xtf_bool(call, "attn_gate_values");
+    S->head_scale = xtf_bool(call, "attn_head_scale");
+    S->num_mem_kv = (int)xtf_int(call, "attn_num_mem_kv");
+    S->ff_glu = xtf_bool(call, "ff_glu");
+    S->ff_relu_squared = xtf_bool(call, "ff_relu_squared");
+    S->ff_post_act_ln = xtf_bool(call, "ff_post_act_ln");
+    S->ff_mult = xtf_float(call, "ff_mult");
+    if ((int)(S->dim * S->ff_mult) < 1)
+        return stack_error(L, call, "ff_mult %g gives an empty feed-forward layer", S->ff_mult);
+
+    /* the layer list (section 4) */
+    const char *block = S->only_cross ? "cf" : S->cross_attend ? "acf" : "af";
+    char blk[8];
+    snprintf(blk, sizeof blk, "%s%s", S->macaron ? "f" : "", block);
+    int k = (int)xtf_int(call, "sandwich_coef");
+    if (k < 0 || k > S->depth)
+        return stack_error(L, call, "sandwich_coef must be between 1 and depth (%d), got %d", S->depth, k);
+    size_t need = (size_t)S->depth * strlen(blk) + 2u * (size_t)k;
+    if (need >= MAX_LAYERS)
+        return stack_error(L, call, "too many layers (%zu, at most %d)", need, MAX_LAYERS - 1);
+    S->ntypes = 0;
+    for (int i = 0; i < k; i++)
+        S->types[S->ntypes++] = 'a';
+    for (int i = 0; i < S->depth - k; i++)
+        for (const char *c = blk; *c; c++)
+            S->types[S->ntypes++] = *c;
+    for (int i = 0; i < k; i++)
+        S->types[S->ntypes++] = 'f';
+    return 0;
+}
+
+/* AttentionLayers forward (section 4) on x[b, n, dim]. hiddens/nh collect each 'a' layer's
+ * input (Transformer-XL memories) when non-NULL. */
+static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
+{
+    IrGraph *g = L->g;
+    char p[160], np[200];
+    Positions P = {0};
+    IrDim n = seq_of(x);
+
+    if (S->rel_pos) {
+        IrDim ts[2] = {C(S->rel_buckets), C(S->heads)};
+        P.relpos_table = paramv(L, 0, 2, ts, "attn_layers.rel_pos.relative_attention_bias.weight");
+    }
+    if (S->rotary) { /* theta[p] = p * inv_freq, freqs = cat(theta, theta) */
+        IrDim fs[1] = {C(S->rotary_dim / 2)};
+        IrNode *inv = paramv(L, 1, 1, fs, "attn_layers.rotary_pos_emb.inv_freq");
+        IrDim sp[2] = {n, C(1)}, sf[2] = {C(1), C(S->rotary_dim / 2)};
+        IrNode *pos = ir_reshape(g, ir_arange(g, C(0), n, IR_F32), 2, sp);
+        IrNode *theta = mul(L, pos, ir_reshape(g, inv, 2, sf));
+        IrNode *freqs = lab(L, ir_concat(g, theta, theta, -1), "rotary.freqs");
+        P.rot_cos = lab(L, un(L, IR_COS, freqs), "rotary.cos");
+        P.rot_sin = lab(L, un(L, IR_SIN, freqs), "rotary.sin");
+    }
+    if (S->pia) { /* S(p) = cat(sin(p * inv_freq), cos(p * inv_freq)) */
+        IrDim fs[1] = {C(S->dim / 2)};
+        IrNode *inv = paramv(L, 1, 1, fs, "attn_layers.pia_pos_emb.inv_freq");
+        IrDim sp[2] = {n, C(1)}, sf[2] = {C(1), C(S->dim / 2)};
+        IrNode *pos = ir_reshape(g, ir_arange(g, C(0), n, IR_F32), 2, sp);
+        IrNode *ang = mul(L, pos, ir_reshape(g, inv, 2, sf));
+        P.pia = lab(L, ir_concat(g, un(L, IR_SIN, ang), un(L, IR_COS, ang), -1), "pia.sinusoids");
+    }
+
+    IrNode *prev_attn = NULL, *prev_cross = NULL;
+    for (int i = 0; i < S->ntypes; i++) {
+        char t = S->types[i];
+        int is_attn = t == 'a' || t == 'c';
+        int qk_layer = S->use_qk_norm_attn && is_attn;
+        snprintf(p, sizeof p, "attn_layers.layers.%d", i);
+        IrNode *residual = x;
+        if (S->pre_norm && !qk_layer) {
+            snprintf(np, sizeof np, "%s.0.0", p);
+            x = lab(L, block_norm(L, S, x, np), "layer%d.norm", i);
+        }
+        /* the block's keys: .1.*, under .fn. for each wrapper (Rezero, macaron's Scale) */
+        snprintf(np, sizeof np, "%s.1%s%s", p, S->rezero ? ".fn" : "", t == 'f' && S->macaron ? ".fn" : "");
+        IrNode *out;
+        if (t == 'a') {
+            IrNode *prev = S->residual_attn ? prev_attn : NULL;
+            out = attention(L, S, x, np, i, 0, &P, &prev);
+            if (S->residual_attn)
+                prev_attn = prev;
+        } else if (t == 'c') {
+            IrNode *prev = S->cross_residual_attn ? prev_cross : NULL;
+            out = attention(L, S, x, np, i, 1, &P, &prev);
+            if (S->cross_residual_attn)
+                prev_cross = prev;
+        } else {
+            out = feed_forward(L, S, x, np, i);
+            if (S->macaron)
+                out = mul(L, out, cf(L, 0.5));
+        }
+        if (S->rezero) {
+            snprintf(np, sizeof np, "%s.1", p);
+            out = mul(L, out, param1(L, 1, np, "g"));
+        }
+        if (S->sandwich_norm || qk_layer) {
+            snprintf(np, sizeof np, "%s.0.1", p);
+            out = block_norm(L, S, out, np);
+        }
+        snprintf(np, sizeof np, "%s.2", p);
+        if (S->scale_residual)
+            residual = mul(L, residual, param1(L, S->dim, np, "residual_scale"));
+        if (S->gate_residual)
+            x = gru_gate(L, S, out, residual, np);
+        else
+            x = add(L, out, residual);
+        lab(L, x, "layer%d.residual", i);
+        if (!S->pre_norm && i != S->ntypes - 1) {
+            snprintf(np, sizeof np, "%s.0.2", p);
+            x = lab(L, block_norm(L, S, x, np), "layer%d.post_norm", i);
+        }
+    }
+    return x;
+}
+
+static int add_sym(Lx *L, const char *name, int64_t max, IrDim *out)
+{
+    int s = ir_graph_add_sym(L->g, name, max);
+    if (s < 0)
+        return -1;
+    *out = ir_dim_sym(s);
+    return 0;
+}
+
+/* TransformerWrapper forward (section 3) on tokens[b, n]; returns the final-normed hidden
+ * states [b, n, dim] in *hidden and the logits. */
+static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, IrNode **hidden)
+{
+    IrGraph *g = L->g;
+    const XtfValue *layers = xtf_callv(call, "attn_layers");
+    if (!layers) {
+        stack_error(L, call, "%s needs attn_layers", call->s);
+        return NULL;
+    }
+    Stack S;
+    if (read_stack(L, layers, &S) < 0)
+        return NULL;
+    int V = (int)xtf_int(call, "num_tokens");
+    int maxlen = (int)xtf_int(call, "max_seq_len");
+    const XtfValue *ed = xtf_arg(call, "emb_dim");
+    int emb_dim = ed && ed->kind == XV_INT ? (int)ed->i : S.dim;
+    int M = (int)xtf_int(call, "num_memory_tokens");
+    if (xtf_bool(call, "tie_embedding") && emb_dim != S.dim) {
+        stack_error(L, call, "tie_embedding needs emb_dim (%d) equal to dim (%d)", emb_dim, S.dim);
+        return NULL;
+    }
+    IrDim es[2] = {C(V), C(emb_dim)};
+    IrNode *emb_w = paramv(L, 0, 2, es, "token_emb.weight");
+    IrNode *x = lab(L, ir_gather(g, emb_w, tokens), "token_emb");
+    if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
+        IrDim ps[2] = {C(maxlen), C(emb_dim)};
+        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), seq_of(tokens));
+        x = lab(L, add(L, x, mul(L, pos, cf(L, pow((double)emb_dim, -0.5)))), "embed");
+    }
+    if (emb_dim != S.dim)
+        x = linear(L, x, "project_emb", emb_dim, S.dim, 1);
+    IrNode *saved_mask = L->mask;
+    if (M > 0) { /* memory tokens, prepended; the mask is padded with true */
+        IrDim ms[2] = {C(M), C(S.dim)}, bs[3] = {L->B, C(M), C(S.dim)};
+        x = ir_concat(g, ir_expand(g, paramv(L, 0, 2, ms, "memory_tokens"), 3, bs), x, 1);
+        if (L->mask) {
+            IrDim pm[2] = {L->B, C(M)};
+            L->mask = ir_concat(g, ir_expand(g, ir_const(g, 1, IR_BOOL), 2, pm), L->mask, 1);
+        }
+    }
+    x = attention_layers(L, &S, x);
+    L->mask = saved_mask;
+    x = lab(L, layer_norm(L, x, "norm", S.dim), "final_norm");
+    if (M > 0)
+        x = ir_slice(g, x, 1, C(M), seq_of(tokens));
+    *hidden = x;
+    if (xtf_bool(call, "tie_embedding"))
+        return ir_matmul(g, x, emb_w, 1);
+    return linear(L, x, "to_logits", S.dim, V, 1);
+}
+
+static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    const XtfValue *layers = xtf_callv(call, "attn_layers");
+    IrDim n;
+    if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "n", xtf_int(call, "max_seq_len"), &n) < 0)
+        return -1;
+    IrDim bn[2] = {L->B, n};
+    IrNode *tokens = ir_input(g, "tokens", IR_I64, 2, bn);
+    if (L->opt && L->opt->mask)
+        L->mask = ir_input(g, "mask", IR_BOOL, 2, bn);
+    if (layers && (xtf_bool(layers, "cross_attend") || strcmp(layers->s, "CrossAttender") == 0)) {
+        IrDim m;
+        if (add_sym(L, "m", 0, &m) < 0)
+            return -1;
+        IrDim cs[3] = {L->B, m, C(xtf_int(layers, "dim"))}, cm[2] = {L->B, m};
+        L->context = ir_input(g, "context", IR_F32, 3, cs);
+        if (L->opt && L->opt->context_mask)
+            L->context_mask = ir_input(g, "context_mask", IR_BOOL, 2, cm);
+    }
+    IrNode *targets = L->opt && L->opt->train ? ir_input(g, "targets", IR_I64, 2, bn) : NULL;
+    IrNode *hidden = NULL;
+    IrNode *logits = transformer_wrapper(L, call, tokens, &hidden);
+    if (!logits)
+        return ir_graph_error(g) ? 0 : -1;
+    ir_output(g, "logits", lab(L, logits, "logits"));
+    if (L->opt && L->opt->embeddings)
+        ir_output(g, "embeddings", hidden);
+    if (targets)
+        ir_output(g, "loss", lab(L, ir_xent(g, logits, targets), "loss"));
+    return 0;
+}
+
+/* ContinuousTransformerWrapper (section 10): x[b, n, dim_in] -> output[b, n, dim_out] */
+static int lower_continuous(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    const XtfValue *layers = xtf_callv(call, "attn_layers");
+    Stack S;
+    if (!layers)
+        return stack_error(L, call, "%s needs attn_layers", call->s);
+    if (read_stack(L, layers, &S) < 0)
+        return -1;
+    int maxlen = (int)xtf_int(call, "max_seq_len");
+    const XtfValue *di = xtf_arg(call, "dim_in"), *dout = xtf_arg(call, "dim_out");
+    int dim_in = di && di->kind == XV_INT ? (int)di->i : S.dim;
+    IrDim n;
+    if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "n", maxlen, &n) < 0)
+        return -1;
+    IrDim xs[3] = {L->B, n, C(dim_in)}, bn[2] = {L->B, n};
+    IrNode *x = ir_input(g, "x", IR_F32, 3, xs);
+    if (L->opt && L->opt->mask)
+        L->mask = ir_input(g, "mask", IR_BOOL, 2, bn);
+    if (di && di->kind == XV_INT)
+        x = linear(L, x, "project_in", dim_in, S.dim, 1);
+    if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
+        IrDim ps[2] = {C(maxlen), C(S.dim)};
+        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), n);
+        x = add(L, x, mul(L, pos, cf(L, pow((double)S.dim, -0.5))));
+    }
+    x = attention_layers(L, &S, x);
+    x = lab(L, layer_norm(L, x, "norm", S.dim), "final_norm");
+    if (dout && dout->kind == XV_INT)
+        x = linear(L, x, "project_out", S.dim, (int)dout->i, 1);
+    ir_output(g, "output", lab(L, x, "output"));
+    return 0;
+}
+
+/* ViTransformerWrapper (section 10): image[b, 3, H, W] -> logits[b, classes] */
+static int lower_vit(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    const XtfValue *layers = xtf_callv(call, "attn_layers");
+    Stack S;
+    if (!layers)
+        return stack_error(L, call, "%s needs attn_layers", call->s);
+    if (read_stack(L, layers, &S) < 0)
+        return -1;
+    int img = (int)xtf_int(call, "image_size"), ps = (int)xtf_int(call, "patch_size");
+    if (img % ps)
+        return stack_error(L, call, "image_size %d is not divisible by patch_size %d", img, ps);
+    int hp = img / ps, np = hp * hp, pdim = 3 * ps * ps, dim = S.dim;
+    if (add_sym(L, "b", 0, &L->B) < 0)
+        return -1;
+    IrDim is[4] = {L->B, C(3), C(img), C(img)};
+    IrNode *image = ir_input(g, "image", IR_F32, 4, is);
+    /* 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)' */
+    IrDim s6[6] = {L->B, C(3), C(hp), C(ps), C(hp), C(ps)};
+    static const int perm[6] = {0, 2, 4, 3, 5, 1};
+    IrDim s3[3] = {L->B, C(np), C(pdim)};
+    IrNode *x = ir_reshape(g, ir_permute(g, ir_reshape(g, image, 6, s6), perm), 3, s3);
+    x = lab(L, linear(L, x, "patch_to_embedding", pdim, dim, 1), "patches");
+    IrDim cs[3] = {C(1), C(1), C(dim)}, cb[3] = {L->B, C(1), C(dim)}, pe[3] = {C(1), C(np + 1), C(dim)};
+    x = ir_concat(g, ir_expand(g, paramv(L, 0, 3, cs, "cls_token"), 3, cb), x, 1);
+    x = add(L, x, paramv(L, 0, 3, pe, "pos_embedding"));
+    x = attention_layers(L, &S, x);
+    x = lab(L, layer_norm(L, x, "norm", dim), "final_norm");
+    IrDim e2[2] = {L->B, C(dim)};
+    IrNode *cls = ir_reshape(g, ir_slice(g, x, 1, C(0), C(1)), 2, e2);
+    if (L->opt && L->opt->embeddings)
+        ir_output(g, "embeddings", x);
+    const XtfValue *nc = xtf_arg(call, "num_classes");
+    if (nc && nc->kind == XV_INT) { /* mlp_head = FeedForward(dim, dim_out = classes) */
+        IrNode *h = un(L, IR_GELU, linear(L, cls, "mlp_head.net.0.0", dim, 4 * dim, 1));
+        ir_output(g, "logits", lab(L, linear(L, h, "mlp_head.net.3", 4 * dim, (int)nc->i, 1), "logits"));
+    } else if (!(L->opt && L->opt->embeddings)) {
+        ir_output(g, "embeddings", x);
+    }
+    return 0;
+}
+
+/* XTransformer (section 10): encoder(src) feeds the cross-attending decoder(tgt[:, :-1]). */
+static int lower_xtransformer(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    const XtfValue *enc = xtf_callv(call, "encoder"), *dec = xtf_callv(call, "decoder");
+    if (!enc || !dec)
+        return stack_error(L, call, "XTransformer: the checker did not build its encoder/decoder");
+    IrDim s, t;
+    if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "s", xtf_int(enc, "max_seq_len"), &s) < 0 ||
+        add_sym(L, "t", xtf_int(dec, "max_seq_len") + 1, &t) < 0)
+        return -1;
+    IrDim bs[2] = {L->B, s}, bt[2] = {L->B, t}, bt1[2] = {L->B, ir_dim_addc(t, -1)};
+    IrNode *src = ir_input(g, "src", IR_I64, 2, bs), *tgt = ir_input(g, "tgt", IR_I64, 2, bt);
+    IrNode *src_mask = L->opt && L->opt->mask ? ir_input(g, "src_mask", IR_BOOL, 2, bs) : NULL;
+    IrNode *tgt_mask = L->opt && L->opt->tgt_mask ? ir_input(g, "tgt_mask", IR_BOOL, 2, bt) : NULL;
+    IrNode *targets = L->opt && L->opt->train ? ir_input(g, "targets", IR_I64, 2, bt1) : NULL;
+
+    IrNode *hidden;
+    L->root = "encoder.";
+    L->vroot = "enc.";
+    L->mask = src_mask;
+    if (!transformer_wrapper(L, enc, src, &hidden))
+        return ir_graph_error(g) ? 0 : -1;
+    /* the encoder's to_logits is in the state_dict but unused (params_without_grad) */
+    L->root = "decoder.net.";
+    L->vroot = "dec.";
+    L->context = hidden;
+    L->context_mask = src_mask;
+    L->mask = tgt_mask ? ir_slice(g, tgt_mask, 1, C(0), ir_dim_addc(t, -1)) : NULL;
+    IrNode *logits = transformer_wrapper(L, dec, ir_slice(g, tgt, 1, C(0), ir_dim_addc(t, -1)), &hidden);
+    if (!logits)
+        return ir_graph_error(g) ? 0 : -1;
+    L->root = "";
+    L->vroot = "";
+    ir_output(g, "logits", ir_label(g, logits, "logits"));
+    if (targets)
+        ir_output(g, "loss", ir_label(g, ir_xent(g, logits, targets), "loss"));
+    return 0;
+}
+
+IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, XtfDiag *d)
+{
+    const XtfStmt *st = NULL;
+    XtfLoc top = {1, 1, 1};
+    if (model) {
+        st = xtf_find(f, model);
+        if (!st) {
+            xtf_diag_error(d, f, top, "no model named '%s' in this file", model);
+            return NULL;
+        }
+    } else if (f->nstmts > 0) {
+        st = &f->stmts[f->nstmts - 1];
+    } else {
+        xtf_diag_error(d, f, top, "the file defines no model");
+        return NULL;
+    }
+    const XtfValue *call = st->value;
+    while (call && call->kind == XV_REF)
+        call = call->ref;
+    if (!call || call->kind != XV_CALL) {
+        xtf_diag_error(d, f, st->loc, "'%s' is not a model", st->name);
+        return NULL;
+    }
+    IrGraph *g = ir_graph_new(st->name);
+    if (!g)
+        return NULL;
+    static const XtLowerOpts none = {0};
+    Lx L = {.g = g, .f = f, .d = d, .opt = opts ? opts : &none, .root = "", .vroot = ""};
+    int rc;
+    if (strcmp(call->s, "TransformerWrapper") == 0)
+        rc = lower_transformer_wrapper(&L, call);
+    else if (strcmp(call->s, "ContinuousTransformerWrapper") == 0)
+        rc = lower_continuous(&L, call);
+    else if (strcmp(call->s, "ViTransformerWrapper") == 0)
+        rc = lower_vit(&L, call);
+    else if (strcmp(call->s, "XTransformer") == 0)
+        rc = lower_xtransformer(&L, call);
+    else
+        rc = stack_error(&L, call, "%s is not a model wrapper (TransformerWrapper, XTransformer, "
+                                   "ViTransformerWrapper or ContinuousTransformerWrapper)", call->s);
+    if (rc == 0 && ir_graph_error(g)) {
+        xtf_diag_error(d, f, call->loc, "internal error while lowering '%s': %s", st->name, ir_graph_error(g));
+        rc = -1;
+    }
+    if (rc != 0) {
+        ir_graph_free(g);
+        return NULL;
+    }
+    return g;
+}

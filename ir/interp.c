@@ -1,0 +1,997 @@
+/* interp.c: the reference interpreter, the oracle every backend and pass is tested against.
+ *
+ * It runs a verified graph node by node in double precision: f32 inputs are widened, integer
+ * and bool values are held exactly as doubles (bool as 0/1), and each graph output is converted
+ * to its node's dtype at the end. Correctness and clarity come first; the loops are plain, with
+ * only the loop order of matmul chosen so that the inner loop is contiguous.
+ *
+ * Running a graph:
+ *   1. ir_verify, then mark the nodes the outputs need and each one's last use.
+ *   2. Bind every leaf (input, parameter, buffer) through the callback. Symbols take their values
+ *      from the first dimension that is exactly one symbol; then every leaf dimension is
+ *      evaluated and checked, and every symbol against its bound.
+ *   3. Evaluate the needed nodes in order through op_impl[] (one row per op, with its semantics),
+ *      freeing each value after its last use.
+ *   4. Convert the outputs to their storage dtypes.
+ *
+ * Integer values stay exact: an i32 result outside the i32 range, or an i64 result beyond 2^53
+ * (where doubles stop being exact), is reported as an error rather than wrapped. */
+#include "ir.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXACT_INT_MAX 9007199254740992.0 /* 2^53 */
+#define MAX_SYM_VALUE ((int64_t)1 << 40) /* keeps c + sum k*sym far from int64 overflow */
+#define MAX_DIM_CONST ((int64_t)1 << 61)
+
+/* A value: row-major, contiguous doubles. data is NULL before the node runs and after its last
+ * use. */
+typedef struct {
+    int rank;
+    int64_t shape[IR_MAXRANK];
+    int64_t numel;
+    double *data;
+} Val;
+
+typedef struct {
+    const IrGraph *g;
+    int64_t sym[IR_MAXSYM];
+    int sym_from[IR_MAXSYM];  /* 0 = unbound, else 1 + id of the leaf that bound it */
+    IrHostTensor *host;       /* [nnodes]: the caller's tensor for each bound leaf */
+    char *have_host;          /* [nnodes] */
+    Val *val;                 /* [nnodes] */
+    char *err;
+    size_t nerr;
+} Interp;
+
+typedef int (*EvalFn)(Interp *it, const IrNode *n, Val *out, const Val *const *in);
+typedef double (*Scalar1)(double x);
+typedef double (*Scalar2)(double a, double b);
+
+typedef struct {
+    EvalFn eval;
+    Scalar1 f1; /* for eval_map1 */
+    Scalar2 f2; /* for eval_map2 */
+} OpImpl;
+
+/* ---- errors ---- */
+
+static int fail(Interp *it, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(it->err, it->nerr, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* "gather %tok_emb: " + message */
+static int node_fail(Interp *it, const IrNode *n, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n->label)
+        return fail(it, "%s %%%s: %s", ir_ops[n->op].name, n->label, msg);
+    return fail(it, "%s (node %d): %s", ir_ops[n->op].name, n->id, msg);
+}
+
+static const char *leaf_kind(IrOp op)
+{
+    return op == IR_INPUT ? "input" : op == IR_PARAM ? "parameter" : "buffer";
+}
+
+/* ---- shapes ---- */
+
+static int64_t numel_of(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= shape[i];
+    return n;
+}
+
+/* Product of the dims, or -1 if it overflows int64. Dims are >= 0. */
+static int64_t numel_checked(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] != 0 && n > INT64_MAX / shape[i])
+            return -1;
+        n *= shape[i];
+    }
+    return n;
+}
+
+static void strides_of(int rank, const int64_t *shape, int64_t *st)
+{
+    int64_t s = 1;
+    for (int i = rank - 1; i >= 0; i--) {
+        st[i] = s;
+        s *= shape[i];
+    }
+}
+
+/* First symbol of d that is not bound yet, or -1. */
+static int unbound_sym(const Interp *it, IrDim d)
+{
+    for (int s = 0; s < IR_MAXSYM; s++)
+        if (d.k[s] && (s >= it->g->nsyms || !it->sym_from[s]))
+            return s;
+    return -1;
+}
+
+static const char *sym_name(const Interp *it, int s)
+{
+    return s < it->g->nsyms ? it->g->sym_name[s] : "?";
+}
+
+/* Evaluates d with the bound symbols; -1 with the error set (naming n) if a symbol is unbound or
+ * the constant is absurd. The value itself may be negative; callers decide. */
+static int dim_value(Interp *it, const IrNode *n, IrDim d, int64_t *out)
+{
+    int s = unbound_sym(it, d);
+    if (s >= 0)
+        return node_fail(it, n, "symbol '%s' is not bound by any input", sym_name(it, s));
+    if (d.c > MAX_DIM_CONST || d.c < -MAX_DIM_CONST)
+        return node_fail(it, n, "dimension constant %lld too large", (long long)d.c);
+    *out = ir_dim_eval(d, it->sym);
+    return 0;
+}
+
+/* Allocates v for the node's own (evaluated) shape. */
+static int alloc_val(Interp *it, const IrNode *n, Val *v)
+{
+    v->rank = n->rank;
+    for (int i = 0; i < n->rank; i++) {
+        if (dim_value(it, n, n->shape[i], &v->shape[i]) < 0)
+            return -1;
+        if (v->shape[i] < 0) {
+            char buf[64];
+            ir_dim_str(it->g, n->shape[i], buf, sizeof buf);
+            return node_fail(it, n, "dimension %d (%s) evaluates to %lld", i, buf,
+                             (long long)v->shape[i]);
+        }
+    }
+    v->numel = numel_checked(v->rank, v->shape);
+    if (v->numel < 0 || (uint64_t)v->numel > SIZE_MAX / sizeof(double))
+        return node_fail(it, n, "tensor too large");
+    size_t bytes = (size_t)(v->numel ? v->numel : 1) * sizeof(double);
+    v->data = malloc(bytes);
+    if (!v->data)
+        return node_fail(it, n, "out of memory allocating %zu bytes", bytes);
+    return 0;
+}
+
+static void free_val(Val *v)
+{
+    free(v->data);
+    v->data = NULL;
+}
+
+/* ---- broadcasting iteration ---- */
+
+/* Walks an output shape in row-major order, keeping the element offsets of up to three operands
+ * (stride 0 on a broadcast dimension). */
+typedef struct {
+    int rank, nops;
+    int64_t shape[IR_MAXRANK];
+    int64_t idx[IR_MAXRANK];
+    int64_t stride[IR_MAXIN][IR_MAXRANK];
+    int64_t off[IR_MAXIN];
+} Iter;
+
+static void iter_init(Iter *t, int rank, const int64_t *shape, int nops)
+{
+    memset(t, 0, sizeof *t);
+    t->rank = rank;
+    t->nops = nops;
+    memcpy(t->shape, shape, sizeof(int64_t) * (size_t)rank);
+}
+
+static void iter_next(Iter *t)
+{
+    for (int d = t->rank - 1; d >= 0; d--) {
+        t->idx[d]++;
+        for (int k = 0; k < t->nops; k++)
+            t->off[k] += t->stride[k][d];
+        if (t->idx[d] < t->shape[d])
+            return;
+        for (int k = 0; k < t->nops; k++)
+            t->off[k] -= t->stride[k][d] * t->shape[d];
+        t->idx[d] = 0;
+    }
+}
+
+/* Strides of x seen in an output of shape out[rank] under numpy rules (x right-aligned, a
+ * dimension of 1 repeats). */
+static int bcast_strides(Interp *it, const IrNode *n, const Val *x, int rank, const int64_t *out,
+                         int64_t *st)
+{
+    int64_t xst[IR_MAXRANK];
+    strides_of(x->rank, x->shape, xst);
+    if (x->rank > rank)
+        return node_fail(it, n, "operand of rank %d does not broadcast to rank %d", x->rank, rank);
+    for (int d = 0; d < rank; d++) {
+        int k = d - (rank - x->rank);
+        if (k < 0 || x->shape[k] == 1)
+            st[d] = 0;
+        else if (x->shape[k] == out[d])
+            st[d] = xst[k];
+        else
+            return node_fail(it, n, "dimension %d: %lld does not broadcast to %lld", d,
+                             (long long)x->shape[k], (long long)out[d]);
+    }
+    return 0;
+}
+
+/* ---- leaves ---- */
+
+static int eval_bound(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)in;
+    const IrHostTensor *t = &it->host[n->id];
+    for (int64_t i = 0; i < out->numel; i++) {
+        double v;
+        switch (t->dtype) {
+        case IR_F32: v = ((const float *)t->data)[i]; break;
+        case IR_I32: v = ((const int32_t *)t->data)[i]; break;
+        case IR_I64: {
+            int64_t x = ((const int64_t *)t->data)[i];
+            if (x > (int64_t)EXACT_INT_MAX || x < -(int64_t)EXACT_INT_MAX)
+                return fail(it, "%s '%s': value %lld beyond 2^53 cannot be held exactly",
+                            leaf_kind(n->op), n->s, (long long)x);
+            v = (double)x;
+            break;
+        }
+        default: v = ((const uint8_t *)t->data)[i] != 0; break;
+        }
+        out->data[i] = v;
+    }
+    return 0;
+}
+
+/* The value of a number as dtype t holds it: ints truncate toward zero, bool is x != 0. */
+static double as_dtype(IrDType t, double x)
+{
+    if (t == IR_BOOL)
+        return x != 0;
+    if (ir_dtype_is_int(t))
+        return trunc(x);
+    return x;
+}
+
+static int eval_const(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it, (void)in;
+    double v = as_dtype(n->dtype, n->f);
+    for (int64_t i = 0; i < out->numel; i++)
+        out->data[i] = v;
+    return 0;
+}
+
+static int eval_arange(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)in;
+    int64_t start;
+    if (dim_value(it, n, n->d, &start) < 0)
+        return -1;
+    for (int64_t i = 0; i < out->numel; i++)
+        out->data[i] = (double)(start + i);
+    return 0;
+}
+
+/* T5 bucket of the key position j relative to the query position i (XT-SEMANTICS.md 7.3), in
+ * the float32 arithmetic of x-transformers 0.23.0 under torch:
+ *   max_exact + (log(n.float() / max_exact) / math.log(max_distance / max_exact)
+ *                * (num_buckets - max_exact)).long()
+ * The numerator's log is float32 (logf); the denominator is a Python double rounded to float32
+ * when it meets the tensor; .long() truncates toward zero. (logf of the float ratio gives the same
+ * buckets for |n| <= 20000 in every setting tried, but this is the form torch evaluates.) */
+static int relpos_bucket(Interp *it, const IrNode *n, int64_t i, int64_t j, int64_t *bucket)
+{
+    int64_t nb = n->ia[0], max_distance = n->ia[1];
+    int causal = n->ia[2] != 0;
+    int64_t ret = 0, d = i - j;
+    if (causal) {
+        if (d < 0)
+            d = 0;
+    } else {
+        nb /= 2;
+        if (d < 0) {
+            ret = nb; /* keys after the query */
+            d = -d;
+        }
+    }
+    int64_t max_exact = nb / 2;
+    if (d < max_exact) {
+        *bucket = ret + d;
+        return 0;
+    }
+    float den = (float)log((double)max_distance / (double)max_exact);
+    float r = logf((float)d / (float)max_exact) / den * (float)(nb - max_exact);
+    if (isnan(r))
+        return node_fail(it, n, "bucket of distance %lld is undefined (buckets %lld, max_distance %lld)",
+                         (long long)d, (long long)n->ia[0], (long long)max_distance);
+    if (r > 1e18f) /* +inf included: the min below clamps it anyway */
+        r = 1e18f;
+    if (r < -1e18f)
+        r = -1e18f;
+    int64_t large = max_exact + (int64_t)r;
+    *bucket = ret + (large < nb - 1 ? large : nb - 1);
+    return 0;
+}
+
+static int eval_relpos(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)in;
+    int64_t ni = out->shape[0], nj = out->shape[1];
+    for (int64_t i = 0; i < ni; i++)
+        for (int64_t j = 0; j < nj; j++) {
+            int64_t b = 0;
+            if (relpos_bucket(it, n, i, j, &b) < 0)
+                return -1;
+            out->data[i * nj + j] = (double)b;
+        }
+    return 0;
+}
+
+/* ---- elementwise ---- */
+
+static double f_neg(double x) { return -x; }
+static double f_exp(double x) { return exp(x); }
+static double f_log(double x) { return log(x); }
+static double f_sqrt(double x) { return sqrt(x); }
+static double f_rsqrt(double x) { return 1.0 / sqrt(x); }
+static double f_recip(double x) { return 1.0 / x; }
+static double f_tanh(double x) { return tanh(x); }
+static double f_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double f_gelu(double x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
+static double f_relu(double x) { return x > 0 ? x : 0.0 * x; } /* keeps NaN; relu(-0) = 0 */
+static double f_sin(double x) { return sin(x); }
+static double f_cos(double x) { return cos(x); }
+static double f_abs(double x) { return fabs(x); }
+static double f_not(double x) { return x == 0; }
+
+static double f_add(double a, double b) { return a + b; }
+static double f_sub(double a, double b) { return a - b; }
+static double f_mul(double a, double b) { return a * b; }
+static double f_div(double a, double b) { return a / b; }
+static double f_idiv(double a, double b) { return (double)((int64_t)a / (int64_t)b); }
+/* max and min propagate NaN, like torch.maximum / torch.minimum */
+static double f_max(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
+static double f_min(double a, double b) { return isnan(a) || isnan(b) ? NAN : a < b ? a : b; }
+static double f_lt(double a, double b) { return a < b; }
+static double f_le(double a, double b) { return a <= b; }
+static double f_eq(double a, double b) { return a == b; }
+static double f_and(double a, double b) { return a != 0 && b != 0; }
+static double f_or(double a, double b) { return a != 0 || b != 0; }
+
+static const OpImpl *impl_of(IrOp op); /* the table is below, after every eval function */
+
+static int eval_map1(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it;
+    Scalar1 f = impl_of(n->op)->f1;
+    for (int64_t i = 0; i < out->numel; i++)
+        out->data[i] = f(in[0]->data[i]);
+    return 0;
+}
+
+static int map2(Interp *it, const IrNode *n, Val *out, const Val *const *in, Scalar2 f)
+{
+    Iter t;
+    iter_init(&t, out->rank, out->shape, 2);
+    if (bcast_strides(it, n, in[0], out->rank, out->shape, t.stride[0]) < 0 ||
+        bcast_strides(it, n, in[1], out->rank, out->shape, t.stride[1]) < 0)
+        return -1;
+    const double *a = in[0]->data, *b = in[1]->data;
+    for (int64_t i = 0; i < out->numel; i++, iter_next(&t))
+        out->data[i] = f(a[t.off[0]], b[t.off[1]]);
+    return 0;
+}
+
+static int eval_map2(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    return map2(it, n, out, in, impl_of(n->op)->f2);
+}
+
+/* f32: a / b. Integers: truncation toward zero (C semantics); a zero divisor is an error. */
+static int eval_div(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    if (!ir_dtype_is_int(n->dtype))
+        return map2(it, n, out, in, f_div);
+    for (int64_t i = 0; i < in[1]->numel; i++)
+        if (in[1]->data[i] == 0)
+            return node_fail(it, n, "integer division by zero");
+    return map2(it, n, out, in, f_idiv);
+}
+
+static int eval_where(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    Iter t;
+    iter_init(&t, out->rank, out->shape, 3);
+    for (int k = 0; k < 3; k++)
+        if (bcast_strides(it, n, in[k], out->rank, out->shape, t.stride[k]) < 0)
+            return -1;
+    for (int64_t i = 0; i < out->numel; i++, iter_next(&t))
+        out->data[i] = in[0]->data[t.off[0]] != 0 ? in[1]->data[t.off[1]] : in[2]->data[t.off[2]];
+    return 0;
+}
+
+/* float -> int truncates toward zero; bool -> number is 0/1; number -> bool is x != 0. */
+static int eval_cast(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it;
+    for (int64_t i = 0; i < out->numel; i++)
+        out->data[i] = as_dtype(n->dtype, in[0]->data[i]);
+    return 0;
+}
+
+/* ---- reductions ---- */
+
+/* Splits x's shape around axis: outer * len * inner. */
+static void split_axis(const Val *x, int axis, int64_t *outer, int64_t *len, int64_t *inner)
+{
+    *outer = numel_of(axis, x->shape);
+    *len = x->shape[axis];
+    *inner = numel_of(x->rank - axis - 1, x->shape + axis + 1);
+}
+
+static int eval_sum(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it;
+    int64_t outer, len, inner;
+    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    memset(out->data, 0, sizeof(double) * (size_t)out->numel);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t k = 0; k < len; k++) {
+            const double *x = in[0]->data + (o * len + k) * inner;
+            double *y = out->data + o * inner;
+            for (int64_t j = 0; j < inner; j++)
+                y[j] += x[j];
+        }
+    return 0;
+}
+
+static int eval_rmax(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    int64_t outer, len, inner;
+    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    if (len == 0 && out->numel > 0)
+        return node_fail(it, n, "maximum over an empty axis");
+    for (int64_t o = 0; o < outer; o++) {
+        double *y = out->data + o * inner;
+        memcpy(y, in[0]->data + o * len * inner, sizeof(double) * (size_t)inner);
+        for (int64_t k = 1; k < len; k++) {
+            const double *x = in[0]->data + (o * len + k) * inner;
+            for (int64_t j = 0; j < inner; j++)
+                y[j] = f_max(y[j], x[j]);
+        }
+    }
+    return 0;
+}
+
+/* exp(x - max) / sum over the last axis */
+static int eval_softmax(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it, (void)n;
+    int64_t len = out->shape[out->rank - 1];
+    int64_t rows = len ? out->numel / len : 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *x = in[0]->data + r * len;
+        double *y = out->data + r * len;
+        double m = x[0];
+        for (int64_t j = 1; j < len; j++)
+            m = f_max(m, x[j]);
+        double s = 0;
+        for (int64_t j = 0; j < len; j++) {
+            y[j] = exp(x[j] - m);
+            s += y[j];
+        }
+        for (int64_t j = 0; j < len; j++)
+            y[j] /= s;
+    }
+    return 0;
+}
+
+/* ---- data movement ---- */
+
+static int eval_reshape(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    if (in[0]->numel != out->numel)
+        return node_fail(it, n, "%lld elements cannot be reshaped to %lld", (long long)in[0]->numel,
+                         (long long)out->numel);
+    memcpy(out->data, in[0]->data, sizeof(double) * (size_t)out->numel);
+    return 0;
+}
+
+static int eval_permute(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it;
+    int64_t xst[IR_MAXRANK];
+    strides_of(in[0]->rank, in[0]->shape, xst);
+    Iter t;
+    iter_init(&t, out->rank, out->shape, 1);
+    for (int d = 0; d < out->rank; d++)
+        t.stride[0][d] = xst[n->perm[d]];
+    for (int64_t i = 0; i < out->numel; i++, iter_next(&t))
+        out->data[i] = in[0]->data[t.off[0]];
+    return 0;
+}
+
+static int eval_slice(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    int axis = (int)n->ia[0];
+    int64_t start, outer, len, inner, xlen = in[0]->shape[axis];
+    if (dim_value(it, n, n->d, &start) < 0)
+        return -1;
+    split_axis(out, axis, &outer, &len, &inner);
+    if (start < 0 || start > xlen || len > xlen - start)
+        return node_fail(it, n, "[%lld, %lld) is out of bounds of dimension %d of size %lld",
+                         (long long)start, (long long)(start + len), axis, (long long)xlen);
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(out->data + o * len * inner, in[0]->data + (o * xlen + start) * inner,
+               sizeof(double) * (size_t)(len * inner));
+    return 0;
+}
+
+static int eval_concat(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    int axis = (int)n->ia[0];
+    int64_t outer, len, inner, la = in[0]->shape[axis], lb = in[1]->shape[axis];
+    split_axis(out, axis, &outer, &len, &inner);
+    if (la + lb != len)
+        return node_fail(it, n, "operand lengths %lld + %lld differ from %lld", (long long)la,
+                         (long long)lb, (long long)len);
+    for (int64_t o = 0; o < outer; o++) {
+        double *y = out->data + o * len * inner;
+        memcpy(y, in[0]->data + o * la * inner, sizeof(double) * (size_t)(la * inner));
+        memcpy(y + la * inner, in[1]->data + o * lb * inner, sizeof(double) * (size_t)(lb * inner));
+    }
+    return 0;
+}
+
+static int eval_expand(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    Iter t;
+    iter_init(&t, out->rank, out->shape, 1);
+    if (bcast_strides(it, n, in[0], out->rank, out->shape, t.stride[0]) < 0)
+        return -1;
+    for (int64_t i = 0; i < out->numel; i++, iter_next(&t))
+        out->data[i] = in[0]->data[t.off[0]];
+    return 0;
+}
+
+/* table[V, D] rows by integer index: out[..., :] = table[idx[...], :] */
+static int eval_gather(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *table = in[0], *idx = in[1];
+    int64_t v = table->shape[0], d = table->shape[1];
+    for (int64_t i = 0; i < idx->numel; i++) {
+        double x = idx->data[i];
+        if (!(x >= 0 && x < (double)v))
+            return node_fail(it, n, "index %lld out of range [0, %lld)", (long long)x, (long long)v);
+        memcpy(out->data + i * d, table->data + (int64_t)x * d, sizeof(double) * (size_t)d);
+    }
+    return 0;
+}
+
+/* ---- contractions ---- */
+
+/* a[..., m, k] x b[..., k, n] -> [..., m, n]; with transpose_b, b is [..., n, k]. The batch
+ * dimensions broadcast. Loop orders keep the innermost loop contiguous. */
+static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *a = in[0], *b = in[1];
+    int tb = n->ia[0] != 0, r = out->rank;
+    int64_t m = out->shape[r - 2], nn = out->shape[r - 1], k = a->shape[a->rank - 1];
+    int64_t bk = b->shape[b->rank - (tb ? 1 : 2)], bn = b->shape[b->rank - (tb ? 2 : 1)];
+    if (a->shape[a->rank - 2] != m || bk != k || bn != nn)
+        return node_fail(it, n, "operand shapes do not match at run time");
+
+    /* walk the batch dims with strides counted in matrices */
+    Val abatch = {a->rank - 2, {0}, 0, NULL}, bbatch = {b->rank - 2, {0}, 0, NULL};
+    memcpy(abatch.shape, a->shape, sizeof(int64_t) * (size_t)abatch.rank);
+    memcpy(bbatch.shape, b->shape, sizeof(int64_t) * (size_t)bbatch.rank);
+    Iter t;
+    iter_init(&t, r - 2, out->shape, 2);
+    if (bcast_strides(it, n, &abatch, r - 2, out->shape, t.stride[0]) < 0 ||
+        bcast_strides(it, n, &bbatch, r - 2, out->shape, t.stride[1]) < 0)
+        return -1;
+    int64_t nbatch = numel_of(r - 2, out->shape);
+    for (int64_t bi = 0; bi < nbatch; bi++, iter_next(&t)) {
+        const double *A = a->data + t.off[0] * m * k;  /* (m, k) */
+        const double *B = b->data + t.off[1] * k * nn; /* (k, n), or (n, k) with tb */
+        double *C = out->data + bi * m * nn;           /* (m, n) */
+        for (int64_t i = 0; i < m; i++) {
+            const double *ai = A + i * k;
+            double *ci = C + i * nn;
+            if (tb) {
+                for (int64_t j = 0; j < nn; j++) {
+                    const double *bj = B + j * k;
+                    double s = 0;
+                    for (int64_t p = 0; p < k; p++)
+                        s += ai[p] * bj[p];
+                    ci[j] = s;
+                }
+            } else {
+                for (int64_t j = 0; j < nn; j++)
+                    ci[j] = 0;
+                for (int64_t p = 0; p < k; p++) {
+                    double aip = ai[p];
+                    const double *bp = B + p * nn;
+                    for (int64_t j = 0; j < nn; j++)
+                        ci[j] += aip * bp[j];
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- losses ---- */
+
+/* mean over positions with target >= 0 of logsumexp(z) - z[target]; 0 when none counts */
+static int eval_xent(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *z = in[0], *tg = in[1];
+    int64_t v = z->shape[z->rank - 1];
+    double total = 0;
+    int64_t count = 0;
+    for (int64_t p = 0; p < tg->numel; p++) {
+        double t = tg->data[p];
+        if (t < 0)
+            continue;
+        if (t >= (double)v)
+            return node_fail(it, n, "target %lld out of range [0, %lld)", (long long)t, (long long)v);
+        const double *row = z->data + p * v;
+        double m = row[0], s = 0;
+        for (int64_t j = 1; j < v; j++)
+            m = f_max(m, row[j]);
+        for (int64_t j = 0; j < v; j++)
+            s += exp(row[j] - m);
+        total += m + log(s) - row[(int64_t)t];
+        count++;
+    }
+    out->data[0] = count ? total / (double)count : 0.0;
+    return 0;
+}
+
+/* ---- the op table: one row per op of ops.def, with its semantics ---- */
+
+static const OpImpl op_impl[] = {
+    /* leaves */
+    [IR_INPUT]   = {eval_bound, 0, 0},    /* caller's tensor (bind callback), widened to double */
+    [IR_PARAM]   = {eval_bound, 0, 0},    /* same, f32 */
+    [IR_BUFFER]  = {eval_bound, 0, 0},    /* same, f32 */
+    [IR_CONST]   = {eval_const, 0, 0},    /* every element = f (truncated for ints, f != 0 for bool) */
+    [IR_ARANGE]  = {eval_arange, 0, 0},   /* [i] = eval(d) + i */
+    [IR_RELPOS]  = {eval_relpos, 0, 0},   /* [i, j] = T5 bucket of n = i - j, fp32 log, trunc */
+
+    /* elementwise unary, f32 */
+    [IR_NEG]     = {eval_map1, f_neg, 0},     /* -x */
+    [IR_EXP]     = {eval_map1, f_exp, 0},     /* e^x */
+    [IR_LOG]     = {eval_map1, f_log, 0},     /* natural log; NaN below 0, -inf at 0 */
+    [IR_SQRT]    = {eval_map1, f_sqrt, 0},    /* sqrt x */
+    [IR_RSQRT]   = {eval_map1, f_rsqrt, 0},   /* 1 / sqrt x */
+    [IR_RECIP]   = {eval_map1, f_recip, 0},   /* 1 / x */
+    [IR_TANH]    = {eval_map1, f_tanh, 0},    /* tanh x */
+    [IR_SIGMOID] = {eval_map1, f_sigmoid, 0}, /* 1 / (1 + e^-x) */
+    [IR_GELU]    = {eval_map1, f_gelu, 0},    /* exact: 0.5 x (1 + erf(x / sqrt 2)) */
+    [IR_RELU]    = {eval_map1, f_relu, 0},    /* max(x, 0) */
+    [IR_SIN]     = {eval_map1, f_sin, 0},     /* sin x */
+    [IR_COS]     = {eval_map1, f_cos, 0},     /* cos x */
+    [IR_ABS]     = {eval_map1, f_abs, 0},     /* |x| */
+    [IR_NOT]     = {eval_map1, f_not, 0},     /* bool: x == 0 */
+    [IR_CAST]    = {eval_cast, 0, 0},         /* f->int truncates; ->bool is x != 0; bool->number 0/1 */
+
+    /* elementwise binary, numpy broadcasting (right-aligned, 1 repeats) */
+    [IR_ADD]     = {eval_map2, 0, f_add},     /* a + b */
+    [IR_SUB]     = {eval_map2, 0, f_sub},     /* a - b */
+    [IR_MUL]     = {eval_map2, 0, f_mul},     /* a * b */
+    [IR_DIV]     = {eval_div, 0, 0},          /* a / b; ints truncate toward zero, b = 0 is an error */
+    [IR_MAX]     = {eval_map2, 0, f_max},     /* max(a, b), NaN propagates */
+    [IR_MIN]     = {eval_map2, 0, f_min},     /* min(a, b), NaN propagates */
+    [IR_LT]      = {eval_map2, 0, f_lt},      /* bool a < b */
+    [IR_LE]      = {eval_map2, 0, f_le},      /* bool a <= b */
+    [IR_EQ]      = {eval_map2, 0, f_eq},      /* bool a == b */
+    [IR_AND]     = {eval_map2, 0, f_and},     /* bool a && b */
+    [IR_OR]      = {eval_map2, 0, f_or},      /* bool a || b */
+    [IR_WHERE]   = {eval_where, 0, 0},        /* cond ? a : b, three-way broadcast */
+
+    /* reductions over ia[0], the axis kept with size 1 */
+    [IR_SUM]     = {eval_sum, 0, 0},          /* sum; 0 over an empty axis */
+    [IR_RMAX]    = {eval_rmax, 0, 0},         /* max, NaN propagates; empty axis is an error */
+    [IR_SOFTMAX] = {eval_softmax, 0, 0},      /* last axis: e^(x - max) / sum */
+
+    /* data movement */
+    [IR_RESHAPE] = {eval_reshape, 0, 0},      /* row-major reinterpretation */
+    [IR_PERMUTE] = {eval_permute, 0, 0},      /* out.shape[i] = in.shape[perm[i]] */
+    [IR_SLICE]   = {eval_slice, 0, 0},        /* axis ia[0], [eval(d), eval(d) + len) */
+    [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis ia[0] */
+    [IR_EXPAND]  = {eval_expand, 0, 0},       /* broadcast to the node's shape */
+    [IR_GATHER]  = {eval_gather, 0, 0},       /* table[V, D] rows; index outside [0, V) is an error */
+
+    /* contractions */
+    [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; ia[0]: b is [.., n, k] */
+
+    /* losses */
+    [IR_XENT]    = {eval_xent, 0, 0},         /* mean over targets >= 0 of lse(z) - z[t]; target >= V
+                                                 is an error; 0 if none counts */
+};
+_Static_assert(sizeof op_impl / sizeof op_impl[0] == IR_NUM_OPS,
+               "ir/interp.c: op_impl needs a row for every op of ops.def");
+
+static const OpImpl *impl_of(IrOp op) { return &op_impl[op]; }
+
+int ir_interp_has_op(IrOp op) { return (unsigned)op < IR_NUM_OPS && op_impl[op].eval != NULL; }
+
+/* ---- binding the leaves ---- */
+
+static int is_leaf_bound(IrOp op) { return op == IR_INPUT || op == IR_PARAM || op == IR_BUFFER; }
+
+/* index of the symbol if d is exactly one symbol (coefficient 1, constant 0), else -1 */
+static int pure_sym(IrDim d)
+{
+    int s = -1;
+    if (d.c != 0)
+        return -1;
+    for (int k = 0; k < IR_MAXSYM; k++) {
+        if (!d.k[k])
+            continue;
+        if (d.k[k] != 1 || s >= 0)
+            return -1;
+        s = k;
+    }
+    return s;
+}
+
+static int dtype_class(IrDType t) { return t == IR_F32 ? 0 : ir_dtype_is_int(t) ? 1 : 2; }
+
+/* "input 'tokens': expected i64[b, n] (b=2, n=16), got i64[2, 17]" */
+static int leaf_mismatch(Interp *it, const IrNode *n, const IrHostTensor *t)
+{
+    char want[256], got[256], dim[64];
+    size_t len = (size_t)snprintf(want, sizeof want, "%s[", ir_dtype_name(n->dtype));
+    int used[IR_MAXSYM] = {0};
+    for (int i = 0; i < n->rank && len < sizeof want; i++) {
+        len += (size_t)snprintf(want + len, sizeof want - len, "%s%s", i ? ", " : "",
+                                ir_dim_str(it->g, n->shape[i], dim, sizeof dim));
+        for (int s = 0; s < IR_MAXSYM; s++)
+            used[s] |= n->shape[i].k[s] != 0;
+    }
+    if (len < sizeof want)
+        len += (size_t)snprintf(want + len, sizeof want - len, "]");
+    int first = 1;
+    for (int s = 0; s < it->g->nsyms && len < sizeof want; s++) {
+        if (!used[s] || !it->sym_from[s])
+            continue;
+        len += (size_t)snprintf(want + len, sizeof want - len, "%s%s=%lld", first ? " (" : ", ",
+                                it->g->sym_name[s], (long long)it->sym[s]);
+        first = 0;
+    }
+    if (!first && len < sizeof want)
+        snprintf(want + len, sizeof want - len, ")");
+
+    len = (size_t)snprintf(got, sizeof got, "%s[", ir_dtype_name(t->dtype));
+    for (int i = 0; i < t->rank && len < sizeof got; i++)
+        len += (size_t)snprintf(got + len, sizeof got - len, "%s%lld", i ? ", " : "",
+                                (long long)t->shape[i]);
+    if (len < sizeof got)
+        snprintf(got + len, sizeof got - len, "]");
+    return fail(it, "%s '%s': expected %s, got %s", leaf_kind(n->op), n->s, want, got);
+}
+
+/* Pass 1 asks for every leaf and binds symbols; pass 2 checks each bound leaf's dtype class and
+ * shape. A leaf the outputs do not need may be missing. */
+static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
+{
+    const IrGraph *g = it->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *n = g->nodes[i];
+        if (!is_leaf_bound(n->op))
+            continue;
+        IrHostTensor t;
+        memset(&t, 0, sizeof t);
+        if (bind(ctx, n, &t) != 0) {
+            if (needed[i])
+                return fail(it, "missing %s '%s'", leaf_kind(n->op), n->s);
+            continue;
+        }
+        if (t.dtype >= IR_NUM_DTYPES || t.rank < 0 || t.rank > IR_MAXRANK)
+            return fail(it, "%s '%s': bad dtype or rank", leaf_kind(n->op), n->s);
+        for (int d = 0; d < t.rank; d++)
+            if (t.shape[d] < 0 || t.shape[d] > MAX_SYM_VALUE)
+                return fail(it, "%s '%s': bad dimension %lld", leaf_kind(n->op), n->s,
+                            (long long)t.shape[d]);
+        int64_t numel = numel_checked(t.rank, t.shape);
+        if (numel < 0)
+            return fail(it, "%s '%s': too many elements", leaf_kind(n->op), n->s);
+        if (numel > 0 && !t.data)
+            return fail(it, "%s '%s': no data", leaf_kind(n->op), n->s);
+        it->host[i] = t;
+        it->have_host[i] = 1;
+        if (t.rank != n->rank)
+            continue; /* reported in pass 2 */
+        for (int d = 0; d < n->rank; d++) {
+            int s = pure_sym(n->shape[d]);
+            if (s < 0 || s >= g->nsyms || it->sym_from[s])
+                continue;
+            it->sym[s] = t.shape[d];
+            it->sym_from[s] = i + 1;
+            if (g->sym_max[s] > 0 && t.shape[d] > g->sym_max[s])
+                return fail(it, "symbol '%s' = %lld exceeds its bound %lld (from %s '%s')",
+                            g->sym_name[s], (long long)t.shape[d], (long long)g->sym_max[s],
+                            leaf_kind(n->op), n->s);
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *n = g->nodes[i];
+        if (!it->have_host[i])
+            continue;
+        const IrHostTensor *t = &it->host[i];
+        if (dtype_class(t->dtype) != dtype_class(n->dtype) || t->rank != n->rank)
+            return leaf_mismatch(it, n, t);
+        for (int d = 0; d < n->rank; d++) {
+            int s = unbound_sym(it, n->shape[d]);
+            if (s >= 0)
+                return fail(it, "%s '%s': symbol '%s' in its shape is not bound by any input",
+                            leaf_kind(n->op), n->s, sym_name(it, s));
+            int64_t want;
+            if (dim_value(it, n, n->shape[d], &want) < 0)
+                return -1;
+            if (want != t->shape[d])
+                return leaf_mismatch(it, n, t);
+        }
+    }
+    return 0;
+}
+
+/* ---- the driver ---- */
+
+/* Integer results must be exact: i32 within its range, i64 within +-2^53. */
+static int check_int(Interp *it, const IrNode *n, const Val *v)
+{
+    if (!ir_dtype_is_int(n->dtype))
+        return 0;
+    double lo = n->dtype == IR_I32 ? -2147483648.0 : -EXACT_INT_MAX;
+    double hi = n->dtype == IR_I32 ? 2147483647.0 : EXACT_INT_MAX;
+    for (int64_t i = 0; i < v->numel; i++)
+        if (!(v->data[i] >= lo && v->data[i] <= hi))
+            return node_fail(it, n, "value %g out of the exact %s range", v->data[i],
+                             ir_dtype_name(n->dtype));
+    return 0;
+}
+
+static int to_host(Interp *it, const IrOutput *o, const Val *v, IrHostTensor *h)
+{
+    IrDType t = o->node->dtype;
+    size_t es = ir_dtype_size(t);
+    if ((uint64_t)v->numel > SIZE_MAX / es)
+        return fail(it, "output '%s': tensor too large", o->name);
+    size_t bytes = (size_t)(v->numel ? v->numel : 1) * es;
+    void *data = malloc(bytes);
+    if (!data)
+        return fail(it, "output '%s': out of memory allocating %zu bytes", o->name, bytes);
+    for (int64_t i = 0; i < v->numel; i++) {
+        double x = v->data[i];
+        switch (t) {
+        case IR_F32: ((float *)data)[i] = (float)x; break;
+        case IR_I32: ((int32_t *)data)[i] = (int32_t)x; break; /* range checked by check_int */
+        case IR_I64: ((int64_t *)data)[i] = (int64_t)x; break;
+        default: ((uint8_t *)data)[i] = x != 0; break;
+        }
+    }
+    h->dtype = t;
+    h->rank = v->rank;
+    memset(h->shape, 0, sizeof h->shape);
+    memcpy(h->shape, v->shape, sizeof(int64_t) * (size_t)v->rank);
+    h->data = data;
+    return 0;
+}
+
+static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *needed, int *last_use)
+{
+    const IrGraph *g = it->g;
+    char msg[400];
+    if (ir_verify(g, msg, sizeof msg) < 0)
+        return fail(it, "graph does not verify: %s", msg);
+
+    /* what the outputs need, and where each value is used last (outputs: never) */
+    for (int o = 0; o < g->noutputs; o++)
+        needed[g->outputs[o].node->id] = 1;
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        if (needed[i])
+            for (int k = 0; k < g->nodes[i]->nin; k++)
+                needed[g->nodes[i]->in[k]->id] = 1;
+    for (int i = 0; i < g->nnodes; i++) {
+        last_use[i] = -1;
+        if (needed[i])
+            for (int k = 0; k < g->nodes[i]->nin; k++)
+                last_use[g->nodes[i]->in[k]->id] = i;
+    }
+    for (int o = 0; o < g->noutputs; o++)
+        last_use[g->outputs[o].node->id] = g->nnodes;
+
+    if (bind_leaves(it, bind, ctx, needed) < 0)
+        return -1;
+
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *n = g->nodes[i];
+        if (!needed[i])
+            continue;
+        const OpImpl *impl = impl_of(n->op);
+        if (!impl->eval)
+            return node_fail(it, n, "the interpreter has no entry for op '%s'", ir_ops[n->op].name);
+        const Val *in[IR_MAXIN] = {NULL};
+        for (int k = 0; k < n->nin; k++)
+            in[k] = &it->val[n->in[k]->id];
+        if (alloc_val(it, n, &it->val[i]) < 0 || impl->eval(it, n, &it->val[i], in) < 0 ||
+            check_int(it, n, &it->val[i]) < 0)
+            return -1;
+        for (int k = 0; k < n->nin; k++)
+            if (last_use[n->in[k]->id] == i)
+                free_val(&it->val[n->in[k]->id]); /* a repeated operand is freed once */
+    }
+
+    for (int o = 0; o < g->noutputs; o++)
+        if (to_host(it, &g->outputs[o], &it->val[g->outputs[o].node->id], &outs[o]) < 0)
+            return -1;
+    return 0;
+}
+
+int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
+{
+    char sink[8]; /* for a caller that wants no message */
+    Interp it;
+    memset(&it, 0, sizeof it);
+    it.g = g;
+    it.err = err && n ? err : sink;
+    it.nerr = err && n ? n : sizeof sink;
+    it.err[0] = 0;
+    if (!bind || (!outs && g->noutputs > 0))
+        return fail(&it, "ir_interp needs a bind callback and room for %d outputs", g->noutputs);
+    for (int o = 0; o < g->noutputs; o++)
+        memset(&outs[o], 0, sizeof outs[o]);
+
+    size_t nn = g->nnodes > 0 ? (size_t)g->nnodes : 1;
+    it.host = calloc(nn, sizeof *it.host);
+    it.have_host = calloc(nn, 1);
+    it.val = calloc(nn, sizeof *it.val);
+    char *needed = calloc(nn, 1);
+    int *last_use = calloc(nn, sizeof *last_use);
+    int rc;
+    if (!it.host || !it.have_host || !it.val || !needed || !last_use)
+        rc = fail(&it, "out of memory");
+    else
+        rc = run(&it, bind, ctx, outs, needed, last_use);
+
+    if (it.val)
+        for (int i = 0; i < g->nnodes; i++)
+            free_val(&it.val[i]);
+    if (rc < 0)
+        for (int o = 0; o < g->noutputs; o++)
+            ir_host_free(&outs[o]);
+    free(it.host);
+    free(it.have_host);
+    free(it.val);
+    free(needed);
+    free(last_use);
+    return rc;
+}
+
+void ir_host_free(IrHostTensor *t)
+{
+    if (!t)
+        return;
+    free(t->data);
+    t->data = NULL;
+}
+
+int64_t ir_host_numel(const IrHostTensor *t) { return numel_of(t->rank, t->shape); }

@@ -1,0 +1,190 @@
+/* ir.h: the tensor IR of xtc.
+ *
+ * A graph is a topologically ordered array of immutable nodes allocated from an arena owned by
+ * the graph. Every node is built through one constructor, ir_node(), which infers (or checks)
+ * the node's shape and dtype from the op table (ops.def) and deduplicates identical nodes, so
+ * common subexpressions are shared from the start.
+ *
+ * Shapes may be symbolic: a dimension is an affine form c + sum k[s]*sym[s] over the graph's
+ * symbols (batch "b", sequence "n", ...), bound when the graph runs. That covers n+3 (memory
+ * tokens), m+n (recurrent memories), n-1 (shifted targets) without a general expression type.
+ *
+ * Errors while building (a shape mismatch, say) do not crash: the constructor records the first
+ * message in the graph, returns NULL, and every later constructor given a NULL operand returns
+ * NULL too, so a front end checks ir_graph_error() once at the end.
+ */
+#ifndef XTC_IR_H
+#define XTC_IR_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define IR_MAXRANK 6
+#define IR_MAXIN 3
+#define IR_MAXSYM 8
+#define IR_MAXIA 4
+
+struct IrGraph;
+
+typedef enum {
+#define X(e, name, arity, flags, attrs, infer) IR_##e,
+#include "ops.def"
+#undef X
+    IR_NUM_OPS
+} IrOp;
+
+enum { IR_LEAF = 1, IR_ELEM = 2, IR_COMMUT = 4, IR_REDUCE = 8, IR_VIEW = 16 };
+
+typedef struct {
+    const char *name;
+    int arity;
+    int flags;
+    const char *attrs;
+} IrOpInfo;
+
+extern const IrOpInfo ir_ops[IR_NUM_OPS];
+IrOp ir_op_lookup(const char *name); /* IR_NUM_OPS if unknown */
+
+typedef enum { IR_F32, IR_I32, IR_I64, IR_BOOL, IR_NUM_DTYPES } IrDType;
+const char *ir_dtype_name(IrDType t);     /* "f32", "i32", "i64", "bool" */
+int ir_dtype_lookup(const char *name);    /* -1 if unknown */
+size_t ir_dtype_size(IrDType t);          /* storage bytes: 4, 4, 8, 1 */
+static inline int ir_dtype_is_int(IrDType t) { return t == IR_I32 || t == IR_I64; }
+
+/* A dimension: c + sum_s k[s] * sym[s]. */
+typedef struct {
+    int64_t c;
+    int8_t k[IR_MAXSYM];
+} IrDim;
+
+IrDim ir_dim(int64_t c);                 /* constant */
+IrDim ir_dim_sym(int s);                 /* symbol s */
+IrDim ir_dim_add(IrDim a, IrDim b);
+IrDim ir_dim_sub(IrDim a, IrDim b);
+IrDim ir_dim_addc(IrDim a, int64_t c);
+int ir_dim_eq(IrDim a, IrDim b);
+int ir_dim_is_const(IrDim a);
+int ir_dim_is_one(IrDim a);
+int64_t ir_dim_eval(IrDim a, const int64_t *symvals);
+/* Writes "n+3", "m+n", "64"; returns buf. */
+char *ir_dim_str(const struct IrGraph *g, IrDim a, char *buf, size_t n);
+
+typedef struct IrNode {
+    int id;             /* index in graph->nodes, topological */
+    IrOp op;
+    IrDType dtype;
+    int rank;
+    IrDim shape[IR_MAXRANK];
+    int nin;
+    struct IrNode *in[IR_MAXIN];
+    /* attributes, as ops.def describes them per op */
+    int64_t ia[IR_MAXIA];
+    double f;
+    IrDim d;
+    int8_t perm[IR_MAXRANK];
+    const char *s;      /* input/param/buffer name (arena string) */
+    const char *label;  /* printed value name without '%', unique in the graph */
+} IrNode;
+
+typedef struct {
+    const char *name;
+    IrNode *node;
+} IrOutput;
+
+typedef struct IrArena IrArena;
+
+typedef struct IrGraph {
+    const char *name;
+    int nsyms;
+    const char *sym_name[IR_MAXSYM];
+    int64_t sym_max[IR_MAXSYM];   /* upper bound, 0 = unbounded */
+    IrNode **nodes;
+    int nnodes, cap;
+    IrOutput *outputs;
+    int noutputs, outcap;
+    IrArena *arena;
+    struct IrHash *hash;
+    char error[512];
+    int label_seq;
+} IrGraph;
+
+IrGraph *ir_graph_new(const char *name);
+void ir_graph_free(IrGraph *g);
+const char *ir_graph_error(const IrGraph *g);   /* NULL if no error */
+void ir_graph_set_error(IrGraph *g, const char *fmt, ...);
+int ir_graph_add_sym(IrGraph *g, const char *name, int64_t max); /* returns index or existing */
+int ir_graph_find_sym(const IrGraph *g, const char *name);        /* -1 if none */
+char *ir_strdup(IrGraph *g, const char *s);                       /* arena copy */
+void *ir_alloc(IrGraph *g, size_t n);                             /* arena, zeroed */
+
+/* The one constructor. proto supplies op, operands, attributes and, for leaves, RESHAPE,
+ * EXPAND, SLICE and CAST, the dtype and shape. Returns the (possibly pre-existing) node,
+ * or NULL with the graph's error set. */
+IrNode *ir_node(IrGraph *g, const IrNode *proto);
+
+/* Convenience builders over ir_node. */
+IrNode *ir_input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape);
+IrNode *ir_param(IrGraph *g, const char *name, int rank, const IrDim *shape);
+IrNode *ir_buffer(IrGraph *g, const char *name, int rank, const IrDim *shape);
+IrNode *ir_const(IrGraph *g, double v, IrDType t);                  /* rank 0 */
+IrNode *ir_arange(IrGraph *g, IrDim start, IrDim len, IrDType t);
+IrNode *ir_relpos(IrGraph *g, IrDim nq, IrDim nk, int buckets, int max_distance, int causal);
+IrNode *ir_unary(IrGraph *g, IrOp op, IrNode *x);
+IrNode *ir_binary(IrGraph *g, IrOp op, IrNode *a, IrNode *b);
+IrNode *ir_where(IrGraph *g, IrNode *cond, IrNode *a, IrNode *b);
+IrNode *ir_cast(IrGraph *g, IrNode *x, IrDType t);
+IrNode *ir_reduce(IrGraph *g, IrOp op, IrNode *x, int axis);        /* axis < 0 counts from the end */
+IrNode *ir_softmax(IrGraph *g, IrNode *x);
+IrNode *ir_reshape(IrGraph *g, IrNode *x, int rank, const IrDim *shape);
+IrNode *ir_permute(IrGraph *g, IrNode *x, const int *perm);
+IrNode *ir_slice(IrGraph *g, IrNode *x, int axis, IrDim start, IrDim len);
+IrNode *ir_concat(IrGraph *g, IrNode *a, IrNode *b, int axis);
+IrNode *ir_expand(IrGraph *g, IrNode *x, int rank, const IrDim *shape);
+IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b);
+IrNode *ir_gather(IrGraph *g, IrNode *table, IrNode *idx);
+IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets);
+
+/* Gives n a readable value name (made unique with a suffix); returns n. NULL-safe. */
+IrNode *ir_label(IrGraph *g, IrNode *n, const char *fmt, ...);
+int ir_output(IrGraph *g, const char *name, IrNode *n);
+IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name);
+
+/* Shape inference for one node (ops.def's infer column); NULL or an error message. */
+const char *ir_infer(IrNode *n, char *buf, size_t n_buf);
+
+/* Verifier: types, shapes, topological order, operand counts, unique labels, output names.
+ * Returns 0 when the graph is well formed, else -1 with a message naming the node. */
+int ir_verify(const IrGraph *g, char *err, size_t n);
+
+/* Text form (ir/print.c, ir/parse.c): print, parse, print gives the same text. */
+void ir_print(const IrGraph *g, FILE *out);
+char *ir_print_str(const IrGraph *g);   /* malloc'ed */
+/* Parses the text form; NULL on error with "name:line:col: error: ..." in err. */
+IrGraph *ir_parse(const char *text, const char *filename, char *err, size_t n);
+
+/* ---- reference interpreter (ir/interp.c) ---- */
+
+/* A host tensor in its storage dtype: f32 as float, i32 as int32_t, i64 as int64_t,
+ * bool as uint8_t (0 or 1). Row-major, contiguous. */
+typedef struct {
+    IrDType dtype;
+    int rank;
+    int64_t shape[IR_MAXRANK];
+    void *data;
+} IrHostTensor;
+
+/* Supplies the tensor for a leaf (INPUT, PARAM or BUFFER, by node->s). Returns 0 and fills
+ * *out (data stays owned by the caller), or -1 when it has none. */
+typedef int (*IrBindFn)(void *ctx, const IrNode *leaf, IrHostTensor *out);
+
+/* Runs the graph in double precision. On success returns 0 and fills outs[i] for each graph
+ * output i (data malloc'ed in the output node's dtype; free with ir_host_free). On error
+ * returns -1 with a message naming the input or node. Symbols are bound from the inputs'
+ * shapes and checked against their bounds. */
+int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n);
+void ir_host_free(IrHostTensor *t);
+int64_t ir_host_numel(const IrHostTensor *t);
+int ir_interp_has_op(IrOp op);   /* 1 if the interpreter's op table has a row for op */
+
+#endif

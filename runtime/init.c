@@ -1,0 +1,88 @@
+/* init.c: seeded fresh weights by x-transformers' rules (see init.h). */
+#include "init.h"
+
+#include <math.h>
+#include <string.h>
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void rt_rng_seed(RtRng *r, uint64_t seed)
+{
+    r->s[0] = splitmix(&seed);
+    r->s[1] = splitmix(&seed);
+}
+
+/* xoroshiro128+ */
+uint64_t rt_rng_next(RtRng *r)
+{
+    uint64_t s0 = r->s[0], s1 = r->s[1], out = s0 + s1;
+    s1 ^= s0;
+    r->s[0] = ((s0 << 24) | (s0 >> 40)) ^ s1 ^ (s1 << 16);
+    r->s[1] = (s1 << 37) | (s1 >> 27);
+    return out;
+}
+
+double rt_rng_uniform(RtRng *r) { return (double)(rt_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double rt_rng_normal(RtRng *r)
+{
+    double u1 = rt_rng_uniform(r), u2 = rt_rng_uniform(r);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out, RtRng *rng)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= shape[i];
+    if (ends_with(name, "inv_freq") && rank == 1) {
+        for (int64_t k = 0; k < n; k++)
+            out[k] = (float)(1.0 / pow(10000.0, (double)(2 * k) / (double)(2 * n)));
+        return 0;
+    }
+    if (strcmp(name, "token_emb.weight") == 0 || ends_with(name, ".token_emb.weight")) {
+        double std = rank == 2 ? sqrt(2.0 / (double)shape[1]) : 1.0;
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (float)(std * rt_rng_normal(rng));
+        return 0;
+    }
+    if (ends_with(name, "emb.weight") || ends_with(name, "relative_attention_bias.weight") ||
+        ends_with(name, "memory_tokens") || ends_with(name, "mem_k") || ends_with(name, "mem_v")) {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (float)rt_rng_normal(rng);
+        return 0;
+    }
+    if (ends_with(name, ".weight") && rank == 2) { /* Linear [out, in] */
+        double bound = 1.0 / sqrt((double)shape[1]);
+        for (int64_t i = 0; i < n; i++)
+            out[i] = (float)((2.0 * rt_rng_uniform(rng) - 1.0) * bound);
+        return 0;
+    }
+    if ((ends_with(name, ".weight") || ends_with(name, ".g")) && rank == 1) { /* norm gains */
+        for (int64_t i = 0; i < n; i++)
+            out[i] = 1.0f;
+        return 0;
+    }
+    if (ends_with(name, ".bias") && rank == 1) {
+        /* Linear biases are U(-1/sqrt(in), 1/sqrt(in)), but the fan-in is not in the name;
+         * LayerNorm biases are 0. Zero is the LayerNorm rule and a sound Linear start. */
+        memset(out, 0, (size_t)n * sizeof *out);
+        return 0;
+    }
+    memset(out, 0, (size_t)n * sizeof *out);
+    return -1;
+}

@@ -1,0 +1,26 @@
+/* init.h: fresh parameter values following x-transformers' initialisation (XT-SEMANTICS.md
+ * section 3), chosen from the state_dict name and shape alone, seeded and reproducible. */
+#ifndef XTC_RT_INIT_H
+#define XTC_RT_INIT_H
+
+#include <stdint.h>
+
+typedef struct {
+    uint64_t s[2];
+} RtRng;
+
+void rt_rng_seed(RtRng *r, uint64_t seed);
+uint64_t rt_rng_next(RtRng *r);
+double rt_rng_uniform(RtRng *r);   /* [0, 1) */
+double rt_rng_normal(RtRng *r);    /* N(0, 1) */
+
+/* Fills out[numel] for the parameter or buffer `name` of the given shape:
+ *   token_emb.weight            kaiming normal, std sqrt(2 / dim)
+ *   *.emb.weight, rel_pos table N(0, 1) (nn.Embedding)
+ *   *.inv_freq (rotary)         1 / 10000^(2k / (2 * len))
+ *   Linear weight [out, in]     U(-1/sqrt(in), 1/sqrt(in)); its bias likewise (torch default)
+ *   norm weight / g             1;  norm bias  0
+ * Returns 0, or -1 when the name matches no rule (out is then zero-filled). */
+int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out, RtRng *rng);
+
+#endif
