@@ -49,16 +49,15 @@ int xtf_edit_distance(const char *a, const char *b, int cap)
         cur[0] = (int)i;
         int row_min = cur[0];
         for (size_t j = 1; j <= lb; j++) {
-            int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
-            int d = prev[j - 1] + !same;
+            int ai = tolower((unsigned char)a[i - 1]), bj = tolower((unsigned char)b[j - 1]);
+            int d = prev[j - 1] + (ai != bj);
             if (prev[j] + 1 < d)
                 d = prev[j] + 1;
             if (cur[j - 1] + 1 < d)
                 d = cur[j - 1] + 1;
-            if (i > 1 && j > 1 && tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 2]) &&
-                tolower((unsigned char)a[i - 2]) == tolower((unsigned char)b[j - 1]) &&
-                prev2[j - 2] + 1 < d)
-                d = prev2[j - 2] + 1;
+            if (i > 1 && j > 1 && ai == tolower((unsigned char)b[j - 2]) &&
+                tolower((unsigned char)a[i - 2]) == bj && prev2[j - 2] + 1 < d)
+                d = prev2[j - 2] + 1; /* adjacent transposition */
             cur[j] = d;
             if (d < row_min)
                 row_min = d;

@@ -1,6 +1,6 @@
 /* diag.c: diagnostics of the .xtf front end, accumulated as text in the style of C compilers:
  *
- *   gpt.xtf:3:38: error: unknown option 'rotary_pos_embb' for Decoder; did you mean 'rotary_pos_emb'?
+ *   gpt.xtf:3:38: error: unknown option 'rotary_pos_embb' for Decoder; did you mean '...'?
  *       attn_layers = Decoder(dim = 512, rotary_pos_embb = true),
  *                                        ^~~~~~~~~~~~~~~
  *
@@ -66,14 +66,6 @@ static void appendv(XtfDiag *d, const char *fmt, va_list ap)
 }
 
 static void appendf(XtfDiag *d, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    appendv(d, fmt, ap);
-    va_end(ap);
-}
-
-void xtf_diag_text(XtfDiag *d, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);

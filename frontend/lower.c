@@ -14,9 +14,11 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ir.h"
+#include "options.h"
 
 typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
 
@@ -704,44 +706,102 @@ static int lower_vit(Lx *L, const XtfValue *call)
     return 0;
 }
 
+/* XTransformer routes enc_* and dec_* options (section 10): builds the two calls it stands
+ * for, TransformerWrapper(attn_layers = Encoder(...)) and TransformerWrapper(attn_layers =
+ * Decoder(cross_attend = true, ...)), with the shared dim, so the rest of the lowering reads
+ * them like any other model. The synthetic values live in *store (freed by the caller). */
+typedef struct {
+    XtfValue wrapper, layers, dim, cross;
+    XtfArg wargs[64], largs[128];
+} Routed;
+
+static void route(const XtfValue *x, const char *prefix, const char *layers_name, int cross, Routed *r)
+{
+    memset(r, 0, sizeof *r);
+    const XtfCtor *tw = xtf_ctor_find("TransformerWrapper");
+    r->wrapper.kind = r->layers.kind = XV_CALL;
+    r->wrapper.loc = r->layers.loc = x->loc;
+    r->wrapper.s = "TransformerWrapper";
+    r->layers.s = layers_name;
+    r->wrapper.args = r->wargs;
+    r->layers.args = r->largs;
+    size_t plen = strlen(prefix);
+    for (int i = 0; i < x->nargs; i++) {
+        const char *k = x->args[i].key;
+        if (!k || strncmp(k, prefix, plen) != 0)
+            continue;
+        XtfArg a = x->args[i];
+        a.key = k + plen;
+        if (xtf_option_find(tw, a.key) && r->wrapper.nargs < 63)
+            r->wargs[r->wrapper.nargs++] = a;
+        else if (r->layers.nargs < 126)
+            r->largs[r->layers.nargs++] = a;
+    }
+    r->dim.kind = XV_INT;
+    r->dim.i = xtf_int(x, "dim");
+    r->dim.loc = x->loc;
+    r->largs[r->layers.nargs++] = (XtfArg){"dim", x->loc, &r->dim};
+    if (cross) {
+        r->cross.kind = XV_BOOL;
+        r->cross.b = 1;
+        r->largs[r->layers.nargs++] = (XtfArg){"cross_attend", x->loc, &r->cross};
+    }
+    r->wargs[r->wrapper.nargs++] = (XtfArg){"attn_layers", x->loc, &r->layers};
+}
+
 /* XTransformer (section 10): encoder(src) feeds the cross-attending decoder(tgt[:, :-1]). */
 static int lower_xtransformer(Lx *L, const XtfValue *call)
 {
     IrGraph *g = L->g;
-    const XtfValue *enc = xtf_callv(call, "encoder"), *dec = xtf_callv(call, "decoder");
-    if (!enc || !dec)
-        return stack_error(L, call, "XTransformer: the checker did not build its encoder/decoder");
+    Routed *re = malloc(sizeof *re), *rd = malloc(sizeof *rd);
+    int rc = -1;
+    if (!re || !rd)
+        goto done;
+    route(call, "enc_", "Encoder", 0, re);
+    route(call, "dec_", "Decoder", 1, rd);
+    const XtfValue *enc = &re->wrapper, *dec = &rd->wrapper;
     IrDim s, t;
     if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "s", xtf_int(enc, "max_seq_len"), &s) < 0 ||
         add_sym(L, "t", xtf_int(dec, "max_seq_len") + 1, &t) < 0)
-        return -1;
+        goto done;
     IrDim bs[2] = {L->B, s}, bt[2] = {L->B, t}, bt1[2] = {L->B, ir_dim_addc(t, -1)};
     IrNode *src = ir_input(g, "src", IR_I64, 2, bs), *tgt = ir_input(g, "tgt", IR_I64, 2, bt);
-    IrNode *src_mask = L->opt && L->opt->mask ? ir_input(g, "src_mask", IR_BOOL, 2, bs) : NULL;
-    IrNode *tgt_mask = L->opt && L->opt->tgt_mask ? ir_input(g, "tgt_mask", IR_BOOL, 2, bt) : NULL;
-    IrNode *targets = L->opt && L->opt->train ? ir_input(g, "targets", IR_I64, 2, bt1) : NULL;
+    IrNode *src_mask = L->opt->mask ? ir_input(g, "src_mask", IR_BOOL, 2, bs) : NULL;
+    IrNode *tgt_mask = L->opt->tgt_mask ? ir_input(g, "tgt_mask", IR_BOOL, 2, bt) : NULL;
+    IrNode *targets = L->opt->train ? ir_input(g, "targets", IR_I64, 2, bt1) : NULL;
 
     IrNode *hidden;
     L->root = "encoder.";
     L->vroot = "enc.";
     L->mask = src_mask;
-    if (!transformer_wrapper(L, enc, src, &hidden))
-        return ir_graph_error(g) ? 0 : -1;
-    /* the encoder's to_logits is in the state_dict but unused (params_without_grad) */
+    IrNode *enc_logits = transformer_wrapper(L, enc, src, &hidden);
+    if (!enc_logits) {
+        rc = ir_graph_error(g) ? 0 : -1;
+        goto done;
+    }
+    /* the encoder's to_logits is in the state_dict but never used: it stays a parameter (so
+     * the weights load strictly) whose gradient is zero, as in x-transformers */
     L->root = "decoder.net.";
     L->vroot = "dec.";
     L->context = hidden;
     L->context_mask = src_mask;
-    L->mask = tgt_mask ? ir_slice(g, tgt_mask, 1, C(0), ir_dim_addc(t, -1)) : NULL;
-    IrNode *logits = transformer_wrapper(L, dec, ir_slice(g, tgt, 1, C(0), ir_dim_addc(t, -1)), &hidden);
-    if (!logits)
-        return ir_graph_error(g) ? 0 : -1;
+    IrDim t1 = ir_dim_addc(t, -1);
+    L->mask = tgt_mask ? ir_slice(g, tgt_mask, 1, C(0), t1) : NULL;
+    IrNode *logits = transformer_wrapper(L, dec, ir_slice(g, tgt, 1, C(0), t1), &hidden);
     L->root = "";
     L->vroot = "";
+    if (!logits) {
+        rc = ir_graph_error(g) ? 0 : -1;
+        goto done;
+    }
     ir_output(g, "logits", ir_label(g, logits, "logits"));
     if (targets)
         ir_output(g, "loss", ir_label(g, ir_xent(g, logits, targets), "loss"));
-    return 0;
+    rc = 0;
+done:
+    free(re);
+    free(rd);
+    return rc;
 }
 
 IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, XtfDiag *d)

@@ -258,7 +258,8 @@ const XtfOption *xtf_option_find(const XtfCtor *c, const char *key)
         return o;
     for (int r = 0; r < 2; r++) {
         const char *p = c->routes[r].prefix;
-        if (p && strncmp(key, p, strlen(p)) == 0 && (o = find_in(c->routes[r].groups, key + strlen(p))))
+        if (p && strncmp(key, p, strlen(p)) == 0 &&
+            (o = find_in(c->routes[r].groups, key + strlen(p))))
             return o;
     }
     return NULL;

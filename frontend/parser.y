@@ -3,11 +3,12 @@
  *   file  := stmt*
  *   stmt  := NAME '=' value
  *   value := INT | FLOAT | BOOL | STRING | None | '-' INT | '-' FLOAT
- *          | '(' ')' | '(' value ')' | '(' value ',' [value {',' value}] [','] ')'   tuples
- *          | '[' [value {',' value} [',']] ']'                                       lists = tuples
- *          | NAME '(' [NAME '=' value {',' NAME '=' value} [',']] ')'                constructor call
- *          | NAME                                               reference to an earlier statement
+ *          | '(' ')' | '(' value ')' | '(' value ',' [value {',' value}] [','] ')'     tuple
+ *          | '[' [value {',' value} [',']] ']'                            list (= tuple)
+ *          | NAME '(' [NAME '=' value {',' NAME '=' value} [',']] ')'      constructor call
+ *          | NAME                                    reference to an earlier statement
  *
+ * '(' value ')' is the value itself, as in Python; (x,) is a one-element tuple.
  * Statements need no separator. After a syntax error the parser skips to the next token that
  * looks like the start of a statement (a name followed by '=' outside brackets, or at the start
  * of a line no further right than the statement that failed) and goes on, so one run reports
@@ -66,7 +67,7 @@ void xtf_lex_end(void *scanner);
 %type <arg> arg
 
 %code {
-enum { TEXT_CAP = 48, MAX_PENDING = 4 };
+enum { TEXT_CAP = 48, MAX_PENDING = 4, MAX_OPEN = 64 };
 
 typedef struct {
     int kind;
@@ -89,6 +90,9 @@ struct XtfParser {
     int prev_line;         /* line of the last token read from the scanner */
     XtfLoc prev_end;       /* just after the last token read: where "end of file" is shown */
     int depth;             /* bracket depth of the tokens handed out so far */
+    XtfLoc open[MAX_OPEN]; /* where the open brackets are (the outermost MAX_OPEN of them) */
+    char open_kind[MAX_OPEN];
+    int popped;            /* the last token handed out closed a bracket */
     int stmt_col;          /* column of the name of the statement being parsed */
     const char *stmt_name; /* and the name itself (NULL between statements) */
     XtfLoc stmt_loc;
@@ -163,7 +167,10 @@ opt_items
     ;
 
 items
-    : value                          { memset(&$$, 0, sizeof $$); NEED(xtf_vec_push(P->file, &$$, $1) == 0); }
+    : value                          {
+                                         memset(&$$, 0, sizeof $$);
+                                         NEED(xtf_vec_push(P->file, &$$, $1) == 0);
+                                     }
     | items ',' value                { $$ = $1; NEED(xtf_vec_push(P->file, &$$, $3) == 0); }
     ;
 
@@ -173,7 +180,11 @@ opt_comma
     ;
 
 args
-    : arg                            { memset(&$$, 0, sizeof $$); if ($1) NEED(xtf_vec_push(P->file, &$$, $1) == 0); }
+    : arg                            {
+                                         memset(&$$, 0, sizeof $$);
+                                         if ($1)
+                                             NEED(xtf_vec_push(P->file, &$$, $1) == 0);
+                                     }
     | args ',' arg                   { $$ = $1; if ($3) NEED(xtf_vec_push(P->file, &$$, $3) == 0); }
     ;
 
@@ -301,18 +312,25 @@ static void push_back(XtfParser *P, Token t)
     P->npending++;
 }
 
-static void track_depth(XtfParser *P, int kind)
+static void track_depth(XtfParser *P, const Token *t)
 {
-    if (kind == '(' || kind == '[')
+    P->popped = 0;
+    if (t->kind == '(' || t->kind == '[') {
+        if (P->depth < MAX_OPEN) {
+            P->open[P->depth] = t->loc;
+            P->open_kind[P->depth] = (char)t->kind;
+        }
         P->depth++;
-    else if ((kind == ')' || kind == ']') && P->depth > 0)
+    } else if ((t->kind == ')' || t->kind == ']') && P->depth > 0) {
         P->depth--;
+        P->popped = 1;
+    }
 }
 
 static int xtf_yylex(XTF_YYSTYPE *val, XtfLoc *loc, XtfParser *P)
 {
     Token t = take(P);
-    track_depth(P, t.kind);
+    track_depth(P, &t);
     P->last = t;
     *val = t.val;
     *loc = t.loc;
@@ -330,7 +348,7 @@ static void recover(XtfParser *P)
             (P->depth == 0 || (t.first_on_line && t.loc.col <= P->stmt_col)))
             break;
         t = take(P);
-        track_depth(P, t.kind);
+        track_depth(P, &t);
     }
     P->depth = 0;
     push_back(P, t);
@@ -428,8 +446,8 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, XtfParser *P)
                     (exp[0] == YYSYMBOL_IDENT || exp[1] == YYSYMBOL_IDENT);
     int reserved = t->kind == BOOL || t->kind == NONE;
     if (top_level && reserved)
-        xtf_diag_error(P->diag, P->file, loc, "%s is a reserved word; a statement starts with a name",
-                       what);
+        xtf_diag_error(P->diag, P->file, loc,
+                       "%s is a reserved word; a statement starts with a name", what);
     else if (top_level)
         xtf_diag_error(P->diag, P->file, loc,
                        "expected the next statement (name = value) before %s", what);
@@ -437,7 +455,18 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, XtfParser *P)
         xtf_diag_error(P->diag, P->file, loc, "expected %s before %s", list, what);
     else
         xtf_diag_error(P->diag, P->file, loc, "unexpected %s", what);
-    if (P->stmt_name && (strcmp(P->stmt_name, "import") == 0 || strcmp(P->stmt_name, "from") == 0))
+    /* A mismatched closing bracket, or one missing before what looks like the next statement:
+     * show the bracket it should close. */
+    int wants_close = 0;
+    for (int i = 0; i < n; i++)
+        wants_close |= exp[i] == YYTRANSLATE(')') || exp[i] == YYTRANSLATE(']');
+    int inner = P->popped ? P->depth : P->depth - 1;
+    int next_stmt = t->first_on_line && t->loc.col <= P->stmt_col;
+    if (wants_close && inner >= 0 && inner < MAX_OPEN &&
+        (P->popped || (next_stmt && P->open[inner].line != loc.line)))
+        xtf_diag_note(P->diag, P->file, P->open[inner], "to match this '%c'", P->open_kind[inner]);
+    int wants_equals = n == 1 && exp[0] == YYTRANSLATE('=');
+    if (wants_equals && P->stmt_name && (strcmp(P->stmt_name, "import") == 0 || strcmp(P->stmt_name, "from") == 0))
         xtf_diag_note(P->diag, P->file, P->stmt_loc,
                       "Python imports are not needed: .xtf knows the x-transformers constructors");
     return 0;

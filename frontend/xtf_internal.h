@@ -41,8 +41,4 @@ int xtf_edit_distance(const char *a, const char *b, int cap);
 /* The largest distance at which a name still counts as a misspelling of a known one. */
 int xtf_typo_limit(const char *name);
 
-/* ---- diagnostics (diag.c) ---- */
-/* Appends one line of plain text (no location, no source echo); counts nothing. */
-void xtf_diag_text(XtfDiag *d, const char *fmt, ...);
-
 #endif

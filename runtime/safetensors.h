@@ -78,7 +78,7 @@ void rt_st_close(RtStFile *f); /* NULL is fine */
 int rt_st_count(const RtStFile *f);
 const RtStTensor *rt_st_get(const RtStFile *f, int i);             /* NULL when out of range */
 const RtStTensor *rt_st_find(const RtStFile *f, const char *name); /* NULL when absent */
-int64_t rt_st_numel(const RtStTensor *t);                          /* product of the shape */
+int64_t rt_st_numel(const RtStTensor *t); /* product of the shape; -1 for an invalid shape */
 
 /* __metadata__: string values by key (NULL if absent), and in file order. */
 const char *rt_st_metadata(const RtStFile *f, const char *key);

@@ -472,6 +472,13 @@ START_TEST(test_to_f32) {
   bad.dtype = (RtDType)42;
   ck_assert_int_eq(rt_st_to_f32(&bad, out, err, sizeof err), RT_ST_EINVAL);
   ck_assert_ptr_nonnull(strstr(err, "invalid dtype or rank"));
+  ck_assert_int_eq(rt_st_numel(&bad), 4);
+  bad.rank = 2;
+  bad.shape[1] = INT64_MAX;
+  ck_assert_int_eq(rt_st_numel(&bad), -1); /* overflow */
+  bad.shape[1] = -1;
+  ck_assert_int_eq(rt_st_numel(&bad), -1);
+  ck_assert_int_eq(rt_st_numel(NULL), -1);
 }
 END_TEST
 
