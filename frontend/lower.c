@@ -130,6 +130,8 @@ static IrNode *scale_norm(Lx *L, IrNode *x, const char *prefix, int d, int gdim,
 
 static IrNode *block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
 {
+    if (S->rezero) /* use_rezero: every block norm is Identity */
+        return x;
     switch (S->norm) {
     case NORM_RMS: return scale_norm(L, x, prefix, S->dim, S->dim, 1e-8);
     case NORM_SCALE: return scale_norm(L, x, prefix, S->dim, 1, 1e-5);

@@ -43,12 +43,13 @@ static const XtfOption WRAPPER[] = {
     /* name                  type    default      range     status */
     {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
     {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED, .accepts = DEC_OR_ENC},
-    {"emb_dim",              INT,    NONE_,       GE(1),    NOT_YET},
+    {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED,
+     .accepts = DEC_OR_ENC | XTF_C_BIT(XTF_C_CROSS_ATTENDER)},
+    {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED},
     {"max_mem_len",          INT,    INT_(0),     GE(0),    NOT_YET},
     {"shift_mem_down",       INT,    INT_(0),     GE(0),    NOT_YET},
     {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
-    {"num_memory_tokens",    INT,    NONE_,       GE(0),    NOT_YET},
+    {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
     {"tie_embedding",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      SUPPORTED},
     END};
@@ -64,47 +65,47 @@ static const XtfOption LAYERS_COMMON[] = {
     {"heads",                INT,    INT_(8),     GE(1),    SUPPORTED},
     {"use_scalenorm",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"use_rmsnorm",          BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"use_rezero",           BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"use_rezero",           BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"alibi_pos_bias",       BOOL,   BOOL_(0),    ANY,      NOT_YET},
     {"alibi_num_heads",      INT,    NONE_,       GE(1),    NOT_YET},
     {"alibi_learned",        BOOL,   BOOL_(0),    ANY,      NOT_YET},
     {"rel_pos_bias",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"rel_pos_num_buckets",  INT,    INT_(32),    GE(2),    SUPPORTED},
     {"rel_pos_max_distance", INT,    INT_(128),   GE(1),    SUPPORTED},
-    {"position_infused_attn",BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"position_infused_attn",BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"rotary_pos_emb",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"rotary_emb_dim",       INT,    NONE_,       GE(1),    SUPPORTED},
     {"custom_layers",        BLOCKS, NONE_,       ANY,      NOT_YET},
-    {"sandwich_coef",        INT,    NONE_,       GE(1),    NOT_YET},
+    {"sandwich_coef",        INT,    NONE_,       GE(1),    SUPPORTED},
     {"par_ratio",            INT,    NONE_,       GE(1),    NOT_YET},
-    {"residual_attn",        BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"cross_residual_attn",  BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"macaron",              BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"residual_attn",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"cross_residual_attn",  BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"macaron",              BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"pre_norm",             BOOL,   BOOL_(1),    ANY,      SUPPORTED},
-    {"gate_residual",        BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"scale_residual",       BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"gate_residual",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"scale_residual",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"shift_tokens",         INTS,   INT_(0),     ANY,      NOT_YET},
-    {"sandwich_norm",        BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"use_qk_norm_attn",     BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"qk_norm_attn_seq_len", INT,    NONE_,       GE(2),    NOT_YET},
+    {"sandwich_norm",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"use_qk_norm_attn",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"qk_norm_attn_seq_len", INT,    NONE_,       GE(2),    SUPPORTED},
     {"zero_init_branch_output", BOOL, BOOL_(0),   ANY,      NOT_YET},
 
     /* Attention(dim, heads = heads, causal = causal, **attn_kwargs) */
     {"attn_dim_head",        INT,    INT_(64),    GE(1),    SUPPORTED},
-    {"attn_talking_heads",   BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"attn_head_scale",      BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"attn_talking_heads",   BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"attn_head_scale",      BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_collab_heads",    BOOL,   BOOL_(0),    ANY,      NOT_YET},
     {"attn_collab_compression", NUM, NUM_(0.3),   UNIT,     NOT_YET},
     {"attn_sparse_topk",     INT,    NONE_,       GE(1),    NOT_YET},
     {"attn_use_entmax15",    BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"attn_num_mem_kv",      INT,    INT_(0),     GE(0),    NOT_YET},
+    {"attn_num_mem_kv",      INT,    INT_(0),     GE(0),    SUPPORTED},
     {"attn_dropout",         NUM,    NUM_(0.0),   PROB,     SUPPORTED},
-    {"attn_on_attn",         BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"attn_on_attn",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_zero_init_output",BOOL,   BOOL_(0),    ANY,      NOT_YET},
     {"attn_max_attend_past", INT,    NONE_,       GE(1),    NOT_YET},
-    {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"attn_scale_init_value",NUM,    NONE_,       ANY,      NOT_YET},
+    {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"attn_scale_init_value",NUM,    NONE_,       ANY,      SUPPORTED},
     {"attn_heads",           INT,    INT_(8),     GE(1),    FORBIDDEN,
      .why = "the layers pass their own 'heads'; set 'heads' instead"},
     {"attn_causal",          BOOL,   BOOL_(0),    ANY,      FORBIDDEN,
@@ -113,8 +114,8 @@ static const XtfOption LAYERS_COMMON[] = {
     /* FeedForward(dim, **ff_kwargs) */
     {"ff_mult",              NUM,    INT_(4),     GT(0),    SUPPORTED},
     {"ff_glu",               BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"ff_relu_squared",      BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"ff_post_act_ln",       BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"ff_relu_squared",      BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"ff_post_act_ln",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"ff_dropout",           NUM,    NUM_(0.0),   PROB,     SUPPORTED},
     {"ff_zero_init_output",  BOOL,   BOOL_(0),    ANY,      NOT_YET},
     {"ff_dim_out",           INT,    NONE_,       GE(1),    FORBIDDEN,
@@ -123,8 +124,8 @@ static const XtfOption LAYERS_COMMON[] = {
 
 /* Decoder and Encoder: the class decides causality; cross-attention is optional. */
 static const XtfOption LAYERS_SELF[] = {
-    {"cross_attend",         BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"only_cross",           BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"cross_attend",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"only_cross",           BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"causal",               BOOL,   BOOL_(0),    ANY,      FORBIDDEN,
      .why = "Decoder is causal and Encoder is not; choose the class instead"},
     END};
@@ -140,44 +141,44 @@ static const XtfOption LAYERS_CROSS[] = {
 
 /* ---- ViTransformerWrapper(image_size, patch_size, attn_layers, ...) ---- */
 static const XtfOption VIT[] = {
-    {"image_size",           INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"patch_size",           INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"attn_layers",          LAYERS, REQUIRED,    ANY,      NOT_YET,
+    {"image_size",           INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"patch_size",           INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED,
      .accepts = XTF_C_BIT(XTF_C_ENCODER)},
-    {"num_classes",          INT,    NONE_,       GE(1),    NOT_YET},
-    {"dropout",              NUM,    NUM_(0.0),   PROB,     NOT_YET},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     NOT_YET},
+    {"num_classes",          INT,    NONE_,       GE(1),    SUPPORTED},
+    {"dropout",              NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
     END};
 
 /* ---- ContinuousTransformerWrapper(max_seq_len, attn_layers, ...) ---- */
 static const XtfOption CONTINUOUS[] = {
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"attn_layers",          LAYERS, REQUIRED,    ANY,      NOT_YET, .accepts = DEC_OR_ENC},
-    {"dim_in",               INT,    NONE_,       GE(1),    NOT_YET},
-    {"dim_out",              INT,    NONE_,       GE(1),    NOT_YET},
-    {"emb_dim",              INT,    NONE_,       GE(1),    NOT_YET}, /* accepted, unused */
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     NOT_YET},
-    {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      NOT_YET},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED, .accepts = DEC_OR_ENC},
+    {"dim_in",               INT,    NONE_,       GE(1),    SUPPORTED},
+    {"dim_out",              INT,    NONE_,       GE(1),    SUPPORTED},
+    {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED}, /* accepted, unused */
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      SUPPORTED},
     END};
 
 /* ---- XTransformer(dim, tie_token_emb, enc_*, dec_*) ---- */
 static const XtfOption XFORMER[] = {
-    {"dim",                  INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"tie_token_emb",        BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"dim",                  INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"tie_token_emb",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     END};
 
 /* enc_* keys XTransformer hands to the encoder's TransformerWrapper; the rest go to Encoder. */
 static const XtfOption XFORMER_ENC_WRAPPER[] = {
-    {"num_tokens",           INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     NOT_YET},
-    {"num_memory_tokens",    INT,    NONE_,       GE(0),    NOT_YET},
+    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
     END};
 
 static const XtfOption XFORMER_DEC_WRAPPER[] = {
-    {"num_tokens",           INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    NOT_YET},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     NOT_YET},
+    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
     END};
 
 static const XtfOption XFORMER_FIXED[] = {
@@ -211,13 +212,13 @@ const XtfCtor xtf_ctors[XTF_C_NUM] = {
                        {{NULL, NULL}, {NULL, NULL}}},
     [XTF_C_ENCODER] = {"Encoder", XTF_C_ENCODER, SUPPORTED, NULL, G_SELF_LAYERS,
                        {{NULL, NULL}, {NULL, NULL}}},
-    [XTF_C_CROSS_ATTENDER] = {"CrossAttender", XTF_C_CROSS_ATTENDER, NOT_YET, NULL,
+    [XTF_C_CROSS_ATTENDER] = {"CrossAttender", XTF_C_CROSS_ATTENDER, SUPPORTED, NULL,
                               G_CROSS_LAYERS, {{NULL, NULL}, {NULL, NULL}}},
-    [XTF_C_XTRANSFORMER] = {"XTransformer", XTF_C_XTRANSFORMER, NOT_YET, NULL, G_XFORMER,
+    [XTF_C_XTRANSFORMER] = {"XTransformer", XTF_C_XTRANSFORMER, SUPPORTED, NULL, G_XFORMER,
                             {{"enc_", G_XFORMER_ENC}, {"dec_", G_XFORMER_DEC}}},
-    [XTF_C_VIT] = {"ViTransformerWrapper", XTF_C_VIT, NOT_YET, NULL, G_VIT,
+    [XTF_C_VIT] = {"ViTransformerWrapper", XTF_C_VIT, SUPPORTED, NULL, G_VIT,
                    {{NULL, NULL}, {NULL, NULL}}},
-    [XTF_C_CONTINUOUS] = {"ContinuousTransformerWrapper", XTF_C_CONTINUOUS, NOT_YET, NULL,
+    [XTF_C_CONTINUOUS] = {"ContinuousTransformerWrapper", XTF_C_CONTINUOUS, SUPPORTED, NULL,
                           G_CONTINUOUS, {{NULL, NULL}, {NULL, NULL}}},
     [XTF_C_ATTENTION_LAYERS] = {"AttentionLayers", XTF_C_ATTENTION_LAYERS, FORBIDDEN,
                                 "write Decoder (causal) or Encoder (bidirectional) instead",
