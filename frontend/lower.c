@@ -55,6 +55,8 @@ typedef struct {
     IrNode *mask;         /* bool[b, n] for self-attention, or NULL */
     IrNode *context;      /* f32[b, m, dim] for cross-attention, or NULL */
     IrNode *context_mask; /* bool[b, m] or NULL */
+    IrNode **mems_in;     /* Transformer-XL: one f32[b, p, dim] per self-attention layer */
+    IrNode **hiddens;     /* ... and each such layer's input, filled by attention_layers */
 } Lx;
 
 /* ---- small helpers ---- */
@@ -182,16 +184,27 @@ typedef struct {
     IrNode *relpos_table;       /* [buckets, heads] */
 } Positions;
 
-/* Rotary positions (section 7.2) on t[b, h, m, dh], positions 0..m-1. */
+/* Positions tables cover L = mem + n positions; a tensor of length m takes the last m rows. */
+static IrNode *last_rows(Lx *L, IrNode *table, IrDim m)
+{
+    if (!table)
+        return NULL;
+    return ir_slice(L->g, table, 0, ir_dim_sub(table->shape[0], m), m);
+}
+
+/* Rotary positions (section 7.2) on t[b, h, m, dh], positions L-m .. L-1. */
 static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
 {
     int rd = S->rotary_dim, half = rd / 2, dh = S->dim_head;
     IrGraph *g = L->g;
+    if (!t)
+        return NULL;
+    IrNode *cosv = last_rows(L, P->rot_cos, t->shape[2]), *sinv = last_rows(L, P->rot_sin, t->shape[2]);
     IrNode *xr = ir_slice(g, t, -1, C(0), C(rd));
     IrNode *x1 = ir_slice(g, xr, -1, C(0), C(half));
     IrNode *x2 = ir_slice(g, xr, -1, C(half), C(half));
     IrNode *rot = ir_concat(g, un(L, IR_NEG, x2), x1, -1);
-    IrNode *out = add(L, mul(L, xr, P->rot_cos), mul(L, rot, P->rot_sin));
+    IrNode *out = add(L, mul(L, xr, cosv), mul(L, rot, sinv));
     if (rd < dh)
         out = ir_concat(g, out, ir_slice(g, t, -1, C(rd), C(dh - rd)), -1);
     return out;
@@ -201,18 +214,19 @@ static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
  * *prev: in, the previous layer's pre-softmax logits (residual attention) or NULL; out, this
  * layer's. */
 static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer, int cross,
-                         const Positions *P, IrNode **prev)
+                         const Positions *P, IrNode **prev, IrNode *mem)
 {
     IrGraph *g = L->g;
     char name[256];
     int h = S->heads, dh = S->dim_head, inner = h * dh;
-    IrNode *kv = cross ? L->context : x;
+    /* step 1: Transformer-XL memory (the un-normed stream of the previous segment) */
+    IrNode *kv = cross ? L->context : mem ? ir_concat(g, mem, x, 1) : x;
     if (!kv || !x)
         return NULL;
     IrNode *q_in = x, *k_in = kv;
     if (!cross && S->pia) { /* step 2: sinusoids on the q and k inputs, not v */
-        q_in = add(L, x, P->pia);
-        k_in = add(L, kv, P->pia);
+        q_in = add(L, x, last_rows(L, P->pia, seq_of(x)));
+        k_in = add(L, kv, last_rows(L, P->pia, seq_of(kv)));
     }
     snprintf(name, sizeof name, "%s.to_q", p);
     IrNode *q = split_heads(L, lab(L, linear(L, q_in, name, S->dim, inner, 0), "layer%d.attn.q", layer), h, dh);
@@ -458,7 +472,9 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
     IrGraph *g = L->g;
     char p[160], np[200];
     Positions P = {0};
-    IrDim n = seq_of(x);
+    IrDim n = seq_of(x); /* positions cover memory + sequence */
+    if (L->mems_in && L->mems_in[0])
+        n = ir_dim_add(n, seq_of(L->mems_in[0]));
 
     if (S->rel_pos) {
         IrDim ts[2] = {C(S->rel_buckets), C(S->heads)};
@@ -484,6 +500,7 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
     }
 
     IrNode *prev_attn = NULL, *prev_cross = NULL;
+    int nattn = 0;
     for (int i = 0; i < S->ntypes; i++) {
         char t = S->types[i];
         int is_attn = t == 'a' || t == 'c';
@@ -499,12 +516,18 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
         IrNode *out;
         if (t == 'a') {
             IrNode *prev = S->residual_attn ? prev_attn : NULL;
-            out = attention(L, S, x, np, i, 0, &P, &prev);
+            IrNode *mem = NULL;
+            if (L->mems_in) { /* XL: this layer's memory in, its input (pre-norm) out */
+                mem = L->mems_in[nattn];
+                L->hiddens[nattn] = residual;
+            }
+            nattn++;
+            out = attention(L, S, x, np, i, 0, &P, &prev, mem);
             if (S->residual_attn)
                 prev_attn = prev;
         } else if (t == 'c') {
             IrNode *prev = S->cross_residual_attn ? prev_cross : NULL;
-            out = attention(L, S, x, np, i, 1, &P, &prev);
+            out = attention(L, S, x, np, i, 1, &P, &prev, NULL);
             if (S->cross_residual_attn)
                 prev_cross = prev;
         } else {
@@ -618,11 +641,48 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
             L->context_mask = ir_input(g, "context_mask", IR_BOOL, 2, cm);
     }
     IrNode *targets = L->opt && L->opt->train ? ir_input(g, "targets", IR_I64, 2, bn) : NULL;
+
+    /* Transformer-XL (section 10): mems.<l> in and out, one per self-attention layer */
+    int K = (int)xtf_int(call, "max_mem_len"), nmem = 0;
+    IrNode *mems_in[MAX_LAYERS], *hiddens[MAX_LAYERS];
+    if (K > 0) {
+        Stack S;
+        if (!layers || read_stack(L, layers, &S) < 0)
+            return -1;
+        if (L->mask)
+            return stack_error(L, call, "a padding mask together with max_mem_len is not supported "
+                                        "(x-transformers 0.23.0 crashes on it)");
+        if (xtf_int(call, "num_memory_tokens") > 0)
+            return stack_error(L, call, "num_memory_tokens together with max_mem_len is not supported yet");
+        IrDim pm;
+        if (add_sym(L, "p", K, &pm) < 0)
+            return -1;
+        IrDim ms[3] = {L->B, pm, C(S.dim)};
+        char name[32];
+        for (int i = 0; i < S.ntypes; i++)
+            if (S.types[i] == 'a') {
+                snprintf(name, sizeof name, "mems.%d", nmem);
+                hiddens[nmem] = NULL;
+                mems_in[nmem++] = ir_input(g, name, IR_F32, 3, ms);
+            }
+        L->mems_in = mems_in;
+        L->hiddens = hiddens;
+    }
     IrNode *hidden = NULL;
     IrNode *logits = transformer_wrapper(L, call, tokens, &hidden);
     if (!logits)
         return ir_graph_error(g) ? 0 : -1;
     ir_output(g, "logits", lab(L, logits, "logits"));
+    for (int l = 0; l < nmem; l++) { /* cat(mems, hiddens)[:, -max_mem_len:], detached */
+        char name[32];
+        snprintf(name, sizeof name, "mems.%d", l);
+        IrNode *all = ir_concat(g, mems_in[l], hiddens[l], 1);
+        if (!all)
+            break;
+        IrDim len = seq_of(all);
+        ir_output(g, name, ir_slice(g, all, 1, ir_dim_addc(len, -K), C(K)));
+    }
+    L->mems_in = L->hiddens = NULL;
     if (L->opt && L->opt->embeddings)
         ir_output(g, "embeddings", hidden);
     if (targets)

@@ -23,7 +23,48 @@ trap 'rm -rf "$tmp"' EXIT
 supported="decoder_plain encoder_mask rotary_pos_emb ff_glu rel_pos_bias rel_pos_bias_encoder
   use_scalenorm use_rmsnorm post_norm tie_embedding attn_num_mem_kv attn_on_attn attn_qk_norm
   attn_talking_heads continuous cross_attend cross_attender gate_residual macaron num_memory_tokens
-  position_infused_attn residual_attn sandwich_coef use_qk_norm_attn use_rezero vit xtransformer"
+  position_infused_attn residual_attn sandwich_coef use_qk_norm_attn use_rezero vit xtransformer
+  transformer_xl"
+
+# run_xl CASE_DIR XTF OUT: segment 1 on tokens with empty mems, segment 2 on tokens2 with the
+# mems of segment 1; OUT gets logits, mems.<l> (segment 1) and logits2, mems2.<l>, loss (2).
+run_xl() {
+  local d=$1 x=$2 out=$3
+  $py "$tmp/xl.py" "$d" "$tmp/xl_in1.safetensors" in1 || return 1
+  "$xtc" run "$x" --weights "$d/weights.safetensors" --input "$tmp/xl_in1.safetensors" \
+    --output "$tmp/xl_out1.safetensors" || return 1
+  $py "$tmp/xl.py" "$d" "$tmp/xl_in2.safetensors" in2 "$tmp/xl_out1.safetensors" || return 1
+  "$xtc" run "$x" --weights "$d/weights.safetensors" --input "$tmp/xl_in2.safetensors" \
+    --output "$tmp/xl_out2.safetensors" || return 1
+  $py "$tmp/xl.py" "$d" "$out" merge "$tmp/xl_out1.safetensors" "$tmp/xl_out2.safetensors"
+}
+cat > "$tmp/xl.py" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/..")
+import safetensors_lite as st
+d, out, step = sys.argv[1], sys.argv[2], sys.argv[3]
+inp, _ = st.read(d + "/inputs.safetensors")
+nlayers = 2
+if step == "in1":
+    t = inp["tokens"]
+    b = t.shape[0]
+    res = {"tokens": t}
+    for l in range(nlayers):
+        res["mems.%d" % l] = st.Tensor("F32", [b, 0, 32], [])
+elif step == "in2":
+    o1, _ = st.read(sys.argv[4])
+    res = {"tokens": inp["tokens2"], "targets": inp["targets2"]}
+    for l in range(nlayers):
+        res["mems.%d" % l] = o1["mems.%d" % l]
+else:
+    o1, _ = st.read(sys.argv[4])
+    o2, _ = st.read(sys.argv[5])
+    res = {"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]}
+    for l in range(nlayers):
+        res["mems.%d" % l] = o1["mems.%d" % l]
+        res["mems2.%d" % l] = o2["mems.%d" % l]
+st.write(out, res)
+PY
 
 pass=0
 fail=0
@@ -36,28 +77,7 @@ for dir in "$parity"/*/; do
     fail=$((fail + 1))
     continue
   fi
-  if [[ " $(echo $supported) " == *" $case "* ]]; then
-    if ! "$xtc" run "$xtf" --weights "$dir/weights.safetensors" --input "$dir/inputs.safetensors" \
-        --output "$tmp/$case.safetensors" 2> "$tmp/$case.err"; then
-      echo "FAIL $case: xtc run failed:"
-      sed 's/^/    /' "$tmp/$case.err"
-      fail=$((fail + 1))
-      continue
-    fi
-    # vit and continuous have no built-in loss (DESIGN.md: the caller supplies grad.<output>);
-    # their reference 'loss' is mean(output * loss_weights), a training-side check
-    skip=(--skip '^grad\.')
-    [ "$case" = vit ] || [ "$case" = continuous ] && skip+=(--skip '^loss$')
-    if out=$($py "$parity/compare.py" "$dir" "$tmp/$case.safetensors" "${skip[@]}" 2>&1); then
-      worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
-      echo "ok   $case (logits, loss; worst max_abs_err $worst)"
-      pass=$((pass + 1))
-    else
-      echo "FAIL $case:"
-      echo "$out" | sed 's/^/    /'
-      fail=$((fail + 1))
-    fi
-  else
+  if [[ " $(echo $supported) " != *" $case "* ]]; then
     # not yet supported: must be refused by name, never silently computed
     if "$xtc" run "$xtf" --weights "$dir/weights.safetensors" --input "$dir/inputs.safetensors" \
         --output "$tmp/$case.safetensors" 2> "$tmp/$case.err"; then
@@ -71,6 +91,33 @@ for dir in "$parity"/*/; do
       sed 's/^/    /' "$tmp/$case.err"
       fail=$((fail + 1))
     fi
+    continue
+  fi
+  if [ "$case" = transformer_xl ]; then
+    # two segments: mems out of the first call go into the second (DESIGN.md: recurrence)
+    run_xl "$dir" "$xtf" "$tmp/$case.safetensors" 2> "$tmp/$case.err"
+  else
+    "$xtc" run "$xtf" --weights "$dir/weights.safetensors" --input "$dir/inputs.safetensors" \
+      --output "$tmp/$case.safetensors" 2> "$tmp/$case.err"
+  fi
+  if [ $? -ne 0 ]; then
+    echo "FAIL $case: xtc run failed:"
+    sed 's/^/    /' "$tmp/$case.err"
+    fail=$((fail + 1))
+    continue
+  fi
+  # vit and continuous have no built-in loss (DESIGN.md: the caller supplies grad.<output>);
+  # their reference 'loss' is mean(output * loss_weights), a training-side check
+  skip=(--skip '^grad\.')
+  if [ "$case" = vit ] || [ "$case" = continuous ]; then skip+=(--skip '^loss$'); fi
+  if out=$($py "$parity/compare.py" "$dir" "$tmp/$case.safetensors" "${skip[@]}" 2>&1); then
+    worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
+    echo "ok   $case ($(echo "$out" | grep -c '^ok') tensors; worst max_abs_err $worst)"
+    pass=$((pass + 1))
+  else
+    echo "FAIL $case:"
+    echo "$out" | sed 's/^/    /'
+    fail=$((fail + 1))
   fi
 done
 echo "parity (interpreter): $pass passed, $fail failed, $refused refused as not supported yet"
