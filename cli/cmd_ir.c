@@ -10,7 +10,7 @@ static void usage(void)
            "Prints the tensor IR of a model, one op per line with its type.\n"
            "  --model NAME  which model of the file (default: the last one)\n"
            "  --train       include the targets input and the loss output\n"
-           "  --mask        include the padding-mask input\n");
+           "  --mask        include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n");
 }
 
 int cli_ir(int argc, char **argv)
@@ -26,7 +26,7 @@ int cli_ir(int argc, char **argv)
         } else if (!strcmp(argv[i], "--train")) {
             opt.train = 1;
         } else if (!strcmp(argv[i], "--mask")) {
-            opt.mask = 1;
+            opt.mask = opt.src_mask = opt.tgt_mask = opt.context_mask = 1;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "xtc ir: unknown option '%s'\n", argv[i]);
             return 2;

@@ -168,7 +168,8 @@ int cli_run(int argc, char **argv)
         goto done;
     XtLowerOpts opt = {
         .train = rt_st_find(b.inputs, "targets") != NULL,
-        .mask = rt_st_find(b.inputs, "mask") || rt_st_find(b.inputs, "src_mask"),
+        .mask = rt_st_find(b.inputs, "mask") != NULL,
+        .src_mask = rt_st_find(b.inputs, "src_mask") != NULL,
         .context_mask = rt_st_find(b.inputs, "context_mask") != NULL,
         .tgt_mask = rt_st_find(b.inputs, "tgt_mask") != NULL,
     };

@@ -690,59 +690,81 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
     return 0;
 }
 
-/* ContinuousTransformerWrapper (section 10): x[b, n, dim_in] -> output[b, n, dim_out] */
-static int lower_continuous(Lx *L, const XtfValue *call)
+/* ContinuousTransformerWrapper body (section 10) on x[b, n, dim_in]: returns the output
+ * [b, n, dim_out] and, in *emb, the final-normed embeddings [b, n, dim]. */
+static IrNode *continuous_forward(Lx *L, const XtfValue *call, IrNode *x, IrNode **emb)
 {
     IrGraph *g = L->g;
     const XtfValue *layers = xtf_callv(call, "attn_layers");
     Stack S;
-    if (!layers)
-        return stack_error(L, call, "%s needs attn_layers", call->s);
+    if (!layers) {
+        stack_error(L, call, "%s needs attn_layers", call->s);
+        return NULL;
+    }
     if (read_stack(L, layers, &S) < 0)
-        return -1;
+        return NULL;
     int maxlen = (int)xtf_int(call, "max_seq_len");
     const XtfValue *di = xtf_arg(call, "dim_in"), *dout = xtf_arg(call, "dim_out");
-    int dim_in = di && di->kind == XV_INT ? (int)di->i : S.dim;
-    IrDim n;
-    if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "n", maxlen, &n) < 0)
-        return -1;
-    IrDim xs[3] = {L->B, n, C(dim_in)}, bn[2] = {L->B, n};
-    IrNode *x = ir_input(g, "x", IR_F32, 3, xs);
-    if (L->opt && L->opt->mask)
-        L->mask = ir_input(g, "mask", IR_BOOL, 2, bn);
     if (di && di->kind == XV_INT)
-        x = linear(L, x, "project_in", dim_in, S.dim, 1);
+        x = linear(L, x, "project_in", (int)di->i, S.dim, 1);
     if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(S.dim)};
-        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), n);
+        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), seq_of(x));
         x = add(L, x, mul(L, pos, cf(L, pow((double)S.dim, -0.5))));
     }
     x = attention_layers(L, &S, x);
-    x = lab(L, layer_norm(L, x, "norm", S.dim), "final_norm");
+    x = *emb = lab(L, layer_norm(L, x, "norm", S.dim), "final_norm");
     if (dout && dout->kind == XV_INT)
         x = linear(L, x, "project_out", S.dim, (int)dout->i, 1);
-    ir_output(g, "output", lab(L, x, "output"));
+    return x;
+}
+
+static int continuous_dim_in(const XtfValue *call)
+{
+    const XtfValue *di = xtf_arg(call, "dim_in");
+    return di && di->kind == XV_INT ? (int)di->i : (int)xtf_int(xtf_callv(call, "attn_layers"), "dim");
+}
+
+/* ContinuousTransformerWrapper: x[b, n, dim_in] -> output[b, n, dim_out] */
+static int lower_continuous(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    IrDim n;
+    if (add_sym(L, "b", 0, &L->B) < 0 || add_sym(L, "n", xtf_int(call, "max_seq_len"), &n) < 0)
+        return -1;
+    IrDim xs[3] = {L->B, n, C(continuous_dim_in(call))}, bn[2] = {L->B, n};
+    IrNode *x = ir_input(g, "x", IR_F32, 3, xs);
+    if (L->opt->mask)
+        L->mask = ir_input(g, "mask", IR_BOOL, 2, bn);
+    IrNode *emb = NULL, *out = continuous_forward(L, call, x, &emb);
+    if (!out)
+        return ir_graph_error(g) ? 0 : -1;
+    ir_output(g, "output", lab(L, out, "output"));
+    if (L->opt->embeddings)
+        ir_output(g, "embeddings", emb);
     return 0;
 }
 
-/* ViTransformerWrapper (section 10): image[b, 3, H, W] -> logits[b, classes] */
-static int lower_vit(Lx *L, const XtfValue *call)
+/* ViTransformerWrapper body (section 10) on image[b, 3, H, W]: returns the logits [b, classes]
+ * (NULL without num_classes) and, in *emb, the final-normed embeddings [b, patches + 1, dim]. */
+static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **emb)
 {
     IrGraph *g = L->g;
     const XtfValue *layers = xtf_callv(call, "attn_layers");
     Stack S;
-    if (!layers)
-        return stack_error(L, call, "%s needs attn_layers", call->s);
+    *emb = NULL;
+    if (!layers) {
+        stack_error(L, call, "%s needs attn_layers", call->s);
+        return NULL;
+    }
     if (read_stack(L, layers, &S) < 0)
-        return -1;
+        return NULL;
     int img = (int)xtf_int(call, "image_size"), ps = (int)xtf_int(call, "patch_size");
-    if (img % ps)
-        return stack_error(L, call, "image_size %d is not divisible by patch_size %d", img, ps);
+    if (img % ps) {
+        stack_error(L, call, "image_size %d is not divisible by patch_size %d", img, ps);
+        return NULL;
+    }
     int hp = img / ps, np = hp * hp, pdim = 3 * ps * ps, dim = S.dim;
-    if (add_sym(L, "b", 0, &L->B) < 0)
-        return -1;
-    IrDim is[4] = {L->B, C(3), C(img), C(img)};
-    IrNode *image = ir_input(g, "image", IR_F32, 4, is);
     /* 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)' */
     IrDim s6[6] = {L->B, C(3), C(hp), C(ps), C(hp), C(ps)};
     static const int perm[6] = {0, 2, 4, 3, 5, 1};
@@ -753,18 +775,103 @@ static int lower_vit(Lx *L, const XtfValue *call)
     x = ir_concat(g, ir_expand(g, paramv(L, 0, 3, cs, "cls_token"), 3, cb), x, 1);
     x = add(L, x, paramv(L, 0, 3, pe, "pos_embedding"));
     x = attention_layers(L, &S, x);
-    x = lab(L, layer_norm(L, x, "norm", dim), "final_norm");
+    x = *emb = lab(L, layer_norm(L, x, "norm", dim), "final_norm");
+    const XtfValue *nc = xtf_arg(call, "num_classes");
+    if (!nc || nc->kind != XV_INT)
+        return NULL;
+    /* mlp_head = FeedForward(dim, dim_out = classes) on the cls token */
     IrDim e2[2] = {L->B, C(dim)};
     IrNode *cls = ir_reshape(g, ir_slice(g, x, 1, C(0), C(1)), 2, e2);
-    if (L->opt && L->opt->embeddings)
-        ir_output(g, "embeddings", x);
-    const XtfValue *nc = xtf_arg(call, "num_classes");
-    if (nc && nc->kind == XV_INT) { /* mlp_head = FeedForward(dim, dim_out = classes) */
-        IrNode *h = un(L, IR_GELU, linear(L, cls, "mlp_head.net.0.0", dim, 4 * dim, 1));
-        ir_output(g, "logits", lab(L, linear(L, h, "mlp_head.net.3", 4 * dim, (int)nc->i, 1), "logits"));
-    } else if (!(L->opt && L->opt->embeddings)) {
-        ir_output(g, "embeddings", x);
+    IrNode *h = un(L, IR_GELU, linear(L, cls, "mlp_head.net.0.0", dim, 4 * dim, 1));
+    return linear(L, h, "mlp_head.net.3", 4 * dim, (int)nc->i, 1);
+}
+
+static IrNode *vit_image_input(Lx *L, const XtfValue *call)
+{
+    int img = (int)xtf_int(call, "image_size");
+    IrDim is[4] = {L->B, C(3), C(img), C(img)};
+    return ir_input(L->g, "image", IR_F32, 4, is);
+}
+
+/* ViTransformerWrapper: image[b, 3, H, W] -> logits[b, classes] (and/or embeddings) */
+static int lower_vit(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    if (add_sym(L, "b", 0, &L->B) < 0)
+        return -1;
+    IrNode *emb = NULL, *logits = vit_forward(L, call, vit_image_input(L, call), &emb);
+    if (!emb)
+        return ir_graph_error(g) ? 0 : -1;
+    if (logits)
+        ir_output(g, "logits", lab(L, logits, "logits"));
+    if (L->opt->embeddings || !logits)
+        ir_output(g, "embeddings", emb);
+    return 0;
+}
+
+/* EncoderDecoder(encoder, decoder): the encoder's final-normed embeddings are the context of a
+ * cross-attending decoder (an image captioner: ViT -> Decoder(cross_attend = true)). Inputs:
+ * the encoder's (image; or src, src_mask for token and continuous encoders) and the decoder's
+ * (tokens, mask, targets). Parameters: encoder.* and decoder.*. */
+static int lower_encoder_decoder(Lx *L, const XtfValue *call)
+{
+    IrGraph *g = L->g;
+    const XtfValue *enc = xtf_callv(call, "encoder"), *dec = xtf_callv(call, "decoder");
+    const XtfValue *dec_layers = xtf_callv(dec, "attn_layers");
+    if (!enc || !dec || !dec_layers)
+        return stack_error(L, call, "EncoderDecoder needs an encoder and a decoder model");
+    if (!xtf_bool(dec_layers, "cross_attend") && strcmp(dec_layers->s, "CrossAttender") != 0)
+        return stack_error(L, dec_layers, "the decoder of EncoderDecoder must cross-attend "
+                                          "(cross_attend = true, or CrossAttender)");
+    int enc_dim = (int)xtf_int(xtf_callv(enc, "attn_layers"), "dim");
+    int dec_dim = (int)xtf_int(dec_layers, "dim");
+    if (enc_dim != dec_dim)
+        return stack_error(L, call, "the encoder's dim (%d) must equal the decoder's (%d): "
+                                    "cross-attention keys and values are read from dim-wide context",
+                           enc_dim, dec_dim);
+    if (add_sym(L, "b", 0, &L->B) < 0)
+        return -1;
+    IrNode *emb = NULL, *src_mask = NULL;
+    L->root = "encoder.";
+    L->vroot = "enc.";
+    if (strcmp(enc->s, "ViTransformerWrapper") == 0) {
+        vit_forward(L, enc, vit_image_input(L, enc), &emb);
+    } else {
+        IrDim s;
+        if (add_sym(L, "s", xtf_int(enc, "max_seq_len"), &s) < 0)
+            return -1;
+        IrDim bs[2] = {L->B, s};
+        if (L->opt->src_mask)
+            src_mask = L->mask = ir_input(g, "src_mask", IR_BOOL, 2, bs);
+        if (strcmp(enc->s, "ContinuousTransformerWrapper") == 0) {
+            IrDim xs[3] = {L->B, s, C(continuous_dim_in(enc))};
+            continuous_forward(L, enc, ir_input(g, "src", IR_F32, 3, xs), &emb);
+        } else {
+            transformer_wrapper(L, enc, ir_input(g, "src", IR_I64, 2, bs), &emb);
+        }
     }
+    if (!emb)
+        return ir_graph_error(g) ? 0 : -1;
+    if (L->opt->embeddings)
+        ir_output(g, "embeddings", emb);
+    IrDim n;
+    if (add_sym(L, "n", xtf_int(dec, "max_seq_len"), &n) < 0)
+        return -1;
+    IrDim bn[2] = {L->B, n};
+    L->root = "decoder.";
+    L->vroot = "dec.";
+    L->context = emb;
+    L->context_mask = src_mask;
+    IrNode *tokens = ir_input(g, "tokens", IR_I64, 2, bn);
+    L->mask = L->opt->mask ? ir_input(g, "mask", IR_BOOL, 2, bn) : NULL;
+    IrNode *targets = L->opt->train ? ir_input(g, "targets", IR_I64, 2, bn) : NULL;
+    IrNode *hidden, *logits = transformer_wrapper(L, dec, tokens, &hidden);
+    L->root = L->vroot = "";
+    if (!logits)
+        return ir_graph_error(g) ? 0 : -1;
+    ir_output(g, "logits", ir_label(g, logits, "logits"));
+    if (targets)
+        ir_output(g, "loss", ir_label(g, ir_xent(g, logits, targets), "loss"));
     return 0;
 }
 
@@ -828,7 +935,7 @@ static int lower_xtransformer(Lx *L, const XtfValue *call)
         goto done;
     IrDim bs[2] = {L->B, s}, bt[2] = {L->B, t}, bt1[2] = {L->B, ir_dim_addc(t, -1)};
     IrNode *src = ir_input(g, "src", IR_I64, 2, bs), *tgt = ir_input(g, "tgt", IR_I64, 2, bt);
-    IrNode *src_mask = L->opt->mask ? ir_input(g, "src_mask", IR_BOOL, 2, bs) : NULL;
+    IrNode *src_mask = L->opt->src_mask ? ir_input(g, "src_mask", IR_BOOL, 2, bs) : NULL;
     IrNode *tgt_mask = L->opt->tgt_mask ? ir_input(g, "tgt_mask", IR_BOOL, 2, bt) : NULL;
     IrNode *targets = L->opt->train ? ir_input(g, "targets", IR_I64, 2, bt1) : NULL;
 
@@ -903,9 +1010,11 @@ IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, 
         rc = lower_vit(&L, call);
     else if (strcmp(call->s, "XTransformer") == 0)
         rc = lower_xtransformer(&L, call);
+    else if (strcmp(call->s, "EncoderDecoder") == 0)
+        rc = lower_encoder_decoder(&L, call);
     else
         rc = stack_error(&L, call, "%s is not a model wrapper (TransformerWrapper, XTransformer, "
-                                   "ViTransformerWrapper or ContinuousTransformerWrapper)", call->s);
+                                   "ViTransformerWrapper, ContinuousTransformerWrapper or EncoderDecoder)", call->s);
     if (rc == 0 && ir_graph_error(g)) {
         xtf_diag_error(d, f, call->loc, "internal error while lowering '%s': %s", st->name, ir_graph_error(g));
         rc = -1;

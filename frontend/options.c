@@ -192,6 +192,18 @@ static const XtfOption XFORMER_FIXED[] = {
      .why = "XTransformer sets it: the decoder cross-attends to the encoder"},
     END};
 
+/* ---- EncoderDecoder(encoder, decoder): composition, xtc's own constructor ----
+ * The Python pattern decoder(tokens, context = encoder(x, return_embeddings = True)) as one
+ * model: the encoder's final-normed embeddings are the decoder's cross-attention context.
+ * Parameters are named encoder.* and decoder.*, as attributes of a composing nn.Module. */
+static const XtfOption ENCDEC[] = {
+    {"encoder",              LAYERS, REQUIRED,    ANY,      SUPPORTED,
+     .accepts = XTF_C_BIT(XTF_C_VIT) | XTF_C_BIT(XTF_C_TRANSFORMER_WRAPPER) |
+                XTF_C_BIT(XTF_C_CONTINUOUS)},
+    {"decoder",              LAYERS, REQUIRED,    ANY,      SUPPORTED,
+     .accepts = XTF_C_BIT(XTF_C_TRANSFORMER_WRAPPER)},
+    END};
+
 /* ---- constructors ---- */
 static const XtfOption *const G_WRAPPER[] = {WRAPPER, NULL};
 static const XtfOption *const G_SELF_LAYERS[] = {LAYERS_DIM, LAYERS_COMMON, LAYERS_SELF, NULL};
@@ -203,6 +215,7 @@ static const XtfOption *const G_XFORMER_ENC[] = {XFORMER_ENC_WRAPPER, XFORMER_FI
                                                  NULL};
 static const XtfOption *const G_XFORMER_DEC[] = {XFORMER_DEC_WRAPPER, XFORMER_FIXED, LAYERS_COMMON,
                                                  NULL};
+static const XtfOption *const G_ENCDEC[] = {ENCDEC, NULL};
 static const XtfOption *const G_NONE[] = {NULL};
 
 const XtfCtor xtf_ctors[XTF_C_NUM] = {
@@ -220,6 +233,8 @@ const XtfCtor xtf_ctors[XTF_C_NUM] = {
                    {{NULL, NULL}, {NULL, NULL}}},
     [XTF_C_CONTINUOUS] = {"ContinuousTransformerWrapper", XTF_C_CONTINUOUS, SUPPORTED, NULL,
                           G_CONTINUOUS, {{NULL, NULL}, {NULL, NULL}}},
+    [XTF_C_ENCODER_DECODER] = {"EncoderDecoder", XTF_C_ENCODER_DECODER, SUPPORTED, NULL,
+                               G_ENCDEC, {{NULL, NULL}, {NULL, NULL}}},
     [XTF_C_ATTENTION_LAYERS] = {"AttentionLayers", XTF_C_ATTENTION_LAYERS, FORBIDDEN,
                                 "write Decoder (causal) or Encoder (bidirectional) instead",
                                 G_NONE, {{NULL, NULL}, {NULL, NULL}}},

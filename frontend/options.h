@@ -48,6 +48,7 @@ typedef enum {
     XTF_C_XTRANSFORMER,
     XTF_C_VIT,
     XTF_C_CONTINUOUS,
+    XTF_C_ENCODER_DECODER,        /* xtc's composition: encoder embeddings feed a decoder */
     XTF_C_ATTENTION_LAYERS,       /* only to say: write Decoder or Encoder */
     XTF_C_AUTOREGRESSIVE_WRAPPER, /* only to say: not needed in .xtf */
     XTF_C_NUM

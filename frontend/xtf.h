@@ -112,8 +112,8 @@ const char *xtf_string(const XtfValue *call, const char *key);
  * file. Returns NULL with diagnostics on error. */
 typedef struct {
     int train;        /* add the targets input and the loss output */
-    int mask;         /* add the padding mask input (bool[b, n], true = real token);
-                         XTransformer: src_mask */
+    int mask;         /* add the padding mask input (bool[b, n], true = real token) */
+    int src_mask;     /* XTransformer, EncoderDecoder: add the encoder's src_mask input */
     int context_mask; /* cross-attention: add the context_mask input (bool[b, m]) */
     int tgt_mask;     /* XTransformer: add the tgt_mask input */
     int embeddings;   /* also output the final-normed hidden states as "embeddings" */

@@ -11,7 +11,10 @@ pass=0
 fail=0
 for m in "$src"/models/*.xtf; do
   name=$(basename "$m" .xtf)
-  for flags in "" "--train --mask"; do
+  variants=("" "--train --mask")
+  # Transformer-XL refuses a padding mask (x-transformers 0.23.0 crashes on mask + mems)
+  [ "$name" = transformer_xl ] && variants=("" "--train")
+  for flags in "${variants[@]}"; do
     if ! "$xtc" ir "$m" $flags > "$tmp/$name.ir" 2> "$tmp/$name.err"; then
       echo "FAIL $name $flags: xtc ir failed"; sed 's/^/    /' "$tmp/$name.err"
       fail=$((fail + 1)); continue
