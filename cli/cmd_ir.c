@@ -6,10 +6,11 @@
 
 static void usage(void)
 {
-    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask]\n\n"
+    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask] [--kv-cache]\n\n"
            "Prints the tensor IR of a model, one op per line with its type.\n"
            "  --model NAME  which model of the file (default: the last one)\n"
            "  --train       include the targets input and the loss output\n"
+           "  --kv-cache    the incremental-decoding form (cache.<l>.k/.v in and out)\n"
            "  --mask        include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n");
 }
 
@@ -25,6 +26,8 @@ int cli_ir(int argc, char **argv)
             model = v;
         } else if (!strcmp(argv[i], "--train")) {
             opt.train = 1;
+        } else if (!strcmp(argv[i], "--kv-cache")) {
+            opt.kv_cache = 1;
         } else if (!strcmp(argv[i], "--mask")) {
             opt.mask = opt.src_mask = opt.tgt_mask = opt.context_mask = 1;
         } else if (argv[i][0] == '-') {

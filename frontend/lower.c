@@ -57,6 +57,11 @@ typedef struct {
     IrNode *context_mask; /* bool[b, m] or NULL */
     IrNode **mems_in;     /* Transformer-XL: one f32[b, p, dim] per self-attention layer */
     IrNode **hiddens;     /* ... and each such layer's input, filled by attention_layers */
+    IrNode **cache_k, **cache_v; /* KV cache: f32[b, h, c, dh] per self-attention layer, in */
+    IrNode **new_k, **new_v;     /* ... and out (cache + this call's keys/values) */
+    IrDim pos_offset;     /* position of the first token (the cache length) */
+    int cur_attn;         /* index of the self-attention layer being built */
+    IrNode *store[6][MAX_LAYERS]; /* storage behind mems_in .. new_v */
 } Lx;
 
 /* ---- small helpers ---- */
@@ -242,6 +247,12 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
     }
     if (!q || !k || !v)
         return NULL;
+    if (!cross && L->cache_k) { /* decoding: earlier keys/values (rotated) come from the cache */
+        k = L->new_k[L->cur_attn] = ir_concat(g, L->cache_k[L->cur_attn], k, 2);
+        v = L->new_v[L->cur_attn] = ir_concat(g, L->cache_v[L->cur_attn], v, 2);
+        if (!k || !v)
+            return NULL;
+    }
     IrDim I = q->shape[2], J = k->shape[2];
 
     /* step 5: key padding, masking queries too */
@@ -290,6 +301,11 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         dots = mix_heads(L, dots, p, "pre_softmax_talking_heads", h);
     if (!cross && P->relpos_table) { /* step 11, section 7.3 */
         IrNode *bucket = ir_relpos(g, I, J, S->rel_buckets, S->rel_max_distance, S->causal);
+        if (L->cache_k) { /* rows p .. p+n-1 of the full recomputation's [p+n, J] table */
+            IrDim full = ir_dim_addc(J, -S->num_mem_kv);
+            bucket = ir_slice(g, ir_relpos(g, full, J, S->rel_buckets, S->rel_max_distance, S->causal),
+                              0, ir_dim_sub(full, I), I);
+        }
         static const int perm[3] = {2, 0, 1};
         IrNode *b = ir_permute(g, ir_gather(g, P->relpos_table, bucket), perm);
         dots = add(L, dots, lab(L, mul(L, b, cf(L, sqrt((double)dh))), "layer%d.attn.rel_pos", layer));
@@ -472,9 +488,10 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
     IrGraph *g = L->g;
     char p[160], np[200];
     Positions P = {0};
-    IrDim n = seq_of(x); /* positions cover memory + sequence */
+    IrDim n = seq_of(x); /* positions cover memory (or cache) + sequence */
     if (L->mems_in && L->mems_in[0])
         n = ir_dim_add(n, seq_of(L->mems_in[0]));
+    n = ir_dim_add(n, L->pos_offset);
 
     if (S->rel_pos) {
         IrDim ts[2] = {C(S->rel_buckets), C(S->heads)};
@@ -521,7 +538,7 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
                 mem = L->mems_in[nattn];
                 L->hiddens[nattn] = residual;
             }
-            nattn++;
+            L->cur_attn = nattn++;
             out = attention(L, S, x, np, i, 0, &P, &prev, mem);
             if (S->residual_attn)
                 prev_attn = prev;
@@ -595,7 +612,7 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
     IrNode *x = lab(L, ir_gather(g, emb_w, tokens), "token_emb");
     if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(emb_dim)};
-        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), seq_of(tokens));
+        IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, L->pos_offset, seq_of(tokens));
         x = lab(L, add(L, x, mul(L, pos, cf(L, pow((double)emb_dim, -0.5)))), "embed");
     }
     if (emb_dim != S.dim)
@@ -644,7 +661,7 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
 
     /* Transformer-XL (section 10): mems.<l> in and out, one per self-attention layer */
     int K = (int)xtf_int(call, "max_mem_len"), nmem = 0;
-    IrNode *mems_in[MAX_LAYERS], *hiddens[MAX_LAYERS];
+    IrNode **mems_in = L->store[0], **hiddens = L->store[1];
     if (K > 0) {
         Stack S;
         if (!layers || read_stack(L, layers, &S) < 0)
@@ -668,11 +685,52 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         L->mems_in = mems_in;
         L->hiddens = hiddens;
     }
+    /* KV cache for incremental decoding: cache.<l>.k / .v in and out per self-attention layer */
+    int ncache = 0;
+    IrNode **ck = L->store[2], **cv = L->store[3], **nk = L->store[4], **nv = L->store[5];
+    if (L->opt->kv_cache) {
+        Stack S;
+        if (!layers || read_stack(L, layers, &S) < 0)
+            return -1;
+        if (!S.causal)
+            return stack_error(L, layers, "a KV cache needs a causal Decoder");
+        if (L->mask || K > 0 || xtf_int(call, "num_memory_tokens") > 0)
+            return stack_error(L, call, "a KV cache together with a mask, max_mem_len or "
+                                        "num_memory_tokens is not supported yet");
+        IrDim c;
+        if (add_sym(L, "c", xtf_int(call, "max_seq_len"), &c) < 0)
+            return -1;
+        IrDim cs[4] = {L->B, C(S.heads), c, C(S.dim_head)};
+        char name[48];
+        for (int i = 0; i < S.ntypes; i++)
+            if (S.types[i] == 'a') {
+                snprintf(name, sizeof name, "cache.%d.k", ncache);
+                ck[ncache] = ir_input(g, name, IR_F32, 4, cs);
+                snprintf(name, sizeof name, "cache.%d.v", ncache);
+                cv[ncache] = ir_input(g, name, IR_F32, 4, cs);
+                nk[ncache] = nv[ncache] = NULL;
+                ncache++;
+            }
+        L->cache_k = ck;
+        L->cache_v = cv;
+        L->new_k = nk;
+        L->new_v = nv;
+        L->pos_offset = c;
+    }
     IrNode *hidden = NULL;
     IrNode *logits = transformer_wrapper(L, call, tokens, &hidden);
     if (!logits)
         return ir_graph_error(g) ? 0 : -1;
     ir_output(g, "logits", lab(L, logits, "logits"));
+    for (int l = 0; l < ncache; l++) {
+        char name[48];
+        snprintf(name, sizeof name, "cache.%d.k", l);
+        ir_output(g, name, nk[l]);
+        snprintf(name, sizeof name, "cache.%d.v", l);
+        ir_output(g, name, nv[l]);
+    }
+    L->cache_k = L->cache_v = L->new_k = L->new_v = NULL;
+    L->pos_offset = C(0);
     for (int l = 0; l < nmem; l++) { /* cat(mems, hiddens)[:, -max_mem_len:], detached */
         char name[32];
         snprintf(name, sizeof name, "mems.%d", l);
@@ -1000,25 +1058,37 @@ IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, 
     if (!g)
         return NULL;
     static const XtLowerOpts none = {0};
-    Lx L = {.g = g, .f = f, .d = d, .opt = opts ? opts : &none, .root = "", .vroot = ""};
+    static Lx zero;
+    Lx *Lp = malloc(sizeof *Lp);
+    if (!Lp) {
+        ir_graph_free(g);
+        return NULL;
+    }
+    *Lp = zero;
+    Lp->g = g;
+    Lp->f = f;
+    Lp->d = d;
+    Lp->opt = opts ? opts : &none;
+    Lp->root = Lp->vroot = "";
     int rc;
     if (strcmp(call->s, "TransformerWrapper") == 0)
-        rc = lower_transformer_wrapper(&L, call);
+        rc = lower_transformer_wrapper(Lp, call);
     else if (strcmp(call->s, "ContinuousTransformerWrapper") == 0)
-        rc = lower_continuous(&L, call);
+        rc = lower_continuous(Lp, call);
     else if (strcmp(call->s, "ViTransformerWrapper") == 0)
-        rc = lower_vit(&L, call);
+        rc = lower_vit(Lp, call);
     else if (strcmp(call->s, "XTransformer") == 0)
-        rc = lower_xtransformer(&L, call);
+        rc = lower_xtransformer(Lp, call);
     else if (strcmp(call->s, "EncoderDecoder") == 0)
-        rc = lower_encoder_decoder(&L, call);
+        rc = lower_encoder_decoder(Lp, call);
     else
-        rc = stack_error(&L, call, "%s is not a model wrapper (TransformerWrapper, XTransformer, "
+        rc = stack_error(Lp, call, "%s is not a model wrapper (TransformerWrapper, XTransformer, "
                                    "ViTransformerWrapper, ContinuousTransformerWrapper or EncoderDecoder)", call->s);
     if (rc == 0 && ir_graph_error(g)) {
         xtf_diag_error(d, f, call->loc, "internal error while lowering '%s': %s", st->name, ir_graph_error(g));
         rc = -1;
     }
+    free(Lp);
     if (rc != 0) {
         ir_graph_free(g);
         return NULL;

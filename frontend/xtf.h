@@ -117,6 +117,8 @@ typedef struct {
     int context_mask; /* cross-attention: add the context_mask input (bool[b, m]) */
     int tgt_mask;     /* XTransformer: add the tgt_mask input */
     int embeddings;   /* also output the final-normed hidden states as "embeddings" */
+    int kv_cache;     /* incremental decoding: cache.<l>.k/.v inputs and outputs, positions
+                         continue after the cache (a causal Decoder only) */
 } XtLowerOpts;
 
 struct IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, XtfDiag *d);
