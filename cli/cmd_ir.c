@@ -9,7 +9,9 @@ static void usage(void)
     printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask] [--kv-cache]\n\n"
            "Prints the tensor IR of a model, one op per line with its type.\n"
            "  --model NAME  which model of the file (default: the last one)\n"
-           "  --train       include the targets input and the loss output\n"
+           "  --train       include the targets input, the loss output and the backward graph\n"
+           "                (one output grad.<name> per parameter; without a loss, the\n"
+           "                gradient of each output comes in as the input grad.<output>)\n"
            "  --kv-cache    the incremental-decoding form (cache.<l>.k/.v in and out)\n"
            "  --mask        include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n");
 }
@@ -51,6 +53,17 @@ int cli_ir(int argc, char **argv)
     xtf_free(f);
     if (!g)
         return 1;
+    /* the loss when the model has one, else every output seeded by an input grad.<output> */
+    IrGradOpts grad = {NULL, 1};
+    for (int i = 0; i < g->noutputs; i++)
+        if (!strcmp(g->outputs[i].name, "loss"))
+            grad.loss = "loss";
+    char err[512];
+    if (opt.train && ir_autodiff(g, &grad, err, sizeof err) < 0) {
+        fprintf(stderr, "xtc ir: %s\n", err);
+        ir_graph_free(g);
+        return 1;
+    }
     ir_print(g, stdout);
     ir_graph_free(g);
     return 0;

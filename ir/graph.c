@@ -664,6 +664,15 @@ IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b)
 
 IrNode *ir_gather(IrGraph *g, IrNode *table, IrNode *idx) { return ir_binary(g, IR_GATHER, table, idx); }
 
+IrNode *ir_gather_grad(IrGraph *g, IrNode *src, IrNode *idx, IrDim rows)
+{
+    IrNode p = proto_of(IR_GATHER_GRAD);
+    p.in[0] = src;
+    p.in[1] = idx;
+    p.d = rows;
+    return ir_node(g, &p);
+}
+
 IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets)
 {
     return ir_binary(g, IR_XENT, logits, targets);

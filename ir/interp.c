@@ -43,6 +43,7 @@ typedef struct {
     IrHostTensor *host;       /* [nnodes]: the caller's tensor for each bound leaf */
     char *have_host;          /* [nnodes] */
     Val *val;                 /* [nnodes] */
+    int f64;                  /* ir_interp_f64: f32 tensors cross the API as double */
     char *err;
     size_t nerr;
 } Interp;
@@ -239,7 +240,7 @@ static int eval_bound(Interp *it, const IrNode *n, Val *out, const Val *const *i
     for (int64_t i = 0; i < out->numel; i++) {
         double v;
         switch (t->dtype) {
-        case IR_F32: v = ((const float *)t->data)[i]; break;
+        case IR_F32: v = it->f64 ? ((const double *)t->data)[i] : ((const float *)t->data)[i]; break;
         case IR_I32: v = ((const int32_t *)t->data)[i]; break;
         case IR_I64: {
             int64_t x = ((const int64_t *)t->data)[i];
@@ -352,6 +353,7 @@ static double f_recip(double x) { return 1.0 / x; }
 static double f_tanh(double x) { return tanh(x); }
 static double f_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static double f_gelu(double x) { return 0.5 * x * (1.0 + erf(x * 0.70710678118654752440)); }
+static double f_erf(double x) { return erf(x); }
 static double f_relu(double x) { return x > 0 ? x : 0.0 * x; } /* keeps NaN; relu(-0) = 0 */
 static double f_sin(double x) { return sin(x); }
 static double f_cos(double x) { return cos(x); }
@@ -582,6 +584,24 @@ static int eval_gather(Interp *it, const IrNode *n, Val *out, const Val *const *
     return 0;
 }
 
+/* gather's transpose: out[rows, D] = 0, then out[idx[...], :] += src[..., :] */
+static int eval_gather_grad(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *src = in[0], *idx = in[1];
+    int64_t rows = out->shape[0], d = out->shape[1];
+    memset(out->data, 0, sizeof(double) * (size_t)out->numel);
+    for (int64_t i = 0; i < idx->numel; i++) {
+        double x = idx->data[i];
+        if (!(x >= 0 && x < (double)rows))
+            return node_fail(it, n, "index %lld out of range [0, %lld)", (long long)x, (long long)rows);
+        double *y = out->data + (int64_t)x * d;
+        const double *s = src->data + i * d;
+        for (int64_t j = 0; j < d; j++)
+            y[j] += s[j];
+    }
+    return 0;
+}
+
 /* ---- contractions ---- */
 
 /* a[..., m, k] x b[..., k, n] -> [..., m, n]; with transpose_b, b is [..., n, k]. The batch
@@ -684,6 +704,7 @@ static const OpImpl op_impl[] = {
     [IR_TANH]    = {eval_map1, f_tanh, 0},    /* tanh x */
     [IR_SIGMOID] = {eval_map1, f_sigmoid, 0}, /* 1 / (1 + e^-x) */
     [IR_GELU]    = {eval_map1, f_gelu, 0},    /* exact: 0.5 x (1 + erf(x / sqrt 2)) */
+    [IR_ERF]     = {eval_map1, f_erf, 0},     /* erf x */
     [IR_RELU]    = {eval_map1, f_relu, 0},    /* max(x, 0) */
     [IR_SIN]     = {eval_map1, f_sin, 0},     /* sin x */
     [IR_COS]     = {eval_map1, f_cos, 0},     /* cos x */
@@ -717,6 +738,8 @@ static const OpImpl op_impl[] = {
     [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis ia[0] */
     [IR_EXPAND]  = {eval_expand, 0, 0},       /* broadcast to the node's shape */
     [IR_GATHER]  = {eval_gather, 0, 0},       /* table[V, D] rows; index outside [0, V) is an error */
+    [IR_GATHER_GRAD] = {eval_gather_grad, 0, 0}, /* zeros[rows, D], then row idx[i] += src[i]; index
+                                                    outside [0, rows) is an error */
 
     /* contractions */
     [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; ia[0]: b is [.., n, k] */
@@ -872,7 +895,8 @@ static int check_int(Interp *it, const IrNode *n, const Val *v)
 static int to_host(Interp *it, const IrOutput *o, const Val *v, IrHostTensor *h)
 {
     IrDType t = o->node->dtype;
-    size_t es = ir_dtype_size(t);
+    int wide = it->f64 && t == IR_F32; /* ir_interp_f64: double data */
+    size_t es = wide ? sizeof(double) : ir_dtype_size(t);
     if ((uint64_t)v->numel > SIZE_MAX / es)
         return fail(it, "output '%s': tensor too large", o->name);
     size_t bytes = (size_t)(v->numel ? v->numel : 1) * es;
@@ -882,7 +906,12 @@ static int to_host(Interp *it, const IrOutput *o, const Val *v, IrHostTensor *h)
     for (int64_t i = 0; i < v->numel; i++) {
         double x = v->data[i];
         switch (t) {
-        case IR_F32: ((float *)data)[i] = (float)x; break;
+        case IR_F32:
+            if (wide)
+                ((double *)data)[i] = x;
+            else
+                ((float *)data)[i] = (float)x;
+            break;
         case IR_I32: ((int32_t *)data)[i] = (int32_t)x; break; /* range checked by check_int */
         case IR_I64: ((int64_t *)data)[i] = (int64_t)x; break;
         default: ((uint8_t *)data)[i] = x != 0; break;
@@ -946,12 +975,14 @@ static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *n
     return 0;
 }
 
-int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
+static int interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n,
+                  int f64)
 {
     char sink[8]; /* for a caller that wants no message */
     Interp it;
     memset(&it, 0, sizeof it);
     it.g = g;
+    it.f64 = f64;
     it.err = err && n ? err : sink;
     it.nerr = err && n ? n : sizeof sink;
     it.err[0] = 0;
@@ -984,6 +1015,16 @@ int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, ch
     free(needed);
     free(last_use);
     return rc;
+}
+
+int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
+{
+    return interp(g, bind, ctx, outs, err, n, 0);
+}
+
+int ir_interp_f64(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
+{
+    return interp(g, bind, ctx, outs, err, n, 1);
 }
 
 void ir_host_free(IrHostTensor *t)

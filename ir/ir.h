@@ -143,6 +143,8 @@ IrNode *ir_concat(IrGraph *g, IrNode *a, IrNode *b, int axis);
 IrNode *ir_expand(IrGraph *g, IrNode *x, int rank, const IrDim *shape);
 IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b);
 IrNode *ir_gather(IrGraph *g, IrNode *table, IrNode *idx);
+/* src[..., D] added into a zero [rows, D] table at the rows idx[...] names: gather's gradient */
+IrNode *ir_gather_grad(IrGraph *g, IrNode *src, IrNode *idx, IrDim rows);
 IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets);
 
 /* Gives n a readable value name (made unique with a suffix); returns n. NULL-safe. */
@@ -183,8 +185,32 @@ typedef int (*IrBindFn)(void *ctx, const IrNode *leaf, IrHostTensor *out);
  * returns -1 with a message naming the input or node. Symbols are bound from the inputs'
  * shapes and checked against their bounds. */
 int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n);
+/* The same with no rounding at the boundary, for gradient checks: the data of every f32 leaf the
+ * callback supplies is double (integer and bool leaves keep their storage types), and each f32
+ * output comes back as double data (outs[i].dtype stays IR_F32; the data is double *). */
+int ir_interp_f64(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n);
 void ir_host_free(IrHostTensor *t);
 int64_t ir_host_numel(const IrHostTensor *t);
 int ir_interp_has_op(IrOp op);   /* 1 if the interpreter's op table has a row for op */
+
+/* ---- reverse-mode autodiff (ir/autodiff.c) ---- */
+
+typedef struct {
+    const char *loss;   /* name of a scalar f32 output to differentiate (e.g. "loss"), or NULL */
+    int seed_outputs;   /* when loss is NULL: for every f32 output O, add an input "grad.O" of O's
+                           type (the caller's dL/dO, as PyTorch's y.backward(g)) and differentiate
+                           sum(O * grad.O) */
+} IrGradOpts;
+
+/* Appends the backward graph to g and one output "grad.<param name>" per PARAM leaf (every
+ * parameter, in node order; a parameter the loss does not depend on gets zeros of its shape).
+ * BUFFER, INPUT and CONST leaves get no gradient; only f32 values carry one. o NULL means
+ * {.loss = "loss"}. Returns 0, or -1 with a message (a missing rule names the op); after an
+ * error g may hold unused backward nodes. */
+int ir_autodiff(IrGraph *g, const IrGradOpts *o, char *err, size_t n);
+/* The rule table: 1 if op has a gradient rule; else the reason it passes none (NULL if the
+ * table has no entry for op, which ir_autodiff reports when a gradient reaches it). */
+int ir_autodiff_has_rule(IrOp op);
+const char *ir_autodiff_nograd(IrOp op);
 
 #endif

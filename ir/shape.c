@@ -324,6 +324,28 @@ static const char *infer_gather(IrNode *n, char *buf, size_t nb)
     return NULL;
 }
 
+/* the transpose of gather: src[..., D] rows added into [rows, D] at idx[...] */
+static const char *infer_gather_grad(IrNode *n, char *buf, size_t nb)
+{
+    IrNode *src = n->in[0], *idx = n->in[1];
+    if (src->dtype != IR_F32)
+        return fail(buf, nb, "expects f32 rows, got %s", ir_dtype_name(src->dtype));
+    if (!ir_dtype_is_int(idx->dtype))
+        return fail(buf, nb, "indices must be integers");
+    if (src->rank != idx->rank + 1)
+        return fail(buf, nb, "rows must have one more dimension than the indices");
+    for (int i = 0; i < idx->rank; i++)
+        if (!ir_dim_eq(src->shape[i], idx->shape[i]))
+            return fail(buf, nb, "rows and indices differ in dimension %d", i);
+    if (ir_dim_is_const(n->d) && n->d.c < 0)
+        return fail(buf, nb, "negative row count");
+    n->dtype = IR_F32;
+    n->rank = 2;
+    n->shape[0] = n->d;
+    n->shape[1] = src->shape[src->rank - 1];
+    return NULL;
+}
+
 static const char *infer_matmul(IrNode *n, char *buf, size_t nb)
 {
     IrNode *a = n->in[0], *b = n->in[1];

@@ -147,7 +147,7 @@ static IrGraph *build_misc(void)
     ir_label(g, shifted, "shifted");
 
     static const IrOp unary[] = {IR_NEG, IR_EXP, IR_LOG, IR_SQRT, IR_RECIP, IR_TANH,
-                                 IR_SIGMOID, IR_RELU, IR_SIN, IR_COS, IR_ABS};
+                                 IR_SIGMOID, IR_RELU, IR_SIN, IR_COS, IR_ABS, IR_ERF};
     IrNode *acc = ir_binary(g, IR_DIV, x, temp);
     for (size_t i = 0; i < sizeof unary / sizeof unary[0]; i++)
         acc = ir_binary(g, IR_MAX, ir_unary(g, unary[i], acc), ir_binary(g, IR_MIN, acc, odd));
@@ -164,7 +164,8 @@ static IrGraph *build_misc(void)
 
     IrNode *rel = ir_relpos(g, N, MN, 32, 128, 1);                /* i64 (n, m+n) */
     ir_label(g, rel, "rp");
-    ir_arange(g, M, N, IR_I32);                                  /* i32 (n), from m */
+    IrNode *pos = ir_arange(g, M, N, IR_I32);                    /* i32 (n), from m */
+    ir_label(g, ir_gather_grad(g, x, pos, MN), "scattered");     /* (m+n, 4) */
 
     /* floats that need care: every one reads back bit for bit */
     const double vals[] = {INFINITY, -INFINITY, NAN, -FLT_MAX, 0.1, 1.0 / 3, 1e-300, 5e-324, -0.0,
