@@ -98,9 +98,22 @@ static int check_weights(const IrGraph *g, RtStFile *w, const char *path)
             bad++;
         }
     }
+    for (int i = 0; i < g->naliases; i++) { /* tied tensors: the second name must hold the same values */
+        const IrAlias *a = &g->aliases[i];
+        const RtStTensor *t = rt_st_find(w, a->name), *u = rt_st_find(w, a->target->s);
+        if (!t) {
+            fprintf(stderr, "xtc: %s: missing tensor '%s' (tied to '%s')\n", path, a->name, a->target->s);
+            bad++;
+        } else if (u && (t->nbytes != u->nbytes || t->dtype != u->dtype || memcmp(t->data, u->data, t->nbytes))) {
+            fprintf(stderr, "xtc: %s: tensors '%s' and '%s' are tied but hold different values\n", path,
+                    a->name, a->target->s);
+            bad++;
+        }
+    }
     for (int i = 0; i < rt_st_count(w); i++) {
         const RtStTensor *t = rt_st_get(w, i);
-        if (!ir_find_leaf(g, IR_PARAM, t->name) && !ir_find_leaf(g, IR_BUFFER, t->name)) {
+        if (!ir_find_leaf(g, IR_PARAM, t->name) && !ir_find_leaf(g, IR_BUFFER, t->name) &&
+            !ir_find_alias(g, t->name)) {
             fprintf(stderr, "xtc: %s: unexpected tensor '%s' (not a parameter of this model)\n", path,
                     t->name);
             bad++;
@@ -112,18 +125,22 @@ static int check_weights(const IrGraph *g, RtStFile *w, const char *path)
 static void usage(void)
 {
     printf("usage: xtc run model.xtf --weights W.safetensors --input I.safetensors --output O.safetensors\n"
-           "             [--model NAME]\n\n"
+           "             [--model NAME] [--grads]\n\n"
            "Runs a model on the inputs and writes its outputs. A .xtf model runs on the reference\n"
            "interpreter (double precision, the oracle of the test suite). Inputs by name: tokens\n"
            "(i64 or i32 [b, n]), mask (bool [b, n], optional), targets (i64 [b, n], optional:\n"
            "when present the output also holds 'loss', the mean cross-entropy over targets >= 0).\n"
            "Weights by x-transformers state_dict name; missing, extra or mis-shaped tensors are\n"
-           "errors naming the tensor.\n");
+           "errors naming the tensor.\n"
+           "  --grads   also write grad.<name> for every parameter: the gradient of 'loss' when\n"
+           "            targets are given, else of sum(output * grad.<output>) for the output\n"
+           "            gradients grad.<output> supplied in the input file (as y.backward(g))\n");
 }
 
 int cli_run(int argc, char **argv)
 {
     const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *model = NULL, *v;
+    int grads = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage();
@@ -136,6 +153,8 @@ int cli_run(int argc, char **argv)
             opath = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
             model = v;
+        } else if (!strcmp(argv[i], "--grads")) {
+            grads = 1;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "xtc run: unknown option '%s'\n", argv[i]);
             return 2;
@@ -175,6 +194,18 @@ int cli_run(int argc, char **argv)
     };
     if (!(g = cli_lower(f, model, &opt)))
         goto done;
+    if (grads) {
+        /* the built-in loss when the model has one (targets given), else the caller's output
+         * gradients grad.<output> from the input file */
+        int has_loss = 0;
+        for (int i = 0; i < g->noutputs; i++)
+            has_loss |= !strcmp(g->outputs[i].name, "loss");
+        IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
+        if (ir_autodiff(g, &go, err, sizeof err) != 0) {
+            fprintf(stderr, "xtc: %s\n", err);
+            goto done;
+        }
+    }
     if (check_weights(g, b.weights, wpath) != 0)
         goto done;
     outs = calloc((size_t)g->noutputs, sizeof *outs);

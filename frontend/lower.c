@@ -61,6 +61,7 @@ typedef struct {
     IrNode **new_k, **new_v;     /* ... and out (cache + this call's keys/values) */
     IrDim pos_offset;     /* position of the first token (the cache length) */
     int cur_attn;         /* index of the self-attention layer being built */
+    IrNode *tied_emb;     /* XTransformer tie_token_emb: the embedding the decoder reuses */
     IrNode *store[6][MAX_LAYERS]; /* storage behind mems_in .. new_v */
 } Lx;
 
@@ -608,7 +609,19 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
         return NULL;
     }
     IrDim es[2] = {C(V), C(emb_dim)};
-    IrNode *emb_w = paramv(L, 0, 2, es, "token_emb.weight");
+    IrNode *emb_w;
+    if (L->tied_emb) { /* one module under two state_dict names */
+        char alias[300];
+        snprintf(alias, sizeof alias, "%stoken_emb.weight", L->root);
+        emb_w = L->tied_emb;
+        if (emb_w && !(ir_dim_eq(emb_w->shape[0], C(V)) && ir_dim_eq(emb_w->shape[1], C(emb_dim)))) {
+            stack_error(L, call, "tie_token_emb needs equal enc_num_tokens and dec_num_tokens");
+            return NULL;
+        }
+        ir_alias(g, alias, emb_w);
+    } else {
+        emb_w = paramv(L, 0, 2, es, "token_emb.weight");
+    }
     IrNode *x = lab(L, ir_gather(g, emb_w, tokens), "token_emb");
     if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(emb_dim)};
@@ -1014,7 +1027,10 @@ static int lower_xtransformer(Lx *L, const XtfValue *call)
     L->context_mask = src_mask;
     IrDim t1 = ir_dim_addc(t, -1);
     L->mask = tgt_mask ? ir_slice(g, tgt_mask, 1, C(0), t1) : NULL;
+    if (xtf_bool(call, "tie_token_emb"))
+        L->tied_emb = ir_find_leaf(g, IR_PARAM, "encoder.token_emb.weight");
     IrNode *logits = transformer_wrapper(L, dec, ir_slice(g, tgt, 1, C(0), t1), &hidden);
+    L->tied_emb = NULL;
     L->root = "";
     L->vroot = "";
     if (!logits) {

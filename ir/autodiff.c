@@ -563,6 +563,13 @@ static int collect(Ad *A, char *err, size_t n)
         snprintf(name, sizeof name, "grad.%s", p->s);
         if (ir_output(G, name, g) < 0)
             return fail(err, n, "autodiff: %s", ir_graph_error(G) ? ir_graph_error(G) : "cannot add an output");
+        /* a tied parameter's total gradient is stored under each of its names */
+        for (int k = 0; k < G->naliases; k++)
+            if (G->aliases[k].target == p) {
+                snprintf(name, sizeof name, "grad.%s", G->aliases[k].name);
+                if (ir_output(G, name, g) < 0)
+                    return fail(err, n, "autodiff: %s", ir_graph_error(G) ? ir_graph_error(G) : "cannot add an output");
+            }
     }
     return 0;
 }

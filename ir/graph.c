@@ -271,6 +271,7 @@ void ir_graph_free(IrGraph *g)
     free(g->hash);
     free(g->nodes);
     free(g->outputs);
+    free(g->aliases);
     free(g);
 }
 
@@ -372,6 +373,42 @@ int ir_output(IrGraph *g, const char *name, IrNode *n)
     g->outputs[g->noutputs].node = n;
     g->noutputs++;
     return 0;
+}
+
+int ir_alias(IrGraph *g, const char *name, IrNode *target)
+{
+    if (!target)
+        return -1;
+    if (target->op != IR_PARAM && target->op != IR_BUFFER) {
+        ir_graph_set_error(g, "alias '%s' must name a param or buffer", name);
+        return -1;
+    }
+    if (ir_find_alias(g, name) || ir_find_leaf(g, IR_PARAM, name) || ir_find_leaf(g, IR_BUFFER, name)) {
+        ir_graph_set_error(g, "alias '%s' is already a name of the graph", name);
+        return -1;
+    }
+    if (g->naliases == g->aliascap) {
+        int cap = g->aliascap ? g->aliascap * 2 : 4;
+        IrAlias *a = realloc(g->aliases, cap * sizeof *a);
+        if (!a) {
+            ir_graph_set_error(g, "out of memory");
+            return -1;
+        }
+        g->aliases = a;
+        g->aliascap = cap;
+    }
+    g->aliases[g->naliases].name = ir_strdup(g, name);
+    g->aliases[g->naliases].target = target;
+    g->naliases++;
+    return 0;
+}
+
+const IrAlias *ir_find_alias(const IrGraph *g, const char *name)
+{
+    for (int i = 0; i < g->naliases; i++)
+        if (strcmp(g->aliases[i].name, name) == 0)
+            return &g->aliases[i];
+    return NULL;
 }
 
 IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name)

@@ -92,6 +92,14 @@ typedef struct {
     IrNode *node;
 } IrOutput;
 
+/* A second state_dict name for a parameter or buffer (tied weights: XTransformer's
+ * tie_token_emb stores one embedding under two names). Loading accepts the alias name (its
+ * values must equal the target's) and autodiff writes grad.<alias> as well. */
+typedef struct {
+    const char *name;
+    IrNode *target;
+} IrAlias;
+
 typedef struct IrArena IrArena;
 
 typedef struct IrGraph {
@@ -103,6 +111,8 @@ typedef struct IrGraph {
     int nnodes, cap;
     IrOutput *outputs;
     int noutputs, outcap;
+    IrAlias *aliases;
+    int naliases, aliascap;
     IrArena *arena;
     struct IrHash *hash;
     char error[512];
@@ -150,6 +160,9 @@ IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets);
 /* Gives n a readable value name (made unique with a suffix); returns n. NULL-safe. */
 IrNode *ir_label(IrGraph *g, IrNode *n, const char *fmt, ...);
 int ir_output(IrGraph *g, const char *name, IrNode *n);
+/* Declares name as another name of the PARAM or BUFFER leaf target. */
+int ir_alias(IrGraph *g, const char *name, IrNode *target);
+const IrAlias *ir_find_alias(const IrGraph *g, const char *name);
 IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name);
 
 /* Shape inference for one node (ops.def's infer column); NULL or an error message. */

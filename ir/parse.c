@@ -837,6 +837,24 @@ static int parse_output(Parser *P)
     return 0;
 }
 
+/* alias NAME = %param ('alias' already read) */
+static int parse_alias(Parser *P)
+{
+    char name[STR_MAX_LEN];
+    skip_ws(P);
+    const char *at = P->p;
+    if (read_name(P, name, sizeof name, "an alias name") < 0)
+        return -1;
+    if (expect(P, '=', "'=' after the alias name") < 0)
+        return -1;
+    IrNode *n = use_value(P);
+    if (!n || check_eol(P) < 0)
+        return -1;
+    if (ir_alias(P->g, name, n) < 0)
+        return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
+    return 0;
+}
+
 /* graph NAME(sym, sym <= max, ...) { */
 static int parse_header(Parser *P)
 {
@@ -905,8 +923,8 @@ static int parse_graph(Parser *P)
         if (c == '%')
             rc = parse_node(P);
         else if (is_alpha(c) && read_ident(P, word, sizeof word, "a statement") == 0 &&
-                 strcmp(word, "output") == 0)
-            rc = parse_output(P);
+                 (strcmp(word, "output") == 0 || strcmp(word, "alias") == 0))
+            rc = word[0] == 'o' ? parse_output(P) : parse_alias(P);
         else
             rc = perr(P, at, "expected a node (%%name = op ...), an output or '}', found %s",
                       describe(at, found, sizeof found));

@@ -230,6 +230,13 @@ static void print_graph(Buf *b, const IrGraph *g)
     put(b, ") {\n");
     for (int i = 0; i < g->nnodes; i++)
         put_node(b, g, g->nodes[i]);
+    for (int i = 0; i < g->naliases; i++) {
+        put(b, "  alias ");
+        put_name(b, g->aliases[i].name);
+        put(b, " = ");
+        put_value(b, g->aliases[i].target);
+        put(b, "\n");
+    }
     for (int i = 0; i < g->noutputs; i++) {
         put(b, "  output ");
         put_name(b, g->outputs[i].name);

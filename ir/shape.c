@@ -470,6 +470,15 @@ int ir_verify(const IrGraph *g, char *err, size_t nb)
                     return -1;
                 }
     }
+    for (int i = 0; i < g->naliases; i++) {
+        const IrAlias *a = &g->aliases[i];
+        const IrNode *t = a->target;
+        if (!t || t->id < 0 || t->id >= g->nnodes || g->nodes[t->id] != t ||
+            (t->op != IR_PARAM && t->op != IR_BUFFER)) {
+            snprintf(err, nb, "alias '%s' does not name a param or buffer of the graph", a->name);
+            return -1;
+        }
+    }
     for (int i = 0; i < g->noutputs; i++) {
         const IrOutput *o = &g->outputs[i];
         if (!o->node || o->node->id < 0 || o->node->id >= g->nnodes || g->nodes[o->node->id] != o->node) {

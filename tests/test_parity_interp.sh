@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test_parity_interp.sh BUILD_DIR SOURCE_DIR: x-transformers parity through the reference
-# interpreter. Every case of ../shared/parity whose features xtc supports must reproduce the
-# library's logits and loss within the DESIGN.md tolerance (graded by the cases' own
-# compare.py); every other case must be refused by name ("... is not supported yet"), never
-# computed wrongly. Gradients are checked by the training tests, not here.
+# interpreter and xtc's autodiff (`xtc run --grads`). Every case of ../shared/parity whose
+# features xtc supports must reproduce the library's outputs, loss and every parameter gradient
+# within the DESIGN.md tolerance (graded by the cases' own compare.py); every other case must be
+# refused by name ("... is not supported yet"), never computed wrongly.
 set -u
 build=$1
 src=$2
@@ -35,7 +35,7 @@ run_xl() {
     --output "$tmp/xl_out1.safetensors" || return 1
   $py "$tmp/xl.py" "$d" "$tmp/xl_in2.safetensors" in2 "$tmp/xl_out1.safetensors" || return 1
   "$xtc" run "$x" --weights "$d/weights.safetensors" --input "$tmp/xl_in2.safetensors" \
-    --output "$tmp/xl_out2.safetensors" || return 1
+    --output "$tmp/xl_out2.safetensors" --grads || return 1
   $py "$tmp/xl.py" "$d" "$out" merge "$tmp/xl_out1.safetensors" "$tmp/xl_out2.safetensors"
 }
 cat > "$tmp/xl.py" <<'PY'
@@ -59,11 +59,24 @@ elif step == "in2":
 else:
     o1, _ = st.read(sys.argv[4])
     o2, _ = st.read(sys.argv[5])
-    res = {"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]}
+    res = {k: v for k, v in o2.items() if k.startswith("grad.")}
+    res.update({"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]})
     for l in range(nlayers):
         res["mems.%d" % l] = o1["mems.%d" % l]
         res["mems2.%d" % l] = o2["mems.%d" % l]
 st.write(out, res)
+PY
+
+cat > "$tmp/seed.py" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1] + "/..")
+import safetensors_lite as st
+inp, _ = st.read(sys.argv[1] + "/inputs.safetensors")
+res = {k: v for k, v in inp.items() if k != "loss_weights"}
+lw = inp["loss_weights"]
+name = "grad.logits" if "image" in inp else "grad.output"
+res[name] = st.Tensor("F32", lw.shape, [x / len(lw.values) for x in lw.values])
+st.write(sys.argv[2], res)
 PY
 
 pass=0
@@ -96,9 +109,15 @@ for dir in "$parity"/*/; do
   if [ "$case" = transformer_xl ]; then
     # two segments: mems out of the first call go into the second (DESIGN.md: recurrence)
     run_xl "$dir" "$xtf" "$tmp/$case.safetensors" 2> "$tmp/$case.err"
+  elif [ "$case" = vit ] || [ "$case" = continuous ]; then
+    # no built-in loss: the reference loss is mean(out * loss_weights), so the caller's output
+    # gradient is loss_weights / numel (DESIGN.md: grad.<output>, as y.backward(g))
+    $py "$tmp/seed.py" "$dir" "$tmp/$case.in.safetensors" &&
+      "$xtc" run "$xtf" --weights "$dir/weights.safetensors" --input "$tmp/$case.in.safetensors" \
+        --output "$tmp/$case.safetensors" --grads 2> "$tmp/$case.err"
   else
     "$xtc" run "$xtf" --weights "$dir/weights.safetensors" --input "$dir/inputs.safetensors" \
-      --output "$tmp/$case.safetensors" 2> "$tmp/$case.err"
+      --output "$tmp/$case.safetensors" --grads 2> "$tmp/$case.err"
   fi
   if [ $? -ne 0 ]; then
     echo "FAIL $case: xtc run failed:"
@@ -106,9 +125,9 @@ for dir in "$parity"/*/; do
     fail=$((fail + 1))
     continue
   fi
-  # vit and continuous have no built-in loss (DESIGN.md: the caller supplies grad.<output>);
-  # their reference 'loss' is mean(output * loss_weights), a training-side check
-  skip=(--skip '^grad\.')
+  # grad.logits / grad.logits2 / grad.output are the reference's debugging aids (dL/d output);
+  # vit and continuous have no built-in loss (the caller supplies grad.<output>)
+  skip=(--skip '^grad\.(logits|logits2|output)$')
   if [ "$case" = vit ] || [ "$case" = continuous ]; then skip+=(--skip '^loss$'); fi
   if out=$($py "$parity/compare.py" "$dir" "$tmp/$case.safetensors" "${skip[@]}" 2>&1); then
     worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
