@@ -3,6 +3,7 @@
 #define XTC_CLI_H
 
 #include "ir.h"
+#include "safetensors.h"
 #include "xtf.h"
 
 int cli_ir(int argc, char **argv);
@@ -14,6 +15,14 @@ int cli_demo(int argc, char **argv);
 XtfFile *cli_load_xtf(const char *path);
 /* Lowers a checked file; prints diagnostics; NULL on error. */
 IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt);
+
+/* Checks of `xtc run` on its files (run_checks.c); each prints one line naming the file and the
+ * tensor, and returns -1, on a problem. Ids of inputs that index an embedding or a loss against
+ * its size; with --check-finite, NaN/inf in the weights, the inputs the model reads (inputs = 1),
+ * and the outputs. */
+int cli_check_ids(const IrGraph *g, const RtStFile *inputs, const char *path);
+int cli_check_finite_file(const IrGraph *g, const RtStFile *f, const char *path, int inputs);
+int cli_check_finite_outputs(const IrGraph *g, const IrHostTensor *outs);
 
 /* Flag parsing: "--name=value" or "--name value". Returns the value or NULL. */
 const char *cli_flag_value(int argc, char **argv, int *i, const char *name);

@@ -1,5 +1,6 @@
 /* cmd_run.c: `xtc run`: evaluate a model on inputs from a .safetensors file and write its
  * outputs. A .xtf model runs on the reference interpreter (double precision). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,8 +10,9 @@
 
 typedef struct {
     RtStFile *weights, *inputs;
-    void *scratch[256];   /* converted copies, freed at the end */
-    int nscratch;
+    void **scratch;       /* converted or realigned copies, freed at the end */
+    int nscratch, cap;
+    char err[512];        /* why a tensor the file has could not be bound */
 } Binding;
 
 static int map_dtype(RtDType t, IrDType *out)
@@ -25,6 +27,23 @@ static int map_dtype(RtDType t, IrDType *out)
     }
 }
 
+/* A buffer owned by the binding (freed at the end); NULL when out of memory. */
+static void *scratch(Binding *b, size_t bytes)
+{
+    if (b->nscratch == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        void **s = realloc(b->scratch, (size_t)cap * sizeof *s);
+        if (!s)
+            return NULL;
+        b->scratch = s;
+        b->cap = cap;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p)
+        b->scratch[b->nscratch++] = p;
+    return p;
+}
+
 static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
 {
     Binding *b = ctx;
@@ -32,28 +51,45 @@ static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
     const RtStTensor *t = src ? rt_st_find(src, leaf->s) : NULL;
     if (!t)
         return -1;
+    const char *kind = leaf->op == IR_INPUT ? "input" : "parameter";
     memset(out, 0, sizeof *out);
     out->rank = t->rank;
     for (int i = 0; i < t->rank && i < IR_MAXRANK; i++)
         out->shape[i] = t->shape[i];
+    size_t n = (size_t)rt_st_numel(t);
     if (map_dtype(t->dtype, &out->dtype) == 0) {
+        const unsigned char *bytes = t->data;
+        for (size_t i = 0; t->dtype == RT_BOOL && i < n; i++)
+            if (bytes[i] > 1) {
+                snprintf(b->err, sizeof b->err, "%s '%s': BOOL element %zu has byte value %u (not 0 or 1)",
+                         kind, leaf->s, i, bytes[i]);
+                return -1;
+            }
         out->data = (void *)t->data;
+        if ((uintptr_t)t->data % rt_dtype_size(t->dtype) != 0) {
+            /* the file's data need not be aligned; the interpreter reads typed elements */
+            if (!(out->data = scratch(b, t->nbytes)))
+                goto oom;
+            memcpy(out->data, t->data, t->nbytes);
+        }
         return 0;
     }
-    /* other float types (F64, F16, BF16) are converted to f32 */
-    int64_t n = 1;
-    for (int i = 0; i < t->rank; i++)
-        n *= t->shape[i];
-    float *buf = malloc((size_t)(n ? n : 1) * sizeof *buf);
+    /* other types are converted: floats (F64, F16, BF16) to f32, integers (I16, I8) to i64 */
+    int is_int = t->dtype == RT_I16 || t->dtype == RT_I8;
+    void *buf = scratch(b, n * (is_int ? sizeof(int64_t) : sizeof(float)));
+    if (!buf)
+        goto oom;
     char err[256];
-    if (!buf || b->nscratch == 256 || rt_st_to_f32(t, buf, err, sizeof err) != 0) {
-        free(buf);
+    if ((is_int ? rt_st_to_i64(t, buf, err, sizeof err) : rt_st_to_f32(t, buf, err, sizeof err)) != 0) {
+        snprintf(b->err, sizeof b->err, "%s '%s': %s", kind, leaf->s, err);
         return -1;
     }
-    b->scratch[b->nscratch++] = buf;
-    out->dtype = IR_F32;
+    out->dtype = is_int ? IR_I64 : IR_F32;
     out->data = buf;
     return 0;
+oom:
+    snprintf(b->err, sizeof b->err, "%s '%s': out of memory", kind, leaf->s);
+    return -1;
 }
 
 static int rt_of_ir(IrDType t)
@@ -125,22 +161,25 @@ static int check_weights(const IrGraph *g, RtStFile *w, const char *path)
 static void usage(void)
 {
     printf("usage: xtc run model.xtf --weights W.safetensors --input I.safetensors --output O.safetensors\n"
-           "             [--model NAME] [--grads]\n\n"
+           "             [--model NAME] [--grads] [--check-finite]\n\n"
            "Runs a model on the inputs and writes its outputs. A .xtf model runs on the reference\n"
            "interpreter (double precision, the oracle of the test suite). Inputs by name: tokens\n"
            "(i64 or i32 [b, n]), mask (bool [b, n], optional), targets (i64 [b, n], optional:\n"
            "when present the output also holds 'loss', the mean cross-entropy over targets >= 0).\n"
            "Weights by x-transformers state_dict name; missing, extra or mis-shaped tensors are\n"
-           "errors naming the tensor.\n"
-           "  --grads   also write grad.<name> for every parameter: the gradient of 'loss' when\n"
-           "            targets are given, else of sum(output * grad.<output>) for the output\n"
-           "            gradients grad.<output> supplied in the input file (as y.backward(g))\n");
+           "errors naming the tensor. Token ids and targets must index the model's vocabulary.\n"
+           "  --grads         also write grad.<name> for every parameter: the gradient of 'loss' when\n"
+           "                  targets are given, else of sum(output * grad.<output>) for output\n"
+           "                  gradients grad.<output> supplied in the input file (y.backward(g))\n"
+           "  --check-finite  refuse NaN or infinity in the weights and inputs, and report an output\n"
+           "                  that overflows to one, naming the tensor and the element\n");
 }
 
 int cli_run(int argc, char **argv)
 {
     const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *model = NULL, *v;
     int grads = 0;
+    int check_finite = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage();
@@ -155,6 +194,8 @@ int cli_run(int argc, char **argv)
             model = v;
         } else if (!strcmp(argv[i], "--grads")) {
             grads = 1;
+        } else if (!strcmp(argv[i], "--check-finite")) {
+            check_finite = 1;
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "xtc run: unknown option '%s'\n", argv[i]);
             return 2;
@@ -206,13 +247,18 @@ int cli_run(int argc, char **argv)
             goto done;
         }
     }
-    if (check_weights(g, b.weights, wpath) != 0)
+    if (check_weights(g, b.weights, wpath) != 0 || cli_check_ids(g, b.inputs, ipath) != 0)
+        goto done;
+    if (check_finite && (cli_check_finite_file(g, b.weights, wpath, 0) != 0 ||
+                         cli_check_finite_file(g, b.inputs, ipath, 1) != 0))
         goto done;
     outs = calloc((size_t)g->noutputs, sizeof *outs);
     if (!outs || ir_interp(g, bind, &b, outs, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc: %s\n", outs ? err : "out of memory");
+        fprintf(stderr, "xtc: %s\n", !outs ? "out of memory" : b.err[0] ? b.err : err);
         goto done;
     }
+    if (check_finite && cli_check_finite_outputs(g, outs) != 0)
+        goto done;
     RtStWriter *w = rt_st_writer_new();
     int ok = w != NULL;
     for (int i = 0; ok && i < g->noutputs; i++)
@@ -235,6 +281,7 @@ done:
     free(outs);
     for (int i = 0; i < b.nscratch; i++)
         free(b.scratch[i]);
+    free(b.scratch);
     rt_st_close(b.weights);
     rt_st_close(b.inputs);
     ir_graph_free(g);
