@@ -3,11 +3,18 @@
 #include <string.h>
 
 #include "cli.h"
+#include "passes.h"
 
 static void usage(void)
 {
-    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask] [--kv-cache]\n\n"
-           "Prints the tensor IR of a model, one op per line with its type.\n"
+    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask] [--kv-cache]\n"
+           "              [--after=PASS|all] [--disable-pass=NAME]... [--no-fuse] [--list-passes]\n\n"
+           "Prints the tensor IR of a model, one op per line with its type: as lowered from the\n"
+           "source by default, or after a pass of the pipeline.\n"
+           "  --after=PASS  run the pipeline up to and including PASS ('all': the whole pipeline)\n"
+           "  --disable-pass=NAME  skip that pass (repeatable)\n"
+           "  --no-fuse     skip every fusion pass\n"
+           "  --list-passes list the passes in pipeline order and exit\n"
            "  --model NAME  which model of the file (default: the last one)\n"
            "  --train       include the targets input, the loss output and the backward graph\n"
            "                (one output grad.<name> per parameter; without a loss, the\n"
@@ -18,7 +25,12 @@ static void usage(void)
 
 int cli_ir(int argc, char **argv)
 {
-    const char *path = NULL, *model = NULL, *v;
+    const char *path = NULL, *model = NULL, *v, *after = NULL;
+    const char *disabled[64];
+    PassOptions po = {0};
+    po.disable = disabled;
+    po.verify_each = 1;
+    char err[512];
     XtLowerOpts opt = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -26,6 +38,23 @@ int cli_ir(int argc, char **argv)
             return 0;
         } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
             model = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--after"))) {
+            if (strcmp(v, "all") && strcmp(v, "lower") && pass_check_name(v, err, sizeof err)) {
+                fprintf(stderr, "xtc ir: %s\n", err);
+                return 2;
+            }
+            after = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
+            if (pass_check_name(v, err, sizeof err) || po.ndisable == 64) {
+                fprintf(stderr, "xtc ir: %s\n", po.ndisable == 64 ? "too many --disable-pass" : err);
+                return 2;
+            }
+            disabled[po.ndisable++] = v;
+        } else if (!strcmp(argv[i], "--no-fuse")) {
+            po.no_fuse = 1;
+        } else if (!strcmp(argv[i], "--list-passes")) {
+            pass_list(stdout);
+            return 0;
         } else if (!strcmp(argv[i], "--train")) {
             opt.train = 1;
         } else if (!strcmp(argv[i], "--kv-cache")) {
@@ -58,11 +87,20 @@ int cli_ir(int argc, char **argv)
     for (int i = 0; i < g->noutputs; i++)
         if (!strcmp(g->outputs[i].name, "loss"))
             grad.loss = "loss";
-    char err[512];
     if (opt.train && ir_autodiff(g, &grad, err, sizeof err) < 0) {
         fprintf(stderr, "xtc ir: %s\n", err);
         ir_graph_free(g);
         return 1;
+    }
+    if (after && strcmp(after, "lower")) { /* autodiff first, then the passes (STYLE.md 4) */
+        po.stop_after = strcmp(after, "all") ? after : NULL;
+        IrGraph *opt_g = pass_run_pipeline(g, &po, err, sizeof err);
+        ir_graph_free(g);
+        if (!opt_g) {
+            fprintf(stderr, "xtc ir: %s\n", err);
+            return 1;
+        }
+        g = opt_g;
     }
     ir_print(g, stdout);
     ir_graph_free(g);

@@ -1,0 +1,78 @@
+/* passes.h: the pass pipeline of xtc (STYLE.md, practice 3; QBE's main.c is the model).
+ *
+ * A pass is a named function from a graph to a new graph. The IR is immutable and hash-consed,
+ * so a pass never edits nodes: it rebuilds the graph through pass_rewrite() (passes/rewrite.h),
+ * substituting where it has something to say. The input graph is left untouched; the caller
+ * owns both.
+ *
+ * pass_pipeline[] is the one list of passes, in the order they run. Every pass there is exact:
+ * see each file's header for what it requires, what it produces and how exact it is. Training
+ * graphs are differentiated (ir_autodiff) before the pipeline runs, so fusions see forward and
+ * backward together (practice 4).
+ *
+ *   IrGraph *g = xt_lower(...);               (and ir_autodiff(g, ...) when training)
+ *   PassOptions o = {.verify_each = 1};
+ *   IrGraph *opt = pass_run_pipeline(g, &o, err, sizeof err);
+ */
+#ifndef XTC_PASSES_H
+#define XTC_PASSES_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "ir.h"
+
+typedef struct {
+    const char *name;    /* for --disable-pass=NAME and xtc ir --after=NAME */
+    const char *summary; /* one line, for listings */
+    /* Returns a new graph (g is not freed), or NULL with a message in err. */
+    IrGraph *(*run)(IrGraph *g, char *err, size_t n);
+    int is_fusion;       /* turned off as a group by --no-fuse */
+    /* A fusion: the op it creates. When PassOptions.supports says the backend cannot lower it,
+     * the pass is skipped and the pattern stays unfused for that backend. IR_NUM_OPS: none. */
+    IrOp produces;
+} Pass;
+
+/* The pipeline, in order, ended by an entry whose name is NULL. */
+extern const Pass pass_pipeline[];
+int pass_count(void);
+const Pass *pass_find(const char *name);   /* NULL if no pass has that name */
+
+/* 0 if name is a pass, else -1 with "unknown pass 'x' (passes: cse, fold, ...)" in err. */
+int pass_check_name(const char *name, char *err, size_t n);
+
+/* One line per pass: "  name       summary", fusions marked "(fusion)". */
+void pass_list(FILE *out);
+
+typedef struct {
+    const char *const *disable; /* pass names not to run (--disable-pass=NAME, repeatable) */
+    int ndisable;
+    int no_fuse;                /* --no-fuse: skip every pass with is_fusion */
+    const char *stop_after;     /* xtc ir --after=NAME: return the graph as that pass left it
+                                   (a disabled pass still marks the point); NULL = run all */
+    int verify_each;            /* ir_verify after every pass that runs; a failure names the
+                                   pass and the node */
+    /* Debug dumps: after each pass named in dump_after (comma separated, or "all"), print
+     * "# after NAME" and the graph to dump. NULL dump or dump_after: no dumps. */
+    FILE *dump;
+    const char *dump_after;
+    FILE *log;                  /* when set: one line per pass with the node counts */
+    /* The backend's capability (CgBackend.supports): fusions whose op it cannot lower are
+     * skipped. NULL: every op is supported (the interpreter runs them all). */
+    int (*supports)(IrOp op);
+} PassOptions;
+
+/* Runs the pipeline on g (not freed) and returns a new graph owned by the caller, or NULL with a
+ * message in err ("pass 'fold': ..." when a pass fails; unknown names in o are errors too).
+ * o may be NULL (every pass, no checks). */
+IrGraph *pass_run_pipeline(IrGraph *g, const PassOptions *o, char *err, size_t n);
+/* The same over another list of passes (ended by a NULL name): for tests. */
+IrGraph *pass_run_list(const Pass *list, IrGraph *g, const PassOptions *o, char *err, size_t n);
+
+/* The passes themselves, one per file. */
+IrGraph *pass_dce(IrGraph *g, char *err, size_t n);
+IrGraph *pass_cse(IrGraph *g, char *err, size_t n);
+IrGraph *pass_fold(IrGraph *g, char *err, size_t n);
+IrGraph *pass_simplify(IrGraph *g, char *err, size_t n);
+
+#endif
