@@ -10,6 +10,7 @@
 
 typedef struct {
     RtStFile *weights, *inputs;
+    const char *wpath, *ipath;
     void **scratch;       /* converted or realigned copies, freed at the end */
     int nscratch, cap;
     char err[512];        /* why a tensor the file has could not be bound */
@@ -52,6 +53,7 @@ static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
     if (!t)
         return -1;
     const char *kind = leaf->op == IR_INPUT ? "input" : "parameter";
+    const char *path = leaf->op == IR_INPUT ? b->ipath : b->wpath;
     memset(out, 0, sizeof *out);
     out->rank = t->rank;
     for (int i = 0; i < t->rank && i < IR_MAXRANK; i++)
@@ -61,8 +63,8 @@ static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
         const unsigned char *bytes = t->data;
         for (size_t i = 0; t->dtype == RT_BOOL && i < n; i++)
             if (bytes[i] > 1) {
-                snprintf(b->err, sizeof b->err, "%s '%s': BOOL element %zu has byte value %u (not 0 or 1)",
-                         kind, leaf->s, i, bytes[i]);
+                snprintf(b->err, sizeof b->err, "%s: %s '%s': BOOL element %zu has byte value %u (not 0 or 1)",
+                         path, kind, leaf->s, i, bytes[i]);
                 return -1;
             }
         out->data = (void *)t->data;
@@ -76,19 +78,24 @@ static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
     }
     /* other types are converted: floats (F64, F16, BF16) to f32, integers (I16, I8) to i64 */
     int is_int = t->dtype == RT_I16 || t->dtype == RT_I8;
+    if (is_int != (leaf->dtype != IR_F32)) {
+        snprintf(b->err, sizeof b->err, "%s: %s '%s' is %s; the model expects %s values", path, kind, leaf->s,
+                 rt_dtype_name(t->dtype), ir_dtype_name(leaf->dtype));
+        return -1;
+    }
     void *buf = scratch(b, n * (is_int ? sizeof(int64_t) : sizeof(float)));
     if (!buf)
         goto oom;
     char err[256];
     if ((is_int ? rt_st_to_i64(t, buf, err, sizeof err) : rt_st_to_f32(t, buf, err, sizeof err)) != 0) {
-        snprintf(b->err, sizeof b->err, "%s '%s': %s", kind, leaf->s, err);
+        snprintf(b->err, sizeof b->err, "%s: %s", path, err); /* err names the tensor */
         return -1;
     }
     out->dtype = is_int ? IR_I64 : IR_F32;
     out->data = buf;
     return 0;
 oom:
-    snprintf(b->err, sizeof b->err, "%s '%s': out of memory", kind, leaf->s);
+    snprintf(b->err, sizeof b->err, "%s: %s '%s': out of memory", path, kind, leaf->s);
     return -1;
 }
 
@@ -212,7 +219,7 @@ int cli_run(int argc, char **argv)
     }
     char err[1024];
     int rc = 1;
-    Binding b = {0};
+    Binding b = {.wpath = wpath, .ipath = ipath};
     XtfFile *f = NULL;
     IrGraph *g = NULL;
     IrHostTensor *outs = NULL;

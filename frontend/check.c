@@ -336,8 +336,20 @@ static void check_option_value(Checker *C, const XtfArg *a, const XtfOption *o)
         }
         return;
     }
+    for (int i = 0; o->type == XTF_T_INT_TUPLE && r->kind == XV_TUPLE && i < r->nitems; i++) {
+        const XtfValue *item = follow(r->items[i]);
+        if (item && item->kind == XV_INT && (item->i > XTF_MAX_SIZE || item->i < -XTF_MAX_SIZE))
+            xtf_diag_error(C->d, C->f, r->items[i]->loc, "'%s' values must be at most %d in magnitude",
+                           a->key, XTF_MAX_SIZE);
+    }
     if (r->kind != XV_INT && r->kind != XV_FLOAT)
         return;
+    if (r->kind == XV_INT && (r->i > XTF_MAX_SIZE || r->i < -XTF_MAX_SIZE)) {
+        xtf_diag_error(C->d, C->f, a->value->loc, "'%s' must be at most %d in magnitude, got %s", a->key,
+                       XTF_MAX_SIZE, spelling(C, r, sbuf, sizeof sbuf));
+        note_ref(C, a->value);
+        return;
+    }
     double x = r->kind == XV_INT ? (double)r->i : r->f;
     int ok = 1;
     const char *fmt = NULL;

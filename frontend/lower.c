@@ -458,8 +458,12 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->ff_relu_squared = xtf_bool(call, "ff_relu_squared");
     S->ff_post_act_ln = xtf_bool(call, "ff_post_act_ln");
     S->ff_mult = xtf_float(call, "ff_mult");
-    if ((int)(S->dim * S->ff_mult) < 1)
+    if (!(S->dim * S->ff_mult >= 1)) /* int(dim * ff_mult) < 1 */
         return stack_error(L, call, "ff_mult %g gives an empty feed-forward layer", S->ff_mult);
+    /* sizes derived from two options must fit too (options.h: XTF_MAX_SIZE) */
+    if (S->dim * S->ff_mult > XTF_MAX_SIZE || (int64_t)S->heads * S->dim_head > XTF_MAX_SIZE)
+        return stack_error(L, call, "the layers are too wide: dim * ff_mult and heads * attn_dim_head "
+                                    "must be at most %d", XTF_MAX_SIZE);
 
     /* the layer list (section 4) */
     const char *block = S->only_cross ? "cf" : S->cross_attend ? "acf" : "af";
@@ -833,6 +837,11 @@ static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **
     int img = (int)xtf_int(call, "image_size"), ps = (int)xtf_int(call, "patch_size");
     if (img % ps) {
         stack_error(L, call, "image_size %d is not divisible by patch_size %d", img, ps);
+        return NULL;
+    }
+    if ((int64_t)(img / ps) * (img / ps) > XTF_MAX_SIZE || 3 * (int64_t)ps * ps > XTF_MAX_SIZE) {
+        stack_error(L, call, "too many or too large patches: (image_size / patch_size)^2 and "
+                             "3 * patch_size^2 must be at most %d", XTF_MAX_SIZE);
         return NULL;
     }
     int hp = img / ps, np = hp * hp, pdim = 3 * ps * ps, dim = S.dim;

@@ -56,6 +56,12 @@ typedef enum {
 
 #define XTF_C_BIT(id) (1u << (id))
 
+/* Every integer option is at most this in magnitude (checked by xtf_check), and so is every size
+ * the lowering derives from two of them (heads * attn_dim_head, dim * ff_mult, an image's
+ * patches), so that its int arithmetic cannot overflow and no value is silently truncated.
+ * 2^24 is far beyond any real model's width, vocabulary or sequence length. */
+#define XTF_MAX_SIZE (1 << 24)
+
 typedef struct {
     const char *name;
     XtfType type;

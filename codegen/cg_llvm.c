@@ -1,0 +1,605 @@
+/* cg_llvm.c: the LLVM CPU backend.
+ *
+ * render:  CgPlan -> LLVM module: per kernel signature an impl/body/kernel triple (cg_llvm.h),
+ *          the `run` function calling the kernels in schedule order, and the exported
+ *          `xtc_module_v1` object holding the metadata text and the source (rt_abi.h).
+ * compile: the new pass manager ("default<On>"), an object file for the host CPU (or --cpu),
+ *          and `cc -shared` to link it (the only external program, for the link step only).
+ *
+ * All of it goes through the LLVM C API; each compile has its own LLVMContext, so several
+ * compiles may run in several threads. */
+#include "cg_llvm.h"
+#include "rt_abi.h"
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Below this many elements of work a kernel runs on the calling thread alone. */
+#define PARALLEL_MIN_COST 16384
+
+enum { CTX_OUT, CTX_IN0, CTX_IN1, CTX_IN2, CTX_SYMS, CTX_STATUS, CTX_SLOTS };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static pthread_once_t llvm_once = PTHREAD_ONCE_INIT;
+static int llvm_init_failed;
+
+static void llvm_init(void)
+{
+    llvm_init_failed = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter();
+}
+
+/* ---- attributes ---- */
+
+void cg_attr(Cg *cg, LLVMValueRef fn, unsigned idx, const char *name)
+{
+    unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+    LLVMAddAttributeAtIndex(fn, idx, LLVMCreateEnumAttribute(cg->ctx, kind, 0));
+}
+
+static void add_str_attr(Cg *cg, LLVMValueRef fn, const char *key, const char *value)
+{
+    LLVMAddAttributeAtIndex(fn, LLVMAttributeFunctionIndex,
+                            LLVMCreateStringAttribute(cg->ctx, key, (unsigned)strlen(key), value, (unsigned)strlen(value)));
+}
+
+LLVMValueRef cg_function(Cg *cg, const char *name, LLVMTypeRef type, int internal)
+{
+    LLVMValueRef fn = LLVMAddFunction(cg->mod, name, type);
+    if (internal)
+        LLVMSetLinkage(fn, LLVMInternalLinkage);
+    cg_attr(cg, fn, LLVMAttributeFunctionIndex, "nounwind");
+    add_str_attr(cg, fn, "target-cpu", cg->cpu);
+    if (cg->features && cg->features[0])
+        add_str_attr(cg, fn, "target-features", cg->features);
+    if (cg->vec == 16) {
+        add_str_attr(cg, fn, "prefer-vector-width", "512");
+        add_str_attr(cg, fn, "min-legal-vector-width", "512");
+    }
+    return fn;
+}
+
+/* ---- one kernel: impl, body, kernel ---- */
+
+static int emit_kernel(Cg *cg, const CgKernel *k)
+{
+    const IrNode *n = k->node;
+    const CgLower *L = cg_llvm_lowering(n->op);
+    if (!L || !L->impl)
+        return cg_error(cg, "the LLVM backend has no lowering for op '%s' (node %%%s)", ir_ops[n->op].name,
+                        n->label ? n->label : "?");
+    LLVMBuilderRef b = cg->b;
+    char name[96];
+
+    /* impl(out, in0, in1, in2, syms, lo, hi) -> status */
+    snprintf(name, sizeof name, "%s_impl", k->fn);
+    LLVMValueRef impl = cg_function(cg, name, cg->t_impl, 1);
+    for (unsigned i = 1; i <= 4; i++)
+        cg_attr(cg, impl, i, "noalias");
+    CgFn f = {.cg = cg, .node = n, .fn = impl};
+    f.entry = LLVMAppendBasicBlockInContext(cg->ctx, impl, "entry");
+    LLVMPositionBuilderAtEnd(b, f.entry);
+    f.out = LLVMGetParam(impl, 0);
+    for (int i = 0; i < IR_MAXIN; i++)
+        f.in[i] = LLVMGetParam(impl, 1 + (unsigned)i);
+    f.syms = LLVMGetParam(impl, 4);
+    f.lo = LLVMGetParam(impl, 5);
+    f.hi = LLVMGetParam(impl, 6);
+    f.status = cg_var(&f, cg->t_i32, cg_i32(cg, 0), "status");
+    if (L->impl(&f) < 0)
+        return -1;
+    LLVMBuildRet(b, LLVMBuildLoad2(b, cg->t_i32, f.status, ""));
+
+    /* body(ctx, lo, hi): what the thread pool runs */
+    snprintf(name, sizeof name, "%s_body", k->fn);
+    LLVMValueRef body = cg_function(cg, name, cg->t_body, 1);
+    LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(cg->ctx, body, "entry"));
+    LLVMValueRef ctx = LLVMGetParam(body, 0);
+    LLVMValueRef args[7];
+    for (int i = 0; i < 5; i++) {
+        LLVMValueRef idx = cg_i64(cg, i);
+        args[i] = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_i64, ctx, &idx, 1, ""), "");
+    }
+    args[5] = LLVMGetParam(body, 1);
+    args[6] = LLVMGetParam(body, 2);
+    LLVMValueRef st = LLVMBuildCall2(b, cg->t_impl, impl, args, 7, "");
+    LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(cg->ctx, body, "failed");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(cg->ctx, body, "done");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, st, cg_i32(cg, 0), ""), bad, done);
+    LLVMPositionBuilderAtEnd(b, bad);
+    LLVMValueRef sidx = cg_i64(cg, CTX_STATUS);
+    LLVMValueRef store = LLVMBuildStore(b, st, LLVMBuildGEP2(b, cg->t_i64, ctx, &sidx, 1, ""));
+    LLVMSetOrdering(store, LLVMAtomicOrderingMonotonic);
+    LLVMSetAlignment(store, 4);
+    LLVMBuildBr(b, done);
+    LLVMPositionBuilderAtEnd(b, done);
+    LLVMBuildRetVoid(b);
+
+    /* kernel(out, in0, in1, in2, syms, rt) -> status */
+    LLVMValueRef kfn = cg_function(cg, k->fn, cg->t_kernel, 1);
+    CgFn kf = {.cg = cg, .node = n, .fn = kfn};
+    kf.entry = LLVMAppendBasicBlockInContext(cg->ctx, kfn, "entry");
+    LLVMPositionBuilderAtEnd(b, kf.entry);
+    kf.out = LLVMGetParam(kfn, 0);
+    for (int i = 0; i < IR_MAXIN; i++)
+        kf.in[i] = LLVMGetParam(kfn, 1 + (unsigned)i);
+    kf.syms = LLVMGetParam(kfn, 4);
+    LLVMValueRef rt = LLVMGetParam(kfn, 5);
+    LLVMValueRef items = cg_i64(cg, 1), cost = cg_i64(cg, 1);
+    if (L->work)
+        L->work(&kf, &items, &cost);
+    LLVMValueRef nthreads = LLVMBuildLoad2(b, cg->t_i64, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 2, ""), "nthreads");
+    LLVMValueRef par = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGT, nthreads, cg_i64(cg, 1), ""),
+                                    LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGT, items, cg_i64(cg, 1), ""),
+                                                 LLVMBuildICmp(b, LLVMIntSGE, cost, cg_i64(cg, PARALLEL_MIN_COST), ""), ""),
+                                    "");
+    LLVMBasicBlockRef threaded = LLVMAppendBasicBlockInContext(cg->ctx, kfn, "threaded");
+    LLVMBasicBlockRef direct = LLVMAppendBasicBlockInContext(cg->ctx, kfn, "direct");
+    LLVMValueRef slots = cg_var(&kf, LLVMArrayType(cg->t_i64, CTX_SLOTS), NULL, "ctx");
+    LLVMBuildCondBr(b, par, threaded, direct);
+
+    LLVMPositionBuilderAtEnd(b, threaded);
+    LLVMValueRef vals[5] = {kf.out, kf.in[0], kf.in[1], kf.in[2], kf.syms};
+    for (int i = 0; i < 5; i++) {
+        LLVMValueRef idx = cg_i64(cg, i);
+        LLVMBuildStore(b, vals[i], LLVMBuildGEP2(b, cg->t_i64, slots, &idx, 1, ""));
+    }
+    LLVMValueRef sptr = LLVMBuildGEP2(b, cg->t_i64, slots, &sidx, 1, "");
+    LLVMBuildStore(b, cg_i64(cg, 0), sptr);
+    LLVMValueRef pool = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 0, ""), "pool");
+    LLVMValueRef pfor = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 1, ""), "parallel_for");
+    LLVMTypeRef pfor_params[4] = {cg->t_ptr, cg->t_ptr, cg->t_ptr, cg->t_i64};
+    LLVMTypeRef pfor_type = LLVMFunctionType(cg->t_void, pfor_params, 4, 0);
+    LLVMValueRef pargs[4] = {pool, body, slots, items};
+    LLVMBuildCall2(b, pfor_type, pfor, pargs, 4, "");
+    LLVMValueRef pst = LLVMBuildLoad2(b, cg->t_i32, sptr, "");
+    LLVMSetOrdering(pst, LLVMAtomicOrderingMonotonic);
+    LLVMSetAlignment(pst, 4);
+    LLVMBuildRet(b, pst);
+
+    LLVMPositionBuilderAtEnd(b, direct);
+    LLVMValueRef dargs[7] = {kf.out, kf.in[0], kf.in[1], kf.in[2], kf.syms, cg_i64(cg, 0), items};
+    LLVMBuildRet(b, LLVMBuildCall2(b, cg->t_impl, impl, dargs, 7, ""));
+    return 0;
+}
+
+/* run(bufs, syms, rt): the schedule; after each step, rt->step_done(rt->hook_ctx, step) if set */
+static LLVMValueRef emit_run(Cg *cg, LLVMValueRef *kernels)
+{
+    const CgPlan *p = cg->plan;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef run = cg_function(cg, "xtc_run", cg->t_run, 1);
+    LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(cg->ctx, run, "entry"));
+    LLVMValueRef bufs = LLVMGetParam(run, 0), syms = LLVMGetParam(run, 1), rt = LLVMGetParam(run, 2);
+    LLVMValueRef hook = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 3, ""), "step_done");
+    LLVMValueRef hook_ctx = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 4, ""), "hook_ctx");
+    LLVMValueRef has_hook = LLVMBuildICmp(b, LLVMIntNE, hook, LLVMConstPointerNull(cg->t_ptr), "");
+    LLVMTypeRef hook_params[2] = {cg->t_ptr, cg->t_i32};
+    LLVMTypeRef hook_type = LLVMFunctionType(cg->t_void, hook_params, 2, 0);
+    LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(cg->ctx, run, "fail");
+    LLVMPositionBuilderAtEnd(b, fail);
+    LLVMValueRef code = LLVMBuildPhi(b, cg->t_i32, "code");
+    LLVMBuildRet(b, code);
+    LLVMPositionBuilderAtEnd(b, LLVMGetEntryBasicBlock(run));
+    for (int s = 0; s < p->nsteps; s++) {
+        const CgStep *st = &p->steps[s];
+        LLVMValueRef args[6];
+        int ids[4] = {st->out, st->in[0], st->in[1], st->in[2]};
+        for (int i = 0; i < 4; i++) {
+            if (ids[i] < 0) {
+                args[i] = LLVMConstPointerNull(cg->t_ptr);
+                continue;
+            }
+            LLVMValueRef idx = cg_i64(cg, ids[i]);
+            args[i] = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_ptr, bufs, &idx, 1, ""), "");
+        }
+        args[4] = syms;
+        args[5] = rt;
+        LLVMValueRef r = LLVMBuildCall2(b, cg->t_kernel, kernels[st->kernel], args, 6, "");
+        LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(cg->ctx, run, "next");
+        LLVMBasicBlockRef here = LLVMGetInsertBlock(b);
+        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, r, cg_i32(cg, 0), ""), fail, next);
+        LLVMValueRef v = cg_i32(cg, s + 1);
+        LLVMAddIncoming(code, &v, &here, 1);
+        LLVMPositionBuilderAtEnd(b, next);
+        LLVMBasicBlockRef call_hook = LLVMAppendBasicBlockInContext(cg->ctx, run, "hook");
+        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(cg->ctx, run, "after");
+        LLVMBuildCondBr(b, has_hook, call_hook, after);
+        LLVMPositionBuilderAtEnd(b, call_hook);
+        LLVMValueRef hargs[2] = {hook_ctx, cg_i32(cg, s)};
+        LLVMBuildCall2(b, hook_type, hook, hargs, 2, "");
+        LLVMBuildBr(b, after);
+        LLVMPositionBuilderAtEnd(b, after);
+    }
+    LLVMBuildRet(b, cg_i32(cg, 0));
+    if (p->nsteps == 0) { /* the phi needs an incoming edge; the block is unreachable */
+        LLVMDeleteBasicBlock(fail);
+    }
+    return run;
+}
+
+static LLVMValueRef const_string(Cg *cg, const char *s, const char *name)
+{
+    size_t len = strlen(s);
+    LLVMValueRef init = LLVMConstStringInContext(cg->ctx, s, (unsigned)len, 0);
+    LLVMValueRef g = LLVMAddGlobal(cg->mod, LLVMTypeOf(init), name);
+    LLVMSetInitializer(g, init);
+    LLVMSetGlobalConstant(g, 1);
+    LLVMSetLinkage(g, LLVMPrivateLinkage);
+    LLVMSetUnnamedAddress(g, LLVMGlobalUnnamedAddr);
+    return g;
+}
+
+/* The layouts built here must be the C layouts of rt_abi.h: checked, not assumed. */
+static int check_layouts(Cg *cg, LLVMTypeRef modty)
+{
+    struct {
+        LLVMTypeRef t;
+        unsigned field;
+        size_t c_offset;
+    } checks[] = {
+        {cg->t_rtapi, 0, offsetof(XtcRtApi, pool)},
+        {cg->t_rtapi, 1, offsetof(XtcRtApi, parallel_for)},
+        {cg->t_rtapi, 2, offsetof(XtcRtApi, nthreads)},
+        {cg->t_rtapi, 3, offsetof(XtcRtApi, step_done)},
+        {cg->t_rtapi, 4, offsetof(XtcRtApi, hook_ctx)},
+        {modty, 0, offsetof(XtcModuleV1, magic)},
+        {modty, 1, offsetof(XtcModuleV1, version)},
+        {modty, 2, offsetof(XtcModuleV1, meta)},
+        {modty, 3, offsetof(XtcModuleV1, source)},
+        {modty, 4, offsetof(XtcModuleV1, run)},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof checks[0]; i++)
+        if (LLVMOffsetOfElement(cg->td, checks[i].t, checks[i].field) != checks[i].c_offset)
+            return cg_error(cg, "internal error: the target's struct layout differs from rt_abi.h (field %u)",
+                            checks[i].field);
+    if (LLVMABISizeOfType(cg->td, modty) != sizeof(XtcModuleV1))
+        return cg_error(cg, "internal error: XtcModuleV1 size differs for this target");
+    return 0;
+}
+
+/* ---- target ---- */
+
+static int has_feature(const char *features, const char *f)
+{
+    size_t n = strlen(f);
+    for (const char *p = features; p && (p = strstr(p, f)); p += n)
+        if ((p == features || p[-1] == ',') && (p[n] == ',' || p[n] == 0))
+            return 1;
+    return 0;
+}
+
+/* f32 lanes for a CPU given by name only (no feature string) */
+static int lanes_of_cpu(const char *cpu)
+{
+    static const char *avx512[] = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
+                                   "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
+                                   "graniterapids", "znver4", "znver5", "x86-64-v4", NULL};
+    static const char *avx2[] = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
+                                 "znver1", "znver2", "znver3", "x86-64-v3", NULL};
+    for (int i = 0; avx512[i]; i++)
+        if (strcmp(cpu, avx512[i]) == 0)
+            return 16;
+    for (int i = 0; avx2[i]; i++)
+        if (strcmp(cpu, avx2[i]) == 0)
+            return 8;
+    return 4;
+}
+
+static int setup_target(Cg *cg, const CgOptions *opt)
+{
+    pthread_once(&llvm_once, llvm_init);
+    if (llvm_init_failed)
+        return cg_error(cg, "LLVM: the native target could not be initialised");
+    char *triple = LLVMGetDefaultTargetTriple();
+    LLVMTargetRef target;
+    char *msg = NULL;
+    if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
+        cg_error(cg, "LLVM: target %s: %s", triple, msg ? msg : "unknown");
+        LLVMDisposeMessage(msg);
+        LLVMDisposeMessage(triple);
+        return -1;
+    }
+    int host = !opt->cpu || !opt->cpu[0] || strcmp(opt->cpu, "native") == 0;
+    if (host) {
+        char *name = LLVMGetHostCPUName();
+        snprintf(cg->cpu, sizeof cg->cpu, "%s", name);
+        LLVMDisposeMessage(name);
+        cg->features = opt->features ? LLVMCreateMessage(opt->features) : LLVMGetHostCPUFeatures();
+    } else {
+        snprintf(cg->cpu, sizeof cg->cpu, "%s", opt->cpu);
+        cg->features = LLVMCreateMessage(opt->features ? opt->features : "");
+    }
+    if (cg->features[0])
+        cg->vec = has_feature(cg->features, "+avx512f") ? 16 : has_feature(cg->features, "+avx2") ? 8 : 4;
+    else
+        cg->vec = lanes_of_cpu(cg->cpu);
+    LLVMCodeGenOptLevel level = opt->opt_level <= 0 ? LLVMCodeGenLevelNone
+                                : opt->opt_level == 1 ? LLVMCodeGenLevelLess
+                                : opt->opt_level == 2 ? LLVMCodeGenLevelDefault
+                                                      : LLVMCodeGenLevelAggressive;
+    cg->tm = LLVMCreateTargetMachine(target, triple, cg->cpu, cg->features, level, LLVMRelocPIC, LLVMCodeModelDefault);
+    if (!cg->tm) {
+        cg_error(cg, "LLVM: cannot create a target machine for %s (cpu %s)", triple, cg->cpu);
+        LLVMDisposeMessage(triple);
+        return -1;
+    }
+    cg->td = LLVMCreateTargetDataLayout(cg->tm);
+    LLVMSetTarget(cg->mod, triple);
+    LLVMSetModuleDataLayout(cg->mod, cg->td);
+    LLVMDisposeMessage(triple);
+    return 0;
+}
+
+static void init_types(Cg *cg)
+{
+    LLVMContextRef c = cg->ctx;
+    cg->t_void = LLVMVoidTypeInContext(c);
+    cg->t_i1 = LLVMInt1TypeInContext(c);
+    cg->t_i8 = LLVMInt8TypeInContext(c);
+    cg->t_i32 = LLVMInt32TypeInContext(c);
+    cg->t_i64 = LLVMInt64TypeInContext(c);
+    cg->t_f32 = LLVMFloatTypeInContext(c);
+    cg->t_f64 = LLVMDoubleTypeInContext(c);
+    cg->t_ptr = LLVMPointerTypeInContext(c, 0);
+    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
+    LLVMTypeRef impl[7] = {p, p, p, p, p, i64, i64};
+    cg->t_impl = LLVMFunctionType(cg->t_i32, impl, 7, 0);
+    LLVMTypeRef body[3] = {p, i64, i64};
+    cg->t_body = LLVMFunctionType(cg->t_void, body, 3, 0);
+    LLVMTypeRef kernel[6] = {p, p, p, p, p, p};
+    cg->t_kernel = LLVMFunctionType(cg->t_i32, kernel, 6, 0);
+    LLVMTypeRef run[3] = {p, p, p};
+    cg->t_run = LLVMFunctionType(cg->t_i32, run, 3, 0);
+    LLVMTypeRef rtapi[5] = {p, p, i64, p, p};
+    cg->t_rtapi = LLVMStructTypeInContext(c, rtapi, 5, 0);
+}
+
+static void cg_free(Cg *cg)
+{
+    if (!cg)
+        return;
+    if (cg->b)
+        LLVMDisposeBuilder(cg->b);
+    if (cg->mod)
+        LLVMDisposeModule(cg->mod);
+    if (cg->td)
+        LLVMDisposeTargetData(cg->td);
+    if (cg->tm)
+        LLVMDisposeTargetMachine(cg->tm);
+    if (cg->ctx)
+        LLVMContextDispose(cg->ctx);
+    if (cg->features)
+        LLVMDisposeMessage(cg->features);
+    free(cg);
+}
+
+static int llvm_supports(IrOp op) { return cg_llvm_lowering(op) != NULL; }
+
+static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, char *err, size_t n)
+{
+    Cg *cg = calloc(1, sizeof *cg);
+    *unit = cg;
+    if (!cg) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    cg->plan = plan;
+    cg->g = plan->g;
+    cg->ctx = LLVMContextCreate();
+    cg->mod = LLVMModuleCreateWithNameInContext(plan->g->name ? plan->g->name : "xtc", cg->ctx);
+    cg->b = LLVMCreateBuilderInContext(cg->ctx);
+    init_types(cg);
+    LLVMValueRef *kernels = NULL;
+    char *meta = NULL;
+    if (setup_target(cg, opt) < 0)
+        goto fail;
+    kernels = calloc((size_t)plan->nkernels + 1, sizeof *kernels);
+    if (!kernels) {
+        cg_error(cg, "out of memory");
+        goto fail;
+    }
+    for (int k = 0; k < plan->nkernels; k++) {
+        if (emit_kernel(cg, &plan->kernels[k]) < 0)
+            goto fail;
+        kernels[k] = LLVMGetNamedFunction(cg->mod, plan->kernels[k].fn);
+    }
+    LLVMValueRef run = emit_run(cg, kernels);
+
+    char level[8], compiler[48];
+    snprintf(level, sizeof level, "%d", opt->opt_level);
+    unsigned major, minor, patch;
+    LLVMGetVersion(&major, &minor, &patch);
+    snprintf(compiler, sizeof compiler, "xtc-llvm-%u.%u.%u", major, minor, patch);
+    char lanes[8];
+    snprintf(lanes, sizeof lanes, "%d", cg->vec);
+    const char *options[] = {
+        "compiler", compiler,
+        "target", "cpu",
+        "opt", level,
+        "cpu", cg->cpu,
+        "vector_lanes", lanes,
+        "features", cg->features[0] ? cg->features : NULL,
+        "source", opt->source_name,
+    };
+    meta = cg_plan_meta(plan, options, (int)(sizeof options / sizeof options[0] / 2));
+    if (!meta) {
+        cg_error(cg, "out of memory writing the metadata");
+        goto fail;
+    }
+    LLVMTypeRef fields[5] = {cg->t_i32, cg->t_i32, cg->t_ptr, cg->t_ptr, cg->t_ptr};
+    LLVMTypeRef modty = LLVMStructTypeInContext(cg->ctx, fields, 5, 0);
+    if (check_layouts(cg, modty) < 0)
+        goto fail;
+    LLVMValueRef init[5] = {
+        LLVMConstInt(cg->t_i32, XTC_ABI_MAGIC, 0),
+        LLVMConstInt(cg->t_i32, XTC_ABI_VERSION, 0),
+        const_string(cg, meta, "xtc_meta"),
+        const_string(cg, opt->source ? opt->source : "", "xtc_source"),
+        run,
+    };
+    LLVMValueRef obj = LLVMAddGlobal(cg->mod, modty, XTC_ABI_SYMBOL);
+    LLVMSetInitializer(obj, LLVMConstNamedStruct(modty, init, 5));
+    LLVMSetGlobalConstant(obj, 1);
+    LLVMSetVisibility(obj, LLVMDefaultVisibility);
+
+    char *msg = NULL;
+    if (LLVMVerifyModule(cg->mod, LLVMReturnStatusAction, &msg)) {
+        cg_error(cg, "internal error: generated LLVM IR does not verify: %.600s", msg ? msg : "");
+        LLVMDisposeMessage(msg);
+        goto fail;
+    }
+    LLVMDisposeMessage(msg);
+    free(kernels);
+    free(meta);
+    return 0;
+fail:
+    snprintf(err, n, "%s", cg->err);
+    free(kernels);
+    free(meta);
+    return -1;
+}
+
+/* ---- compile: optimise, emit, link ---- */
+
+/* Runs argv with stderr to errpath; 0 when it exits with status 0. */
+static int run_program(char *const *argv, const char *errpath)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+        return -1;
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void read_text(const char *path, char *buf, size_t n)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t len = fread(buf, 1, n - 1, f);
+    buf[len] = 0;
+    fclose(f);
+    for (char *p = buf; *p; p++)
+        if (*p == '\n')
+            *p = ' ';
+}
+
+static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
+{
+    Cg *cg = unit;
+    double t0 = now_s();
+    char passes[32];
+    snprintf(passes, sizeof passes, "default<O%d>", opt->opt_level < 0 ? 0 : opt->opt_level > 3 ? 3 : opt->opt_level);
+    LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
+    LLVMPassBuilderOptionsSetLoopVectorization(pbo, opt->opt_level >= 2);
+    LLVMPassBuilderOptionsSetSLPVectorization(pbo, opt->opt_level >= 2);
+    LLVMErrorRef e = LLVMRunPasses(cg->mod, passes, cg->tm, pbo);
+    LLVMDisposePassBuilderOptions(pbo);
+    if (e) {
+        char *m = LLVMGetErrorMessage(e);
+        snprintf(err, n, "LLVM optimisation (%s) failed: %s", passes, m);
+        LLVMDisposeErrorMessage(m);
+        return -1;
+    }
+    double t1 = now_s();
+    if (opt->emit_llvm) {
+        char *m = NULL;
+        if (LLVMPrintModuleToFile(cg->mod, opt->emit_llvm, &m)) {
+            snprintf(err, n, "cannot write %s: %s", opt->emit_llvm, m ? m : "");
+            LLVMDisposeMessage(m);
+            return -1;
+        }
+    }
+    char dir[] = "/tmp/xtc-cg-XXXXXX";
+    const char *tmpdir = getenv("TMPDIR");
+    char dirbuf[4096];
+    snprintf(dirbuf, sizeof dirbuf, "%s/xtc-cg-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+    char *d = mkdtemp(dirbuf);
+    if (!d)
+        d = mkdtemp(dir);
+    if (!d) {
+        snprintf(err, n, "cannot create a temporary directory: %s", strerror(errno));
+        return -1;
+    }
+    char obj[4200], log[4200], tmpso[4200];
+    snprintf(obj, sizeof obj, "%s/module.o", d);
+    snprintf(log, sizeof log, "%s/link.log", d);
+    snprintf(tmpso, sizeof tmpso, "%s.tmp%ld", opt->output, (long)getpid());
+    char *msg = NULL;
+    int rc = 0;
+    if (LLVMTargetMachineEmitToFile(cg->tm, cg->mod, obj, LLVMObjectFile, &msg)) {
+        snprintf(err, n, "LLVM could not emit the object file: %s", msg ? msg : "");
+        LLVMDisposeMessage(msg);
+        rc = -1;
+    }
+    double t2 = now_s();
+    if (rc == 0) {
+        char *argv[] = {"cc", "-shared", "-o", tmpso, obj, "-lm", NULL};
+        if (run_program(argv, log) < 0) {
+            char text[600];
+            read_text(log, text, sizeof text);
+            snprintf(err, n, "linking %s with cc failed: %s", opt->output, text[0] ? text : "cannot run cc");
+            unlink(tmpso);
+            rc = -1;
+        } else if (rename(tmpso, opt->output) < 0) {
+            snprintf(err, n, "cannot write %s: %s", opt->output, strerror(errno));
+            unlink(tmpso);
+            rc = -1;
+        }
+    }
+    double t3 = now_s();
+    unlink(obj);
+    unlink(log);
+    rmdir(d);
+    if (stats) {
+        stats->optimize_s = t1 - t0;
+        stats->emit_s = t2 - t1;
+        stats->link_s = t3 - t2;
+        struct stat sb;
+        stats->module_bytes = rc == 0 && stat(opt->output, &sb) == 0 ? (int64_t)sb.st_size : 0;
+    }
+    return rc;
+}
+
+static void llvm_release(void *unit) { cg_free(unit); }
+
+const CgBackend cg_llvm_backend = {
+    .name = "cpu",
+    .description = "LLVM CPU backend: native code in a shared library",
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN,
+    .supports = llvm_supports,
+    .render = llvm_render,
+    .compile = llvm_compile,
+    .release = llvm_release,
+};

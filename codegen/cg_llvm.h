@@ -1,0 +1,136 @@
+/* cg_llvm.h: internals of the LLVM CPU backend, shared by its files:
+ *   cg_llvm.c         the backend: kernel template, schedule, module object, optimise, emit, link
+ *   cg_llvm_util.c    builder helpers: constants, loops, dims, element loads/stores, math
+ *   cg_llvm_ops.c     the per-op lowering table and every op but matmul
+ *   cg_llvm_matmul.c  the blocked, vectorised, threaded matrix multiplication
+ *
+ * Every kernel is three functions (one set per signature, shared by all steps that have it):
+ *   impl(out, in0, in1, in2, syms, lo, hi) -> i32   work items [lo, hi); noalias pointers
+ *   body(ctx, lo, hi)                              what the thread pool calls: unpacks ctx
+ *   kernel(out, in0, in1, in2, syms, rt) -> i32     counts the work items, then calls impl
+ *                                                  directly or through rt->parallel_for
+ * An op's lowering supplies the work count and the impl's contents (CgLower). */
+#ifndef XTC_CG_LLVM_H
+#define XTC_CG_LLVM_H
+
+#include "cg_plan.h"
+
+#include <llvm-c/Core.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+
+typedef struct Cg {
+    LLVMContextRef ctx;
+    LLVMModuleRef mod;
+    LLVMBuilderRef b;
+    LLVMTargetMachineRef tm;
+    LLVMTargetDataRef td;
+    const CgPlan *plan;
+    const IrGraph *g;
+    char cpu[64];
+    char *features;          /* LLVM-owned string */
+    int vec;                 /* f32 lanes of the widest vector: 16 (AVX-512), 8 (AVX2), 4 */
+    int has_fma;
+    LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
+    LLVMTypeRef t_impl, t_body, t_kernel, t_run, t_rtapi;
+    char err[1024];
+} Cg;
+
+/* The function being emitted and what it can see. */
+typedef struct CgFn {
+    Cg *cg;
+    const IrNode *node;
+    LLVMValueRef fn;
+    LLVMBasicBlockRef entry;  /* allocas go here */
+    LLVMValueRef out, in[IR_MAXIN], syms;
+    LLVMValueRef lo, hi;      /* impl: the work items to do */
+    LLVMValueRef status;      /* impl: i32 variable returned at the end (0 = fine) */
+} CgFn;
+
+typedef struct {
+    /* Emits the number of work items and their total cost in elements (which decides whether
+     * to use threads). NULL: one item, never threaded. */
+    void (*work)(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+    /* Emits the work of items [f->lo, f->hi) into f. Returns 0 or -1 with cg->err set. */
+    int (*impl)(CgFn *f);
+    /* Elementwise ops: one element of the result from its operands' values (compute types:
+     * float, i32, i64, and i1 for bool). */
+    LLVMValueRef (*scalar)(CgFn *f, LLVMValueRef *args);
+} CgLower;
+
+/* cg_llvm.c: a function with the target's attributes (internal linkage if asked), and an enum
+ * attribute ("noalias") on it: idx 0 = return value, 1.. = parameters, ~0u = the function. */
+LLVMValueRef cg_function(Cg *cg, const char *name, LLVMTypeRef type, int internal);
+void cg_attr(Cg *cg, LLVMValueRef fn, unsigned idx, const char *name);
+
+/* cg_llvm_ops.c: the lowering of op, or NULL when the table has no entry for it. */
+const CgLower *cg_llvm_lowering(IrOp op);
+/* cg_llvm_matmul.c */
+void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_matmul_impl(CgFn *f);
+
+/* ---- cg_llvm_util.c ---- */
+
+int cg_error(Cg *cg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+LLVMValueRef cg_i64(Cg *cg, int64_t v);
+LLVMValueRef cg_i32(Cg *cg, int32_t v);
+LLVMValueRef cg_f32(Cg *cg, double v);
+LLVMTypeRef cg_mem_type(Cg *cg, IrDType t);   /* storage: float, i32, i64, i8 */
+LLVMTypeRef cg_val_type(Cg *cg, IrDType t);   /* computation: bool is i1 */
+
+/* Value of a symbolic dimension, and products of a shape's dims [from, to). */
+LLVMValueRef cg_dim(CgFn *f, IrDim d);
+LLVMValueRef cg_dims_prod(CgFn *f, const IrDim *dims, int from, int to);
+
+/* A mutable variable (alloca in the entry block, promoted to a register by the optimiser). */
+LLVMValueRef cg_var(CgFn *f, LLVMTypeRef t, LLVMValueRef init, const char *name);
+LLVMValueRef cg_get(CgFn *f, LLVMTypeRef t, LLVMValueRef var);
+
+/* for (iv = lo; iv < hi; iv++) { ... }: cg_for opens the body, cg_for_end closes it. */
+typedef struct {
+    LLVMBasicBlockRef cond, body, exit;
+    LLVMValueRef var; /* i64 alloca */
+    LLVMValueRef iv;  /* the index, valid inside the body */
+} CgLoop;
+void cg_for(CgFn *f, CgLoop *l, LLVMValueRef lo, LLVMValueRef hi, const char *name);
+void cg_for_end(CgFn *f, CgLoop *l);
+
+/* if (cond) { ... }: cg_if opens, cg_if_end closes. */
+typedef struct {
+    LLVMBasicBlockRef then, done;
+} CgIf;
+void cg_if(CgFn *f, CgIf *c, LLVMValueRef cond);
+void cg_if_end(CgFn *f, CgIf *c);
+
+/* Elements of a buffer of dtype t: address, load (to compute type), store (from compute type). */
+LLVMValueRef cg_addr(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx);
+LLVMValueRef cg_load(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx);
+void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v);
+/* Converts a compute value of dtype from to dtype to (the CAST rules: truncation toward zero,
+ * != 0 for bool). */
+LLVMValueRef cg_convert(CgFn *f, LLVMValueRef v, IrDType from, IrDType to);
+/* status |= 1 when cond holds */
+void cg_flag_error(CgFn *f, LLVMValueRef cond);
+
+LLVMValueRef cg_min_i64(CgFn *f, LLVMValueRef a, LLVMValueRef b);
+LLVMValueRef cg_max_i64(CgFn *f, LLVMValueRef a, LLVMValueRef b);
+
+/* Calls an overloaded intrinsic ("llvm.fma") on the overload type ty. */
+LLVMValueRef cg_intrinsic(Cg *cg, const char *name, LLVMTypeRef ty, LLVMValueRef *args, int nargs);
+/* The same with several overload types (llvm.masked.store: the vector and the pointer type). */
+LLVMValueRef cg_intrinsic_n(Cg *cg, const char *name, LLVMTypeRef *types, int ntypes, LLVMValueRef *args, int nargs);
+/* Calls a libm function of type float(float) ("tanhf"). */
+LLVMValueRef cg_libm(Cg *cg, const char *name, LLVMValueRef x);
+/* Sets fast-math flags on an instruction (reassociation for reductions, contraction for FMA). */
+LLVMValueRef cg_fmf(LLVMValueRef inst, unsigned flags);
+
+/* Vectorisable float math (scalar or vector operands): exp and erf by range reduction and
+ * polynomials, accurate to a few ulp (exp) and 2e-7 absolute (erf). NaN propagates. */
+LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x);
+LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x);
+/* maximum with NaN propagation, like torch.maximum */
+LLVMValueRef cg_fmax(Cg *cg, LLVMValueRef a, LLVMValueRef b);
+LLVMValueRef cg_fmin(Cg *cg, LLVMValueRef a, LLVMValueRef b);
+
+#endif

@@ -1,0 +1,409 @@
+/* cg_llvm_matmul.c: matrix multiplication, C[.., m, n] = A[.., m, k] x B[.., k, n] (or B given
+ * as [.., n, k] with transpose_b), batch dimensions broadcast. Generated, not a BLAS call.
+ *
+ * The blocked path (every n but tiny constant ones), for VW float lanes (16 with AVX-512):
+ *
+ *   work item = (batch, block of rows, block of NC columns): the thread pool splits these.
+ *   Every row block packs the same B panels again, so rows are split only when there are fewer
+ *   than MIN_ITEMS (batch, column block) pairs to share out (rows_per_block() below).
+ *   for each k block of KC:
+ *     for each panel of NR = 2 VW columns in the item:
+ *       pack B[k block, panel] into bp[KC][NR], contiguous and zero-padded past n (L1-resident)
+ *       for each MR rows of the item:
+ *         micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
+ *         is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
+ *         C tile (+)= accumulators, with masked loads/stores on the last, partial panel
+ *
+ * The rows past m in the last row block are computed from a repeated last row and not stored, so
+ * the micro-kernel has no row remainder code. A is read in place (rows of the block stay in L1
+ * across the panels); only B is packed. The pack and micro-kernel functions are generated once per
+ * module and shared by every matmul kernel.
+ *
+ * Tiny outputs (a constant n below VW) use the plain path: one item per output row, inner loop
+ * over contiguous memory, left to LLVM's vectoriser. */
+#include "cg_llvm.h"
+
+#include <string.h>
+
+#define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
+#define MIN_ITEMS 4  /* work items wanted before rows are split too */
+
+typedef struct {
+    LLVMValueRef m, n, k, batch;
+} MmDims;
+
+static void mm_dims(CgFn *f, MmDims *d)
+{
+    const IrNode *out = f->node, *a = f->node->in[0];
+    int r = out->rank;
+    d->m = cg_dim(f, out->shape[r - 2]);
+    d->n = cg_dim(f, out->shape[r - 1]);
+    d->k = cg_dim(f, a->shape[a->rank - 1]);
+    d->batch = cg_dims_prod(f, out->shape, 0, r - 2);
+}
+
+static int lanes(Cg *cg) { return cg->vec >= 16 ? 16 : cg->vec >= 8 ? 8 : 4; }
+static int tile_rows(Cg *cg) { return lanes(cg) == 16 ? 12 : 6; }  /* MR: 2 MR accumulators + 3 live */
+static int col_block(Cg *cg) { return 2 * lanes(cg) * 8; }          /* NC: 8 panels */
+
+static int plain_path(const IrNode *n)
+{
+    IrDim cols = n->shape[n->rank - 1];
+    return ir_dim_is_const(cols) && cols.c < 8;
+}
+
+static LLVMValueRef ceil_div(Cg *cg, LLVMValueRef a, int64_t b)
+{
+    return LLVMBuildSDiv(cg->b, LLVMBuildAdd(cg->b, a, cg_i64(cg, b - 1), ""), cg_i64(cg, b), "");
+}
+
+/* Rows per row block: all of m, unless batch x column blocks gives fewer than MIN_ITEMS items;
+ * then m is split into up to MIN_ITEMS / items blocks of at least 4 tiles, a multiple of MR. */
+static LLVMValueRef rows_per_block(CgFn *f, const MmDims *d, LLVMValueRef ngrp)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    int mr = tile_rows(cg);
+    LLVMValueRef pairs = LLVMBuildMul(b, d->batch, ngrp, "");
+    LLVMValueRef want = LLVMBuildSDiv(b, LLVMBuildAdd(b, cg_i64(cg, MIN_ITEMS - 1), pairs, ""),
+                                      cg_max_i64(f, pairs, cg_i64(cg, 1)), "");
+    want = cg_min_i64(f, want, cg_max_i64(f, ceil_div(cg, d->m, 4 * mr), cg_i64(cg, 1)));
+    LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, d->m, LLVMBuildSub(b, want, cg_i64(cg, 1), ""), ""), want, "");
+    rows = LLVMBuildMul(b, ceil_div(cg, rows, mr), cg_i64(cg, mr), "");
+    return cg_max_i64(f, rows, cg_i64(cg, mr));
+}
+
+void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    MmDims d;
+    mm_dims(f, &d);
+    *cost = LLVMBuildMul(b, LLVMBuildMul(b, d.batch, d.m, ""), LLVMBuildMul(b, d.n, d.k, ""), "");
+    if (plain_path(f->node)) {
+        *items = LLVMBuildMul(b, d.batch, d.m, "");
+        return;
+    }
+    LLVMValueRef ngrp = ceil_div(cg, d.n, col_block(cg));
+    LLVMValueRef rows = rows_per_block(f, &d, ngrp);
+    LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
+    *items = LLVMBuildMul(b, d.batch, LLVMBuildMul(b, nmb, ngrp, ""), "items");
+}
+
+/* Element offset of batch index bi (a flat index over the output's batch dims) in operand x,
+ * whose matrices have mat elements each; broadcast dims do not move. */
+static LLVMValueRef batch_offset(CgFn *f, const IrNode *x, LLVMValueRef bi, LLVMValueRef mat)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    const IrNode *out = f->node;
+    int r = out->rank, lead = r - x->rank;
+    LLVMValueRef off = cg_i64(cg, 0), stride = mat, rest = bi;
+    for (int d = r - 3; d >= 0; d--) {
+        LLVMValueRef size = cg_dim(f, out->shape[d]);
+        LLVMValueRef idx = d == 0 ? rest : LLVMBuildSRem(b, rest, size, "");
+        if (d > 0)
+            rest = LLVMBuildSDiv(b, rest, size, "");
+        int k = d - lead;
+        if (k < 0 || ir_dim_is_one(x->shape[k]))
+            continue;
+        off = LLVMBuildAdd(b, off, LLVMBuildMul(b, idx, stride, ""), "");
+        stride = LLVMBuildMul(b, stride, cg_dim(f, x->shape[k]), "");
+    }
+    return off;
+}
+
+/* ---- the plain path ---- */
+
+static int plain_impl(CgFn *f)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    const IrNode *n = f->node;
+    int tb = n->ia[0] != 0;
+    MmDims d;
+    mm_dims(f, &d);
+    LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, "");
+    unsigned fm = LLVMFastMathAllowContract | LLVMFastMathAllowReassoc;
+    CgLoop l, lj, lp;
+    cg_for(f, &l, f->lo, f->hi, "row");
+    LLVMValueRef bi = LLVMBuildSDiv(b, l.iv, d.m, "");
+    LLVMValueRef i = LLVMBuildSRem(b, l.iv, d.m, "");
+    LLVMValueRef abase = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d.k, ""), "");
+    LLVMValueRef bbase = batch_offset(f, n->in[1], bi, kn);
+    LLVMValueRef cbase = LLVMBuildMul(b, l.iv, d.n, "");
+    cg_for(f, &lj, cg_i64(cg, 0), d.n, "j");
+    LLVMValueRef acc = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
+    cg_for(f, &lp, cg_i64(cg, 0), d.k, "p");
+    LLVMValueRef bidx = tb ? LLVMBuildAdd(b, LLVMBuildMul(b, lj.iv, d.k, ""), lp.iv, "")
+                           : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
+    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
+    LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, bbase, bidx, ""));
+    LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, bv, ""), fm);
+    LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc), prod, ""), fm), acc);
+    cg_for_end(f, &lp);
+    cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, cbase, lj.iv, ""), cg_get(f, cg->t_f32, acc));
+    cg_for_end(f, &lj);
+    cg_for_end(f, &l);
+    return 0;
+}
+
+/* ---- helpers generated once per module ---- */
+
+/* A function of its own: saves and restores the builder's position around its emission. */
+typedef struct {
+    CgFn f;
+    LLVMBasicBlockRef saved;
+} Helper;
+
+static LLVMValueRef helper_begin(Cg *cg, Helper *h, const char *name, LLVMTypeRef ret, LLVMTypeRef *params, int n)
+{
+    h->saved = LLVMGetInsertBlock(cg->b);
+    LLVMValueRef fn = cg_function(cg, name, LLVMFunctionType(ret, params, (unsigned)n, 0), 1);
+    memset(&h->f, 0, sizeof h->f);
+    h->f.cg = cg;
+    h->f.fn = fn;
+    h->f.entry = LLVMAppendBasicBlockInContext(cg->ctx, fn, "entry");
+    LLVMPositionBuilderAtEnd(cg->b, h->f.entry);
+    return fn;
+}
+
+static void helper_end(Cg *cg, Helper *h)
+{
+    LLVMBuildRetVoid(cg->b);
+    LLVMPositionBuilderAtEnd(cg->b, h->saved);
+}
+
+/* pack(bp, b, ldb, pc, kc, j0, nc): bp[p][j] = B(pc + p, j0 + j) for j < nc, 0 for nc <= j < NR.
+ * B(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed. */
+static LLVMValueRef pack_function(Cg *cg, int transposed)
+{
+    const char *name = transposed ? "xtc_gemm_pack_t" : "xtc_gemm_pack_n";
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
+    if (fn)
+        return fn;
+    int nr = 2 * lanes(cg);
+    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
+    LLVMTypeRef params[7] = {p, p, i64, i64, i64, i64, i64};
+    Helper h;
+    fn = helper_begin(cg, &h, name, cg->t_void, params, 7);
+    cg_attr(cg, fn, 1, "noalias");
+    cg_attr(cg, fn, 2, "noalias");
+    CgFn *f = &h.f;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef bp = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), ldb = LLVMGetParam(fn, 2);
+    LLVMValueRef pc = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4), j0 = LLVMGetParam(fn, 5), nc = LLVMGetParam(fn, 6);
+    CgLoop lp, lj;
+    if (!transposed) {
+        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+        LLVMValueRef srow = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, pc, lp.iv, ""), ldb, ""), j0, "");
+        LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
+        cg_for(f, &lj, cg_i64(cg, 0), nc, "j");
+        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_load(f, IR_F32, src, LLVMBuildAdd(b, srow, lj.iv, "")));
+        cg_for_end(f, &lj);
+        cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
+        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
+        cg_for_end(f, &lj);
+        cg_for_end(f, &lp);
+    } else {
+        cg_for(f, &lj, cg_i64(cg, 0), nc, "j");
+        LLVMValueRef scol = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, j0, lj.iv, ""), ldb, ""), pc, "");
+        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+        LLVMValueRef v = cg_load(f, IR_F32, src, LLVMBuildAdd(b, scol, lp.iv, ""));
+        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), ""), lj.iv, ""), v);
+        cg_for_end(f, &lp);
+        cg_for_end(f, &lj);
+        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+        LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
+        cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
+        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
+        cg_for_end(f, &lj);
+        cg_for_end(f, &lp);
+    }
+    helper_end(cg, &h);
+    return fn;
+}
+
+static LLVMValueRef splat(Cg *cg, LLVMValueRef x, int n)
+{
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)n);
+    LLVMValueRef v = LLVMBuildInsertElement(cg->b, LLVMGetPoison(vt), x, cg_i32(cg, 0), "");
+    return LLVMBuildShuffleVector(cg->b, v, LLVMGetPoison(vt), LLVMConstNull(LLVMVectorType(cg->t_i32, (unsigned)n)), "");
+}
+
+/* The mask of lanes [0, valid) of a vector of n lanes. */
+static LLVMValueRef lane_mask(Cg *cg, LLVMValueRef valid, int n)
+{
+    LLVMValueRef idx[64];
+    for (int i = 0; i < n; i++)
+        idx[i] = cg_i64(cg, i);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_i64, (unsigned)n);
+    LLVMValueRef v = LLVMBuildInsertElement(cg->b, LLVMGetPoison(vt), valid, cg_i32(cg, 0), "");
+    v = LLVMBuildShuffleVector(cg->b, v, LLVMGetPoison(vt), LLVMConstNull(LLVMVectorType(cg->t_i32, (unsigned)n)), "");
+    return LLVMBuildICmp(cg->b, LLVMIntSLT, LLVMConstVector(idx, (unsigned)n), v, "");
+}
+
+/* One vector of a C tile: c[0, lanes) (+)= acc, only the first `valid` lanes when valid < VW. */
+static void store_tile_vector(CgFn *f, LLVMValueRef cptr, LLVMValueRef acc, LLVMValueRef valid, LLVMValueRef accumulate)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    int vw = lanes(cg);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw);
+    LLVMBasicBlockRef full = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "c.full");
+    LLVMBasicBlockRef part = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "c.part");
+    LLVMBasicBlockRef masked = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "c.masked");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "c.done");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGE, valid, cg_i64(cg, vw), ""), full, part);
+
+    LLVMPositionBuilderAtEnd(b, full);
+    LLVMValueRef old = LLVMBuildLoad2(b, vt, cptr, "");
+    LLVMSetAlignment(old, 4);
+    LLVMValueRef v = LLVMBuildSelect(b, accumulate, LLVMBuildFAdd(b, acc, old, ""), acc, "");
+    LLVMSetAlignment(LLVMBuildStore(b, v, cptr), 4);
+    LLVMBuildBr(b, done);
+
+    LLVMPositionBuilderAtEnd(b, part);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSGT, valid, cg_i64(cg, 0), ""), masked, done);
+    LLVMPositionBuilderAtEnd(b, masked);
+    LLVMValueRef mask = lane_mask(cg, valid, vw);
+    LLVMTypeRef tys[2] = {vt, cg->t_ptr};
+    LLVMValueRef largs[4] = {cptr, cg_i32(cg, 4), mask, LLVMConstNull(vt)};
+    old = cg_intrinsic_n(cg, "llvm.masked.load", tys, 2, largs, 4);
+    v = LLVMBuildSelect(b, accumulate, LLVMBuildFAdd(b, acc, old, ""), acc, "");
+    LLVMValueRef sargs[4] = {v, cptr, cg_i32(cg, 4), mask};
+    cg_intrinsic_n(cg, "llvm.masked.store", tys, 2, sargs, 4);
+    LLVMBuildBr(b, done);
+    LLVMPositionBuilderAtEnd(b, done);
+}
+
+/* micro(a, lda, i0, mlast, kc, bp, c, ldc, mr, nc, accumulate):
+ *   rows r < MR of A start at a + min(i0 + r, mlast) * lda; C rows at c + (i0 + r) * ldc;
+ *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr. */
+static LLVMValueRef micro_function(Cg *cg)
+{
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_micro");
+    if (fn)
+        return fn;
+    int vw = lanes(cg), mr_max = tile_rows(cg);
+    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
+    LLVMTypeRef params[11] = {p, i64, i64, i64, i64, p, p, i64, i64, i64, cg->t_i1};
+    Helper h;
+    fn = helper_begin(cg, &h, "xtc_gemm_micro", cg->t_void, params, 11);
+    cg_attr(cg, fn, 1, "noalias");
+    cg_attr(cg, fn, 6, "noalias");
+    cg_attr(cg, fn, 7, "noalias");
+    CgFn *f = &h.f;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef a = LLVMGetParam(fn, 0), lda = LLVMGetParam(fn, 1), i0 = LLVMGetParam(fn, 2);
+    LLVMValueRef mlast = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4), bp = LLVMGetParam(fn, 5);
+    LLVMValueRef c = LLVMGetParam(fn, 6), ldc = LLVMGetParam(fn, 7), mr = LLVMGetParam(fn, 8);
+    LLVMValueRef nc = LLVMGetParam(fn, 9), accumulate = LLVMGetParam(fn, 10);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw);
+
+    LLVMValueRef arow[16], acc[16][2];
+    for (int r = 0; r < mr_max; r++) {
+        LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, i0, cg_i64(cg, r), ""), mlast);
+        arow[r] = LLVMBuildInBoundsGEP2(b, cg->t_f32, a, (LLVMValueRef[]){LLVMBuildMul(b, row, lda, "")}, 1, "");
+        for (int h2 = 0; h2 < 2; h2++)
+            acc[r][h2] = cg_var(f, vt, LLVMConstNull(vt), "acc");
+    }
+    CgLoop lp;
+    cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+    LLVMValueRef brow = LLVMBuildMul(b, lp.iv, cg_i64(cg, 2 * vw), "");
+    LLVMValueRef bv[2];
+    for (int h2 = 0; h2 < 2; h2++) {
+        LLVMValueRef ptr = cg_addr(f, IR_F32, bp, LLVMBuildAdd(b, brow, cg_i64(cg, h2 * vw), ""));
+        bv[h2] = LLVMBuildLoad2(b, vt, ptr, "");
+        LLVMSetAlignment(bv[h2], (unsigned)(vw * 4));
+    }
+    for (int r = 0; r < mr_max; r++) {
+        LLVMValueRef av = splat(cg, cg_load(f, IR_F32, arow[r], lp.iv), vw);
+        for (int h2 = 0; h2 < 2; h2++) {
+            LLVMValueRef args[3] = {av, bv[h2], cg_get(f, vt, acc[r][h2])};
+            LLVMBuildStore(b, cg_intrinsic(cg, "llvm.fmuladd", vt, args, 3), acc[r][h2]);
+        }
+    }
+    cg_for_end(f, &lp);
+    for (int r = 0; r < mr_max; r++) {
+        CgIf in;
+        cg_if(f, &in, LLVMBuildICmp(b, LLVMIntSLT, cg_i64(cg, r), mr, ""));
+        LLVMValueRef crow = LLVMBuildMul(b, LLVMBuildAdd(b, i0, cg_i64(cg, r), ""), ldc, "");
+        for (int h2 = 0; h2 < 2; h2++) {
+            LLVMValueRef cptr = cg_addr(f, IR_F32, c, LLVMBuildAdd(b, crow, cg_i64(cg, h2 * vw), ""));
+            LLVMValueRef valid = LLVMBuildSub(b, nc, cg_i64(cg, h2 * vw), "");
+            store_tile_vector(f, cptr, cg_get(f, vt, acc[r][h2]), valid, accumulate);
+        }
+        cg_if_end(f, &in);
+    }
+    helper_end(cg, &h);
+    return fn;
+}
+
+/* ---- the blocked path ---- */
+
+int cg_matmul_impl(CgFn *f)
+{
+    if (plain_path(f->node))
+        return plain_impl(f);
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    const IrNode *n = f->node;
+    int tb = n->ia[0] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
+    LLVMValueRef pack = pack_function(cg, tb), micro = micro_function(cg);
+    LLVMTypeRef pack_type = LLVMGlobalGetValueType(pack), micro_type = LLVMGlobalGetValueType(micro);
+
+    MmDims d;
+    mm_dims(f, &d);
+    LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, ""), mn = LLVMBuildMul(b, d.m, d.n, "");
+    LLVMValueRef ngrp = ceil_div(cg, d.n, col_block(cg));
+    LLVMValueRef rows = rows_per_block(f, &d, ngrp);
+    LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
+    LLVMValueRef nkb = cg_max_i64(f, ceil_div(cg, d.k, KC), cg_i64(cg, 1)); /* k = 0 still stores zeros */
+    LLVMValueRef mlast = LLVMBuildSub(b, d.m, cg_i64(cg, 1), "");
+    LLVMValueRef ldb = tb ? d.k : d.n;
+
+    /* the packed panel: KC x NR floats, aligned for vector loads */
+    LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)nr), NULL, "bpanel");
+    LLVMSetAlignment(bp, 64);
+
+    CgLoop li, lk, lj, lr;
+    cg_for(f, &li, f->lo, f->hi, "item");
+    LLVMValueRef grp = LLVMBuildSRem(b, li.iv, ngrp, "");
+    LLVMValueRef t = LLVMBuildSDiv(b, li.iv, ngrp, "");
+    LLVMValueRef mb = LLVMBuildSRem(b, t, nmb, "");
+    LLVMValueRef bi = LLVMBuildSDiv(b, t, nmb, "");
+    LLVMValueRef aptr0 = cg_addr(f, IR_F32, f->in[0], batch_offset(f, n->in[0], bi, mk));
+    LLVMValueRef bptr = cg_addr(f, IR_F32, f->in[1], batch_offset(f, n->in[1], bi, kn));
+    LLVMValueRef cptr0 = cg_addr(f, IR_F32, f->out, LLVMBuildMul(b, bi, mn, ""));
+    LLVMValueRef i_start = LLVMBuildMul(b, mb, rows, "");
+    LLVMValueRef i_end = cg_min_i64(f, d.m, LLVMBuildAdd(b, i_start, rows, ""));
+    LLVMValueRef j_start = LLVMBuildMul(b, grp, cg_i64(cg, col_block(cg)), "");
+    LLVMValueRef j_end = cg_min_i64(f, d.n, LLVMBuildAdd(b, j_start, cg_i64(cg, col_block(cg)), ""));
+    LLVMValueRef npanels = ceil_div(cg, LLVMBuildSub(b, j_end, j_start, ""), nr);
+    LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, i_end, i_start, ""), mrows);
+
+    cg_for(f, &lk, cg_i64(cg, 0), nkb, "kb");
+    LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
+    LLVMValueRef kc = cg_min_i64(f, cg_i64(cg, KC), LLVMBuildSub(b, d.k, pc, ""));
+    LLVMValueRef accumulate = LLVMBuildICmp(b, LLVMIntSGT, lk.iv, cg_i64(cg, 0), "");
+    LLVMValueRef aptr = cg_addr(f, IR_F32, aptr0, pc);
+
+    cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
+    LLVMValueRef j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, lj.iv, cg_i64(cg, nr), ""), "");
+    LLVMValueRef nc = cg_min_i64(f, cg_i64(cg, nr), LLVMBuildSub(b, j_end, j0, ""));
+    LLVMValueRef pargs[7] = {bp, bptr, ldb, pc, kc, j0, nc};
+    LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
+    LLVMValueRef cptr = cg_addr(f, IR_F32, cptr0, j0);
+
+    cg_for(f, &lr, cg_i64(cg, 0), ntiles, "tile");
+    LLVMValueRef i0 = LLVMBuildAdd(b, i_start, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
+    LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, i_end, i0, ""));
+    LLVMValueRef margs[11] = {aptr, d.k, i0, mlast, kc, bp, cptr, d.n, mr, nc, accumulate};
+    LLVMBuildCall2(b, micro_type, micro, margs, 11, "");
+    cg_for_end(f, &lr);
+    cg_for_end(f, &lj);
+    cg_for_end(f, &lk);
+    cg_for_end(f, &li);
+    return 0;
+}

@@ -1,0 +1,336 @@
+/* cg_llvm_util.c: small builders over the LLVM C API that every lowering uses: constants,
+ * symbolic dims, variables, loops and branches, element access by IR dtype, conversions,
+ * intrinsics, and vectorisable exp/erf written as plain arithmetic (a libm call in a loop
+ * would keep the loop vectoriser away). */
+#include "cg_llvm.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int cg_error(Cg *cg, const char *fmt, ...)
+{
+    if (cg->err[0])
+        return -1; /* keep the first */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cg->err, sizeof cg->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+LLVMValueRef cg_i64(Cg *cg, int64_t v) { return LLVMConstInt(cg->t_i64, (unsigned long long)v, 1); }
+LLVMValueRef cg_i32(Cg *cg, int32_t v) { return LLVMConstInt(cg->t_i32, (unsigned long long)(int64_t)v, 1); }
+LLVMValueRef cg_f32(Cg *cg, double v) { return LLVMConstReal(cg->t_f32, v); }
+
+LLVMTypeRef cg_mem_type(Cg *cg, IrDType t)
+{
+    switch (t) {
+    case IR_F32: return cg->t_f32;
+    case IR_I32: return cg->t_i32;
+    case IR_I64: return cg->t_i64;
+    default: return cg->t_i8;
+    }
+}
+
+LLVMTypeRef cg_val_type(Cg *cg, IrDType t) { return t == IR_BOOL ? cg->t_i1 : cg_mem_type(cg, t); }
+
+LLVMValueRef cg_dim(CgFn *f, IrDim d)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef v = cg_i64(cg, d.c);
+    for (int s = 0; s < IR_MAXSYM; s++) {
+        if (!d.k[s])
+            continue;
+        LLVMValueRef idx = cg_i64(cg, s);
+        LLVMValueRef p = LLVMBuildGEP2(cg->b, cg->t_i64, f->syms, &idx, 1, "");
+        LLVMValueRef sym = LLVMBuildLoad2(cg->b, cg->t_i64, p, cg->g->sym_name[s]);
+        LLVMSetAlignment(sym, 8);
+        LLVMValueRef term = d.k[s] == 1 ? sym : LLVMBuildMul(cg->b, sym, cg_i64(cg, d.k[s]), "");
+        v = LLVMBuildAdd(cg->b, v, term, "");
+    }
+    return v;
+}
+
+LLVMValueRef cg_dims_prod(CgFn *f, const IrDim *dims, int from, int to)
+{
+    LLVMValueRef v = cg_i64(f->cg, 1);
+    for (int i = from; i < to; i++)
+        if (!ir_dim_is_one(dims[i]))
+            v = LLVMBuildMul(f->cg->b, v, cg_dim(f, dims[i]), "");
+    return v;
+}
+
+LLVMValueRef cg_var(CgFn *f, LLVMTypeRef t, LLVMValueRef init, const char *name)
+{
+    Cg *cg = f->cg;
+    LLVMBasicBlockRef here = LLVMGetInsertBlock(cg->b);
+    LLVMValueRef first = LLVMGetFirstInstruction(f->entry);
+    if (first)
+        LLVMPositionBuilderBefore(cg->b, first);
+    else
+        LLVMPositionBuilderAtEnd(cg->b, f->entry);
+    LLVMValueRef var = LLVMBuildAlloca(cg->b, t, name);
+    LLVMPositionBuilderAtEnd(cg->b, here);
+    if (init)
+        LLVMBuildStore(cg->b, init, var);
+    return var;
+}
+
+LLVMValueRef cg_get(CgFn *f, LLVMTypeRef t, LLVMValueRef var) { return LLVMBuildLoad2(f->cg->b, t, var, ""); }
+
+void cg_for(CgFn *f, CgLoop *l, LLVMValueRef lo, LLVMValueRef hi, const char *name)
+{
+    Cg *cg = f->cg;
+    l->var = cg_var(f, cg->t_i64, lo, name);
+    l->cond = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "for.cond");
+    l->body = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "for.body");
+    l->exit = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "for.end");
+    LLVMBuildBr(cg->b, l->cond);
+    LLVMPositionBuilderAtEnd(cg->b, l->cond);
+    l->iv = LLVMBuildLoad2(cg->b, cg->t_i64, l->var, name);
+    LLVMBuildCondBr(cg->b, LLVMBuildICmp(cg->b, LLVMIntSLT, l->iv, hi, ""), l->body, l->exit);
+    LLVMPositionBuilderAtEnd(cg->b, l->body);
+}
+
+void cg_for_end(CgFn *f, CgLoop *l)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef next = LLVMBuildNSWAdd(cg->b, l->iv, cg_i64(cg, 1), "");
+    LLVMBuildStore(cg->b, next, l->var);
+    LLVMBuildBr(cg->b, l->cond);
+    LLVMPositionBuilderAtEnd(cg->b, l->exit);
+}
+
+void cg_if(CgFn *f, CgIf *c, LLVMValueRef cond)
+{
+    Cg *cg = f->cg;
+    c->then = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "if.then");
+    c->done = LLVMAppendBasicBlockInContext(cg->ctx, f->fn, "if.end");
+    LLVMBuildCondBr(cg->b, cond, c->then, c->done);
+    LLVMPositionBuilderAtEnd(cg->b, c->then);
+}
+
+void cg_if_end(CgFn *f, CgIf *c)
+{
+    LLVMBuildBr(f->cg->b, c->done);
+    LLVMPositionBuilderAtEnd(f->cg->b, c->done);
+}
+
+LLVMValueRef cg_addr(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx)
+{
+    return LLVMBuildInBoundsGEP2(f->cg->b, cg_mem_type(f->cg, t), base, &idx, 1, "");
+}
+
+LLVMValueRef cg_load(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef v = LLVMBuildLoad2(cg->b, cg_mem_type(cg, t), cg_addr(f, t, base, idx), "");
+    if (t == IR_BOOL)
+        v = LLVMBuildICmp(cg->b, LLVMIntNE, v, LLVMConstInt(cg->t_i8, 0, 0), "");
+    return v;
+}
+
+void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
+{
+    Cg *cg = f->cg;
+    if (t == IR_BOOL)
+        v = LLVMBuildZExt(cg->b, v, cg->t_i8, "");
+    LLVMBuildStore(cg->b, v, cg_addr(f, t, base, idx));
+}
+
+LLVMValueRef cg_intrinsic(Cg *cg, const char *name, LLVMTypeRef ty, LLVMValueRef *args, int nargs)
+{
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(cg->mod, id, &ty, 1);
+    LLVMTypeRef fty = LLVMIntrinsicGetType(cg->ctx, id, &ty, 1);
+    return LLVMBuildCall2(cg->b, fty, fn, args, (unsigned)nargs, "");
+}
+
+LLVMValueRef cg_intrinsic_n(Cg *cg, const char *name, LLVMTypeRef *types, int ntypes, LLVMValueRef *args, int nargs)
+{
+    unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+    LLVMValueRef fn = LLVMGetIntrinsicDeclaration(cg->mod, id, types, (size_t)ntypes);
+    LLVMTypeRef fty = LLVMIntrinsicGetType(cg->ctx, id, types, (size_t)ntypes);
+    return LLVMBuildCall2(cg->b, fty, fn, args, (unsigned)nargs, "");
+}
+
+static LLVMValueRef intrinsic2(Cg *cg, const char *name, LLVMTypeRef t0, LLVMTypeRef t1, LLVMValueRef arg)
+{
+    LLVMTypeRef tys[2] = {t0, t1};
+    return cg_intrinsic_n(cg, name, tys, 2, &arg, 1);
+}
+
+LLVMValueRef cg_libm(Cg *cg, const char *name, LLVMValueRef x)
+{
+    LLVMTypeRef fty = LLVMFunctionType(cg->t_f32, &cg->t_f32, 1, 0);
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
+    if (!fn)
+        fn = LLVMAddFunction(cg->mod, name, fty);
+    return LLVMBuildCall2(cg->b, fty, fn, &x, 1, "");
+}
+
+LLVMValueRef cg_fmf(LLVMValueRef inst, unsigned flags)
+{
+    if (LLVMCanValueUseFastMathFlags(inst))
+        LLVMSetFastMathFlags(inst, flags);
+    return inst;
+}
+
+LLVMValueRef cg_convert(CgFn *f, LLVMValueRef v, IrDType from, IrDType to)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    if (from == to)
+        return v;
+    if (to == IR_BOOL) {
+        if (from == IR_F32)
+            return LLVMBuildFCmp(b, LLVMRealUNE, v, cg_f32(cg, 0), ""); /* NaN counts as true */
+        return LLVMBuildICmp(b, LLVMIntNE, v, LLVMConstInt(LLVMTypeOf(v), 0, 0), "");
+    }
+    LLVMTypeRef tt = cg_val_type(cg, to);
+    if (from == IR_BOOL)
+        return to == IR_F32 ? LLVMBuildUIToFP(b, v, tt, "") : LLVMBuildZExt(b, v, tt, "");
+    if (from == IR_F32) /* saturating: NaN gives 0, never undefined behaviour */
+        return intrinsic2(cg, "llvm.fptosi.sat", tt, cg->t_f32, v);
+    if (to == IR_F32)
+        return LLVMBuildSIToFP(b, v, tt, "");
+    return LLVMBuildIntCast2(b, v, tt, 1, "");
+}
+
+void cg_flag_error(CgFn *f, LLVMValueRef cond)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef st = LLVMBuildLoad2(cg->b, cg->t_i32, f->status, "");
+    st = LLVMBuildOr(cg->b, st, LLVMBuildZExt(cg->b, cond, cg->t_i32, ""), "");
+    LLVMBuildStore(cg->b, st, f->status);
+}
+
+LLVMValueRef cg_min_i64(CgFn *f, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildSelect(f->cg->b, LLVMBuildICmp(f->cg->b, LLVMIntSLT, a, b, ""), a, b, "");
+}
+
+LLVMValueRef cg_max_i64(CgFn *f, LLVMValueRef a, LLVMValueRef b)
+{
+    return LLVMBuildSelect(f->cg->b, LLVMBuildICmp(f->cg->b, LLVMIntSGT, a, b, ""), a, b, "");
+}
+
+/* ---- float math on scalars or vectors ---- */
+
+/* A float constant shaped like x (scalar or splat vector). */
+static LLVMValueRef fconst(Cg *cg, LLVMValueRef like, double v)
+{
+    (void)cg;
+    LLVMTypeRef t = LLVMTypeOf(like);
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return LLVMConstReal(t, v);
+    unsigned n = LLVMGetVectorSize(t);
+    LLVMValueRef e[64];
+    for (unsigned i = 0; i < n && i < 64; i++)
+        e[i] = LLVMConstReal(LLVMGetElementType(t), v);
+    return LLVMConstVector(e, n);
+}
+
+/* The i32 type with x's shape. */
+static LLVMTypeRef int_like(Cg *cg, LLVMValueRef like)
+{
+    LLVMTypeRef t = LLVMTypeOf(like);
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return cg->t_i32;
+    return LLVMVectorType(cg->t_i32, LLVMGetVectorSize(t));
+}
+
+static LLVMValueRef iconst(Cg *cg, LLVMValueRef like, int64_t v)
+{
+    LLVMTypeRef t = int_like(cg, like);
+    if (LLVMGetTypeKind(t) != LLVMVectorTypeKind)
+        return LLVMConstInt(t, (unsigned long long)v, 1);
+    unsigned n = LLVMGetVectorSize(t);
+    LLVMValueRef e[64];
+    for (unsigned i = 0; i < n && i < 64; i++)
+        e[i] = LLVMConstInt(cg->t_i32, (unsigned long long)v, 1);
+    return LLVMConstVector(e, n);
+}
+
+static LLVMValueRef fmul(Cg *cg, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(cg->b, a, b, ""); }
+static LLVMValueRef fadd(Cg *cg, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(cg->b, a, b, ""); }
+
+/* c[0] + x*(c[1] + x*(...)) */
+static LLVMValueRef poly(Cg *cg, LLVMValueRef x, const double *c, int n)
+{
+    LLVMValueRef acc = fconst(cg, x, c[n - 1]);
+    for (int i = n - 2; i >= 0; i--)
+        acc = fadd(cg, fmul(cg, acc, x), fconst(cg, x, c[i]));
+    return acc;
+}
+
+static LLVMValueRef select_lt(Cg *cg, LLVMValueRef x, double v, LLVMValueRef then)
+{
+    return LLVMBuildSelect(cg->b, LLVMBuildFCmp(cg->b, LLVMRealOLT, x, fconst(cg, x, v), ""), then, x, "");
+}
+
+static LLVMValueRef select_gt(Cg *cg, LLVMValueRef x, double v, LLVMValueRef then)
+{
+    return LLVMBuildSelect(cg->b, LLVMBuildFCmp(cg->b, LLVMRealOGT, x, fconst(cg, x, v), ""), then, x, "");
+}
+
+/* 2^n for integral float n in [-150, 128], as two normal factors so neither overflows */
+static LLVMValueRef pow2_times(Cg *cg, LLVMValueRef y, LLVMValueRef n)
+{
+    LLVMBuilderRef b = cg->b;
+    LLVMTypeRef it = int_like(cg, n);
+    LLVMValueRef ni = LLVMBuildFPToSI(b, n, it, "");
+    LLVMValueRef n1 = LLVMBuildAShr(b, ni, iconst(cg, n, 1), "");
+    LLVMValueRef n2 = LLVMBuildSub(b, ni, n1, "");
+    LLVMTypeRef ft = LLVMTypeOf(y);
+    LLVMValueRef s1 = LLVMBuildBitCast(b, LLVMBuildShl(b, LLVMBuildAdd(b, n1, iconst(cg, n, 127), ""), iconst(cg, n, 23), ""), ft, "");
+    LLVMValueRef s2 = LLVMBuildBitCast(b, LLVMBuildShl(b, LLVMBuildAdd(b, n2, iconst(cg, n, 127), ""), iconst(cg, n, 23), ""), ft, "");
+    return fmul(cg, fmul(cg, y, s1), s2);
+}
+
+LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x)
+{
+    /* exp(x) = 2^k * exp(r), k = rint(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2] (Cephes expf) */
+    static const double c[] = {1.0, 1.0, 5.0000001201E-1, 1.6666665459E-1, 4.1665795894E-2,
+                               8.3334519073E-3, 1.3981999507E-3, 1.9875691500E-4};
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef isnan = LLVMBuildFCmp(b, LLVMRealUNO, x, x, "");
+    LLVMValueRef xc = LLVMBuildSelect(b, isnan, fconst(cg, x, 0), x, "");
+    xc = select_lt(cg, xc, -104.0, fconst(cg, x, -104.0)); /* exp underflows to 0 below */
+    xc = select_gt(cg, xc, 89.0, fconst(cg, x, 89.0));     /* and overflows to inf above */
+    LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", LLVMTypeOf(x), (LLVMValueRef[]){fmul(cg, xc, fconst(cg, x, 1.44269504088896341))}, 1);
+    LLVMValueRef r = LLVMBuildFSub(b, xc, fmul(cg, k, fconst(cg, x, 0.693359375)), "");
+    r = LLVMBuildFSub(b, r, fmul(cg, k, fconst(cg, x, -2.12194440e-4)), "");
+    LLVMValueRef y = poly(cg, r, c, 8);
+    LLVMValueRef res = pow2_times(cg, y, k);
+    return LLVMBuildSelect(b, isnan, x, res, "");
+}
+
+LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x)
+{
+    /* Abramowitz & Stegun 7.1.26: |error| < 1.5e-7. erf(x) = sign(x) (1 - t P(t) e^{-x^2}),
+     * t = 1 / (1 + p |x|). */
+    static const double a[] = {0.0, 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429};
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef ax = cg_intrinsic(cg, "llvm.fabs", LLVMTypeOf(x), &x, 1);
+    LLVMValueRef t = LLVMBuildFDiv(b, fconst(cg, x, 1.0), fadd(cg, fconst(cg, x, 1.0), fmul(cg, ax, fconst(cg, x, 0.3275911))), "");
+    LLVMValueRef p = poly(cg, t, a, 6);
+    LLVMValueRef e = cg_exp(cg, LLVMBuildFNeg(b, fmul(cg, ax, ax), ""));
+    LLVMValueRef y = LLVMBuildFSub(b, fconst(cg, x, 1.0), fmul(cg, p, e), "");
+    return cg_intrinsic(cg, "llvm.copysign", LLVMTypeOf(x), (LLVMValueRef[]){y, x}, 2);
+}
+
+LLVMValueRef cg_fmax(Cg *cg, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMBuilderRef bl = cg->b;
+    LLVMValueRef m = LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealOGT, a, b, ""), a, b, "");
+    return LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealUNO, a, b, ""), fadd(cg, a, b), m, "");
+}
+
+LLVMValueRef cg_fmin(Cg *cg, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMBuilderRef bl = cg->b;
+    LLVMValueRef m = LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealOLT, a, b, ""), a, b, "");
+    return LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealUNO, a, b, ""), fadd(cg, a, b), m, "");
+}

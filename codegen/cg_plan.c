@@ -1,0 +1,340 @@
+/* cg_plan.c: from a verified graph to the schedule a backend renders.
+ *
+ * Requires: a graph that verifies.
+ * Produces: a CgPlan:
+ *  - one buffer per input, parameter and state buffer (all of them, used or not, so the module's
+ *    interface is the model's), and one temp buffer per needed computed node;
+ *  - RESHAPE makes no step: its value is its operand's buffer read with another shape (buffers
+ *    are contiguous, so this is exact);
+ *  - one step per other needed node, in the graph's (topological) order;
+ *  - lifetimes: a temp lives from its step to the last step reading it (through reshapes), or to
+ *    the end for outputs;
+ *  - kernels deduplicated by signature, so the twelve layers of a model share their code;
+ *  - index ranges for integer inputs that feed a gather (token ids), checked by the runtime when
+ *    the input is set. */
+#include "cg_plan.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int is_bound_leaf(IrOp op) { return op == IR_INPUT || op == IR_PARAM || op == IR_BUFFER; }
+
+int cg_dims_are_one(const IrDim *dims, int from, int to)
+{
+    for (int i = from; i < to; i++)
+        if (!ir_dim_is_one(dims[i]))
+            return 0;
+    return 1;
+}
+
+static void put_dim(FILE *f, IrDim d)
+{
+    fprintf(f, "%lld", (long long)d.c);
+    for (int s = 0; s < IR_MAXSYM; s++)
+        if (d.k[s])
+            fprintf(f, "%+d@%d", d.k[s], s);
+}
+
+static void put_shape(FILE *f, const IrNode *n)
+{
+    fprintf(f, "%s[", ir_dtype_name(n->dtype));
+    for (int i = 0; i < n->rank; i++) {
+        if (i)
+            fputc(',', f);
+        put_dim(f, n->shape[i]);
+    }
+    fputc(']', f);
+}
+
+/* Everything the generated code depends on; nothing it does not (labels, names, node ids). */
+static char *signature(const IrNode *n)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    fprintf(f, "%s ", ir_ops[n->op].name);
+    put_shape(f, n);
+    fprintf(f, " ia");
+    for (int i = 0; i < IR_MAXIA; i++)
+        fprintf(f, " %lld", (long long)n->ia[i]);
+    fprintf(f, " f %a d ", n->f);
+    put_dim(f, n->d);
+    fprintf(f, " perm");
+    for (int i = 0; i < IR_MAXRANK; i++)
+        fprintf(f, " %d", n->perm[i]);
+    for (int i = 0; i < n->nin; i++) {
+        fprintf(f, " in%d ", i);
+        put_shape(f, n->in[i]);
+    }
+    fclose(f);
+    return buf;
+}
+
+static int valid_name(const char *s) { return s && *s; }
+
+static int fail(char *err, size_t n, const char *msg, const char *arg)
+{
+    snprintf(err, n, msg, arg);
+    return -1;
+}
+
+static int add_buffer(CgPlan *p, CgBufKind kind, const IrNode *node, const char *name)
+{
+    CgBuffer *b = &p->bufs[p->nbufs];
+    b->kind = kind;
+    b->node = node;
+    b->name = name;
+    b->first = b->last = -1;
+    return p->nbufs++;
+}
+
+static int find_kernel(CgPlan *p, const IrNode *n)
+{
+    char *sig = signature(n);
+    if (!sig)
+        return -1;
+    for (int k = 0; k < p->nkernels; k++)
+        if (strcmp(p->kernels[k].sig, sig) == 0) {
+            free(sig);
+            p->kernels[k].uses++;
+            return k;
+        }
+    CgKernel *k = &p->kernels[p->nkernels];
+    k->node = n;
+    k->sig = sig;
+    k->uses = 1;
+    snprintf(k->fn, sizeof k->fn, "xtc_k%d_%s", p->nkernels, ir_ops[n->op].name);
+    return p->nkernels++;
+}
+
+int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n)
+{
+    memset(p, 0, sizeof *p);
+    p->g = g;
+    char msg[512];
+    if (ir_verify(g, msg, sizeof msg) < 0)
+        return fail(err, n, "the graph does not verify: %s", msg);
+    if (g->noutputs == 0)
+        return fail(err, n, "graph '%s' has no outputs", g->name);
+    for (int s = 0; s < g->nsyms; s++) {
+        const char *nm = g->sym_name[s];
+        int ok = nm && (isalpha((unsigned char)nm[0]) || nm[0] == '_');
+        for (const char *c = nm; ok && *c; c++)
+            ok = isalnum((unsigned char)*c) || *c == '_';
+        if (!ok)
+            return fail(err, n, "symbol name '%s' is not an identifier", nm ? nm : "");
+    }
+    size_t nn = (size_t)g->nnodes + 1;
+    char *needed = calloc(nn, 1);
+    p->buf_of = malloc(nn * sizeof *p->buf_of);
+    p->bufs = calloc(nn, sizeof *p->bufs);
+    p->steps = calloc(nn, sizeof *p->steps);
+    p->kernels = calloc(nn, sizeof *p->kernels);
+    p->range_hi = calloc(nn, sizeof *p->range_hi);
+    if (!needed || !p->buf_of || !p->bufs || !p->steps || !p->kernels || !p->range_hi) {
+        free(needed);
+        cg_plan_free(p);
+        return fail(err, n, "out of memory%s", "");
+    }
+    for (int o = 0; o < g->noutputs; o++) {
+        if (!valid_name(g->outputs[o].name)) {
+            free(needed);
+            cg_plan_free(p);
+            return fail(err, n, "output name '%s' is empty", g->outputs[o].name);
+        }
+        needed[g->outputs[o].node->id] = 1;
+    }
+    for (int i = g->nnodes - 1; i >= 0; i--)
+        if (needed[i])
+            for (int k = 0; k < g->nodes[i]->nin; k++)
+                needed[g->nodes[i]->in[k]->id] = 1;
+
+    int rc = 0;
+    for (int i = 0; i < g->nnodes && rc == 0; i++) {
+        const IrNode *node = g->nodes[i];
+        p->buf_of[i] = -1;
+        if (is_bound_leaf(node->op)) {
+            if (!valid_name(node->s)) {
+                rc = fail(err, n, "leaf name '%s' is empty", node->s ? node->s : "");
+                break;
+            }
+            CgBufKind kind = node->op == IR_INPUT ? CG_BUF_INPUT : node->op == IR_PARAM ? CG_BUF_PARAM : CG_BUF_STATE;
+            p->buf_of[i] = add_buffer(p, kind, node, node->s);
+            continue;
+        }
+        if (!needed[i])
+            continue;
+        if (node->op == IR_RESHAPE) {
+            p->buf_of[i] = p->buf_of[node->in[0]->id];
+            continue;
+        }
+        CgStep *st = &p->steps[p->nsteps];
+        st->node = node;
+        st->kernel = find_kernel(p, node);
+        if (st->kernel < 0) {
+            rc = fail(err, n, "out of memory%s", "");
+            break;
+        }
+        const char *label = node->label && valid_name(node->label) ? node->label : NULL;
+        int b = add_buffer(p, CG_BUF_TEMP, node, label);
+        p->bufs[b].first = p->bufs[b].last = p->nsteps;
+        p->buf_of[i] = b;
+        st->out = b;
+        for (int k = 0; k < IR_MAXIN; k++) {
+            st->in[k] = k < node->nin ? p->buf_of[node->in[k]->id] : -1;
+            if (st->in[k] >= 0 && p->bufs[st->in[k]].kind == CG_BUF_TEMP)
+                p->bufs[st->in[k]].last = p->nsteps;
+        }
+        p->nsteps++;
+    }
+    free(needed);
+    if (rc) {
+        cg_plan_free(p);
+        return rc;
+    }
+    for (int o = 0; o < g->noutputs; o++) {
+        int b = p->buf_of[g->outputs[o].node->id];
+        if (p->bufs[b].kind == CG_BUF_TEMP)
+            p->bufs[b].last = p->nsteps;
+    }
+    /* token ids: an integer input feeding a gather directly or through casts and reshapes */
+    for (int s = 0; s < p->nsteps; s++) {
+        const IrNode *node = p->steps[s].node;
+        if (node->op != IR_GATHER || !ir_dim_is_const(node->in[0]->shape[0]))
+            continue;
+        const IrNode *idx = node->in[1];
+        while ((idx->op == IR_CAST && ir_dtype_is_int(idx->in[0]->dtype)) || idx->op == IR_RESHAPE)
+            idx = idx->in[0];
+        if (idx->op != IR_INPUT)
+            continue;
+        int b = p->buf_of[idx->id];
+        int64_t v = node->in[0]->shape[0].c;
+        if (p->range_hi[b] == 0 || v < p->range_hi[b])
+            p->range_hi[b] = v;
+    }
+    return 0;
+}
+
+void cg_plan_free(CgPlan *p)
+{
+    if (p->kernels)
+        for (int k = 0; k < p->nkernels; k++)
+            free(p->kernels[k].sig);
+    free(p->kernels);
+    free(p->bufs);
+    free(p->steps);
+    free(p->buf_of);
+    free(p->range_hi);
+    memset(p, 0, sizeof *p);
+}
+
+static void meta_shape(FILE *f, const IrGraph *g, const IrNode *n)
+{
+    char d[64];
+    fputc('[', f);
+    for (int i = 0; i < n->rank; i++)
+        fprintf(f, "%s%s", i ? "," : "", ir_dim_str(g, n->shape[i], d, sizeof d));
+    fputc(']', f);
+}
+
+/* Names go into the space-separated metadata with bytes outside '!'..'~' and '%' as %XX
+ * (rt_meta.c decodes them), so any name survives, spaces and UTF-8 included. */
+static void put_name(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p <= ' ' || *p >= 0x7f || *p == '%')
+            fprintf(f, "%%%02X", *p);
+        else
+            fputc(*p, f);
+}
+
+static const char *buf_kind_name(CgBufKind k)
+{
+    static const char *names[] = {"input", "param", "state", "temp"};
+    return names[k];
+}
+
+char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
+{
+    const IrGraph *g = p->g;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    fprintf(f, "xtc-module 1\n");
+    fprintf(f, "model ");
+    put_name(f, valid_name(g->name) ? g->name : "model");
+    fputc('\n', f);
+    for (int i = 0; i + 1 < 2 * noptions; i += 2)
+        if (options[i + 1] && valid_name(options[i]) && valid_name(options[i + 1])) {
+            fprintf(f, "option %s ", options[i]);
+            put_name(f, options[i + 1]);
+            fputc('\n', f);
+        }
+    for (int s = 0; s < g->nsyms; s++)
+        fprintf(f, "sym %s %lld\n", g->sym_name[s], (long long)g->sym_max[s]);
+    for (int i = 0; i < p->nbufs; i++) {
+        const CgBuffer *b = &p->bufs[i];
+        char name[32];
+        const char *nm = b->name;
+        if (!nm) {
+            snprintf(name, sizeof name, "t%d", b->node->id);
+            nm = name;
+        }
+        fprintf(f, "buffer %d %s ", i, buf_kind_name(b->kind));
+        put_name(f, nm);
+        fprintf(f, " %s ", ir_dtype_name(b->node->dtype));
+        meta_shape(f, g, b->node);
+        fprintf(f, " %d %d\n", b->first, b->last);
+    }
+    for (int o = 0; o < g->noutputs; o++) {
+        const IrNode *node = g->outputs[o].node;
+        fprintf(f, "output ");
+        put_name(f, g->outputs[o].name);
+        fprintf(f, " %d %s ", p->buf_of[node->id], ir_dtype_name(node->dtype));
+        meta_shape(f, g, node);
+        fputc('\n', f);
+    }
+    for (int i = 0; i < g->naliases; i++) {
+        const IrAlias *a = &g->aliases[i];
+        int b = a->target ? p->buf_of[a->target->id] : -1;
+        if (b < 0 || !valid_name(a->name))
+            continue;
+        fprintf(f, "alias ");
+        put_name(f, a->name);
+        fprintf(f, " %d\n", b);
+    }
+    for (int i = 0; i < p->nbufs; i++)
+        if (p->range_hi[i]) {
+            fprintf(f, "range ");
+            put_name(f, p->bufs[i].name);
+            fprintf(f, " 0 %lld\n", (long long)p->range_hi[i]);
+        }
+    for (int k = 0; k < p->nkernels; k++)
+        fprintf(f, "kernel %d %s %s %d\n", k, p->kernels[k].fn, ir_ops[p->kernels[k].node->op].name,
+                p->kernels[k].uses);
+    for (int s = 0; s < p->nsteps; s++) {
+        const CgStep *st = &p->steps[s];
+        char label[32];
+        const char *lb = st->node->label && valid_name(st->node->label) ? st->node->label : NULL;
+        if (!lb) {
+            snprintf(label, sizeof label, "t%d", st->node->id);
+            lb = label;
+        }
+        fprintf(f, "step %d %d %d %d %d %d %s ", s, st->kernel, st->out, st->in[0], st->in[1], st->in[2],
+                ir_ops[st->node->op].name);
+        put_name(f, lb);
+        fputc('\n', f);
+    }
+    fprintf(f, "end\n");
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}

@@ -1,0 +1,58 @@
+/* cg_plan.h: the backend-independent part of code generation: which nodes become kernel calls
+ * (steps) and in which order, which buffer holds each value and for how long, which steps share
+ * one generated kernel, and the metadata text the module carries (format in runtime/rt_abi.h). */
+#ifndef XTC_CG_PLAN_H
+#define XTC_CG_PLAN_H
+
+#include "codegen.h"
+
+typedef enum { CG_BUF_INPUT, CG_BUF_PARAM, CG_BUF_STATE, CG_BUF_TEMP } CgBufKind;
+
+typedef struct {
+    CgBufKind kind;
+    const IrNode *node; /* the node whose value it holds */
+    const char *name;   /* leaf name, or the node's label */
+    int first, last;    /* temps: the step writing it, the last step reading it (nsteps: output) */
+} CgBuffer;
+
+typedef struct {
+    const IrNode *node;
+    int kernel;
+    int out, in[IR_MAXIN]; /* buffer ids, -1 for absent operands */
+} CgStep;
+
+/* One generated function, shared by every step whose node has the same signature: op, dtypes,
+ * shapes (as symbolic expressions), attributes and operand shapes. */
+typedef struct {
+    const IrNode *node; /* the first node of this signature: what the kernel is generated from */
+    char *sig;
+    char fn[64];        /* symbol name in the module */
+    int uses;
+} CgKernel;
+
+typedef struct CgPlan {
+    const IrGraph *g;
+    CgBuffer *bufs;
+    int nbufs;
+    CgStep *steps;
+    int nsteps;
+    CgKernel *kernels;
+    int nkernels;
+    int *buf_of;        /* per node id: the buffer holding its value, -1 if not needed */
+    /* integer inputs used as gather indices: valid range [0, range_hi) */
+    int64_t *range_hi;  /* per buffer, 0 = none */
+} CgPlan;
+
+/* Builds the plan for g (which must verify). Returns 0 or -1 with a message. */
+int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n);
+void cg_plan_free(CgPlan *p);
+
+/* The metadata text (malloc'ed) for the plan, with options as key/value pairs (values without
+ * spaces or newlines; NULL values are skipped). */
+char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions);
+
+/* Whether dims [from, to) of a shape are all the constant 1 (so their product is 1 for any
+ * symbol values). */
+int cg_dims_are_one(const IrDim *dims, int from, int to);
+
+#endif

@@ -1,0 +1,75 @@
+/* codegen.c: the driver of code generation: verify, plan, render with the chosen backend,
+ * compile, and report. The pipeline is this one function; backends supply the stages. */
+#include "cg_plan.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const CgBackend *const backends[] = {&cg_llvm_backend};
+
+const CgBackend *cg_backend_find(const char *name)
+{
+    if (!name || !*name)
+        name = "cpu";
+    for (size_t i = 0; i < sizeof backends / sizeof backends[0]; i++)
+        if (strcmp(backends[i]->name, name) == 0)
+            return backends[i];
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err, size_t n)
+{
+    CgStats local;
+    if (!stats)
+        stats = &local;
+    memset(stats, 0, sizeof *stats);
+    if (!g || !opt || !opt->output || !opt->output[0]) {
+        snprintf(err, n, "cg_compile: no graph or no output path");
+        return -1;
+    }
+    if (opt->opt_level < 0 || opt->opt_level > 3) {
+        snprintf(err, n, "optimisation level %d is not 0..3", opt->opt_level);
+        return -1;
+    }
+    const CgBackend *be = cg_backend_find(opt->target);
+    if (!be) {
+        snprintf(err, n, "unknown target '%s' (this build has: cpu)", opt->target);
+        return -1;
+    }
+    double t0 = now_s();
+    CgPlan plan;
+    if (cg_plan_build(g, &plan, err, n) < 0)
+        return -1;
+    for (int k = 0; k < plan.nkernels; k++) {
+        const IrNode *node = plan.kernels[k].node;
+        if (!be->supports(node->op)) {
+            snprintf(err, n, "the %s backend has no lowering for op '%s' (node %%%s)", be->name,
+                     ir_ops[node->op].name, node->label ? node->label : "?");
+            cg_plan_free(&plan);
+            return -1;
+        }
+    }
+    stats->nsteps = plan.nsteps;
+    stats->nkernels = plan.nkernels;
+    stats->nbuffers = plan.nbufs;
+    double t1 = now_s();
+    void *unit = NULL;
+    int rc = be->render(&plan, opt, &unit, err, n);
+    double t2 = now_s();
+    if (rc == 0)
+        rc = be->compile(unit, opt, stats, err, n);
+    be->release(unit);
+    cg_plan_free(&plan);
+    stats->plan_s = t1 - t0;
+    stats->render_s = t2 - t1;
+    stats->total_s = now_s() - t0;
+    return rc;
+}

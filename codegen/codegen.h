@@ -1,0 +1,69 @@
+/* codegen.h: turning a tensor-IR graph into a loadable module (model.so), the entry points the
+ * command line calls.
+ *
+ *   IrGraph --cg_plan_build--> CgPlan (schedule, buffers, lifetimes, deduplicated kernels)
+ *           --backend->render--> an in-memory unit (for the CPU: an LLVM module)
+ *           --backend->compile--> the module file at opt->output
+ *
+ * A backend is a struct of function pointers plus capability fields (STYLE.md, practice 5);
+ * shared code never asks which backend it is talking to. The module format and the ABI between
+ * a module and the runtime are described in runtime/rt_abi.h. */
+#ifndef XTC_CODEGEN_H
+#define XTC_CODEGEN_H
+
+#include "ir.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *output;      /* path of the module to write (required) */
+    const char *target;      /* backend name; NULL = "cpu" */
+    int opt_level;           /* 0..3; the optimisation pipeline ("default<O2>" for 2) */
+    const char *cpu;         /* NULL, "" or "native" = this machine; else an LLVM CPU name */
+    const char *features;    /* NULL = the host's when cpu is the host, none otherwise */
+    const char *source;      /* the .xtf text to embed (NULL = none) */
+    const char *source_name; /* its file name, recorded among the options */
+    const char *emit_llvm;   /* debugging: write the optimised LLVM IR as text to this path */
+} CgOptions;
+
+/* Filled by cg_compile when asked: what was produced and where the time went. */
+typedef struct {
+    int nsteps, nkernels, nbuffers;
+    double plan_s, render_s, optimize_s, emit_s, link_s, total_s;
+    int64_t module_bytes;
+} CgStats;
+
+/* Compiles g into opt->output. Returns 0, or -1 with a one-line message in err. Errors name the
+ * node or op concerned; failures of LLVM or the linker carry their own message. */
+int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err, size_t n);
+
+/* ---- backends ---- */
+
+struct CgPlan;
+
+enum {
+    CG_CAP_SYMBOLIC = 1,  /* kernels take symbol values at run time */
+    CG_CAP_THREADS = 2,   /* kernels split work over the runtime's thread pool */
+    CG_CAP_HOST_RUN = 4,  /* modules run on this machine (tests can execute them) */
+};
+
+typedef struct CgBackend {
+    const char *name;         /* "cpu" */
+    const char *description;
+    unsigned caps;            /* CG_CAP_* */
+    /* Whether the backend has a lowering for op (cg_compile names the op when it has not). */
+    int (*supports)(IrOp op);
+    /* Builds the in-memory form of every kernel, the schedule and the metadata. */
+    int (*render)(const struct CgPlan *plan, const CgOptions *opt, void **unit, char *err, size_t n);
+    /* Optimises and writes the module file; fills the optimize/emit/link times. */
+    int (*compile)(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n);
+    void (*release)(void *unit);
+} CgBackend;
+
+extern const CgBackend cg_llvm_backend;
+
+/* The backend of that name ("cpu"), or NULL. */
+const CgBackend *cg_backend_find(const char *name);
+
+#endif

@@ -1,0 +1,189 @@
+/* xtc.h: the public C API of the xtc runtime: load a compiled model (model.so), bind weights and
+ * inputs, run it, read its outputs.
+ *
+ *     XtcModule *mod;
+ *     if (xtc_module_load("gpt.so", &mod)) { fprintf(stderr, "%s\n", xtc_module_error(mod)); ... }
+ *     XtcSessionOptions opt = {.threads = 2};
+ *     XtcSession *s;
+ *     if (xtc_session_new(mod, &opt, &s)) { fprintf(stderr, "%s\n", xtc_session_error(s)); ... }
+ *     xtc_session_load_weights(s, "gpt.safetensors");
+ *     int64_t shape[2] = {batch, seq};
+ *     xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tokens);
+ *     xtc_session_run(s);
+ *     XtcTensor logits;
+ *     xtc_session_get_output(s, "logits", &logits);    // float [batch, seq, vocab]
+ *     xtc_session_free(s);
+ *     xtc_module_free(mod);
+ *
+ * Conventions
+ *  - Every call that can fail returns an XtcStatus (0 = XTC_OK). The text of the last error is
+ *    kept in the object the call was made on (xtc_module_error, xtc_session_error); messages name
+ *    the input, parameter or step concerned. Nothing here exits or aborts on bad input.
+ *  - The constructors xtc_module_load and xtc_session_new hand back an object even on failure
+ *    (only out-of-memory yields NULL), so the error can be read from it; free it either way.
+ *  - No global state. A module is read-only once loaded: several threads may create sessions
+ *    from one module at once. A session belongs to one thread at a time. Any number of modules
+ *    and sessions may live in one process.
+ *  - Tensors are row-major and contiguous. bool is one byte per element, 0 or 1.
+ *
+ * Shapes are symbolic: a module's dimensions are affine forms over its symbols (batch "b",
+ * sequence "n", ...: "64", "n", "n+3", "m+n"). Inputs bind the symbols when the session runs;
+ * batch size and sequence length change from run to run without recompiling. A symbol named "b"
+ * (or "batch") is the batch size; the others are sequence-like lengths bounded by the model's
+ * max_seq_len.
+ *
+ * Depends on libc, libm, libdl and pthreads only.
+ */
+#ifndef XTC_H
+#define XTC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define XTC_MAX_RANK 8
+
+typedef enum {
+    XTC_OK = 0,
+    XTC_ERR_ARG,      /* a NULL or otherwise invalid argument */
+    XTC_ERR_IO,       /* a file could not be read or written, or dlopen failed */
+    XTC_ERR_FORMAT,   /* not an xtc module, a module of another format version, a bad file */
+    XTC_ERR_NAME,     /* no input, output or weight of that name; or one is missing/extra */
+    XTC_ERR_SHAPE,    /* wrong dtype, rank or shape; symbols that do not agree */
+    XTC_ERR_RANGE,    /* a value out of range: sequence too long, token id outside the vocabulary */
+    XTC_ERR_MEMORY,   /* out of memory */
+    XTC_ERR_STATE,    /* a call out of order: run before weights or inputs are set */
+} XtcStatus;
+
+const char *xtc_status_name(int status); /* "XTC_ERR_SHAPE", ... */
+
+typedef enum { XTC_F32, XTC_I32, XTC_I64, XTC_BOOL, XTC_NUM_DTYPES } XtcDType;
+
+const char *xtc_dtype_name(XtcDType t);  /* "f32", "i32", "i64", "bool" */
+size_t xtc_dtype_size(XtcDType t);       /* 4, 4, 8, 1 */
+
+/* A tensor handed out by the runtime. The memory belongs to the session and stays valid until
+ * the next xtc_session_run, xtc_session_set_input or xtc_session_free on it. */
+typedef struct {
+    XtcDType dtype;
+    int rank;
+    int64_t shape[XTC_MAX_RANK];
+    const void *data;
+} XtcTensor;
+
+/* ---- modules ---- */
+
+typedef struct XtcModule XtcModule;
+
+/* Loads a compiled module with dlopen and checks its format version. On failure returns a status
+ * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases. */
+int xtc_module_load(const char *path, XtcModule **out);
+void xtc_module_free(XtcModule *m);                 /* NULL is fine; sessions must be freed first */
+const char *xtc_module_error(const XtcModule *m);   /* "" when there is none */
+
+/* The named tensors of a module, by kind. XTC_STATE are persistent non-trainable buffers that
+ * are loaded from the weights file like parameters (e.g. attn_layers.rotary_pos_emb.inv_freq). */
+typedef enum { XTC_INPUT, XTC_OUTPUT, XTC_PARAM, XTC_STATE } XtcKind;
+
+typedef struct {
+    const char *name;
+    XtcDType dtype;
+    int rank;
+    int64_t shape[XTC_MAX_RANK];   /* the size where it is constant, -1 where symbolic */
+    const char *dims[XTC_MAX_RANK]; /* every dimension as text: "64", "b", "n+3" */
+} XtcTensorInfo;
+
+int xtc_module_count(const XtcModule *m, XtcKind kind);   /* 0 for a failed module */
+/* Describes tensor i (0 <= i < count) of a kind. The strings belong to the module. */
+int xtc_module_tensor(const XtcModule *m, XtcKind kind, int i, XtcTensorInfo *info);
+/* Index of the tensor of that kind and name, or -1. */
+int xtc_module_find(const XtcModule *m, XtcKind kind, const char *name);
+
+/* Symbols: name and upper bound (0 = unbounded). */
+int xtc_module_num_symbols(const XtcModule *m);
+int xtc_module_symbol(const XtcModule *m, int i, const char **name, int64_t *max);
+
+const char *xtc_module_name(const XtcModule *m);     /* the model's name */
+const char *xtc_module_source(const XtcModule *m);   /* the embedded .xtf source, or "" */
+const char *xtc_module_metadata(const XtcModule *m); /* the raw metadata text (see rt_abi.h) */
+int64_t xtc_module_param_count(const XtcModule *m);  /* total elements of all XTC_PARAM */
+/* Writes a readable summary: symbols, inputs, outputs, parameters, compile options, kernels
+ * and schedule length. */
+int xtc_module_describe(const XtcModule *m, FILE *out);
+
+/* ---- sessions ---- */
+
+typedef struct XtcSession XtcSession;
+
+typedef struct {
+    int threads;        /* worker threads including the caller's; 0 = 1 */
+    int64_t max_batch;  /* if > 0: inputs with a larger batch are refused, and the memory for
+                           this batch size is reserved at creation. 0 = grow as needed */
+    int64_t max_seq;    /* likewise for sequence-like symbols (never above the model's bound) */
+} XtcSessionOptions;
+
+/* Creates a session (its thread pool and its memory arena). opts may be NULL. On failure returns
+ * a status and (unless out of memory) a session holding the message; free it in both cases. */
+int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSession **out);
+void xtc_session_free(XtcSession *s);               /* NULL is fine */
+const char *xtc_session_error(const XtcSession *s); /* "" when there is none */
+
+/* Loads every parameter and state buffer from a .safetensors file by name (the x-transformers
+ * state_dict names). Tensors that are missing, extra (not in the module) or of the wrong shape
+ * are errors naming them; F64, F16 and BF16 tensors are converted to f32. A tied weight stored
+ * under two names (XTransformer's tie_token_emb) must be present under both with equal values.
+ * On failure no weight is changed. */
+int xtc_session_load_weights(XtcSession *s, const char *path);
+/* Sets one parameter or state buffer from memory (f32, copied). */
+int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
+                           const float *data);
+
+/* Binds an input (copied). The dtype must be the input's, except that integer inputs accept
+ * XTC_I32 or XTC_I64 (converted) and bool inputs accept any non-zero byte as true. The rank and
+ * the constant dimensions must match; symbolic dimensions bind the symbols, and a value above
+ * the model's bound (sequence longer than max_seq_len) or the session's limit is XTC_ERR_RANGE.
+ * Integer inputs used as indices (token ids) are checked against the table size. */
+int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank,
+                          const int64_t *shape, const void *data);
+
+/* Runs the model on the bound inputs: checks that all inputs and weights are set and that the
+ * symbols bound by the inputs agree, grows the arena if needed, then executes the schedule. */
+int xtc_session_run(XtcSession *s);
+
+/* A view of an output after a successful run (see XtcTensor for its lifetime). */
+int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
+
+/* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs
+ * not included): its high-water mark, planned from buffer lifetimes. */
+int64_t xtc_session_peak_bytes(const XtcSession *s);
+/* Value of symbol i in the last successful run (or the last binding), -1 if unbound. */
+int64_t xtc_session_symbol(const XtcSession *s, int i);
+
+/* Profiling: while on, every run adds the wall time of each schedule step to per-step totals
+ * (turning it on clears them). xtc_session_print_profile writes the totals per kernel, slowest
+ * first, with the op, the number of steps sharing the kernel and the share of the run. */
+int xtc_session_set_profiling(XtcSession *s, int on);
+int xtc_session_print_profile(const XtcSession *s, FILE *out);
+
+/* ---- files ---- */
+
+typedef struct {
+    int threads;      /* 0 = 1 */
+} XtcRunOptions;
+
+/* Loads module_path, weights from weights_path, every input from input_path (one tensor per
+ * module input, by name), runs once and writes every output to output_path (safetensors, with
+ * dtypes F32 / I32 / I64 / BOOL). What `xtc run` does. On failure returns a status and writes a
+ * one-line message into err. */
+int xtc_run_files(const char *module_path, const char *weights_path, const char *input_path,
+                  const char *output_path, const XtcRunOptions *opts, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,68 @@
+/* rt_abi.h: the binary interface between a compiled module (model.so) and the runtime.
+ *
+ * A module exports exactly one symbol, `xtc_module_v1`, an XtcModuleV1. The runtime checks its
+ * magic and version, parses the metadata text (format below, read by runtime/rt_meta.c and
+ * written by codegen/cg_plan.c), allocates every buffer, and calls `run` once per forward pass.
+ *
+ * codegen builds these structs as LLVM types; it checks at compile time that its field offsets
+ * agree with offsetof() here (cg_llvm.c), so this header is the one description of the layout.
+ *
+ * Metadata text, one record per line, fields separated by single spaces, names without spaces:
+ *   xtc-module 1                            first line: format name and version
+ *   model NAME
+ *   option KEY VALUE                        compile options (opt, cpu, features, compiler ...)
+ *   sym NAME MAX                            symbolic dimension, MAX 0 = unbounded
+ *   buffer ID KIND NAME DTYPE SHAPE FIRST LAST
+ *       KIND input | param | state (persistent buffer from the weights file) | temp
+ *       NAME the input/param name, or the node's label for temps
+ *       SHAPE [d0,d1,...] with each d an affine form over the symbols: 64, n, n+3, 2*b, m+n, n-1
+ *       FIRST, LAST the schedule steps that write it first and read it last (temps only; -1)
+ *   output NAME BUFFER DTYPE SHAPE          an output and the buffer holding it (it may alias an
+ *                                           input or another buffer through a reshape)
+ *   alias NAME BUFFER                       a second weights-file name of a param or state
+ *                                           buffer (tied weights): it must hold the same values
+ *   range INPUT LO HI                       integer input used as indices: values in [LO, HI)
+ *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
+ *   step ID KERNEL OUT IN0 IN1 IN2 OP LABEL schedule entry, -1 for absent operands
+ *   end
+ */
+#ifndef XTC_RT_ABI_H
+#define XTC_RT_ABI_H
+
+#include <stdint.h>
+
+#define XTC_ABI_MAGIC 0x31435458u /* "XTC1" little-endian */
+#define XTC_ABI_VERSION 1
+#define XTC_ABI_SYMBOL "xtc_module_v1"
+#define XTC_META_HEADER "xtc-module 1"
+
+/* Runs fn(ctx, lo, hi) over disjoint ranges covering [0, n), possibly on several threads, and
+ * returns when all are done. */
+typedef void (*XtcTaskFn)(void *ctx, int64_t lo, int64_t hi);
+typedef void (*XtcParallelFor)(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
+
+/* Called after each schedule step when profiling (NULL otherwise). */
+typedef void (*XtcStepHook)(void *ctx, int32_t step);
+
+/* What the runtime hands to a module's run function. */
+typedef struct XtcRtApi {
+    void *pool;
+    XtcParallelFor parallel_for;
+    int64_t nthreads;
+    XtcStepHook step_done;
+    void *hook_ctx;
+} XtcRtApi;
+
+/* bufs[i]: the memory of metadata buffer i; syms[s]: the value of symbol s.
+ * Returns 0, or 1 + the index of the schedule step that failed (an index out of range). */
+typedef int32_t (*XtcRunFn)(void **bufs, const int64_t *syms, const XtcRtApi *rt);
+
+typedef struct XtcModuleV1 {
+    uint32_t magic;     /* XTC_ABI_MAGIC */
+    uint32_t version;   /* XTC_ABI_VERSION */
+    const char *meta;   /* metadata text, NUL-terminated */
+    const char *source; /* the .xtf source the module was compiled from ("" if none) */
+    XtcRunFn run;
+} XtcModuleV1;
+
+#endif

@@ -1,0 +1,257 @@
+/* rt_module.c: loading a compiled module (dlopen, version check, metadata) and describing it:
+ * the introspection half of include/xtc.h. */
+#include "rt_internal.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *xtc_status_name(int status)
+{
+    static const char *names[] = {
+        [XTC_OK] = "XTC_OK",
+        [XTC_ERR_ARG] = "XTC_ERR_ARG",
+        [XTC_ERR_IO] = "XTC_ERR_IO",
+        [XTC_ERR_FORMAT] = "XTC_ERR_FORMAT",
+        [XTC_ERR_NAME] = "XTC_ERR_NAME",
+        [XTC_ERR_SHAPE] = "XTC_ERR_SHAPE",
+        [XTC_ERR_RANGE] = "XTC_ERR_RANGE",
+        [XTC_ERR_MEMORY] = "XTC_ERR_MEMORY",
+        [XTC_ERR_STATE] = "XTC_ERR_STATE",
+    };
+    if (status < 0 || status >= (int)(sizeof names / sizeof names[0]) || !names[status])
+        return "XTC_ERR_?";
+    return names[status];
+}
+
+const char *xtc_dtype_name(XtcDType t)
+{
+    static const char *names[XTC_NUM_DTYPES] = {"f32", "i32", "i64", "bool"};
+    return (unsigned)t < XTC_NUM_DTYPES ? names[t] : "?";
+}
+
+size_t xtc_dtype_size(XtcDType t)
+{
+    static const size_t sizes[XTC_NUM_DTYPES] = {4, 4, 8, 1};
+    return (unsigned)t < XTC_NUM_DTYPES ? sizes[t] : 0;
+}
+
+int xtc_module_load(const char *path, XtcModule **out)
+{
+    if (!out)
+        return XTC_ERR_ARG;
+    XtcModule *m = calloc(1, sizeof *m);
+    *out = m;
+    if (!m)
+        return XTC_ERR_MEMORY;
+    if (!path) {
+        rt_set_error(m->err, sizeof m->err, "xtc_module_load: no path");
+        return XTC_ERR_ARG;
+    }
+    /* dlopen searches the library path for names without a slash; a module is a file */
+    char buf[4096];
+    const char *p = path;
+    if (!strchr(path, '/')) {
+        snprintf(buf, sizeof buf, "./%s", path);
+        p = buf;
+    }
+    m->dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    if (!m->dl) {
+        const char *e = dlerror();
+        rt_set_error(m->err, sizeof m->err, "cannot load module %s: %s", path, e ? e : "dlopen failed");
+        return XTC_ERR_IO;
+    }
+    dlerror();
+    const XtcModuleV1 *abi = dlsym(m->dl, XTC_ABI_SYMBOL);
+    if (!abi) {
+        rt_set_error(m->err, sizeof m->err, "%s is not an xtc module (no symbol %s)", path, XTC_ABI_SYMBOL);
+        return XTC_ERR_FORMAT;
+    }
+    if (abi->magic != XTC_ABI_MAGIC) {
+        rt_set_error(m->err, sizeof m->err, "%s: bad module magic 0x%08x", path, abi->magic);
+        return XTC_ERR_FORMAT;
+    }
+    if (abi->version != XTC_ABI_VERSION) {
+        rt_set_error(m->err, sizeof m->err,
+                     "%s: module format version %u, this runtime reads version %d (recompile it)",
+                     path, abi->version, XTC_ABI_VERSION);
+        return XTC_ERR_FORMAT;
+    }
+    if (!abi->meta || !abi->run) {
+        rt_set_error(m->err, sizeof m->err, "%s: module without metadata or entry point", path);
+        return XTC_ERR_FORMAT;
+    }
+    m->abi = abi;
+    if (rt_meta_parse(m, abi->meta) < 0) {
+        char tmp[sizeof m->err];
+        snprintf(tmp, sizeof tmp, "%.300s: %.700s", path, m->err);
+        memcpy(m->err, tmp, sizeof tmp);
+        return XTC_ERR_FORMAT;
+    }
+    return XTC_OK;
+}
+
+void xtc_module_free(XtcModule *m)
+{
+    if (!m)
+        return;
+    rt_meta_free(m);
+    if (m->dl)
+        dlclose(m->dl);
+    free(m);
+}
+
+const char *xtc_module_error(const XtcModule *m) { return m ? m->err : "no module"; }
+
+static int loaded(const XtcModule *m) { return m && m->abi && m->text; }
+
+int xtc_module_count(const XtcModule *m, XtcKind kind)
+{
+    if (!loaded(m))
+        return 0;
+    switch (kind) {
+    case XTC_INPUT: return m->nby_kind[RT_BUF_INPUT];
+    case XTC_PARAM: return m->nby_kind[RT_BUF_PARAM];
+    case XTC_STATE: return m->nby_kind[RT_BUF_STATE];
+    case XTC_OUTPUT: return m->nouts;
+    }
+    return 0;
+}
+
+static void fill_info(XtcTensorInfo *info, const char *name, XtcDType dtype, int rank, const RtDim *shape,
+                      const char *const *dims)
+{
+    memset(info, 0, sizeof *info);
+    info->name = name;
+    info->dtype = dtype;
+    info->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        int constant = 1;
+        for (int s = 0; s < RT_MAXSYM; s++)
+            constant &= shape[i].k[s] == 0;
+        info->shape[i] = constant ? shape[i].c : -1;
+        info->dims[i] = dims[i];
+    }
+}
+
+static int kind_index(XtcKind kind)
+{
+    switch (kind) {
+    case XTC_INPUT: return RT_BUF_INPUT;
+    case XTC_PARAM: return RT_BUF_PARAM;
+    case XTC_STATE: return RT_BUF_STATE;
+    default: return -1;
+    }
+}
+
+int xtc_module_tensor(const XtcModule *m, XtcKind kind, int i, XtcTensorInfo *info)
+{
+    if (!loaded(m) || !info || i < 0 || i >= xtc_module_count(m, kind))
+        return XTC_ERR_ARG;
+    if (kind == XTC_OUTPUT) {
+        const RtOutput *o = &m->outs[i];
+        fill_info(info, o->name, o->dtype, o->rank, o->shape, o->dims);
+    } else {
+        const RtBuffer *b = &m->bufs[m->by_kind[kind_index(kind)][i]];
+        fill_info(info, b->name, b->dtype, b->rank, b->shape, b->dims);
+    }
+    return XTC_OK;
+}
+
+int xtc_module_find(const XtcModule *m, XtcKind kind, const char *name)
+{
+    if (!loaded(m) || !name)
+        return -1;
+    int n = xtc_module_count(m, kind);
+    for (int i = 0; i < n; i++) {
+        const char *nm = kind == XTC_OUTPUT ? m->outs[i].name : m->bufs[m->by_kind[kind_index(kind)][i]].name;
+        if (strcmp(nm, name) == 0)
+            return i;
+    }
+    return -1;
+}
+
+int xtc_module_num_symbols(const XtcModule *m) { return loaded(m) ? m->nsyms : 0; }
+
+int xtc_module_symbol(const XtcModule *m, int i, const char **name, int64_t *max)
+{
+    if (!loaded(m) || i < 0 || i >= m->nsyms)
+        return XTC_ERR_ARG;
+    if (name)
+        *name = m->sym_name[i];
+    if (max)
+        *max = m->sym_max[i];
+    return XTC_OK;
+}
+
+const char *xtc_module_name(const XtcModule *m) { return loaded(m) ? m->name : ""; }
+const char *xtc_module_source(const XtcModule *m) { return loaded(m) && m->abi->source ? m->abi->source : ""; }
+const char *xtc_module_metadata(const XtcModule *m) { return loaded(m) ? m->abi->meta : ""; }
+
+int64_t xtc_module_param_count(const XtcModule *m)
+{
+    if (!loaded(m))
+        return 0;
+    int64_t total = 0, none[RT_MAXSYM] = {0};
+    for (int i = 0; i < m->nby_kind[RT_BUF_PARAM]; i++) {
+        const RtBuffer *b = &m->bufs[m->by_kind[RT_BUF_PARAM][i]];
+        total += rt_numel(b->shape, b->rank, none);
+    }
+    return total;
+}
+
+static void print_shape(FILE *out, int rank, const char *const *dims)
+{
+    fputc('[', out);
+    for (int i = 0; i < rank; i++)
+        fprintf(out, "%s%s", i ? ", " : "", dims[i]);
+    fputc(']', out);
+}
+
+int xtc_module_describe(const XtcModule *m, FILE *out)
+{
+    if (!loaded(m) || !out)
+        return XTC_ERR_ARG;
+    fprintf(out, "model %s (module format %d)\n", m->name, XTC_ABI_VERSION);
+    for (int i = 0; i < m->noptions; i++)
+        fprintf(out, "  option %s = %s\n", m->options[i].key, m->options[i].value);
+    fprintf(out, "symbols:");
+    for (int s = 0; s < m->nsyms; s++) {
+        fprintf(out, " %s", m->sym_name[s]);
+        if (m->sym_max[s])
+            fprintf(out, " <= %lld", (long long)m->sym_max[s]);
+        fprintf(out, "%s", s + 1 < m->nsyms ? "," : "");
+    }
+    fprintf(out, "\n");
+    static const char *titles[] = {"inputs", "outputs", "parameters", "state buffers"};
+    static const XtcKind kinds[] = {XTC_INPUT, XTC_OUTPUT, XTC_PARAM, XTC_STATE};
+    for (int k = 0; k < 4; k++) {
+        int n = xtc_module_count(m, kinds[k]);
+        fprintf(out, "%s: %d\n", titles[k], n);
+        for (int i = 0; i < n; i++) {
+            XtcTensorInfo ti;
+            xtc_module_tensor(m, kinds[k], i, &ti);
+            fprintf(out, "  %-48s %-4s ", ti.name, xtc_dtype_name(ti.dtype));
+            print_shape(out, ti.rank, ti.dims);
+            if (kinds[k] == XTC_INPUT) {
+                const RtBuffer *b = &m->bufs[m->by_kind[RT_BUF_INPUT][i]];
+                if (b->has_range)
+                    fprintf(out, "  values in [%lld, %lld)", (long long)b->lo, (long long)b->hi);
+            }
+            fputc('\n', out);
+        }
+    }
+    for (int i = 0; i < m->naliases; i++)
+        fprintf(out, "  %-48s tied to %s\n", m->aliases[i].name, m->bufs[m->aliases[i].buf].name);
+    fprintf(out, "parameter count: %lld\n", (long long)xtc_module_param_count(m));
+    int ntemps = 0;
+    for (int i = 0; i < m->nbufs; i++)
+        ntemps += m->bufs[i].kind == RT_BUF_TEMP;
+    fprintf(out, "schedule: %d steps, %d kernels, %d intermediate buffers\n", m->nsteps, m->nkernels, ntemps);
+    for (int i = 0; i < m->nkernels; i++)
+        fprintf(out, "  %-24s %-14s used %d time%s\n", m->kernels[i].fn, m->kernels[i].op, m->kernels[i].uses,
+                m->kernels[i].uses == 1 ? "" : "s");
+    size_t srclen = strlen(xtc_module_source(m));
+    fprintf(out, "source: %zu bytes embedded\n", srclen);
+    return XTC_OK;
+}

@@ -1,0 +1,212 @@
+/* rt_pool.c: the CPU thread pool of a session. Generated kernels split their work with
+ * parallel_for(pool, fn, ctx, n): [0, n) is cut into contiguous chunks (a few per thread) that
+ * the caller and the workers claim one at a time, and the call returns when all are done.
+ *
+ * Claiming rather than assigning matters on shared machines: a worker that is not running
+ * (preempted by another process) claims nothing, and the caller does its share instead of
+ * waiting for it. A claim is a compare-and-swap on one word holding the job's generation, its
+ * number of chunks and the next chunk. Deciding from that word alone, a worker that wakes up
+ * late can never claim a chunk of a finished job; and a successful claim means the job is
+ * unfinished, so the caller is not rewriting fn, ctx and total for the next one.
+ *
+ * Kernels follow each other closely, so idle workers spin on the job word for a while (SPIN_NS)
+ * before sleeping on a condition variable: waking a sleeping thread costs tens of microseconds,
+ * more in a virtual machine, and a forward pass runs hundreds of kernels. */
+#include "rt_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define SPIN_NS 2000000L   /* 2 ms */
+#define CHUNKS_PER_THREAD 4
+
+struct RtPool {
+    int n; /* threads, counting the caller */
+    pthread_t *threads;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    /* the current job; written by the caller only while no chunk of it can be claimed */
+    XtcTaskFn fn;
+    void *ctx;
+    int64_t total;
+    atomic_ullong word;     /* generation << 32 | chunks << 16 | next chunk to claim */
+    atomic_llong done;      /* chunks finished */
+    atomic_int sleepers;    /* workers waiting on work_cv */
+    atomic_int caller_waits;
+    atomic_int stop;
+};
+
+typedef struct {
+    RtPool *pool;
+} Worker;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static unsigned gen_of(unsigned long long w) { return (unsigned)(w >> 32); }
+static int64_t chunks_of(unsigned long long w) { return (int64_t)((w >> 16) & 0xffff); }
+static int64_t next_of(unsigned long long w) { return (int64_t)(w & 0xffff); }
+
+/* Claims and runs chunks of generation gen until none is left. */
+static void work_on(RtPool *p, unsigned gen)
+{
+    for (;;) {
+        unsigned long long w = atomic_load_explicit(&p->word, memory_order_acquire);
+        if (gen_of(w) != gen)
+            return;
+        int64_t c = next_of(w), nchunks = chunks_of(w);
+        if (c >= nchunks)
+            return;
+        if (!atomic_compare_exchange_weak_explicit(&p->word, &w, w + 1, memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        /* a successful claim means this job is unfinished, so fn, ctx and total are its own */
+        int64_t lo = p->total * c / nchunks, hi = p->total * (c + 1) / nchunks;
+        if (hi > lo)
+            p->fn(p->ctx, lo, hi);
+        /* seq_cst, paired with the caller's caller_waits store then done load */
+        if (atomic_fetch_add(&p->done, 1) + 1 == nchunks && atomic_load(&p->caller_waits)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    Worker *w = arg;
+    RtPool *p = w->pool;
+    free(w);
+    unsigned seen = gen_of(atomic_load(&p->word));
+    for (;;) {
+        int64_t start = now_ns();
+        for (unsigned i = 1; gen_of(atomic_load_explicit(&p->word, memory_order_acquire)) == seen; i++) {
+            if (atomic_load_explicit(&p->stop, memory_order_relaxed))
+                return NULL;
+            cpu_relax();
+            if ((i & 255) == 0 && now_ns() - start > SPIN_NS) {
+                pthread_mutex_lock(&p->mu);
+                atomic_fetch_add(&p->sleepers, 1);
+                while (gen_of(atomic_load(&p->word)) == seen && !atomic_load(&p->stop))
+                    pthread_cond_wait(&p->work_cv, &p->mu);
+                atomic_fetch_sub(&p->sleepers, 1);
+                pthread_mutex_unlock(&p->mu);
+                break;
+            }
+        }
+        if (atomic_load(&p->stop))
+            return NULL;
+        seen = gen_of(atomic_load(&p->word));
+        work_on(p, seen);
+    }
+}
+
+RtPool *rt_pool_new(int nthreads)
+{
+    RtPool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->n = nthreads < 1 ? 1 : nthreads > 1024 ? 1024 : nthreads;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    atomic_init(&p->word, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_waits, 0);
+    atomic_init(&p->stop, 0);
+    if (p->n > 1) {
+        p->threads = calloc((size_t)p->n, sizeof *p->threads);
+        if (!p->threads) {
+            rt_pool_free(p);
+            return NULL;
+        }
+        for (int i = 1; i < p->n; i++) {
+            Worker *w = malloc(sizeof *w);
+            if (!w) {
+                rt_pool_free(p);
+                return NULL;
+            }
+            w->pool = p;
+            if (pthread_create(&p->threads[i], NULL, worker_main, w) != 0) {
+                free(w);
+                rt_pool_free(p);
+                return NULL;
+            }
+            p->started = i;
+        }
+    }
+    return p;
+}
+
+void rt_pool_free(RtPool *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->stop, 1);
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i <= p->started; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p);
+}
+
+void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n)
+{
+    RtPool *p = pool;
+    if (n <= 0)
+        return;
+    if (!p || p->n == 1 || n == 1) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t chunks = (int64_t)p->n * CHUNKS_PER_THREAD; /* < 65536: threads are capped at 1024 */
+    if (n < chunks)
+        chunks = n;
+    p->fn = fn;
+    p->ctx = ctx;
+    p->total = n;
+    atomic_store(&p->done, 0);
+    unsigned gen = gen_of(atomic_load(&p->word)) + 1;
+    /* publishes the job (seq_cst) */
+    atomic_store(&p->word, (unsigned long long)gen << 32 | (unsigned long long)chunks << 16);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    work_on(p, gen);
+    /* what is left are chunks that running workers claimed: wait for them */
+    int64_t start = now_ns();
+    for (unsigned i = 1; atomic_load_explicit(&p->done, memory_order_acquire) < chunks; i++) {
+        cpu_relax();
+        if ((i & 255) == 0 && now_ns() - start > SPIN_NS) {
+            pthread_mutex_lock(&p->mu);
+            atomic_store(&p->caller_waits, 1);
+            while (atomic_load(&p->done) < chunks)
+                pthread_cond_wait(&p->done_cv, &p->mu);
+            atomic_store(&p->caller_waits, 0);
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+    }
+}

@@ -1,0 +1,835 @@
+/* rt_session.c: sessions: weights, inputs, symbol binding, the memory plan, running a module's
+ * schedule and handing out its outputs (the session half of include/xtc.h).
+ *
+ * Memory: inputs, parameters and state buffers live in allocations of their own. Every
+ * intermediate value and output lives in one arena per session, at offsets chosen from the
+ * buffers' lifetimes (the schedule steps that write them first and read them last): two buffers
+ * share bytes only when their lifetimes do not overlap. The plan is made for given symbol values
+ * (the session's limits, or the sizes seen so far) and redone, growing the arena, when a run
+ * needs more. */
+#include "safetensors.h"
+#include "rt_internal.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ARENA_ALIGN 64
+
+struct XtcSession {
+    const XtcModule *m;
+    char err[1024];
+    RtPool *pool;
+    XtcRtApi api;
+    int64_t cap[RT_MAXSYM];      /* session limits, 0 = none */
+    int64_t planned[RT_MAXSYM];  /* symbol values the arena plan is for */
+    int64_t syms[RT_MAXSYM];     /* values of the last run (-1 before) */
+    void **ptr;                  /* per buffer: its memory for the next run */
+    void **own;                  /* per input/param/state buffer: our copy */
+    int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
+    uint8_t *set;                /* per input/param/state: bound yet? */
+    size_t *offset, *bytes;      /* per temp: arena offset and planned size */
+    char *arena;
+    size_t arena_bytes;
+    int outputs_valid;
+    /* profiling */
+    double *step_s;              /* per step: seconds over the profiled runs */
+    int profiled_runs;
+    int64_t last_ns;
+};
+
+static int fail(XtcSession *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(XtcSession *s, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->err, sizeof s->err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static int64_t sym_bound(const XtcSession *s, int sym)
+{
+    int64_t b = s->m->sym_max[sym];
+    if (s->cap[sym] > 0 && (b == 0 || s->cap[sym] < b))
+        b = s->cap[sym];
+    return b;
+}
+
+/* ---- the memory plan ---- */
+
+typedef struct {
+    int buf;
+    size_t bytes;
+} Item;
+
+static int by_size_desc(const void *a, const void *b)
+{
+    const Item *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return x->buf - y->buf;
+}
+
+/* Bytes of buffer b at these symbol values; SIZE_MAX when that does not fit (an allocation of
+ * it then fails cleanly). */
+static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
+{
+    size_t n = xtc_dtype_size(b->dtype);
+    for (int i = 0; i < b->rank; i++) {
+        int64_t d = rt_dim_eval(&b->shape[i], syms);
+        if (d <= 0)
+            return 0;
+        if (__builtin_mul_overflow(n, (size_t)d, &n) || n > ((size_t)1 << 50))
+            return SIZE_MAX;
+    }
+    return n;
+}
+
+/* Greedy best-fit by decreasing size: each buffer goes at the lowest offset where it overlaps
+ * no already placed buffer whose lifetime intersects its own. */
+static int plan_arena(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    Item *items = malloc(((size_t)m->nbufs + 1) * sizeof *items);
+    int *placed = malloc(((size_t)m->nbufs + 1) * sizeof *placed);
+    if (!items || !placed) {
+        free(items);
+        free(placed);
+        return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
+    }
+    int n = 0, nplaced = 0;
+    for (int i = 0; i < m->nbufs; i++)
+        if (m->bufs[i].kind == RT_BUF_TEMP) {
+            size_t bytes = buffer_bytes(&m->bufs[i], syms);
+            if (bytes == SIZE_MAX) {
+                free(items);
+                free(placed);
+                return fail(s, XTC_ERR_MEMORY, "intermediate %%%s would not fit in memory with these sizes",
+                            m->bufs[i].name);
+            }
+            items[n].buf = i;
+            items[n].bytes = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            n++;
+        }
+    qsort(items, (size_t)n, sizeof *items, by_size_desc);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const RtBuffer *b = &m->bufs[items[i].buf];
+        size_t off = 0;
+        /* retry until a pass over the conflicting buffers moves nothing */
+        for (int moved = 1; moved;) {
+            moved = 0;
+            for (int j = 0; j < nplaced; j++) {
+                int o = placed[j];
+                const RtBuffer *c = &m->bufs[o];
+                if (c->last < b->first || b->last < c->first)
+                    continue;
+                size_t lo = s->offset[o], hi = lo + s->bytes[o];
+                if (off < hi && lo < off + items[i].bytes) {
+                    off = hi;
+                    moved = 1;
+                }
+            }
+        }
+        s->offset[items[i].buf] = off;
+        s->bytes[items[i].buf] = items[i].bytes;
+        placed[nplaced++] = items[i].buf;
+        if (off + items[i].bytes > total)
+            total = off + items[i].bytes;
+    }
+    free(items);
+    free(placed);
+    if (total > s->arena_bytes || !s->arena) {
+        free(s->arena);
+        s->arena = NULL;
+        s->arena_bytes = 0;
+        size_t alloc = total ? total : ARENA_ALIGN;
+        s->arena = aligned_alloc(ARENA_ALIGN, alloc);
+        if (!s->arena)
+            return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
+        s->arena_bytes = total;
+    }
+    memcpy(s->planned, syms, sizeof s->planned);
+    return XTC_OK;
+}
+
+/* ---- creation ---- */
+
+int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSession **out)
+{
+    if (!out)
+        return XTC_ERR_ARG;
+    XtcSession *s = calloc(1, sizeof *s);
+    *out = s;
+    if (!s)
+        return XTC_ERR_MEMORY;
+    if (!m || !m->abi)
+        return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
+    s->m = m;
+    XtcSessionOptions o = {0};
+    if (opts)
+        o = *opts;
+    if (o.threads < 0 || o.max_batch < 0 || o.max_seq < 0)
+        return fail(s, XTC_ERR_ARG, "xtc_session_new: negative option");
+    if (o.threads > 1024)
+        return fail(s, XTC_ERR_ARG, "xtc_session_new: %d threads is too many", o.threads);
+    int64_t init[RT_MAXSYM];
+    for (int i = 0; i < RT_MAXSYM; i++) {
+        s->syms[i] = -1;
+        init[i] = 1;
+    }
+    for (int i = 0; i < m->nsyms; i++) {
+        s->cap[i] = m->sym_is_batch[i] ? o.max_batch : o.max_seq;
+        if (s->cap[i] > 0)
+            init[i] = sym_bound(s, i);
+    }
+    size_t nb = (size_t)m->nbufs + 1;
+    s->ptr = calloc(nb, sizeof *s->ptr);
+    s->own = calloc(nb, sizeof *s->own);
+    s->shape = calloc(nb, sizeof *s->shape);
+    s->set = calloc(nb, 1);
+    s->offset = calloc(nb, sizeof *s->offset);
+    s->bytes = calloc(nb, sizeof *s->bytes);
+    if (!s->ptr || !s->own || !s->shape || !s->set || !s->offset || !s->bytes)
+        return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    s->pool = rt_pool_new(o.threads ? o.threads : 1);
+    if (!s->pool)
+        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads", o.threads);
+    s->api.pool = s->pool;
+    s->api.parallel_for = rt_pool_parallel_for;
+    s->api.nthreads = o.threads ? o.threads : 1;
+    return plan_arena(s, init);
+}
+
+void xtc_session_free(XtcSession *s)
+{
+    if (!s)
+        return;
+    rt_pool_free(s->pool);
+    if (s->own)
+        for (int i = 0; i < s->m->nbufs; i++)
+            free(s->own[i]);
+    free(s->own);
+    free(s->ptr);
+    free(s->shape);
+    free(s->set);
+    free(s->offset);
+    free(s->bytes);
+    free(s->arena);
+    free(s->step_s);
+    free(s);
+}
+
+const char *xtc_session_error(const XtcSession *s) { return s ? s->err : "no session"; }
+
+int64_t xtc_session_peak_bytes(const XtcSession *s) { return s ? (int64_t)s->arena_bytes : 0; }
+
+int64_t xtc_session_symbol(const XtcSession *s, int i)
+{
+    if (!s || !s->m || i < 0 || i >= s->m->nsyms)
+        return -1;
+    return s->syms[i];
+}
+
+static int ready(XtcSession *s, const char *what)
+{
+    if (!s)
+        return 0;
+    if (!s->m || !s->pool) {
+        fail(s, XTC_ERR_STATE, "%s: the session was not created successfully", what);
+        return 0;
+    }
+    return 1;
+}
+
+static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name)
+{
+    for (int i = 0; i < m->nby_kind[kind]; i++) {
+        int b = m->by_kind[kind][i];
+        if (strcmp(m->bufs[b].name, name) == 0)
+            return b;
+    }
+    return -1;
+}
+
+static int find_weight(const XtcModule *m, const char *name)
+{
+    int b = find_buffer(m, RT_BUF_PARAM, name);
+    return b >= 0 ? b : find_buffer(m, RT_BUF_STATE, name);
+}
+
+static const RtAlias *find_alias(const XtcModule *m, const char *name)
+{
+    for (int i = 0; i < m->naliases; i++)
+        if (strcmp(m->aliases[i].name, name) == 0)
+            return &m->aliases[i];
+    return NULL;
+}
+
+static void shape_text(char *buf, size_t n, int rank, const int64_t *shape)
+{
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < rank && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+static void dims_text(char *buf, size_t n, const RtBuffer *b)
+{
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < b->rank && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", b->dims[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+/* Constant dims must match; a dim of one symbol plus a constant checks the symbol's bound.
+ * Returns a status with the message in msg. */
+static int shape_problem(const XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape,
+                         char *msg, size_t n)
+{
+    char want[256], got[256];
+    dims_text(want, sizeof want, b);
+    shape_text(got, sizeof got, rank, shape);
+    if (rank != b->rank) {
+        snprintf(msg, n, "%s '%s': rank %d given, expected %d %s", what, b->name, rank, b->rank, want);
+        return XTC_ERR_SHAPE;
+    }
+    for (int i = 0; i < rank; i++) {
+        const RtDim *d = &b->shape[i];
+        int nsym = 0, sym = -1;
+        for (int k = 0; k < RT_MAXSYM; k++)
+            if (d->k[k]) {
+                nsym++;
+                sym = k;
+            }
+        if (shape[i] < 0) {
+            snprintf(msg, n, "%s '%s': negative dimension in %s", what, b->name, got);
+            return XTC_ERR_SHAPE;
+        }
+        if (shape[i] > ((int64_t)1 << 40)) {
+            snprintf(msg, n, "%s '%s': dimension %lld is too large", what, b->name, (long long)shape[i]);
+            return XTC_ERR_RANGE;
+        }
+        if (nsym == 0 && shape[i] != d->c) {
+            snprintf(msg, n, "%s '%s': shape %s given, expected %s", what, b->name, got, want);
+            return XTC_ERR_SHAPE;
+        }
+        if (nsym == 1 && d->k[sym] == 1) {
+            int64_t v = shape[i] - d->c, bound = sym_bound(s, sym);
+            if (v < 0) {
+                snprintf(msg, n, "%s '%s': dimension %d is %lld, below %s at %s = 0", what, b->name, i,
+                         (long long)shape[i], b->dims[i], s->m->sym_name[sym]);
+                return XTC_ERR_SHAPE;
+            }
+            if (bound > 0 && v > bound) {
+                int model = s->m->sym_max[sym] == bound;
+                snprintf(msg, n, "%s '%s': %s %s = %lld exceeds %s %lld", what, b->name,
+                         s->m->sym_is_batch[sym] ? "batch size" : "length", s->m->sym_name[sym], (long long)v,
+                         model ? "the model's maximum (max_seq_len)"
+                               : (s->m->sym_is_batch[sym] ? "the session's max_batch" : "the session's max_seq"),
+                         (long long)bound);
+                return XTC_ERR_RANGE;
+            }
+        }
+    }
+    int64_t numel = 1;
+    for (int i = 0; i < rank; i++)
+        if (__builtin_mul_overflow(numel, shape[i], &numel) || numel > ((int64_t)1 << 40)) {
+            snprintf(msg, n, "%s '%s': %s has too many elements", what, b->name, got);
+            return XTC_ERR_RANGE;
+        }
+    return XTC_OK;
+}
+
+static int check_shape(XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape)
+{
+    char msg[sizeof s->err];
+    int st = shape_problem(s, b, what, rank, shape, msg, sizeof msg);
+    if (st)
+        memcpy(s->err, msg, sizeof msg);
+    return st;
+}
+
+static int64_t numel_of(int rank, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++)
+        n *= shape[i];
+    return n;
+}
+
+/* Takes ownership of data as the value of bound buffer b (input or weight) of that shape. */
+static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape)
+{
+    free(s->own[b]);
+    s->own[b] = data;
+    s->set[b] = 1;
+    for (int i = 0; i < rank; i++)
+        s->shape[b][i] = shape[i];
+    s->outputs_valid = 0;
+}
+
+/* ---- weights ---- */
+
+int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape, const float *data)
+{
+    if (!ready(s, "xtc_session_set_weight"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!name || (rank > 0 && !shape) || rank < 0 || rank > XTC_MAX_RANK)
+        return fail(s, XTC_ERR_ARG, "xtc_session_set_weight: bad arguments");
+    int b = find_weight(s->m, name);
+    const RtAlias *alias = b < 0 ? find_alias(s->m, name) : NULL;
+    if (alias)
+        return fail(s, XTC_ERR_NAME, "'%s' is tied to '%s': set that one", name, s->m->bufs[alias->buf].name);
+    if (b < 0)
+        return fail(s, XTC_ERR_NAME, "the model has no parameter or buffer named '%s'", name);
+    int st = check_shape(s, &s->m->bufs[b], "weight", rank, shape);
+    if (st)
+        return st;
+    size_t bytes = (size_t)numel_of(rank, shape) * sizeof(float);
+    float *copy = malloc(bytes ? bytes : 1);
+    if (!copy)
+        return fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
+    if (bytes && !data) {
+        free(copy);
+        return fail(s, XTC_ERR_ARG, "weight '%s': no data", name);
+    }
+    if (bytes)
+        memcpy(copy, data, bytes);
+    bind_buffer(s, b, copy, rank, shape);
+    return XTC_OK;
+}
+
+/* Appends an item to a comma-separated list, counting what does not fit. */
+static void list_add(char *list, size_t n, int *count, const char *item)
+{
+    size_t len = strlen(list);
+    if (*count < 6 && len + strlen(item) + 8 < n)
+        snprintf(list + len, n - len, "%s%s", len ? ", " : "", item);
+    else if (*count == 6)
+        snprintf(list + len, n - len, ", ...");
+    (*count)++;
+}
+
+int xtc_session_load_weights(XtcSession *s, const char *path)
+{
+    if (!ready(s, "xtc_session_load_weights"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!path)
+        return fail(s, XTC_ERR_ARG, "xtc_session_load_weights: no path");
+    const XtcModule *m = s->m;
+    RtStFile *f;
+    char msg[512];
+    int st = rt_st_open(path, &f, msg, sizeof msg);
+    if (st)
+        return fail(s, st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT,
+                    "%s", msg);
+    char missing[400] = "", extra[400] = "", wrong[600] = "";
+    int nmissing = 0, nextra = 0, nwrong = 0;
+    for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE; k++)
+        for (int i = 0; i < m->nby_kind[k]; i++) {
+            const RtBuffer *b = &m->bufs[m->by_kind[k][i]];
+            const RtStTensor *t = rt_st_find(f, b->name);
+            char item[400];
+            if (!t) {
+                snprintf(item, sizeof item, "'%s'", b->name);
+                list_add(missing, sizeof missing, &nmissing, item);
+                continue;
+            }
+            int ok = (t->dtype == RT_F32 || t->dtype == RT_F64 || t->dtype == RT_F16 || t->dtype == RT_BF16) &&
+                     shape_problem(s, b, "weight", t->rank, t->shape, item, sizeof item) == XTC_OK;
+            if (!ok) {
+                char want[128], got[128];
+                dims_text(want, sizeof want, b);
+                shape_text(got, sizeof got, t->rank, t->shape);
+                snprintf(item, sizeof item, "'%s' is %s %s, expected f32 %s", b->name, rt_dtype_name(t->dtype), got,
+                         want);
+                list_add(wrong, sizeof wrong, &nwrong, item);
+            }
+        }
+    /* tied names: present, and holding the same values as the tensor they name again */
+    for (int i = 0; i < m->naliases; i++) {
+        const RtAlias *a = &m->aliases[i];
+        const RtStTensor *t = rt_st_find(f, a->name), *u = rt_st_find(f, m->bufs[a->buf].name);
+        char item[400];
+        if (!t) {
+            snprintf(item, sizeof item, "'%s' (tied to '%s')", a->name, m->bufs[a->buf].name);
+            list_add(missing, sizeof missing, &nmissing, item);
+        } else if (u && (t->nbytes != u->nbytes || t->dtype != u->dtype || memcmp(t->data, u->data, t->nbytes))) {
+            snprintf(item, sizeof item, "'%s' is tied to '%s' but holds other values", a->name,
+                     m->bufs[a->buf].name);
+            list_add(wrong, sizeof wrong, &nwrong, item);
+        }
+    }
+    for (int i = 0; i < rt_st_count(f); i++) {
+        const RtStTensor *t = rt_st_get(f, i);
+        if (find_weight(m, t->name) < 0 && !find_alias(m, t->name)) {
+            char item[300];
+            snprintf(item, sizeof item, "'%s'", t->name);
+            list_add(extra, sizeof extra, &nextra, item);
+        }
+    }
+    if (nmissing || nextra || nwrong) {
+        size_t len = (size_t)snprintf(s->err, sizeof s->err, "%s:", path);
+        if (nmissing)
+            len += (size_t)snprintf(s->err + len, sizeof s->err - len, " %d missing (%s);", nmissing, missing);
+        if (nwrong && len < sizeof s->err)
+            len += (size_t)snprintf(s->err + len, sizeof s->err - len, " %d mis-shaped (%s);", nwrong, wrong);
+        if (nextra && len < sizeof s->err)
+            snprintf(s->err + len, sizeof s->err - len, " %d not in the model (%s);", nextra, extra);
+        rt_st_close(f);
+        return XTC_ERR_NAME;
+    }
+    /* convert everything first, then commit, so a failure changes nothing */
+    float **fresh = calloc((size_t)m->nbufs + 1, sizeof *fresh);
+    if (!fresh) {
+        rt_st_close(f);
+        return fail(s, XTC_ERR_MEMORY, "out of memory loading %s", path);
+    }
+    st = XTC_OK;
+    for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
+        for (int i = 0; i < m->nby_kind[k] && !st; i++) {
+            int b = m->by_kind[k][i];
+            const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
+            int64_t n = rt_st_numel(t);
+            fresh[b] = malloc(n ? (size_t)n * sizeof(float) : 1);
+            if (!fresh[b])
+                st = fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
+            else if (rt_st_to_f32(t, fresh[b], msg, sizeof msg))
+                st = fail(s, XTC_ERR_FORMAT, "%s: '%s': %s", path, t->name, msg);
+        }
+    for (int b = 0; b < m->nbufs; b++) {
+        if (!fresh[b])
+            continue;
+        if (st) {
+            free(fresh[b]);
+        } else {
+            const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
+            bind_buffer(s, b, fresh[b], t->rank, t->shape);
+        }
+    }
+    free(fresh);
+    rt_st_close(f);
+    return st;
+}
+
+/* ---- inputs ---- */
+
+int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank, const int64_t *shape,
+                          const void *data)
+{
+    if (!ready(s, "xtc_session_set_input"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!name || rank < 0 || rank > XTC_MAX_RANK || (rank > 0 && !shape) || (unsigned)dtype >= XTC_NUM_DTYPES)
+        return fail(s, XTC_ERR_ARG, "xtc_session_set_input: bad arguments");
+    const XtcModule *m = s->m;
+    int b = find_buffer(m, RT_BUF_INPUT, name);
+    if (b < 0)
+        return fail(s, XTC_ERR_NAME, "the model has no input named '%s'", name);
+    const RtBuffer *buf = &m->bufs[b];
+    int ints = (dtype == XTC_I32 || dtype == XTC_I64) && (buf->dtype == XTC_I32 || buf->dtype == XTC_I64);
+    if (dtype != buf->dtype && !ints)
+        return fail(s, XTC_ERR_SHAPE, "input '%s': %s given, expected %s", name, xtc_dtype_name(dtype),
+                    xtc_dtype_name(buf->dtype));
+    int st = check_shape(s, buf, "input", rank, shape);
+    if (st)
+        return st;
+    int64_t n = numel_of(rank, shape); /* checked by check_shape */
+    if (n > 0 && !data)
+        return fail(s, XTC_ERR_ARG, "input '%s': no data", name);
+    size_t esize = xtc_dtype_size(buf->dtype);
+    char *copy = malloc(n ? (size_t)n * esize : 1);
+    if (!copy)
+        return fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", name);
+    for (int64_t i = 0; i < n; i++) {
+        if (buf->dtype == XTC_I32 || buf->dtype == XTC_I64) {
+            int64_t v = dtype == XTC_I32 ? ((const int32_t *)data)[i] : ((const int64_t *)data)[i];
+            if (buf->has_range && (v < buf->lo || v >= buf->hi)) {
+                free(copy);
+                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at position %lld is outside [%lld, %lld)",
+                            name, (long long)v, (long long)i, (long long)buf->lo, (long long)buf->hi);
+            }
+            if (buf->dtype == XTC_I32) {
+                if (v != (int32_t)v) {
+                    free(copy);
+                    return fail(s, XTC_ERR_RANGE, "input '%s': value %lld does not fit i32", name, (long long)v);
+                }
+                ((int32_t *)copy)[i] = (int32_t)v;
+            } else {
+                ((int64_t *)copy)[i] = v;
+            }
+        } else if (buf->dtype == XTC_BOOL) {
+            copy[i] = ((const uint8_t *)data)[i] != 0;
+        }
+    }
+    if (buf->dtype == XTC_F32 && n)
+        memcpy(copy, data, (size_t)n * esize);
+    bind_buffer(s, b, copy, rank, shape);
+    return XTC_OK;
+}
+
+/* Solves the symbols from the shapes of the bound inputs and weights (a memory buffer may carry
+ * one): repeatedly take a dimension with exactly one unknown symbol, then check every dim. */
+static int bind_symbols(XtcSession *s, int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    int known[RT_MAXSYM] = {0};
+    for (int i = 0; i < RT_MAXSYM; i++)
+        syms[i] = 0;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int b = 0; b < m->nbufs; b++) {
+            const RtBuffer *buf = &m->bufs[b];
+            if (buf->kind == RT_BUF_TEMP)
+                continue;
+            for (int d = 0; d < buf->rank; d++) {
+                const RtDim *dim = &buf->shape[d];
+                int unknown = -1, nunknown = 0;
+                int64_t rest = s->shape[b][d] - dim->c;
+                for (int k = 0; k < m->nsyms; k++) {
+                    if (!dim->k[k])
+                        continue;
+                    if (known[k])
+                        rest -= dim->k[k] * syms[k];
+                    else {
+                        unknown = k;
+                        nunknown++;
+                    }
+                }
+                if (nunknown != 1)
+                    continue;
+                if (rest % dim->k[unknown] != 0 || rest / dim->k[unknown] < 0)
+                    return fail(s, XTC_ERR_SHAPE, "'%s': dimension %d (%lld) does not fit %s for any %s",
+                                buf->name, d, (long long)s->shape[b][d], buf->dims[d], m->sym_name[unknown]);
+                syms[unknown] = rest / dim->k[unknown];
+                known[unknown] = 1;
+                progress = 1;
+            }
+        }
+    }
+    for (int k = 0; k < m->nsyms; k++)
+        if (!known[k]) {
+            syms[k] = 0;
+            /* a symbol no input mentions: only legal if nothing uses it, checked below */
+        }
+    for (int b = 0; b < m->nbufs; b++) {
+        const RtBuffer *buf = &m->bufs[b];
+        if (buf->kind == RT_BUF_TEMP)
+            continue;
+        for (int d = 0; d < buf->rank; d++) {
+            int64_t want = rt_dim_eval(&buf->shape[d], syms);
+            if (want != s->shape[b][d]) {
+                char names[128] = "";
+                size_t len = 0;
+                for (int k = 0; k < m->nsyms && len < sizeof names; k++)
+                    len += (size_t)snprintf(names + len, sizeof names - len, "%s%s = %lld", len ? ", " : "",
+                                            m->sym_name[k], (long long)syms[k]);
+                return fail(s, XTC_ERR_SHAPE,
+                            "%s '%s': dimension %d is %lld but %s = %lld with the other inputs (%s)",
+                            buf->kind == RT_BUF_INPUT ? "input" : "weight", buf->name, d, (long long)s->shape[b][d],
+                            buf->dims[d], (long long)want, names);
+            }
+        }
+    }
+    for (int k = 0; k < m->nsyms; k++) {
+        int64_t bound = sym_bound(s, k);
+        if (bound > 0 && syms[k] > bound)
+            return fail(s, XTC_ERR_RANGE, "symbol %s = %lld exceeds its bound %lld", m->sym_name[k],
+                        (long long)syms[k], (long long)bound);
+    }
+    return XTC_OK;
+}
+
+/* Why a step of the schedule can fail, by op (the kernels report a status, not a message). */
+static const struct {
+    const char *op, *why;
+} step_errors[] = {
+    {"gather", "an index is outside [0, rows of the table)"},
+    {"gather_grad", "an index is outside [0, rows of the table)"},
+    {"cross_entropy", "a target is >= the number of classes"},
+    {"div", "integer division by zero"},
+    {"reduce_max", "maximum over an empty axis"},
+    {"relpos_bucket", "a bucket is undefined for these settings"},
+};
+
+static int run_failure(XtcSession *s, int32_t r)
+{
+    const XtcModule *m = s->m;
+    if (r < 1 || r > m->nsteps)
+        return fail(s, XTC_ERR_RANGE, "run failed with status %d", r);
+    const RtStep *step = &m->steps[r - 1];
+    const char *why = "failed";
+    for (size_t i = 0; i < sizeof step_errors / sizeof step_errors[0]; i++)
+        if (strcmp(step_errors[i].op, step->op) == 0)
+            why = step_errors[i].why;
+    /* name the model input the bad values came from, when they came straight from one */
+    char from[300] = "";
+    for (int k = 0; k < RT_MAXIN; k++) {
+        int b = step->in[k];
+        if (b >= 0 && m->bufs[b].kind == RT_BUF_INPUT && m->bufs[b].dtype != XTC_F32)
+            snprintf(from, sizeof from, " (input '%s')", m->bufs[b].name);
+    }
+    return fail(s, XTC_ERR_RANGE, "step %d (%s %%%s): %s%s", r - 1, step->op, step->label, why, from);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void step_done(void *ctx, int32_t step)
+{
+    XtcSession *s = ctx;
+    int64_t t = now_ns();
+    s->step_s[step] += 1e-9 * (double)(t - s->last_ns);
+    s->last_ns = t;
+}
+
+int xtc_session_set_profiling(XtcSession *s, int on)
+{
+    if (!ready(s, "xtc_session_set_profiling"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    free(s->step_s);
+    s->step_s = NULL;
+    s->profiled_runs = 0;
+    s->api.step_done = NULL;
+    s->api.hook_ctx = NULL;
+    if (!on)
+        return XTC_OK;
+    s->step_s = calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
+    if (!s->step_s)
+        return fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
+    s->api.step_done = step_done;
+    s->api.hook_ctx = s;
+    return XTC_OK;
+}
+
+typedef struct {
+    int kernel;
+    double s;
+} KernelTime;
+
+static int by_time_desc(const void *a, const void *b)
+{
+    const KernelTime *x = a, *y = b;
+    return x->s < y->s ? 1 : x->s > y->s ? -1 : x->kernel - y->kernel;
+}
+
+int xtc_session_print_profile(const XtcSession *s, FILE *out)
+{
+    if (!s || !s->m || !out)
+        return XTC_ERR_ARG;
+    const XtcModule *m = s->m;
+    if (!s->step_s || !s->profiled_runs) {
+        fprintf(out, "no profile: call xtc_session_set_profiling(s, 1) before running\n");
+        return XTC_OK;
+    }
+    KernelTime *kt = calloc((size_t)m->nkernels + 1, sizeof *kt);
+    if (!kt)
+        return XTC_ERR_MEMORY;
+    double total = 0;
+    for (int k = 0; k < m->nkernels; k++)
+        kt[k].kernel = k;
+    for (int i = 0; i < m->nsteps; i++) {
+        kt[m->steps[i].kernel].s += s->step_s[i];
+        total += s->step_s[i];
+    }
+    qsort(kt, (size_t)m->nkernels, sizeof *kt, by_time_desc);
+    double runs = s->profiled_runs;
+    fprintf(out, "profile of %d run%s: %.3f ms per run, %d steps, %d kernels\n", s->profiled_runs,
+            s->profiled_runs == 1 ? "" : "s", 1e3 * total / runs, m->nsteps, m->nkernels);
+    fprintf(out, "  %10s %6s  %-14s %5s  %s\n", "ms/run", "share", "op", "steps", "kernel");
+    for (int k = 0; k < m->nkernels; k++) {
+        const RtKernel *K = &m->kernels[kt[k].kernel];
+        fprintf(out, "  %10.3f %5.1f%%  %-14s %5d  %s\n", 1e3 * kt[k].s / runs, total > 0 ? 100 * kt[k].s / total : 0,
+                K->op, K->uses, K->fn);
+    }
+    free(kt);
+    return XTC_OK;
+}
+
+int xtc_session_run(XtcSession *s)
+{
+    if (!ready(s, "xtc_session_run"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    const XtcModule *m = s->m;
+    s->outputs_valid = 0;
+    for (int k = RT_BUF_INPUT; k <= RT_BUF_STATE; k++)
+        for (int i = 0; i < m->nby_kind[k]; i++) {
+            int b = m->by_kind[k][i];
+            if (!s->set[b])
+                return fail(s, XTC_ERR_STATE, k == RT_BUF_INPUT ? "input '%s' is not set" : "weight '%s' is not loaded",
+                            m->bufs[b].name);
+        }
+    int64_t syms[RT_MAXSYM];
+    int st = bind_symbols(s, syms);
+    if (st)
+        return st;
+    /* temps whose dims go negative would be a model bug (n-1 with n = 0, say) */
+    int grow = 0;
+    for (int i = 0; i < m->nbufs; i++) {
+        const RtBuffer *b = &m->bufs[i];
+        if (b->kind != RT_BUF_TEMP)
+            continue;
+        for (int d = 0; d < b->rank; d++)
+            if (rt_dim_eval(&b->shape[d], syms) < 0)
+                return fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
+                            b->dims[d]);
+        if (buffer_bytes(b, syms) > s->bytes[i])
+            grow = 1;
+    }
+    if (grow) {
+        int64_t next[RT_MAXSYM];
+        for (int k = 0; k < RT_MAXSYM; k++)
+            next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
+        if ((st = plan_arena(s, next)))
+            return st;
+        for (int i = 0; i < m->nbufs && !st; i++)
+            if (m->bufs[i].kind == RT_BUF_TEMP && buffer_bytes(&m->bufs[i], syms) > s->bytes[i])
+                st = plan_arena(s, syms); /* a shape that shrinks as a symbol grows */
+        if (st)
+            return st;
+    }
+    for (int i = 0; i < m->nbufs; i++)
+        s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->offset[i] : s->own[i];
+    memcpy(s->syms, syms, sizeof s->syms);
+    s->last_ns = now_ns();
+    int32_t r = m->abi->run(s->ptr, syms, &s->api);
+    if (r != 0)
+        return run_failure(s, r);
+    if (s->step_s)
+        s->profiled_runs++;
+    s->outputs_valid = 1;
+    return XTC_OK;
+}
+
+int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
+{
+    if (!ready(s, "xtc_session_get_output"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!name || !out)
+        return fail(s, XTC_ERR_ARG, "xtc_session_get_output: bad arguments");
+    const XtcModule *m = s->m;
+    for (int i = 0; i < m->nouts; i++) {
+        const RtOutput *o = &m->outs[i];
+        if (strcmp(o->name, name) != 0)
+            continue;
+        if (!s->outputs_valid)
+            return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+        memset(out, 0, sizeof *out);
+        out->dtype = o->dtype;
+        out->rank = o->rank;
+        for (int d = 0; d < o->rank; d++)
+            out->shape[d] = rt_dim_eval(&o->shape[d], s->syms);
+        out->data = s->ptr[o->buf];
+        return XTC_OK;
+    }
+    return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
+}
