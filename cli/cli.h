@@ -10,6 +10,11 @@ int cli_ir(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_check(int argc, char **argv);
 int cli_demo(int argc, char **argv);
+int cli_compile(int argc, char **argv);
+int cli_info(int argc, char **argv);
+int cli_init(int argc, char **argv);
+/* xtc run on a compiled module (cli_run hands over when the model is not a .xtf file) */
+int cli_run_module(int argc, char **argv);
 
 /* Parses and checks a .xtf file, printing diagnostics to stderr; NULL on error. */
 XtfFile *cli_load_xtf(const char *path);

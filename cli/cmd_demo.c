@@ -1,22 +1,27 @@
-/* cmd_demo.c: `xtc demo`: the main job on an embedded default. Takes the bundled GPT
- * (models/gpt.xtf, compiled into this binary), lowers it, initialises fresh seeded weights by
- * x-transformers' rules, runs a prompt through it and shows the prediction. */
+/* cmd_demo.c: `xtc demo`: the main job on an embedded default. Compiles the bundled GPT
+ * (models/gpt.xtf, built into this binary) to a native module, loads it through the public
+ * runtime API with fresh seeded weights (x-transformers' initialisation), runs a prompt and
+ * shows the prediction, checked against the reference interpreter. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "codegen.h"
 #include "init.h"
+#include "passes.h"
+#include "xtc.h"
 
 extern const unsigned char xtc_bundled_gpt[];
 extern const unsigned int xtc_bundled_gpt_len;
 
 typedef struct {
     const IrGraph *g;
-    float **vals;      /* per node id, parameters only */
-    int64_t *tokens;
-    int64_t b, n;
+    float **vals; /* per node id: parameter values */
+    int64_t *tokens, n;
 } Demo;
 
 static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
@@ -26,7 +31,7 @@ static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
     if (leaf->op == IR_INPUT && strcmp(leaf->s, "tokens") == 0) {
         out->dtype = IR_I64;
         out->rank = 2;
-        out->shape[0] = d->b;
+        out->shape[0] = 1;
         out->shape[1] = d->n;
         out->data = d->tokens;
         return 0;
@@ -49,35 +54,55 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void top5(const float *row, int64_t V, int *best)
+{
+    for (int k = 0; k < 5; k++) {
+        best[k] = -1;
+        for (int64_t v = 0; v < V; v++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++)
+                taken |= best[j] == v;
+            if (!taken && (best[k] < 0 || row[v] > row[best[k]]))
+                best[k] = (int)v;
+        }
+    }
+}
+
 int cli_demo(int argc, char **argv)
 {
     const char *prompt = "The quick brown fox";
     unsigned long seed = 1;
+    int threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *v;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: xtc demo [--prompt TEXT] [--seed N]\n\n"
-                   "Lowers the bundled GPT (models/gpt.xtf, 12 layers, dim 512), initialises\n"
-                   "seeded weights, runs the prompt (bytes as token ids) and prints the most\n"
-                   "likely next tokens.\n");
+            printf("usage: xtc demo [--prompt TEXT] [--seed N] [--threads T]\n\n"
+                   "Compiles the bundled GPT (models/gpt.xtf: 12 layers, dim 512, 20000 tokens) to a\n"
+                   "native module, loads it through the runtime with seeded weights, runs the prompt\n"
+                   "(bytes as token ids), prints the most likely next tokens and checks the logits\n"
+                   "against the reference interpreter.\n");
             return 0;
         } else if ((v = cli_flag_value(argc, argv, &i, "--prompt"))) {
             prompt = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
             seed = strtoul(v, NULL, 10);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
+            threads = atoi(v);
         } else {
             fprintf(stderr, "xtc demo: unknown option '%s'\n", argv[i]);
             return 2;
         }
     }
     size_t len = strlen(prompt);
-    if (len == 0) {
-        fprintf(stderr, "xtc demo: empty prompt\n");
+    if (len == 0 || threads < 1) {
+        fprintf(stderr, "xtc demo: %s\n", len ? "--threads must be at least 1" : "empty prompt");
         return 2;
     }
+
+    /* 1. front end: the bundled source, checked and lowered */
     XtfDiag diag;
     xtf_diag_init(&diag);
-    XtfFile *f = xtf_parse("models/gpt.xtf (bundled)", (const char *)xtc_bundled_gpt, xtc_bundled_gpt_len, &diag);
+    XtfFile *f = xtf_parse("models/gpt.xtf", (const char *)xtc_bundled_gpt, xtc_bundled_gpt_len, &diag);
     if (f && !diag.nerrors)
         xtf_check(f, &diag);
     if (!f || diag.nerrors) {
@@ -87,23 +112,61 @@ int cli_demo(int argc, char **argv)
         return 1;
     }
     xtf_diag_free(&diag);
-    XtLowerOpts opt = {0};
     double t0 = now();
-    IrGraph *g = cli_lower(f, NULL, &opt);
+    XtLowerOpts lo = {0};
+    IrGraph *g = cli_lower(f, NULL, &lo);
     xtf_free(f);
     if (!g)
         return 1;
+    char err[1024];
+    IrGraph *opt = pass_run_pipeline(g, NULL, err, sizeof err);
+    if (!opt) {
+        fprintf(stderr, "xtc demo: %s\n", err);
+        ir_graph_free(g);
+        return 1;
+    }
+
+    /* 2. code generation: a native module in a temporary directory */
+    char dir[] = "/tmp/xtc-demo-XXXXXX", so[64];
+    if (!mkdtemp(dir)) {
+        perror("xtc demo: mkdtemp");
+        ir_graph_free(g);
+        ir_graph_free(opt);
+        return 1;
+    }
+    snprintf(so, sizeof so, "%s/gpt.so", dir);
+    CgOptions co = {.output = so, .opt_level = 2, .source = (const char *)xtc_bundled_gpt,
+                    .source_name = "models/gpt.xtf"};
+    CgStats st = {0};
+    int rc = 1;
+    Demo d = {.g = g, .n = (int64_t)len};
+    XtcModule *m = NULL;
+    XtcSession *s = NULL;
+    if (cg_compile(opt, &co, &st, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc demo: %s\n", err);
+        goto done;
+    }
     double t1 = now();
-    int64_t nparams = 0;
-    int nleaves = 0;
-    Demo d = {.g = g, .b = 1, .n = (int64_t)len};
+    printf("compiled models/gpt.xtf (bundled) in %.2f s: %d IR nodes, %d kernels for %d steps, "
+           "module %lld KB\n", t1 - t0, opt->nnodes, st.nkernels, st.nsteps, (long long)st.module_bytes / 1024);
+
+    /* 3. the runtime: load, weights, input, run */
+    if (xtc_module_load(so, &m) != XTC_OK || !m) {
+        fprintf(stderr, "xtc demo: %s\n", m ? xtc_module_error(m) : "out of memory");
+        goto done;
+    }
+    XtcSessionOptions so_opt = {.threads = threads};
+    if (xtc_session_new(m, &so_opt, &s) != XTC_OK) {
+        fprintf(stderr, "xtc demo: %s\n", s ? xtc_session_error(s) : "out of memory");
+        goto done;
+    }
     d.vals = calloc((size_t)g->nnodes, sizeof *d.vals);
     d.tokens = calloc(len, sizeof *d.tokens);
-    int rc = 1;
     if (!d.vals || !d.tokens)
         goto done;
     RtRng rng;
     rt_rng_seed(&rng, seed);
+    int64_t nparams = 0;
     for (int i = 0; i < g->nnodes; i++) {
         IrNode *n = g->nodes[i];
         if (n->op != IR_PARAM && n->op != IR_BUFFER)
@@ -114,54 +177,67 @@ int cli_demo(int argc, char **argv)
         if (!(d.vals[i] = malloc((size_t)numel * sizeof(float))))
             goto done;
         rt_init_tensor(n->s, n->rank, shape, d.vals[i], &rng);
-        if (n->op == IR_PARAM)
-            nparams += numel;
-        nleaves++;
+        nparams += numel;
+        if (xtc_session_set_weight(s, n->s, n->rank, shape, d.vals[i]) != XTC_OK) {
+            fprintf(stderr, "xtc demo: %s\n", xtc_session_error(s));
+            goto done;
+        }
     }
-    if (d.n > g->sym_max[ir_graph_find_sym(g, "n")])
-        d.n = g->sym_max[ir_graph_find_sym(g, "n")];
+    int64_t maxn = g->sym_max[ir_graph_find_sym(g, "n")];
+    if (d.n > maxn)
+        d.n = maxn;
     for (int64_t i = 0; i < d.n; i++)
         d.tokens[i] = (unsigned char)prompt[i];
-    printf("model    gpt (bundled models/gpt.xtf): %d IR nodes, %d parameter tensors, %.1fM parameters\n",
-           g->nnodes, nleaves, nparams / 1e6);
-    printf("lowered  in %.1f ms\n", (t1 - t0) * 1e3);
-    printf("prompt   \"%s\" (%lld byte tokens)\n", prompt, (long long)d.n);
-    IrHostTensor out;
-    char err[512];
+    int64_t shape[2] = {1, d.n};
     double t2 = now();
-    if (ir_interp(g, bind, &d, &out, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc: %s\n", err);
+    if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, d.tokens) != XTC_OK ||
+        xtc_session_run(s) != XTC_OK) {
+        fprintf(stderr, "xtc demo: %s\n", xtc_session_error(s));
         goto done;
     }
     double t3 = now();
-    const float *logits = out.data;
-    int64_t V = out.shape[2];
-    const float *last = logits + (d.n - 1) * V;
-    printf("ran      on the reference interpreter in %.0f ms: logits [%lld, %lld, %lld]\n", (t3 - t2) * 1e3,
-           (long long)out.shape[0], (long long)out.shape[1], (long long)V);
-    printf("next     top-5 token ids after the prompt (random weights, seed %lu):", seed);
-    int used[5] = {-1, -1, -1, -1, -1};
-    for (int k = 0; k < 5; k++) {
-        int best = -1;
-        for (int64_t v = 0; v < V; v++) {
-            int skip = 0;
-            for (int j = 0; j < k; j++)
-                skip |= used[j] == v;
-            if (!skip && (best < 0 || last[v] > last[best]))
-                best = (int)v;
-        }
-        used[k] = best;
-        printf(" %d (%.3f)", best, last[best]);
-    }
+    XtcTensor logits;
+    xtc_session_get_output(s, "logits", &logits);
+    int64_t V = logits.shape[2];
+    const float *last = (const float *)logits.data + (d.n - 1) * V;
+    printf("ran      \"%s\" (%lld byte tokens) through the native module, %d threads: %.1f ms, "
+           "%.1fM parameters, peak activations %.1f MB\n", prompt, (long long)d.n, threads, (t3 - t2) * 1e3,
+           nparams / 1e6, xtc_session_peak_bytes(s) / 1e6);
+    int best[5];
+    top5(last, V, best);
+    printf("next     top-5 token ids after the prompt (fresh weights, seed %lu):", seed);
+    for (int k = 0; k < 5; k++)
+        printf(" %d (%.3f)", best[k], last[best[k]]);
     printf("\n");
-    ir_host_free(&out);
-    rc = 0;
+
+    /* 4. the same prompt on the reference interpreter (double precision) */
+    IrHostTensor ref;
+    if (ir_interp(g, bind, &d, &ref, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc demo: %s\n", err);
+        goto done;
+    }
+    double maxd = 0, maxr = 0;
+    const float *rv = ref.data, *cv = logits.data;
+    for (int64_t i = 0; i < d.n * V; i++) {
+        maxd = fmax(maxd, fabs((double)rv[i] - cv[i]));
+        maxr = fmax(maxr, fabs((double)rv[i]));
+    }
+    ir_host_free(&ref);
+    int ok = maxd <= 1e-5 + 1e-3 * maxr;
+    printf("check    against the reference interpreter: max |difference| %.2e (max |logit| %.2f): %s\n", maxd,
+           maxr, ok ? "ok" : "MISMATCH");
+    rc = ok ? 0 : 1;
 done:
+    xtc_session_free(s);
+    xtc_module_free(m);
+    unlink(so);
+    rmdir(dir);
     if (d.vals)
         for (int i = 0; i < g->nnodes; i++)
             free(d.vals[i]);
     free(d.vals);
     free(d.tokens);
+    ir_graph_free(opt);
     ir_graph_free(g);
     return rc;
 }

@@ -184,6 +184,13 @@ static void usage(void)
 
 int cli_run(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++) { /* a compiled module runs in the runtime */
+        size_t len = strlen(argv[i]);
+        if (argv[i][0] != '-' && len > 3 && !strcmp(argv[i] + len - 3, ".so"))
+            return cli_run_module(argc, argv);
+        if (argv[i][0] == '-' && strcmp(argv[i], "--grads") && strcmp(argv[i], "--check-finite"))
+            i++; /* skip the flag's value */
+    }
     const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *model = NULL, *v;
     int grads = 0;
     int check_finite = 0;

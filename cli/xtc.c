@@ -14,8 +14,11 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"compile", cli_compile, "compile a model to a shared library (model.so)"},
+    {"run", cli_run, "run a model (.xtf on the interpreter, .so compiled) on .safetensors inputs"},
+    {"info", cli_info, "describe a compiled module"},
+    {"init", cli_init, "write fresh seeded weights for a compiled module"},
     {"ir", cli_ir, "print the IR of a model (after lowering, or after a pass)"},
-    {"run", cli_run, "run a model on inputs from a .safetensors file"},
     {"check", cli_check, "parse and check a .xtf file, reporting every error"},
     {"demo", cli_demo, "compile the bundled GPT, run it on a prompt, show the result"},
     {"help", cmd_help, "show this help"},

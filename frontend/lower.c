@@ -125,7 +125,9 @@ static IrNode *layer_norm(Lx *L, IrNode *x, const char *prefix, int d)
     IrNode *xc = sub(L, x, mean_last(L, x, d));
     IrNode *var = mean_last(L, mul(L, xc, xc), d);
     IrNode *y = mul(L, xc, un(L, IR_RSQRT, add(L, var, cf(L, 1e-5))));
-    return add(L, mul(L, y, param1(L, d, prefix, "weight")), param1(L, d, prefix, "bias"));
+    IrNode *w = param1(L, d, prefix, "weight"); /* declared in state_dict order */
+    IrNode *b = param1(L, d, prefix, "bias");
+    return add(L, mul(L, y, w), b);
 }
 
 /* ScaleNorm / RMSNorm: x / clamp(||x|| * d^-0.5, min=eps) * g (section 8) */
@@ -389,10 +391,12 @@ static IrNode *gru_gate(Lx *L, const Stack *S, IrNode *out, IrNode *res, const c
     IrGraph *g = L->g;
     int d = S->dim;
     IrDim ws[2] = {C(3 * d), C(d)};
-    IrNode *gi = add(L, ir_matmul(g, out, paramv(L, 0, 2, ws, "%s.gru.weight_ih", p), 1),
-                     param1(L, 3 * d, p, "gru.bias_ih"));
-    IrNode *gh = add(L, ir_matmul(g, res, paramv(L, 0, 2, ws, "%s.gru.weight_hh", p), 1),
-                     param1(L, 3 * d, p, "gru.bias_hh"));
+    IrNode *w_ih = paramv(L, 0, 2, ws, "%s.gru.weight_ih", p); /* state_dict order */
+    IrNode *w_hh = paramv(L, 0, 2, ws, "%s.gru.weight_hh", p);
+    IrNode *b_ih = param1(L, 3 * d, p, "gru.bias_ih");
+    IrNode *b_hh = param1(L, 3 * d, p, "gru.bias_hh");
+    IrNode *gi = add(L, ir_matmul(g, out, w_ih, 1), b_ih);
+    IrNode *gh = add(L, ir_matmul(g, res, w_hh, 1), b_hh);
     IrNode *r = un(L, IR_SIGMOID, add(L, ir_slice(g, gi, -1, C(0), C(d)), ir_slice(g, gh, -1, C(0), C(d))));
     IrNode *z = un(L, IR_SIGMOID, add(L, ir_slice(g, gi, -1, C(d), C(d)), ir_slice(g, gh, -1, C(d), C(d))));
     IrNode *c = un(L, IR_TANH, add(L, ir_slice(g, gi, -1, C(2 * d), C(d)), mul(L, r, ir_slice(g, gh, -1, C(2 * d), C(d)))));

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# test_cli.sh BUILD_DIR SOURCE_DIR: the command line end to end: compile a parity model, describe
+# it, initialise weights, run it on the case's inputs and grade the logits with compare.py;
+# the demo; and the one-line errors with a non-zero exit for misuse.
+set -u
+build=$1
+src=$2
+xtc=$build/xtc
+parity=${XTC_SHARED_DIR:-$src/../shared}/parity
+py=/usr/bin/python3
+[ -x $py ] || py=python3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() { # check NAME COMMAND...: the command must succeed
+  local name=$1; shift
+  if "$@" > "$tmp/out" 2>&1; then pass=$((pass + 1)); echo "ok   $name"
+  else fail=$((fail + 1)); echo "FAIL $name:"; sed 's/^/    /' "$tmp/out"; fi
+}
+refuse() { # refuse NAME EXPECTED COMMAND...: must fail (exit 1 or 2, no crash) saying EXPECTED
+  local name=$1 want=$2; shift 2
+  "$@" > "$tmp/out" 2>&1
+  local rc=$?
+  if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$want" "$tmp/out"; then pass=$((pass + 1)); echo "ok   $name"
+  else fail=$((fail + 1)); echo "FAIL $name (exit $rc, wanted '$want'):"; sed 's/^/    /' "$tmp/out"; fi
+}
+
+case=$parity/rotary_pos_emb
+check "compile --train" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/m.so" --train
+check "info" "$xtc" info "$tmp/m.so"
+grep -q "attn_layers.rotary_pos_emb.inv_freq" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info lists the buffers"; }
+check "info --source" "$xtc" info "$tmp/m.so" --source
+grep -q "rotary_pos_emb = true" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL the module embeds its source"; }
+check "run compiled --grads" "$xtc" run "$tmp/m.so" --weights "$case/weights.safetensors" \
+  --input "$case/inputs.safetensors" --output "$tmp/o.safetensors" --threads 2 --grads
+check "compiled logits, loss and gradients match x-transformers" $py "$parity/compare.py" "$case" \
+  "$tmp/o.safetensors" --skip '^grad\.logits$'
+check "init" "$xtc" init "$tmp/m.so" -o "$tmp/w.safetensors" --seed 3
+check "run on fresh weights" "$xtc" run "$tmp/m.so" --weights "$tmp/w.safetensors" \
+  --input "$case/inputs.safetensors" --output "$tmp/o2.safetensors"
+check "demo" "$xtc" demo --prompt "hello"
+grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
+
+refuse "unknown command" "unknown command" "$xtc" frobnicate
+refuse "compile without -o" "usage: xtc compile" "$xtc" compile "$src/models/gpt.xtf"
+refuse "unknown target" "unknown target" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target tpu
+refuse "unknown pass" "unknown pass" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --disable-pass=nope
+refuse "not a module" "" "$xtc" info "$src/README.md"
+check "compile inference" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/inf.so"
+refuse "grads of an inference module" "compile it with --train" "$xtc" run "$tmp/inf.so" --grads \
+  --weights "$case/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o3.safetensors"
+refuse "weights of another model" "missing tensor\|unexpected tensor\|shape" "$xtc" run "$tmp/m.so" \
+  --weights "$parity/decoder_plain/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o4.safetensors"
+echo "cli: $pass passed, $fail failed"
+[ $fail -eq 0 ]
