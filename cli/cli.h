@@ -13,6 +13,7 @@ int cli_demo(int argc, char **argv);
 int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_init(int argc, char **argv);
+int cli_options(int argc, char **argv);
 /* xtc run on a compiled module (cli_run hands over when the model is not a .xtf file) */
 int cli_run_module(int argc, char **argv);
 

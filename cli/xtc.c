@@ -20,6 +20,7 @@ static const struct {
     {"init", cli_init, "write fresh seeded weights for a compiled module"},
     {"ir", cli_ir, "print the IR of a model (after lowering, or after a pass)"},
     {"check", cli_check, "parse and check a .xtf file, reporting every error"},
+    {"options", cli_options, "list the constructors and options of the language, and what is supported"},
     {"demo", cli_demo, "compile the bundled GPT, run it on a prompt, show the result"},
     {"help", cmd_help, "show this help"},
 };

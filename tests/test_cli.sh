@@ -39,6 +39,11 @@ check "compiled logits, loss and gradients match x-transformers" $py "$parity/co
 check "init" "$xtc" init "$tmp/m.so" -o "$tmp/w.safetensors" --seed 3
 check "run on fresh weights" "$xtc" run "$tmp/m.so" --weights "$tmp/w.safetensors" \
   --input "$case/inputs.safetensors" --output "$tmp/o2.safetensors"
+check "compile a byte-level model" "$xtc" compile "$src/models/gpt_rotary.xtf" -o "$tmp/byte.so"
+check "init it" "$xtc" init "$tmp/byte.so" -o "$tmp/byte.safetensors"
+check "example program (examples/predict.c)" "$build/predict" "$tmp/byte.so" "$tmp/byte.safetensors" "hello"
+grep -q "predicted next" "$tmp/out" && [ "$(grep -c '^ *[0-9]' "$tmp/out")" -eq 5 ] ||
+  { fail=$((fail + 1)); echo "FAIL predict prints one prediction per position"; }
 check "demo" "$xtc" demo --prompt "hello"
 grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
 
