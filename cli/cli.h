@@ -14,6 +14,10 @@ int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_init(int argc, char **argv);
 int cli_options(int argc, char **argv);
+int cli_train(int argc, char **argv);    /* cmd_train.c */
+int cli_generate(int argc, char **argv); /* cmd_generate.c */
+int cli_demo_train(int argc, char **argv); /* demo_train.c: what `xtc demo` runs */
+int cli_bench(int argc, char **argv); /* cmd_bench.c */
 /* xtc run on a compiled module (cli_run hands over when the model is not a .xtf file) */
 int cli_run_module(int argc, char **argv);
 

@@ -64,9 +64,11 @@ int cli_check_ids(const IrGraph *g, const RtStFile *inputs, const char *path)
         if ((n->op != IR_GATHER && n->op != IR_XENT) || n->nin < 2 || n->in[1]->op != IR_INPUT)
             continue;
         const RtStTensor *t = rt_st_find(inputs, n->in[1]->s);
-        const IrNode *table = n->in[0];
+        const IrNode *table = n->in[0]; /* gather: the rows; cross-entropy: the classes, last */
+        if (!t || table->rank < 1)
+            continue;
         IrDim rows = n->op == IR_GATHER ? table->shape[0] : table->shape[table->rank - 1];
-        if (!t || table->rank < 1 || !ir_dim_is_const(rows))
+        if (!ir_dim_is_const(rows))
             continue;
         if (check_id_range(t, path, rows.c, n->op == IR_XENT, n->op == IR_GATHER ? "id" : "target") != 0)
             return -1;

@@ -18,10 +18,13 @@ static const struct {
     {"run", cli_run, "run a model (.xtf on the interpreter, .so compiled) on .safetensors inputs"},
     {"info", cli_info, "describe a compiled module"},
     {"init", cli_init, "write fresh seeded weights for a compiled module"},
+    {"bench", cli_bench, "time a model compiled fused and unfused, kernel by kernel"},
+    {"train", cli_train, "train a byte-level language model on a text file (AdamW, checkpoints)"},
+    {"generate", cli_generate, "sample text from a trained model with a KV cache"},
     {"ir", cli_ir, "print the IR of a model (after lowering, or after a pass)"},
     {"check", cli_check, "parse and check a .xtf file, reporting every error"},
     {"options", cli_options, "list the constructors and options of the language, and what is supported"},
-    {"demo", cli_demo, "compile the bundled GPT, run it on a prompt, show the result"},
+    {"demo", cli_demo_train, "train the bundled tiny GPT on generated text, then sample from it"},
     {"help", cmd_help, "show this help"},
 };
 

@@ -32,7 +32,12 @@ extern char **environ;
 /* Below this many elements of work a kernel runs on the calling thread alone. */
 #define PARALLEL_MIN_COST 16384
 
-enum { CTX_OUT, CTX_IN0, CTX_IN1, CTX_IN2, CTX_SYMS, CTX_STATUS, CTX_SLOTS };
+/* The thread pool's context: out, the IR_MAXIN operands, syms, then the status word. */
+enum { CTX_OUT, CTX_IN0, CTX_SYMS = CTX_IN0 + IR_MAXIN, CTX_STATUS, CTX_SLOTS };
+/* Parameters: impl(out, in[IR_MAXIN], syms, lo, hi), kernel(out, in[IR_MAXIN], syms, rt). */
+enum { P_OUT, P_IN0, P_SYMS = P_IN0 + IR_MAXIN, P_LO, P_HI, P_IMPL_N = P_HI + 1, P_RT = P_LO, P_KERNEL_N = P_RT + 1 };
+
+_Static_assert(IR_MAXIN <= XTC_ABI_MAXIN, "the metadata's step records carry at most XTC_ABI_MAXIN operands");
 
 static double now_s(void)
 {
@@ -91,20 +96,20 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMBuilderRef b = cg->b;
     char name[96];
 
-    /* impl(out, in0, in1, in2, syms, lo, hi) -> status */
+    /* impl(out, in0 .. in[IR_MAXIN-1], syms, lo, hi) -> status */
     snprintf(name, sizeof name, "%s_impl", k->fn);
     LLVMValueRef impl = cg_function(cg, name, cg->t_impl, 1);
-    for (unsigned i = 1; i <= 4; i++)
+    for (unsigned i = 1 + P_OUT; i <= P_IN0 + IR_MAXIN; i++)
         cg_attr(cg, impl, i, "noalias");
     CgFn f = {.cg = cg, .node = n, .fn = impl};
     f.entry = LLVMAppendBasicBlockInContext(cg->ctx, impl, "entry");
     LLVMPositionBuilderAtEnd(b, f.entry);
-    f.out = LLVMGetParam(impl, 0);
+    f.out = LLVMGetParam(impl, P_OUT);
     for (int i = 0; i < IR_MAXIN; i++)
-        f.in[i] = LLVMGetParam(impl, 1 + (unsigned)i);
-    f.syms = LLVMGetParam(impl, 4);
-    f.lo = LLVMGetParam(impl, 5);
-    f.hi = LLVMGetParam(impl, 6);
+        f.in[i] = LLVMGetParam(impl, P_IN0 + (unsigned)i);
+    f.syms = LLVMGetParam(impl, P_SYMS);
+    f.lo = LLVMGetParam(impl, P_LO);
+    f.hi = LLVMGetParam(impl, P_HI);
     f.status = cg_var(&f, cg->t_i32, cg_i32(cg, 0), "status");
     if (L->impl(&f) < 0)
         return -1;
@@ -115,14 +120,14 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMValueRef body = cg_function(cg, name, cg->t_body, 1);
     LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(cg->ctx, body, "entry"));
     LLVMValueRef ctx = LLVMGetParam(body, 0);
-    LLVMValueRef args[7];
-    for (int i = 0; i < 5; i++) {
+    LLVMValueRef args[P_IMPL_N];
+    for (int i = 0; i <= P_SYMS; i++) { /* ctx slots and impl parameters agree up to syms */
         LLVMValueRef idx = cg_i64(cg, i);
         args[i] = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_i64, ctx, &idx, 1, ""), "");
     }
-    args[5] = LLVMGetParam(body, 1);
-    args[6] = LLVMGetParam(body, 2);
-    LLVMValueRef st = LLVMBuildCall2(b, cg->t_impl, impl, args, 7, "");
+    args[P_LO] = LLVMGetParam(body, 1);
+    args[P_HI] = LLVMGetParam(body, 2);
+    LLVMValueRef st = LLVMBuildCall2(b, cg->t_impl, impl, args, P_IMPL_N, "");
     LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(cg->ctx, body, "failed");
     LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(cg->ctx, body, "done");
     LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, st, cg_i32(cg, 0), ""), bad, done);
@@ -135,16 +140,16 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMPositionBuilderAtEnd(b, done);
     LLVMBuildRetVoid(b);
 
-    /* kernel(out, in0, in1, in2, syms, rt) -> status */
+    /* kernel(out, in0 .. in[IR_MAXIN-1], syms, rt) -> status */
     LLVMValueRef kfn = cg_function(cg, k->fn, cg->t_kernel, 1);
     CgFn kf = {.cg = cg, .node = n, .fn = kfn};
     kf.entry = LLVMAppendBasicBlockInContext(cg->ctx, kfn, "entry");
     LLVMPositionBuilderAtEnd(b, kf.entry);
-    kf.out = LLVMGetParam(kfn, 0);
+    kf.out = LLVMGetParam(kfn, P_OUT);
     for (int i = 0; i < IR_MAXIN; i++)
-        kf.in[i] = LLVMGetParam(kfn, 1 + (unsigned)i);
-    kf.syms = LLVMGetParam(kfn, 4);
-    LLVMValueRef rt = LLVMGetParam(kfn, 5);
+        kf.in[i] = LLVMGetParam(kfn, P_IN0 + (unsigned)i);
+    kf.syms = LLVMGetParam(kfn, P_SYMS);
+    LLVMValueRef rt = LLVMGetParam(kfn, P_RT);
     LLVMValueRef items = cg_i64(cg, 1), cost = cg_i64(cg, 1);
     if (L->work)
         L->work(&kf, &items, &cost);
@@ -159,8 +164,12 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMBuildCondBr(b, par, threaded, direct);
 
     LLVMPositionBuilderAtEnd(b, threaded);
-    LLVMValueRef vals[5] = {kf.out, kf.in[0], kf.in[1], kf.in[2], kf.syms};
-    for (int i = 0; i < 5; i++) {
+    LLVMValueRef vals[CTX_SYMS + 1];
+    vals[CTX_OUT] = kf.out;
+    for (int i = 0; i < IR_MAXIN; i++)
+        vals[CTX_IN0 + i] = kf.in[i];
+    vals[CTX_SYMS] = kf.syms;
+    for (int i = 0; i <= CTX_SYMS; i++) {
         LLVMValueRef idx = cg_i64(cg, i);
         LLVMBuildStore(b, vals[i], LLVMBuildGEP2(b, cg->t_i64, slots, &idx, 1, ""));
     }
@@ -178,8 +187,14 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMBuildRet(b, pst);
 
     LLVMPositionBuilderAtEnd(b, direct);
-    LLVMValueRef dargs[7] = {kf.out, kf.in[0], kf.in[1], kf.in[2], kf.syms, cg_i64(cg, 0), items};
-    LLVMBuildRet(b, LLVMBuildCall2(b, cg->t_impl, impl, dargs, 7, ""));
+    LLVMValueRef dargs[P_IMPL_N];
+    dargs[P_OUT] = kf.out;
+    for (int i = 0; i < IR_MAXIN; i++)
+        dargs[P_IN0 + i] = kf.in[i];
+    dargs[P_SYMS] = kf.syms;
+    dargs[P_LO] = cg_i64(cg, 0);
+    dargs[P_HI] = items;
+    LLVMBuildRet(b, LLVMBuildCall2(b, cg->t_impl, impl, dargs, P_IMPL_N, ""));
     return 0;
 }
 
@@ -203,9 +218,12 @@ static LLVMValueRef emit_run(Cg *cg, LLVMValueRef *kernels)
     LLVMPositionBuilderAtEnd(b, LLVMGetEntryBasicBlock(run));
     for (int s = 0; s < p->nsteps; s++) {
         const CgStep *st = &p->steps[s];
-        LLVMValueRef args[6];
-        int ids[4] = {st->out, st->in[0], st->in[1], st->in[2]};
-        for (int i = 0; i < 4; i++) {
+        LLVMValueRef args[P_KERNEL_N];
+        int ids[1 + IR_MAXIN];
+        ids[P_OUT] = st->out;
+        for (int i = 0; i < IR_MAXIN; i++)
+            ids[P_IN0 + i] = st->in[i];
+        for (int i = 0; i < 1 + IR_MAXIN; i++) {
             if (ids[i] < 0) {
                 args[i] = LLVMConstPointerNull(cg->t_ptr);
                 continue;
@@ -213,9 +231,9 @@ static LLVMValueRef emit_run(Cg *cg, LLVMValueRef *kernels)
             LLVMValueRef idx = cg_i64(cg, ids[i]);
             args[i] = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_ptr, bufs, &idx, 1, ""), "");
         }
-        args[4] = syms;
-        args[5] = rt;
-        LLVMValueRef r = LLVMBuildCall2(b, cg->t_kernel, kernels[st->kernel], args, 6, "");
+        args[P_SYMS] = syms;
+        args[P_RT] = rt;
+        LLVMValueRef r = LLVMBuildCall2(b, cg->t_kernel, kernels[st->kernel], args, P_KERNEL_N, "");
         LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(cg->ctx, run, "next");
         LLVMBasicBlockRef here = LLVMGetInsertBlock(b);
         LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, r, cg_i32(cg, 0), ""), fail, next);
@@ -363,12 +381,15 @@ static void init_types(Cg *cg)
     cg->t_f64 = LLVMDoubleTypeInContext(c);
     cg->t_ptr = LLVMPointerTypeInContext(c, 0);
     LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
-    LLVMTypeRef impl[7] = {p, p, p, p, p, i64, i64};
-    cg->t_impl = LLVMFunctionType(cg->t_i32, impl, 7, 0);
+    LLVMTypeRef impl[P_IMPL_N], kernel[P_KERNEL_N];
+    for (int i = 0; i <= P_SYMS; i++)
+        impl[i] = kernel[i] = p;
+    impl[P_LO] = impl[P_HI] = i64;
+    kernel[P_RT] = p;
+    cg->t_impl = LLVMFunctionType(cg->t_i32, impl, P_IMPL_N, 0);
     LLVMTypeRef body[3] = {p, i64, i64};
     cg->t_body = LLVMFunctionType(cg->t_void, body, 3, 0);
-    LLVMTypeRef kernel[6] = {p, p, p, p, p, p};
-    cg->t_kernel = LLVMFunctionType(cg->t_i32, kernel, 6, 0);
+    cg->t_kernel = LLVMFunctionType(cg->t_i32, kernel, P_KERNEL_N, 0);
     LLVMTypeRef run[3] = {p, p, p};
     cg->t_run = LLVMFunctionType(cg->t_i32, run, 3, 0);
     LLVMTypeRef rtapi[5] = {p, p, i64, p, p};

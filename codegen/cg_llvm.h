@@ -3,11 +3,12 @@
  *   cg_llvm_util.c    builder helpers: constants, loops, dims, element loads/stores, math
  *   cg_llvm_ops.c     the per-op lowering table and every op but matmul
  *   cg_llvm_matmul.c  the blocked, vectorised, threaded matrix multiplication
+ *   cg_llvm_sort.c    the ops that order each row: kth_largest, entmax15
  *
  * Every kernel is three functions (one set per signature, shared by all steps that have it):
- *   impl(out, in0, in1, in2, syms, lo, hi) -> i32   work items [lo, hi); noalias pointers
+ *   impl(out, in0..in7, syms, lo, hi) -> i32        work items [lo, hi); noalias pointers
  *   body(ctx, lo, hi)                              what the thread pool calls: unpacks ctx
- *   kernel(out, in0, in1, in2, syms, rt) -> i32     counts the work items, then calls impl
+ *   kernel(out, in0..in7, syms, rt) -> i32          counts the work items, then calls impl
  *                                                  directly or through rt->parallel_for
  * An op's lowering supplies the work count and the impl's contents (CgLower). */
 #ifndef XTC_CG_LLVM_H
@@ -68,6 +69,39 @@ const CgLower *cg_llvm_lowering(IrOp op);
 /* cg_llvm_matmul.c */
 void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_matmul_impl(CgFn *f);
+/* The same with an epilogue: once a work item's block of C (rows [i0, i1), columns [j0, j1) of
+ * batch index bi) is final, fn emits code that rewrites it in place (a fused program's tail). */
+typedef struct {
+    void (*fn)(CgFn *f, void *ctx, LLVMValueRef bi, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
+               LLVMValueRef j1);
+    void *ctx;
+} CgMatmulEpilogue;
+int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);
+/* ... and its building blocks, shared with the fused attention kernels (cg_llvm_attention.c):
+ *   pack(bp, b, ldb, pc, kc, j0, nc)   bp[p][j] = B(pc + p, j0 + j), j < nc; zeros up to NR;
+ *                                      B(p, j) = b[p ldb + j], or b[j ldb + p] when transposed
+ *   micro(a, lda, i0, mlast, kc, bp, c, ldc, mr, nc, accumulate)
+ *                                      C[r, 0..nc) (+)= sum_p A[r, p] bp[p, ..] for r < mr, with
+ *                                      A rows at a + min(i0 + r, mlast) lda, C rows at c + (i0 + r) ldc
+ * NR (packed panel width) and MR (rows of a micro tile) depend on the vector width; kc <= KC. */
+#define CG_GEMM_KC 256
+LLVMValueRef cg_gemm_pack(Cg *cg, int transposed);
+LLVMValueRef cg_gemm_micro(Cg *cg);
+int cg_gemm_nr(Cg *cg);
+int cg_gemm_mr(Cg *cg);
+/* cg_llvm_sort.c: the ops that order a row: kth_largest (radix select), entmax15 (heap sort) */
+void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_kth_largest_impl(CgFn *f);
+void cg_entmax15_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_entmax15_impl(CgFn *f);
+/* cg_llvm_attention.c: the fused attention ops */
+void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_attention_impl(CgFn *f);
+void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_attention_grad_impl(CgFn *f);
+/* cg_llvm_fused.c: the fused op (a program of elementwise ops and row reductions) */
+void cg_fused_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
+int cg_fused_impl(CgFn *f);
 
 /* ---- cg_llvm_util.c ---- */
 

@@ -115,7 +115,7 @@ static LLVMValueRef batch_offset(CgFn *f, const IrNode *x, LLVMValueRef bi, LLVM
 
 /* ---- the plain path ---- */
 
-static int plain_impl(CgFn *f)
+static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -144,6 +144,8 @@ static int plain_impl(CgFn *f)
     cg_for_end(f, &lp);
     cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, cbase, lj.iv, ""), cg_get(f, cg->t_f32, acc));
     cg_for_end(f, &lj);
+    if (epi) /* the row is final */
+        epi->fn(f, epi->ctx, bi, i, LLVMBuildAdd(b, i, cg_i64(cg, 1), ""), cg_i64(cg, 0), d.n);
     cg_for_end(f, &l);
     return 0;
 }
@@ -342,10 +344,10 @@ static LLVMValueRef micro_function(Cg *cg)
 
 /* ---- the blocked path ---- */
 
-int cg_matmul_impl(CgFn *f)
+static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
 {
     if (plain_path(f->node))
-        return plain_impl(f);
+        return plain_impl(f, epi);
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
@@ -404,6 +406,21 @@ int cg_matmul_impl(CgFn *f)
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
     cg_for_end(f, &lk);
+    if (epi) /* the item's block of C is final, and still in cache */
+        epi->fn(f, epi->ctx, bi, i_start, i_end, j_start, j_end);
     cg_for_end(f, &li);
     return 0;
 }
+
+int cg_matmul_impl(CgFn *f) { return matmul_impl(f, NULL); }
+
+int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi) { return matmul_impl(f, epi); }
+
+/* ---- the building blocks, for other kernels (cg_llvm.h) ---- */
+
+_Static_assert(KC == CG_GEMM_KC, "cg_llvm.h: CG_GEMM_KC is the k block of the packed panels");
+
+LLVMValueRef cg_gemm_pack(Cg *cg, int transposed) { return pack_function(cg, transposed); }
+LLVMValueRef cg_gemm_micro(Cg *cg) { return micro_function(cg); }
+int cg_gemm_nr(Cg *cg) { return 2 * lanes(cg); }
+int cg_gemm_mr(Cg *cg) { return tile_rows(cg); }

@@ -734,6 +734,37 @@ static int impl_gather_grad(CgFn *f)
     return 0;
 }
 
+/* ---- random numbers: rand_like, the bits of ir/interp.c's rand_at ---- */
+
+static LLVMValueRef u64(Cg *cg, uint64_t v) { return LLVMConstInt(cg->t_i64, v, 0); }
+
+static LLVMValueRef xorshift_mul(LLVMBuilderRef b, Cg *cg, LLVMValueRef z, int shift, uint64_t k)
+{
+    z = LLVMBuildXor(b, z, LLVMBuildLShr(b, z, cg_i64(cg, shift), ""), "");
+    return LLVMBuildMul(b, z, u64(cg, k), "");
+}
+
+static int impl_rand(CgFn *f)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    const IrNode *n = f->node;
+    LLVMValueRef seed = cg_convert(f, cg_load(f, n->in[0]->dtype, f->in[0], cg_i64(cg, 0)), n->in[0]->dtype, IR_I64);
+    LLVMValueRef base = LLVMBuildAdd(b, LLVMBuildMul(b, seed, u64(cg, 0xd1b54a32d192ed03ull), ""),
+                                     u64(cg, (uint64_t)n->ia[0] * 0xabc98388fb8fac03ull), "");
+    CgLoop l;
+    cg_for(f, &l, f->lo, f->hi, "i");
+    LLVMValueRef z = LLVMBuildAdd(b, base, LLVMBuildMul(b, LLVMBuildAdd(b, l.iv, cg_i64(cg, 1), ""),
+                                                        u64(cg, 0x9e3779b97f4a7c15ull), ""), "");
+    z = xorshift_mul(b, cg, z, 30, 0xbf58476d1ce4e5b9ull);
+    z = xorshift_mul(b, cg, z, 27, 0x94d049bb133111ebull);
+    z = LLVMBuildXor(b, z, LLVMBuildLShr(b, z, cg_i64(cg, 31), ""), "");
+    LLVMValueRef top = LLVMBuildUIToFP(b, LLVMBuildLShr(b, z, cg_i64(cg, 40), ""), cg->t_f32, "");
+    cg_store(f, IR_F32, f->out, l.iv, LLVMBuildFMul(b, top, cg_f32(cg, 0x1p-24), ""));
+    cg_for_end(f, &l);
+    return 0;
+}
+
 /* ---- cross entropy: mean over targets >= 0 of logsumexp(z) - z[t]; 0 when none counts ---- */
 
 static int impl_xent(CgFn *f)
@@ -822,6 +853,8 @@ static const CgLower lowering[] = {
     [IR_SUM] = {work_reduce, impl_reduce, 0},
     [IR_RMAX] = {work_reduce, impl_reduce, 0},
     [IR_SOFTMAX] = {work_softmax, impl_softmax, 0},
+    [IR_ENTMAX15] = {cg_entmax15_work, cg_entmax15_impl, 0},         /* cg_llvm_sort.c */
+    [IR_KTH_LARGEST] = {cg_kth_largest_work, cg_kth_largest_impl, 0}, /* cg_llvm_sort.c */
 
     /* RESHAPE aliases its operand's buffer (cg_plan.c) and never reaches the backend */
     [IR_RESHAPE] = {0, 0, 0},
@@ -835,6 +868,13 @@ static const CgLower lowering[] = {
     [IR_MATMUL] = {cg_matmul_work, cg_matmul_impl, 0},
 
     [IR_XENT] = {0, impl_xent, 0},
+
+    [IR_RAND] = {work_numel, impl_rand, 0},
+
+    /* fused ops (cg_llvm_attention.c) */
+    [IR_ATTENTION] = {cg_attention_work, cg_attention_impl, 0},
+    [IR_ATTENTION_GRAD] = {cg_attention_grad_work, cg_attention_grad_impl, 0},
+    [IR_FUSED] = {cg_fused_work, cg_fused_impl, 0}, /* cg_llvm_fused.c */
 };
 _Static_assert(sizeof lowering / sizeof lowering[0] == IR_NUM_OPS,
                "codegen/cg_llvm_ops.c: the lowering table needs a row for every op of ops.def");

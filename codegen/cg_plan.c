@@ -61,6 +61,8 @@ static char *signature(const IrNode *n)
     fprintf(f, " ia");
     for (int i = 0; i < IR_MAXIA; i++)
         fprintf(f, " %lld", (long long)n->ia[i]);
+    if (n->op == IR_FUSED) /* the program; leaves' names do not reach here */
+        fprintf(f, " program %s", n->s ? n->s : "");
     fprintf(f, " f %a d ", n->f);
     put_dim(f, n->d);
     fprintf(f, " perm");
@@ -276,8 +278,13 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
             put_name(f, options[i + 1]);
             fputc('\n', f);
         }
-    for (int s = 0; s < g->nsyms; s++)
+    for (int s = 0; s < g->nsyms; s++) {
         fprintf(f, "sym %s %lld\n", g->sym_name[s], (long long)g->sym_max[s]);
+        char def[128];
+        if (g->sym_derived[s])
+            fprintf(f, "derive %s %s %lld\n", g->sym_name[s], ir_dim_str(g, g->sym_def[s], def, sizeof def),
+                    (long long)g->sym_max[s]);
+    }
     for (int i = 0; i < p->nbufs; i++) {
         const CgBuffer *b = &p->bufs[i];
         char name[32];
@@ -326,8 +333,10 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
             snprintf(label, sizeof label, "t%d", st->node->id);
             lb = label;
         }
-        fprintf(f, "step %d %d %d %d %d %d %s ", s, st->kernel, st->out, st->in[0], st->in[1], st->in[2],
-                ir_ops[st->node->op].name);
+        fprintf(f, "step %d %d %d", s, st->kernel, st->out);
+        for (int k = 0; k < IR_MAXIN; k++)
+            fprintf(f, " %d", st->in[k]);
+        fprintf(f, " %s ", ir_ops[st->node->op].name);
         put_name(f, lb);
         fputc('\n', f);
     }

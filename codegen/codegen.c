@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-static const CgBackend *const backends[] = {&cg_llvm_backend};
+static const CgBackend *const backends[] = {&cg_llvm_backend, &cg_cuda_backend, &cg_cuda_emu_backend};
 
 const CgBackend *cg_backend_find(const char *name)
 {
@@ -41,7 +41,7 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     }
     const CgBackend *be = cg_backend_find(opt->target);
     if (!be) {
-        snprintf(err, n, "unknown target '%s' (this build has: cpu)", opt->target);
+        snprintf(err, n, "unknown target '%s' (this build has: cpu, cuda, cuda-emu)", opt->target);
         return -1;
     }
     double t0 = now_s();

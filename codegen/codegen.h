@@ -25,6 +25,8 @@ typedef struct {
     const char *source;      /* the .xtf text to embed (NULL = none) */
     const char *source_name; /* its file name, recorded among the options */
     const char *emit_llvm;   /* debugging: write the optimised LLVM IR as text to this path */
+    const char *cuda_arch;   /* cuda: the GPU architecture of the PTX, "sm_80" (default), "sm_90" */
+    const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
 } CgOptions;
 
 /* Filled by cg_compile when asked: what was produced and where the time went. */
@@ -62,6 +64,7 @@ typedef struct CgBackend {
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;
+extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cg_cuda.c */
 
 /* The backend of that name ("cpu"), or NULL. */
 const CgBackend *cg_backend_find(const char *name);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir.h"
 #include "options.h"
 #include "xtf_internal.h"
 
@@ -610,6 +611,9 @@ int xtf_check(XtfFile *f, XtfDiag *d)
             C.current = i;
             const XtfStmt *s = &f->stmts[i];
             const XtfStmt *first = map_get(&C.first, f, s->name);
+            if (strlen(s->name) > IR_MAX_NAME) /* it names the model's graph in the IR text */
+                xtf_diag_error(d, f, s->loc, "the name is too long (%zu characters, at most %d)",
+                               strlen(s->name), IR_MAX_NAME);
             if (first != s) {
                 xtf_diag_error(d, f, s->loc, "'%s' is already defined", s->name);
                 xtf_diag_note(d, f, first->loc, "'%s' was first defined here", s->name);

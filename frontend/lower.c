@@ -6,8 +6,9 @@
  * matmul/softmax/where); the fusion passes recombine them.
  *
  * Symbols: "b" (batch), "n" (sequence, bounded by max_seq_len), "m" (context length, for
- * cross-attention), "s"/"t" (source/target lengths of XTransformer). Inputs and outputs are
- * named as in DESIGN.md ("Module interface"). */
+ * cross-attention), "s"/"t" (source/target lengths of XTransformer), "p" (Transformer-XL memory
+ * rows in) and the derived "q" = min(n+p, max_mem_len) (rows out), "c" (KV cache length). Inputs
+ * and outputs are named as in DESIGN.md ("Module interface"). */
 #include "xtf.h"
 
 #include <float.h>
@@ -38,9 +39,14 @@ typedef struct {
     int use_qk_norm_attn, qk_norm;
     double qk_scale_init;
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
+    int sparse_topk;            /* k, 0 = off */
+    int entmax15;
+    int alibi, alibi_heads, alibi_learned; /* section 7.4: learned slopes (or not causal) */
     int ff_glu, ff_relu_squared, ff_post_act_ln;
     double ff_mult;
+    double attn_dropout, ff_dropout;
     char types[MAX_LAYERS];
+    int shift[MAX_LAYERS];      /* shift_tokens of each layer, 0 = none (section 4) */
     int ntypes;
 } Stack;
 
@@ -63,6 +69,8 @@ typedef struct {
     int cur_attn;         /* index of the self-attention layer being built */
     IrNode *tied_emb;     /* XTransformer tie_token_emb: the embedding the decoder reuses */
     IrNode *store[6][MAX_LAYERS]; /* storage behind mems_in .. new_v */
+    IrNode *dropout_seed; /* training with dropout: the i64 scalar input seeding the masks */
+    int dropout_sites;    /* one random stream per dropout site */
 } Lx;
 
 /* ---- small helpers ---- */
@@ -156,6 +164,24 @@ static IrNode *l2norm(Lx *L, IrNode *x)
     return ir_binary(L->g, IR_DIV, x, ir_binary(L->g, IR_MAX, nrm, cf(L, 1e-12)));
 }
 
+/* nn.Dropout(p) in training mode (XtLowerOpts.dropout): each element is zeroed with probability p
+ * and the others scaled by 1 / (1 - p). The mask is rand_like(dropout_seed) < p on a stream of its
+ * own per site, with p rounded to rand_like's 2^-24 grid so every backend draws the same mask.
+ * Evaluation (and p = 0) leaves x alone. */
+static IrNode *dropout(Lx *L, IrNode *x, double p)
+{
+    IrGraph *g = L->g;
+    if (!x || !L->opt->dropout || !(p > 0))
+        return x;
+    if (!L->dropout_seed)
+        L->dropout_seed = ir_input(g, "dropout_seed", IR_I64, 0, NULL);
+    double q = round(p * 16777216.0) / 16777216.0;
+    if (q >= 1)
+        return mul(L, x, cf(L, 0));
+    IrNode *drop = ir_binary(g, IR_LT, ir_rand(g, L->dropout_seed, x, L->dropout_sites++), cf(L, q));
+    return ir_where(g, drop, cf(L, 0), mul(L, x, cf(L, 1.0 / (1.0 - q))));
+}
+
 /* [b, n, h*d] -> [b, h, n, d] */
 static IrNode *split_heads(Lx *L, IrNode *x, int h, int dh)
 {
@@ -190,6 +216,7 @@ typedef struct {
     IrNode *rot_cos, *rot_sin;  /* [n, rd] */
     IrNode *pia;                /* [n, dim] sinusoids */
     IrNode *relpos_table;       /* [buckets, heads] */
+    IrNode *alibi_past, *alibi_future; /* ALiBi slopes [1, heads, 1, 1] (future: bidirectional) */
 } Positions;
 
 /* Positions tables cover L = mem + n positions; a tensor of length m takes the last m rows. */
@@ -215,6 +242,85 @@ static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
     IrNode *out = add(L, mul(L, xr, cosv), mul(L, rot, sinv));
     if (rd < dh)
         out = ir_concat(g, out, ir_slice(g, t, -1, C(rd), C(dh - rd)), -1);
+    return out;
+}
+
+/* The ALiBi bias [1, heads or 1, I, J] of x-transformers 0.23.0 (section 7.4), heads past
+ * alibi_num_heads at slope 0. Fixed slopes (causal): j * slope, the same on every row (softmax
+ * cannot tell it from -(i - j) * slope). Learned (or bidirectional): (j - i) * slope, with
+ * bidirectionally |j - i| * past slope for j <= i and |j - i| * future slope for j >= i (tril and
+ * triu; 0.23.0 adds these distances with a plus sign). Positions count from 0 on both axes, keys
+ * past memories and memory key/values included; with a KV cache the rows are those of the full
+ * recomputation. */
+static IrNode *alibi_bias(Lx *L, const Stack *S, const Positions *P, IrDim I, IrDim J)
+{
+    IrGraph *g = L->g;
+    IrDim sj[4] = {C(1), C(1), C(1), J}, si[4] = {C(1), C(1), I, C(1)};
+    IrNode *j = ir_reshape(g, ir_arange(g, C(0), J, IR_F32), 4, sj);
+    if (!S->alibi_learned)
+        return mul(L, j, P->alibi_past);
+    IrDim first = L->cache_k ? ir_dim_sub(ir_dim_addc(J, -S->num_mem_kv), I) : C(0);
+    IrNode *d = sub(L, j, ir_reshape(g, ir_arange(g, first, I, IR_F32), 4, si)); /* j - i */
+    if (S->causal)
+        return mul(L, d, P->alibi_past);
+    IrNode *dist = un(L, IR_ABS, d), *zero = cf(L, 0);
+    IrNode *past = ir_where(g, ir_binary(g, IR_LE, d, zero), mul(L, dist, P->alibi_past), zero);
+    IrNode *future = ir_where(g, ir_binary(g, IR_LE, zero, d), mul(L, dist, P->alibi_future), zero);
+    return add(L, past, future);
+}
+
+/* Slope h of ALiBi over `heads` heads as x-transformers 0.23.0 computes it (a Python list of
+ * doubles, then a float32 tensor): for a power of two n, start * start^h with
+ * start = 2^(-2^-(log2 n - 3)); otherwise the slopes of the power of two p below n, then every
+ * other slope of 2p. */
+static double alibi_slope(int heads, int h)
+{
+    int p2 = 1;
+    while (p2 * 2 <= heads)
+        p2 *= 2;
+    int n = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
+    double start = pow(2.0, -pow(2.0, -(log2((double)n) - 3)));
+    return (float)(start * pow(start, (double)i));
+}
+
+/* [1, heads, 1, 1]: slopes v[0 .. nv) then zeros (the heads ALiBi leaves alone) */
+static IrNode *per_head(Lx *L, IrNode *v, int nv, int heads)
+{
+    if (nv == heads)
+        return v;
+    IrDim zs[4] = {C(1), C(heads - nv), C(1), C(1)};
+    return ir_concat(L->g, v, ir_expand(L->g, cf(L, 0), 4, zs), 1);
+}
+
+/* ShiftTokens (section 4): the features split into chunks of dim // len(shifts) (the rest left
+ * alone); chunk k moves along the sequence by shifts[k] with zero fill, its masked positions
+ * zeroed first (the 'a' and 'c' blocks get the mask, 'f' blocks not; a shift of 0 leaves the
+ * chunk as it is). shifts = range(-s, s+1), or range(0, s+1) when causal. */
+static IrNode *shift_tokens(Lx *L, const Stack *S, IrNode *x, int s, IrNode *mask)
+{
+    IrGraph *g = L->g;
+    if (!x)
+        return NULL;
+    int lo = S->causal ? 0 : -s, nseg = s - lo + 1, f = S->dim / nseg;
+    IrDim n = seq_of(x);
+    IrNode *out = NULL;
+    for (int k = 0; k < nseg; k++) {
+        IrNode *c = ir_slice(g, x, -1, C((int64_t)k * f), C(f));
+        int a = lo + k;
+        if (a != 0) {
+            if (mask) {
+                IrDim ms[3] = {L->B, n, C(1)};
+                c = ir_where(g, ir_reshape(g, mask, 3, ms), c, cf(L, 0));
+            }
+            IrDim zs[3] = {L->B, C(a > 0 ? a : -a), C(f)};
+            IrNode *z = ir_expand(g, cf(L, 0), 3, zs);
+            c = a > 0 ? ir_slice(g, ir_concat(g, z, c, 1), 1, C(0), n) /* pad a in front, crop the end */
+                      : ir_slice(g, ir_concat(g, c, z, 1), 1, C(-a), n);
+        }
+        out = out ? ir_concat(g, out, c, -1) : c;
+    }
+    if (nseg * f < S->dim)
+        out = ir_concat(g, out, ir_slice(g, x, -1, C((int64_t)nseg * f), C(S->dim - nseg * f)), -1);
     return out;
 }
 
@@ -313,6 +419,8 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         IrNode *b = ir_permute(g, ir_gather(g, P->relpos_table, bucket), perm);
         dots = add(L, dots, lab(L, mul(L, b, cf(L, sqrt((double)dh))), "layer%d.attn.rel_pos", layer));
     }
+    if (!cross && P->alibi_past) /* step 11, section 7.4 */
+        dots = add(L, dots, lab(L, alibi_bias(L, S, P, I, J), "layer%d.attn.alibi", layer));
     /* step 12: -FLT_MAX fill (not -inf), so fully masked rows attend uniformly */
     IrNode *neg = cf(L, -FLT_MAX);
     if (input_mask)
@@ -323,8 +431,14 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         IrNode *kj = ir_reshape(g, ir_arange(g, C(0), J, IR_I64), 2, sj);
         dots = ir_where(g, lab(L, ir_binary(g, IR_LT, qi, kj), "causal_mask"), neg, dots);
     }
-    IrNode *attn = lab(L, ir_softmax(g, dots), "layer%d.attn.weights", layer); /* step 14 */
-    if (S->talking_heads) /* step 15 */
+    if (S->sparse_topk) { /* step 13: below the row's k-th largest (ties kept); k >= J changes nothing */
+        IrNode *kth = lab(L, ir_kth_largest(g, dots, S->sparse_topk), "layer%d.attn.topk", layer);
+        dots = ir_where(g, ir_binary(g, IR_LT, dots, kth), neg, dots);
+    }
+    /* step 14: softmax, or entmax15 (section 10) */
+    IrNode *attn = lab(L, S->entmax15 ? ir_entmax15(g, dots) : ir_softmax(g, dots), "layer%d.attn.weights", layer);
+    attn = dropout(L, attn, S->attn_dropout); /* step 15: dropout, then the post-softmax mix */
+    if (S->talking_heads)
         attn = mix_heads(L, attn, p, "post_softmax_talking_heads", h);
     IrNode *out = ir_matmul(g, attn, v, 0); /* step 16 */
     if (S->head_scale) {
@@ -381,6 +495,7 @@ static IrNode *feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int
         snprintf(name, sizeof name, "%s.net.1", p);
         hdn = layer_norm(L, hdn, name, inner);
     }
+    hdn = dropout(L, hdn, S->ff_dropout); /* net.2 */
     snprintf(name, sizeof name, "%s.net.3", p);
     return lab(L, linear(L, hdn, name, inner, S->dim, 1), "layer%d.ff.out", layer);
 }
@@ -458,10 +573,24 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->gate_values = xtf_bool(call, "attn_gate_values");
     S->head_scale = xtf_bool(call, "attn_head_scale");
     S->num_mem_kv = (int)xtf_int(call, "attn_num_mem_kv");
+    S->alibi = xtf_bool(call, "alibi_pos_bias");
+    const XtfValue *ah = xtf_arg(call, "alibi_num_heads");
+    S->alibi_heads = ah && ah->kind == XV_INT ? (int)ah->i : S->heads;
+    S->alibi_learned = xtf_bool(call, "alibi_learned") || !S->causal; /* 0.23.0's class choice */
+    if (S->alibi && S->rel_pos)
+        return stack_error(L, call, "alibi_pos_bias and rel_pos_bias exclude each other (x-transformers "
+                                    "0.23.0 asserts it)");
+    if (S->alibi && S->alibi_heads > S->heads)
+        return stack_error(L, call, "alibi_num_heads (%d) must be at most heads (%d)", S->alibi_heads, S->heads);
+    const XtfValue *topk = xtf_arg(call, "attn_sparse_topk");
+    S->sparse_topk = topk && topk->kind == XV_INT ? (int)topk->i : 0;
+    S->entmax15 = xtf_bool(call, "attn_use_entmax15");
     S->ff_glu = xtf_bool(call, "ff_glu");
     S->ff_relu_squared = xtf_bool(call, "ff_relu_squared");
     S->ff_post_act_ln = xtf_bool(call, "ff_post_act_ln");
     S->ff_mult = xtf_float(call, "ff_mult");
+    S->attn_dropout = xtf_float(call, "attn_dropout");
+    S->ff_dropout = xtf_float(call, "ff_dropout");
     if (!(S->dim * S->ff_mult >= 1)) /* int(dim * ff_mult) < 1 */
         return stack_error(L, call, "ff_mult %g gives an empty feed-forward layer", S->ff_mult);
     /* sizes derived from two options must fit too (options.h: XTF_MAX_SIZE) */
@@ -487,6 +616,25 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
             S->types[S->ntypes++] = *c;
     for (int i = 0; i < k; i++)
         S->types[S->ntypes++] = 'f';
+
+    /* shift_tokens: one amount for every layer, or a tuple with one per layer (x-transformers
+     * zips it with the layer list, so a shorter tuple would build fewer layers) */
+    const XtfValue *st = xtf_arg(call, "shift_tokens");
+    while (st && st->kind == XV_REF)
+        st = st->ref;
+    if (st && st->kind == XV_TUPLE && st->nitems != S->ntypes)
+        return stack_error(L, call, "shift_tokens has %d values for %d layers (%s): give one per layer, or one "
+                                    "integer for all", st->nitems, S->ntypes, S->types);
+    for (int i = 0; i < S->ntypes; i++) {
+        const XtfValue *v = st && st->kind == XV_TUPLE ? st->items[i] : st;
+        while (v && v->kind == XV_REF)
+            v = v->ref;
+        S->shift[i] = v && v->kind == XV_INT && v->i > 0 ? (int)v->i : 0;
+        int segments = S->causal ? S->shift[i] + 1 : 2 * S->shift[i] + 1;
+        if (S->shift[i] > 0 && segments > S->dim)
+            return stack_error(L, call, "shift_tokens %d splits dim %d into %d chunks: at most dim", S->shift[i],
+                               S->dim, segments);
+    }
     return 0;
 }
 
@@ -505,6 +653,26 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
     if (S->rel_pos) {
         IrDim ts[2] = {C(S->rel_buckets), C(S->heads)};
         P.relpos_table = paramv(L, 0, 2, ts, "attn_layers.rel_pos.relative_attention_bias.weight");
+    }
+    if (S->alibi && S->alibi_learned) {
+        /* exp of the learned log-slopes (and the future ones). 0.23.0 makes both parameters of one
+         * tensor, so they share storage: its state dicts hold equal values (load_state_dict leaves
+         * both with the second's), while each gets its own gradient, as here */
+        IrDim ls[4] = {C(1), C(S->alibi_heads), C(1), C(1)};
+        IrNode *past = paramv(L, 0, 4, ls, "attn_layers.rel_pos.learned_logslopes");
+        P.alibi_past = per_head(L, un(L, IR_EXP, past), S->alibi_heads, S->heads);
+        if (!S->causal) {
+            IrNode *future = paramv(L, 0, 4, ls, "attn_layers.rel_pos.learned_logslopes_future");
+            P.alibi_future = per_head(L, un(L, IR_EXP, future), S->alibi_heads, S->heads);
+        }
+    } else if (S->alibi) { /* fixed slopes: constants (non-persistent buffers, not in the weights) */
+        IrDim one[4] = {C(1), C(1), C(1), C(1)};
+        IrNode *v = NULL;
+        for (int h = 0; h < S->alibi_heads; h++) {
+            IrNode *c = ir_expand(g, cf(L, alibi_slope(S->alibi_heads, h)), 4, one);
+            v = v ? ir_concat(g, v, c, 1) : c;
+        }
+        P.alibi_past = per_head(L, v, S->alibi_heads, S->heads);
     }
     if (S->rotary) { /* theta[p] = p * inv_freq, freqs = cat(theta, theta) */
         IrDim fs[1] = {C(S->rotary_dim / 2)};
@@ -537,8 +705,11 @@ static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
             snprintf(np, sizeof np, "%s.0.0", p);
             x = lab(L, block_norm(L, S, x, np), "layer%d.norm", i);
         }
-        /* the block's keys: .1.*, under .fn. for each wrapper (Rezero, macaron's Scale) */
-        snprintf(np, sizeof np, "%s.1%s%s", p, S->rezero ? ".fn" : "", t == 'f' && S->macaron ? ".fn" : "");
+        if (S->shift[i] > 0) /* ShiftTokens wraps the block: only 'a' and 'c' blocks see the mask */
+            x = lab(L, shift_tokens(L, S, x, S->shift[i], t == 'f' ? NULL : L->mask), "layer%d.shifted", i);
+        /* the block's keys: .1.*, under .fn. for each wrapper (Rezero, ShiftTokens, macaron's Scale) */
+        snprintf(np, sizeof np, "%s.1%s%s%s", p, S->rezero ? ".fn" : "", S->shift[i] > 0 ? ".fn" : "",
+                 t == 'f' && S->macaron ? ".fn" : "");
         IrNode *out;
         if (t == 'a') {
             IrNode *prev = S->residual_attn ? prev_attn : NULL;
@@ -636,6 +807,7 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
         IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, L->pos_offset, seq_of(tokens));
         x = lab(L, add(L, x, mul(L, pos, cf(L, pow((double)emb_dim, -0.5)))), "embed");
     }
+    x = dropout(L, x, xtf_float(call, "emb_dropout"));
     if (emb_dim != S.dim)
         x = linear(L, x, "project_emb", emb_dim, S.dim, 1);
     IrNode *saved_mask = L->mask;
@@ -694,6 +866,10 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
             return stack_error(L, call, "num_memory_tokens together with max_mem_len is not supported yet");
         IrDim pm;
         if (add_sym(L, "p", K, &pm) < 0)
+            return -1;
+        /* the memories out keep q = min(n+p, max_mem_len) rows: all of them while the recurrence
+         * is younger than max_mem_len (a first segment shorter than it, say) */
+        if (ir_graph_add_derived_sym(g, "q", ir_dim_add(n, pm), K) < 0)
             return -1;
         IrDim ms[3] = {L->B, pm, C(S.dim)};
         char name[32];
@@ -755,11 +931,11 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
     for (int l = 0; l < nmem; l++) { /* cat(mems, hiddens)[:, -max_mem_len:], detached */
         char name[32];
         snprintf(name, sizeof name, "mems.%d", l);
-        IrNode *all = ir_concat(g, mems_in[l], hiddens[l], 1);
+        IrNode *all = ir_concat(g, mems_in[l], hiddens[l], 1); /* [b, p+n, dim] */
         if (!all)
             break;
-        IrDim len = seq_of(all);
-        ir_output(g, name, ir_slice(g, all, 1, ir_dim_addc(len, -K), C(K)));
+        IrDim q = ir_dim_sym(ir_graph_find_sym(g, "q"));
+        ir_output(g, name, ir_slice(g, all, 1, ir_dim_sub(seq_of(all), q), q));
     }
     L->mems_in = L->hiddens = NULL;
     if (L->opt && L->opt->embeddings)
@@ -791,6 +967,7 @@ static IrNode *continuous_forward(Lx *L, const XtfValue *call, IrNode *x, IrNode
         IrNode *pos = ir_slice(g, paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), seq_of(x));
         x = add(L, x, mul(L, pos, cf(L, pow((double)S.dim, -0.5))));
     }
+    x = dropout(L, x, xtf_float(call, "emb_dropout"));
     x = attention_layers(L, &S, x);
     x = *emb = lab(L, layer_norm(L, x, "norm", S.dim), "final_norm");
     if (dout && dout->kind == XV_INT)
@@ -858,6 +1035,7 @@ static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **
     IrDim cs[3] = {C(1), C(1), C(dim)}, cb[3] = {L->B, C(1), C(dim)}, pe[3] = {C(1), C(np + 1), C(dim)};
     x = ir_concat(g, ir_expand(g, paramv(L, 0, 3, cs, "cls_token"), 3, cb), x, 1);
     x = add(L, x, paramv(L, 0, 3, pe, "pos_embedding"));
+    x = dropout(L, x, xtf_float(call, "emb_dropout")); /* `dropout` is the mlp_head's */
     x = attention_layers(L, &S, x);
     x = *emb = lab(L, layer_norm(L, x, "norm", dim), "final_norm");
     const XtfValue *nc = xtf_arg(call, "num_classes");
@@ -867,6 +1045,7 @@ static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **
     IrDim e2[2] = {L->B, C(dim)};
     IrNode *cls = ir_reshape(g, ir_slice(g, x, 1, C(0), C(1)), 2, e2);
     IrNode *h = un(L, IR_GELU, linear(L, cls, "mlp_head.net.0.0", dim, 4 * dim, 1));
+    h = dropout(L, h, xtf_float(call, "dropout"));
     return linear(L, h, "mlp_head.net.3", 4 * dim, (int)nc->i, 1);
 }
 

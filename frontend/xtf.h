@@ -119,6 +119,8 @@ typedef struct {
     int embeddings;   /* also output the final-normed hidden states as "embeddings" */
     int kv_cache;     /* incremental decoding: cache.<l>.k/.v inputs and outputs, positions
                          continue after the cache (a causal Decoder only) */
+    int dropout;      /* training mode: emb/attn/ff dropout where the rates are > 0, masks drawn
+                         from the input dropout_seed (i64 scalar); 0 = evaluation, never drops */
 } XtLowerOpts;
 
 struct IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, XtfDiag *d);

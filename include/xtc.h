@@ -160,6 +160,9 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs
  * not included): its high-water mark, planned from buffer lifetimes. */
 int64_t xtc_session_peak_bytes(const XtcSession *s);
+/* The arena a session would need for these symbol values (syms[i] for symbol i), planned
+ * without allocating it: -1 on bad arguments or when the plan does not fit in memory. */
+int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms);
 /* Value of symbol i in the last successful run (or the last binding), -1 if unbound. */
 int64_t xtc_session_symbol(const XtcSession *s, int i);
 
@@ -168,6 +171,76 @@ int64_t xtc_session_symbol(const XtcSession *s, int i);
  * first, with the op, the number of steps sharing the kernel and the share of the run. */
 int xtc_session_set_profiling(XtcSession *s, int on);
 int xtc_session_print_profile(const XtcSession *s, FILE *out);
+/* The same totals per schedule step, for tools that aggregate them (xtc bench): secs[i] for
+ * i < n and i < xtc_module_num_steps. Returns the number of profiled runs (0 while profiling is
+ * off), or -1 on bad arguments. */
+int xtc_session_profile_steps(const XtcSession *s, double *secs, int n);
+
+/* The schedule of a module, for profiles: kernels (a generated function shared by `uses` steps,
+ * computing op) and steps (which kernel each runs and the label of the value it writes). */
+int xtc_module_num_kernels(const XtcModule *m);
+int xtc_module_kernel(const XtcModule *m, int k, const char **fn, const char **op, int *uses);
+int xtc_module_num_steps(const XtcModule *m);
+int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
+
+/* ---- training (runtime/rt_optim.c) ---- */
+
+/* A training module (xtc compile --train) has outputs "loss" and "grad.<name>" for every
+ * parameter. After a successful xtc_session_run, xtc_session_step applies one AdamW step to every
+ * parameter from those gradients, in native code, split over the session's threads:
+ *
+ *     g = grad * min(1, max_grad_norm / (||grad||_global + 1e-6))   (if max_grad_norm > 0)
+ *     p = p * (1 - lr * weight_decay)                               (decoupled, every parameter)
+ *     m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2;   t = t + 1
+ *     p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *
+ * which is torch.optim.AdamW (amsgrad off) after torch.nn.utils.clip_grad_norm_; like PyTorch's
+ * default, weight decay applies to all parameters (norm gains and biases included). The state
+ * (m, v per parameter, zeros at first, and the step count t) belongs to the session and goes
+ * into checkpoints. The result is independent of the number of threads. Outputs of the last run
+ * stay readable after a step. */
+typedef struct {
+    float lr;             /* learning rate */
+    float beta1, beta2;   /* moment decay rates */
+    float eps;
+    float weight_decay;   /* decoupled, multiplied by lr */
+    float max_grad_norm;  /* clip the global gradient norm to this; 0 = no clipping */
+} XtcAdamW;
+
+/* torch.optim.AdamW's defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01; no
+ * clipping. */
+XtcAdamW xtc_adamw_defaults(void);
+
+int xtc_session_step(XtcSession *s, const XtcAdamW *opt);
+
+/* Steps taken (t), and the global gradient norm of the last step before clipping (-1 before
+ * any). */
+int64_t xtc_session_step_count(const XtcSession *s);
+double xtc_session_grad_norm(const XtcSession *s);
+
+/* A view of the current value of a parameter or state buffer (valid until the weight is set
+ * again or the session is freed). */
+int xtc_session_get_weight(XtcSession *s, const char *name, XtcTensor *out);
+
+/* The optimizer state of one parameter: views of m and v (XTC_F32, the parameter's shape).
+ * XTC_ERR_STATE before the first step or import. */
+int xtc_session_get_optim(XtcSession *s, const char *param, XtcTensor *m, XtcTensor *v);
+/* Replaces the optimizer state: the step count and, for every parameter in module order,
+ * m[i] and v[i] (f32, the parameter's number of elements; copied). */
+int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *m, const float *const *v);
+
+/* Checkpoints: a .safetensors file holding every parameter and state buffer under its name
+ * (tied names too: the file loads as a state_dict), and after at least one step the optimizer
+ * state as "optim.m.<name>" and "optim.v.<name>" with the step count in the metadata
+ * ("xtc.optim.step"). meta: nmeta extra key/value pairs for the metadata (the caller's: data
+ * position, random state...). Written atomically (temporary file, fsync, rename). */
+int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *const *keys,
+                                const char *const *values, int nmeta);
+/* Loads a checkpoint or a plain weights file: every parameter and state buffer (strictly, as
+ * xtc_session_load_weights), and with optimizer != 0 the optimizer state when the file has one
+ * (all of it or none; a file without it resets the state). optim.* tensors are otherwise
+ * ignored. On failure nothing changes. Read the metadata with the safetensors reader. */
+int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
 
 /* ---- files ---- */
 

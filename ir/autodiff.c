@@ -290,6 +290,17 @@ static void grad_softmax(Ad *A, IrNode *n, IrNode *g)
     accum(A, n->in[0], mul(A, y, sub(A, g, dot)));
 }
 
+/* y = entmax15(x) over the last axis (entmax 1.3's Entmax15Function.backward, the exact
+ * gradient): with s = sqrt(y), dx = g s - s sum(g s) / sum(s). Entries outside the support (and
+ * the masked ones) have s = 0, so they take none; sum(s) > 0 on every row. */
+static void grad_entmax15(Ad *A, IrNode *n, IrNode *g)
+{
+    IrNode *s = un(A, IR_SQRT, n);
+    IrNode *gs = mul(A, g, s);
+    IrNode *q = dvd(A, ir_reduce(A->g, IR_SUM, gs, -1), ir_reduce(A->g, IR_SUM, s, -1));
+    accum(A, n->in[0], sub(A, gs, mul(A, s, q)));
+}
+
 /* data movement */
 static void grad_reshape(Ad *A, IrNode *n, IrNode *g)
 {
@@ -389,6 +400,31 @@ static void grad_xent(Ad *A, IrNode *n, IrNode *g)
     accum(A, z, mul(A, sub(A, ir_softmax(G, z), onehot), w));
 }
 
+/* Fused attention: the one hand-written backward (STYLE.md, practice 4), because recomputing
+ * the scores instead of storing them is its point. attention_grad needs the forward with its
+ * statistics (the same node when it has them, else a twin that hash-consing keeps unique) and
+ * returns dq, dk, dv stacked. The bias and the scale take no gradient here: the fusion leaves
+ * attention with a trained bias or scale unfused, so a graph never reaches this with one. */
+static void grad_attention(Ad *A, IrNode *n, IrNode *g)
+{
+    IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2];
+    if (want(A, n, 3) || want(A, n, 5)) {
+        ir_graph_set_error(A->g, "the gradient of an attention bias or scale is not supported (node %%%s)",
+                           n->label ? n->label : "?");
+        return;
+    }
+    IrNode *o = n->ia[1] ? n : ir_attention(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[0], 1);
+    IrNode *b = ir_attention_grad(A->g, o, g);
+    int r = q->rank;
+    IrDim I = q->shape[r - 2], J = k->shape[r - 2];
+    if (want(A, n, 0))
+        accum(A, q, ir_slice(A->g, b, r - 2, ir_dim(0), I));
+    if (want(A, n, 1))
+        accum(A, k, ir_slice(A->g, b, r - 2, I, J));
+    if (want(A, n, 2))
+        accum(A, v, ir_slice(A->g, b, r - 2, ir_dim_add(I, J), J));
+}
+
 /* ---- the table: one entry per op of ops.def ---- */
 
 typedef struct {
@@ -440,6 +476,9 @@ static const GradEntry grad_table[] = {
     [IR_SUM]     = RULE(grad_sum),
     [IR_RMAX]    = RULE(grad_rmax),
     [IR_SOFTMAX] = RULE(grad_softmax),
+    [IR_ENTMAX15] = RULE(grad_entmax15),
+    [IR_KTH_LARGEST] = NOGRAD("a threshold: x-transformers' sparse_topk only compares the logits with it "
+                              "(dots < vk), so no gradient flows through the k-th largest value"),
 
     [IR_RESHAPE] = RULE(grad_reshape),
     [IR_PERMUTE] = RULE(grad_permute),
@@ -452,6 +491,11 @@ static const GradEntry grad_table[] = {
     [IR_MATMUL]  = RULE(grad_matmul),
 
     [IR_XENT]    = RULE(grad_xent),    /* the integer targets take none */
+    [IR_RAND]    = NOGRAD("random numbers: x gives only the shape"),
+
+    [IR_ATTENTION] = RULE(grad_attention), /* the bool mask takes none; a bias or scale none either */
+    [IR_ATTENTION_GRAD] = NOGRAD("the backward of attention: no second derivatives"),
+    [IR_FUSED]   = NOGRAD("made by the fusion passes, after autodiff"),
 };
 _Static_assert(sizeof grad_table / sizeof grad_table[0] == IR_NUM_OPS,
                "ir/autodiff.c: grad_table needs an entry (a rule or NOGRAD) for every op of ops.def");

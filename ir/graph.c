@@ -312,6 +312,48 @@ int ir_graph_add_sym(IrGraph *g, const char *name, int64_t max)
     return g->nsyms++;
 }
 
+int ir_graph_add_derived_sym(IrGraph *g, const char *name, IrDim def, int64_t cap)
+{
+    if (ir_graph_find_sym(g, name) >= 0) {
+        ir_graph_set_error(g, "symbol '%s' declared twice", name);
+        return -1;
+    }
+    if (cap < 0) {
+        ir_graph_set_error(g, "derived symbol '%s': negative cap %lld", name, (long long)cap);
+        return -1;
+    }
+    for (int s = g->nsyms; s < IR_MAXSYM; s++)
+        if (def.k[s]) {
+            ir_graph_set_error(g, "derived symbol '%s' may only use the symbols declared before it", name);
+            return -1;
+        }
+    int s = ir_graph_add_sym(g, name, cap);
+    if (s < 0)
+        return -1;
+    g->sym_derived[s] = 1;
+    g->sym_def[s] = def;
+    return s;
+}
+
+void ir_graph_derive_syms(const IrGraph *g, int64_t *vals)
+{
+    for (int s = 0; s < g->nsyms; s++)
+        if (g->sym_derived[s]) {
+            int64_t v = ir_dim_eval(g->sym_def[s], vals);
+            vals[s] = g->sym_max[s] > 0 && v > g->sym_max[s] ? g->sym_max[s] : v;
+        }
+}
+
+void ir_graph_copy_syms(IrGraph *dst, const IrGraph *src)
+{
+    for (int s = 0; s < src->nsyms; s++) {
+        if (src->sym_derived[s])
+            ir_graph_add_derived_sym(dst, src->sym_name[s], src->sym_def[s], src->sym_max[s]);
+        else
+            ir_graph_add_sym(dst, src->sym_name[s], src->sym_max[s]);
+    }
+}
+
 static int label_taken(const IrGraph *g, const char *label)
 {
     /* Linear scan is fine at model sizes (a few thousand nodes) but labels are set once per
@@ -427,8 +469,9 @@ IrNode *ir_node(IrGraph *g, const IrNode *proto)
         return NULL;
     assert(proto->op < IR_NUM_OPS);
     const IrOpInfo *info = &ir_ops[proto->op];
-    if (proto->nin != info->arity) {
-        ir_graph_set_error(g, "%s takes %d operands, got %d", info->name, info->arity, proto->nin);
+    if (!ir_arity_ok(info->arity, proto->nin)) {
+        ir_graph_set_error(g, "%s takes %d operands, got %d", info->name, info->arity < 0 ? IR_MAXIN : info->arity,
+                           proto->nin);
         return NULL;
     }
     for (int i = 0; i < proto->nin; i++)
@@ -499,7 +542,7 @@ static IrNode proto_of(IrOp op)
     IrNode p;
     memset(&p, 0, sizeof p);
     p.op = op;
-    p.nin = ir_ops[op].arity;
+    p.nin = ir_ops[op].arity < 0 ? 0 : ir_ops[op].arity;
     return p;
 }
 
@@ -613,6 +656,16 @@ IrNode *ir_reduce(IrGraph *g, IrOp op, IrNode *x, int axis)
 
 IrNode *ir_softmax(IrGraph *g, IrNode *x) { return ir_unary(g, IR_SOFTMAX, x); }
 
+IrNode *ir_entmax15(IrGraph *g, IrNode *x) { return ir_unary(g, IR_ENTMAX15, x); }
+
+IrNode *ir_kth_largest(IrGraph *g, IrNode *x, int64_t k)
+{
+    IrNode p = proto_of(IR_KTH_LARGEST);
+    p.in[0] = x;
+    p.ia[0] = k;
+    return ir_node(g, &p);
+}
+
 IrNode *ir_reshape(IrGraph *g, IrNode *x, int rank, const IrDim *shape)
 {
     if (!x)
@@ -713,4 +766,68 @@ IrNode *ir_gather_grad(IrGraph *g, IrNode *src, IrNode *idx, IrDim rows)
 IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets)
 {
     return ir_binary(g, IR_XENT, logits, targets);
+}
+
+IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream)
+{
+    if (!seed || !like)
+        return NULL;
+    IrNode p = proto_of(IR_RAND);
+    p.in[0] = seed;
+    p.in[1] = like;
+    p.ia[0] = stream;
+    return ir_node(g, &p);
+}
+
+IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                     int causal, int stats)
+{
+    IrNode p = proto_of(IR_ATTENTION);
+    p.in[0] = q;
+    p.in[1] = k;
+    p.in[2] = v;
+    p.in[3] = bias ? bias : ir_const(g, 0, IR_F32);
+    p.in[4] = mask ? mask : ir_const(g, 1, IR_BOOL);
+    p.in[5] = scale;
+    p.ia[0] = causal;
+    p.ia[1] = stats;
+    return ir_node(g, &p);
+}
+
+IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, int rank, const IrDim *shape)
+{
+    if (nin < 1 || nin > IR_MAXIN || rank < 0 || rank > IR_MAXRANK) {
+        ir_graph_set_error(g, "fused: %d operands, rank %d", nin, rank);
+        return NULL;
+    }
+    IrNode p = proto_of(IR_FUSED);
+    p.nin = nin;
+    for (int k = 0; k < nin; k++)
+        p.in[k] = in[k];
+    p.s = program;
+    p.rank = rank;
+    for (int d = 0; d < rank; d++)
+        p.shape[d] = shape[d];
+    return ir_node(g, &p);
+}
+
+IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout)
+{
+    if (!o || !dout)
+        return NULL;
+    if (o->op != IR_ATTENTION) {
+        ir_graph_set_error(g, "attention_grad needs an attention node");
+        return NULL;
+    }
+    IrNode p = proto_of(IR_ATTENTION_GRAD);
+    p.in[0] = o->in[0];
+    p.in[1] = o->in[1];
+    p.in[2] = o->in[2];
+    p.in[3] = o;
+    p.in[4] = dout;
+    p.in[5] = o->in[3];
+    p.in[6] = o->in[4];
+    p.in[7] = o->in[5];
+    p.ia[0] = o->ia[0];
+    return ir_node(g, &p);
 }

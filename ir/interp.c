@@ -8,8 +8,9 @@
  * Running a graph:
  *   1. ir_verify, then mark the nodes the outputs need and each one's last use.
  *   2. Bind every leaf (input, parameter, buffer) through the callback. Symbols take their values
- *      from the first dimension that is exactly one symbol; then every leaf dimension is
- *      evaluated and checked, and every symbol against its bound.
+ *      from the first dimension that is exactly one symbol, derived symbols (q = min(n+p, 512))
+ *      from the symbols they name; then every leaf dimension is evaluated and checked, and every
+ *      symbol against its bound.
  *   3. Evaluate the needed nodes in order through op_impl[] (one row per op, with its semantics),
  *      freeing each value after its last use.
  *   4. Convert the outputs to their storage dtypes.
@@ -17,7 +18,9 @@
  * Integer values stay exact: an i32 result outside the i32 range, or an i64 result beyond 2^53
  * (where doubles stop being exact), is reported as an error rather than wrapped. */
 #include "ir.h"
+#include "interp_fused.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -26,6 +29,7 @@
 #define EXACT_INT_MAX 9007199254740992.0 /* 2^53 */
 #define MAX_SYM_VALUE ((int64_t)1 << 40) /* keeps c + sum k*sym far from int64 overflow */
 #define MAX_DIM_CONST ((int64_t)1 << 61)
+#define SYM_DERIVED (-1) /* sym_from of a derived symbol: computed, not bound by a leaf */
 
 /* A value: row-major, contiguous doubles. data is NULL before the node runs and after its last
  * use. */
@@ -39,7 +43,7 @@ typedef struct {
 typedef struct {
     const IrGraph *g;
     int64_t sym[IR_MAXSYM];
-    int sym_from[IR_MAXSYM];  /* 0 = unbound, else 1 + id of the leaf that bound it */
+    int sym_from[IR_MAXSYM];  /* 0 = unbound, else 1 + id of the leaf that bound it, or SYM_DERIVED */
     IrHostTensor *host;       /* [nnodes]: the caller's tensor for each bound leaf */
     char *have_host;          /* [nnodes] */
     Val *val;                 /* [nnodes] */
@@ -502,6 +506,87 @@ static int eval_softmax(Interp *it, const IrNode *n, Val *out, const Val *const 
     return 0;
 }
 
+/* descending, NaN first: torch.sort and torch.topk order NaN as the largest value */
+static int cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    if (isnan(x) || isnan(y))
+        return isnan(y) - isnan(x);
+    return x > y ? -1 : x < y;
+}
+
+/* 1.5-entmax over the last axis by the exact sort-based algorithm of entmax 1.3
+ * (XT-SEMANTICS.md 10): X = (x - max) / 2 sorted descending; over its prefixes rho = 1..J,
+ * tau = mean - sqrt(max((1 - rho (mean_sq - mean^2)) / rho, 0)); the support k is the number of
+ * prefixes with tau <= X_rho; y = max(X - tau_k, 0)^2. Masked logits (-FLT_MAX, or below) take no
+ * part and get 0: in float32 torch their squares overflow and drop them from the support. A row
+ * whose every entry is masked takes them all (equal, so uniform). */
+static int eval_entmax15(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    int64_t len = out->shape[out->rank - 1];
+    int64_t rows = len ? out->numel / len : 0;
+    double *xs = malloc(sizeof(double) * (size_t)(2 * len + 1)), *tau = xs + len;
+    if (!xs)
+        return node_fail(it, n, "out of memory");
+    for (int64_t r = 0; r < rows; r++) {
+        const double *x = in[0]->data + r * len;
+        double *y = out->data + r * len;
+        int64_t na = 0;
+        for (int64_t j = 0; j < len; j++)
+            na += x[j] > -FLT_MAX;
+        int all = na == 0;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < len; j++)
+            if (all || x[j] > -FLT_MAX)
+                m = f_max(m, x[j]);
+        na = 0;
+        for (int64_t j = 0; j < len; j++)
+            if (all || x[j] > -FLT_MAX)
+                xs[na++] = (x[j] - m) / 2;
+        qsort(xs, (size_t)na, sizeof *xs, cmp_desc);
+        double sum = 0, sum_sq = 0;
+        int64_t support = 0;
+        for (int64_t k = 0; k < na; k++) {
+            double rho = (double)(k + 1);
+            sum += xs[k];
+            sum_sq += xs[k] * xs[k];
+            double mean = sum / rho, mean_sq = sum_sq / rho;
+            double delta = (1 - rho * (mean_sq - mean * mean)) / rho;
+            tau[k] = mean - sqrt(delta > 0 ? delta : 0);
+            support += tau[k] <= xs[k];
+        }
+        double t = support > 0 ? tau[support - 1] : 0;
+        for (int64_t j = 0; j < len; j++) {
+            double d = (x[j] - m) / 2 - t;
+            y[j] = (all || x[j] > -FLT_MAX) && d > 0 ? d * d : 0;
+        }
+    }
+    free(xs);
+    return 0;
+}
+
+/* each row's k-th largest value, ties counted (torch.topk(x, k).values[..., -1]); -inf when the
+ * row is shorter than k, so that no entry lies below it */
+static int eval_kth_largest(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *x = in[0];
+    int64_t len = x->shape[x->rank - 1], k = n->ia[0];
+    double *tmp = malloc(sizeof(double) * (size_t)(len ? len : 1));
+    if (!tmp)
+        return node_fail(it, n, "out of memory");
+    for (int64_t r = 0; r < out->numel; r++) {
+        if (k > len) {
+            out->data[r] = -INFINITY;
+            continue;
+        }
+        memcpy(tmp, x->data + r * len, sizeof(double) * (size_t)len);
+        qsort(tmp, (size_t)len, sizeof *tmp, cmp_desc);
+        out->data[r] = tmp[k - 1];
+    }
+    free(tmp);
+    return 0;
+}
+
 /* ---- data movement ---- */
 
 static int eval_reshape(Interp *it, const IrNode *n, Val *out, const Val *const *in)
@@ -655,6 +740,30 @@ static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *
     return 0;
 }
 
+/* ---- random numbers ---- */
+
+/* Element i of rand_like(seed, x, stream): splitmix64 (Steele et al.) started at a state made of
+ * the seed and the stream, its i+1-th output's top 24 bits as a float in [0, 1). Every backend
+ * computes exactly these bits (codegen/cg_llvm_ops.c, the CUDA lowering). */
+static double rand_at(int64_t seed, int64_t stream, int64_t i)
+{
+    uint64_t z = (uint64_t)seed * 0xd1b54a32d192ed03ull + (uint64_t)stream * 0xabc98388fb8fac03ull +
+                 ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 40) * 0x1p-24;
+}
+
+static int eval_rand(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    (void)it;
+    int64_t seed = (int64_t)in[0]->data[0];
+    for (int64_t i = 0; i < out->numel; i++)
+        out->data[i] = rand_at(seed, n->ia[0], i);
+    return 0;
+}
+
 /* ---- losses ---- */
 
 /* mean over positions with target >= 0 of logsumexp(z) - z[target]; 0 when none counts */
@@ -681,6 +790,20 @@ static int eval_xent(Interp *it, const IrNode *n, Val *out, const Val *const *in
     }
     out->data[0] = count ? total / (double)count : 0.0;
     return 0;
+}
+
+/* ---- fused ops: their semantics are in interp_fused.c ---- */
+
+static int eval_fused(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    IrFusedArg args[IR_MAXIN];
+    for (int k = 0; k < n->nin; k++)
+        args[k] = (IrFusedArg){in[k]->rank, in[k]->shape, in[k]->data};
+    char msg[256] = "";
+    int rc = n->op == IR_ATTENTION        ? ir_fused_attention(n, args, out->shape, out->data, msg, sizeof msg)
+             : n->op == IR_ATTENTION_GRAD ? ir_fused_attention_grad(n, args, out->shape, out->data, msg, sizeof msg)
+                                          : ir_fused_program(n, args, out->shape, out->data, msg, sizeof msg);
+    return rc < 0 ? node_fail(it, n, "%s", msg) : 0;
 }
 
 /* ---- the op table: one row per op of ops.def, with its semantics ---- */
@@ -730,6 +853,8 @@ static const OpImpl op_impl[] = {
     [IR_SUM]     = {eval_sum, 0, 0},          /* sum; 0 over an empty axis */
     [IR_RMAX]    = {eval_rmax, 0, 0},         /* max, NaN propagates; empty axis is an error */
     [IR_SOFTMAX] = {eval_softmax, 0, 0},      /* last axis: e^(x - max) / sum */
+    [IR_ENTMAX15] = {eval_entmax15, 0, 0},    /* last axis: sort-based 1.5-entmax; -FLT_MAX entries 0 */
+    [IR_KTH_LARGEST] = {eval_kth_largest, 0, 0}, /* last axis kept as 1: k-th largest, -inf if k > len */
 
     /* data movement */
     [IR_RESHAPE] = {eval_reshape, 0, 0},      /* row-major reinterpretation */
@@ -747,6 +872,14 @@ static const OpImpl op_impl[] = {
     /* losses */
     [IR_XENT]    = {eval_xent, 0, 0},         /* mean over targets >= 0 of lse(z) - z[t]; target >= V
                                                  is an error; 0 if none counts */
+
+    /* random numbers */
+    [IR_RAND]    = {eval_rand, 0, 0},         /* [i] = rand_at(seed, ia[0], i), x only gives the shape */
+
+    /* fused ops (interp_fused.c): what the subgraphs they replace compute */
+    [IR_ATTENTION]      = {eval_fused, 0, 0},  /* softmax(scale q k^T + bias, masked) v (+ logsumexp) */
+    [IR_ATTENTION_GRAD] = {eval_fused, 0, 0},  /* dq, dk, dv of attention, stacked */
+    [IR_FUSED]          = {eval_fused, 0, 0},  /* its program's graph, run by this interpreter */
 };
 _Static_assert(sizeof op_impl / sizeof op_impl[0] == IR_NUM_OPS,
                "ir/interp.c: op_impl needs a row for every op of ops.def");
@@ -811,8 +944,31 @@ static int leaf_mismatch(Interp *it, const IrNode *n, const IrHostTensor *t)
     return fail(it, "%s '%s': expected %s, got %s", leaf_kind(n->op), n->s, want, got);
 }
 
-/* Pass 1 asks for every leaf and binds symbols; pass 2 checks each bound leaf's dtype class and
- * shape. A leaf the outputs do not need may be missing. */
+/* Derived symbols (ir_graph_add_derived_sym), in order, once the symbols they use are bound:
+ * min(def, cap). One whose symbols are not all bound stays unbound (an error only if used). */
+static int derive_syms(Interp *it)
+{
+    const IrGraph *g = it->g;
+    for (int s = 0; s < g->nsyms; s++) {
+        if (!g->sym_derived[s] || unbound_sym(it, g->sym_def[s]) >= 0)
+            continue;
+        int64_t v[IR_MAXSYM];
+        memcpy(v, it->sym, sizeof v);
+        ir_graph_derive_syms(g, v);
+        if (v[s] < 0) {
+            char def[128];
+            ir_dim_str(g, g->sym_def[s], def, sizeof def);
+            return fail(it, "symbol '%s' = %s is %lld with these inputs", g->sym_name[s], def, (long long)v[s]);
+        }
+        it->sym[s] = v[s];
+        it->sym_from[s] = SYM_DERIVED;
+    }
+    return 0;
+}
+
+/* Pass 1 asks for every leaf and binds symbols (not the derived ones, computed next); pass 2
+ * checks each bound leaf's dtype class and shape, the dims that name derived symbols included.
+ * A leaf the outputs do not need may be missing. */
 static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
 {
     const IrGraph *g = it->g;
@@ -844,7 +1000,7 @@ static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
             continue; /* reported in pass 2 */
         for (int d = 0; d < n->rank; d++) {
             int s = pure_sym(n->shape[d]);
-            if (s < 0 || s >= g->nsyms || it->sym_from[s])
+            if (s < 0 || s >= g->nsyms || it->sym_from[s] || g->sym_derived[s])
                 continue;
             it->sym[s] = t.shape[d];
             it->sym_from[s] = i + 1;
@@ -854,6 +1010,8 @@ static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
                             leaf_kind(n->op), n->s);
         }
     }
+    if (derive_syms(it) < 0)
+        return -1;
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *n = g->nodes[i];
         if (!it->have_host[i])

@@ -21,9 +21,10 @@
 #include <stdio.h>
 
 #define IR_MAXRANK 6
-#define IR_MAXIN 3
+#define IR_MAXIN 8 /* operands: attention_grad takes 7 (passes/fuse_attention.c) */
 #define IR_MAXSYM 8
 #define IR_MAXIA 4
+#define IR_MAX_NAME 200 /* longest graph or value name the text form reads (ir/parse.c) */
 
 struct IrGraph;
 
@@ -45,6 +46,8 @@ typedef struct {
 
 extern const IrOpInfo ir_ops[IR_NUM_OPS];
 IrOp ir_op_lookup(const char *name); /* IR_NUM_OPS if unknown */
+/* Whether op takes nin operands: its arity, or 1 to IR_MAXIN where ops.def says -1 (fused). */
+static inline int ir_arity_ok(int arity, int nin) { return arity < 0 ? nin >= 1 && nin <= IR_MAXIN : nin == arity; }
 
 typedef enum { IR_F32, IR_I32, IR_I64, IR_BOOL, IR_NUM_DTYPES } IrDType;
 const char *ir_dtype_name(IrDType t);     /* "f32", "i32", "i64", "bool" */
@@ -106,7 +109,11 @@ typedef struct IrGraph {
     const char *name;
     int nsyms;
     const char *sym_name[IR_MAXSYM];
-    int64_t sym_max[IR_MAXSYM];   /* upper bound, 0 = unbounded */
+    int64_t sym_max[IR_MAXSYM];   /* upper bound, 0 = unbounded; a derived symbol's cap */
+    /* A derived symbol is not bound by an input but computed from earlier symbols once they are:
+     * sym = min(sym_def, sym_max), or sym_def when sym_max is 0 (ir_graph_add_derived_sym). */
+    int8_t sym_derived[IR_MAXSYM];
+    IrDim sym_def[IR_MAXSYM];
     IrNode **nodes;
     int nnodes, cap;
     IrOutput *outputs;
@@ -125,6 +132,15 @@ const char *ir_graph_error(const IrGraph *g);   /* NULL if no error */
 void ir_graph_set_error(IrGraph *g, const char *fmt, ...);
 int ir_graph_add_sym(IrGraph *g, const char *name, int64_t max); /* returns index or existing */
 int ir_graph_find_sym(const IrGraph *g, const char *name);        /* -1 if none */
+/* Declares a derived symbol name = min(def, cap) (cap 0: name = def), def an affine form of the
+ * symbols declared before it (Transformer-XL keeps q = min(n+p, max_mem_len) memory rows). Shapes
+ * stay affine: q is a symbol like any other, evaluated after the inputs bind. Returns its index,
+ * or -1 with the graph's error set (a name taken, a later symbol in def, too many symbols). */
+int ir_graph_add_derived_sym(IrGraph *g, const char *name, IrDim def, int64_t cap);
+/* Fills vals[s] of every derived symbol from the values of the symbols before it. */
+void ir_graph_derive_syms(const IrGraph *g, int64_t *vals);
+/* Gives dst (a graph without symbols) the symbols of src, derived ones with their definitions. */
+void ir_graph_copy_syms(IrGraph *dst, const IrGraph *src);
 char *ir_strdup(IrGraph *g, const char *s);                       /* arena copy */
 void *ir_alloc(IrGraph *g, size_t n);                             /* arena, zeroed */
 
@@ -146,6 +162,8 @@ IrNode *ir_where(IrGraph *g, IrNode *cond, IrNode *a, IrNode *b);
 IrNode *ir_cast(IrGraph *g, IrNode *x, IrDType t);
 IrNode *ir_reduce(IrGraph *g, IrOp op, IrNode *x, int axis);        /* axis < 0 counts from the end */
 IrNode *ir_softmax(IrGraph *g, IrNode *x);
+IrNode *ir_entmax15(IrGraph *g, IrNode *x);                         /* over the last axis */
+IrNode *ir_kth_largest(IrGraph *g, IrNode *x, int64_t k);           /* [.., J] -> [.., 1] */
 IrNode *ir_reshape(IrGraph *g, IrNode *x, int rank, const IrDim *shape);
 IrNode *ir_permute(IrGraph *g, IrNode *x, const int *perm);
 IrNode *ir_slice(IrGraph *g, IrNode *x, int axis, IrDim start, IrDim len);
@@ -156,6 +174,16 @@ IrNode *ir_gather(IrGraph *g, IrNode *table, IrNode *idx);
 /* src[..., D] added into a zero [rows, D] table at the rows idx[...] names: gather's gradient */
 IrNode *ir_gather_grad(IrGraph *g, IrNode *src, IrNode *idx, IrDim rows);
 IrNode *ir_xent(IrGraph *g, IrNode *logits, IrNode *targets);
+/* f32 uniform in [0, 1) of like's shape from an integer scalar seed; stream tells sites apart */
+IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream);
+/* Fused attention (ops.def): bias NULL = none (const 0), mask NULL = none (const true); scale a
+ * scalar or [.., 1, 1] f32 (ir_const for a number). */
+IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                     int causal, int stats);
+/* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv. */
+IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout);
+/* A fused program (ir/fused_expr.h) over nin operands, its value broadcast to shape. */
+IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, int rank, const IrDim *shape);
 
 /* Gives n a readable value name (made unique with a suffix); returns n. NULL-safe. */
 IrNode *ir_label(IrGraph *g, IrNode *n, const char *fmt, ...);

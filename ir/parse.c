@@ -3,7 +3,8 @@
  *
  *   file    := blank* header stmt* '}' blank*
  *   header  := 'graph' NAME [ '(' [ sym { ',' sym } ] ')' ] '{'
- *   sym     := IDENT [ '<=' INT ]
+ *   sym     := IDENT [ '<=' INT | '=' derived ]
+ *   derived := dim | 'min' '(' dim ',' INT ')'    (ir_graph_add_derived_sym: earlier symbols only)
  *   stmt    := '%' VALUE '=' OP bare* [ operand { ',' operand } ] [ '[' attr { ',' attr } ']' ]
  *              ':' type
  *            | 'output' NAME '=' operand
@@ -34,7 +35,7 @@
 #include <string.h>
 
 enum {
-    NAME_MAX_LEN = 200,   /* identifiers and value names */
+    NAME_MAX_LEN = IR_MAX_NAME, /* identifiers and value names */
     STR_MAX_LEN = 1024,   /* quoted strings, including the terminating NUL */
     LINE_SHOWN_MAX = 160, /* longer lines are not echoed under the message */
 };
@@ -767,13 +768,13 @@ static int parse_node(Parser *P)
             if (!x)
                 return -1;
             if (proto.nin == IR_MAXIN || proto.nin == info->arity)
-                return perr(P, at, "%s takes %d operand%s", info->name, info->arity,
+                return perr(P, at, "%s takes %d operand%s", info->name, info->arity < 0 ? IR_MAXIN : info->arity,
                             info->arity == 1 ? "" : "s");
             proto.in[proto.nin++] = x;
         } while (accept(P, ','));
     }
-    if (proto.nin != info->arity)
-        return perr(P, op_at, "%s takes %d operand%s, got %d", info->name, info->arity,
+    if (!ir_arity_ok(info->arity, proto.nin))
+        return perr(P, op_at, "%s takes %d operand%s, got %d", info->name, info->arity < 0 ? IR_MAXIN : info->arity,
                     info->arity == 1 ? "" : "s", proto.nin);
     if (read_keyed_attrs(P, info, &proto) < 0)
         return -1;
@@ -855,7 +856,43 @@ static int parse_alias(Parser *P)
     return 0;
 }
 
-/* graph NAME(sym, sym <= max, ...) { */
+/* after "name =": dim, or min(dim, cap); the symbols of dim are those declared before name */
+static int parse_derived(Parser *P, const char *at, const char *name)
+{
+    char word[NAME_MAX_LEN + 1];
+    IrDim def;
+    int64_t cap = 0;
+    skip_ws(P);
+    const char *save = P->p;
+    int is_min = 0;
+    if (is_alpha(peek(P))) {
+        if (read_ident(P, word, sizeof word, "a dimension") < 0)
+            return -1;
+        is_min = strcmp(word, "min") == 0 && peek(P) == '(';
+    }
+    if (!is_min) {
+        P->p = save;
+        if (read_dim(P, &def) < 0)
+            return -1;
+    } else {
+        P->p++;
+        if (read_dim(P, &def) < 0 || expect(P, ',', "',' and the cap after the dimension") < 0)
+            return -1;
+        skip_ws(P);
+        const char *cat = P->p;
+        if (read_int(P, &cap, "the cap") < 0)
+            return -1;
+        if (cap < 1)
+            return perr(P, cat, "the cap of '%s' must be positive", name);
+        if (expect(P, ')', "')' after the cap") < 0)
+            return -1;
+    }
+    if (ir_graph_add_derived_sym(P->g, name, def, cap) < 0)
+        return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
+    return 0;
+}
+
+/* graph NAME(sym, sym <= max, q = min(n+p, max), ...) { */
 static int parse_header(Parser *P)
 {
     char word[NAME_MAX_LEN + 1], name[STR_MAX_LEN], found[48];
@@ -882,6 +919,12 @@ static int parse_header(Parser *P)
             if (P->g->nsyms == IR_MAXSYM)
                 return perr(P, sat, "too many symbols (at most %d)", IR_MAXSYM);
             int64_t max = 0;
+            if (peek(P) == '=') {
+                P->p++;
+                if (parse_derived(P, sat, word) < 0)
+                    return -1;
+                continue; /* to the ',' test */
+            }
             if (peek(P) == '<' && P->p[1] == '=') {
                 P->p += 2;
                 skip_ws(P);

@@ -8,9 +8,10 @@
  *     output logits = %logits
  *   }
  *
- * One node per line, in topological (id) order: the value name, the op, its operands and
- * always its type. A value is named %label, or %id when the node has no printable label
- * (labels never start with a digit, see ir_label, so the two cannot collide).
+ * The header lists the symbols: `n <= 1024` is a bound, `q = min(n+p, 512)` (or `q = n+p`) a
+ * derived symbol (ir.h). One node per line, in topological (id) order: the value name, the op,
+ * its operands and always its type. A value is named %label, or %id when the node has no
+ * printable label (labels never start with a digit, see ir_label, so the two cannot collide).
  *
  * Attributes are walked generically from the op's signature in ops.def, never by a switch
  * on the op: string (s:) and float (f:) attributes print bare right after the op name
@@ -224,8 +225,16 @@ static void print_graph(Buf *b, const IrGraph *g)
     put(b, "(");
     for (int s = 0; s < g->nsyms; s++) {
         put(b, "%s%s", s ? ", " : "", g->sym_name[s]);
-        if (g->sym_max[s])
+        if (g->sym_derived[s] && g->sym_max[s]) {
+            put(b, " = min(");
+            put_dim(b, g, g->sym_def[s]);
+            put(b, ", %lld)", (long long)g->sym_max[s]);
+        } else if (g->sym_derived[s]) {
+            put(b, " = ");
+            put_dim(b, g, g->sym_def[s]);
+        } else if (g->sym_max[s]) {
             put(b, " <= %lld", (long long)g->sym_max[s]);
+        }
     }
     put(b, ") {\n");
     for (int i = 0; i < g->nnodes; i++)

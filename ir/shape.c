@@ -5,8 +5,10 @@
  * builder runs it on every new node and the verifier runs it again on every node, so a stored
  * shape is always the inferred one. */
 #include "ir.h"
+#include "fused_expr.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef const char *(*InferFn)(IrNode *n, char *buf, size_t nb);
@@ -79,8 +81,8 @@ static const char *infer_unary(IrNode *n, char *buf, size_t nb)
     IrNode *x = n->in[0];
     if (x->dtype != IR_F32)
         return fail(buf, nb, "expects f32, got %s", ir_dtype_name(x->dtype));
-    if (n->op == IR_SOFTMAX && x->rank < 1)
-        return fail(buf, nb, "softmax of a scalar");
+    if ((n->op == IR_SOFTMAX || n->op == IR_ENTMAX15) && x->rank < 1)
+        return fail(buf, nb, "%s of a scalar", ir_ops[n->op].name);
     n->dtype = x->dtype;
     n->rank = x->rank;
     memcpy(n->shape, x->shape, sizeof n->shape);
@@ -191,6 +193,23 @@ static const char *infer_reduce(IrNode *n, char *buf, size_t nb)
     n->rank = x->rank;
     memcpy(n->shape, x->shape, sizeof n->shape);
     n->shape[axis] = ir_dim(1);
+    return NULL;
+}
+
+/* [.., J] -> [.., 1]: a row statistic over the last axis, kept with size 1 */
+static const char *infer_kth(IrNode *n, char *buf, size_t nb)
+{
+    IrNode *x = n->in[0];
+    if (x->dtype != IR_F32)
+        return fail(buf, nb, "expects f32, got %s", ir_dtype_name(x->dtype));
+    if (x->rank < 1)
+        return fail(buf, nb, "kth_largest of a scalar");
+    if (n->ia[0] < 1)
+        return fail(buf, nb, "k must be at least 1, got %lld", (long long)n->ia[0]);
+    n->dtype = IR_F32;
+    n->rank = x->rank;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    n->shape[x->rank - 1] = ir_dim(1);
     return NULL;
 }
 
@@ -396,6 +415,135 @@ static const char *infer_xent(IrNode *n, char *buf, size_t nb)
     return NULL;
 }
 
+/* rand_like(seed i64[], x) -> f32 of x's shape */
+static const char *infer_rand(IrNode *n, char *buf, size_t nb)
+{
+    IrNode *seed = n->in[0], *x = n->in[1];
+    if (!ir_dtype_is_int(seed->dtype) || seed->rank != 0)
+        return fail(buf, nb, "rand_like's seed is an integer scalar");
+    if (n->ia[0] < 0)
+        return fail(buf, nb, "rand_like's stream is not negative");
+    n->dtype = IR_F32;
+    n->rank = x->rank;
+    memcpy(n->shape, x->shape, sizeof n->shape);
+    return NULL;
+}
+
+/* ---- fused ops ---- */
+
+/* x (f32 bias or bool mask) broadcasts to [batch of q, I, J] */
+static const char *check_scores_operand(const IrNode *x, const IrNode *q, IrDim J, const char *what, char *buf, size_t nb)
+{
+    int r = q->rank;
+    if (x->rank > r)
+        return fail(buf, nb, "the %s has rank %d, more than the scores' %d", what, x->rank, r);
+    for (int d = 0; d < x->rank; d++) {
+        int t = d + r - x->rank;
+        IrDim want = t == r - 1 ? J : q->shape[t];
+        if (!ir_dim_is_one(x->shape[d]) && !ir_dim_eq(x->shape[d], want))
+            return fail(buf, nb, "the %s does not broadcast to the scores in dimension %d", what, t);
+    }
+    return NULL;
+}
+
+/* q[.., I, D], k[.., J, D], v[.., J, E] with equal batch dims, bias and mask broadcasting to
+ * the scores [.., I, J], the scale to [.., 1, 1] */
+static const char *check_attention_operands(const IrNode *n, const IrNode *const *x, char *buf, size_t nb)
+{
+    const IrNode *q = x[0], *k = x[1], *v = x[2], *bias = x[3], *mask = x[4], *scale = x[5];
+    if (q->dtype != IR_F32 || k->dtype != IR_F32 || v->dtype != IR_F32 || bias->dtype != IR_F32 ||
+        scale->dtype != IR_F32)
+        return fail(buf, nb, "q, k, v, the bias and the scale must be f32");
+    if (mask->dtype != IR_BOOL)
+        return fail(buf, nb, "the mask must be bool, got %s", ir_dtype_name(mask->dtype));
+    int r = q->rank;
+    if (r < 2 || k->rank != r || v->rank != r)
+        return fail(buf, nb, "q, k and v must have one rank >= 2");
+    for (int d = 0; d < r - 2; d++)
+        if (!ir_dim_eq(k->shape[d], q->shape[d]) || !ir_dim_eq(v->shape[d], q->shape[d]))
+            return fail(buf, nb, "q, k and v differ in batch dimension %d", d);
+    if (!ir_dim_eq(q->shape[r - 1], k->shape[r - 1]))
+        return fail(buf, nb, "q and k differ in their last dimension");
+    if (!ir_dim_eq(k->shape[r - 2], v->shape[r - 2]))
+        return fail(buf, nb, "k and v differ in their number of keys");
+    if (n->ia[0] != 0 && n->ia[0] != 1)
+        return fail(buf, nb, "causal is 0 or 1");
+    const char *e = check_scores_operand(bias, q, k->shape[r - 2], "bias", buf, nb);
+    if (!e)
+        e = check_scores_operand(mask, q, k->shape[r - 2], "mask", buf, nb);
+    if (!e)
+        e = check_scores_operand(scale, q, k->shape[r - 2], "scale", buf, nb);
+    for (int d = scale->rank - 2; !e && d < scale->rank; d++)
+        if (d >= 0 && !ir_dim_is_one(scale->shape[d]))
+            e = fail(buf, nb, "the scale must be one value per batch and head ([.., 1, 1])");
+    return e;
+}
+
+static const char *infer_attention(IrNode *n, char *buf, size_t nb)
+{
+    const char *e = check_attention_operands(n, (const IrNode *const *)n->in, buf, nb);
+    if (e)
+        return e;
+    if (n->ia[1] != 0 && n->ia[1] != 1)
+        return fail(buf, nb, "stats is 0 or 1");
+    const IrNode *q = n->in[0], *v = n->in[2];
+    n->dtype = IR_F32;
+    n->rank = q->rank;
+    memcpy(n->shape, q->shape, sizeof n->shape);
+    n->shape[q->rank - 1] = ir_dim_addc(v->shape[v->rank - 1], n->ia[1]);
+    return NULL;
+}
+
+/* operands q, k, v, o, dout, bias, mask, scale; o must be the attention of the same operands
+ * with stats, whose values the backends read instead of recomputing the row statistics */
+static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
+{
+    const IrNode *x[6] = {n->in[0], n->in[1], n->in[2], n->in[5], n->in[6], n->in[7]};
+    const char *e = check_attention_operands(n, x, buf, nb);
+    if (e)
+        return e;
+    const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->in[3], *dout = n->in[4];
+    int r = q->rank;
+    if (o->op != IR_ATTENTION || o->ia[1] != 1 || o->ia[0] != n->ia[0])
+        return fail(buf, nb, "operand 4 must be the attention (with stats) whose gradient this is");
+    for (int i = 0; i < 6; i++)
+        if (o->in[i] != x[i])
+            return fail(buf, nb, "operand 4 is the attention of other operands");
+    IrDim E = v->shape[r - 1];
+    if (!ir_dim_eq(E, q->shape[r - 1]))
+        return fail(buf, nb, "needs the same size for the values as for the queries and keys");
+    if (dout->dtype != IR_F32 || dout->rank != r)
+        return fail(buf, nb, "the output gradient must be f32 of the output's rank");
+    for (int d = 0; d < r - 1; d++)
+        if (!ir_dim_eq(dout->shape[d], o->shape[d]))
+            return fail(buf, nb, "the output gradient differs from the output in dimension %d", d);
+    if (!ir_dim_eq(dout->shape[r - 1], E) && !ir_dim_eq(dout->shape[r - 1], ir_dim_addc(E, 1)))
+        return fail(buf, nb, "the output gradient's last dimension must be E or E+1");
+    n->dtype = IR_F32;
+    n->rank = r;
+    memcpy(n->shape, q->shape, sizeof n->shape);
+    n->shape[r - 2] = ir_dim_add(q->shape[r - 2], ir_dim_add(k->shape[r - 2], k->shape[r - 2]));
+    return NULL;
+}
+
+/* the program builds as a graph whose value broadcasts to the node's own shape */
+static const char *infer_fused(IrNode *n, char *buf, size_t nb)
+{
+    if (n->rank < 0 || n->rank > IR_MAXRANK || !dims_nonneg(n))
+        return fail(buf, nb, "bad shape");
+    IrFusedProgram *p = malloc(sizeof *p);
+    if (!p)
+        return fail(buf, nb, "out of memory");
+    char err[256];
+    IrNode *steps[IR_FUSED_MAXSTEPS];
+    IrGraph *g = ir_fused_graph_of(n, p, steps, err, sizeof err);
+    if (g)
+        n->dtype = steps[p->nsteps - 1]->dtype;
+    free(p);
+    ir_graph_free(g);
+    return g ? NULL : fail(buf, nb, "%s", err);
+}
+
 static const InferFn infer_table[IR_NUM_OPS] = {
 #define X(e, name, arity, flags, attrs, infer) [IR_##e] = infer,
 #include "ops.def"
@@ -406,13 +554,14 @@ const char *ir_infer(IrNode *n, char *buf, size_t nb)
 {
     if (n->op >= IR_NUM_OPS)
         return fail(buf, nb, "unknown op");
-    if (n->nin != ir_ops[n->op].arity)
-        return fail(buf, nb, "takes %d operands, got %d", ir_ops[n->op].arity, n->nin);
+    if (!ir_arity_ok(ir_ops[n->op].arity, n->nin))
+        return fail(buf, nb, "takes %d operands, got %d", ir_ops[n->op].arity < 0 ? IR_MAXIN : ir_ops[n->op].arity,
+                    n->nin);
     for (int i = n->nin; i < IR_MAXIN; i++)
         n->in[i] = NULL;
     int flags = ir_ops[n->op].flags;
     if (!(flags & IR_LEAF) && n->op != IR_RESHAPE && n->op != IR_EXPAND && n->op != IR_SLICE &&
-        n->op != IR_CAST) {
+        n->op != IR_CAST && n->op != IR_FUSED) {
         n->rank = 0;
         memset(n->shape, 0, sizeof n->shape);
     }
@@ -428,6 +577,20 @@ const char *ir_infer(IrNode *n, char *buf, size_t nb)
 int ir_verify(const IrGraph *g, char *err, size_t nb)
 {
     char msg[256];
+    for (int s = 0; s < g->nsyms; s++) {
+        if (!g->sym_derived[s])
+            continue;
+        for (int k = s; k < IR_MAXSYM; k++)
+            if (g->sym_def[s].k[k]) {
+                snprintf(err, nb, "derived symbol '%s' uses '%s', which is not declared before it", g->sym_name[s],
+                         k < g->nsyms ? g->sym_name[k] : "?");
+                return -1;
+            }
+        if (g->sym_max[s] < 0) {
+            snprintf(err, nb, "derived symbol '%s' has a negative cap", g->sym_name[s]);
+            return -1;
+        }
+    }
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *n = g->nodes[i];
         const char *lab = n->label ? n->label : "?";

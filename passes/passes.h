@@ -31,6 +31,9 @@ typedef struct {
     /* A fusion: the op it creates. When PassOptions.supports says the backend cannot lower it,
      * the pass is skipped and the pattern stays unfused for that backend. IR_NUM_OPS: none. */
     IrOp produces;
+    /* A second op it may create (attention's gradient), checked the same way; 0 (a leaf, which
+     * no pass creates) or IR_NUM_OPS: none. */
+    IrOp produces_also;
 } Pass;
 
 /* The pipeline, in order, ended by an entry whose name is NULL. */
@@ -74,5 +77,7 @@ IrGraph *pass_dce(IrGraph *g, char *err, size_t n);
 IrGraph *pass_cse(IrGraph *g, char *err, size_t n);
 IrGraph *pass_fold(IrGraph *g, char *err, size_t n);
 IrGraph *pass_simplify(IrGraph *g, char *err, size_t n);
+IrGraph *pass_fuse_attention(IrGraph *g, char *err, size_t n);
+IrGraph *pass_fuse_elementwise(IrGraph *g, char *err, size_t n);
 
 #endif

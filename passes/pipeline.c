@@ -12,14 +12,18 @@
  * dce last, to sweep what the others left behind. Fusions go before dce. */
 const Pass pass_pipeline[] = {
     {"fold", "constant folding of elementwise ops on constants (the interpreter's arithmetic)",
-     pass_fold, 0, IR_NUM_OPS},
+     pass_fold, 0, IR_NUM_OPS, IR_NUM_OPS},
     {"simplify", "exact identities: x*1, x+0, neg(neg x), where(c,x,x), chains of views",
-     pass_simplify, 0, IR_NUM_OPS},
+     pass_simplify, 0, IR_NUM_OPS, IR_NUM_OPS},
     {"cse", "merge identical nodes; commutative operands in canonical order",
-     pass_cse, 0, IR_NUM_OPS},
+     pass_cse, 0, IR_NUM_OPS, IR_NUM_OPS},
+    {"attention", "attention (+ bias, masks) and its gradient as fused ops that never store n x n",
+     pass_fuse_attention, 1, IR_ATTENTION, IR_ATTENTION_GRAD},
+    {"elementwise", "chains of elementwise ops and last-axis reductions (norms, softmax) as one kernel",
+     pass_fuse_elementwise, 1, IR_FUSED, IR_NUM_OPS},
     {"dce", "drop nodes no output needs (inputs, parameters and buffers stay)",
-     pass_dce, 0, IR_NUM_OPS},
-    {NULL, NULL, NULL, 0, IR_NUM_OPS},
+     pass_dce, 0, IR_NUM_OPS, IR_NUM_OPS},
+    {NULL, NULL, NULL, 0, IR_NUM_OPS, IR_NUM_OPS},
 };
 
 int pass_count(void)
@@ -114,6 +118,9 @@ static const char *skipped(const PassOptions *o, const Pass *p)
     if (o->no_fuse && p->is_fusion)
         return "no-fuse";
     if (p->is_fusion && o->supports && p->produces < IR_NUM_OPS && !o->supports(p->produces))
+        return "the backend cannot lower its op";
+    if (p->is_fusion && o->supports && p->produces_also > 0 && p->produces_also < IR_NUM_OPS &&
+        !o->supports(p->produces_also))
         return "the backend cannot lower its op";
     for (int i = 0; i < o->ndisable; i++)
         if (strcmp(o->disable[i], p->name) == 0)

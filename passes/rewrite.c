@@ -66,8 +66,7 @@ IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char 
         snprintf(err, n, "out of memory");
         goto fail;
     }
-    for (int s = 0; s < g->nsyms; s++)
-        ir_graph_add_sym(ng, g->sym_name[s], g->sym_max[s]);
+    ir_graph_copy_syms(ng, g); /* derived ones with their definitions */
     ng->label_seq = g->label_seq;
 
     PassRewriter rw = {g, ng, map, uses, live, ctx};

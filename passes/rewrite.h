@@ -40,6 +40,10 @@ IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char 
 
 /* ir_node(rw->g, proto): the default image. */
 IrNode *pass_build(PassRewriter *rw, const IrNode *proto);
+/* The image simplify.c gives: fusions rebuild the nodes they do not replace through it, so that
+ * what their new nodes make simpler (a slice of their slice) is simplified in the same walk and
+ * the pipeline stays idempotent. */
+IrNode *pass_simplify_node(PassRewriter *rw, const IrNode *old, IrNode *proto);
 
 /* Records an error in the new graph; returns NULL for `return pass_fail(...)`. */
 IrNode *pass_fail(PassRewriter *rw, const char *fmt, ...);

@@ -176,3 +176,8 @@ IrGraph *pass_simplify(IrGraph *g, char *err, size_t n)
 {
     return pass_rewrite(g, simplify, NULL, NULL, err, n);
 }
+
+IrNode *pass_simplify_node(PassRewriter *rw, const IrNode *old, IrNode *proto)
+{
+    return simplify(rw, old, proto);
+}

@@ -44,11 +44,30 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
+/* ALiBi's fixed slope h of `heads` (XT-SEMANTICS.md 7.4; the same rule as frontend/lower.c): for
+ * a power of two n, start^(h+1) with start = 2^(-2^-(log2 n - 3)); otherwise the slopes of the
+ * power of two p below, then every other slope of 2p */
+static double alibi_slope(int64_t heads, int64_t h)
+{
+    int64_t p2 = 1;
+    while (p2 * 2 <= heads)
+        p2 *= 2;
+    int64_t m = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
+    double start = pow(2.0, -pow(2.0, -(log2((double)m) - 3)));
+    return (float)(start * pow(start, (double)i));
+}
+
 int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out, RtRng *rng)
 {
     int64_t n = 1;
     for (int i = 0; i < rank; i++)
         n *= shape[i];
+    if ((ends_with(name, "rel_pos.learned_logslopes") || ends_with(name, "rel_pos.learned_logslopes_future")) &&
+        rank == 4) { /* [1, heads, 1, 1]: the log of the fixed slopes */
+        for (int64_t h = 0; h < n; h++)
+            out[h] = (float)log(alibi_slope(n, h));
+        return 0;
+    }
     if (ends_with(name, "inv_freq") && rank == 1) {
         for (int64_t k = 0; k < n; k++)
             out[k] = (float)(1.0 / pow(10000.0, (double)(2 * k) / (double)(2 * n)));

@@ -12,6 +12,10 @@
  *   model NAME
  *   option KEY VALUE                        compile options (opt, cpu, features, compiler ...)
  *   sym NAME MAX                            symbolic dimension, MAX 0 = unbounded
+ *   derive NAME DIM CAP                     the symbol NAME (declared just before) is derived:
+ *                                           NAME = min(DIM, CAP) (CAP 0: NAME = DIM), DIM an
+ *                                           affine form of earlier symbols, evaluated once the
+ *                                           inputs bind those (Transformer-XL: q = min(n+p, 512))
  *   buffer ID KIND NAME DTYPE SHAPE FIRST LAST
  *       KIND input | param | state (persistent buffer from the weights file) | temp
  *       NAME the input/param name, or the node's label for temps
@@ -23,7 +27,8 @@
  *                                           buffer (tied weights): it must hold the same values
  *   range INPUT LO HI                       integer input used as indices: values in [LO, HI)
  *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
- *   step ID KERNEL OUT IN0 IN1 IN2 OP LABEL schedule entry, -1 for absent operands
+ *   step ID KERNEL OUT IN0 .. INk OP LABEL  schedule entry: 3 to XTC_ABI_MAXIN operand buffers,
+ *                                           -1 for absent operands
  *   end
  */
 #ifndef XTC_RT_ABI_H
@@ -35,6 +40,7 @@
 #define XTC_ABI_VERSION 1
 #define XTC_ABI_SYMBOL "xtc_module_v1"
 #define XTC_META_HEADER "xtc-module 1"
+#define XTC_ABI_MAXIN 8 /* operands of a schedule step (the IR's IR_MAXIN; checked in codegen) */
 
 /* Runs fn(ctx, lo, hi) over disjoint ranges covering [0, n), possibly on several threads, and
  * returns when all are done. */

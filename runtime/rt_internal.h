@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #define RT_MAXSYM 8
-#define RT_MAXIN 3
+#define RT_MAXIN XTC_ABI_MAXIN
 
 /* An affine dimension c + sum k[s] * sym[s], as the IR has it. */
 typedef struct {
@@ -70,6 +70,10 @@ struct XtcModule {
     const char *sym_name[RT_MAXSYM];
     int64_t sym_max[RT_MAXSYM];
     int sym_is_batch[RT_MAXSYM];
+    /* derived symbols ("derive" records): sym = min(sym_def, sym_max) (no min when sym_max is 0),
+     * computed from the symbols before it once the inputs bind them (rt_derive_syms) */
+    int sym_derived[RT_MAXSYM];
+    RtDim sym_def[RT_MAXSYM];
     RtBuffer *bufs;
     int nbufs;
     RtOutput *outs;
@@ -84,13 +88,46 @@ struct XtcModule {
     int noptions;
     RtAlias *aliases;
     int naliases;
+    /* where the schedule runs: NULL = the module's own run function on the CPU; else a device
+     * (CUDA modules: rt_cuda.c) and the module's object for it (an XtcCudaModuleV1) */
+    const struct RtDeviceOps *device;
+    const void *device_abi;
 };
+
+/* A device that runs a module's schedule instead of its run function (STYLE.md practice 5: a
+ * table of functions, chosen when the module is loaded by the symbols it exports; rt_device.c). */
+typedef struct RtDevice RtDevice;
+typedef struct {
+    void *const *host;         /* per buffer: host memory: the session's copies of inputs and
+                                  weights; temps in the host arena, where outputs come back */
+    const uint8_t *changed;    /* per buffer: input or weight rebound since the last run */
+    const int64_t *syms;
+    const size_t *offset;      /* per temp: its offset in the arena (the session's memory plan) */
+    size_t arena_bytes;
+    double *step_s;            /* profiling: seconds to add to per step, or NULL */
+} RtDeviceRun;
+typedef struct RtDeviceOps {
+    const char *name;
+    /* Opens the device for a session: returns an XtcStatus, with a message in err on failure
+     * (no driver, no device, a module the device cannot load). */
+    int (*open)(const XtcModule *m, RtDevice **dev, char *err, size_t n);
+    /* Runs the schedule: 0, 1 + the step whose kernel found bad input values, or -1 with a
+     * message in err (a failure of the device or its driver). */
+    int32_t (*run)(RtDevice *dev, const RtDeviceRun *r, char *err, size_t n);
+    void (*close)(RtDevice *dev);
+} RtDeviceOps;
+
+/* Sets m->device when the loaded module m exports a device's symbol; -1 with m->err set when
+ * that object is malformed. */
+int rt_device_attach(XtcModule *m, const char *path);
 
 /* Parses the metadata text into m (m->text receives a copy). Returns 0 or -1 with m->err set. */
 int rt_meta_parse(XtcModule *m, const char *text);
 void rt_meta_free(XtcModule *m);
 
 int64_t rt_dim_eval(const RtDim *d, const int64_t *syms);
+/* Fills syms[s] of every derived symbol from the values of the symbols before it. */
+void rt_derive_syms(const XtcModule *m, int64_t *syms);
 int64_t rt_numel(const RtDim *shape, int rank, const int64_t *syms);
 XtcDType rt_dtype_from_name(const char *name); /* XTC_NUM_DTYPES if unknown */
 
@@ -99,6 +136,19 @@ typedef struct RtPool RtPool;
 RtPool *rt_pool_new(int nthreads);  /* NULL when threads cannot be created */
 void rt_pool_free(RtPool *p);
 void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
+
+/* What the optimizer (rt_optim.c) reaches in a session (rt_session.c): the memory of a bound
+ * input, parameter or state buffer and its shape (NULL when unbound); an output's memory after a
+ * successful run (NULL otherwise); the pool; the module; the slot holding the optimizer state
+ * (freed with the session by rt_optim_free); setting the session's error (returns status). */
+struct RtOptim;
+void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape);
+void *rt_session_output(XtcSession *s, int out);
+RtPool *rt_session_pool(XtcSession *s);
+const XtcModule *rt_session_module(const XtcSession *s);
+struct RtOptim **rt_session_optim(XtcSession *s);
+int rt_session_fail(XtcSession *s, int status, const char *msg);
+void rt_optim_free(struct RtOptim *o);
 
 /* printf into a fixed error buffer (truncating). */
 void rt_set_error(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

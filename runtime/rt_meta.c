@@ -33,6 +33,15 @@ int64_t rt_dim_eval(const RtDim *d, const int64_t *syms)
     return v;
 }
 
+void rt_derive_syms(const XtcModule *m, int64_t *syms)
+{
+    for (int s = 0; s < m->nsyms; s++)
+        if (m->sym_derived[s]) {
+            int64_t v = rt_dim_eval(&m->sym_def[s], syms);
+            syms[s] = m->sym_max[s] > 0 && v > m->sym_max[s] ? m->sym_max[s] : v;
+        }
+}
+
 int64_t rt_numel(const RtDim *shape, int rank, const int64_t *syms)
 {
     int64_t n = 1;
@@ -246,6 +255,24 @@ static int record(Parser *p)
         m->sym_name[m->nsyms] = t[1];
         m->sym_is_batch[m->nsyms] = strcmp(t[1], "b") == 0 || strcmp(t[1], "batch") == 0;
         m->nsyms++;
+    } else if (strcmp(kind, "derive") == 0) {
+        if (need(p, 4) < 0)
+            return -1;
+        int s = find_sym(m, t[1], strlen(t[1]));
+        if (s < 0 || m->sym_derived[s])
+            return bad(p, "derive: '%s' is not a symbol declared (once) before", t[1]);
+        RtDim d;
+        int64_t cap;
+        if (parse_dim(p, t[2], &d) < 0 || parse_int(p, t[3], &cap) < 0)
+            return -1;
+        for (int k = s; k < RT_MAXSYM; k++)
+            if (d.k[k])
+                return bad(p, "derive: '%s' may only use the symbols declared before it", t[1]);
+        if (cap < 0)
+            return bad(p, "derive: negative cap for '%s'", t[1]);
+        m->sym_derived[s] = 1;
+        m->sym_def[s] = d;
+        m->sym_max[s] = cap;
     } else if (strcmp(kind, "buffer") == 0) {
         if (need(p, 8) < 0)
             return -1;
@@ -327,8 +354,9 @@ static int record(Parser *p)
         m->kernels[m->nkernels].uses = (int)uses;
         m->nkernels++;
     } else if (strcmp(kind, "step") == 0) {
-        if (need(p, 9) < 0)
-            return -1;
+        int nin = p->ntok - 6; /* step ID KERNEL OUT IN0 .. IN(nin-1) OP LABEL */
+        if (nin < 3 || nin > RT_MAXIN)
+            return bad(p, "record '%s' has the wrong number of fields", p->tok[0]);
         int id;
         if (parse_index(p, t[1], m->nsteps, m->nsteps + 1, &id) < 0)
             return -1;
@@ -338,10 +366,12 @@ static int record(Parser *p)
             parse_index(p, t[3], 0, m->nbufs, &s->out) < 0)
             return -1;
         for (int i = 0; i < RT_MAXIN; i++)
+            s->in[i] = -1;
+        for (int i = 0; i < nin; i++)
             if (parse_index(p, t[4 + i], -1, m->nbufs, &s->in[i]) < 0)
                 return -1;
-        s->op = t[7];
-        if (!(s->label = name_field(p, t[8])))
+        s->op = t[4 + nin];
+        if (!(s->label = name_field(p, t[5 + nin])))
             return -1;
         m->nsteps++;
     } else {

@@ -82,6 +82,8 @@ int xtc_module_load(const char *path, XtcModule **out)
         return XTC_ERR_FORMAT;
     }
     m->abi = abi;
+    if (rt_device_attach(m, path) < 0)
+        return XTC_ERR_FORMAT;
     if (rt_meta_parse(m, abi->meta) < 0) {
         char tmp[sizeof m->err];
         snprintf(tmp, sizeof tmp, "%.300s: %.700s", path, m->err);
@@ -198,6 +200,34 @@ int64_t xtc_module_param_count(const XtcModule *m)
         total += rt_numel(b->shape, b->rank, none);
     }
     return total;
+}
+
+int xtc_module_num_kernels(const XtcModule *m) { return loaded(m) ? m->nkernels : 0; }
+
+int xtc_module_kernel(const XtcModule *m, int k, const char **fn, const char **op, int *uses)
+{
+    if (!loaded(m) || k < 0 || k >= m->nkernels)
+        return XTC_ERR_ARG;
+    if (fn)
+        *fn = m->kernels[k].fn;
+    if (op)
+        *op = m->kernels[k].op;
+    if (uses)
+        *uses = m->kernels[k].uses;
+    return XTC_OK;
+}
+
+int xtc_module_num_steps(const XtcModule *m) { return loaded(m) ? m->nsteps : 0; }
+
+int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label)
+{
+    if (!loaded(m) || i < 0 || i >= m->nsteps)
+        return XTC_ERR_ARG;
+    if (kernel)
+        *kernel = m->steps[i].kernel;
+    if (label)
+        *label = m->steps[i].label;
+    return XTC_OK;
 }
 
 static void print_shape(FILE *out, int rank, const char *const *dims)

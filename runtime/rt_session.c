@@ -33,6 +33,9 @@ struct XtcSession {
     char *arena;
     size_t arena_bytes;
     int outputs_valid;
+    struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
+    RtDevice *dev;               /* a device module's device (m->device), else NULL */
+    uint8_t *changed;            /* device: per buffer, rebound since the last run */
     /* profiling */
     double *step_s;              /* per step: seconds over the profiled runs */
     int profiled_runs;
@@ -89,29 +92,28 @@ static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
 }
 
 /* Greedy best-fit by decreasing size: each buffer goes at the lowest offset where it overlaps
- * no already placed buffer whose lifetime intersects its own. */
-static int plan_arena(XtcSession *s, const int64_t *syms)
+ * no already placed buffer whose lifetime intersects its own. Fills offset[] and bytes[] of the
+ * temps and *total; -1 when out of memory, -2 - b when buffer b would not fit at these sizes. */
+static int plan_offsets(const XtcModule *m, const int64_t *syms, size_t *offset, size_t *bytes, size_t *total_out)
 {
-    const XtcModule *m = s->m;
     Item *items = malloc(((size_t)m->nbufs + 1) * sizeof *items);
     int *placed = malloc(((size_t)m->nbufs + 1) * sizeof *placed);
     if (!items || !placed) {
         free(items);
         free(placed);
-        return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
+        return -1;
     }
     int n = 0, nplaced = 0;
     for (int i = 0; i < m->nbufs; i++)
         if (m->bufs[i].kind == RT_BUF_TEMP) {
-            size_t bytes = buffer_bytes(&m->bufs[i], syms);
-            if (bytes == SIZE_MAX) {
+            size_t b = buffer_bytes(&m->bufs[i], syms);
+            if (b == SIZE_MAX) {
                 free(items);
                 free(placed);
-                return fail(s, XTC_ERR_MEMORY, "intermediate %%%s would not fit in memory with these sizes",
-                            m->bufs[i].name);
+                return -2 - i;
             }
             items[n].buf = i;
-            items[n].bytes = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+            items[n].bytes = (b + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
             n++;
         }
     qsort(items, (size_t)n, sizeof *items, by_size_desc);
@@ -127,21 +129,35 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
                 const RtBuffer *c = &m->bufs[o];
                 if (c->last < b->first || b->last < c->first)
                     continue;
-                size_t lo = s->offset[o], hi = lo + s->bytes[o];
+                size_t lo = offset[o], hi = lo + bytes[o];
                 if (off < hi && lo < off + items[i].bytes) {
                     off = hi;
                     moved = 1;
                 }
             }
         }
-        s->offset[items[i].buf] = off;
-        s->bytes[items[i].buf] = items[i].bytes;
+        offset[items[i].buf] = off;
+        bytes[items[i].buf] = items[i].bytes;
         placed[nplaced++] = items[i].buf;
         if (off + items[i].bytes > total)
             total = off + items[i].bytes;
     }
     free(items);
     free(placed);
+    *total_out = total;
+    return 0;
+}
+
+static int plan_arena(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    size_t total = 0;
+    int rc = plan_offsets(m, syms, s->offset, s->bytes, &total);
+    if (rc == -1)
+        return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
+    if (rc < -1)
+        return fail(s, XTC_ERR_MEMORY, "intermediate %%%s would not fit in memory with these sizes",
+                    m->bufs[-2 - rc].name);
     if (total > s->arena_bytes || !s->arena) {
         free(s->arena);
         s->arena = NULL;
@@ -154,6 +170,23 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
     }
     memcpy(s->planned, syms, sizeof s->planned);
     return XTC_OK;
+}
+
+int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms)
+{
+    if (!m || !m->abi || !syms)
+        return -1;
+    int64_t v[RT_MAXSYM] = {0};
+    for (int i = 0; i < m->nsyms; i++)
+        v[i] = syms[i];
+    rt_derive_syms(m, v);
+    size_t nb = (size_t)m->nbufs + 1;
+    size_t *offset = calloc(nb, sizeof *offset), *bytes = calloc(nb, sizeof *bytes);
+    size_t total = 0;
+    int rc = offset && bytes ? plan_offsets(m, v, offset, bytes, &total) : -1;
+    free(offset);
+    free(bytes);
+    return rc == 0 ? (int64_t)total : -1;
 }
 
 /* ---- creation ---- */
@@ -182,10 +215,12 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         init[i] = 1;
     }
     for (int i = 0; i < m->nsyms; i++) {
-        s->cap[i] = m->sym_is_batch[i] ? o.max_batch : o.max_seq;
+        /* a derived symbol follows the others: the session's limits are not its own */
+        s->cap[i] = m->sym_derived[i] ? 0 : m->sym_is_batch[i] ? o.max_batch : o.max_seq;
         if (s->cap[i] > 0)
             init[i] = sym_bound(s, i);
     }
+    rt_derive_syms(m, init);
     size_t nb = (size_t)m->nbufs + 1;
     s->ptr = calloc(nb, sizeof *s->ptr);
     s->own = calloc(nb, sizeof *s->own);
@@ -195,6 +230,12 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     s->bytes = calloc(nb, sizeof *s->bytes);
     if (!s->ptr || !s->own || !s->shape || !s->set || !s->offset || !s->bytes)
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    if (m->device) { /* before the pool: a session whose device fails stays unusable */
+        char msg[sizeof s->err];
+        int st = (s->changed = calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
+        if (st)
+            return fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
+    }
     s->pool = rt_pool_new(o.threads ? o.threads : 1);
     if (!s->pool)
         return fail(s, XTC_ERR_MEMORY, "cannot start %d threads", o.threads);
@@ -209,6 +250,10 @@ void xtc_session_free(XtcSession *s)
     if (!s)
         return;
     rt_pool_free(s->pool);
+    rt_optim_free(s->optim);
+    if (s->dev)
+        s->m->device->close(s->dev);
+    free(s->changed);
     if (s->own)
         for (int i = 0; i < s->m->nbufs; i++)
             free(s->own[i]);
@@ -369,6 +414,8 @@ static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_
     free(s->own[b]);
     s->own[b] = data;
     s->set[b] = 1;
+    if (s->changed)
+        s->changed[b] = 1;
     for (int i = 0; i < rank; i++)
         s->shape[b][i] = shape[i];
     s->outputs_valid = 0;
@@ -573,8 +620,35 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     return XTC_OK;
 }
 
+/* Computes each derived symbol whose symbols are all known; returns how many it computed, or
+ * -1 with the session's error set when one comes out negative. */
+static int derive_known(XtcSession *s, int64_t *syms, int *known)
+{
+    const XtcModule *m = s->m;
+    int count = 0;
+    for (int k = 0; k < m->nsyms; k++) {
+        if (!m->sym_derived[k] || known[k])
+            continue;
+        int ready = 1;
+        for (int j = 0; j < k; j++)
+            ready &= !m->sym_def[k].k[j] || known[j];
+        if (!ready)
+            continue;
+        rt_derive_syms(m, syms); /* the symbols before k are final, so k's value is */
+        if (syms[k] < 0) {
+            fail(s, XTC_ERR_SHAPE, "symbol %s = %lld with these inputs (derived from the others)", m->sym_name[k],
+                 (long long)syms[k]);
+            return -1;
+        }
+        known[k] = 1;
+        count++;
+    }
+    return count;
+}
+
 /* Solves the symbols from the shapes of the bound inputs and weights (a memory buffer may carry
- * one): repeatedly take a dimension with exactly one unknown symbol, then check every dim. */
+ * one): repeatedly take a dimension with exactly one unknown symbol (never a derived one: those
+ * are computed from the others as soon as these are known), then check every dim. */
 static int bind_symbols(XtcSession *s, int64_t *syms)
 {
     const XtcModule *m = s->m;
@@ -582,7 +656,10 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
     for (int i = 0; i < RT_MAXSYM; i++)
         syms[i] = 0;
     for (int progress = 1; progress;) {
-        progress = 0;
+        int derived = derive_known(s, syms, known);
+        if (derived < 0)
+            return XTC_ERR_SHAPE;
+        progress = derived > 0;
         for (int b = 0; b < m->nbufs; b++) {
             const RtBuffer *buf = &m->bufs[b];
             if (buf->kind == RT_BUF_TEMP)
@@ -601,7 +678,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
                         nunknown++;
                     }
                 }
-                if (nunknown != 1)
+                if (nunknown != 1 || m->sym_derived[unknown])
                     continue;
                 if (rest % dim->k[unknown] != 0 || rest / dim->k[unknown] < 0)
                     return fail(s, XTC_ERR_SHAPE, "'%s': dimension %d (%lld) does not fit %s for any %s",
@@ -711,6 +788,17 @@ int xtc_session_set_profiling(XtcSession *s, int on)
     return XTC_OK;
 }
 
+int xtc_session_profile_steps(const XtcSession *s, double *secs, int n)
+{
+    if (!s || !s->m || (!secs && n > 0) || n < 0)
+        return -1;
+    if (!s->step_s)
+        return 0;
+    for (int i = 0; i < n && i < s->m->nsteps; i++)
+        secs[i] = s->step_s[i];
+    return s->profiled_runs;
+}
+
 typedef struct {
     int kernel;
     double s;
@@ -753,6 +841,21 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
     }
     free(kt);
     return XTC_OK;
+}
+
+/* A device module's schedule runs on its device (rt_cuda.c), which copies the outputs back into
+ * s->ptr. Returns as the module's run does, or -1 with the device's message set. */
+static int32_t device_run(XtcSession *s, const int64_t *syms)
+{
+    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .syms = syms, .offset = s->offset,
+                       .arena_bytes = s->arena_bytes, .step_s = s->step_s};
+    char msg[sizeof s->err];
+    int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
+    if (r < 0)
+        fail(s, XTC_ERR_IO, "%s", msg);
+    else
+        memset(s->changed, 0, (size_t)s->m->nbufs);
+    return r;
 }
 
 int xtc_session_run(XtcSession *s)
@@ -801,7 +904,9 @@ int xtc_session_run(XtcSession *s)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->offset[i] : s->own[i];
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
-    int32_t r = m->abi->run(s->ptr, syms, &s->api);
+    int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);
+    if (r < 0 && s->dev)
+        return XTC_ERR_IO; /* the device's message is set */
     if (r != 0)
         return run_failure(s, r);
     if (s->step_s)
@@ -832,4 +937,35 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
         return XTC_OK;
     }
     return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
+}
+
+/* ---- for the optimizer (rt_optim.c; see rt_internal.h) ---- */
+
+void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape)
+{
+    if (!s || !s->own || buf < 0 || buf >= s->m->nbufs || !s->set[buf])
+        return NULL;
+    if (shape)
+        *shape = s->shape[buf];
+    if (s->changed) /* the caller may write it (an optimizer step): a device uploads it again */
+        s->changed[buf] = 1;
+    return s->own[buf];
+}
+
+void *rt_session_output(XtcSession *s, int out)
+{
+    if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
+        return NULL;
+    return s->ptr[s->m->outs[out].buf];
+}
+
+RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }
+
+const XtcModule *rt_session_module(const XtcSession *s) { return s ? s->m : NULL; }
+
+struct RtOptim **rt_session_optim(XtcSession *s) { return &s->optim; }
+
+int rt_session_fail(XtcSession *s, int status, const char *msg)
+{
+    return fail(s, status, "%s", msg);
 }

@@ -27,6 +27,7 @@
 #include "xtf.h"
 
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -387,6 +388,24 @@ static IrNode *b_rmax_last(Ctx *c)
 
 static IrNode *b_softmax(Ctx *c) { return ir_softmax(c->g, par(c, "x", V_SMOOTH, SHAPE(D(2), c->N, D(5)))); }
 
+/* rows of distinct values 0.2 apart (never tied), wide enough that some entries fall outside
+ * the support; the support's edge is smooth (y = (x/2 - tau)^2 has slope 0 there) */
+static IrNode *b_entmax15(Ctx *c)
+{
+    IrNode *x = par(c, "x", V_DISTINCT, SHAPE(D(2), c->N, D(5)));
+    return ir_entmax15(c->g, ir_binary(c->g, IR_MUL, x, ir_const(c->g, 2, IR_F32)));
+}
+
+/* masked logits, as attention fills them: -FLT_MAX entries take no part and get 0 (a row that is
+ * all masked is uniform and passes nothing to x) */
+static IrNode *b_entmax15_masked(Ctx *c)
+{
+    IrNode *m = inp(c, "m", IR_BOOL, V_BOOL, 0, SHAPE(c->B, c->N, D(6)));
+    IrNode *x = par(c, "x", V_DISTINCT, SHAPE(c->B, c->N, D(6)));
+    IrNode *dots = ir_where(c->g, m, ir_binary(c->g, IR_MUL, x, ir_const(c->g, 2, IR_F32)), ir_const(c->g, -FLT_MAX, IR_F32));
+    return ir_entmax15(c->g, dots);
+}
+
 static IrNode *b_reshape(Ctx *c)
 {
     IrDim to[2] = {D(6), D(4)};
@@ -490,6 +509,28 @@ static IrNode *b_mm_batched_t(Ctx *c)
                      par(c, "k", V_SMOOTH, SHAPE(c->B, D(2), D(5), D(4))), 1);
 }
 
+/* fused attention (its hand-written backward, attention_grad): causal with J = I + 2 keys, a
+ * padding mask with fully masked query rows, a bias that takes no gradient; with the logsumexp
+ * column (its gradient flows too); and a scale per head */
+static IrNode *b_attention(Ctx *c)
+{
+    IrDim J = ir_dim_addc(c->N, 2);
+    IrNode *q = par(c, "q", V_SMOOTH, SHAPE(c->B, D(2), c->N, D(4)));
+    IrNode *k = par(c, "k", V_SMOOTH, SHAPE(c->B, D(2), J, D(4))), *v = par(c, "v", V_SMOOTH, SHAPE(c->B, D(2), J, D(4)));
+    IrNode *qm = inp(c, "qm", IR_BOOL, V_SMOOTH, 0, SHAPE(c->B, D(1), c->N, D(1)));
+    IrNode *km = inp(c, "km", IR_BOOL, V_SMOOTH, 0, SHAPE(c->B, D(1), D(1), J));
+    IrNode *bias = inp(c, "bias", IR_F32, V_SMOOTH, 0, SHAPE(D(2), c->N, J));
+    return ir_attention(c->g, q, k, v, bias, ir_binary(c->g, IR_AND, qm, km), ir_const(c->g, 0.7, IR_F32), 1, 0);
+}
+
+static IrNode *b_attention_stats(Ctx *c)
+{
+    IrNode *q = par(c, "q", V_SMOOTH, SHAPE(c->B, D(2), c->N, D(3)));
+    IrNode *k = par(c, "k", V_SMOOTH, SHAPE(c->B, D(2), c->N, D(3))), *v = par(c, "v", V_SMOOTH, SHAPE(c->B, D(2), c->N, D(3)));
+    IrNode *scale = inp(c, "scale", IR_F32, V_POS, 0, SHAPE(D(1), D(2), D(1), D(1)));
+    return ir_attention(c->g, q, k, v, NULL, NULL, scale, 0, 1);
+}
+
 static IrNode *b_mm_left2(Ctx *c)
 {
     return ir_matmul(c->g, par(c, "a", V_SMOOTH, SHAPE(D(3), D(4))),
@@ -542,6 +583,8 @@ static const GradCase cases[] = {
     {"RMAX mid", IR_RMAX, b_rmax_mid, V_SMOOTH, V_SMOOTH},
     {"RMAX last", IR_RMAX, b_rmax_last, V_SMOOTH, V_SMOOTH},
     {"SOFTMAX", IR_SOFTMAX, b_softmax, V_SMOOTH, V_SMOOTH},
+    {"ENTMAX15", IR_ENTMAX15, b_entmax15, V_SMOOTH, V_SMOOTH},
+    {"ENTMAX15 masked", IR_ENTMAX15, b_entmax15_masked, V_SMOOTH, V_SMOOTH},
     {"RESHAPE", IR_RESHAPE, b_reshape, V_SMOOTH, V_SMOOTH},
     {"RESHAPE symbolic", IR_RESHAPE, b_reshape_sym, V_SMOOTH, V_SMOOTH},
     {"PERMUTE", IR_PERMUTE, b_permute, V_SMOOTH, V_SMOOTH},
@@ -561,6 +604,8 @@ static const GradCase cases[] = {
     {"MATMUL batched transposed", IR_MATMUL, b_mm_batched_t, V_SMOOTH, V_SMOOTH},
     {"MATMUL rank-2 left", IR_MATMUL, b_mm_left2, V_SMOOTH, V_SMOOTH},
     {"XENT", IR_XENT, b_xent, V_SMOOTH, V_SMOOTH},
+    {"ATTENTION causal mask bias", IR_ATTENTION, b_attention, V_SMOOTH, V_SMOOTH},
+    {"ATTENTION stats, scale per head", IR_ATTENTION, b_attention_stats, V_SMOOTH, V_SMOOTH},
     {"XENT i32", IR_XENT, b_xent_i32, V_SMOOTH, V_SMOOTH},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };

@@ -44,7 +44,7 @@ check "init it" "$xtc" init "$tmp/byte.so" -o "$tmp/byte.safetensors"
 check "example program (examples/predict.c)" "$build/predict" "$tmp/byte.so" "$tmp/byte.safetensors" "hello"
 grep -q "predicted next" "$tmp/out" && [ "$(grep -c '^ *[0-9]' "$tmp/out")" -eq 5 ] ||
   { fail=$((fail + 1)); echo "FAIL predict prints one prediction per position"; }
-check "demo" "$xtc" demo --prompt "hello"
+check "demo" "$xtc" demo --inference --prompt "hello"
 grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
 
 refuse "unknown command" "unknown command" "$xtc" frobnicate

@@ -18,6 +18,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -450,12 +451,126 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
 }
 
+/* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
+ * dropout pattern the lowering builds from it */
+static void build_rand(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(37)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *seed = input(g, "seed", IR_I64, 0, NULL);
+    IrNode *u = ir_rand(g, seed, x, 0);
+    out(g, "u", u);
+    out(g, "u7", ir_rand(g, seed, x, 7));
+    IrNode *drop = ir_binary(g, IR_LT, u, ir_const(g, 0.25, IR_F32));
+    out(g, "dropped", ir_where(g, drop, ir_const(g, 0, IR_F32), ir_binary(g, IR_MUL, x, ir_const(g, 4.0 / 3, IR_F32))));
+}
+
+/* The ops that order a row (cg_llvm_sort.c): k-th largest with k = 1 (the maximum), inside the
+ * row, equal to its length (the minimum) and beyond it (-inf); many ties (relu's zeros); masked
+ * entries (-FLT_MAX) with fully masked rows; sparse top-k attention's threshold; entmax15 on
+ * such rows, on long rows and on a vector. */
+static void build_order(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(17)}, sm[] = {b, n, ir_dim(1)}, ss[] = {b, n, ir_dim(130)}, sv[] = {ir_dim(65)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *fill = ir_const(g, -FLT_MAX, IR_F32);
+    IrNode *keep = ir_binary(g, IR_AND, input(g, "mk", IR_BOOL, 3, sx), input(g, "mr", IR_BOOL, 3, sm));
+    IrNode *masked = ir_where(g, keep, x, fill);
+    out(g, "kth1", ir_kth_largest(g, x, 1));
+    out(g, "kth5_masked", ir_kth_largest(g, masked, 5));
+    out(g, "kth17", ir_kth_largest(g, x, 17));
+    out(g, "kth20", ir_kth_largest(g, x, 20));
+    out(g, "kth_ties", ir_kth_largest(g, ir_unary(g, IR_RELU, x), 12));
+    IrNode *kth = ir_kth_largest(g, masked, 3);
+    out(g, "topk", ir_where(g, ir_binary(g, IR_LT, masked, kth), fill, masked));
+    out(g, "entmax", ir_entmax15(g, x));
+    out(g, "entmax_masked", ir_entmax15(g, masked));
+    IrNode *s = input(g, "s", IR_F32, 3, ss);
+    out(g, "kth_long", ir_kth_largest(g, s, 7));
+    out(g, "entmax_long", ir_entmax15(g, ir_binary(g, IR_MUL, s, ir_const(g, 4, IR_F32))));
+    out(g, "entmax_v", ir_entmax15(g, input(g, "v", IR_F32, 1, sv)));
+}
+
 static void build_xent(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sz[] = {b, n, ir_dim(13)}, st[] = {b, n};
     IrNode *z = input(g, "z", IR_F32, 3, sz);
     out(g, "loss", ir_xent(g, z, input(g, "tgt", IR_I64, 2, st)));
     out(g, "loss32", ir_xent(g, z, input(g, "tgt32", IR_I32, 2, st)));
+}
+
+/* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
+ * queries (J = I + 5, as with memories), more queries and keys than one tile, a padding mask
+ * with fully masked rows (they attend uniformly), a bias broadcast over the batch, the
+ * statistics column, the gradient with and without the logsumexp's; cross attention with
+ * E != D over several key tiles; and J = n, which is 0 in the empty sizes. */
+static void build_attention(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim I = ir_dim_addc(ir_dim_add(n, n), 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
+    IrDim sq[] = {b, h, I, hd}, sk[] = {b, h, J, hd}, sqm[] = {b, ir_dim(1), I, ir_dim(1)};
+    IrDim skm[] = {b, ir_dim(1), ir_dim(1), J}, sb[] = {h, I, J}, sg[] = {b, h, I, ir_dim(41)};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *mask = ir_binary(g, IR_AND, input(g, "qm", IR_BOOL, 4, sqm), input(g, "km", IR_BOOL, 4, skm));
+    IrNode *bias = input(g, "bias", IR_F32, 3, sb), *c = ir_const(g, 0.158, IR_F32);
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
+    IrNode *f = ir_attention(g, q, k, v, bias, mask, c, 1, 1);
+    out(g, "masked_stats", f);
+    out(g, "grad", ir_attention_grad(g, f, input(g, "dout", IR_F32, 4, sq)));
+    out(g, "grad_lse", ir_attention_grad(g, f, input(g, "dout_lse", IR_F32, 4, sg)));
+    IrDim ss[] = {ir_dim(1), h, ir_dim(1), ir_dim(1)}; /* cosine similarity: a scale per head */
+    IrNode *fm = ir_attention(g, q, k, v, NULL, mask, input(g, "scale", IR_F32, 4, ss), 0, 1);
+    out(g, "grad_plain", ir_attention_grad(g, fm, input(g, "dout2", IR_F32, 4, sq)));
+    IrDim Jc = ir_dim_addc(ir_dim_add(n, ir_dim_add(n, n)), 100), h2 = ir_dim(2);
+    IrDim sqc[] = {b, h2, n, ir_dim(16)}, skc[] = {b, h2, Jc, ir_dim(16)}, svc[] = {b, h2, Jc, ir_dim(24)};
+    IrDim sbc[] = {ir_dim(1), ir_dim(1), Jc}, smc[] = {b, ir_dim(1), ir_dim(1), Jc};
+    IrNode *qc = input(g, "qc", IR_F32, 4, sqc), *kc = input(g, "kc", IR_F32, 4, skc);
+    out(g, "cross", ir_attention(g, qc, kc, input(g, "vc", IR_F32, 4, svc), input(g, "biasc", IR_F32, 3, sbc),
+                                 input(g, "kmc", IR_BOOL, 4, smc), ir_const(g, 0.25, IR_F32), 0, 1));
+    IrDim se[] = {b, h2, n, ir_dim(8)};
+    IrNode *qe = input(g, "qe", IR_F32, 4, se), *ke = input(g, "ke", IR_F32, 4, se);
+    IrNode *fe = ir_attention(g, qe, ke, input(g, "ve", IR_F32, 4, se), NULL, NULL, ir_const(g, 0.3, IR_F32), 1, 1);
+    out(g, "self_n", fe);
+    out(g, "self_n_grad", ir_attention_grad(g, fe, input(g, "doute", IR_F32, 4, se)));
+}
+
+/* The fused op (passes/fuse_elementwise.c makes it): row programs (a LayerNorm, a softmax with
+ * cross-entropy's gradient after it, a norm that ends in its reduction, a maximum with bool and
+ * int steps), GLU's two halves read through slices, and elementwise chains over long rows with
+ * broadcasts, a bcast step and an integer result. */
+static void build_fused(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(33)}, sw[] = {ir_dim(33)}, sz[] = {b, n, ir_dim(13)}, s1[] = {b, n, ir_dim(1)};
+    IrDim sp[] = {b, n, ir_dim(34)}, sh[] = {b, n, ir_dim(17)}, sl[] = {b, n, ir_dim(130)}, sb[] = {ir_dim(130)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *w = input(g, "w", IR_F32, 1, sw), *bias = input(g, "bias", IR_F32, 1, sw);
+    IrNode *ln[3] = {x, w, bias};
+    out(g, "layernorm", ir_fused(g, "sum($0);mul(%0,0.030303030303030304:f32);sub($0,%1);mul(%2,%2);sum(%3);"
+                                    "mul(%4,0.030303030303030304:f32);add(%5,1e-05:f32);rsqrt(%6);mul(%2,%7);mul(%8,$1);add(%9,$2)",
+                                 3, ln, 3, sx));
+    IrNode *xg[3] = {input(g, "z", IR_F32, 3, sz), input(g, "onehot", IR_F32, 3, sz), input(g, "wt", IR_F32, 3, s1)};
+    out(g, "softmax_xent_grad", ir_fused(g, "softmax($0);sub(%0,$1);mul(%1,$2)", 3, xg, 3, sz));
+    out(g, "l2", ir_fused(g, "mul($0,$0);sum(%0);sqrt(%1)", 1, &x, 3, s1));
+    out(g, "rowmax", ir_fused(g, "reduce_max($0);lt($0,%0);cast:f32(%1);where(%1,$0,%2)", 1, &x, 3, sx));
+    IrNode *proj = input(g, "proj", IR_F32, 3, sp);
+    out(g, "glu", ir_fused(g, "slice($0,0,17);slice($0,17,17);gelu(%1);mul(%0,%2)", 1, &proj, 3, sh));
+    IrNode *lb[2] = {input(g, "long", IR_F32, 3, sl), input(g, "lbias", IR_F32, 1, sb)};
+    out(g, "bias_gelu", ir_fused(g, "add($0,$1);gelu(%0)", 2, lb, 3, sl));
+    IrNode *bc[2] = {input(g, "col", IR_F32, 3, s1), w};
+    out(g, "bcast", ir_fused(g, "bcast($0);mul(%0,$1);exp(%1)", 2, bc, 3, sx));
+    out(g, "to_int", ir_fused(g, "mul($0,3:f32);cast:i32(%0)", 1, &x, 3, sx));
+    /* matmul epilogues: blocked (130 columns), plain (5), batched with a broadcast operand */
+    IrDim swm[] = {ir_dim(130), ir_dim(33)}, sw5[] = {ir_dim(5), ir_dim(33)}, s5[] = {b, n, ir_dim(5)};
+    IrNode *mm[3] = {x, input(g, "wmm", IR_F32, 2, swm), lb[1]};
+    out(g, "matmul_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, mm, 3, sl));
+    IrNode *mm5[3] = {x, input(g, "w5", IR_F32, 2, sw5), input(g, "res5", IR_F32, 3, s5)};
+    out(g, "matmul_residual", ir_fused(g, "add($2,3:f32);matmul($0,$1,1);add(%1,%0)", 3, mm5, 3, s5));
+    IrDim sq[] = {b, ir_dim(2), n, ir_dim(7)}, sk[] = {b, ir_dim(2), ir_dim(9), ir_dim(7)}, so[] = {b, ir_dim(2), n, ir_dim(9)};
+    IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
+    IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
+    out(g, "batched_epilogue", ir_fused(g, "matmul($0,$1,1);mul(%0,$2);tanh(%1)", 3, bm, 4, so));
+    /* l2norm(rotary(split heads)) in one pass: permute, slices and concats of computed values */
+    IrDim sr[] = {b, n, ir_dim(2), ir_dim(8)}, st[] = {b, ir_dim(2), n, ir_dim(8)}, sc[] = {n, ir_dim(6)};
+    IrNode *rt[3] = {input(g, "heads", IR_F32, 4, sr), input(g, "cos", IR_F32, 2, sc), input(g, "sin", IR_F32, 2, sc)};
+    out(g, "rotary_l2norm", ir_fused(g, "permute($0,0,2,1,3);slice(%0,0,3);slice(%0,3,3);neg(%2);concat(%3,%1);"
+                                        "slice(%0,0,6);mul(%5,$1);mul(%4,$2);add(%6,%7);slice(%0,6,2);concat(%8,%9);"
+                                        "mul(%10,%10);sum(%11);sqrt(%12);max(%13,1e-12:f32);div(%10,%14)", 3, rt, 4, st));
 }
 
 typedef struct {
@@ -465,7 +580,8 @@ typedef struct {
 
 static const Case cases[] = {
     {"unary", build_unary},   {"binary", build_binary}, {"reduce", build_reduce},
-    {"move", build_move},     {"matmul", build_matmul}, {"xent", build_xent},
+    {"move", build_move},     {"matmul", build_matmul}, {"xent", build_xent},  {"rand", build_rand},
+    {"attention", build_attention}, {"order", build_order}, {"fused", build_fused},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -605,6 +721,48 @@ static void build_layers(IrGraph *g, IrDim b, IrDim n)
     }
     out(g, "y", x);
 }
+
+/* Derived symbols (Transformer-XL's q = min(n+p, 6) memory rows): the runtime evaluates them once
+ * the inputs bind n and p, buffers and outputs follow, and an input whose shape names q is checked
+ * against it. Sizes: a first segment shorter than the cap, one cut to it, an empty one. */
+START_TEST(test_derived_symbols)
+{
+    IrGraph *g = ir_graph_new("derived");
+    IrDim b = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), n = ir_dim_sym(ir_graph_add_sym(g, "n", 8));
+    IrDim p = ir_dim_sym(ir_graph_add_sym(g, "p", 6)), np = ir_dim_add(n, p);
+    IrDim q = ir_dim_sym(ir_graph_add_derived_sym(g, "q", np, 6));
+    IrDim sm[] = {b, p, ir_dim(5)}, sx[] = {b, n, ir_dim(5)}, sw[] = {q}, sw3[] = {ir_dim(1), q, ir_dim(1)};
+    IrNode *all = ir_concat(g, input(g, "mem", IR_F32, 3, sm), input(g, "x", IR_F32, 3, sx), 1);
+    IrNode *kept = ir_slice(g, all, 1, ir_dim_sub(np, q), q);
+    out(g, "kept", kept);
+    out(g, "weighted", ir_binary(g, IR_MUL, kept, ir_reshape(g, input(g, "w", IR_F32, 1, sw), 3, sw3)));
+    out(g, "sums", ir_reduce(g, IR_SUM, all, 1));
+    XtcModule *m = compile_load(g, "derived", NULL);
+    static const int64_t sizes[][3] = {{1, 3, 0}, {2, 5, 3}, {2, 2, 6}, {1, 8, 6}, {3, 0, 0}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int64_t syms[IR_MAXSYM] = {sizes[i][0], sizes[i][1], sizes[i][2]};
+        ir_graph_derive_syms(g, syms);
+        check_against_interp(g, m, syms, "derived");
+    }
+    /* w of the wrong length for q = min(3 + 0, 6) = 3 */
+    int64_t syms[IR_MAXSYM] = {1, 3, 0, 4};
+    Binding bd;
+    bind_random(&bd, g, syms);
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    bind_session(s, &bd);
+    ck_assert_int_eq(xtc_session_run(s), XTC_ERR_SHAPE);
+    ck_assert_msg(strstr(xtc_session_error(s), "input 'w': dimension 0 is 4 but q = 3"), "%s", xtc_session_error(s));
+    int64_t right[1] = {3};
+    ck_assert_int_eq(xtc_session_set_input(s, "w", XTC_F32, 1, right, bd.t[2].data), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_symbol(s, 3), 3);
+    xtc_session_free(s);
+    bind_free(&bd);
+    xtc_module_free(m);
+    ir_graph_free(g);
+}
+END_TEST
 
 START_TEST(test_kernel_dedup)
 {
@@ -1114,6 +1272,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_levels_and_cpus);
     tcase_add_test(tc, test_no_kernels);
     tcase_add_test(tc, test_kernel_dedup);
+    tcase_add_test(tc, test_derived_symbols);
     tcase_add_test(tc, test_runtime_errors);
     tcase_add_test(tc, test_weights_and_files);
     tcase_add_test(tc, test_pool_stress);

@@ -584,6 +584,34 @@ static void parse_and_check(const char *src, size_t len)
     xtf_diag_free(&d);
 }
 
+/* What the lowering refuses with a message where x-transformers 0.23.0 would build another
+ * model or crash: a shift_tokens tuple that is not one per layer (zip() would drop layers), more
+ * shift chunks than features (split(0)). */
+START_TEST(lowering_refusals)
+{
+    static const struct {
+        const char *layers, *message;
+    } cases[] = {
+        {"Decoder(dim = 16, depth = 2, shift_tokens = (1, 0, 1))", "shift_tokens has 3 values for 4 layers (afaf)"},
+        {"Encoder(dim = 4, depth = 1, shift_tokens = 2)", "shift_tokens 2 splits dim 4 into 5 chunks"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, attn_layers = %s)\n",
+                 cases[i].layers);
+        XtfFile *f = load_ok(src);
+        XtfDiag d;
+        xtf_diag_init(&d);
+        struct IrGraph *g = xt_lower(f, NULL, NULL, &d);
+        ck_assert_msg(g == NULL, "case %zu lowered", i);
+        ck_assert_msg(d.text && strstr(d.text, cases[i].message), "case %zu: expected '%s' in:\n%s", i,
+                      cases[i].message, d.text ? d.text : "");
+        xtf_diag_free(&d);
+        xtf_free(f);
+    }
+}
+END_TEST
+
 START_TEST(valid_model_is_valid)
 {
     XtfFile *f = load_ok(valid_model);
@@ -777,6 +805,7 @@ static Suite *frontend_suite(void)
     tc = tcase_create("robustness");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, valid_model_is_valid);
+    tcase_add_test(tc, lowering_refusals);
     tcase_add_test(tc, truncation_at_every_byte);
     tcase_add_test(tc, random_mutations);
     tcase_add_test(tc, random_bytes);

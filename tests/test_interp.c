@@ -582,6 +582,123 @@ START_TEST(test_reduce_softmax)
 }
 END_TEST
 
+/* kth_largest and entmax15 over the last axis, against values worked out by hand */
+START_TEST(test_row_order_ops)
+{
+    IrGraph *g = ir_graph_new("order");
+    const float M = -FLT_MAX;
+    IrNode *x = ir_input(g, "x", IR_F32, 2, DIMS(ir_dim(4), ir_dim(4)));
+    ir_output(g, "k1", ir_kth_largest(g, x, 1));
+    ir_output(g, "k2", ir_kth_largest(g, x, 2));
+    ir_output(g, "k4", ir_kth_largest(g, x, 4));
+    ir_output(g, "k5", ir_kth_largest(g, x, 5));
+    ir_output(g, "entmax", ir_entmax15(g, x));
+    Env e = {0};
+    /* rows: distinct; ties at the top; all equal; masked entries, one real */
+    float xv[16] = {3, 1, 4, 2, 5, 5, 1, 5, 0, 0, 0, 0, M, 2, M, M};
+    env_set(&e, "x", IR_F32, 2, SHAPE(4, 4), xv);
+    run_ok(g, &e);
+    check_shape(0, IR_F32, 2, SHAPE(4, 1));
+    check_f32(0, 4, (double[]){4, 5, 0, 2});
+    check_f32(1, 4, (double[]){3, 5, 0, M}); /* ties counted: the 2nd largest of 5, 5, 5, 1 is 5 */
+    check_f32(2, 4, (double[]){1, 1, 0, M});
+    for (int i = 0; i < 4; i++) /* k > J: nothing lies below it */
+        ck_assert(isinf(F(3, i)) && F(3, i) < 0);
+    /* row 1: X = (x - 4) / 2 = (-0.5, -1.5, 0, -1); prefixes: tau_1 = -1; rho = 2: mean -0.25,
+     * mean_sq 0.125, delta = (1 - 2 (0.125 - 0.0625)) / 2 = 0.4375, tau_2 = -0.25 - sqrt(0.4375)
+     * = -0.9114 <= -0.5; rho = 3: mean -0.5, mean_sq 0.4167, delta = (1 - 3 (0.1667)) / 3 =
+     * 0.1667, tau_3 = -0.5 - 0.4082 = -0.9082 > -1: support 2, y = (X - tau_2)^2 */
+    double t2 = -0.25 - sqrt(0.4375);
+    /* row 2: ties at the top, X = (0, 0, -2, 0): the three zeros share (1/3 each: tau = -1/sqrt 3) */
+    /* row 3: all equal: uniform; row 4: the one real entry takes everything */
+    check_f32(4, 16, (double[]){(-0.5 - t2) * (-0.5 - t2), 0, t2 * t2, 0, 1. / 3, 1. / 3, 0, 1. / 3,
+                                0.25, 0.25, 0.25, 0.25, 0, 1, 0, 0});
+    done(g);
+
+    /* a row whose every entry is masked is uniform (its entries are equal) */
+    g = ir_graph_new("all_masked");
+    x = ir_input(g, "x", IR_F32, 1, DIMS(ir_dim(4)));
+    ir_output(g, "entmax", ir_entmax15(g, x));
+    ir_output(g, "k3", ir_kth_largest(g, x, 3));
+    float mv[4] = {M, M, M, M};
+    Env e2 = {0};
+    env_set(&e2, "x", IR_F32, 1, SHAPE(4), mv);
+    run_ok(g, &e2);
+    check_f32(0, 4, (double[]){0.25, 0.25, 0.25, 0.25});
+    check_f32(1, 1, (double[]){M});
+    done(g);
+}
+END_TEST
+
+/* Derived symbols (Transformer-XL): q = min(n+p, 6) is computed once n and p are bound, never
+ * bound from an input; an input whose shape names q is checked against it; a derived symbol that
+ * comes out negative, or whose symbols no input binds, is an error. */
+START_TEST(test_derived_symbols)
+{
+    IrGraph *g = ir_graph_new("xl");
+    int b = ir_graph_add_sym(g, "b", 0), n = ir_graph_add_sym(g, "n", 8), p = ir_graph_add_sym(g, "p", 6);
+    IrDim np = ir_dim_add(ir_dim_sym(n), ir_dim_sym(p));
+    IrDim q = ir_dim_sym(ir_graph_add_derived_sym(g, "q", np, 6));
+    IrNode *mem = ir_input(g, "mem", IR_F32, 2, DIMS(ir_dim_sym(b), ir_dim_sym(p)));
+    IrNode *x = ir_input(g, "x", IR_F32, 2, DIMS(ir_dim_sym(b), ir_dim_sym(n)));
+    IrNode *all = ir_concat(g, mem, x, 1);
+    ir_output(g, "kept", ir_slice(g, all, 1, ir_dim_sub(np, q), q));
+    IrNode *w = ir_input(g, "w", IR_F32, 1, DIMS(q));
+    ir_output(g, "w", w);
+    static float data[64];
+    for (int i = 0; i < 64; i++)
+        data[i] = (float)i;
+    Env e = {0};
+    env_set(&e, "mem", IR_F32, 2, SHAPE(1, 0), data);
+    env_set(&e, "x", IR_F32, 2, SHAPE(1, 3), data);
+    env_set(&e, "w", IR_F32, 1, SHAPE(3), data);
+    run_ok(g, &e); /* a first segment shorter than the cap: every row is kept */
+    check_shape(0, IR_F32, 2, SHAPE(1, 3));
+    check_f32(0, 3, (double[]){0, 1, 2});
+    done(g);
+    e.b[0].t.shape[1] = 4; /* 4 + 3 rows: the last 6 */
+    e.b[2].t.shape[0] = 6;
+    /* the same graph through the text form */
+    IrGraph *g2 = ir_parse("graph xl(b, n <= 8, p <= 6, q = min(n+p, 6)) {\n"
+                           "  %mem = input \"mem\" : f32[b, p]\n  %x = input \"x\" : f32[b, n]\n"
+                           "  %all = concat %mem, %x [axis=1] : f32[b, p+n]\n"
+                           "  %kept = slice %all [axis=1, start=n+p-q] : f32[b, q]\n"
+                           "  %w = input \"w\" : f32[q]\n  output kept = %kept\n  output w = %w\n}\n",
+                           "xl.ir", errbuf, sizeof errbuf);
+    ck_assert_msg(g2 != NULL, "%s", errbuf);
+    run_ok(g2, &e);
+    check_shape(0, IR_F32, 2, SHAPE(1, 6));
+    check_f32(0, 6, (double[]){1, 2, 3, 0, 1, 2});
+    ir_host_free(&outs[0]);
+    ir_host_free(&outs[1]);
+    e.b[2].t.shape[0] = 7;
+    ck_assert_str_eq(run_err(g2, &e), "input 'w': expected f32[q] (q=6), got f32[7]");
+    done(g2);
+
+    /* q = n - p (uncapped) below 0; r = 2*m, m bound by nothing */
+    g = ir_graph_new("bad");
+    n = ir_graph_add_sym(g, "n", 0);
+    p = ir_graph_add_sym(g, "p", 0);
+    int m = ir_graph_add_sym(g, "m", 0);
+    IrDim d = ir_dim_sym(ir_graph_add_derived_sym(g, "d", ir_dim_sub(ir_dim_sym(n), ir_dim_sym(p)), 0));
+    IrDim r = ir_dim_sym(ir_graph_add_derived_sym(g, "r", ir_dim_add(ir_dim_sym(m), ir_dim_sym(m)), 0));
+    ir_input(g, "a", IR_F32, 1, DIMS(ir_dim_sym(n)));
+    ir_input(g, "c", IR_F32, 1, DIMS(ir_dim_sym(p)));
+    ir_output(g, "z", ir_expand(g, ir_const(g, 1, IR_F32), 1, DIMS(d)));
+    Env e3 = {0};
+    env_set(&e3, "a", IR_F32, 1, SHAPE(2), data);
+    env_set(&e3, "c", IR_F32, 1, SHAPE(3), data);
+    ck_assert_str_eq(run_err(g, &e3), "symbol 'd' = n-p is -1 with these inputs");
+    e3.b[1].t.shape[0] = 1;
+    run_ok(g, &e3);
+    check_shape(0, IR_F32, 1, SHAPE(1));
+    ir_host_free(&outs[0]);
+    g->outputs[0].node = ir_expand(g, ir_const(g, 1, IR_F32), 1, DIMS(r));
+    ck_assert_str_eq(run_err(g, &e3), "expand (node 4): symbol 'r' is not bound by any input");
+    done(g);
+}
+END_TEST
+
 /* ---- data movement ---- */
 
 START_TEST(test_reshape_permute)
@@ -1258,6 +1375,8 @@ static Suite *interp_suite(void)
     tcase_add_test(t, test_compare_logic_where);
     tcase_add_test(t, test_integer_arith);
     tcase_add_test(t, test_reduce_softmax);
+    tcase_add_test(t, test_row_order_ops);
+    tcase_add_test(t, test_derived_symbols);
     tcase_add_test(t, test_reshape_permute);
     tcase_add_test(t, test_slice_concat_expand);
     tcase_add_test(t, test_gather);

@@ -166,6 +166,8 @@ static IrGraph *build_misc(void)
     ir_label(g, rel, "rp");
     IrNode *pos = ir_arange(g, M, N, IR_I32);                    /* i32 (n), from m */
     ir_label(g, ir_gather_grad(g, x, pos, MN), "scattered");     /* (m+n, 4) */
+    IrNode *seed = ir_input(g, "seed", IR_I64, 0, NULL);
+    ir_label(g, ir_rand(g, seed, x, 3), "noise");                /* f32 (n, 4) */
 
     /* floats that need care: every one reads back bit for bit */
     const double vals[] = {INFINITY, -INFINITY, NAN, -FLT_MAX, 0.1, 1.0 / 3, 1e-300, 5e-324, -0.0,
@@ -178,6 +180,27 @@ static IrGraph *build_misc(void)
     ir_output(g, "grad.x", shifted);
     ir_output(g, "weird name", rel);
     ir_output(g, "1st", fl);
+    return g;
+}
+
+/* derived symbols (Transformer-XL: q = min(n+p, 6) memory rows out, r = n+p uncapped) and the
+ * row-ordering ops of sparse top-k attention and entmax15 */
+static IrGraph *build_xl(void)
+{
+    IrGraph *g = ir_graph_new("xl");
+    IrDim B = ir_dim_sym(ir_graph_add_sym(g, "b", 0));
+    IrDim N = ir_dim_sym(ir_graph_add_sym(g, "n", 8));
+    IrDim P = ir_dim_sym(ir_graph_add_sym(g, "p", 6));
+    IrDim NP = ir_dim_add(N, P);
+    IrDim Q = ir_dim_sym(ir_graph_add_derived_sym(g, "q", NP, 6));
+    IrDim R = ir_dim_sym(ir_graph_add_derived_sym(g, "r", NP, 0));
+    IrDim s_mem[] = {B, P, D(4)}, s_x[] = {B, N, D(4)};
+    IrNode *all = ir_concat(g, ir_input(g, "mems", IR_F32, 3, s_mem), ir_input(g, "x", IR_F32, 3, s_x), 1);
+    ir_output(g, "mems", ir_label(g, ir_slice(g, all, 1, ir_dim_sub(NP, Q), Q), "kept"));
+    ir_output(g, "all", ir_slice(g, all, 1, D(0), R));
+    IrNode *kth = ir_label(g, ir_kth_largest(g, all, 2), "kth");    /* (b, n+p, 1) */
+    ir_output(g, "sparse", ir_where(g, ir_binary(g, IR_LT, all, kth), ir_const(g, -FLT_MAX, IR_F32), all));
+    ir_output(g, "entmax", ir_label(g, ir_entmax15(g, all), "weights"));
     return g;
 }
 
@@ -207,7 +230,27 @@ static IrGraph *build_chain(void)
 }
 
 typedef IrGraph *(*BuildFn)(void);
-static const BuildFn builders[] = {build_gpt, build_misc, build_empty, build_quoted_name, build_chain};
+/* the fused ops of passes/ (fuse_attention.c, fuse_elementwise.c) */
+static IrGraph *build_fused(void)
+{
+    IrGraph *g = ir_graph_new("fused");
+    IrDim B = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), N = ir_dim_sym(ir_graph_add_sym(g, "n", 64));
+    IrDim sq[] = {B, D(2), N, D(4)}, sm[] = {B, D(1), N, N}, sx[] = {B, N, D(4)}, sw[] = {D(4)};
+    IrNode *q = ir_input(g, "q", IR_F32, 4, sq), *k = ir_input(g, "k", IR_F32, 4, sq), *v = ir_input(g, "v", IR_F32, 4, sq);
+    IrNode *mask = ir_input(g, "mask", IR_BOOL, 4, sm);
+    IrNode *f = ir_label(g, ir_attention(g, q, k, v, NULL, mask, ir_const(g, 0.5, IR_F32), 1, 1), "attn");
+    IrNode *grad = ir_label(g, ir_attention_grad(g, f, ir_input(g, "dout", IR_F32, 4, sq)), "attn.grad");
+    IrNode *in[2] = {ir_input(g, "x", IR_F32, 3, sx), ir_param(g, "w", 1, sw)};
+    IrNode *norm = ir_fused(g, "sum($0);mul(%0,0.25:f32);sub($0,%1);mul(%2,%2);sum(%3);rsqrt(%4);mul(%2,%5);mul(%6,$1)",
+                            2, in, 3, sx);
+    ir_output(g, "attn", f);
+    ir_output(g, "grad", grad);
+    ir_output(g, "norm", ir_label(g, norm, "norm"));
+    return g;
+}
+
+static const BuildFn builders[] = {build_gpt, build_misc, build_xl, build_empty, build_quoted_name, build_chain,
+                                   build_fused};
 enum { NBUILDERS = sizeof builders / sizeof builders[0] };
 
 /* ---- round trips ---- */
@@ -219,6 +262,8 @@ static void check_same_graph(const IrGraph *a, const IrGraph *b)
     for (int s = 0; s < a->nsyms; s++) {
         ck_assert_str_eq(a->sym_name[s], b->sym_name[s]);
         ck_assert(a->sym_max[s] == b->sym_max[s]);
+        ck_assert_int_eq(a->sym_derived[s], b->sym_derived[s]);
+        ck_assert(ir_dim_eq(a->sym_def[s], b->sym_def[s]));
     }
     ck_assert_int_eq(a->nnodes, b->nnodes);
     for (int i = 0; i < a->nnodes; i++) {
@@ -354,6 +399,23 @@ START_TEST(test_gpt_text)
     free(s);
     ir_graph_free(g);
 
+    g = build_xl();
+    s = ir_print_str(g);
+    const char *want3[] = {
+        "graph xl(b, n <= 8, p <= 6, q = min(n+p, 6), r = n+p) {\n",
+        "  %kept = slice %",
+        " [axis=1, start=n+p-q] : f32[b, q, 4]\n",
+        " [axis=1, start=0] : f32[b, r, 4]\n",
+        "  %kth = kth_largest %",
+        " [k=2] : f32[b, n+p, 1]\n",
+        "  %weights = entmax15 %",
+        "  output mems = %kept\n",
+    };
+    for (size_t i = 0; i < sizeof want3 / sizeof want3[0]; i++)
+        ck_assert_msg(strstr(s, want3[i]), "missing '%s' in:\n%s", want3[i], s);
+    free(s);
+    ir_graph_free(g);
+
     g = build_quoted_name();
     s = ir_print_str(g);
     ck_assert_str_eq(s, "graph \"my model-v2\"() {\n"
@@ -362,6 +424,47 @@ START_TEST(test_gpt_text)
                         "}\n");
     free(s);
     ir_graph_free(g);
+}
+END_TEST
+
+/* ir_graph_add_derived_sym: earlier symbols only, names once; values; copies; the verifier */
+START_TEST(test_derived_symbols)
+{
+    IrGraph *g = ir_graph_new("derived");
+    int n = ir_graph_add_sym(g, "n", 8), p = ir_graph_add_sym(g, "p", 6);
+    IrDim np = ir_dim_add(ir_dim_sym(n), ir_dim_sym(p));
+    int q = ir_graph_add_derived_sym(g, "q", np, 6);
+    int r = ir_graph_add_derived_sym(g, "r", ir_dim_addc(ir_dim_sym(q), -1), 0);
+    ck_assert_int_eq(q, 2);
+    ck_assert_int_eq(r, 3);
+    int64_t v[IR_MAXSYM] = {3, 0, -1, -1};
+    ir_graph_derive_syms(g, v);
+    ck_assert(v[q] == 3 && v[r] == 2);
+    v[0] = 5, v[1] = 4;
+    ir_graph_derive_syms(g, v);
+    ck_assert(v[q] == 6 && v[r] == 5); /* capped */
+    IrGraph *c = ir_graph_new("copy");
+    ir_graph_copy_syms(c, g);
+    ck_assert_int_eq(c->nsyms, 4);
+    ck_assert(c->sym_derived[q] && c->sym_max[q] == 6 && ir_dim_eq(c->sym_def[q], np));
+    ck_assert(c->sym_derived[r] && c->sym_max[r] == 0 && !c->sym_derived[p]);
+    char err[256];
+    ck_assert_int_eq(ir_verify(g, err, sizeof err), 0);
+    g->sym_def[q].k[r] = 1; /* by hand: q = n+p+r, r declared after it */
+    ck_assert_int_eq(ir_verify(g, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "derived symbol 'q' uses 'r', which is not declared before it"), "%s", err);
+    /* a later symbol, a name taken: errors, no symbol added */
+    IrDim later = ir_dim_sym(5);
+    ck_assert_int_eq(ir_graph_add_derived_sym(c, "s", later, 0), -1);
+    ck_assert_msg(strstr(ir_graph_error(c), "may only use the symbols declared before it"), "%s", ir_graph_error(c));
+    ck_assert_int_eq(c->nsyms, 4);
+    IrGraph *d = ir_graph_new("twice");
+    ir_graph_add_sym(d, "n", 0);
+    ck_assert_int_eq(ir_graph_add_derived_sym(d, "n", ir_dim(3), 0), -1);
+    ck_assert_msg(strstr(ir_graph_error(d), "symbol 'n' declared twice"), "%s", ir_graph_error(d));
+    ir_graph_free(g);
+    ir_graph_free(c);
+    ir_graph_free(d);
 }
 END_TEST
 
@@ -483,6 +586,15 @@ static const ErrorCase error_cases[] = {
     {"graph t(n <= 0) {\n}\n", "the bound of 'n' must be positive"},
     {"graph t(n <= ) {\n}\n", "expected an upper bound, found ')'"},
     {"graph t() \n}\n", "expected '{' after the graph header, found end of line"},
+    /* derived symbols: min(dim, cap) or dim, of the symbols declared before */
+    {"graph t(n, q = min(q, 4)) {\n}\n", "t.ir:1:20: error: unknown symbol 'q'"},
+    {"graph t(q = n, n) {\n}\n", "unknown symbol 'n' (symbols are declared in the graph header)"},
+    {"graph t(n, q = min(n, 0)) {\n}\n", "the cap of 'q' must be positive"},
+    {"graph t(n, q = min(n 4)) {\n}\n", "expected ',' and the cap after the dimension, found '4'"},
+    {"graph t(n, q = min(n, 4) {\n}\n", "expected ',' or ')' after the symbol, found '{'"},
+    {"graph t(n, q = min(n, 4 {\n}\n", "expected ')' after the cap, found '{'"},
+    {"graph t(n, q = ) {\n}\n", "expected a dimension (such as 64, n, n+3 or 2*n), found ')'"},
+    {"graph t(n, n = n+1) {\n}\n", "symbol 'n' declared twice"},
     {"graph t() { junk\n}\n", "expected end of line, found 'junk'"},
     {HEAD, "missing '}' at the end of the graph"},
     {HEAD "}\n%y = exp %x : f32[b, n]\n", "t.ir:4:1: error: unexpected '%' after the end of the graph"},
@@ -514,6 +626,7 @@ static const ErrorCase error_cases[] = {
     {HEAD "  %y = sum %x [axis=1, axis=1] : f32[b, 1]\n}\n", "attribute 'axis' given twice"},
     {HEAD "  %y = sum %x [axis=99999999999999999999] : f32[b, 1]\n}\n", "integer out of range"},
     {HEAD "  %y = sum %x [axis=5] : f32[b, 1]\n}\n", "sum %x: axis 5 out of range for rank 2"},
+    {HEAD "  %y = kth_largest %x [k=0] : f32[b, 1]\n}\n", "kth_largest %x: k must be at least 1, got 0"},
     {HEAD "  %y = sum %x [axis=1 : f32[b, 1]\n}\n",
      "expected ',' or ']' after the attribute, found ':'"},
     {HEAD "  %y = permute %x [perm=(1)] : f32[n, b]\n}\n",
@@ -765,6 +878,7 @@ static Suite *ir_text_suite(void)
     tcase_add_test(tc, test_every_op_covered);
     tcase_add_test(tc, test_gpt_text);
     tcase_add_test(tc, test_labels);
+    tcase_add_test(tc, test_derived_symbols);
     tcase_add_test(tc, test_float_roundtrip);
     tcase_add_test(tc, test_golden);
     suite_add_tcase(s, tc);

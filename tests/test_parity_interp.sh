@@ -24,7 +24,7 @@ supported="decoder_plain encoder_mask rotary_pos_emb ff_glu rel_pos_bias rel_pos
   use_scalenorm use_rmsnorm post_norm tie_embedding attn_num_mem_kv attn_on_attn attn_qk_norm
   attn_talking_heads continuous cross_attend cross_attender gate_residual macaron num_memory_tokens
   position_infused_attn residual_attn sandwich_coef use_qk_norm_attn use_rezero vit xtransformer
-  transformer_xl"
+  transformer_xl attn_sparse_topk attn_use_entmax15"
 
 # run_xl CASE_DIR XTF OUT: segment 1 on tokens with empty mems, segment 2 on tokens2 with the
 # mems of segment 1; OUT gets logits, mems.<l> (segment 1) and logits2, mems2.<l>, loss (2).

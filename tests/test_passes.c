@@ -132,6 +132,10 @@ START_TEST(test_golden_dce) { golden("dce", 3); }
 END_TEST
 START_TEST(test_golden_pipeline) { golden("pipeline", 1); }
 END_TEST
+START_TEST(test_golden_attention) { golden("attention", 6); } /* passes/fuse_attention.c */
+END_TEST
+START_TEST(test_golden_elementwise) { golden("elementwise", 5); } /* passes/fuse_elementwise.c */
+END_TEST
 
 /* ---- the options ---- */
 
@@ -215,12 +219,13 @@ START_TEST(test_disable_and_no_fuse)
 {
     IrGraph *g = small_graph();
     const char *no_fold[] = {"fold"};
-    PassOptions o = {.disable = no_fold, .ndisable = 1, .verify_each = 1};
+    /* (fusions off: they would take the sub and the adds into a fused program) */
+    PassOptions o = {.disable = no_fold, .ndisable = 1, .verify_each = 1, .no_fuse = 1};
     char *s = run_to_text(g, &o);
     ck_assert_msg(strstr(s, "sub %two, %one"), "with fold disabled the sub stays:\n%s", s);
     free(s);
     const char *no_dce[] = {"dce", "cse"};
-    o = (PassOptions){.disable = no_dce, .ndisable = 2, .verify_each = 1};
+    o = (PassOptions){.disable = no_dce, .ndisable = 2, .verify_each = 1, .no_fuse = 1};
     s = run_to_text(g, &o);
     ck_assert_msg(strstr(s, "exp") && strstr(s, "%z2 = add %w, %x"), "without dce and cse:\n%s", s);
     free(s);
@@ -366,10 +371,10 @@ static int no_softmax(IrOp op) { return op != IR_SOFTMAX; }
 START_TEST(test_backend_capability)
 {
     static const Pass list[] = {
-        {"fold", "", pass_fold, 0, IR_NUM_OPS},
-        {"fake_fusion", "", pass_simplify, 1, IR_SOFTMAX},
-        {"dce", "", pass_dce, 0, IR_NUM_OPS},
-        {NULL, NULL, NULL, 0, IR_NUM_OPS},
+        {"fold", "", pass_fold, 0, IR_NUM_OPS, IR_NUM_OPS},
+        {"fake_fusion", "", pass_simplify, 1, IR_SOFTMAX, IR_NUM_OPS},
+        {"dce", "", pass_dce, 0, IR_NUM_OPS, IR_NUM_OPS},
+        {NULL, NULL, NULL, 0, IR_NUM_OPS, IR_NUM_OPS},
     };
     IrGraph *g = small_graph();
     char err[512], *lbuf = NULL;
@@ -520,6 +525,8 @@ static Suite *passes_suite(void)
     tcase_add_test(gd, test_golden_cse);
     tcase_add_test(gd, test_golden_dce);
     tcase_add_test(gd, test_golden_pipeline);
+    tcase_add_test(gd, test_golden_attention);
+    tcase_add_test(gd, test_golden_elementwise);
     tcase_add_test(gd, test_attention_matcher);
     suite_add_tcase(s, gd);
     return s;

@@ -1,6 +1,6 @@
 /* fuzz_xtf.c: libFuzzer target for the .xtf front end (lexer, parser, checker, lowering). The
  * input is a source file; it goes through xtf_parse and xtf_check, and a file that checks is
- * lowered: the default model (the last statement) with four option sets, and the first two
+ * lowered: the default model (the last statement) with five option sets, and the first two
  * statements by name with the defaults. A lowered graph must verify (the front end promises
  * verified IR, so a failure is an internal error and aborts), and the default model's printed
  * text must parse back to the same text (the promise of ir/print.c and ir/parse.c).
@@ -15,9 +15,10 @@
 
 static const XtLowerOpts lower_opts[] = {
     {0},
-    {.train = 1, .mask = 1},
-    {.context_mask = 1, .tgt_mask = 1, .embeddings = 1},
-    {.train = 1, .mask = 1, .context_mask = 1, .tgt_mask = 1, .embeddings = 1},
+    {.train = 1, .mask = 1, .dropout = 1},
+    {.src_mask = 1, .context_mask = 1, .tgt_mask = 1, .embeddings = 1},
+    {.kv_cache = 1},
+    {.train = 1, .mask = 1, .src_mask = 1, .context_mask = 1, .tgt_mask = 1, .embeddings = 1},
 };
 
 static void internal_error(const char *what, const char *detail, const char *text)

@@ -17,9 +17,11 @@ if [ -z "$cc" ] || ! command -v "$cc" >/dev/null; then
   echo "fuzz: FAIL: $cc not found (bash .ci/setup.sh installs clang and libclang-rt-14-dev)"
   exit 1
 fi
-if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S "$src" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXTC_FUZZ=ON >/dev/null ||
-    exit 1
+compiler=()
+[ -f "$build/CMakeCache.txt" ] || compiler=(-DCMAKE_C_COMPILER="$cc")
+if ! cmake -S "$src" -B "$build" "${compiler[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DXTC_FUZZ=ON >/dev/null; then
+  echo "fuzz: FAIL: cmake could not configure $build"
+  exit 1
 fi
 cmake --build "$build" -j"$(nproc)" --target $targets >/dev/null || { echo "fuzz: FAIL: build"; exit 1; }
 

@@ -1,0 +1,702 @@
+/* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured (ISSUE 5, section 3).
+ *
+ * Lowers a model once (and differentiates it with --train), then compiles it twice with the CPU
+ * backend: with every pass ("fused") and with --no-fuse ("unfused"). Both modules get the same
+ * seeded weights and inputs; after warm-up runs, the two sessions run alternately, R times each,
+ * so that the noise of a shared machine falls on both alike. Reported per variant: the median
+ * time of every kernel (from the runtime's per-step profile, summed over the steps sharing the
+ * kernel), the total's median, minimum and maximum, the activation arena's size
+ * (xtc_session_peak_bytes), and the speed-up of the medians. --json writes the same as one JSON
+ * object for scripts (bench/compare.sh reads it).
+ *
+ * A variant whose planned arena exceeds --max-gib is not run: its planned size is reported (the
+ * unfused program at sequence 16384 needs many GiB for its n x n score tensors). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "codegen.h"
+#include "init.h"
+#include "passes.h"
+#include "xtc.h"
+
+typedef struct {
+    const char *path, *model;
+    int64_t batch, seq;
+    int train, mask, threads, repeat, warmup, json, top;
+    double max_gib;
+    int opt_level;
+} BenchOpts;
+
+/* One compiled variant and its measurements. */
+typedef struct {
+    const char *name;        /* "fused", "unfused" */
+    char so[4200];
+    XtcModule *mod;
+    XtcSession *sess;
+    int nodes, nsteps, nkernels;
+    double compile_s;
+    int64_t peak;            /* arena bytes (planned when not run) */
+    int ran;                 /* 0: skipped (see why) */
+    char why[256];
+    double *total;           /* [repeat] seconds per run */
+    double *kernel_s;        /* [repeat][nkernels] seconds per kernel per run */
+    double *step_s;          /* [nsteps] scratch */
+} Variant;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void usage(void)
+{
+    printf("usage: xtc bench model.xtf --batch B --seq N [options]\n\n"
+           "Compiles the model fused (every pass) and unfused (--no-fuse), runs both on the same\n"
+           "seeded weights and inputs, and prints per-kernel medians, the total's median and\n"
+           "spread, the activation memory (arena) and the speed-up.\n"
+           "  --batch B, --seq N   sizes (every sequence-like symbol gets N)\n"
+           "  --train              time the training step (loss and every grad.<param>)\n"
+           "  --mask               add the padding-mask inputs (all true)\n"
+           "  --threads T          worker threads (default 1)\n"
+           "  --repeat R           timed runs per variant (default 5); --warmup W (default 1)\n"
+           "  --top K              kernels listed per variant (default 12)\n"
+           "  --max-gib G          do not run a variant whose arena would exceed G GiB (default 8);\n"
+           "                       its planned size is still reported\n"
+           "  --model NAME         which model of the file (default: the last)\n"
+           "  -O0 .. -O3           optimisation level (default -O2)\n"
+           "  --json               one JSON object on stdout instead of tables\n");
+}
+
+static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo) {
+        fprintf(stderr, "xtc bench: %s needs an integer >= %lld, got '%s'\n", flag, (long long)lo, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, BenchOpts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->threads = 1;
+    o->repeat = 5;
+    o->warmup = 1;
+    o->top = 12;
+    o->max_gib = 8;
+    o->opt_level = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int64_t x;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage();
+            return 1;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--batch"))) {
+            if (parse_i64("--batch", v, 1, &o->batch))
+                return -1;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--seq"))) {
+            if (parse_i64("--seq", v, 1, &o->seq))
+                return -1;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
+            if (parse_i64("--threads", v, 1, &x) || x > 1024)
+                return -1;
+            o->threads = (int)x;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--repeat"))) {
+            if (parse_i64("--repeat", v, 1, &x) || x > 100000)
+                return -1;
+            o->repeat = (int)x;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
+            if (parse_i64("--warmup", v, 0, &x) || x > 100000)
+                return -1;
+            o->warmup = (int)x;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--top"))) {
+            if (parse_i64("--top", v, 0, &x) || x > 100000)
+                return -1;
+            o->top = (int)x;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--max-gib"))) {
+            char *end;
+            o->max_gib = strtod(v, &end);
+            if (!*v || *end || !(o->max_gib > 0)) {
+                fprintf(stderr, "xtc bench: --max-gib needs a positive number, got '%s'\n", v);
+                return -1;
+            }
+        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
+            o->model = v;
+        } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
+            o->opt_level = argv[i][2] - '0';
+        } else if (!strcmp(argv[i], "--train")) {
+            o->train = 1;
+        } else if (!strcmp(argv[i], "--mask")) {
+            o->mask = 1;
+        } else if (!strcmp(argv[i], "--json")) {
+            o->json = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "xtc bench: unknown option '%s'\n", argv[i]);
+            return -1;
+        } else if (!o->path) {
+            o->path = argv[i];
+        } else {
+            fprintf(stderr, "xtc bench: more than one model file\n");
+            return -1;
+        }
+    }
+    if (!o->path || !o->batch || !o->seq) {
+        fprintf(stderr, "usage: xtc bench model.xtf --batch B --seq N [--train] [--threads T] [--repeat R] [--json]\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the graph: lowered once, differentiated once ---- */
+
+static IrGraph *build_graph(const BenchOpts *o)
+{
+    XtfFile *f = cli_load_xtf(o->path);
+    if (!f)
+        return NULL;
+    XtLowerOpts lo = {0};
+    lo.train = o->train;
+    if (o->mask)
+        lo.mask = lo.src_mask = lo.tgt_mask = lo.context_mask = 1;
+    IrGraph *g = cli_lower(f, o->model, &lo);
+    xtf_free(f);
+    if (!g || !o->train)
+        return g;
+    IrGradOpts go = {.loss = "loss"};
+    int has_loss = 0;
+    for (int i = 0; i < g->noutputs; i++)
+        has_loss |= !strcmp(g->outputs[i].name, "loss");
+    if (!has_loss)
+        go = (IrGradOpts){.loss = NULL, .seed_outputs = 1};
+    char err[1024];
+    if (ir_autodiff(g, &go, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc bench: %s\n", err);
+        ir_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* Values an integer input may take: the rows of the table it indexes, or the classes of the
+ * loss it is the target of (through casts and reshapes); 2 when neither. */
+static int64_t int_input_range(const IrGraph *g, const IrNode *in)
+{
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->op != IR_GATHER && n->op != IR_XENT)
+            continue;
+        const IrNode *x = n->in[1];
+        while (x->op == IR_CAST || x->op == IR_RESHAPE)
+            x = x->in[0];
+        if (x != in)
+            continue;
+        IrDim d = n->op == IR_GATHER ? n->in[0]->shape[0] : n->in[0]->shape[n->in[0]->rank - 1];
+        if (ir_dim_is_const(d) && d.c > 0)
+            return d.c;
+    }
+    return 2;
+}
+
+/* ---- one variant: compile, load, bind ---- */
+
+static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fuse, const char *dir)
+{
+    char err[1024];
+    const CgBackend *be = cg_backend_find("cpu");
+    PassOptions po = {0};
+    po.no_fuse = no_fuse;
+    po.supports = be ? be->supports : NULL;
+    double t0 = now_s();
+    IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
+    if (!opt) {
+        fprintf(stderr, "xtc bench: %s: %s\n", v->name, err);
+        return -1;
+    }
+    snprintf(v->so, sizeof v->so, "%s/%s.so", dir, v->name);
+    CgOptions co = {0};
+    co.output = v->so;
+    co.opt_level = o->opt_level;
+    co.source_name = o->path;
+    CgStats st;
+    int rc = cg_compile(opt, &co, &st, err, sizeof err);
+    v->nodes = opt->nnodes;
+    ir_graph_free(opt);
+    if (rc != 0) {
+        fprintf(stderr, "xtc bench: %s: %s\n", v->name, err);
+        return -1;
+    }
+    v->compile_s = now_s() - t0;
+    if (xtc_module_load(v->so, &v->mod) != XTC_OK) {
+        fprintf(stderr, "xtc bench: %s\n", v->mod ? xtc_module_error(v->mod) : "out of memory");
+        return -1;
+    }
+    v->nsteps = xtc_module_num_steps(v->mod);
+    v->nkernels = xtc_module_num_kernels(v->mod);
+    return 0;
+}
+
+/* Symbol values: b = batch, every other symbol = seq. */
+static void symbol_values(const XtcModule *m, const BenchOpts *o, int64_t *syms)
+{
+    for (int s = 0; s < xtc_module_num_symbols(m); s++) {
+        const char *name;
+        xtc_module_symbol(m, s, &name, NULL);
+        syms[s] = !strcmp(name, "b") || !strcmp(name, "batch") ? o->batch : o->seq;
+    }
+}
+
+static int64_t eval_dim(const XtcModule *m, const char *dim, const int64_t *syms);
+
+/* Weights by x-transformers' rules from one seed; inputs from another: ids uniform over their
+ * range, masks all true, floats uniform in [-0.5, 0.5). */
+static int bind_session(const BenchOpts *o, const IrGraph *g, Variant *v)
+{
+    XtcSessionOptions so = {.threads = o->threads};
+    if (xtc_session_new(v->mod, &so, &v->sess) != XTC_OK) {
+        fprintf(stderr, "xtc bench: %s\n", v->sess ? xtc_session_error(v->sess) : "out of memory");
+        return -1;
+    }
+    RtRng rng;
+    rt_rng_seed(&rng, 1234);
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(v->mod, (XtcKind)kind); i++) {
+            XtcTensorInfo t;
+            xtc_module_tensor(v->mod, (XtcKind)kind, i, &t);
+            int64_t n = 1;
+            for (int d = 0; d < t.rank; d++)
+                n *= t.shape[d];
+            float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
+            if (!data)
+                return -1;
+            rt_init_tensor(t.name, t.rank, t.shape, data, &rng);
+            int rc = xtc_session_set_weight(v->sess, t.name, t.rank, t.shape, data);
+            free(data);
+            if (rc != XTC_OK) {
+                fprintf(stderr, "xtc bench: %s\n", xtc_session_error(v->sess));
+                return -1;
+            }
+        }
+    int64_t syms[16] = {0};
+    symbol_values(v->mod, o, syms);
+    rt_rng_seed(&rng, 5678);
+    for (int i = 0; i < xtc_module_count(v->mod, XTC_INPUT); i++) {
+        XtcTensorInfo t;
+        xtc_module_tensor(v->mod, XTC_INPUT, i, &t);
+        int64_t shape[XTC_MAX_RANK], n = 1;
+        for (int d = 0; d < t.rank; d++) {
+            shape[d] = eval_dim(v->mod, t.dims[d], syms);
+            if (shape[d] < 0) {
+                fprintf(stderr, "xtc bench: input '%s': cannot size dimension '%s'\n", t.name, t.dims[d]);
+                return -1;
+            }
+            n *= shape[d];
+        }
+        void *data = malloc((size_t)(n ? n : 1) * 8);
+        if (!data)
+            return -1;
+        const IrNode *leaf = ir_find_leaf(g, IR_INPUT, t.name);
+        int64_t range = leaf ? int_input_range(g, leaf) : 2;
+        for (int64_t k = 0; k < n; k++) {
+            switch (t.dtype) {
+            case XTC_F32: ((float *)data)[k] = (float)(rt_rng_uniform(&rng) - 0.5); break;
+            case XTC_I32: ((int32_t *)data)[k] = (int32_t)(rt_rng_next(&rng) % (uint64_t)range); break;
+            case XTC_I64: ((int64_t *)data)[k] = (int64_t)(rt_rng_next(&rng) % (uint64_t)range); break;
+            default: ((uint8_t *)data)[k] = 1; break;
+            }
+        }
+        int rc = xtc_session_set_input(v->sess, t.name, t.dtype, t.rank, shape, data);
+        free(data);
+        if (rc != XTC_OK) {
+            fprintf(stderr, "xtc bench: %s\n", xtc_session_error(v->sess));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A dimension's text ("64", "n", "n+3", "2*b", "m+n") at the symbol values; -1 if unreadable. */
+static int64_t eval_dim(const XtcModule *m, const char *dim, const int64_t *syms)
+{
+    int64_t total = 0;
+    const char *p = dim;
+    while (*p) {
+        int sign = 1;
+        if (*p == '+' || *p == '-') {
+            sign = *p == '-' ? -1 : 1;
+            p++;
+        }
+        int64_t coef = 1;
+        if (*p >= '0' && *p <= '9') {
+            char *end;
+            coef = strtoll(p, &end, 10);
+            p = end;
+            if (*p != '*') {
+                total += sign * coef;
+                continue;
+            }
+            p++;
+        }
+        size_t len = strcspn(p, "+-*");
+        int found = 0;
+        for (int s = 0; s < xtc_module_num_symbols(m) && !found; s++) {
+            const char *name;
+            xtc_module_symbol(m, s, &name, NULL);
+            if (strlen(name) == len && !strncmp(name, p, len)) {
+                total += sign * coef * syms[s];
+                found = 1;
+            }
+        }
+        if (!found || len == 0)
+            return -1;
+        p += len;
+    }
+    return total;
+}
+
+/* ---- running ---- */
+
+static int run_once(Variant *v, int r)
+{
+    xtc_session_set_profiling(v->sess, 1);
+    double t0 = now_s();
+    if (xtc_session_run(v->sess) != XTC_OK) {
+        fprintf(stderr, "xtc bench: %s: %s\n", v->name, xtc_session_error(v->sess));
+        return -1;
+    }
+    double dt = now_s() - t0;
+    if (r < 0)
+        return 0;
+    v->total[r] = dt;
+    xtc_session_profile_steps(v->sess, v->step_s, v->nsteps);
+    double *ks = v->kernel_s + (size_t)r * (size_t)v->nkernels;
+    for (int s = 0; s < v->nsteps; s++) {
+        int k;
+        if (xtc_module_step(v->mod, s, &k, NULL) == XTC_OK && k >= 0 && k < v->nkernels)
+            ks[k] += v->step_s[s];
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *x, int n, int stride)
+{
+    double *t = malloc((size_t)(n ? n : 1) * sizeof *t);
+    if (!t || n == 0) {
+        free(t);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        t[i] = x[(size_t)i * (size_t)stride];
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    double m = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    free(t);
+    return m;
+}
+
+static double min_of(const double *x, int n)
+{
+    double m = INFINITY;
+    for (int i = 0; i < n; i++)
+        m = x[i] < m ? x[i] : m;
+    return m;
+}
+
+static double max_of(const double *x, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* ---- reporting ---- */
+
+typedef struct {
+    int k;
+    double ms;
+} KMed;
+
+static int by_ms_desc(const void *a, const void *b)
+{
+    const KMed *x = a, *y = b;
+    return x->ms < y->ms ? 1 : x->ms > y->ms ? -1 : x->k - y->k;
+}
+
+/* per-kernel medians, slowest first; *n receives the count */
+static KMed *kernel_medians(const Variant *v, int repeat)
+{
+    KMed *km = calloc((size_t)v->nkernels + 1, sizeof *km);
+    if (!km)
+        return NULL;
+    for (int k = 0; k < v->nkernels; k++) {
+        km[k].k = k;
+        km[k].ms = 1e3 * median(v->kernel_s + k, repeat, v->nkernels);
+    }
+    qsort(km, (size_t)v->nkernels, sizeof *km, by_ms_desc);
+    return km;
+}
+
+/* medians summed by op: "matmul", "attention", ... */
+typedef struct {
+    const char *op;
+    double ms;
+    int steps;
+} OpSum;
+
+static int op_sums(const Variant *v, const KMed *km, OpSum *out, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < v->nkernels; i++) {
+        const char *op;
+        int uses;
+        xtc_module_kernel(v->mod, km[i].k, NULL, &op, &uses);
+        int j = 0;
+        while (j < n && strcmp(out[j].op, op))
+            j++;
+        if (j == n) {
+            if (n == cap)
+                continue;
+            out[n].op = op;
+            out[n].ms = 0;
+            out[n].steps = 0;
+            n++;
+        }
+        out[j].ms += km[i].ms;
+        out[j].steps += uses;
+    }
+    for (int a = 1; a < n; a++) /* insertion sort, slowest first */
+        for (int b = a; b > 0 && out[b].ms > out[b - 1].ms; b--) {
+            OpSum t = out[b];
+            out[b] = out[b - 1];
+            out[b - 1] = t;
+        }
+    return n;
+}
+
+static void print_variant(const BenchOpts *o, const Variant *v)
+{
+    printf("\n%s: %d nodes, %d steps, %d kernels, compiled in %.1f s\n", v->name, v->nodes, v->nsteps, v->nkernels,
+           v->compile_s);
+    if (!v->ran) {
+        printf("  not run: %s; planned arena %.3f GiB\n", v->why, v->peak / 1073741824.0);
+        return;
+    }
+    double med = median(v->total, o->repeat, 1);
+    printf("  total %.2f ms median (min %.2f, max %.2f, spread %.1f%%), arena %.1f MiB\n", 1e3 * med,
+           1e3 * min_of(v->total, o->repeat), 1e3 * max_of(v->total, o->repeat),
+           med > 0 ? 100 * (max_of(v->total, o->repeat) - min_of(v->total, o->repeat)) / med : 0,
+           v->peak / 1048576.0);
+    KMed *km = kernel_medians(v, o->repeat);
+    if (!km)
+        return;
+    OpSum ops[128];
+    int nops = op_sums(v, km, ops, 128);
+    printf("  by op:  %10s %6s %6s  %s\n", "ms", "share", "steps", "op");
+    double sum = 0;
+    for (int i = 0; i < nops; i++)
+        sum += ops[i].ms;
+    for (int i = 0; i < nops; i++)
+        printf("          %10.3f %5.1f%% %6d  %s\n", ops[i].ms, sum > 0 ? 100 * ops[i].ms / sum : 0, ops[i].steps,
+               ops[i].op);
+    printf("  slowest kernels (median ms per run, summed over the steps sharing each):\n");
+    printf("          %10s %6s %6s  %-14s %s\n", "ms", "share", "steps", "op", "kernel");
+    for (int i = 0; i < v->nkernels && i < o->top; i++) {
+        const char *fn, *op;
+        int uses;
+        xtc_module_kernel(v->mod, km[i].k, &fn, &op, &uses);
+        printf("          %10.3f %5.1f%% %6d  %-14s %s\n", km[i].ms, sum > 0 ? 100 * km[i].ms / sum : 0, uses, op, fn);
+    }
+    free(km);
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+static void json_variant(const BenchOpts *o, const Variant *v)
+{
+    printf("{\"nodes\": %d, \"steps\": %d, \"kernels\": %d, \"compile_s\": %.3f, \"ran\": %s, \"arena_bytes\": %lld",
+           v->nodes, v->nsteps, v->nkernels, v->compile_s, v->ran ? "true" : "false", (long long)v->peak);
+    if (!v->ran) {
+        printf(", \"why\": ");
+        json_str(v->why);
+        printf("}");
+        return;
+    }
+    printf(", \"total_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"runs\": [", 1e3 * median(v->total, o->repeat, 1),
+           1e3 * min_of(v->total, o->repeat), 1e3 * max_of(v->total, o->repeat));
+    for (int r = 0; r < o->repeat; r++)
+        printf("%s%.4f", r ? ", " : "", 1e3 * v->total[r]);
+    printf("]}");
+    KMed *km = kernel_medians(v, o->repeat);
+    if (km) {
+        OpSum ops[128];
+        int nops = op_sums(v, km, ops, 128);
+        printf(", \"ops\": [");
+        for (int i = 0; i < nops; i++) {
+            printf("%s{\"op\": ", i ? ", " : "");
+            json_str(ops[i].op);
+            printf(", \"median_ms\": %.4f, \"steps\": %d}", ops[i].ms, ops[i].steps);
+        }
+        printf("], \"kernel_ms\": [");
+        for (int i = 0; i < v->nkernels; i++) {
+            const char *fn, *op;
+            int uses;
+            xtc_module_kernel(v->mod, km[i].k, &fn, &op, &uses);
+            printf("%s{\"kernel\": ", i ? ", " : "");
+            json_str(fn);
+            printf(", \"op\": ");
+            json_str(op);
+            printf(", \"steps\": %d, \"median_ms\": %.4f}", uses, km[i].ms);
+        }
+        printf("]");
+        free(km);
+    }
+    printf("}");
+}
+
+static void free_variant(Variant *v)
+{
+    xtc_session_free(v->sess);
+    xtc_module_free(v->mod);
+    if (v->so[0])
+        unlink(v->so);
+    free(v->total);
+    free(v->kernel_s);
+    free(v->step_s);
+}
+
+int cli_bench(int argc, char **argv)
+{
+    BenchOpts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc > 0 ? 0 : 2;
+    IrGraph *g = build_graph(&o);
+    if (!g)
+        return 1;
+    const char *tmp = getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/xtc-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "xtc bench: cannot create a temporary directory: %s\n", strerror(errno));
+        ir_graph_free(g);
+        return 1;
+    }
+    Variant var[2];
+    memset(var, 0, sizeof var);
+    var[0].name = "fused";
+    var[1].name = "unfused";
+    rc = 0;
+    for (int i = 0; i < 2 && rc == 0; i++) {
+        Variant *v = &var[i];
+        if (!o.json)
+            fprintf(stderr, "xtc bench: compiling %s ...\n", v->name);
+        rc = compile_variant(&o, g, v, i == 1, dir);
+        if (rc)
+            break;
+        v->total = calloc((size_t)o.repeat, sizeof *v->total);
+        v->kernel_s = calloc((size_t)o.repeat * (size_t)(v->nkernels + 1), sizeof *v->kernel_s);
+        v->step_s = calloc((size_t)v->nsteps + 1, sizeof *v->step_s);
+        if (!v->total || !v->kernel_s || !v->step_s) {
+            rc = -1;
+            break;
+        }
+        int64_t syms[16] = {0};
+        symbol_values(v->mod, &o, syms);
+        v->peak = xtc_module_arena_bytes(v->mod, syms);
+        if (v->peak > o.max_gib * 1073741824.0) {
+            snprintf(v->why, sizeof v->why, "the arena would exceed --max-gib %g", o.max_gib);
+            continue;
+        }
+        rc = bind_session(&o, g, v);
+        v->ran = rc == 0;
+    }
+    /* warm up, then alternate the variants */
+    for (int w = 0; rc == 0 && w < o.warmup; w++)
+        for (int i = 0; i < 2 && rc == 0; i++)
+            if (var[i].ran)
+                rc = run_once(&var[i], -1);
+    for (int r = 0; rc == 0 && r < o.repeat; r++)
+        for (int i = 0; i < 2 && rc == 0; i++)
+            if (var[i].ran)
+                rc = run_once(&var[i], r);
+    for (int i = 0; rc == 0 && i < 2; i++)
+        if (var[i].ran)
+            var[i].peak = xtc_session_peak_bytes(var[i].sess);
+    if (rc == 0) {
+        double mf = var[0].ran ? median(var[0].total, o.repeat, 1) : 0;
+        double mu = var[1].ran ? median(var[1].total, o.repeat, 1) : 0;
+        char cpu[256] = "?";
+        FILE *ci = fopen("/proc/cpuinfo", "r");
+        if (ci) {
+            char line[256];
+            while (fgets(line, sizeof line, ci))
+                if (!strncmp(line, "model name", 10)) {
+                    const char *c = strchr(line, ':');
+                    snprintf(cpu, sizeof cpu, "%.200s", c ? c + 2 : line);
+                    cpu[strcspn(cpu, "\n")] = 0;
+                    break;
+                }
+            fclose(ci);
+        }
+        if (o.json) {
+            printf("{\"model\": ");
+            json_str(o.path);
+            printf(", \"batch\": %lld, \"seq\": %lld, \"train\": %s, \"threads\": %d, \"repeat\": %d, \"warmup\": %d, "
+                   "\"cpu\": ",
+                   (long long)o.batch, (long long)o.seq, o.train ? "true" : "false", o.threads, o.repeat, o.warmup);
+            json_str(cpu);
+            printf(", \"fused\": ");
+            json_variant(&o, &var[0]);
+            printf(", \"unfused\": ");
+            json_variant(&o, &var[1]);
+            if (mf > 0 && mu > 0)
+                printf(", \"speedup\": %.4f", mu / mf);
+            printf("}\n");
+        } else {
+            printf("xtc bench %s: batch %lld, seq %lld, %s, %d thread%s, %d runs after %d warm-up (%s)\n", o.path,
+                   (long long)o.batch, (long long)o.seq, o.train ? "training step" : "forward", o.threads,
+                   o.threads == 1 ? "" : "s", o.repeat, o.warmup, cpu);
+            print_variant(&o, &var[0]);
+            print_variant(&o, &var[1]);
+            printf("\n");
+            if (mf > 0 && mu > 0)
+                printf("speed-up (unfused / fused median): %.2fx\n", mu / mf);
+            printf("arena: fused %.1f MiB, unfused %.1f MiB%s\n", var[0].peak / 1048576.0, var[1].peak / 1048576.0,
+                   var[1].ran ? "" : " (planned, not run)");
+        }
+    }
+    free_variant(&var[0]);
+    free_variant(&var[1]);
+    rmdir(dir);
+    ir_graph_free(g);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,803 @@
+/* cmd_train.c: `xtc train`: byte-level language modelling (vocabulary 256) on any file.
+ *
+ * The model is compiled twice: a training module (loss and grad.<param>, xtc compile --train,
+ * dropout on where the model's rates say so, seeded per step) whose gradients feed the runtime's
+ * AdamW step, and a forward module with the loss for the held-out split (no dropout). Batches are random windows of the first part of the file (seeded), the held-out
+ * split is its last part, evaluated on fixed windows. Checkpoints hold the weights, the
+ * optimizer state and, in the metadata, everything needed to continue the same run exactly: the
+ * step, the batch sampler's random state, and the data's size and hash. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "build.h"
+#include "cli.h"
+#include "init.h"
+#include "safetensors.h"
+#include "train.h"
+
+/* ---- shared with cmd_generate.c ---- */
+
+int cli_default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+static const XtfValue *model_call(const XtfFile *f, const char *model, const char **name)
+{
+    const XtfStmt *st = model ? xtf_find(f, model) : f->nstmts ? &f->stmts[f->nstmts - 1] : NULL;
+    if (!st)
+        return NULL;
+    *name = st->name;
+    const XtfValue *v = st->value;
+    while (v && v->kind == XV_REF)
+        v = v->ref;
+    return v && v->kind == XV_CALL ? v : NULL;
+}
+
+int cli_check_byte_lm(const XtfFile *f, const char *model, const char *what)
+{
+    const char *name = model ? model : "?";
+    const XtfValue *call = model_call(f, model, &name);
+    if (!call) {
+        fprintf(stderr, "xtc %s: %s: no model%s%s\n", what, f->path, model ? " named " : "", model ? model : "");
+        return -1;
+    }
+    const XtfValue *layers = strcmp(call->s, "TransformerWrapper") == 0 ? xtf_callv(call, "attn_layers") : NULL;
+    if (!layers || strcmp(layers->s, "Decoder") != 0) {
+        fprintf(stderr, "xtc %s: %s: '%s' is a %s%s%s; byte-level language modelling needs a causal "
+                        "TransformerWrapper(attn_layers = Decoder(...))\n", what, f->path, name, call->s,
+                layers ? " around an " : "", layers ? layers->s : "");
+        return -1;
+    }
+    int64_t V = xtf_int(call, "num_tokens");
+    if (V < 256) {
+        fprintf(stderr, "xtc %s: %s: '%s' has num_tokens = %" PRId64 "; byte-level text needs at least 256 "
+                        "(one token per byte value)\n", what, f->path, name, V);
+        return -1;
+    }
+    if (xtf_bool(layers, "cross_attend") || xtf_int(call, "max_mem_len") > 0) {
+        fprintf(stderr, "xtc %s: %s: '%s' %s, which plain text does not provide\n", what, f->path, name,
+                xtf_bool(layers, "cross_attend") ? "cross-attends to a context" : "carries Transformer-XL memories");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- options ---- */
+
+void cli_train_defaults(CliTrainOpts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->steps = 1000;
+    o->batch = 16;
+    o->lr = 1e-3;
+    o->min_lr = 0.1;
+    o->warmup = -1;
+    o->cosine = 1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.99;
+    o->eps = 1e-8;
+    o->weight_decay = 0.1;
+    o->clip = 1.0;
+    o->val_every = 200;
+    o->val_tokens = 65536;
+    o->val_fraction = 0.1;
+    o->seed = 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fmt_duration(char *buf, size_t n, double s)
+{
+    if (!(s >= 0) || s > 1e7)
+        snprintf(buf, n, "?");
+    else if (s < 60)
+        snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600)
+        snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
+    else
+        snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+}
+
+static uint64_t fnv1a(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Shannon entropy of the byte distribution, bits per byte. */
+static double unigram_bits(const unsigned char *p, size_t n)
+{
+    double count[256] = {0}, h = 0;
+    for (size_t i = 0; i < n; i++)
+        count[p[i]]++;
+    for (int c = 0; c < 256; c++)
+        if (count[c] > 0)
+            h -= count[c] / n * log2(count[c] / n);
+    return h;
+}
+
+/* ---- the run ---- */
+
+typedef struct {
+    XtcModule *train_mod, *eval_mod;  /* eval_mod may be train_mod */
+    XtcSession *train, *eval;         /* eval may be train */
+    int64_t V, maxlen;
+    int has_seed;                     /* the training module has a dropout_seed input */
+} Models;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static int has_grads(const XtcModule *m)
+{
+    for (int i = 0; i < xtc_module_count(m, XTC_OUTPUT); i++) {
+        XtcTensorInfo t;
+        xtc_module_tensor(m, XTC_OUTPUT, i, &t);
+        if (!strncmp(t.name, "grad.", 5))
+            return 1;
+    }
+    return 0;
+}
+
+/* The module must read tokens and targets (and at most a dropout seed) and give logits and loss. */
+static int check_lm_module(const XtcModule *m, const char *path, int need_grads, int64_t *V)
+{
+    for (int i = 0; i < xtc_module_count(m, XTC_INPUT); i++) {
+        XtcTensorInfo t;
+        xtc_module_tensor(m, XTC_INPUT, i, &t);
+        if (strcmp(t.name, "tokens") && strcmp(t.name, "targets") && strcmp(t.name, "dropout_seed")) {
+            fprintf(stderr, "xtc train: %s: input '%s' is not something a text provides (inputs: tokens, "
+                            "targets)\n", path, t.name);
+            return -1;
+        }
+    }
+    int lg = xtc_module_find(m, XTC_OUTPUT, "logits");
+    if (xtc_module_find(m, XTC_INPUT, "targets") < 0 || xtc_module_find(m, XTC_OUTPUT, "loss") < 0 || lg < 0 ||
+        (need_grads && !has_grads(m))) {
+        fprintf(stderr, "xtc train: %s: not a training module (compile it with --train, or pass the .xtf)\n", path);
+        return -1;
+    }
+    XtcTensorInfo t;
+    xtc_module_tensor(m, XTC_OUTPUT, lg, &t);
+    *V = t.shape[t.rank - 1];
+    if (*V < 256) {
+        fprintf(stderr, "xtc train: %s: the model has %" PRId64 " tokens; byte-level text needs at least 256\n",
+                path, *V);
+        return -1;
+    }
+    return 0;
+}
+
+static int64_t symbol_max(const XtcModule *m, const char *sym)
+{
+    for (int i = 0; i < xtc_module_num_symbols(m); i++) {
+        const char *name;
+        int64_t max;
+        xtc_module_symbol(m, i, &name, &max);
+        if (!strcmp(name, sym))
+            return max;
+    }
+    return 0;
+}
+
+/* Compiles (or loads) the training and evaluation modules. */
+static int get_models(const XtfFile *f, const char *model, const char *module_path, Models *M)
+{
+    XtfFile *owned = NULL;
+    char name[256];
+    const char *path = f ? f->path : module_path;
+    if (!f) {
+        XtcModule *m = cli_load_module(module_path);
+        if (!m)
+            return -1;
+        if (has_grads(m) && xtc_module_find(m, XTC_INPUT, "dropout_seed") < 0) {
+            M->train_mod = M->eval_mod = m; /* a training module without dropout: validates too */
+            goto check;
+        }
+        owned = cli_module_xtf(m, module_path);
+        snprintf(name, sizeof name, "%s", xtc_module_name(m));
+        model = name;
+        if (!owned) {
+            xtc_module_free(m);
+            return -1;
+        }
+        if (has_grads(m)) { /* with dropout: validation needs a module that does not drop */
+            M->train_mod = m;
+            fprintf(stderr, "compiling the evaluation module of %s ...\n", module_path);
+            CliBuild e = {.model = model, .lower = {.train = 1}};
+            M->eval_mod = cli_build_load(owned, &e, NULL);
+            xtf_free(owned);
+            if (!M->eval_mod)
+                return -1;
+            goto check;
+        }
+        xtc_module_free(m);
+        f = owned;
+    }
+    if (cli_check_byte_lm(f, model, "train") != 0) {
+        xtf_free(owned);
+        return -1;
+    }
+    fprintf(stderr, "compiling %s (training and evaluation modules) ...\n", path);
+    double t0 = now_s();
+    CliBuild b = {.model = model, .lower = {.train = 1, .dropout = 1}, .grads = 1};
+    M->train_mod = cli_build_load(f, &b, NULL);
+    CliBuild e = {.model = model, .lower = {.train = 1}};
+    M->eval_mod = M->train_mod ? cli_build_load(f, &e, NULL) : NULL;
+    xtf_free(owned);
+    if (!M->eval_mod)
+        return -1;
+    fprintf(stderr, "compiled in %.1f s\n", now_s() - t0);
+check:
+    if (check_lm_module(M->train_mod, path, 1, &M->V) != 0)
+        return -1;
+    M->maxlen = symbol_max(M->train_mod, "n");
+    M->has_seed = xtc_module_find(M->train_mod, XTC_INPUT, "dropout_seed") >= 0;
+    return 0;
+}
+
+static int init_weights(XtcSession *s, const XtcModule *m, uint64_t seed)
+{
+    RtRng rng;
+    rt_rng_seed(&rng, seed);
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
+            XtcTensorInfo t;
+            xtc_module_tensor(m, (XtcKind)kind, i, &t);
+            int64_t n = 1;
+            for (int d = 0; d < t.rank; d++)
+                n *= t.shape[d];
+            float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
+            if (!data) {
+                fprintf(stderr, "xtc train: out of memory\n");
+                return -1;
+            }
+            if (rt_init_tensor(t.name, t.rank, t.shape, data, &rng) != 0)
+                fprintf(stderr, "xtc train: no initialisation rule for '%s': zeros\n", t.name);
+            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, data);
+            free(data);
+            if (st) {
+                fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
+                return -1;
+            }
+        }
+    return 0;
+}
+
+/* eval <- train, every parameter and buffer */
+static int copy_weights(XtcSession *to, XtcSession *from, const XtcModule *m)
+{
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
+            XtcTensorInfo info;
+            XtcTensor t;
+            xtc_module_tensor(m, (XtcKind)kind, i, &info);
+            if (xtc_session_get_weight(from, info.name, &t)) {
+                fprintf(stderr, "xtc train: %s\n", xtc_session_error(from));
+                return -1;
+            }
+            if (xtc_session_set_weight(to, info.name, t.rank, t.shape, t.data)) {
+                fprintf(stderr, "xtc train: %s\n", xtc_session_error(to));
+                return -1;
+            }
+        }
+    return 0;
+}
+
+/* Runs one batch (tokens, targets of rows x seq) and returns its loss through *loss. */
+static int run_batch(XtcSession *s, const int64_t *tok, const int64_t *tgt, int64_t rows, int64_t seq,
+                     int seed_input, uint64_t seed, double *loss)
+{
+    int64_t shape[2] = {rows, seq};
+    int64_t sv = (int64_t)(seed & 0x7fffffffffffffffull);
+    XtcTensor t;
+    if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||
+        xtc_session_set_input(s, "targets", XTC_I64, 2, shape, tgt) ||
+        (seed_input && xtc_session_set_input(s, "dropout_seed", XTC_I64, 0, shape, &sv)) || xtc_session_run(s) ||
+        xtc_session_get_output(s, "loss", &t)) {
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
+        return -1;
+    }
+    *loss = *(const float *)t.data;
+    return 0;
+}
+
+/* Mean loss over fixed windows of the held-out split (each window weighs the same). */
+static int validate(Models *M, const unsigned char *val, size_t nval, const CliTrainOpts *o, int64_t seq,
+                    double *loss)
+{
+    if (M->eval != M->train && copy_weights(M->eval, M->train, M->eval_mod) != 0)
+        return -1;
+    int64_t windows = ((int64_t)nval - 1) / seq;
+    if (o->val_tokens > 0 && windows > (o->val_tokens + seq - 1) / seq)
+        windows = (o->val_tokens + seq - 1) / seq;
+    int64_t rows = o->batch;
+    int64_t *tok = malloc((size_t)(rows * seq) * sizeof *tok), *tgt = malloc((size_t)(rows * seq) * sizeof *tgt);
+    if (!tok || !tgt) {
+        free(tok);
+        free(tgt);
+        fprintf(stderr, "xtc train: out of memory\n");
+        return -1;
+    }
+    double sum = 0;
+    int rc = 0;
+    for (int64_t w = 0; w < windows && rc == 0; w += rows) {
+        int64_t r = windows - w < rows ? windows - w : rows;
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < seq; j++) {
+                tok[i * seq + j] = val[(w + i) * seq + j];
+                tgt[i * seq + j] = val[(w + i) * seq + j + 1];
+            }
+        double l;
+        rc = run_batch(M->eval, tok, tgt, r, seq, 0, 0, &l);
+        sum += l * r;
+    }
+    free(tok);
+    free(tgt);
+    *loss = sum / (double)windows;
+    return rc;
+}
+
+static double lr_at(const CliTrainOpts *o, int64_t step, int64_t warmup)
+{
+    if (step <= warmup)
+        return o->lr * (double)step / (double)warmup;
+    if (!o->cosine || o->steps <= warmup)
+        return o->lr;
+    double t = (double)(step - warmup) / (double)(o->steps - warmup);
+    if (t > 1)
+        t = 1;
+    return o->lr * (o->min_lr + (1 - o->min_lr) * 0.5 * (1 + cos(M_PI * t)));
+}
+
+typedef struct {
+    uint64_t hash, bytes;
+    int64_t batch, seq;
+} DataId;
+
+static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const DataId *id, const CliTrainOpts *o,
+                     int64_t step)
+{
+    char v[8][64];
+    const char *keys[8] = {"xtc.train.step", "xtc.train.rng", "xtc.train.seed", "xtc.train.data_bytes",
+                           "xtc.train.data_hash", "xtc.train.batch", "xtc.train.seq", "xtc.train.steps"};
+    snprintf(v[0], sizeof v[0], "%" PRId64, step);
+    snprintf(v[1], sizeof v[1], "%016" PRIx64 ":%016" PRIx64, rng->s[0], rng->s[1]);
+    snprintf(v[2], sizeof v[2], "%" PRIu64, o->seed);
+    snprintf(v[3], sizeof v[3], "%" PRIu64, id->bytes);
+    snprintf(v[4], sizeof v[4], "%016" PRIx64, id->hash);
+    snprintf(v[5], sizeof v[5], "%" PRId64, id->batch);
+    snprintf(v[6], sizeof v[6], "%" PRId64, id->seq);
+    snprintf(v[7], sizeof v[7], "%" PRId64, o->steps);
+    const char *vals[8];
+    for (int i = 0; i < 8; i++)
+        vals[i] = v[i];
+    if (xtc_session_save_checkpoint(s, path, keys, vals, 8) != XTC_OK) {
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the run's state from a checkpoint's metadata (weights and optimizer are loaded apart). */
+static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *step)
+{
+    RtStFile *f;
+    char err[512];
+    if (rt_st_open(path, &f, err, sizeof err)) {
+        fprintf(stderr, "xtc train: %s\n", err);
+        return -1;
+    }
+    const char *st = rt_st_metadata(f, "xtc.train.step"), *r = rt_st_metadata(f, "xtc.train.rng");
+    const char *bytes = rt_st_metadata(f, "xtc.train.data_bytes"), *hash = rt_st_metadata(f, "xtc.train.data_hash");
+    const char *batch = rt_st_metadata(f, "xtc.train.batch"), *seq = rt_st_metadata(f, "xtc.train.seq");
+    int rc = -1;
+    if (!st || !r || !bytes || !hash || sscanf(st, "%" SCNd64, step) != 1 ||
+        sscanf(r, "%" SCNx64 ":%" SCNx64, &rng->s[0], &rng->s[1]) != 2) {
+        fprintf(stderr, "xtc train: %s is not a checkpoint of xtc train (no run state in its metadata); "
+                        "start from its weights with --weights\n", path);
+    } else if (strtoull(bytes, NULL, 10) != id->bytes || strtoull(hash, NULL, 16) != id->hash) {
+        fprintf(stderr, "xtc train: %s was trained on other data (%s bytes, hash %s); --resume continues the "
+                        "same run (start from its weights with --weights instead)\n", path, bytes, hash);
+    } else {
+        if ((batch && strtoll(batch, NULL, 10) != id->batch) || (seq && strtoll(seq, NULL, 10) != id->seq))
+            fprintf(stderr, "xtc train: note: the checkpoint was trained with --batch %s --seq %s; the run goes on "
+                            "with --batch %" PRId64 " --seq %" PRId64 "\n", batch ? batch : "?", seq ? seq : "?",
+                    id->batch, id->seq);
+        rc = 0;
+    }
+    rt_st_close(f);
+    return rc;
+}
+
+int cli_train_run(const XtfFile *f, const char *model, const char *module_path, const unsigned char *data,
+                  size_t len, const char *data_name, const CliTrainOpts *o)
+{
+    Models M = {0};
+    int rc = 1;
+    int64_t *tok = NULL, *tgt = NULL;
+    struct sigaction old_int;
+    int handler = 0;
+    if (get_models(f, model, module_path, &M) != 0)
+        goto done;
+    int64_t seq = o->seq ? o->seq : (M.maxlen && M.maxlen < 256 ? M.maxlen : 256);
+    if (seq < 1 || (M.maxlen && seq > M.maxlen)) {
+        fprintf(stderr, "xtc train: --seq %" PRId64 " is outside [1, max_seq_len = %" PRId64 "]\n", seq, M.maxlen);
+        goto done;
+    }
+    size_t nval = (size_t)((double)len * o->val_fraction), ntrain = len - nval;
+    if (ntrain < (size_t)seq + 2 || nval < (size_t)seq + 1) {
+        fprintf(stderr, "xtc train: %s: %zu bytes are too few for training windows of %" PRId64
+                        " bytes and a held-out split (%.0f%%) of at least one window\n",
+                data_name, len, seq + 1, 100 * o->val_fraction);
+        goto done;
+    }
+    const unsigned char *val = data + ntrain;
+    int threads = o->threads ? o->threads : cli_default_threads();
+    XtcSessionOptions so = {.threads = threads};
+    if (xtc_session_new(M.train_mod, &so, &M.train) != XTC_OK) {
+        fprintf(stderr, "xtc train: %s\n", M.train ? xtc_session_error(M.train) : "out of memory");
+        goto done;
+    }
+    M.eval = M.train;
+    if (M.eval_mod != M.train_mod && xtc_session_new(M.eval_mod, &so, &M.eval) != XTC_OK) {
+        fprintf(stderr, "xtc train: %s\n", M.eval ? xtc_session_error(M.eval) : "out of memory");
+        goto done;
+    }
+    DataId id = {.hash = fnv1a(data, len), .bytes = len, .batch = o->batch, .seq = seq};
+    RtRng rng;
+    rt_rng_seed(&rng, o->seed ^ 0x5ca1ab1edull);
+    int64_t start = 0;
+    if (o->resume) {
+        if (resume_meta(o->resume, &rng, &id, &start) != 0)
+            goto done;
+        if (xtc_session_load_checkpoint(M.train, o->resume, 1) != XTC_OK) {
+            fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
+            goto done;
+        }
+        if (xtc_session_step_count(M.train) != start) {
+            fprintf(stderr, "xtc train: %s: optimizer state for step %" PRId64 ", run state for step %" PRId64
+                            "\n", o->resume, xtc_session_step_count(M.train), start);
+            goto done;
+        }
+    } else if (o->weights) {
+        if (xtc_session_load_checkpoint(M.train, o->weights, 0) != XTC_OK) {
+            fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
+            goto done;
+        }
+    } else if (init_weights(M.train, M.train_mod, o->seed) != 0) {
+        goto done;
+    }
+    int64_t warmup = o->warmup >= 0 ? o->warmup : (o->steps / 10 < 100 ? o->steps / 10 : 100);
+    int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    double unigram = unigram_bits(data, ntrain);
+    printf("model %s: %.2fM parameters, vocabulary %" PRId64 ", %d thread%s\n", xtc_module_name(M.train_mod),
+           xtc_module_param_count(M.train_mod) / 1e6, M.V, threads, threads == 1 ? "" : "s");
+    printf("data  %s: %zu bytes (%zu training, %zu held out); unigram entropy %.3f bits/byte\n", data_name, len,
+           ntrain, nval, unigram);
+    printf("train %" PRId64 " steps of %" PRId64 " x %" PRId64 " tokens, AdamW lr %g (%s), warm-up %" PRId64
+           ", weight decay %g, clip %g%s\n", o->steps, o->batch, seq, o->lr,
+           o->cosine ? "cosine" : "constant", warmup, o->weight_decay, o->clip, start ? ", resumed" : "");
+    if (start >= last) {
+        printf("nothing to do: the checkpoint is at step %" PRId64 "\n", start);
+        rc = 0;
+        goto done;
+    }
+    fflush(stdout);
+    tok = malloc((size_t)(o->batch * seq) * sizeof *tok);
+    tgt = malloc((size_t)(o->batch * seq) * sizeof *tgt);
+    if (!tok || !tgt) {
+        fprintf(stderr, "xtc train: out of memory\n");
+        goto done;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    interrupted = 0;
+    handler = sigaction(SIGINT, &sa, &old_int) == 0;
+    int tty = isatty(2) && !o->quiet;
+    int64_t log_every = o->log_every > 0 ? o->log_every : (last - start) / 10 > 0 ? (last - start) / 10 : 1;
+    XtcAdamW opt = {.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = (float)o->eps,
+                    .weight_decay = (float)o->weight_decay, .max_grad_norm = (float)o->clip};
+    double t_begin = now_s(), step_time = 0, loss_sum = 0, val_loss = NAN;
+    int64_t loss_n = 0, done_steps = 0;
+    int64_t step;
+    for (step = start + 1; step <= last; step++) {
+        double t0 = now_s();
+        for (int64_t r = 0; r < o->batch; r++) {
+            size_t off = (size_t)(rt_rng_next(&rng) % (uint64_t)(ntrain - (size_t)seq));
+            for (int64_t j = 0; j < seq; j++) {
+                tok[r * seq + j] = data[off + (size_t)j];
+                tgt[r * seq + j] = data[off + (size_t)j + 1];
+            }
+        }
+        double loss;
+        /* dropout masks: a seed per step (kept below 2^53, exact in the interpreter too) */
+        uint64_t dseed = (o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)step) & ((1ull << 53) - 1);
+        if (run_batch(M.train, tok, tgt, o->batch, seq, M.has_seed, dseed, &loss) != 0)
+            goto done;
+        if (!isfinite(loss)) {
+            fprintf(stderr, "%sxtc train: the loss is %g at step %" PRId64 "; try a lower --lr\n", tty ? "\n" : "",
+                    loss, step);
+            goto done;
+        }
+        opt.lr = (float)lr_at(o, step, warmup);
+        if (xtc_session_step(M.train, &opt) != XTC_OK) {
+            fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
+            goto done;
+        }
+        double dt = now_s() - t0;
+        step_time = done_steps ? 0.9 * step_time + 0.1 * dt : dt;
+        done_steps++;
+        loss_sum += loss;
+        loss_n++;
+        char eta[32];
+        fmt_duration(eta, sizeof eta, step_time * (double)(last - step));
+        double tps = (double)(o->batch * seq) / step_time;
+        if (tty)
+            fprintf(stderr, "\rstep %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tok/s  lr %.2e  ETA %s   ", step,
+                    o->steps, loss_sum / loss_n, tps, opt.lr, eta);
+        int is_val = (o->val_every > 0 && step % o->val_every == 0) || step == last;
+        if (!tty && !o->quiet && (step % log_every == 0 || step == last) && !is_val)
+            fprintf(stderr, "step %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tok/s  ETA %s\n", step, o->steps,
+                    loss_sum / loss_n, tps, eta);
+        if (is_val || interrupted) {
+            if (validate(&M, val, nval, o, seq, &val_loss) != 0)
+                goto done;
+            if (tty)
+                fprintf(stderr, "\r%*s\r", 78, "");
+            printf("step %5" PRId64 "  train loss %.4f  val loss %.4f (%.3f bits/byte)  %.0f tok/s\n", step,
+                   loss_sum / loss_n, val_loss, val_loss / M_LN2, tps);
+            fflush(stdout);
+            loss_sum = 0;
+            loss_n = 0;
+        }
+        int ckpt_now = o->ckpt && (is_val || interrupted || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
+        if (ckpt_now && save_ckpt(M.train, o->ckpt, &rng, &id, o, step) != 0)
+            goto done;
+        if (interrupted) {
+            printf("interrupted after step %" PRId64 "%s%s\n", step, o->ckpt ? "; continue with --resume " : "",
+                   o->ckpt ? o->ckpt : "");
+            rc = 130;
+            goto done;
+        }
+    }
+    char total[32];
+    fmt_duration(total, sizeof total, now_s() - t_begin);
+    printf("done: %" PRId64 " steps in %s; val loss %.4f = %.3f bits/byte (unigram entropy %.3f bits/byte)%s%s\n",
+           done_steps, total, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
+           o->ckpt ? o->ckpt : "");
+    rc = 0;
+done:
+    if (handler)
+        sigaction(SIGINT, &old_int, NULL);
+    free(tok);
+    free(tgt);
+    if (M.eval != M.train)
+        xtc_session_free(M.eval);
+    xtc_session_free(M.train);
+    if (M.eval_mod != M.train_mod)
+        xtc_module_free(M.eval_mod);
+    xtc_module_free(M.train_mod);
+    return rc;
+}
+
+/* ---- the command ---- */
+
+static void usage(void)
+{
+    printf("usage: xtc train model.xtf|model.so --data FILE [options]\n\n"
+           "Trains a byte-level language model (one token per byte, vocabulary 256) on any file:\n"
+           "random windows of its first part, validation on its last part (held out). The model is\n"
+           "a TransformerWrapper around a Decoder with num_tokens >= 256; a .so is used as is when it\n"
+           "is a training module (xtc compile --train), else recompiled from its embedded source.\n\n"
+           "  --steps N          steps of the schedule (1000)\n"
+           "  --batch B          sequences per step (16)\n"
+           "  --seq N            tokens per sequence (min(256, max_seq_len))\n"
+           "  --lr X             peak learning rate (1e-3), after a linear warm-up of\n"
+           "  --warmup N         steps (min(100, steps/10)), then a cosine decay to\n"
+           "  --min-lr F         F * lr at the last step (0.1); --constant-lr keeps lr instead\n"
+           "  --weight-decay X   AdamW's decoupled weight decay, all parameters (0.1)\n"
+           "  --beta1 X --beta2 X --eps X   AdamW (0.9, 0.99, 1e-8)\n"
+           "  --clip X           clip the global gradient norm (1.0; 0 = off)\n"
+           "  --threads T        worker threads (the number of CPUs)\n"
+           "  --val-every K      validation loss every K steps (200; 0 = at the end only)\n"
+           "  --val-tokens N     tokens of the held-out split to evaluate (65536; 0 = all)\n"
+           "  --val-fraction F   the held-out share of the file (0.1)\n"
+           "  --ckpt PATH        checkpoint (.safetensors: weights, optimizer state, run state),\n"
+           "                     written atomically at every validation, on Ctrl-C and at the end\n"
+           "  --ckpt-every K     also every K steps\n"
+           "  --resume PATH      continue the run of a checkpoint exactly (same data and options)\n"
+           "  --weights PATH     start from these weights with a fresh optimizer\n"
+           "  --stop-at K        stop after step K as if interrupted (the schedule still spans --steps)\n"
+           "  --seed S           initialisation, batches and dropout (1)\n"
+           "  --model NAME       which model of the .xtf file (the last)\n"
+           "  --log-every K      progress lines when stderr is not a terminal (steps/10)\n"
+           "  --quiet            no progress line\n\n"
+           "Runs are deterministic for a given number of threads: --resume after --stop-at K gives the\n"
+           "losses of the uninterrupted run.\n");
+}
+
+/* Parses a number flag; returns 0, or -1 after printing. */
+static int num(const char *flag, const char *v, double lo, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (!*v || *end || errno || !(x >= lo) || !isfinite(x)) {
+        fprintf(stderr, "xtc train: %s needs a number >= %g, got '%s'\n", flag, lo, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int integer(const char *flag, const char *v, int64_t lo, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (!*v || *end || errno || x < lo) {
+        fprintf(stderr, "xtc train: %s needs an integer >= %" PRId64 ", got '%s'\n", flag, lo, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static unsigned char *read_file(const char *path, size_t *len)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        fprintf(stderr, "xtc train: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    for (size_t k; buf && (k = fread(buf + n, 1, cap - n, fp)) > 0;) {
+        n += k;
+        if (n == cap) {
+            unsigned char *nb = cap > ((size_t)1 << 40) ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (!buf || bad) {
+        fprintf(stderr, "xtc train: cannot read %s: %s\n", path, buf ? "read error" : "out of memory");
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+int cli_train(int argc, char **argv)
+{
+    CliTrainOpts o;
+    cli_train_defaults(&o);
+    const char *path = NULL, *data_path = NULL, *model = NULL, *v;
+    int64_t th = 0;
+    for (int i = 1; i < argc; i++) {
+        int bad = 0;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage();
+            return 0;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--data"))) {
+            data_path = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--steps"))) {
+            bad = integer("--steps", v, 1, &o.steps);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--batch"))) {
+            bad = integer("--batch", v, 1, &o.batch);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--seq"))) {
+            bad = integer("--seq", v, 1, &o.seq);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--lr"))) {
+            bad = num("--lr", v, 0, &o.lr);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--min-lr"))) {
+            bad = num("--min-lr", v, 0, &o.min_lr);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
+            bad = integer("--warmup", v, 0, &o.warmup);
+        } else if (!strcmp(argv[i], "--constant-lr")) {
+            o.cosine = 0;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--weight-decay"))) {
+            bad = num("--weight-decay", v, 0, &o.weight_decay);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--beta1"))) {
+            bad = num("--beta1", v, 0, &o.beta1) || (o.beta1 >= 1 && num("--beta1", "-1", 0, &o.beta1));
+        } else if ((v = cli_flag_value(argc, argv, &i, "--beta2"))) {
+            bad = num("--beta2", v, 0, &o.beta2) || (o.beta2 >= 1 && num("--beta2", "-1", 0, &o.beta2));
+        } else if ((v = cli_flag_value(argc, argv, &i, "--eps"))) {
+            bad = num("--eps", v, 1e-30, &o.eps);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--clip"))) {
+            bad = num("--clip", v, 0, &o.clip);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
+            bad = integer("--threads", v, 1, &th);
+            o.threads = (int)(th > 1024 ? 1024 : th);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--val-every"))) {
+            bad = integer("--val-every", v, 0, &o.val_every);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--val-tokens"))) {
+            bad = integer("--val-tokens", v, 0, &o.val_tokens);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--val-fraction"))) {
+            bad = num("--val-fraction", v, 0, &o.val_fraction) ||
+                  (!(o.val_fraction > 0 && o.val_fraction < 1) && num("--val-fraction", "-1", 0, &o.val_fraction));
+        } else if ((v = cli_flag_value(argc, argv, &i, "--log-every"))) {
+            bad = integer("--log-every", v, 1, &o.log_every);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--ckpt"))) {
+            o.ckpt = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--ckpt-every"))) {
+            bad = integer("--ckpt-every", v, 1, &o.ckpt_every);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--resume"))) {
+            o.resume = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--weights"))) {
+            o.weights = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--stop-at"))) {
+            bad = integer("--stop-at", v, 1, &o.stop_at);
+        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
+            int64_t s;
+            bad = integer("--seed", v, 0, &s);
+            o.seed = (uint64_t)s;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
+            model = v;
+        } else if (!strcmp(argv[i], "--quiet")) {
+            o.quiet = 1;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "xtc train: unknown option '%s' (xtc train --help)\n", argv[i]);
+            return 2;
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "xtc train: more than one model\n");
+            return 2;
+        }
+        if (bad || (v && !*v))
+            return 2;
+    }
+    if (!path || !data_path) {
+        fprintf(stderr, "usage: xtc train model.xtf|model.so --data FILE [options] (xtc train --help)\n");
+        return 2;
+    }
+    if (o.resume && o.weights) {
+        fprintf(stderr, "xtc train: --resume and --weights exclude each other\n");
+        return 2;
+    }
+    size_t len = 0;
+    unsigned char *data = read_file(data_path, &len);
+    if (!data)
+        return 1;
+    XtfFile *f = NULL;
+    int rc = 1;
+    if (cli_is_module_path(path) || !(f = cli_load_xtf(path))) {
+        if (cli_is_module_path(path))
+            rc = cli_train_run(NULL, model, path, data, len, data_path, &o);
+    } else {
+        rc = cli_train_run(f, model, NULL, data, len, data_path, &o);
+    }
+    xtf_free(f);
+    free(data);
+    return rc;
+}

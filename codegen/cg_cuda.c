@@ -1,0 +1,346 @@
+/* cg_cuda.c: the CUDA backends.
+ *
+ *   "cuda"      render: CgPlan -> CUDA C, one kernel per plan signature (cg_cuda_ops.c's table);
+ *               compile: NVRTC -> PTX for --cuda-arch (default sm_80; no GPU needed), then the
+ *               host code (cg_cuda_host.c) with the PTX, CUDA C and metadata embedded, linked by
+ *               cc into model.so. The runtime runs it through libcuda.so.1.
+ *   "cuda-emu"  the same CUDA C compiled by cc as C with the emulator (xtc_cuda_emu.h) into the
+ *               module, no NVRTC: the runtime runs it through its emulated Driver API. This is
+ *               how every CUDA kernel is checked on machines without a GPU.
+ *
+ * The compile step writes its files into a temporary directory (kept when XTC_KEEP_TMP is set,
+ * for debugging) and needs cc; --emit-cuda (CgOptions.emit_cuda) writes the CUDA C out. */
+#include "cg_cuda.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- render ---- */
+
+/* How the emulator calls the kernel from cuLaunchKernel-style args. */
+static char *emu_call_text(const CuGen *gen, const CgKernel *K)
+{
+    const IrNode *x = K->node;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    int a = 0;
+    fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_mem_type(x->dtype), a++);
+    for (int i = 0; i < x->nin; i++)
+        fprintf(f, ", *(const %s **)a[%d]", cu_mem_type(x->in[i]->dtype), a++);
+    for (int s = 0; s < gen->g->nsyms; s++)
+        fprintf(f, ", *(i64 *)a[%d]", a++);
+    fprintf(f, ", *(int **)a[%d])", a);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+void cg_cuda_unit_free(CuUnit *u)
+{
+    for (int k = 0; k < u->nkernels; k++) {
+        if (u->kernel_text)
+            free(u->kernel_text[k]);
+        if (u->emu_call)
+            free(u->emu_call[k]);
+    }
+    free(u->kernel_text);
+    free(u->emu_call);
+    free(u->geom);
+    free(u->sync);
+    free(u->source);
+    memset(u, 0, sizeof *u);
+}
+
+int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUnit *u, char *err, size_t n)
+{
+    memset(u, 0, sizeof *u);
+    cu_gen_init(&u->gen, plan);
+    u->plan = plan;
+    u->emu = emu;
+    const char *arch = opt && opt->cuda_arch && opt->cuda_arch[0] ? opt->cuda_arch : CU_DEFAULT_ARCH;
+    if (cg_cuda_arch_number(arch, err, n) < 0)
+        return -1;
+    snprintf(u->arch, sizeof u->arch, "%s", arch);
+    int nk = plan->nkernels;
+    u->kernel_text = calloc((size_t)nk + 1, sizeof *u->kernel_text);
+    u->emu_call = calloc((size_t)nk + 1, sizeof *u->emu_call);
+    u->geom = calloc((size_t)nk + 1, sizeof *u->geom);
+    u->sync = calloc((size_t)nk + 1, sizeof *u->sync);
+    if (!u->kernel_text || !u->emu_call || !u->geom || !u->sync) {
+        cg_cuda_unit_free(u);
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    u->nkernels = nk;
+    for (int k = 0; k < nk; k++) {
+        const CgKernel *K = &plan->kernels[k];
+        const CuLower *L = cg_cuda_lowering(K->node->op);
+        if (!L || !L->emit) {
+            snprintf(err, n, "the cuda backend has no lowering for op '%s' (node %%%s)", ir_ops[K->node->op].name,
+                     K->node->label ? K->node->label : "?");
+            cg_cuda_unit_free(u);
+            return -1;
+        }
+        size_t len = 0;
+        CuKernel ck = {.gen = &u->gen, .k = K, .node = K->node};
+        ck.f = open_memstream(&u->kernel_text[k], &len);
+        if (!ck.f) {
+            snprintf(err, n, "out of memory");
+            cg_cuda_unit_free(u);
+            return -1;
+        }
+        int rc = L->emit(&ck);
+        if (fclose(ck.f) != 0 || rc < 0 || !(u->emu_call[k] = emu_call_text(&u->gen, K))) {
+            snprintf(err, n, "%s", u->gen.err[0] ? u->gen.err : "out of memory");
+            cg_cuda_unit_free(u);
+            return -1;
+        }
+        u->geom[k] = ck.geom;
+        u->sync[k] = ck.sync;
+    }
+    size_t len = 0;
+    FILE *f = open_memstream(&u->source, &len);
+    if (!f) {
+        snprintf(err, n, "out of memory");
+        cg_cuda_unit_free(u);
+        return -1;
+    }
+    cu_prelude(f, plan->g, nk);
+    for (int k = 0; k < nk; k++)
+        fprintf(f, "\n%s", u->kernel_text[k]);
+    if (fclose(f) != 0) {
+        snprintf(err, n, "out of memory");
+        cg_cuda_unit_free(u);
+        return -1;
+    }
+    return 0;
+}
+
+static int cuda_supports(IrOp op) { return cg_cuda_lowering(op) != NULL; }
+
+static int render(const CgPlan *plan, const CgOptions *opt, void **unit, int emu, char *err, size_t n)
+{
+    CuUnit *u = calloc(1, sizeof *u);
+    *unit = u;
+    if (!u) {
+        snprintf(err, n, "out of memory");
+        return -1;
+    }
+    return cg_cuda_render_unit(plan, opt, emu, u, err, n);
+}
+
+static int cuda_render(const CgPlan *plan, const CgOptions *opt, void **unit, char *err, size_t n)
+{
+    return render(plan, opt, unit, 0, err, n);
+}
+
+static int emu_render(const CgPlan *plan, const CgOptions *opt, void **unit, char *err, size_t n)
+{
+    return render(plan, opt, unit, 1, err, n);
+}
+
+static void cuda_release(void *unit)
+{
+    if (!unit)
+        return;
+    cg_cuda_unit_free(unit);
+    free(unit);
+}
+
+/* ---- compile ---- */
+
+static int write_file(const char *dir, const char *name, const char *text, char *err, size_t n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s%s%s", dir ? dir : "", dir ? "/" : "", name);
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0) {
+        snprintf(err, n, "cannot write %s: %s", path, strerror(errno));
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    if (fclose(f) != 0) {
+        snprintf(err, n, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Runs argv with stdout and stderr to logpath; 0 when it exits with status 0. */
+static int run_program(char *const *argv, const char *logpath)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+        return -1;
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void read_log(const char *path, char *buf, size_t n)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    size_t len = fread(buf, 1, n - 1, f);
+    buf[len] = 0;
+    fclose(f);
+}
+
+static void remove_dir(const char *dir)
+{
+    static const char *const files[] = {"rt_abi.h", "rt_cuda_abi.h", "xtc_cuda_emu.h", "kernels.cu", "emu_main.c",
+                                        "host.c",   "cc.log"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
+static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
+{
+    CuUnit *u = unit;
+    double t0 = now_s();
+    char *ptx = NULL, *meta = NULL, *host = NULL, *emu_main = NULL;
+    int rc = -1;
+    char dirbuf[4096] = "", nvrtc_version[32] = "", compiler[64];
+    if (opt->emit_cuda && write_file(NULL, opt->emit_cuda, u->source, err, n) < 0)
+        return -1;
+    if (!u->emu) {
+        if (cg_nvrtc_compile(u->source, "model.cu", u->arch, &ptx, err, n) < 0)
+            return -1;
+        cg_nvrtc_available(nvrtc_version, sizeof nvrtc_version, NULL, 0);
+        snprintf(compiler, sizeof compiler, "xtc-cuda-nvrtc-%s", nvrtc_version);
+    } else {
+        snprintf(compiler, sizeof compiler, "xtc-cuda-emu");
+    }
+    double t1 = now_s();
+    char nk[16];
+    snprintf(nk, sizeof nk, "%d", u->nkernels);
+    const char *options[] = {
+        "compiler", compiler,
+        "target", u->emu ? "cuda-emu" : "cuda",
+        "arch", u->arch,
+        "cuda_kernels", nk,
+        "source", opt->source_name,
+    };
+    meta = cg_plan_meta(u->plan, options, (int)(sizeof options / sizeof options[0] / 2));
+    host = meta ? cg_cuda_host_source(u, meta, ptx, opt->source) : NULL;
+    emu_main = u->emu ? cg_cuda_emu_main(u) : NULL;
+    if (!meta || !host || (u->emu && !emu_main)) {
+        snprintf(err, n, "out of memory");
+        goto done;
+    }
+    const char *tmpdir = getenv("TMPDIR");
+    snprintf(dirbuf, sizeof dirbuf, "%s/xtc-cuda-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
+    if (!mkdtemp(dirbuf)) {
+        snprintf(err, n, "cannot create a temporary directory in %s: %s", tmpdir && tmpdir[0] ? tmpdir : "/tmp",
+                 strerror(errno));
+        dirbuf[0] = 0;
+        goto done;
+    }
+    if (write_file(dirbuf, "rt_abi.h", cg_embed_rt_abi_h, err, n) < 0 ||
+        write_file(dirbuf, "rt_cuda_abi.h", cg_embed_rt_cuda_abi_h, err, n) < 0 ||
+        write_file(dirbuf, "host.c", host, err, n) < 0)
+        goto done;
+    if (u->emu && (write_file(dirbuf, "xtc_cuda_emu.h", cg_embed_emu_h, err, n) < 0 ||
+                   write_file(dirbuf, "kernels.cu", u->source, err, n) < 0 ||
+                   write_file(dirbuf, "emu_main.c", emu_main, err, n) < 0))
+        goto done;
+    char hostc[4200], emuc[4200], log[4200], tmpso[4200];
+    snprintf(hostc, sizeof hostc, "%s/host.c", dirbuf);
+    snprintf(emuc, sizeof emuc, "%s/emu_main.c", dirbuf);
+    snprintf(log, sizeof log, "%s/cc.log", dirbuf);
+    snprintf(tmpso, sizeof tmpso, "%s.tmp%ld", opt->output, (long)getpid());
+    /* the emulated kernels are the tests' workload: optimised, with wrapping integer overflow as on
+     * the GPU; warnings are the generator's business, checked by NVRTC's stricter compile */
+    char *argv[] = {"cc", "-std=gnu11", u->emu ? "-O2" : "-O1", "-fPIC", "-shared", "-fwrapv", "-fno-strict-aliasing",
+                    "-w", "-I", dirbuf, "-o", tmpso, hostc, u->emu ? emuc : NULL, u->emu ? "-lm" : NULL, NULL};
+    if (run_program(argv, log) < 0) {
+        char text[1500];
+        read_log(log, text, sizeof text);
+        snprintf(err, n, "compiling the %s module with cc failed%s: %s", u->emu ? "cuda-emu" : "cuda",
+                 getenv("XTC_KEEP_TMP") ? "" : " (set XTC_KEEP_TMP=1 to keep the sources)",
+                 text[0] ? text : "cannot run cc");
+        unlink(tmpso);
+        goto done;
+    }
+    if (rename(tmpso, opt->output) < 0) {
+        snprintf(err, n, "cannot write %s: %s", opt->output, strerror(errno));
+        unlink(tmpso);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (dirbuf[0]) {
+        if (getenv("XTC_KEEP_TMP"))
+            fprintf(stderr, "xtc: CUDA sources kept in %s\n", dirbuf);
+        else
+            remove_dir(dirbuf);
+    }
+    double t2 = now_s();
+    if (stats) {
+        stats->optimize_s = t1 - t0; /* NVRTC */
+        stats->link_s = t2 - t1;     /* cc */
+        struct stat sb;
+        stats->module_bytes = rc == 0 && stat(opt->output, &sb) == 0 ? (int64_t)sb.st_size : 0;
+    }
+    free(ptx);
+    free(meta);
+    free(host);
+    free(emu_main);
+    return rc;
+}
+
+const CgBackend cg_cuda_backend = {
+    .name = "cuda",
+    .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
+    .caps = CG_CAP_SYMBOLIC,
+    .supports = cuda_supports,
+    .render = cuda_render,
+    .compile = compile,
+    .release = cuda_release,
+};
+
+const CgBackend cg_cuda_emu_backend = {
+    .name = "cuda-emu",
+    .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN,
+    .supports = cuda_supports,
+    .render = emu_render,
+    .compile = compile,
+    .release = cuda_release,
+};

@@ -1,0 +1,156 @@
+/* cg_cuda.h: internals of the CUDA backend, shared by its files. The split follows tinygrad's
+ * renderer / compiler / program:
+ *
+ *   renderer  cg_cuda_gen.c      writing CUDA C: prelude, kernel signatures, dims, literals
+ *             cg_cuda_ops.c      the per-op table and the kernels of every op but those below
+ *             cg_cuda_reduce.c   sum, max, softmax, cross-entropy: warp shuffles, shared memory
+ *             cg_cuda_matmul.c   matrix multiplication tiled in shared memory
+ *             cg_cuda_sort.c     entmax15, kth_largest: ops defined by a sort of each row
+ *             cg_cuda_attention.c  the fused attention ops, forward and backward
+ *             cg_cuda_fused.c    the fused op: elementwise chains with last-axis reductions
+ *             cg_cuda_host.c     the host half of a module: schedule, launch geometry, objects
+ *   compiler  cg_cuda_nvrtc.c    CUDA C -> PTX with NVRTC (dlopen'ed), NVRTC's log in errors
+ *             cg_cuda.c          the backends "cuda" and "cuda-emu": render, compile, link (cc)
+ *   program   runtime/rt_cuda*.c loading and launching (the Driver API or its emulation)
+ *
+ * Every kernel is one __global__ function per plan signature (steps of the twelve layers of a
+ * model share it), taking (out, in0.., the symbol values as i64, status). The generated code is
+ * the C-compatible subset of CUDA C, so the same text also compiles as C for the emulator
+ * (codegen/xtc_cuda_emu.h). */
+#ifndef XTC_CG_CUDA_H
+#define XTC_CG_CUDA_H
+
+#include "cg_plan.h"
+
+#include <stdio.h>
+
+#define CU_DEFAULT_ARCH "sm_80"
+#define CU_EXPR 512 /* room for one expression over the symbols */
+
+typedef struct {
+    const CgPlan *plan;
+    const IrGraph *g;
+    char sym[IR_MAXSYM][40]; /* the C identifier of each symbol (its name unless that clashes) */
+    char err[1024];
+} CuGen;
+
+/* How the host launches a kernel: expressions over the symbols (their C identifiers). */
+typedef struct {
+    char grid_x[6 * CU_EXPR]; /* blocks along x, before capping at the CUDA limit; "0" launches nothing */
+    char grid_y[6 * CU_EXPR]; /* blocks along y (capped at 65535); "" = 1 */
+    unsigned block;           /* threads per block (x) */
+    char zero[6 * CU_EXPR];   /* bytes of the output to clear before the launch; "" = none */
+} CuGeom;
+
+/* A kernel being written. */
+typedef struct {
+    CuGen *gen;
+    const CgKernel *k;
+    const IrNode *node;
+    FILE *f;  /* its text */
+    CuGeom geom;
+    int sync; /* uses __syncthreads or warp operations (the emulator gives its threads stacks) */
+} CuKernel;
+
+/* A row of the per-op table. */
+typedef struct {
+    /* Writes the kernel and its geometry; 0 or -1 with gen->err set. NULL: the op never becomes
+     * a kernel (leaves bound by the runtime; reshape, which aliases its operand's buffer). */
+    int (*emit)(CuKernel *k);
+    /* Elementwise ops: the value from the operands $0 $1 $2 (loaded into locals), for f32 and
+     * for integer or bool operands ($t: i32 or i64); NULL where the op has no such form. */
+    const char *f32, *ints;
+} CuLower;
+
+/* One rendered module: the CUDA C of its kernels and how to launch each. */
+typedef struct {
+    CuGen gen;
+    const CgPlan *plan;
+    int emu;             /* cuda-emu: the kernels are compiled for the host */
+    char arch[16];       /* "sm_80" */
+    int nkernels;
+    char *source;        /* the CUDA C of every kernel, prelude included */
+    char **kernel_text;  /* [nkernels]: each kernel's own text */
+    char **emu_call;     /* [nkernels]: the emulator's call of the kernel from cuLaunchKernel args */
+    CuGeom *geom;        /* [nkernels] */
+    int *sync;           /* [nkernels] */
+} CuUnit;
+
+/* cg_cuda_ops.c: the lowering of op, or NULL when the table has no entry for it. */
+const CuLower *cg_cuda_lowering(IrOp op);
+/* An elementwise node's value as a template over $0 $1 $2 ($t: the integer type), NULL for
+ * other ops; cg_cuda_expand writes it with args for the operands. */
+const char *cg_cuda_scalar(const IrNode *x);
+void cg_cuda_expand(const char *tmpl, IrDType t, const char *const *args, char *buf, size_t n);
+int cg_cuda_elementwise(CuKernel *k);
+int cg_cuda_matmul(CuKernel *k);
+/* The tiled matmul of node x (its operands in<ia>, in<ib> of the kernel); epilogue (NULL: store
+ * the product) writes, at the given indent, what to do with mm = C[batch, row, col]: it sees the
+ * batch indices ix0.., row, col, C (the output's matrix) and N. 0, or -1 with gen->err set. */
+typedef int (*CuEpilogue)(void *ctx, CuKernel *k, const char *indent);
+int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx);
+int cg_cuda_reduce(CuKernel *k);
+int cg_cuda_softmax(CuKernel *k);
+int cg_cuda_xent(CuKernel *k);
+int cg_cuda_entmax15(CuKernel *k);     /* cg_cuda_sort.c */
+int cg_cuda_kth_largest(CuKernel *k);
+int cg_cuda_attention(CuKernel *k);    /* cg_cuda_attention.c */
+int cg_cuda_attention_grad(CuKernel *k);
+int cg_cuda_fused(CuKernel *k);        /* cg_cuda_fused.c */
+
+/* ---- cg_cuda_gen.c ---- */
+
+int cu_error(CuGen *gen, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cu_gen_init(CuGen *gen, const CgPlan *plan);
+/* The text that opens every generated source: types, macros and device helpers. */
+void cu_prelude(FILE *f, const IrGraph *g, int nkernels);
+/* Storage type of a dtype (float, int, i64, u8) and the type values are computed in (float,
+ * int, i64, int). */
+const char *cu_mem_type(IrDType t);
+const char *cu_val_type(IrDType t);
+/* dims as C expressions over the symbols: "n + 3", "2 * b"; products of dims [from, to) with the
+ * constants folded: "b * n * 64", "1". */
+char *cu_dim(const CuGen *gen, IrDim d, char *buf, size_t n);
+char *cu_dims_prod(const CuGen *gen, const IrDim *dims, int from, int to, char *buf, size_t n);
+/* ceil(a / b) as an expression */
+char *cu_ceil_div(const char *a, long long b, char *buf, size_t n);
+/* A float literal that reads back to the same float: "0.5f", "1e-05f", "-XTC_INF". */
+char *cu_float(double v, char *buf, size_t n);
+/* The comment and signature of k's kernel, up to and including the opening brace. */
+void cu_kernel_begin(CuKernel *k);
+void cu_kernel_end(CuKernel *k);
+/* Geometry helpers: one thread per item in grid-stride loops / one block per row. */
+void cu_geom_items(CuKernel *k, const char *items, unsigned block);
+void cu_geom_rows(CuKernel *k, const char *rows, unsigned block);
+
+/* ---- cg_cuda_host.c ---- */
+
+/* The host C of a module: the schedule with every kernel's launch, the metadata, the sources
+ * and the module objects of rt_abi.h and rt_cuda_abi.h. ptx: the PTX (NULL in an emulated
+ * module, which links the emulator's table instead); xtf: the model source to embed. */
+char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, const char *xtf);
+/* The emulated module's entry points: includes the emulator and kernels.cu, and lists every
+ * kernel with a function that calls it from cuLaunchKernel-style arguments. */
+char *cg_cuda_emu_main(const CuUnit *u);
+
+/* ---- cg_cuda.c ---- */
+
+/* Renders the CUDA C and the host code of plan (no compiler involved). */
+int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUnit *u, char *err, size_t n);
+void cg_cuda_unit_free(CuUnit *u);
+
+/* ---- cg_cuda_nvrtc.c ---- */
+
+/* Whether NVRTC can be loaded; else why not (the paths tried). version: "13.0". */
+int cg_nvrtc_available(char *version, size_t nversion, char *why, size_t nwhy);
+/* "sm_80", "compute_80" or "80" -> 80; -1 with a message when it is none of these. */
+int cg_cuda_arch_number(const char *arch, char *err, size_t n);
+/* Compiles CUDA C to PTX for the architecture ("sm_80"); *ptx malloc'ed. -1 with NVRTC's log
+ * (or why NVRTC could not be loaded) in err. */
+int cg_nvrtc_compile(const char *source, const char *name, const char *arch, char **ptx, char *err, size_t n);
+
+/* The texts of codegen/xtc_cuda_emu.h, runtime/rt_abi.h and runtime/rt_cuda_abi.h, embedded at
+ * build time (CMake writes cg_cuda_embed.c): the compiled code includes them. */
+extern const char cg_embed_emu_h[], cg_embed_rt_abi_h[], cg_embed_rt_cuda_abi_h[];
+
+#endif

@@ -1,0 +1,299 @@
+/* cg_cuda_attention.c: the fused attention ops (passes/ makes them; ir/interp_fused.c defines
+ * them) as CUDA kernels that never store the [I, J] score matrix.
+ *
+ * attention(q[.., I, D], k[.., J, D], v[.., J, E], bias, mask, scale) -> [.., I, E (+1)]
+ *   A block of ATT_BLOCK threads per query row. Keys go by in chunks of ATT_BLOCK, one per
+ *   thread: the thread computes its score (q_i . k_j * scale + bias, -FLT_MAX where masked), the
+ *   block takes the chunk's maximum and the online-softmax rescaling (running max mx, running
+ *   sum l), and every thread then adds the chunk's p_j v_j into the output columns it owns. With
+ *   stats the last column is the row's logsumexp mx + log l.
+ * attention_grad(q, k, v, o, dout, bias, mask, scale) -> [.., I + 2J, D]: dq, dk, dv stacked
+ *   A block per query row (its dq row) or per key row (its dk and dv rows), so that every output
+ *   row has one writer: no atomics, the same result on every run. Probabilities come back from
+ *   the forward output's logsumexp (o's last column), p_ij = exp(s_ij - lse_i) (1 / J in a row
+ *   whose every score was masked, where the logsumexp rounds to -FLT_MAX), and the softmax
+ *   term from D_i = dout_i . o_i (flash attention's identity sum_j p_ij dp_ij = dout_i . o_i):
+ *     ds_ij = p_ij (dout_i . v_j - D_i + dlse_i) * scale, 0 where masked
+ *     dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
+ *
+ * The head sizes D and E must be constants (they size shared memory). A bias that is the
+ * constant 0, a mask that is the constant true and a constant scale are folded into the code. */
+#include "cg_cuda.h"
+
+#include <string.h>
+
+#define ATT_BLOCK 128
+#define MAX_HEAD 1024
+
+static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
+static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
+
+/* How a scores-shaped operand x (bias, mask, scale) is read at batch indices ix0.. and (i, j):
+ * its offset expression, "" when x is a constant the code folds. */
+static void operand_at(CuKernel *k, const IrNode *x, int r, const char *base, char *buf, size_t n)
+{
+    size_t len = (size_t)snprintf(buf, n, "%s[", base);
+    int terms = 0;
+    for (int d = 0; d < r && len < n; d++) {
+        int kd = d - (r - x->rank);
+        if (kd < 0 || ir_dim_is_one(x->shape[kd]))
+            continue;
+        char stride[CU_EXPR];
+        cu_dims_prod(k->gen, x->shape, kd + 1, x->rank, stride, sizeof stride);
+        char index[16];
+        if (d == r - 2)
+            snprintf(index, sizeof index, "i");
+        else if (d == r - 1)
+            snprintf(index, sizeof index, "j");
+        else
+            snprintf(index, sizeof index, "ix%d", d);
+        if (strcmp(stride, "1") == 0)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", terms++ ? " + " : "", index);
+        else
+            len += (size_t)snprintf(buf + len, n - len, "%s%s * %s%s%s", terms++ ? " + " : "", index, po(stride),
+                                    stride, pc(stride));
+    }
+    if (len < n)
+        snprintf(buf + len, n - len, "%s]", terms ? "" : "0");
+}
+
+typedef struct {
+    int r;
+    long long D, E;
+    char I[CU_EXPR], J[CU_EXPR], batches[CU_EXPR];
+    char bias[1100], keep[2200], scale[1024];
+} Att;
+
+static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,
+                     const IrNode *mask, const IrNode *scale, const char *bias_in, const char *mask_in,
+                     const char *scale_in, int causal)
+{
+    CuGen *gen = k->gen;
+    int r = a->r = q->rank;
+    if (!ir_dim_is_const(q->shape[r - 1]) || !ir_dim_is_const(v->shape[r - 1]) || q->shape[r - 1].c > MAX_HEAD ||
+        v->shape[r - 1].c > MAX_HEAD)
+        return cu_error(gen, "the cuda backend needs constant head sizes up to %d for attention (node %%%s)", MAX_HEAD,
+                        k->node->label ? k->node->label : "?");
+    a->D = (long long)q->shape[r - 1].c;
+    a->E = (long long)v->shape[r - 1].c;
+    cu_dim(gen, q->shape[r - 2], a->I, sizeof a->I);
+    cu_dim(gen, kk->shape[r - 2], a->J, sizeof a->J);
+    cu_dims_prod(gen, q->shape, 0, r - 2, a->batches, sizeof a->batches);
+    char at[1024];
+    if (bias->op == IR_CONST && bias->f == 0) {
+        a->bias[0] = 0;
+    } else {
+        operand_at(k, bias, r, bias_in, at, sizeof at);
+        snprintf(a->bias, sizeof a->bias, " + %s", at);
+    }
+    size_t len = 0;
+    a->keep[0] = 0;
+    if (!(mask->op == IR_CONST && mask->f != 0)) {
+        operand_at(k, mask, r, mask_in, at, sizeof at);
+        len += (size_t)snprintf(a->keep, sizeof a->keep, "%s", at);
+    }
+    if (causal && len < sizeof a->keep)
+        snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
+    if (!a->keep[0])
+        snprintf(a->keep, sizeof a->keep, "1");
+    if (scale->op == IR_CONST)
+        cu_float(scale->f, a->scale, sizeof a->scale);
+    else
+        operand_at(k, scale, r, scale_in, a->scale, sizeof a->scale);
+    return 0;
+}
+
+/* the batch index split into the batch dims ix0, ix1, ... (bias, mask and scale broadcast) */
+static void batch_indices(CuKernel *k, const IrNode *q, const char *indent)
+{
+    FILE *f = k->f;
+    int r = q->rank;
+    if (r == 3) {
+        fprintf(f, "%sconst i64 ix0 = batch;\n", indent);
+    } else if (r > 3) {
+        fprintf(f, "%si64 rest = batch;\n", indent);
+        for (int d = r - 3; d >= 1; d--) {
+            char size[CU_EXPR];
+            cu_dim(k->gen, q->shape[d], size, sizeof size);
+            fprintf(f, "%sconst i64 ix%d = rest %% %s%s%s;\n%srest /= %s%s%s;\n", indent, d, po(size), size, pc(size),
+                    indent, po(size), size, pc(size));
+        }
+        fprintf(f, "%sconst i64 ix0 = rest;\n", indent);
+    }
+    for (int d = 0; d < r - 2; d++)
+        fprintf(f, "%s(void)ix%d;\n", indent, d);
+}
+
+int cg_cuda_attention(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2];
+    Att a;
+    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0) < 0)
+        return -1;
+    int stats = x->ia[1] != 0;
+    long long ocols = a.E + stats, accs = (a.E + ATT_BLOCK - 1) / ATT_BLOCK;
+    FILE *f = k->f;
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    __shared__ float qi[%lld]; /* the query row */\n", a.D > 0 ? a.D : 1);
+    fprintf(f, "    __shared__ float probs[%d]; /* a chunk of probabilities (before the division by l) */\n", ATT_BLOCK);
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a.I, a.J, a.batches);
+    fprintf(f, "    const int D = %lld, E = %lld;\n", a.D, a.E);
+    fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
+    fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
+    batch_indices(k, q, "        ");
+    fprintf(f, "        const float *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
+    fprintf(f, "        const float scale = %s;\n", a.scale);
+    fprintf(f, "        float *o = out + row * %lld;\n", ocols);
+    fprintf(f, "        for (int d = threadIdx.x; d < D; d += blockDim.x)\n");
+    fprintf(f, "            qi[d] = in0[row * D + d];\n");
+    fprintf(f, "        __syncthreads();\n");
+    fprintf(f, "        float mx = -XTC_INF, lsum = 0.0f, acc[%lld];\n", accs > 0 ? accs : 1);
+    fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = 0.0f;\n", accs);
+    fprintf(f, "        for (i64 j0 = 0; j0 < J; j0 += %d) {\n", ATT_BLOCK);
+    fprintf(f, "            const i64 j = j0 + threadIdx.x;\n");
+    fprintf(f, "            float score = -XTC_INF;\n");
+    fprintf(f, "            if (j < J) {\n");
+    fprintf(f, "                float dot = 0.0f;\n");
+    fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * kb[j * D + d];\n");
+    fprintf(f, "                score = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a.keep,
+            a.bias);
+    fprintf(f, "            }\n");
+    fprintf(f, "            /* online softmax: rescale what was summed so far to the new maximum */\n");
+    fprintf(f, "            const float m_new = xtc_fmax(mx, xtc_block_max(score));\n");
+    fprintf(f, "            const float alpha = expf(mx - m_new), pj = j < J ? expf(score - m_new) : 0.0f;\n");
+    fprintf(f, "            probs[threadIdx.x] = pj; /* the block_max above separates this from the last chunk's reads */\n");
+    fprintf(f, "            lsum = lsum * alpha + xtc_block_sum(pj); /* which also makes p[] visible */\n");
+    fprintf(f, "            mx = m_new;\n");
+    fprintf(f, "            const int nj = J - j0 < %d ? (int)(J - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accs);
+    fprintf(f, "                const int e = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "                if (e < E) {\n");
+    fprintf(f, "                    float sum = acc[ci] * alpha;\n");
+    fprintf(f, "                    for (int jj = 0; jj < nj; jj++)\n");
+    fprintf(f, "                        sum += probs[jj] * vb[(j0 + jj) * E + e];\n");
+    fprintf(f, "                    acc[ci] = sum;\n                }\n            }\n        }\n");
+    fprintf(f, "        for (int ci = 0; ci < %lld; ci++) {\n", accs);
+    fprintf(f, "            const int e = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "            if (e < E)\n                o[e] = J > 0 ? acc[ci] / lsum : 0.0f;\n        }\n");
+    if (stats)
+        fprintf(f, "        if (threadIdx.x == 0)\n            o[E] = J > 0 ? mx + logf(lsum) : -XTC_INF; /* the logsumexp */\n");
+    fprintf(f, "        __syncthreads(); /* before the next row replaces qi */\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char rows[3 * CU_EXPR];
+    snprintf(rows, sizeof rows, "%s%s%s * %s%s%s", po(a.batches), a.batches, pc(a.batches), po(a.I), a.I, pc(a.I));
+    cu_geom_rows(k, rows, ATT_BLOCK);
+    return 0;
+}
+
+int cg_cuda_attention_grad(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
+    Att a;
+    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[0] != 0) < 0)
+        return -1;
+    int r = a.r;
+    char gcols[CU_EXPR];
+    cu_dim(k->gen, dout->shape[r - 1], gcols, sizeof gcols);
+    long long accd = (a.D + ATT_BLOCK - 1) / ATT_BLOCK;
+    FILE *f = k->f;
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    __shared__ float row_a[%lld], row_b[%lld]; /* q_i and dout_i, or k_j and v_j */\n",
+            a.D > 0 ? a.D : 1, a.E > 0 ? a.E : 1);
+    fprintf(f, "    __shared__ float w1[%d], w2[%d];          /* a chunk of ds, and of p */\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a.I, a.J, a.batches);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld, GC = %s; /* o has E + 1 columns, dout E or E + 1 */\n", a.D,
+            a.E, a.E + 1, gcols);
+    fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (I + J); blk += gridDim.x) {\n");
+    fprintf(f, "        const i64 batch = blk / (I + J), r = blk %% (I + J);\n");
+    batch_indices(k, q, "        ");
+    fprintf(f, "        const float *qb = in0 + batch * I * D, *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
+    fprintf(f, "        const float *ob = in3 + batch * I * OC, *gb = in4 + batch * I * GC;\n");
+    fprintf(f, "        float *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n");
+    fprintf(f, "        const float scale = %s;\n", a.scale);
+    fprintf(f, "        float acc[%lld], acc2[%lld];\n", accd > 0 ? accd : 1, accd > 0 ? accd : 1);
+    fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = acc2[ci] = 0.0f;\n", accd);
+    /* dq rows */
+    fprintf(f, "        if (r < I) { /* dq_i = sum_j ds_ij k_j */\n");
+    fprintf(f, "            const i64 i = r;\n");
+    fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
+    fprintf(f, "                row_a[d] = qb[i * D + d];\n                row_b[d] = gb[i * GC + d];\n            }\n");
+    fprintf(f, "            float dsum = 0.0f; /* D_i = dout_i . o_i */\n");
+    fprintf(f, "            for (int e = threadIdx.x; e < E; e += blockDim.x)\n");
+    fprintf(f, "                dsum += gb[i * GC + e] * ob[i * OC + e];\n");
+    fprintf(f, "            dsum = xtc_block_sum(dsum); /* also makes row_a, row_b visible */\n");
+    fprintf(f, "            const float lse = ob[i * OC + E], dlse = GC > E ? gb[i * GC + E] : 0.0f;\n");
+    fprintf(f, "            for (i64 j0 = 0; j0 < J; j0 += %d) {\n", ATT_BLOCK);
+    fprintf(f, "                const i64 j = j0 + threadIdx.x;\n");
+    fprintf(f, "                float ds = 0.0f;\n");
+    fprintf(f, "                if (j < J) {\n");
+    fprintf(f, "                    float dot = 0.0f, dp = 0.0f;\n");
+    fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
+    fprintf(f, "                        dot += row_a[d] * kb[j * D + d];\n");
+    fprintf(f, "                        dp += row_b[d] * vb[j * E + d];\n                    }\n");
+    fprintf(f, "                    const int keep = %s;\n", a.keep);
+    fprintf(f, "                    const float pij = xtc_prob(keep ? dot * scale%s : -3.40282347e+38f, lse, J);\n", a.bias);
+    fprintf(f, "                    ds = keep ? pij * (dp - dsum + dlse) * scale : 0.0f;\n");
+    fprintf(f, "                }\n");
+    fprintf(f, "                w1[threadIdx.x] = ds;\n");
+    fprintf(f, "                __syncthreads();\n");
+    fprintf(f, "                const int nj = J - j0 < %d ? (int)(J - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "                for (int ci = 0; ci < %lld; ci++) {\n", accd);
+    fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "                    if (d < D)\n");
+    fprintf(f, "                        for (int jj = 0; jj < nj; jj++)\n");
+    fprintf(f, "                            acc[ci] += w1[jj] * kb[(j0 + jj) * D + d];\n                }\n");
+    fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1 */\n");
+    fprintf(f, "            }\n");
+    fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
+    fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "                if (d < D)\n                    dq[i * D + d] = acc[ci];\n            }\n");
+    /* dk, dv rows */
+    fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
+    fprintf(f, "            const i64 j = r - I;\n");
+    fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
+    fprintf(f, "                row_a[d] = kb[j * D + d];\n                row_b[d] = vb[j * E + d];\n            }\n");
+    fprintf(f, "            __syncthreads();\n");
+    fprintf(f, "            for (i64 i0 = 0; i0 < I; i0 += %d) {\n", ATT_BLOCK);
+    fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");
+    fprintf(f, "                float ds = 0.0f, pij = 0.0f;\n");
+    fprintf(f, "                if (i < I) {\n");
+    fprintf(f, "                    float dot = 0.0f, dp = 0.0f, dsum = 0.0f;\n");
+    fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
+    fprintf(f, "                        dot += qb[i * D + d] * row_a[d];\n");
+    fprintf(f, "                        dp += gb[i * GC + d] * row_b[d];\n");
+    fprintf(f, "                        dsum += gb[i * GC + d] * ob[i * OC + d];\n                    }\n");
+    fprintf(f, "                    const int keep = %s;\n", a.keep);
+    fprintf(f, "                    const float lse = ob[i * OC + E], dlse = GC > E ? gb[i * GC + E] : 0.0f;\n");
+    fprintf(f, "                    pij = xtc_prob(keep ? dot * scale%s : -3.40282347e+38f, lse, J);\n", a.bias);
+    fprintf(f, "                    ds = keep ? pij * (dp - dsum + dlse) * scale : 0.0f;\n");
+    fprintf(f, "                }\n");
+    fprintf(f, "                w1[threadIdx.x] = ds;\n                w2[threadIdx.x] = pij;\n");
+    fprintf(f, "                __syncthreads();\n");
+    fprintf(f, "                const int ni = I - i0 < %d ? (int)(I - i0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "                for (int ci = 0; ci < %lld; ci++) {\n", accd);
+    fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "                    if (d < D)\n");
+    fprintf(f, "                        for (int ii = 0; ii < ni; ii++) {\n");
+    fprintf(f, "                            acc[ci] += w1[ii] * qb[(i0 + ii) * D + d];\n");
+    fprintf(f, "                            acc2[ci] += w2[ii] * gb[(i0 + ii) * GC + d];\n                        }\n");
+    fprintf(f, "                }\n");
+    fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1, w2 */\n");
+    fprintf(f, "            }\n");
+    fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
+    fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
+    fprintf(f, "                if (d < D) {\n                    dk[j * D + d] = acc[ci];\n");
+    fprintf(f, "                    dv[j * D + d] = acc2[ci];\n                }\n            }\n");
+    fprintf(f, "        }\n");
+    fprintf(f, "        __syncthreads(); /* before the next block of rows replaces row_a, row_b */\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char rows[4 * CU_EXPR];
+    snprintf(rows, sizeof rows, "%s%s%s * (%s + %s)", po(a.batches), a.batches, pc(a.batches), a.I, a.J);
+    cu_geom_rows(k, rows, ATT_BLOCK);
+    return 0;
+}

@@ -1,0 +1,392 @@
+/* cg_cuda_fused.c: the CUDA kernel of the `fused` op (ops.def): a program of elementwise ops,
+ * last-axis reductions, softmaxes, slices, concats and permutes over the operands
+ * (ir/fused_expr.h), one kernel and one pass over memory per reduction instead of a kernel and an
+ * intermediate tensor per op.
+ *
+ * As the CPU kernel (cg_llvm_fused.c) does, the program is built as a small graph
+ * (ir_fused_graph_of) whose nodes become C expressions through the templates of the elementwise
+ * kernels (cg_cuda_ops.c), so every op means here what it means in its own kernel. A row is one
+ * index of the node's leading dims; every program value is a function of the row and of a column
+ * of its own last axis, which is where the ops differ:
+ *   elementwise, bcast  an operand of last dim 1 is read at column 0, others at the same column
+ *   slice               the argument at column + start
+ *   concat              the first part below its length, the second above (both read at clamped
+ *                       columns, then selected)
+ *   permute             of an operand, keeping its last axis: read with the permuted strides
+ *   sum, reduce_max     a per-row value (red<id>), computed before the row's value
+ *   softmax             exp(x - max) * (1 / sum), its max and 1 / sum per-row values
+ * Values are recomputed in every loop that needs them rather than stored.
+ *
+ *   without reductions: a thread per output element, in a grid-stride loop;
+ *   with reductions:    a block per row; for each reduction in program order a loop over its
+ *                       argument's columns (softmax: two) and a block reduction whose result
+ *                       every thread keeps; then a loop writing the row.
+ * A program with a matmul step (bias and activation, a residual add after a matmul) is the tiled
+ * matmul kernel (cg_cuda_matmul.c) with the rest of the program as its epilogue, run on each
+ * product. */
+#include "cg_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "fused_expr.h"
+
+#define BLOCK 256
+#define ROW_BLOCK 128
+#define COL 600 /* room for a column expression */
+
+typedef struct {
+    CuKernel *k;
+    FILE *f;
+    IrGraph *pg;         /* the program's graph */
+    IrFusedProgram prog;
+    IrNode *steps[IR_FUSED_MAXSTEPS];
+    int has_reduce;
+    const IrNode *mm;    /* the matmul step: the program is its epilogue */
+    char *declared;      /* per program node: v<id> (its value at the loop's column) exists */
+    const char *col;     /* the loop's own column variable */
+    const char *indent;
+    int temps;           /* values at other columns: t<n> */
+} Fz;
+
+static int is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR_SOFTMAX; }
+
+static int operand_of(const IrNode *x) { return x->s && x->s[0] == 'x' ? atoi(x->s + 1) : 0; }
+
+static const char *label(const IrNode *n) { return n->label ? n->label : "?"; }
+
+static int last_is_one(const IrNode *x) { return x->rank == 0 || ir_dim_is_one(x->shape[x->rank - 1]); }
+
+/* Builds the program's graph and checks what this kernel handles (what the CPU's does). */
+static int fz_init(Fz *z, CuKernel *k)
+{
+    memset(z, 0, sizeof *z);
+    z->k = k;
+    z->f = k->f;
+    const IrNode *n = k->node;
+    char err[300];
+    z->pg = ir_fused_graph_of(n, &z->prog, z->steps, err, sizeof err);
+    if (!z->pg)
+        return cu_error(k->gen, "fused %%%s: %s", label(n), err);
+    if (n->rank < 1)
+        return cu_error(k->gen, "fused %%%s: the CUDA kernel needs rank >= 1", label(n));
+    int remap = 0;
+    for (int i = 0; i < z->pg->nnodes; i++) {
+        const IrNode *x = z->pg->nodes[i];
+        if (x->rank > n->rank && x->op != IR_INPUT)
+            return cu_error(k->gen, "fused %%%s: a value of rank %d in a rank-%d kernel", label(n), x->rank, n->rank);
+        z->has_reduce |= is_reduce(x->op);
+        remap |= x->op == IR_SLICE || x->op == IR_CONCAT;
+        if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
+            return cu_error(k->gen, "fused %%%s: a permute must keep the last axis of an operand", label(n));
+        if (x->op != IR_MATMUL)
+            continue;
+        if (z->mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != n->rank)
+            return cu_error(k->gen, "fused %%%s: one matmul of operands, of the node's rank", label(n));
+        for (int d = 0; d < n->rank; d++)
+            if (!ir_dim_eq(x->shape[d], n->shape[d]))
+                return cu_error(k->gen, "fused %%%s: the matmul has the node's shape", label(n));
+        z->mm = x;
+    }
+    if (z->mm && (z->has_reduce || remap))
+        return cu_error(k->gen, "fused %%%s: a matmul epilogue has no reduction, slice or concat", label(n));
+    z->declared = calloc((size_t)z->pg->nnodes + 1, 1);
+    if (!z->declared)
+        return cu_error(k->gen, "out of memory");
+    return 0;
+}
+
+static void fz_free(Fz *z)
+{
+    ir_graph_free(z->pg);
+    free(z->declared);
+}
+
+/* "+ i * (n * 32)" terms of an offset: dim d of the node's leading dims has index ri<d> */
+static void add_term(char *buf, size_t n, size_t *len, int d, const char *stride)
+{
+    if (*len >= n)
+        return;
+    int p = strchr(stride, ' ') != NULL;
+    if (strcmp(stride, "1") == 0)
+        *len += (size_t)snprintf(buf + *len, n - *len, "%sri%d", *len ? " + " : "", d);
+    else
+        *len += (size_t)snprintf(buf + *len, n - *len, "%sri%d * %s%s%s", *len ? " + " : "", d, p ? "(" : "", stride,
+                                 p ? ")" : "");
+}
+
+/* The row's offset in each operand (base<k>) and in each permuted operand (pbase<id>), from the
+ * row index, an expression. */
+static void row_bases(Fz *z, const char *row, const char *indent)
+{
+    CuKernel *k = z->k;
+    const IrNode *n = k->node;
+    FILE *f = z->f;
+    int r = n->rank;
+    char expr[2048];
+    if (r > 2) {
+        fprintf(f, "%si64 rest = %s;\n", indent, row);
+        for (int d = r - 2; d >= 1; d--) {
+            char size[CU_EXPR];
+            cu_dim(k->gen, n->shape[d], size, sizeof size);
+            int p = strchr(size, ' ') != NULL;
+            fprintf(f, "%sconst i64 ri%d = rest %% %s%s%s;\n%srest /= %s%s%s;\n", indent, d, p ? "(" : "", size,
+                    p ? ")" : "", indent, p ? "(" : "", size, p ? ")" : "");
+        }
+        fprintf(f, "%sconst i64 ri0 = rest;\n", indent);
+    } else if (r == 2) {
+        fprintf(f, "%sconst i64 ri0 = %s;\n", indent, row);
+    }
+    for (int d = 0; d < r - 1; d++)
+        fprintf(f, "%s(void)ri%d;\n", indent, d);
+    for (int op = 0; op < n->nin; op++) {
+        const IrNode *x = n->in[op];
+        size_t len = 0;
+        expr[0] = 0;
+        for (int d = 0; d < r - 1; d++) {
+            int kd = d - (r - x->rank);
+            if (kd < 0 || ir_dim_is_one(x->shape[kd]))
+                continue;
+            char stride[CU_EXPR];
+            cu_dims_prod(k->gen, x->shape, kd + 1, x->rank, stride, sizeof stride);
+            add_term(expr, sizeof expr, &len, d, stride);
+        }
+        fprintf(f, "%sconst i64 base%d = %s;\n", indent, op, len ? expr : "0");
+    }
+    for (int i = 0; i < z->pg->nnodes; i++) {
+        const IrNode *pv = z->pg->nodes[i], *x;
+        if (pv->op != IR_PERMUTE)
+            continue;
+        x = pv->in[0]; /* an operand: the permuted value's dim kd is its dim perm[kd] */
+        size_t len = 0;
+        expr[0] = 0;
+        for (int d = 0; d < r - 1; d++) {
+            int kd = d - (r - pv->rank);
+            if (kd < 0 || ir_dim_is_one(pv->shape[kd]))
+                continue;
+            char stride[CU_EXPR];
+            cu_dims_prod(k->gen, x->shape, pv->perm[kd] + 1, x->rank, stride, sizeof stride);
+            add_term(expr, sizeof expr, &len, d, stride);
+        }
+        fprintf(f, "%sconst i64 pbase%d = %s; /* operand %d, permuted */\n", indent, pv->id, len ? expr : "0",
+                operand_of(x));
+    }
+}
+
+static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n);
+
+/* the column at which x is read: 0 where its last axis has length 1 */
+static const char *col_of(const IrNode *x, const char *col) { return last_is_one(x) ? "0" : col; }
+
+/* The value of program node x at column col of the current row, into buf: a literal, a per-row
+ * value, or the name of a local the function declares (v<id> at the loop's own column, else a
+ * fresh t<n>). */
+static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
+{
+    FILE *f = z->f;
+    const char *in = z->indent;
+    int own = strcmp(col, z->col) == 0;
+    switch (x->op) {
+    case IR_SUM:
+    case IR_RMAX:
+        snprintf(buf, n, "red%d", x->id);
+        return;
+    case IR_MATMUL:
+        snprintf(buf, n, "mm");
+        return;
+    case IR_CONST:
+        switch (x->dtype) {
+        case IR_F32: cu_float(x->f, buf, n); break;
+        case IR_BOOL: snprintf(buf, n, "%d", x->f != 0); break;
+        case IR_I32: snprintf(buf, n, "%lld", (long long)x->f); break;
+        default: snprintf(buf, n, "%lldLL", (long long)x->f); break;
+        }
+        return;
+    case IR_EXPAND:
+        value(z, x->in[0], col_of(x->in[0], col), buf, n);
+        return;
+    case IR_SLICE: {
+        char start[CU_EXPR], c[COL];
+        cu_dim(z->k->gen, x->d, start, sizeof start);
+        snprintf(c, sizeof c, "%s + %s", col, start);
+        value(z, x->in[0], c, buf, n);
+        return;
+    }
+    default: break;
+    }
+    if (own && z->declared[x->id]) {
+        snprintf(buf, n, "v%d", x->id);
+        return;
+    }
+    char name[32], expr[1200];
+    if (own)
+        snprintf(name, sizeof name, "v%d", x->id);
+    else
+        snprintf(name, sizeof name, "t%d", z->temps++);
+    switch (x->op) {
+    case IR_INPUT: {
+        int op = operand_of(x);
+        if (last_is_one(x))
+            snprintf(expr, sizeof expr, "in%d[base%d]", op, op);
+        else
+            snprintf(expr, sizeof expr, "in%d[base%d + %s]", op, op, col);
+        break;
+    }
+    case IR_PERMUTE: {
+        int op = operand_of(x->in[0]);
+        if (last_is_one(x))
+            snprintf(expr, sizeof expr, "in%d[pbase%d]", op, x->id);
+        else
+            snprintf(expr, sizeof expr, "in%d[pbase%d + %s]", op, x->id, col);
+        break;
+    }
+    case IR_CONCAT: {
+        char la[CU_EXPR], ca[COL + CU_EXPR], cb[COL + CU_EXPR], va[64], vb[64];
+        cu_dim(z->k->gen, x->in[0]->shape[x->rank - 1], la, sizeof la);
+        /* both parts at clamped columns, then the one that applies */
+        snprintf(ca, sizeof ca, "(%s < %s ? %s : %s - 1)", col, la, col, la);
+        snprintf(cb, sizeof cb, "(%s < %s ? 0 : %s - (%s))", col, la, col, la);
+        value(z, x->in[0], col_of(x->in[0], ca), va, sizeof va);
+        value(z, x->in[1], col_of(x->in[1], cb), vb, sizeof vb);
+        snprintf(expr, sizeof expr, "%s < %s ? %s : %s", col, la, va, vb);
+        break;
+    }
+    case IR_SOFTMAX: {
+        char a[64];
+        value(z, x->in[0], col, a, sizeof a);
+        snprintf(expr, sizeof expr, "expf(%s - red%d) * inv%d", a, x->id, x->id);
+        break;
+    }
+    default: {
+        char args[3][64];
+        const char *argv[3] = {"0", "0", "0"};
+        for (int i = 0; i < x->nin && i < 3; i++) {
+            value(z, x->in[i], col_of(x->in[i], col), args[i], sizeof args[i]);
+            argv[i] = args[i];
+        }
+        const char *tmpl = cg_cuda_scalar(x);
+        if (!tmpl) {
+            cu_error(z->k->gen, "fused %%%s: no CUDA form of '%s' in a fused program", label(z->k->node),
+                     ir_ops[x->op].name);
+            tmpl = "0";
+        }
+        cg_cuda_expand(tmpl, x->in[x->op == IR_WHERE ? 1 : 0]->dtype, argv, expr, sizeof expr);
+        break;
+    }
+    }
+    fprintf(f, "%sconst %s %s = %s;\n", in, cu_val_type(x->dtype), name, expr);
+    if (own)
+        z->declared[x->id] = 1;
+    snprintf(buf, n, "%s", name);
+}
+
+static void new_loop(Fz *z, const char *col, const char *indent)
+{
+    memset(z->declared, 0, (size_t)z->pg->nnodes);
+    z->col = col;
+    z->indent = indent;
+}
+
+/* One reduction of the row over its argument's columns: red<id> (and for a softmax inv<id>),
+ * the same in every thread. */
+static void reduction(Fz *z, const IrNode *x)
+{
+    FILE *f = z->f;
+    const IrNode *e = x->in[0];
+    char a[64], len[CU_EXPR];
+    int is_max = x->op != IR_SUM;
+    cu_dim(z->k->gen, e->shape[e->rank - 1], len, sizeof len);
+    fprintf(f, "        /* %s over %s columns */\n", ir_ops[x->op].name, len);
+    fprintf(f, "        float red%d = %s;\n", x->id, is_max ? "-XTC_INF" : "0.0f");
+    fprintf(f, "        for (i64 j = threadIdx.x; j < %s; j += blockDim.x) {\n", len);
+    new_loop(z, "j", "            ");
+    value(z, e, "j", a, sizeof a);
+    if (is_max)
+        fprintf(f, "            red%d = xtc_fmax(red%d, %s);\n", x->id, x->id, a);
+    else
+        fprintf(f, "            red%d += %s;\n", x->id, a);
+    fprintf(f, "        }\n");
+    fprintf(f, "        red%d = %s(red%d);\n", x->id, is_max ? "xtc_block_max" : "xtc_block_sum", x->id);
+    if (x->op != IR_SOFTMAX)
+        return;
+    fprintf(f, "        float inv%d = 0.0f; /* softmax: 1 / sum of exp(x - max) */\n", x->id);
+    fprintf(f, "        for (i64 j = threadIdx.x; j < %s; j += blockDim.x) {\n", len);
+    new_loop(z, "j", "            ");
+    value(z, e, "j", a, sizeof a);
+    fprintf(f, "            inv%d += expf(%s - red%d);\n", x->id, a, x->id);
+    fprintf(f, "        }\n");
+    fprintf(f, "        inv%d = 1.0f / xtc_block_sum(inv%d);\n", x->id, x->id);
+}
+
+/* The epilogue of a matmul step: the node's row is (batch, row), the column col. */
+static int epilogue(void *ctx, CuKernel *k, const char *indent)
+{
+    Fz *z = ctx;
+    const IrNode *root = z->steps[z->prog.nsteps - 1];
+    fprintf(k->f, "%s{\n", indent);
+    char deeper[64], v[64];
+    snprintf(deeper, sizeof deeper, "%s    ", indent);
+    row_bases(z, "batch * M + row", deeper);
+    new_loop(z, "col", deeper);
+    value(z, root, col_of(root, "col"), v, sizeof v);
+    fprintf(k->f, "%sC[row * N + col] = %s;\n%s}\n", deeper, v, indent);
+    return k->gen->err[0] ? -1 : 0;
+}
+
+int cg_cuda_fused(CuKernel *k)
+{
+    Fz z;
+    if (fz_init(&z, k) < 0) {
+        fz_free(&z);
+        return -1;
+    }
+    const IrNode *n = k->node;
+    FILE *f = k->f;
+    CuGen *gen = k->gen;
+    const IrNode *root = z.steps[z.prog.nsteps - 1];
+    if (z.mm) { /* the matmul's kernel, the rest of the program as its epilogue */
+        if (n->dtype != IR_F32) {
+            fz_free(&z);
+            return cu_error(gen, "fused %%%s: a matmul epilogue ends in f32", label(n));
+        }
+        int rc = cg_cuda_matmul_with(k, z.mm, operand_of(z.mm->in[0]), operand_of(z.mm->in[1]), epilogue, &z);
+        fz_free(&z);
+        return rc;
+    }
+    char rows[CU_EXPR], lout[CU_EXPR], v[64];
+    cu_dims_prod(gen, n->shape, 0, n->rank - 1, rows, sizeof rows);
+    cu_dim(gen, n->shape[n->rank - 1], lout, sizeof lout);
+    k->sync = z.has_reduce;
+    cu_kernel_begin(k);
+    fprintf(f, "    /* %s */\n", n->s);
+    fprintf(f, "    const i64 rows = %s, Lout = %s; /* the output as [rows, Lout] */\n", rows, lout);
+    if (z.has_reduce) {
+        fprintf(f, "    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n");
+        row_bases(&z, "row", "        ");
+        for (int i = 0; i < z.pg->nnodes; i++)
+            if (is_reduce(z.pg->nodes[i]->op))
+                reduction(&z, z.pg->nodes[i]);
+        fprintf(f, "        for (i64 j = threadIdx.x; j < Lout; j += blockDim.x) {\n");
+    } else {
+        fprintf(f, "    for (i64 e = xtc_global_id(); e < rows * Lout; e += xtc_global_size()) {\n");
+        fprintf(f, "        const i64 row = e / Lout, j = e %% Lout;\n");
+        row_bases(&z, "row", "        ");
+        fprintf(f, "        {\n");
+    }
+    new_loop(&z, "j", "            ");
+    value(&z, root, col_of(root, "j"), v, sizeof v);
+    fprintf(f, "            out[row * Lout + j] = %s%s%s;\n", n->dtype == IR_BOOL ? "(u8)(" : "", v,
+            n->dtype == IR_BOOL ? ")" : "");
+    fprintf(f, "        }\n    }\n");
+    cu_kernel_end(k);
+    if (z.has_reduce) {
+        cu_geom_rows(k, rows, ROW_BLOCK);
+    } else {
+        char items[3 * CU_EXPR];
+        snprintf(items, sizeof items, "(%s) * (%s)", rows, lout);
+        cu_geom_items(k, items, BLOCK);
+    }
+    int rc = gen->err[0] ? -1 : 0;
+    fz_free(&z);
+    return rc;
+}

@@ -1,0 +1,356 @@
+/* cg_cuda_gen.c: the pieces every CUDA kernel is written with: the prelude of the generated
+ * source (types, macros and the device helpers shared by all kernels), kernel signatures and
+ * comments, dims and shapes as C expressions over the symbols, literals, launch geometry. */
+#include "cg_cuda.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cu_error(CuGen *gen, const char *fmt, ...)
+{
+    if (gen->err[0])
+        return -1; /* keep the first */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(gen->err, sizeof gen->err, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Names a symbol may not take in the generated code: C, C++ and CUDA words, and the locals and
+ * parameters the kernels and the host code use. A symbol with such a name becomes sym_NAME. */
+static const char *const reserved[] = {
+    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
+    "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
+    "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void", "volatile", "while", "bool",
+    "true", "false", "new", "delete", "class", "template", "this", "namespace", "using", "operator", "typename",
+    "virtual", "friend", "public", "private", "protected", "asm", "threadIdx", "blockIdx", "blockDim", "gridDim",
+    "warpSize", "i64", "u8", "out", "in0", "in1", "in2", "status", "i", "j", "e", "q", "r", "o", "w", "row", "rows",
+    "col", "cols", "len", "inner", "outer", "total", "rest", "acc", "base", "x", "y", "x0", "x1", "x2", "la", "lb",
+    "lane", "warp", "nwarps", "loss", "count", "target", "classes", "inv", "tiles_m", "tiles_n", "tile", "batch",
+    "batches", "m0", "n0", "k0", "kk", "tx", "ty", "av", "bv", "As", "Bs", "A", "B", "C", "M", "N", "K", "mat_a",
+    "mat_b", "mat_c", "bufs", "syms", "api", "args", "rc", "grid", "block", "st", "start", "dist", "bucket",
+    "large", "th", "src", "dst", "size", "part", "mx", "sum", "n_rows", "part_loss", "part_count", "NULL", "main",
+    "size1", "size2", "size3", "size4", "size5", "i0", "i1", "i2", "i3", "i4", "i5", "tr", "tc", "ix0", "ix1",
+    "ix2", "ix3", "ix4", "ix5", "tiles", "int32_t", "int64_t", "uint32_t", "uint64_t", "size_t", "kth", "above",
+    "at_or_above", "masked", "active", "all", "max_and_tau", "na", "tau", "tau_r", "xs", "rho", "delta", "mean",
+    "sum_sq", "rank", "I", "J", "D", "E", "OC", "GC", "qi", "probs", "lsum", "score", "dot", "m_new", "alpha",
+    "pj", "nj", "ni", "ci", "ii", "jj", "acc2", "row_a", "row_b", "w1", "w2", "blk", "dq", "dk", "dv", "dsum",
+    "lse", "dlse", "ds", "pij", "kb", "vb", "qb", "ob", "gb", "scale", "keep", "L", "Lout", "mm", NULL};
+
+void cu_gen_init(CuGen *gen, const CgPlan *plan)
+{
+    memset(gen, 0, sizeof *gen);
+    gen->plan = plan;
+    gen->g = plan->g;
+    for (int s = 0; s < gen->g->nsyms; s++) {
+        const char *name = gen->g->sym_name[s];
+        int clash = strncmp(name, "xtc_", 4) == 0 || strncmp(name, "XTC_", 4) == 0 || strncmp(name, "__", 2) == 0 ||
+                    strlen(name) > 30;
+        for (int r = 0; reserved[r] && !clash; r++)
+            clash = strcmp(reserved[r], name) == 0;
+        if (clash)
+            snprintf(gen->sym[s], sizeof gen->sym[s], "sym%d_%.20s", s, name);
+        else
+            snprintf(gen->sym[s], sizeof gen->sym[s], "%s", name);
+    }
+}
+
+const char *cu_mem_type(IrDType t)
+{
+    switch (t) {
+    case IR_F32: return "float";
+    case IR_I32: return "int";
+    case IR_I64: return "i64";
+    default: return "u8";
+    }
+}
+
+const char *cu_val_type(IrDType t)
+{
+    switch (t) {
+    case IR_F32: return "float";
+    case IR_I64: return "i64";
+    default: return "int";
+    }
+}
+
+/* ---- expressions ---- */
+
+char *cu_dim(const CuGen *gen, IrDim d, char *buf, size_t n)
+{
+    /* positive symbol terms, then the constant, then the negative terms: "m + n - 1", "5 - n" */
+    char pos[CU_EXPR] = "", neg[CU_EXPR] = "";
+    size_t lp = 0, ln = 0;
+    for (int s = 0; s < IR_MAXSYM; s++) {
+        int k = d.k[s];
+        if (!k)
+            continue;
+        const char *name = s < gen->g->nsyms ? gen->sym[s] : "?";
+        char term[80];
+        if (abs(k) == 1)
+            snprintf(term, sizeof term, "%s", name);
+        else
+            snprintf(term, sizeof term, "%d * %s", abs(k), name);
+        if (k > 0 && lp < sizeof pos)
+            lp += (size_t)snprintf(pos + lp, sizeof pos - lp, "%s%s", lp ? " + " : "", term);
+        else if (k < 0 && ln < sizeof neg)
+            ln += (size_t)snprintf(neg + ln, sizeof neg - ln, " - %s", term);
+    }
+    if (!lp)
+        snprintf(buf, n, "%lld%s", (long long)d.c, neg);
+    else if (d.c > 0)
+        snprintf(buf, n, "%s + %lld%s", pos, (long long)d.c, neg);
+    else if (d.c < 0)
+        snprintf(buf, n, "%s - %lld%s", pos, -(long long)d.c, neg);
+    else
+        snprintf(buf, n, "%s%s", pos, neg);
+    return buf;
+}
+
+char *cu_dims_prod(const CuGen *gen, const IrDim *dims, int from, int to, char *buf, size_t n)
+{
+    long long c = 1;
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = from; i < to; i++) {
+        if (ir_dim_is_const(dims[i])) {
+            c *= (long long)dims[i].c;
+            continue;
+        }
+        char d[CU_EXPR];
+        cu_dim(gen, dims[i], d, sizeof d);
+        int paren = strchr(d, ' ') != NULL; /* "n + 3", "2 * b" */
+        if (len < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s%s%s", len ? " * " : "", paren ? "(" : "", d,
+                                    paren ? ")" : "");
+    }
+    if (c == 0)
+        snprintf(buf, n, "0");
+    else if (!len)
+        snprintf(buf, n, "%lld", c);
+    else if (c != 1 && len < n)
+        snprintf(buf + len, n - len, " * %lld", c);
+    return buf;
+}
+
+char *cu_ceil_div(const char *a, long long b, char *buf, size_t n)
+{
+    if (b == 1)
+        snprintf(buf, n, "%s", a);
+    else if (strchr(a, ' '))
+        snprintf(buf, n, "((%s) + %lld) / %lld", a, b - 1, b);
+    else
+        snprintf(buf, n, "(%s + %lld) / %lld", a, b - 1, b);
+    return buf;
+}
+
+char *cu_float(double v, char *buf, size_t n)
+{
+    float f = (float)v;
+    if (isnan(f)) {
+        snprintf(buf, n, "XTC_NAN");
+        return buf;
+    }
+    if (isinf(f)) {
+        snprintf(buf, n, f > 0 ? "XTC_INF" : "(-XTC_INF)");
+        return buf;
+    }
+    char num[48];
+    snprintf(num, sizeof num, "%.9g", (double)fabsf(f));
+    int has_point = strpbrk(num, ".e") != NULL;
+    snprintf(buf, n, "%s%s%sf%s", signbit(f) ? "(-" : "", num, has_point ? "" : ".0", signbit(f) ? ")" : "");
+    return buf;
+}
+
+/* ---- kernels ---- */
+
+static void type_text(const CuGen *gen, const IrNode *x, char *buf, size_t n)
+{
+    size_t len = (size_t)snprintf(buf, n, "%s[", ir_dtype_name(x->dtype));
+    for (int i = 0; i < x->rank && len < n; i++) {
+        char d[64];
+        len += (size_t)snprintf(buf + len, n - len, "%s%s", i ? ", " : "", ir_dim_str(gen->g, x->shape[i], d, sizeof d));
+    }
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+void cu_kernel_begin(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    FILE *f = k->f;
+    char t[256];
+    type_text(k->gen, x, t, sizeof t);
+    fprintf(f, "/* %s: %s = %s(", k->k->fn, t, ir_ops[x->op].name);
+    for (int i = 0; i < x->nin; i++) {
+        type_text(k->gen, x->in[i], t, sizeof t);
+        fprintf(f, "%s%s", i ? ", " : "", t);
+    }
+    fprintf(f, ")");
+    switch (x->op) {
+    case IR_SUM:
+    case IR_RMAX:
+    case IR_CONCAT:
+    case IR_SLICE: fprintf(f, " over axis %lld", (long long)x->ia[0]); break;
+    case IR_MATMUL: fprintf(f, "%s", x->ia[0] ? ", b transposed" : ""); break;
+    default: break;
+    }
+    fprintf(f, ", %d step%s */\n", k->k->uses, k->k->uses == 1 ? "" : "s");
+    /* the parameters, wrapped before 110 columns under the opening parenthesis */
+    char param[96];
+    int indent = fprintf(f, "XTC_KERNEL %s(", k->k->fn), col = indent;
+    int nparams = 1 + x->nin + k->gen->g->nsyms + 1;
+    for (int p = 0; p < nparams; p++) {
+        if (p == 0)
+            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x->dtype));
+        else if (p <= x->nin)
+            snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]->dtype), p - 1);
+        else if (p < nparams - 1)
+            snprintf(param, sizeof param, "i64 %s", k->gen->sym[p - 1 - x->nin]);
+        else
+            snprintf(param, sizeof param, "int *__restrict__ status");
+        int len = (int)strlen(param) + (p + 1 < nparams ? 2 : 1);
+        if (p > 0 && col + 1 + len > 110) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (p > 0) {
+            fputc(' ', f);
+            col++;
+        }
+        col += fprintf(f, "%s%s", param, p + 1 < nparams ? "," : ")");
+    }
+    fprintf(f, "\n{\n");
+}
+
+void cu_kernel_end(CuKernel *k) { fprintf(k->f, "}\n"); }
+
+void cu_geom_items(CuKernel *k, const char *items, unsigned block)
+{
+    cu_ceil_div(items, block, k->geom.grid_x, sizeof k->geom.grid_x);
+    k->geom.block = block;
+}
+
+void cu_geom_rows(CuKernel *k, const char *rows, unsigned block)
+{
+    snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "%s", rows);
+    k->geom.block = block;
+}
+
+/* ---- the prelude ---- */
+
+static const char *const prelude[] = {
+    " * Every kernel here is compiled twice: by NVRTC for the GPU, and as C after",
+    " * xtc_cuda_emu.h, which runs it on the CPU so that the tests can check it against the",
+    " * reference interpreter. So the code keeps to the C subset of CUDA C.",
+    " *",
+    " * A kernel takes (out, in0, ..., the symbol values, status): device pointers, the sizes",
+    " * the shapes depend on, and the step's status word, set when an input is out of range.",
+    " * Loops stride over the grid, so any grid size computes the whole output. */",
+    "#ifndef XTC_CUDA_EMULATION",
+    "typedef long long i64;",
+    "typedef unsigned char u8;",
+    "#define XTC_KERNEL extern \"C\" __global__ void",
+    "#define XTC_INLINE static __device__ __forceinline__",
+    "#define XTC_INF __int_as_float(0x7f800000)",
+    "#define XTC_NAN __int_as_float(0x7fffffff)",
+    "#endif",
+    "",
+    "/* the thread's place in the grid, and the grid's size, for grid-stride loops */",
+    "XTC_INLINE i64 xtc_global_id(void) { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }",
+    "XTC_INLINE i64 xtc_global_size(void) { return (i64)gridDim.x * blockDim.x; }",
+    "",
+    "/* maximum and minimum propagating NaN, like torch.maximum */",
+    "XTC_INLINE float xtc_fmax(float a, float b) { return a != a || b != b ? a + b : a > b ? a : b; }",
+    "XTC_INLINE float xtc_fmin(float a, float b) { return a != a || b != b ? a + b : a < b ? a : b; }",
+    "",
+    "/* float to integer: toward zero, saturating, NaN gives 0 (as the CPU backend) */",
+    "XTC_INLINE int xtc_f2i32(float x)",
+    "{",
+    "    return x != x ? 0 : x >= 2147483648.0f ? 2147483647 : x <= -2147483648.0f ? -2147483647 - 1 : (int)x;",
+    "}",
+    "XTC_INLINE i64 xtc_f2i64(float x)",
+    "{",
+    "    return x != x ? 0 : x >= 9223372036854775808.0f ? 9223372036854775807LL",
+    "         : x <= -9223372036854775808.0f ? -9223372036854775807LL - 1 : (i64)x;",
+    "}",
+    "",
+    "/* integer division toward zero; a zero divisor sets the status */",
+    "XTC_INLINE int xtc_div_i32(int a, int b, int *status)",
+    "{",
+    "    if (b == 0) {",
+    "        *status = 1;",
+    "        return 0;",
+    "    }",
+    "    return b == -1 ? (int)(0u - (unsigned)a) : a / b;",
+    "}",
+    "XTC_INLINE i64 xtc_div_i64(i64 a, i64 b, int *status)",
+    "{",
+    "    if (b == 0) {",
+    "        *status = 1;",
+    "        return 0;",
+    "    }",
+    "    return b == -1 ? (i64)(0ull - (unsigned long long)a) : a / b;",
+    "}",
+    "",
+    "/* a comes before b in descending order: NaN first, as torch.sort and torch.topk order it */",
+    "XTC_INLINE int xtc_before(float a, float b) { return (a != a && b == b) || a > b; }",
+    "",
+    "/* attention's probability from the row's logsumexp, exp(s - lse); a row whose every score",
+    " * was masked (-FLT_MAX) has lse = -FLT_MAX + log J, which rounds to -FLT_MAX: it attends",
+    " * uniformly, 1 / J */",
+    "XTC_INLINE float xtc_prob(float s, float lse, i64 J) { return lse <= -3.40282347e+38f ? 1.0f / (float)J : expf(s - lse); }",
+    "",
+    "/* sum and maximum over a warp: a butterfly, so every lane ends with the same value */",
+    "XTC_INLINE float xtc_warp_sum(float v)",
+    "{",
+    "    for (int o = 16; o > 0; o >>= 1)",
+    "        v += __shfl_xor_sync(0xffffffffu, v, o);",
+    "    return v;",
+    "}",
+    "XTC_INLINE float xtc_warp_max(float v)",
+    "{",
+    "    for (int o = 16; o > 0; o >>= 1)",
+    "        v = xtc_fmax(v, __shfl_xor_sync(0xffffffffu, v, o));",
+    "    return v;",
+    "}",
+    "",
+    "/* sum and maximum over a block whose size is a multiple of 32, every thread calling: warp",
+    " * results through shared memory, added in the same order by every thread */",
+    "XTC_INLINE float xtc_block_sum(float v)",
+    "{",
+    "    __shared__ float part[32];",
+    "    v = xtc_warp_sum(v);",
+    "    __syncthreads(); /* part[] may still be read by the previous call */",
+    "    if ((threadIdx.x & 31) == 0)",
+    "        part[threadIdx.x >> 5] = v;",
+    "    __syncthreads();",
+    "    v = 0.0f;",
+    "    for (unsigned w = 0; w < blockDim.x >> 5; w++)",
+    "        v += part[w];",
+    "    return v;",
+    "}",
+    "XTC_INLINE float xtc_block_max(float v)",
+    "{",
+    "    __shared__ float part[32];",
+    "    v = xtc_warp_max(v);",
+    "    __syncthreads();",
+    "    if ((threadIdx.x & 31) == 0)",
+    "        part[threadIdx.x >> 5] = v;",
+    "    __syncthreads();",
+    "    v = -XTC_INF;",
+    "    for (unsigned w = 0; w < blockDim.x >> 5; w++)",
+    "        v = xtc_fmax(v, part[w]);",
+    "    return v;",
+    "}",
+    NULL};
+
+void cu_prelude(FILE *f, const IrGraph *g, int nkernels)
+{
+    fprintf(f, "/* CUDA C generated by xtc for model \"%s\": %d kernel%s.\n *\n", g->name ? g->name : "model",
+            nkernels, nkernels == 1 ? "" : "s");
+    for (int i = 0; prelude[i]; i++)
+        fprintf(f, "%s\n", prelude[i]);
+}

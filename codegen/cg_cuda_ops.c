@@ -1,0 +1,544 @@
+/* cg_cuda_ops.c: how each op of ops.def becomes a CUDA kernel: the lowering table (one
+ * designated-initializer row per op, its length checked against the op table) and the kernels
+ * of every op but the reductions (cg_cuda_reduce.c) and matmul (cg_cuda_matmul.c).
+ *
+ * Elementwise ops, copies (permute, slice, expand, concat), gathers and the computed leaves
+ * (const, arange, relpos_bucket) are one thread per output element in a grid-stride loop, with
+ * the element's coordinates recovered by division where operands broadcast or move. The
+ * elementwise semantics follow ir/interp.c exactly where it matters (NaN through max and relu,
+ * saturating float-to-int, truncating integer division with a zero divisor reported). */
+#include "cg_cuda.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BLOCK 256 /* threads per block of the elementwise kernels */
+
+/* ---- the iteration space of elementwise ops ---- */
+
+/* The output's dims grouped so that every operand is either contiguous or broadcast over each
+ * whole group (as the CPU backend groups them): dims of static size 1 are dropped, and
+ * neighbours with the same broadcast pattern merge. */
+typedef struct {
+    int ngroups;
+    int from[IR_MAXRANK], to[IR_MAXRANK];
+    int bcast[IR_MAXIN][IR_MAXRANK];
+} Space;
+
+static int operand_bcast(const IrNode *out, const IrNode *x, int d)
+{
+    int k = d - (out->rank - x->rank);
+    return k < 0 || ir_dim_is_one(x->shape[k]);
+}
+
+static void space_of(const IrNode *n, Space *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    for (int d = 0; d < n->rank; d++) {
+        if (ir_dim_is_one(n->shape[d]))
+            continue;
+        int g = sp->ngroups - 1;
+        int same = g >= 0;
+        for (int k = 0; same && k < n->nin; k++)
+            same = sp->bcast[k][g] == operand_bcast(n, n->in[k], d);
+        if (same) {
+            sp->to[g] = d + 1;
+            continue;
+        }
+        g = sp->ngroups++;
+        sp->from[g] = d;
+        sp->to[g] = d + 1;
+        for (int k = 0; k < n->nin; k++)
+            sp->bcast[k][g] = operand_bcast(n, n->in[k], d);
+    }
+}
+
+/* The element offset of operand k at the output element whose group indices are i0, i1, ... */
+static void operand_offset(CuKernel *k, const Space *sp, int op, char *buf, size_t n)
+{
+    const IrNode *x = k->node, *in = x->in[op];
+    int all = 1, none = 1;
+    for (int g = 0; g < sp->ngroups; g++) {
+        all &= !sp->bcast[op][g];
+        none &= sp->bcast[op][g];
+    }
+    if (all) {
+        snprintf(buf, n, sp->ngroups ? "i" : "0");
+        return;
+    }
+    if (none) {
+        snprintf(buf, n, "0");
+        return;
+    }
+    size_t len = 0;
+    buf[0] = 0;
+    for (int g = 0; g < sp->ngroups && len < n; g++) {
+        if (sp->bcast[op][g])
+            continue;
+        int kd = sp->to[g] - 1 - (x->rank - in->rank); /* the group's last dim in the operand */
+        char stride[CU_EXPR];
+        cu_dims_prod(k->gen, in->shape, kd + 1, in->rank, stride, sizeof stride);
+        if (strcmp(stride, "1") == 0)
+            len += (size_t)snprintf(buf + len, n - len, "%si%d", len ? " + " : "", g);
+        else if (strchr(stride, ' '))
+            len += (size_t)snprintf(buf + len, n - len, "%si%d * (%s)", len ? " + " : "", g, stride);
+        else
+            len += (size_t)snprintf(buf + len, n - len, "%si%d * %s", len ? " + " : "", g, stride);
+    }
+}
+
+void cg_cuda_expand(const char *tmpl, IrDType t, const char *const *args, char *buf, size_t n)
+{
+    size_t len = 0;
+    for (const char *p = tmpl; *p && len + 8 < n; p++) {
+        if (p[0] == '$' && p[1] >= '0' && p[1] <= '2') {
+            len += (size_t)snprintf(buf + len, n - len, "%s", args[p[1] - '0']);
+            p++;
+        } else if (p[0] == '$' && p[1] == 't') {
+            len += (size_t)snprintf(buf + len, n - len, "%s", t == IR_I64 ? "i64" : "i32");
+            p++;
+        } else {
+            buf[len++] = *p;
+        }
+    }
+    buf[len] = 0;
+}
+
+/* The CAST rules of the interpreter: toward zero and saturating from float, != 0 to bool. */
+static const char *cast_template(IrDType from, IrDType to)
+{
+    if (from == to)
+        return "$0";
+    switch (to) {
+    case IR_F32: return "(float)$0";
+    case IR_BOOL: return from == IR_F32 ? "$0 != 0.0f" : "$0 != 0";
+    case IR_I32: return from == IR_F32 ? "xtc_f2i32($0)" : "(int)$0";
+    default: return from == IR_F32 ? "xtc_f2i64($0)" : "(i64)$0";
+    }
+}
+
+const char *cg_cuda_scalar(const IrNode *x)
+{
+    const CuLower *L = cg_cuda_lowering(x->op);
+    IrDType t = x->in[x->op == IR_WHERE ? 1 : 0]->dtype;
+    if (!L || L->emit != cg_cuda_elementwise)
+        return NULL;
+    return x->op == IR_CAST ? cast_template(x->in[0]->dtype, x->dtype) : t == IR_F32 ? L->f32 : L->ints;
+}
+
+int cg_cuda_elementwise(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    IrDType t = x->in[x->op == IR_WHERE ? 1 : 0]->dtype;
+    const char *tmpl = cg_cuda_scalar(x);
+    if (!tmpl)
+        return cu_error(k->gen, "the cuda backend has no %s form of op '%s'", ir_dtype_name(t), ir_ops[x->op].name);
+    FILE *f = k->f;
+    Space sp;
+    space_of(x, &sp);
+    char total[CU_EXPR], size[CU_EXPR], expr[1024];
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 total = %s;\n", total);
+    for (int g = 1; g < sp.ngroups; g++)
+        fprintf(f, "    const i64 size%d = %s;\n", g,
+                cu_dims_prod(k->gen, x->shape, sp.from[g], sp.to[g], size, sizeof size));
+    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    int need_index = 0;
+    for (int op = 0; op < x->nin; op++) {
+        char off[1024];
+        operand_offset(k, &sp, op, off, sizeof off);
+        need_index |= strcmp(off, "i") && strcmp(off, "0");
+    }
+    if (need_index && sp.ngroups == 2) {
+        fprintf(f, "        const i64 i1 = i %% size1, i0 = i / size1;\n");
+    } else if (need_index) {
+        fprintf(f, "        i64 rest = i;\n");
+        for (int g = sp.ngroups - 1; g >= 1; g--)
+            fprintf(f, "        const i64 i%d = rest %% size%d;\n        rest /= size%d;\n", g, g, g);
+        fprintf(f, "        const i64 i0 = rest;\n");
+    }
+    for (int op = 0; op < x->nin; op++) {
+        char off[1024];
+        operand_offset(k, &sp, op, off, sizeof off);
+        fprintf(f, "        const %s x%d = in%d[%s];\n", cu_val_type(x->in[op]->dtype), op, op, off);
+    }
+    static const char *const xs[] = {"x0", "x1", "x2"};
+    cg_cuda_expand(tmpl, t, xs, expr, sizeof expr);
+    if (x->dtype == IR_BOOL)
+        fprintf(f, "        out[i] = (u8)(%s);\n", expr);
+    else
+        fprintf(f, "        out[i] = %s;\n", expr);
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* ---- leaves computed by kernels ---- */
+
+static int emit_const(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    char total[CU_EXPR], value[64];
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
+    switch (x->dtype) {
+    case IR_F32: cu_float(x->f, value, sizeof value); break;
+    case IR_BOOL: snprintf(value, sizeof value, "%d", x->f != 0); break;
+    case IR_I32: snprintf(value, sizeof value, "%lld", (long long)trunc(x->f)); break;
+    default: snprintf(value, sizeof value, "%lldLL", (long long)trunc(x->f)); break;
+    }
+    cu_kernel_begin(k);
+    fprintf(k->f, "    const i64 total = %s;\n", total);
+    fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size())\n");
+    fprintf(k->f, "        out[i] = %s;\n", value);
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+static int emit_arange(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    char total[CU_EXPR], start[CU_EXPR];
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
+    cu_dim(k->gen, x->d, start, sizeof start);
+    cu_kernel_begin(k);
+    fprintf(k->f, "    const i64 total = %s, start = %s;\n", total, start);
+    fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size())\n");
+    fprintf(k->f, "        out[i] = (%s)(start + i);\n", cu_mem_type(x->dtype));
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* rand_like: ir/interp.c's rand_at, bit for bit (splitmix64's i+1-th output, top 24 bits) */
+static int emit_rand(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    char total[CU_EXPR];
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
+    cu_kernel_begin(k);
+    fprintf(k->f, "    const i64 total = %s;\n", total);
+    fprintf(k->f, "    const unsigned long long base = (unsigned long long)(i64)in0[0] * 0xd1b54a32d192ed03ull + "
+                  "%lluull;\n", (unsigned long long)((uint64_t)x->ia[0] * 0xabc98388fb8fac03ull));
+    fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(k->f, "        unsigned long long z = base + (unsigned long long)(i + 1) * 0x9e3779b97f4a7c15ull;\n");
+    fprintf(k->f, "        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;\n");
+    fprintf(k->f, "        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;\n");
+    fprintf(k->f, "        z ^= z >> 31;\n");
+    fprintf(k->f, "        out[i] = (float)(z >> 40) * 5.9604644775390625e-8f;\n    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* The T5 bucket of distance d >= max_exact as ir/interp.c computes it (float32 logs, truncated):
+ * the bucket without the direction offset, or -1 where the formula gives NaN (an error). */
+static int64_t relpos_large(int64_t d, int64_t nb, int64_t max_exact, int64_t max_distance)
+{
+    float den = (float)log((double)max_distance / (double)max_exact);
+    float r = logf((float)d / (float)max_exact) / den * (float)(nb - max_exact);
+    if (isnan(r))
+        return -1;
+    if (r > 1e18f)
+        r = 1e18f;
+    if (r < -1e18f)
+        r = -1e18f;
+    int64_t large = max_exact + (int64_t)r;
+    return large < nb - 1 ? large : nb - 1;
+}
+
+/* relpos_bucket [I, J]: the bucket of key j relative to query i. The logarithm of the interpreter
+ * is evaluated here, at compile time: the kernel compares the distance with the smallest
+ * distance of each bucket, so GPU and CPU give the same buckets to the last one. */
+static int emit_relpos(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    int64_t nb = x->ia[0], max_distance = x->ia[1];
+    int causal = x->ia[2] != 0;
+    if (!causal)
+        nb /= 2;
+    int64_t max_exact = nb / 2;
+    char rows[CU_EXPR], cols[CU_EXPR], total[CU_EXPR];
+    cu_dim(k->gen, x->shape[0], rows, sizeof rows);
+    cu_dim(k->gen, x->shape[1], cols, sizeof cols);
+    cu_dims_prod(k->gen, x->shape, 0, 2, total, sizeof total);
+    FILE *f = k->f;
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 rows = %s, cols = %s, total = %s;\n", rows, cols, total);
+    if (max_exact == 0) { /* log(d / 0): undefined for every distance, as the interpreter says */
+        fprintf(f, "    (void)rows;\n    (void)cols;\n");
+        fprintf(f, "    if (total > 0 && xtc_global_id() == 0)\n        *status = 1;\n");
+        cu_kernel_end(k);
+        cu_geom_items(k, total, BLOCK);
+        return 0;
+    }
+    /* th[q]: the smallest distance whose bucket is max_exact + q + 1 or more (binary search: the
+     * bucket grows with the distance) */
+    int64_t th[64];
+    int nth = 0;
+    int nan_at_exact = relpos_large(max_exact, nb, max_exact, max_distance) < 0;
+    int64_t limit = max_distance + 2 > ((int64_t)1 << 40) ? ((int64_t)1 << 40) : max_distance + 2;
+    for (int64_t v = max_exact + 1; v < nb && nth < 64; v++) {
+        int64_t lo = max_exact, hi = limit + 1; /* bucket(hi) >= v is assumed: saturated */
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            int64_t b = relpos_large(mid, nb, max_exact, max_distance);
+            if (b >= v)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        th[nth++] = lo;
+    }
+    (void)rows;
+    if (nth) {
+        fprintf(f, "    const i64 th[%d] = {", nth);
+        for (int q = 0; q < nth; q++)
+            fprintf(f, "%s%lld", q ? ", " : "", (long long)th[q]);
+        fprintf(f, "};\n");
+    }
+    fprintf(f, "    for (i64 e = xtc_global_id(); e < total; e += xtc_global_size()) {\n");
+    fprintf(f, "        i64 dist = e / cols - e %% cols, bucket = 0; /* query - key */\n");
+    if (causal)
+        fprintf(f, "        if (dist < 0)\n            dist = 0;\n");
+    else
+        fprintf(f, "        if (dist < 0) {\n            bucket = %lld;\n            dist = -dist;\n        }\n", (long long)nb);
+    fprintf(f, "        if (dist < %lld) {\n            bucket += dist;\n        } else {\n", (long long)max_exact);
+    if (nan_at_exact)
+        fprintf(f, "            if (dist == %lld)\n                *status = 1;\n", (long long)max_exact);
+    fprintf(f, "            i64 large = %lld;\n", (long long)max_exact);
+    if (nth)
+        fprintf(f, "            for (int r = 0; r < %d; r++)\n                large += dist >= th[r];\n", nth);
+    fprintf(f, "            bucket += large < %lld ? large : %lld;\n        }\n", (long long)(nb - 1), (long long)(nb - 1));
+    fprintf(f, "        out[e] = bucket;\n    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* ---- copies: permute, slice, expand ---- */
+
+static int emit_copy(CuKernel *k)
+{
+    const IrNode *x = k->node, *in = x->in[0];
+    CuGen *gen = k->gen;
+    FILE *f = k->f;
+    char total[CU_EXPR], base[3 * CU_EXPR] = "0";
+    cu_dims_prod(gen, x->shape, 0, x->rank, total, sizeof total);
+    /* per output dim: the stride of the operand element it moves through */
+    char stride[IR_MAXRANK][CU_EXPR];
+    for (int d = 0; d < x->rank; d++) {
+        int src = d;
+        if (x->op == IR_PERMUTE)
+            src = x->perm[d];
+        if (x->op == IR_EXPAND) {
+            src = d - (x->rank - in->rank);
+            if (operand_bcast(x, in, d)) {
+                snprintf(stride[d], sizeof stride[d], "0");
+                continue;
+            }
+        }
+        cu_dims_prod(gen, in->shape, src + 1, in->rank, stride[d], sizeof stride[d]);
+    }
+    if (x->op == IR_SLICE) {
+        char start[CU_EXPR], st[CU_EXPR];
+        cu_dim(gen, x->d, start, sizeof start);
+        cu_dims_prod(gen, in->shape, (int)x->ia[0] + 1, in->rank, st, sizeof st);
+        if (strcmp(start, "0") == 0)
+            snprintf(base, sizeof base, "0");
+        else if (strcmp(st, "1") == 0)
+            snprintf(base, sizeof base, "%s", start);
+        else
+            snprintf(base, sizeof base, "(%s) * %s%s%s", start, strchr(st, ' ') ? "(" : "", st, strchr(st, ' ') ? ")" : "");
+    }
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 total = %s;\n", total);
+    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(f, "        i64 rest = i, src = %s;\n", base);
+    int first = 0;
+    while (first < x->rank && ir_dim_is_one(x->shape[first]))
+        first++;
+    for (int d = x->rank - 1; d >= first; d--) {
+        if (ir_dim_is_one(x->shape[d]))
+            continue;
+        char size[CU_EXPR], term[2 * CU_EXPR];
+        cu_dim(gen, x->shape[d], size, sizeof size);
+        int paren = strchr(size, ' ') != NULL;
+        int zero = strcmp(stride[d], "0") == 0, one = strcmp(stride[d], "1") == 0;
+        const char *open = strchr(stride[d], ' ') ? "(" : "", *close = strchr(stride[d], ' ') ? ")" : "";
+        if (d == first) {
+            if (!zero)
+                fprintf(f, "        src += rest%s%s%s%s;\n", one ? "" : " * ", one ? "" : open, one ? "" : stride[d],
+                        one ? "" : close);
+            break;
+        }
+        snprintf(term, sizeof term, "rest %% %s%s%s", paren ? "(" : "", size, paren ? ")" : "");
+        if (!zero)
+            fprintf(f, "        src += %s%s%s%s%s%s;\n", one ? "" : "(", term, one ? "" : ") * ", one ? "" : open,
+                    one ? "" : stride[d], one ? "" : close);
+        fprintf(f, "        rest /= %s%s%s;\n", paren ? "(" : "", size, paren ? ")" : "");
+    }
+    fprintf(f, "        out[i] = in0[src];\n    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* concat: out[outer, la + lb, inner] from a[outer, la, inner] and b[outer, lb, inner] */
+static int emit_concat(CuKernel *k)
+{
+    const IrNode *x = k->node;
+    CuGen *gen = k->gen;
+    int axis = (int)x->ia[0];
+    char outer[CU_EXPR], inner[CU_EXPR], la[CU_EXPR], lb[CU_EXPR];
+    cu_dims_prod(gen, x->shape, 0, axis, outer, sizeof outer);
+    cu_dims_prod(gen, x->shape, axis + 1, x->rank, inner, sizeof inner);
+    cu_dim(gen, x->in[0]->shape[axis], la, sizeof la);
+    cu_dim(gen, x->in[1]->shape[axis], lb, sizeof lb);
+    FILE *f = k->f;
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 outer = %s, inner = %s, la = %s, lb = %s;\n", outer, inner, la, lb);
+    fprintf(f, "    const i64 total = outer * (la + lb) * inner;\n");
+    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(f, "        const i64 r = i %% inner, j = i / inner %% (la + lb), o = i / inner / (la + lb);\n");
+    fprintf(f, "        out[i] = j < la ? in0[(o * la + j) * inner + r] : in1[(o * lb + j - la) * inner + r];\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char total[5 * CU_EXPR];
+    snprintf(total, sizeof total, "%s%s%s * (%s + %s) * %s%s%s", strchr(outer, ' ') ? "(" : "", outer,
+             strchr(outer, ' ') ? ")" : "", la, lb, strchr(inner, ' ') ? "(" : "", inner, strchr(inner, ' ') ? ")" : "");
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* ---- gather and its gradient ---- */
+
+/* gather: out[..., D] = table[idx[...], :]; an index outside [0, V) sets the status */
+static int emit_gather(CuKernel *k)
+{
+    const IrNode *x = k->node, *table = x->in[0], *idx = x->in[1];
+    char rows[CU_EXPR], cols[CU_EXPR], total[CU_EXPR];
+    cu_dim(k->gen, table->shape[0], rows, sizeof rows);
+    cu_dim(k->gen, table->shape[1], cols, sizeof cols);
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
+    (void)idx;
+    FILE *f = k->f;
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 rows = %s, cols = %s, total = %s;\n", rows, cols, total);
+    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(f, "        const i64 row = (i64)in1[i / cols];\n");
+    fprintf(f, "        if (row < 0 || row >= rows) {\n            *status = 1;\n            out[i] = 0;\n");
+    fprintf(f, "        } else {\n            out[i] = in0[row * cols + i %% cols];\n        }\n    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    return 0;
+}
+
+/* gather_grad: out[rows, D] = 0, then out[idx[e], :] += src[e, :]. The host clears the output
+ * before the launch; the rows are added with atomics. */
+static int emit_gather_grad(CuKernel *k)
+{
+    const IrNode *x = k->node, *src = x->in[0];
+    char rows[CU_EXPR], cols[CU_EXPR], total[CU_EXPR], out_numel[CU_EXPR];
+    cu_dim(k->gen, x->shape[0], rows, sizeof rows);
+    cu_dim(k->gen, x->shape[1], cols, sizeof cols);
+    cu_dims_prod(k->gen, src->shape, 0, src->rank, total, sizeof total);
+    cu_dims_prod(k->gen, x->shape, 0, x->rank, out_numel, sizeof out_numel);
+    FILE *f = k->f;
+    cu_kernel_begin(k);
+    fprintf(f, "    const i64 rows = %s, cols = %s, total = %s;\n", rows, cols, total);
+    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(f, "        const i64 row = (i64)in1[i / cols];\n");
+    fprintf(f, "        if (row < 0 || row >= rows)\n            *status = 1;\n");
+    fprintf(f, "        else\n            atomicAdd(&out[row * cols + i %% cols], in0[i]);\n    }\n");
+    cu_kernel_end(k);
+    cu_geom_items(k, total, BLOCK);
+    snprintf(k->geom.zero, sizeof k->geom.zero, "%s%s%s * 4", strchr(out_numel, ' ') ? "(" : "", out_numel,
+             strchr(out_numel, ' ') ? ")" : "");
+    return 0;
+}
+
+/* ---- the table ---- */
+
+#define ELEM(f32, ints) {cg_cuda_elementwise, f32, ints}
+
+static const CuLower lowering[] = {
+    /* leaves: inputs, parameters and buffers are bound by the runtime, not computed */
+    [IR_INPUT] = {0, 0, 0},
+    [IR_PARAM] = {0, 0, 0},
+    [IR_BUFFER] = {0, 0, 0},
+    [IR_CONST] = {emit_const, 0, 0},
+    [IR_ARANGE] = {emit_arange, 0, 0},
+    [IR_RELPOS] = {emit_relpos, 0, 0},
+
+    [IR_NEG] = ELEM("-$0", 0),
+    [IR_EXP] = ELEM("expf($0)", 0),
+    [IR_LOG] = ELEM("logf($0)", 0),
+    [IR_SQRT] = ELEM("sqrtf($0)", 0),
+    [IR_RSQRT] = ELEM("rsqrtf($0)", 0),
+    [IR_RECIP] = ELEM("1.0f / $0", 0),
+    [IR_TANH] = ELEM("tanhf($0)", 0),
+    [IR_SIGMOID] = ELEM("1.0f / (1.0f + expf(-$0))", 0),
+    [IR_GELU] = ELEM("0.5f * $0 * (1.0f + erff($0 * 0.707106781f))", 0),
+    [IR_ERF] = ELEM("erff($0)", 0),
+    [IR_RELU] = ELEM("$0 > 0.0f ? $0 : 0.0f * $0", 0), /* 0 * x keeps NaN */
+    [IR_SIN] = ELEM("sinf($0)", 0),
+    [IR_COS] = ELEM("cosf($0)", 0),
+    [IR_ABS] = ELEM("fabsf($0)", 0),
+    [IR_NOT] = ELEM(0, "!$0"),
+    [IR_CAST] = ELEM("$0", "$0"), /* the template comes from cast_template() */
+
+    [IR_ADD] = ELEM("$0 + $1", "$0 + $1"),
+    [IR_SUB] = ELEM("$0 - $1", "$0 - $1"),
+    [IR_MUL] = ELEM("$0 * $1", "$0 * $1"),
+    [IR_DIV] = ELEM("$0 / $1", "xtc_div_$t($0, $1, status)"),
+    [IR_MAX] = ELEM("xtc_fmax($0, $1)", "$0 > $1 ? $0 : $1"),
+    [IR_MIN] = ELEM("xtc_fmin($0, $1)", "$0 < $1 ? $0 : $1"),
+    [IR_LT] = ELEM("$0 < $1", "$0 < $1"),
+    [IR_LE] = ELEM("$0 <= $1", "$0 <= $1"),
+    [IR_EQ] = ELEM("$0 == $1", "$0 == $1"),
+    [IR_AND] = ELEM(0, "$0 && $1"),
+    [IR_OR] = ELEM(0, "$0 || $1"),
+    [IR_WHERE] = ELEM("$0 ? $1 : $2", "$0 ? $1 : $2"),
+
+    [IR_SUM] = {cg_cuda_reduce, 0, 0},
+    [IR_RMAX] = {cg_cuda_reduce, 0, 0},
+    [IR_SOFTMAX] = {cg_cuda_softmax, 0, 0},
+    [IR_ENTMAX15] = {cg_cuda_entmax15, 0, 0},     /* cg_cuda_sort.c */
+    [IR_KTH_LARGEST] = {cg_cuda_kth_largest, 0, 0},
+
+    /* RESHAPE aliases its operand's buffer (cg_plan.c) and never reaches the backend */
+    [IR_RESHAPE] = {0, 0, 0},
+    [IR_PERMUTE] = {emit_copy, 0, 0},
+    [IR_SLICE] = {emit_copy, 0, 0},
+    [IR_CONCAT] = {emit_concat, 0, 0},
+    [IR_EXPAND] = {emit_copy, 0, 0},
+    [IR_GATHER] = {emit_gather, 0, 0},
+    [IR_GATHER_GRAD] = {emit_gather_grad, 0, 0},
+
+    [IR_MATMUL] = {cg_cuda_matmul, 0, 0},
+
+    [IR_XENT] = {cg_cuda_xent, 0, 0},
+
+    [IR_RAND] = {emit_rand, 0, 0},
+
+    /* fused ops (passes/) */
+    [IR_ATTENTION] = {cg_cuda_attention, 0, 0},          /* cg_cuda_attention.c */
+    [IR_ATTENTION_GRAD] = {cg_cuda_attention_grad, 0, 0},
+    [IR_FUSED] = {cg_cuda_fused, 0, 0}, /* cg_cuda_fused.c */
+};
+_Static_assert(sizeof lowering / sizeof lowering[0] == IR_NUM_OPS,
+               "codegen/cg_cuda_ops.c: the lowering table needs a row for every op of ops.def");
+
+const CuLower *cg_cuda_lowering(IrOp op)
+{
+    if ((unsigned)op >= IR_NUM_OPS)
+        return NULL;
+    const CuLower *L = &lowering[op];
+    int is_leaf_or_view = op == IR_INPUT || op == IR_PARAM || op == IR_BUFFER || op == IR_RESHAPE;
+    if (!L->emit && !is_leaf_or_view)
+        return NULL;
+    return L;
+}

@@ -1,0 +1,609 @@
+/* cg_llvm_attention.c: the CPU kernels of the fused attention ops (ops.def: attention,
+ * attention_grad), FlashAttention-2 style: the n x n scores exist only a tile at a time, on the
+ * stack, so the memory beyond the operands and the result is a few hundred KiB per thread
+ * whatever the sequence length. The tile products go through the matmul's packing functions and
+ * micro-kernel (cg_llvm_matmul.c); the softmax parts are plain loops the vectoriser takes.
+ *
+ * Forward, one work item = (batch index, GROUP tiles of BR query rows); items of one batch index
+ * are ordered short, long, short, long ... so that causal work is even across the pool's chunks:
+ *   m = -inf, l = 0, O = 0                                          (per row of the group)
+ *   for each tile of BC keys (under causal, only up to the group's last allowed key):
+ *     pack K^T and V of the tile once, for all the group's query tiles; then for each query tile
+ *     that sees any of these keys:
+ *     S = Q K^T                                 [BR, BC] by micro-kernel on the packed K panels
+ *     s = S scale + bias; -FLT_MAX where masked (mask false, or causal j > i + J - I)
+ *     m' = max(m, max s);  P = exp(s - m');  l = l e^(m - m') + sum P;  O = O e^(m - m')
+ *     O += P V                                  [BR, E]
+ *   out = O / l, and the logsumexp m + log l with stats.
+ * A row with every key masked attends uniformly to all J keys (the -FLT_MAX fill does that in the
+ * unfused graph): its m stays -FLT_MAX, and it gets the mean of v instead (keys skipped under
+ * causal would otherwise be missing from that mean); its logsumexp is -FLT_MAX.
+ *
+ * Backward, one work item = one batch index (dq accumulates in place, with no other thread
+ * writing it):
+ *   u = sum of dout over the fully masked rows / J              (their uniform share of dv)
+ *   for each tile of BBC keys: dK = dV = 0, K and V packed once
+ *     for each tile of BBR query rows that sees any of these keys:
+ *       S = Q K^T, dP = dO V^T;  P = exp(S scale + bias - lse), 0 where masked
+ *       Drow = dO . O - dlse;  dS = P (dP - Drow) scale
+ *       dV += P^T dO;  dK += dS^T Q;  dQ += dS K
+ *     dk = dK, dv = dV + u
+ * Five tile products per pair of tiles, none of them n x n in memory. */
+#include "cg_llvm.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#define BR 48   /* forward: query rows per tile */
+#define GROUP 4 /* forward: query tiles per work item, sharing each packed key tile */
+#define BC 128  /* forward: keys per tile */
+#define BBR 48  /* backward: query rows per tile */
+#define BBC 64  /* backward: keys per tile */
+#define MAX_HEAD 256 /* D and E: constants up to this (the stack tiles are sized by them) */
+
+/* ---- small builders ---- */
+
+typedef struct {
+    CgFn *f;
+    Cg *cg;
+    LLVMBuilderRef b;
+    int nr, mr;
+    LLVMValueRef pack_n, pack_t, micro;
+    LLVMTypeRef pack_ty, micro_ty;
+} K;
+
+static LLVMValueRef ci(K *k, int64_t v) { return cg_i64(k->cg, v); }
+static LLVMValueRef iadd(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildAdd(k->b, a, b, ""); }
+static LLVMValueRef isub(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSub(k->b, a, b, ""); }
+static LLVMValueRef imul(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildMul(k->b, a, b, ""); }
+static LLVMValueRef idiv(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSDiv(k->b, a, b, ""); }
+static LLVMValueRef irem(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSRem(k->b, a, b, ""); }
+static LLVMValueRef imin(K *k, LLVMValueRef a, LLVMValueRef b) { return cg_min_i64(k->f, a, b); }
+static LLVMValueRef imax(K *k, LLVMValueRef a, LLVMValueRef b) { return cg_max_i64(k->f, a, b); }
+static LLVMValueRef ilt(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildICmp(k->b, LLVMIntSLT, a, b, ""); }
+static LLVMValueRef fc(K *k, double v) { return cg_f32(k->cg, v); }
+static LLVMValueRef f_add(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(k->b, a, b, ""); }
+static LLVMValueRef f_sub(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(k->b, a, b, ""); }
+static LLVMValueRef f_mul(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(k->b, a, b, ""); }
+static LLVMValueRef ptr(K *k, LLVMValueRef base, LLVMValueRef idx) { return cg_addr(k->f, IR_F32, base, idx); }
+static LLVMValueRef ld(K *k, LLVMValueRef base, LLVMValueRef idx) { return cg_load(k->f, IR_F32, base, idx); }
+static void st(K *k, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v) { cg_store(k->f, IR_F32, base, idx, v); }
+static LLVMValueRef fget(K *k, LLVMValueRef var) { return cg_get(k->f, k->cg->t_f32, var); }
+static LLVMValueRef ceil_div(K *k, LLVMValueRef a, int64_t d) { return idiv(k, iadd(k, a, ci(k, d - 1)), ci(k, d)); }
+
+/* a float array of n elements on the stack, 64-byte aligned */
+static LLVMValueRef stack_floats(K *k, int64_t n, const char *name)
+{
+    LLVMValueRef a = cg_var(k->f, LLVMArrayType(k->cg->t_f32, (unsigned)n), NULL, name);
+    LLVMSetAlignment(a, 64);
+    return a;
+}
+
+/* max(a, b) for the vectoriser: maxnum with no-NaN flags (NaN inputs give unspecified rows) */
+static LLVMValueRef fmaxv(K *k, LLVMValueRef a, LLVMValueRef b)
+{
+    LLVMValueRef args[2] = {a, b};
+    return cg_fmf(cg_intrinsic(k->cg, "llvm.maxnum", k->cg->t_f32, args, 2), LLVMFastMathNoNaNs | LLVMFastMathNoSignedZeros);
+}
+
+/* acc += x, reassociable so that the loop vectorises */
+static void fsum_into(K *k, LLVMValueRef acc, LLVMValueRef x)
+{
+    LLVMBuildStore(k->b, cg_fmf(LLVMBuildFAdd(k->b, fget(k, acc), x, ""), LLVMFastMathAllowReassoc | LLVMFastMathAllowContract), acc);
+}
+
+static void fill(K *k, LLVMValueRef base, LLVMValueRef n, double v)
+{
+    CgLoop l;
+    cg_for(k->f, &l, ci(k, 0), n, "z");
+    st(k, base, l.iv, fc(k, v));
+    cg_for_end(k->f, &l);
+}
+
+static void k_init(K *k, CgFn *f)
+{
+    memset(k, 0, sizeof *k);
+    k->f = f;
+    k->cg = f->cg;
+    k->b = f->cg->b;
+    k->nr = cg_gemm_nr(f->cg);
+    k->mr = cg_gemm_mr(f->cg);
+    k->pack_n = cg_gemm_pack(f->cg, 0);
+    k->pack_t = cg_gemm_pack(f->cg, 1);
+    k->micro = cg_gemm_micro(f->cg);
+    k->pack_ty = LLVMGlobalGetValueType(k->pack_n);
+    k->micro_ty = LLVMGlobalGetValueType(k->micro);
+}
+
+/* bp = panel of B(pc + p, j0 + j): B(p, j) = src[p ldb + j], or src[j ldb + p] transposed */
+static void pack(K *k, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb, LLVMValueRef pc,
+                 LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc)
+{
+    LLVMValueRef args[7] = {bp, src, ldb, pc, kc, j0, nc};
+    LLVMBuildCall2(k->b, k->pack_ty, transposed ? k->pack_t : k->pack_n, args, 7, "");
+}
+
+/* C[0..rows, 0..nc) (+)= A[rows, kc] x panel bp, A rows at a + r lda, C rows at c + r ldc */
+static void micro_rows(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef rows, LLVMValueRef kc, LLVMValueRef bp,
+                       LLVMValueRef c, LLVMValueRef ldc, LLVMValueRef nc, int accumulate)
+{
+    CgLoop l;
+    cg_for(k->f, &l, ci(k, 0), ceil_div(k, rows, k->mr), "mt");
+    LLVMValueRef r0 = imul(k, l.iv, ci(k, k->mr));
+    LLVMValueRef mr = imin(k, ci(k, k->mr), isub(k, rows, r0));
+    LLVMValueRef args[11] = {a, lda, r0, isub(k, rows, ci(k, 1)), kc, bp, c, ldc, mr, nc,
+                             LLVMConstInt(k->cg->t_i1, (unsigned long long)accumulate, 0)};
+    LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
+    cg_for_end(k->f, &l);
+}
+
+/* ---- operands ---- */
+
+/* Sizes of an attention node (or of the forward node behind an attention_grad). */
+typedef struct {
+    LLVMValueRef nb, I, J;   /* batch (product of the batch dims), queries, keys */
+    int D, E;                /* head sizes: constants */
+} Dims;
+
+static int dims_of(K *k, const IrNode *n, Dims *d)
+{
+    const IrNode *q = n->in[0], *v = n->in[2], *kk = n->in[1];
+    int r = q->rank;
+    IrDim D = q->shape[r - 1], E = v->shape[r - 1];
+    if (!ir_dim_is_const(D) || !ir_dim_is_const(E) || D.c < 1 || E.c < 1 || D.c > MAX_HEAD || E.c > MAX_HEAD)
+        return cg_error(k->cg, "%s %%%s: the CPU kernel needs head sizes that are constants from 1 to %d",
+                        ir_ops[n->op].name, n->label ? n->label : "?", MAX_HEAD);
+    d->D = (int)D.c;
+    d->E = (int)E.c;
+    d->nb = cg_dims_prod(k->f, q->shape, 0, r - 2);
+    d->I = cg_dim(k->f, q->shape[r - 2]);
+    d->J = cg_dim(k->f, kk->shape[r - 2]);
+    return 0;
+}
+
+/* A bias or mask operand x, broadcast to the scores [batch.., I, J]: element (bi, i, j) is at
+ * base + boff(bi) + i si + j sj, sj being 0 or 1 (known here, so the loops over j vectorise). */
+typedef struct {
+    int present;        /* 0: the constant "none" (bias 0, mask true) */
+    IrDType t;
+    const IrNode *x;
+    LLVMValueRef base, si;
+    int sj;
+} ScoreOp;
+
+static LLVMValueRef x_stride(K *k, const IrNode *x, int d) { return cg_dims_prod(k->f, x->shape, d + 1, x->rank); }
+
+static void score_op(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, int is_mask, ScoreOp *s)
+{
+    memset(s, 0, sizeof *s);
+    s->x = x;
+    s->t = x->dtype;
+    s->base = base;
+    s->present = !(x->op == IR_CONST && (is_mask ? x->f != 0 : x->f == 0));
+    int r = q->rank, lead = r - x->rank;
+    int ki = r - 2 - lead, kj = r - 1 - lead;
+    s->si = ki >= 0 && !ir_dim_is_one(x->shape[ki]) ? x_stride(k, x, ki) : ci(k, 0);
+    s->sj = kj >= 0 && !ir_dim_is_one(x->shape[kj]);
+}
+
+/* offset of batch index bi (flat over q's batch dims) in x */
+static LLVMValueRef score_batch_offset(K *k, const IrNode *q, const ScoreOp *s, LLVMValueRef bi)
+{
+    int r = q->rank, lead = r - s->x->rank;
+    LLVMValueRef off = ci(k, 0), rest = bi;
+    for (int d = r - 3; d >= 0; d--) {
+        LLVMValueRef size = cg_dim(k->f, q->shape[d]);
+        LLVMValueRef idx = d == 0 ? rest : irem(k, rest, size);
+        if (d > 0)
+            rest = idiv(k, rest, size);
+        int kd = d - lead;
+        if (kd < 0 || ir_dim_is_one(s->x->shape[kd]))
+            continue;
+        off = iadd(k, off, imul(k, idx, x_stride(k, s->x, kd)));
+    }
+    return off;
+}
+
+/* address of row i's element j0 (+ c sj) */
+static LLVMValueRef score_row(K *k, const ScoreOp *s, LLVMValueRef boff, LLVMValueRef i, LLVMValueRef j0)
+{
+    LLVMValueRef off = iadd(k, boff, imul(k, i, s->si));
+    if (s->sj)
+        off = iadd(k, off, j0);
+    return off;
+}
+
+/* the score x at column c of a row: x (+ bias), and whether it is kept (mask, causal limit) */
+static LLVMValueRef score_at(K *k, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef brow, LLVMValueRef mrow,
+                             LLVMValueRef c, LLVMValueRef lim, LLVMValueRef x, LLVMValueRef *keep)
+{
+    if (bias->present)
+        x = f_add(k, x, ld(k, bias->base, bias->sj ? iadd(k, brow, c) : brow));
+    *keep = ilt(k, c, lim);
+    if (mask->present) {
+        LLVMValueRef mv = cg_load(k->f, IR_BOOL, mask->base, mask->sj ? iadd(k, mrow, c) : mrow);
+        *keep = LLVMBuildAnd(k->b, *keep, mv, "");
+    }
+    return x;
+}
+
+/* The scale of batch index bi: a constant, or one value per batch and head (cosine similarity's
+ * learned temperature). */
+static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, LLVMValueRef bi)
+{
+    if (x->op == IR_CONST)
+        return fc(k, x->f);
+    ScoreOp s;
+    score_op(k, q, x, base, 0, &s);
+    return ld(k, base, score_batch_offset(k, q, &s, bi));
+}
+
+/* ---- forward ---- */
+
+void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
+{
+    K k;
+    memset(&k, 0, sizeof k);
+    k.f = f, k.cg = f->cg, k.b = f->cg->b;
+    const IrNode *n = f->node, *q = n->in[0];
+    int r = q->rank;
+    LLVMValueRef nb = cg_dims_prod(f, q->shape, 0, r - 2), I = cg_dim(f, q->shape[r - 2]);
+    LLVMValueRef J = cg_dim(f, n->in[1]->shape[r - 2]);
+    *items = imul(&k, nb, ceil_div(&k, I, BR * GROUP));
+    *cost = imul(&k, imul(&k, nb, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
+}
+
+int cg_attention_impl(CgFn *f)
+{
+    K k;
+    k_init(&k, f);
+    const IrNode *n = f->node, *q = n->in[0];
+    Dims d;
+    if (dims_of(&k, n, &d) < 0)
+        return -1;
+    int causal = n->ia[0] != 0, stats = n->ia[1] != 0;
+    int D = d.D, E = d.E, nr = k.nr;
+    int64_t Eo = E + stats;
+    int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
+    ScoreOp bias, mask;
+    score_op(&k, q, n->in[3], f->in[3], 0, &bias);
+    score_op(&k, q, n->in[4], f->in[4], 1, &mask);
+    LLVMValueRef S = stack_floats(&k, BR * BC, "S"), O = stack_floats(&k, (int64_t)GROUP * BR * E, "O");
+    LLVMValueRef M = stack_floats(&k, GROUP * BR, "m"), L = stack_floats(&k, GROUP * BR, "l");
+    LLVMValueRef KP = stack_floats(&k, (int64_t)kpanels * D * nr, "kpanels");
+    LLVMValueRef VP = stack_floats(&k, (int64_t)epanels * BC * nr, "vpanels");
+    LLVMValueRef VMEAN = stack_floats(&k, E, "vmean");
+    LLVMValueRef MT = stack_floats(&k, BR, "mtile"), AL = stack_floats(&k, BR, "alpha"), SM = stack_floats(&k, BR, "psum");
+    LLVMValueRef neg_max = fc(&k, -FLT_MAX);
+    LLVMValueRef ngroups = ceil_div(&k, d.I, BR * GROUP), off = isub(&k, d.J, d.I);
+    LLVMValueRef cD = ci(&k, D), cE = ci(&k, E), cBC = ci(&k, BC);
+
+    CgLoop li;
+    cg_for(f, &li, f->lo, f->hi, "item");
+    LLVMValueRef bi = idiv(&k, li.iv, ngroups), tz = irem(&k, li.iv, ngroups);
+    /* zigzag: 0, T-1, 1, T-2, ... so neighbouring items have complementary causal work */
+    LLVMValueRef half = idiv(&k, tz, ci(&k, 2));
+    LLVMValueRef odd = LLVMBuildICmp(k.b, LLVMIntNE, irem(&k, tz, ci(&k, 2)), ci(&k, 0), "");
+    LLVMValueRef t = LLVMBuildSelect(k.b, odd, isub(&k, isub(&k, ngroups, ci(&k, 1)), half), half, "group");
+    LLVMValueRef g0 = imul(&k, t, ci(&k, BR * GROUP));
+    LLVMValueRef grows = imin(&k, ci(&k, BR * GROUP), isub(&k, d.I, g0));
+    LLVMValueRef ntq = ceil_div(&k, grows, BR);
+    LLVMValueRef qb = ptr(&k, f->in[0], imul(&k, imul(&k, bi, d.I), cD));
+    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, bi, d.J), cD));
+    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, bi, d.J), cE));
+    LLVMValueRef ob = ptr(&k, f->out, imul(&k, imul(&k, bi, d.I), ci(&k, Eo)));
+    LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
+    LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
+    LLVMValueRef scale = scale_of(&k, q, n->in[5], f->in[5], bi);
+    LLVMValueRef jend = d.J;
+    if (causal) /* the group's last row sees keys j <= g0 + grows - 1 + off */
+        jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
+    fill(&k, M, ci(&k, GROUP * BR), -INFINITY);
+    fill(&k, L, ci(&k, GROUP * BR), 0);
+    fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
+
+    CgLoop lj;
+    cg_for(f, &lj, ci(&k, 0), ceil_div(&k, jend, BC), "ktile");
+    LLVMValueRef j0 = imul(&k, lj.iv, cBC);
+    LLVMValueRef bc = imin(&k, cBC, isub(&k, jend, j0));
+    /* the key tile's K (transposed, nr keys a panel) and V (nr columns a panel), packed once for
+     * every query tile of the group */
+    CgLoop lp;
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
+    LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
+    pack(&k, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, cD, ci(&k, 0), cD, iadd(&k, j0, p0),
+         imin(&k, ci(&k, nr), isub(&k, bc, p0)));
+    cg_for_end(f, &lp);
+    for (int e0 = 0; e0 < E; e0 += nr)
+        pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, cE, j0, bc, ci(&k, e0),
+             ci(&k, E - e0 < nr ? E - e0 : nr));
+    CgLoop lq;
+    cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
+    LLVMValueRef i0 = iadd(&k, g0, imul(&k, lq.iv, ci(&k, BR)));
+    LLVMValueRef rows = imin(&k, ci(&k, BR), isub(&k, d.I, i0));
+    LLVMValueRef sbase = imul(&k, lq.iv, ci(&k, BR)); /* the tile's rows in M, L, O */
+    /* under causal, a query tile whose last row sees none of these keys skips them */
+    CgIf sees;
+    cg_if(f, &sees, causal ? ilt(&k, j0, iadd(&k, iadd(&k, i0, rows), off)) : LLVMConstInt(k.cg->t_i1, 1, 0));
+    LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD));
+    /* S[rows, bc] = Q K^T, a panel of nr keys at a time */
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
+    p0 = imul(&k, lp.iv, ci(&k, nr));
+    micro_rows(&k, qt, cD, rows, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0), cBC,
+               imin(&k, ci(&k, nr), isub(&k, bc, p0)), 0);
+    cg_for_end(f, &lp);
+    /* the online softmax: the scores and each row's maximum in the tile, ... */
+    CgLoop lr, lc;
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    LLVMValueRef i = iadd(&k, i0, lr.iv);
+    LLVMValueRef srow = imul(&k, lr.iv, cBC);
+    LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bc;
+    LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
+    LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
+    LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
+    cg_for(f, &lc, ci(&k, 0), bc, "c");
+    LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
+    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
+    x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
+    st(&k, S, si, x);
+    LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
+    cg_for_end(f, &lc);
+    st(&k, MT, lr.iv, fget(&k, mt));
+    cg_for_end(f, &lr);
+    /* ... the new maxima and the rescale factors, a vector of rows at a time, ... */
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    LLVMValueRef sr = iadd(&k, sbase, lr.iv);
+    LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
+    st(&k, AL, lr.iv, cg_exp(k.cg, f_sub(&k, mold, mnew)));
+    st(&k, M, sr, mnew);
+    cg_for_end(f, &lr);
+    /* ... the probabilities, row by row, ... */
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    srow = imul(&k, lr.iv, cBC);
+    LLVMValueRef mnew_r = ld(&k, M, iadd(&k, sbase, lr.iv));
+    LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
+    cg_for(f, &lc, ci(&k, 0), bc, "c");
+    si = iadd(&k, srow, lc.iv);
+    LLVMValueRef p = cg_exp(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
+    st(&k, S, si, p);
+    fsum_into(&k, sum, p);
+    cg_for_end(f, &lc);
+    st(&k, SM, lr.iv, fget(&k, sum));
+    cg_for_end(f, &lr);
+    /* ... and the sums and outputs so far rescaled */
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    sr = iadd(&k, sbase, lr.iv);
+    st(&k, L, sr, f_add(&k, f_mul(&k, ld(&k, L, sr), ld(&k, AL, lr.iv)), ld(&k, SM, lr.iv)));
+    cg_for_end(f, &lr);
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    LLVMValueRef orow = imul(&k, iadd(&k, sbase, lr.iv), cE), alpha = ld(&k, AL, lr.iv);
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lr);
+    /* O[rows, E] += P[rows, bc] V[j0 .. j0 + bc, E] */
+    for (int e0 = 0; e0 < E; e0 += nr)
+        micro_rows(&k, S, cBC, rows, bc, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
+                   ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
+    cg_if_end(f, &sees);
+    cg_for_end(f, &lq);
+    cg_for_end(f, &lj);
+
+    /* out = O / l; fully masked rows: the mean of every v row */
+    LLVMValueRef have_mean = cg_var(f, k.cg->t_i1, LLVMConstInt(k.cg->t_i1, 0, 0), "have_mean");
+    cg_for(f, &lr, ci(&k, 0), grows, "row");
+    LLVMValueRef orow_out = imul(&k, iadd(&k, g0, lr.iv), ci(&k, Eo));
+    LLVMValueRef mrow_v = ld(&k, M, lr.iv), lrow = ld(&k, L, lr.iv);
+    LLVMValueRef full = LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
+    LLVMValueRef jpos = LLVMBuildICmp(k.b, LLVMIntSGT, d.J, ci(&k, 0), "");
+    CgIf cf, cn, cm;
+    cg_if(f, &cf, LLVMBuildAnd(k.b, full, jpos, ""));
+    cg_if(f, &cm, LLVMBuildNot(k.b, LLVMBuildLoad2(k.b, k.cg->t_i1, have_mean, ""), ""));
+    fill(&k, VMEAN, cE, 0);
+    CgLoop lk;
+    cg_for(f, &lk, ci(&k, 0), d.J, "j");
+    LLVMValueRef vrow = imul(&k, lk.iv, cE);
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), ld(&k, vb, iadd(&k, vrow, lc.iv))));
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lk);
+    LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, d.J, k.cg->t_f32, ""), "");
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, VMEAN, lc.iv, f_mul(&k, ld(&k, VMEAN, lc.iv), invj));
+    cg_for_end(f, &lc);
+    LLVMBuildStore(k.b, LLVMConstInt(k.cg->t_i1, 1, 0), have_mean);
+    cg_if_end(f, &cm);
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, ob, iadd(&k, orow_out, lc.iv), ld(&k, VMEAN, lc.iv));
+    cg_for_end(f, &lc);
+    if (stats)
+        st(&k, ob, iadd(&k, orow_out, cE), neg_max);
+    cg_if_end(f, &cf);
+    cg_if(f, &cn, LLVMBuildNot(k.b, LLVMBuildAnd(k.b, full, jpos, ""), ""));
+    /* J = 0: l = 0 gives 0 * inf: write zeros and a logsumexp of -inf instead */
+    LLVMValueRef inv = LLVMBuildSelect(k.b, jpos, LLVMBuildFDiv(k.b, fc(&k, 1), lrow, ""), fc(&k, 0), "");
+    LLVMValueRef ot = imul(&k, lr.iv, cE);
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, ob, iadd(&k, orow_out, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, ot, lc.iv)), inv));
+    cg_for_end(f, &lc);
+    if (stats) {
+        LLVMValueRef lse = f_add(&k, mrow_v, cg_intrinsic(k.cg, "llvm.log", k.cg->t_f32, &lrow, 1));
+        st(&k, ob, iadd(&k, orow_out, cE), LLVMBuildSelect(k.b, jpos, lse, fc(&k, -INFINITY), ""));
+    }
+    cg_if_end(f, &cn);
+    cg_for_end(f, &lr);
+    cg_for_end(f, &li);
+    return 0;
+}
+
+/* ---- backward ---- */
+
+void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
+{
+    K k;
+    memset(&k, 0, sizeof k);
+    k.f = f, k.cg = f->cg, k.b = f->cg->b;
+    const IrNode *n = f->node, *q = n->in[0];
+    int r = q->rank;
+    *items = cg_dims_prod(f, q->shape, 0, r - 2);
+    LLVMValueRef I = cg_dim(f, q->shape[r - 2]), J = cg_dim(f, n->in[1]->shape[r - 2]);
+    *cost = imul(&k, imul(&k, *items, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
+}
+
+int cg_attention_grad_impl(CgFn *f)
+{
+    K k;
+    k_init(&k, f);
+    const IrNode *n = f->node, *q = n->in[0], *dout = n->in[4];
+    Dims d;
+    if (dims_of(&k, n, &d) < 0)
+        return -1;
+    int causal = n->ia[0] != 0, D = d.D, E = d.E, nr = k.nr;
+    int r = q->rank;
+    int64_t Eo = E + 1, Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == E ? E : E + 1;
+    ScoreOp bias, mask;
+    score_op(&k, q, n->in[5], f->in[5], 0, &bias);
+    score_op(&k, q, n->in[6], f->in[6], 1, &mask);
+    int kpanels = (BBC + nr - 1) / nr, dpanels = (D + nr - 1) / nr;
+    LLVMValueRef S = stack_floats(&k, BBR * BBC, "S"), DP = stack_floats(&k, BBR * BBC, "dP");
+    LLVMValueRef PT = stack_floats(&k, BBC * BBR, "PT"), DST = stack_floats(&k, BBC * BBR, "dST");
+    LLVMValueRef DK = stack_floats(&k, (int64_t)BBC * D, "dK"), DV = stack_floats(&k, (int64_t)BBC * E, "dV");
+    LLVMValueRef KPT = stack_floats(&k, (int64_t)kpanels * D * nr, "kpt");
+    LLVMValueRef VPT = stack_floats(&k, (int64_t)kpanels * E * nr, "vpt");
+    LLVMValueRef KPN = stack_floats(&k, (int64_t)dpanels * BBC * nr, "kpn");
+    LLVMValueRef BP = stack_floats(&k, (int64_t)BBR * nr, "bp");
+    LLVMValueRef LSE = stack_floats(&k, BBR, "lse"), DROW = stack_floats(&k, BBR, "drow");
+    LLVMValueRef U = stack_floats(&k, E, "u");
+    LLVMValueRef neg_max = fc(&k, -FLT_MAX);
+    LLVMValueRef cD = ci(&k, D), cE = ci(&k, E), cEo = ci(&k, Eo), cGo = ci(&k, Go), cBBC = ci(&k, BBC), cBBR = ci(&k, BBR);
+    LLVMValueRef off = isub(&k, d.J, d.I);
+    LLVMValueRef rowsout = iadd(&k, d.I, imul(&k, d.J, ci(&k, 2)));
+
+    CgLoop li;
+    cg_for(f, &li, f->lo, f->hi, "item");
+    LLVMValueRef bi = li.iv;
+    LLVMValueRef qb = ptr(&k, f->in[0], imul(&k, imul(&k, bi, d.I), cD));
+    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, bi, d.J), cD));
+    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, bi, d.J), cE));
+    LLVMValueRef obf = ptr(&k, f->in[3], imul(&k, imul(&k, bi, d.I), cEo));
+    LLVMValueRef gb = ptr(&k, f->in[4], imul(&k, imul(&k, bi, d.I), cGo));
+    LLVMValueRef dqb = ptr(&k, f->out, imul(&k, imul(&k, bi, rowsout), cD));
+    LLVMValueRef dkb = ptr(&k, dqb, imul(&k, d.I, cD));
+    LLVMValueRef dvb = ptr(&k, dkb, imul(&k, d.J, cD));
+    LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
+    LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
+    LLVMValueRef scale = scale_of(&k, q, n->in[7], f->in[7], bi);
+    fill(&k, dqb, imul(&k, d.I, cD), 0);
+    /* u: the fully masked rows' uniform share of every dv row */
+    fill(&k, U, cE, 0);
+    CgLoop lr, lc;
+    cg_for(f, &lr, ci(&k, 0), d.I, "i");
+    LLVMValueRef lse_i = ld(&k, obf, iadd(&k, imul(&k, lr.iv, cEo), cE));
+    CgIf fm;
+    cg_if(f, &fm, LLVMBuildFCmp(k.b, LLVMRealOLE, lse_i, neg_max, ""));
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, U, lc.iv, f_add(&k, ld(&k, U, lc.iv), ld(&k, gb, iadd(&k, imul(&k, lr.iv, cGo), lc.iv))));
+    cg_for_end(f, &lc);
+    cg_if_end(f, &fm);
+    cg_for_end(f, &lr);
+    LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, imax(&k, d.J, ci(&k, 1)), k.cg->t_f32, ""), "");
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, U, lc.iv, f_mul(&k, ld(&k, U, lc.iv), invj));
+    cg_for_end(f, &lc);
+
+    CgLoop lj;
+    cg_for(f, &lj, ci(&k, 0), ceil_div(&k, d.J, BBC), "ktile");
+    LLVMValueRef j0 = imul(&k, lj.iv, cBBC);
+    LLVMValueRef bc = imin(&k, cBBC, isub(&k, d.J, j0));
+    fill(&k, DK, ci(&k, (int64_t)BBC * D), 0);
+    fill(&k, DV, ci(&k, (int64_t)BBC * E), 0);
+    /* K and V of the tile, packed once: transposed panels for Q K^T and dO V^T, plain for dS K */
+    CgLoop lp;
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
+    LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
+    LLVMValueRef nc = imin(&k, ci(&k, nr), isub(&k, bc, p0));
+    pack(&k, 1, ptr(&k, KPT, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, cD, ci(&k, 0), cD, iadd(&k, j0, p0), nc);
+    pack(&k, 1, ptr(&k, VPT, imul(&k, lp.iv, ci(&k, (int64_t)E * nr))), vb, cE, ci(&k, 0), cE, iadd(&k, j0, p0), nc);
+    cg_for_end(f, &lp);
+    for (int dp = 0; dp < dpanels; dp++)
+        pack(&k, 0, ptr(&k, KPN, ci(&k, (int64_t)dp * BBC * nr)), kb, cD, j0, bc, ci(&k, dp * nr),
+             ci(&k, D - dp * nr < nr ? D - dp * nr : nr));
+
+    /* query tiles that see any key of this tile: i + off >= j0 under causal */
+    LLVMValueRef istart = causal ? imin(&k, d.I, imax(&k, ci(&k, 0), isub(&k, j0, off))) : ci(&k, 0);
+    CgLoop lq;
+    cg_for(f, &lq, ci(&k, 0), ceil_div(&k, isub(&k, d.I, istart), BBR), "qtile");
+    LLVMValueRef i0 = iadd(&k, istart, imul(&k, lq.iv, cBBR));
+    LLVMValueRef rows = imin(&k, cBBR, isub(&k, d.I, i0));
+    LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD)), gt = ptr(&k, gb, imul(&k, i0, cGo));
+    /* S = Q K^T, dP = dO V^T, panel by panel */
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
+    p0 = imul(&k, lp.iv, ci(&k, nr));
+    nc = imin(&k, ci(&k, nr), isub(&k, bc, p0));
+    micro_rows(&k, qt, cD, rows, cD, ptr(&k, KPT, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0), cBBC, nc, 0);
+    micro_rows(&k, gt, cGo, rows, cE, ptr(&k, VPT, imul(&k, lp.iv, ci(&k, (int64_t)E * nr))), ptr(&k, DP, p0), cBBC, nc, 0);
+    cg_for_end(f, &lp);
+    /* row statistics: lse, and Drow = dO . O - dlse */
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    LLVMValueRef i = iadd(&k, i0, lr.iv);
+    st(&k, LSE, lr.iv, ld(&k, obf, iadd(&k, imul(&k, i, cEo), cE)));
+    LLVMValueRef dsum = cg_var(f, k.cg->t_f32, fc(&k, 0), "dsum");
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    fsum_into(&k, dsum, f_mul(&k, ld(&k, gb, iadd(&k, imul(&k, i, cGo), lc.iv)), ld(&k, obf, iadd(&k, imul(&k, i, cEo), lc.iv))));
+    cg_for_end(f, &lc);
+    LLVMValueRef dr = fget(&k, dsum);
+    if (Go > E)
+        dr = f_sub(&k, dr, ld(&k, gb, iadd(&k, imul(&k, i, cGo), cE)));
+    st(&k, DROW, lr.iv, dr);
+    cg_for_end(f, &lr);
+    /* P and dS, row by row, stored as they are and transposed */
+    cg_for(f, &lr, ci(&k, 0), rows, "row");
+    i = iadd(&k, i0, lr.iv);
+    LLVMValueRef srow = imul(&k, lr.iv, cBBC);
+    LLVMValueRef lse = ld(&k, LSE, lr.iv), drow = ld(&k, DROW, lr.iv);
+    LLVMValueRef notfull = LLVMBuildFCmp(k.b, LLVMRealOGT, lse, neg_max, "");
+    LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bc;
+    LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
+    LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
+    cg_for(f, &lc, ci(&k, 0), bc, "c");
+    LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
+    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
+    keep = LLVMBuildAnd(k.b, keep, notfull, "");
+    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
+    LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);
+    LLVMValueRef ti = iadd(&k, imul(&k, lc.iv, cBBR), lr.iv);
+    st(&k, PT, ti, p);
+    st(&k, DST, ti, ds);
+    st(&k, DP, si, ds);
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lr);
+    /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
+    for (int e0 = 0; e0 < E; e0 += nr) {
+        LLVMValueRef enc = ci(&k, E - e0 < nr ? E - e0 : nr);
+        pack(&k, 0, BP, gb, cGo, i0, rows, ci(&k, e0), enc);
+        micro_rows(&k, PT, cBBR, bc, rows, BP, ptr(&k, DV, ci(&k, e0)), cE, enc, 1);
+    }
+    for (int d0 = 0; d0 < D; d0 += nr) {
+        LLVMValueRef dnc = ci(&k, D - d0 < nr ? D - d0 : nr);
+        pack(&k, 0, BP, qb, cD, i0, rows, ci(&k, d0), dnc);
+        micro_rows(&k, DST, cBBR, bc, rows, BP, ptr(&k, DK, ci(&k, d0)), cD, dnc, 1);
+        micro_rows(&k, DP, cBBC, rows, bc, ptr(&k, KPN, ci(&k, (int64_t)(d0 / nr) * BBC * nr)),
+                   ptr(&k, dqb, iadd(&k, imul(&k, i0, cD), ci(&k, d0))), cD, dnc, 1);
+    }
+    cg_for_end(f, &lq);
+    /* the tile's dk and dv rows */
+    cg_for(f, &lr, ci(&k, 0), bc, "krow");
+    LLVMValueRef jrow = iadd(&k, j0, lr.iv);
+    cg_for(f, &lc, ci(&k, 0), cD, "d");
+    st(&k, dkb, iadd(&k, imul(&k, jrow, cD), lc.iv), ld(&k, DK, iadd(&k, imul(&k, lr.iv, cD), lc.iv)));
+    cg_for_end(f, &lc);
+    cg_for(f, &lc, ci(&k, 0), cE, "e");
+    st(&k, dvb, iadd(&k, imul(&k, jrow, cE), lc.iv),
+       f_add(&k, ld(&k, DV, iadd(&k, imul(&k, lr.iv, cE), lc.iv)), ld(&k, U, lc.iv)));
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lr);
+    cg_for_end(f, &lj);
+    cg_for_end(f, &li);
+    return 0;
+}

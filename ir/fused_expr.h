@@ -1,0 +1,74 @@
+/* fused_expr.h: the program of a `fused` node (ops.def): a chain of elementwise ops, last-axis
+ * reductions and softmaxes over its operands, written as text in the node's string attribute.
+ *
+ *   program := step { ';' step }                 the last step is the node's value
+ *   step    := NAME '(' arg { ',' arg } ')'      an op of ops.def by name: an elementwise op,
+ *                                                sum / reduce_max (over the argument's last axis,
+ *                                                kept with size 1), softmax (last axis)
+ *            | 'cast:' DTYPE '(' arg ')'
+ *            | 'bcast(' arg ')'                  the argument expanded to the node's shape
+ *            | 'slice(' arg ',' START ',' LEN ')'  [START, START + LEN) of the last axis
+ *            | 'concat(' arg ',' arg ')'         the two joined along the last axis
+ *            | 'permute(' arg {',' AXIS} ')'     an operand's axes permuted, the last one kept
+ *            | 'matmul(' arg ',' arg ',' TB ')'  the matmul op (TB: transpose_b), at most once: the
+ *                                                program is then the matmul's epilogue
+ *   arg     := '$' K                             operand K
+ *            | '%' I                             the value of step I (earlier)
+ *            | NUMBER ':' DTYPE                  a scalar constant: 0.5:f32, 1:bool, -3:i64
+ *
+ * e.g. LayerNorm over 512 columns:
+ *   sum($0);mul(%0,0.001953125:f32);sub($0,%1);mul(%2,%2);sum(%3);mul(%4,0.001953125:f32);
+ *   add(%5,1.0000000000000001e-05:f32);rsqrt(%6);mul(%2,%7);mul(%8,$1);add(%9,$2)
+ *
+ * Each step is exactly the IR op of that name with numpy broadcasting, so the program is a small
+ * graph: ir_fused_graph() builds it, and the node's value is the last step's broadcast to the
+ * node's shape (which the node carries). Shape inference, the interpreter and the backends all
+ * read the program through this file. */
+#ifndef XTC_FUSED_EXPR_H
+#define XTC_FUSED_EXPR_H
+
+#include "ir.h"
+
+#define IR_FUSED_MAXSTEPS 96
+
+typedef struct {
+    char kind;      /* '$' operand, '%' step, 'c' constant */
+    int idx;        /* operand or step */
+    double value;   /* constant */
+    IrDType dtype;  /* constant */
+} IrFusedRef;
+
+typedef struct {
+    IrOp op;            /* IR_EXPAND for bcast */
+    IrDType cast_to;    /* IR_CAST */
+    int64_t start, len; /* IR_SLICE; IR_MATMUL: start = transpose_b */
+    int nperm;          /* IR_PERMUTE */
+    int8_t perm[IR_MAXRANK];
+    int nargs;
+    IrFusedRef arg[3];
+} IrFusedStep;
+
+typedef struct {
+    int nsteps;
+    IrFusedStep step[IR_FUSED_MAXSTEPS];
+} IrFusedProgram;
+
+/* Parses a program; -1 with a message. Checks the form only (ops and argument counts, step
+ * references to earlier steps); shapes and types are checked by building the graph. */
+int ir_fused_parse(const char *text, IrFusedProgram *p, char *err, size_t n);
+
+/* Writes p as text; -1 when it does not fit in n bytes. */
+int ir_fused_write(const IrFusedProgram *p, char *buf, size_t n);
+
+/* The program as a graph of its own: inputs x0, x1, ... of the given types and shapes (IrDims
+ * over the caller's symbol indices; the graph declares IR_MAXSYM placeholder symbols), one node
+ * per step, and the output "y", the last step broadcast to out_shape. Returns the graph and the
+ * node of each step in steps[] (may be NULL), or NULL with a message. */
+IrGraph *ir_fused_graph(const IrFusedProgram *p, int nin, const IrDType *dtypes, const int *ranks,
+                        IrDim (*shapes)[IR_MAXRANK], int out_rank, const IrDim *out_shape, IrNode **steps,
+                        char *err, size_t n);
+
+/* The same for a fused node's program and operands. */
+IrGraph *ir_fused_graph_of(const IrNode *node, IrFusedProgram *p, IrNode **steps, char *err, size_t n);
+
+#endif

@@ -1,0 +1,381 @@
+/* rt_cuda.c: the CUDA device a session runs a CUDA module on (RtDeviceOps, see rt_internal.h).
+ *
+ * open:  the driver (libcuda.so.1, or the emulator for cuda-emu modules), the device
+ *        ($XTC_CUDA_DEVICE, default 0) and its primary context, a stream, the module (the PTX,
+ *        JIT-compiled by the driver for the device, with the JIT's log in any error) and its
+ *        kernels. No driver or no device is an error here, from xtc_session_new.
+ * run:   uploads the inputs and weights that changed since the last run (weights: once), lays
+ *        the intermediates out in one device arena at the offsets of the session's memory plan,
+ *        clears one status word per step, runs the module's schedule (every launch on the
+ *        stream), copies the outputs back into the host arena and synchronises; then the first
+ *        step whose status word is set is the one that met bad values (a token id outside the
+ *        vocabulary ...). With profiling on, a CUDA event before every step gives per-step times.
+ * close: frees all of it.
+ *
+ * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
+ * the size of the device arena: simple, and outputs are views like a CPU session's. */
+#include "rt_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct RtDevice {
+    const XtcModule *m;
+    const XtcCudaModuleV1 *cm;
+    RtCuDriver drv;
+    CUdevice dev;
+    CUcontext ctx;
+    int retained;
+    CUstream stream;
+    CUmodule mod;
+    CUfunction *fn;         /* [nkernels] */
+    CUdeviceptr *dbuf;      /* [nbufs]: device copies of inputs, parameters and state buffers */
+    size_t *dbytes;         /* [nbufs]: their allocated sizes */
+    CUdeviceptr arena;
+    size_t arena_bytes;
+    CUdeviceptr status;     /* [nsteps + 1] int32 */
+    int32_t *host_status;
+    void **dptr;            /* [nbufs]: device addresses handed to the schedule */
+    CUevent *ev;            /* [nsteps + 1], created when profiling is first asked for */
+    int profiling;
+    int step;               /* the step being launched, for messages */
+    char err[1024];         /* why a launch failed */
+    char device_name[256];
+};
+
+static int cu_fail(RtDevice *d, CUresult r, const char *what, char *err, size_t n)
+{
+    char text[200];
+    rt_set_error(err, n, "%s (%s): %s", what, d->drv.name, rt_cu_error_text(&d->drv, r, text, sizeof text));
+    return -1;
+}
+
+static void close_device(RtDevice *d)
+{
+    if (!d)
+        return;
+    const RtCuDriver *drv = &d->drv;
+    if (d->ctx)
+        drv->CtxSetCurrent(d->ctx);
+    if (d->ev)
+        for (int s = 0; s <= d->m->nsteps; s++)
+            if (d->ev[s])
+                drv->EventDestroy(d->ev[s]);
+    if (d->dbuf)
+        for (int b = 0; b < d->m->nbufs; b++)
+            if (d->dbuf[b])
+                drv->MemFree(d->dbuf[b]);
+    if (d->arena)
+        drv->MemFree(d->arena);
+    if (d->status)
+        drv->MemFree(d->status);
+    if (d->mod)
+        drv->ModuleUnload(d->mod);
+    if (d->stream)
+        drv->StreamDestroy(d->stream);
+    if (d->retained)
+        drv->DevicePrimaryCtxRelease(d->dev);
+    free(d->ev);
+    free(d->fn);
+    free(d->dbuf);
+    free(d->dbytes);
+    free(d->dptr);
+    free(d->host_status);
+    free(d);
+}
+
+/* The driver JIT-compiles the PTX for the device: its log goes into the message. */
+static int load_module(RtDevice *d, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    char log[4096] = "";
+    int opts[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *values[2] = {log, (void *)(uintptr_t)sizeof log};
+    const void *image = drv->emulated ? (const void *)d->cm->emu : (const void *)d->cm->ptx;
+    if (!image) {
+        rt_set_error(err, n, "this CUDA module has no code for %s (compile it with --target %s)", drv->name,
+                     drv->emulated ? "cuda-emu" : "cuda");
+        return -1;
+    }
+    CUresult r = drv->ModuleLoadDataEx(&d->mod, image, 2, opts, values);
+    if (r != CUDA_SUCCESS) {
+        char text[200];
+        log[sizeof log - 1] = 0;
+        rt_set_error(err, n, "loading the module's kernels on %s (PTX for %s): %s%s%.700s", d->device_name,
+                     d->cm->arch ? d->cm->arch : "?", rt_cu_error_text(drv, r, text, sizeof text), log[0] ? ": " : "",
+                     log);
+        return -1;
+    }
+    for (int k = 0; k < d->cm->nkernels; k++)
+        if ((r = drv->ModuleGetFunction(&d->fn[k], d->mod, d->cm->kernel_names[k])) != CUDA_SUCCESS) {
+            char what[200];
+            snprintf(what, sizeof what, "kernel %s is missing from the module", d->cm->kernel_names[k]);
+            return cu_fail(d, r, what, err, n);
+        }
+    return 0;
+}
+
+/* The compute capability the module's PTX needs, from its arch ("sm_80" -> 80). */
+static int arch_of(const char *arch)
+{
+    int v = 0;
+    for (const char *p = arch ? arch : ""; *p; p++)
+        if (*p >= '0' && *p <= '9')
+            v = v * 10 + (*p - '0');
+        else if (v)
+            break;
+    return v;
+}
+
+static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
+{
+    *out = NULL;
+    RtDevice *d = calloc(1, sizeof *d);
+    if (!d) {
+        rt_set_error(err, n, "out of memory opening the CUDA device");
+        return XTC_ERR_MEMORY;
+    }
+    d->m = m;
+    d->cm = m->device_abi;
+    size_t nb = (size_t)m->nbufs + 1, nk = (size_t)d->cm->nkernels + 1, ns = (size_t)m->nsteps + 1;
+    d->fn = calloc(nk, sizeof *d->fn);
+    d->dbuf = calloc(nb, sizeof *d->dbuf);
+    d->dbytes = calloc(nb, sizeof *d->dbytes);
+    d->dptr = calloc(nb, sizeof *d->dptr);
+    d->host_status = calloc(ns, sizeof *d->host_status);
+    if (!d->fn || !d->dbuf || !d->dbytes || !d->dptr || !d->host_status) {
+        close_device(d);
+        rt_set_error(err, n, "out of memory opening the CUDA device");
+        return XTC_ERR_MEMORY;
+    }
+    if (d->cm->emu)
+        rt_cu_emulator(&d->drv);
+    else if (rt_cu_driver_load(&d->drv, err, n) < 0) {
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    const RtCuDriver *drv = &d->drv;
+    CUresult r = drv->Init(0);
+    if (r != CUDA_SUCCESS) {
+        cu_fail(d, r, r == CUDA_ERROR_NO_DEVICE ? "no CUDA device: cuInit failed" : "cuInit failed", err, n);
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    int count = 0, ordinal = 0;
+    const char *env = getenv("XTC_CUDA_DEVICE");
+    if (env && *env)
+        ordinal = atoi(env);
+    if ((r = drv->DeviceGetCount(&count)) != CUDA_SUCCESS || count == 0) {
+        if (r == CUDA_SUCCESS)
+            rt_set_error(err, n, "no CUDA device (%s reports none)", drv->name);
+        else
+            cu_fail(d, r, "cannot count the CUDA devices", err, n);
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    if (ordinal < 0 || ordinal >= count) {
+        rt_set_error(err, n, "XTC_CUDA_DEVICE=%s, but there %s only %d CUDA device%s", env, count == 1 ? "is" : "are",
+                     count, count == 1 ? "" : "s");
+        close_device(d);
+        return XTC_ERR_ARG;
+    }
+    int major = 0, minor = 0;
+    if ((r = drv->DeviceGet(&d->dev, ordinal)) != CUDA_SUCCESS ||
+        (r = drv->DeviceGetName(d->device_name, (int)sizeof d->device_name, d->dev)) != CUDA_SUCCESS ||
+        (r = drv->DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d->dev)) != CUDA_SUCCESS ||
+        (r = drv->DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d->dev)) != CUDA_SUCCESS) {
+        cu_fail(d, r, "cannot query the CUDA device", err, n);
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    int need = arch_of(d->cm->arch);
+    if (!drv->emulated && need > major * 10 + minor) {
+        rt_set_error(err, n, "the module's PTX is for %s, but %s has compute capability %d.%d: recompile with "
+                     "--cuda-arch sm_%d%d", d->cm->arch, d->device_name, major, minor, major, minor);
+        close_device(d);
+        return XTC_ERR_FORMAT;
+    }
+    if ((r = drv->DevicePrimaryCtxRetain(&d->ctx, d->dev)) != CUDA_SUCCESS) {
+        cu_fail(d, r, "cannot create a CUDA context", err, n);
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    d->retained = 1;
+    if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS ||
+        (r = drv->StreamCreate(&d->stream, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) {
+        cu_fail(d, r, "cannot create a CUDA stream", err, n);
+        close_device(d);
+        return XTC_ERR_IO;
+    }
+    if (load_module(d, err, n) < 0) {
+        close_device(d);
+        return XTC_ERR_FORMAT;
+    }
+    if ((r = drv->MemAlloc(&d->status, ((size_t)m->nsteps + 1) * sizeof(int32_t))) != CUDA_SUCCESS) {
+        cu_fail(d, r, "cannot allocate device memory", err, n);
+        close_device(d);
+        return XTC_ERR_MEMORY;
+    }
+    *out = d;
+    return XTC_OK;
+}
+
+/* ---- the callbacks the module's schedule makes (XtcCudaApi) ---- */
+
+static int32_t api_launch(void *ctx, int32_t kernel, const uint32_t *grid, const uint32_t *block, void **args)
+{
+    RtDevice *d = ctx;
+    const RtCuDriver *drv = &d->drv;
+    CUresult r = drv->LaunchKernel(d->fn[kernel], grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
+                                   d->stream, args, NULL);
+    if (r == CUDA_SUCCESS)
+        return 0;
+    const char *why = drv->LaunchError ? drv->LaunchError(d->mod) : NULL;
+    char text[200];
+    const RtStep *st = d->step >= 0 && d->step < d->m->nsteps ? &d->m->steps[d->step] : NULL;
+    rt_set_error(d->err, sizeof d->err, "step %d (%s %%%s): launching %s (grid %ux%ux%u, block %u) on %s failed: %s",
+                 d->step, st ? st->op : "?", st ? st->label : "?", d->cm->kernel_names[kernel], grid[0], grid[1],
+                 grid[2], block[0], d->device_name, why ? why : rt_cu_error_text(drv, r, text, sizeof text));
+    return 1;
+}
+
+static int32_t api_zero(void *ctx, void *ptr, uint64_t bytes)
+{
+    RtDevice *d = ctx;
+    if (!bytes)
+        return 0;
+    CUresult r = d->drv.MemsetD8Async((CUdeviceptr)(uintptr_t)ptr, 0, (size_t)bytes, d->stream);
+    if (r == CUDA_SUCCESS)
+        return 0;
+    char text[200];
+    rt_set_error(d->err, sizeof d->err, "step %d: clearing %llu bytes of device memory: %s", d->step,
+                 (unsigned long long)bytes, rt_cu_error_text(&d->drv, r, text, sizeof text));
+    return 1;
+}
+
+static void api_step(void *ctx, int32_t s)
+{
+    RtDevice *d = ctx;
+    d->step = s;
+    if (d->profiling && d->ev[s])
+        d->drv.EventRecord(d->ev[s], d->stream);
+}
+
+/* ---- running ---- */
+
+static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
+{
+    int64_t n = rt_numel(b->shape, b->rank, syms);
+    return n > 0 ? (size_t)n * xtc_dtype_size(b->dtype) : 0;
+}
+
+/* Device memory for bound buffer b of `bytes`; uploaded when new or changed. */
+static int upload(RtDevice *d, int b, const void *host, size_t bytes, int changed, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    CUresult r;
+    size_t want = bytes ? bytes : 1;
+    if (!d->dbuf[b] || d->dbytes[b] < want) {
+        if (d->dbuf[b])
+            drv->MemFree(d->dbuf[b]);
+        d->dbuf[b] = 0;
+        d->dbytes[b] = 0;
+        if ((r = drv->MemAlloc(&d->dbuf[b], want)) != CUDA_SUCCESS) {
+            char what[300];
+            snprintf(what, sizeof what, "allocating %zu bytes of device memory for '%s'", want, d->m->bufs[b].name);
+            return cu_fail(d, r, what, err, n);
+        }
+        d->dbytes[b] = want;
+        changed = 1;
+    }
+    if (changed && bytes && (r = drv->MemcpyHtoDAsync(d->dbuf[b], host, bytes, d->stream)) != CUDA_SUCCESS) {
+        char what[300];
+        snprintf(what, sizeof what, "copying '%s' to the device", d->m->bufs[b].name);
+        return cu_fail(d, r, what, err, n);
+    }
+    return 0;
+}
+
+static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n)
+{
+    const XtcModule *m = d->m;
+    const RtCuDriver *drv = &d->drv;
+    CUresult r;
+    if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "cannot make the CUDA context current", err, n);
+    for (int b = 0; b < m->nbufs; b++)
+        if (m->bufs[b].kind != RT_BUF_TEMP &&
+            upload(d, b, run->host[b], buffer_bytes(&m->bufs[b], run->syms), run->changed[b], err, n) < 0)
+            return -1;
+    if (run->arena_bytes > d->arena_bytes || !d->arena) {
+        if (d->arena)
+            drv->MemFree(d->arena);
+        d->arena = 0;
+        d->arena_bytes = 0;
+        size_t want = run->arena_bytes ? run->arena_bytes : 1;
+        if ((r = drv->MemAlloc(&d->arena, want)) != CUDA_SUCCESS) {
+            char what[200];
+            snprintf(what, sizeof what, "allocating the %zu-byte activation arena", want);
+            return cu_fail(d, r, what, err, n);
+        }
+        d->arena_bytes = run->arena_bytes;
+    }
+    for (int b = 0; b < m->nbufs; b++)
+        d->dptr[b] = m->bufs[b].kind == RT_BUF_TEMP ? (void *)(uintptr_t)(d->arena + run->offset[b])
+                                                   : (void *)(uintptr_t)d->dbuf[b];
+    size_t status_bytes = ((size_t)m->nsteps + 1) * sizeof(int32_t);
+    if ((r = drv->MemsetD8Async(d->status, 0, status_bytes, d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "clearing the status words", err, n);
+    d->profiling = run->step_s != NULL;
+    if (d->profiling && !d->ev) {
+        d->ev = calloc((size_t)m->nsteps + 1, sizeof *d->ev);
+        if (!d->ev) {
+            rt_set_error(err, n, "out of memory for the profile");
+            return -1;
+        }
+        for (int s = 0; s <= m->nsteps; s++)
+            if ((r = drv->EventCreate(&d->ev[s], 0)) != CUDA_SUCCESS)
+                return cu_fail(d, r, "cannot create CUDA events", err, n);
+    }
+    XtcCudaApi api = {.ctx = d, .launch = api_launch, .zero = api_zero, .step = api_step};
+    d->step = -1;
+    d->err[0] = 0;
+    int32_t rc = d->cm->run(d->dptr, run->syms, (int32_t *)(uintptr_t)d->status, &api);
+    if (rc != 0) {
+        drv->StreamSynchronize(d->stream);
+        rt_set_error(err, n, "%s", d->err[0] ? d->err : "the CUDA schedule failed");
+        return -1;
+    }
+    /* outputs into the host arena; inputs and weights that are outputs are there already */
+    for (int o = 0; o < m->nouts; o++) {
+        int b = m->outs[o].buf;
+        if (m->bufs[b].kind != RT_BUF_TEMP)
+            continue;
+        size_t bytes = buffer_bytes(&m->bufs[b], run->syms);
+        if (bytes && (r = drv->MemcpyDtoHAsync(run->host[b], d->arena + run->offset[b], bytes, d->stream)) != CUDA_SUCCESS)
+            return cu_fail(d, r, "copying an output from the device", err, n);
+    }
+    if ((r = drv->MemcpyDtoHAsync(d->host_status, d->status, status_bytes, d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "copying the status words from the device", err, n);
+    if ((r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "the CUDA run failed", err, n);
+    if (d->profiling)
+        for (int s = 0; s < m->nsteps; s++) {
+            float ms = 0;
+            if (drv->EventElapsedTime(&ms, d->ev[s], d->ev[s + 1]) == CUDA_SUCCESS)
+                run->step_s[s] += 1e-3 * ms;
+        }
+    for (int s = 0; s < m->nsteps; s++)
+        if (d->host_status[s])
+            return 1 + s;
+    return 0;
+}
+
+static void cuda_close(RtDevice *d) { close_device(d); }
+
+const RtDeviceOps rt_cuda_device = {
+    .name = "cuda",
+    .open = cuda_open,
+    .run = cuda_run,
+    .close = cuda_close,
+};

@@ -1,0 +1,94 @@
+/* rt_cuda.h: the runtime's CUDA device, internal to the runtime.
+ *
+ *   rt_cuda.c         the device a session runs a CUDA module on: device memory (weights uploaded
+ *                     once, inputs when rebound, one arena for the intermediates laid out by the
+ *                     session's memory plan), a stream, the launches, outputs copied back, per-step
+ *                     status words, profiling with CUDA events
+ *   rt_cuda_driver.c  the Driver API of libcuda.so.1, loaded with dlopen
+ *   rt_cuda_emu.c     the same API emulated on the CPU for cuda-emu modules: memory is malloc,
+ *                     cuLaunchKernel runs the grid through the module's emulator
+ *
+ * rt_cuda.c only ever calls the Driver API through an RtCuDriver, so the launch path is the same
+ * for a GPU and for the emulator. No CUDA header is used: the few types, constants and functions
+ * are declared here with the driver's own names and signatures. */
+#ifndef XTC_RT_CUDA_H
+#define XTC_RT_CUDA_H
+
+#include "rt_cuda_abi.h"
+#include "rt_internal.h"
+
+#include <stddef.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef unsigned long long CUdeviceptr;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+};
+enum { CU_JIT_ERROR_LOG_BUFFER = 5, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
+enum { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76 };
+enum { CU_STREAM_NON_BLOCKING = 1 };
+
+typedef struct RtCuDriver {
+    char name[128];   /* "libcuda.so.1", "the xtc CUDA emulator" */
+    int emulated;     /* modules are XtcEmuModule images rather than PTX */
+    CUresult (*Init)(unsigned flags);
+    CUresult (*DriverGetVersion)(int *version);
+    CUresult (*DeviceGetCount)(int *count);
+    CUresult (*DeviceGet)(CUdevice *dev, int ordinal);
+    CUresult (*DeviceGetName)(char *name, int len, CUdevice dev);
+    CUresult (*DeviceGetAttribute)(int *value, int attribute, CUdevice dev);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice dev);
+    CUresult (*CtxSetCurrent)(CUcontext ctx);
+    CUresult (*StreamCreate)(CUstream *stream, unsigned flags);
+    CUresult (*StreamDestroy)(CUstream stream);
+    CUresult (*StreamSynchronize)(CUstream stream);
+    CUresult (*MemAlloc)(CUdeviceptr *ptr, size_t bytes);
+    CUresult (*MemFree)(CUdeviceptr ptr);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
+    CUresult (*MemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
+    CUresult (*ModuleLoadDataEx)(CUmodule *mod, const void *image, unsigned nopts, int *opts, void **values);
+    CUresult (*ModuleUnload)(CUmodule mod);
+    CUresult (*ModuleGetFunction)(CUfunction *fn, CUmodule mod, const char *name);
+    CUresult (*LaunchKernel)(CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                             unsigned bz, unsigned shared_bytes, CUstream stream, void **params, void **extra);
+    CUresult (*EventCreate)(CUevent *event, unsigned flags);
+    CUresult (*EventDestroy)(CUevent event);
+    CUresult (*EventRecord)(CUevent event, CUstream stream);
+    CUresult (*EventSynchronize)(CUevent event);
+    CUresult (*EventElapsedTime)(float *ms, CUevent start, CUevent end);
+    CUresult (*GetErrorString)(CUresult error, const char **text);
+    /* The emulator's account of the last failed launch of a module (a deadlock at a barrier...);
+     * NULL for the real driver. */
+    const char *(*LaunchError)(CUmodule mod);
+} RtCuDriver;
+
+/* rt_cuda_driver.c: loads libcuda.so.1 (or $XTC_LIBCUDA) and fills d. -1 with a message when
+ * there is no driver or it lacks a function. The library stays loaded for the process. */
+int rt_cu_driver_load(RtCuDriver *d, char *err, size_t n);
+/* rt_cuda_emu.c: fills d with the emulated driver. Threads of a launch run in the order
+ * $XTC_CUDA_EMU_ORDER names: forward (default), reverse or shuffled. */
+void rt_cu_emulator(RtCuDriver *d);
+
+/* "CUDA_ERROR_... (text)" for an error code of d. */
+const char *rt_cu_error_text(const RtCuDriver *d, CUresult r, char *buf, size_t n);
+
+/* rt_cuda.c: the device of CUDA modules (see RtDeviceOps in rt_internal.h). */
+extern const RtDeviceOps rt_cuda_device;
+
+#endif

@@ -1,0 +1,546 @@
+/* rt_optim.c: training in the runtime: the AdamW step over a session's parameters (from the
+ * grad.<name> outputs of a training module), its state, and checkpoints (weights + optimizer
+ * state in one .safetensors file). The semantics are in include/xtc.h.
+ *
+ * The parameters are seen as one concatenated vector of `total` elements cut into fixed blocks of
+ * BLOCK elements. The pool runs blocks in any order on any thread, but each block's work and the
+ * order in which the per-block partial sums of the gradient norm are added do not depend on the
+ * threads: a step gives the same bits with 1 or 16 threads. */
+#include "safetensors.h"
+#include "rt_internal.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BLOCK 8192
+
+struct RtOptim {
+    int nparams;
+    int *buf;          /* [nparams] buffer id of each parameter, module order */
+    int *grad;         /* [nparams] output index of grad.<name> */
+    int64_t *offset;   /* [nparams + 1] start of each parameter in the concatenated vector */
+    int64_t total;
+    float *m, *v;      /* [total] first and second moments */
+    int64_t step;
+    double last_norm;  /* before clipping; -1 before the first step */
+    double *partial;   /* [nblocks] sums of squares, per block */
+    int64_t nblocks;
+};
+
+void rt_optim_free(struct RtOptim *o)
+{
+    if (!o)
+        return;
+    free(o->buf);
+    free(o->grad);
+    free(o->offset);
+    free(o->m);
+    free(o->v);
+    free(o->partial);
+    free(o);
+}
+
+static int failf(XtcSession *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int failf(XtcSession *s, int status, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return rt_session_fail(s, status, msg);
+}
+
+static int64_t numel_of(const RtBuffer *b)
+{
+    int64_t n = 1;
+    for (int i = 0; i < b->rank; i++)
+        n *= b->shape[i].c; /* parameters have constant shapes */
+    return n;
+}
+
+/* The session's optimizer, created (zero state) on first use. */
+static int optim_get(XtcSession *s, struct RtOptim **out)
+{
+    struct RtOptim **slot = rt_session_optim(s);
+    if (*slot) {
+        *out = *slot;
+        return XTC_OK;
+    }
+    const XtcModule *m = rt_session_module(s);
+    int np = m->nby_kind[RT_BUF_PARAM];
+    struct RtOptim *o = calloc(1, sizeof *o);
+    if (!o)
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
+    o->nparams = np;
+    o->last_norm = -1;
+    o->buf = calloc((size_t)np + 1, sizeof *o->buf);
+    o->grad = calloc((size_t)np + 1, sizeof *o->grad);
+    o->offset = calloc((size_t)np + 1, sizeof *o->offset);
+    if (!o->buf || !o->grad || !o->offset) {
+        rt_optim_free(o);
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
+    }
+    for (int i = 0; i < np; i++) {
+        int b = m->by_kind[RT_BUF_PARAM][i];
+        char name[600];
+        snprintf(name, sizeof name, "grad.%s", m->bufs[b].name);
+        o->buf[i] = b;
+        o->grad[i] = xtc_module_find(m, XTC_OUTPUT, name);
+        if (o->grad[i] < 0) {
+            rt_optim_free(o);
+            return failf(s, XTC_ERR_NAME, "the module has no output '%s': a training module (xtc compile "
+                                          "--train) computes the gradients the optimizer needs", name);
+        }
+        o->offset[i + 1] = o->offset[i] + numel_of(&m->bufs[b]);
+    }
+    o->total = o->offset[np];
+    o->nblocks = (o->total + BLOCK - 1) / BLOCK;
+    size_t n = (size_t)(o->total ? o->total : 1);
+    o->m = calloc(n, sizeof *o->m);
+    o->v = calloc(n, sizeof *o->v);
+    o->partial = calloc((size_t)o->nblocks + 1, sizeof *o->partial);
+    if (!o->m || !o->v || !o->partial) {
+        rt_optim_free(o);
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state (%" PRId64 " parameters)",
+                     (int64_t)n);
+    }
+    *slot = o;
+    *out = o;
+    return XTC_OK;
+}
+
+XtcAdamW xtc_adamw_defaults(void)
+{
+    return (XtcAdamW){.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f,
+                      .max_grad_norm = 0};
+}
+
+/* ---- the step ---- */
+
+typedef struct {
+    struct RtOptim *o;
+    float **p;            /* [nparams] parameter memory */
+    const float **g;      /* [nparams] gradient memory */
+    float decay;          /* 1 - lr * weight_decay */
+    float b1, b2, omb1, omb2, eps;
+    float step_size;      /* lr / (1 - beta1^t) */
+    float bc2_sqrt;       /* sqrt(1 - beta2^t) */
+    float clip;           /* gradient scale */
+    int clipping;
+} StepCtx;
+
+/* Calls fn(ctx, param, lo, hi, at) for the pieces of each parameter inside block blk, where [lo,
+ * hi) are indices in the parameter and `at` the index in the concatenated vector. */
+typedef void (*PieceFn)(StepCtx *c, int param, int64_t lo, int64_t hi, int64_t at);
+
+static void for_pieces(StepCtx *c, int64_t blk, PieceFn fn)
+{
+    const struct RtOptim *o = c->o;
+    int64_t start = blk * BLOCK, end = start + BLOCK < o->total ? start + BLOCK : o->total;
+    /* the first parameter whose range reaches past start (binary search over offsets) */
+    int lo = 0, hi = o->nparams - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (o->offset[mid + 1] <= start)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (int i = lo; i < o->nparams && o->offset[i] < end; i++) {
+        int64_t a = start > o->offset[i] ? start : o->offset[i];
+        int64_t b = end < o->offset[i + 1] ? end : o->offset[i + 1];
+        if (b > a)
+            fn(c, i, a - o->offset[i], b - o->offset[i], a);
+    }
+}
+
+/* Sum of squares in a fixed order (eight interleaved partial sums), so it does not depend on the
+ * threads. */
+static void norm_piece(StepCtx *c, int param, int64_t lo, int64_t hi, int64_t at)
+{
+    const float *g = c->g[param];
+    double acc[8] = {0};
+    int64_t k = lo;
+    for (; k + 8 <= hi; k += 8)
+        for (int j = 0; j < 8; j++)
+            acc[j] += (double)g[k + j] * g[k + j];
+    for (; k < hi; k++)
+        acc[0] += (double)g[k] * g[k];
+    c->o->partial[at / BLOCK] += ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void norm_task(void *ctx, int64_t lo, int64_t hi)
+{
+    StepCtx *c = ctx;
+    for (int64_t blk = lo; blk < hi; blk++) {
+        c->o->partial[blk] = 0;
+        for_pieces(c, blk, norm_piece);
+    }
+}
+
+static void update_piece(StepCtx *c, int param, int64_t lo, int64_t hi, int64_t at)
+{
+    /* the settings in locals: the stores below could otherwise alias them */
+    float *restrict p = c->p[param], *restrict m = c->o->m + at - lo, *restrict v = c->o->v + at - lo;
+    const float *restrict g = c->g[param];
+    const float clip = c->clipping ? c->clip : 1.0f, decay = c->decay, b1 = c->b1, b2 = c->b2;
+    const float omb1 = c->omb1, omb2 = c->omb2, eps = c->eps, step_size = c->step_size, bc2 = c->bc2_sqrt;
+    for (int64_t k = lo; k < hi; k++) {
+        float gk = g[k] * clip; /* clip is exactly 1 without clipping */
+        float pk = p[k] * decay;
+        float mk = b1 * m[k] + omb1 * gk;
+        float vk = b2 * v[k] + omb2 * gk * gk;
+        m[k] = mk;
+        v[k] = vk;
+        p[k] = pk - step_size * (mk / (sqrtf(vk) / bc2 + eps));
+    }
+}
+
+static void update_task(void *ctx, int64_t lo, int64_t hi)
+{
+    for (int64_t blk = lo; blk < hi; blk++)
+        for_pieces(ctx, blk, update_piece);
+}
+
+int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
+{
+    if (!s)
+        return XTC_ERR_ARG;
+    if (!rt_session_module(s) || !rt_session_pool(s))
+        return failf(s, XTC_ERR_STATE, "xtc_session_step: the session was not created successfully");
+    if (!opt)
+        return failf(s, XTC_ERR_ARG, "xtc_session_step: no optimizer settings");
+    if (!(opt->lr >= 0) || !(opt->beta1 >= 0 && opt->beta1 < 1) || !(opt->beta2 >= 0 && opt->beta2 < 1) ||
+        !(opt->eps > 0) || !(opt->weight_decay >= 0) || !(opt->max_grad_norm >= 0) || !isfinite(opt->lr))
+        return failf(s, XTC_ERR_RANGE, "xtc_session_step: settings out of range (lr >= 0, 0 <= betas < 1, "
+                                       "eps > 0, weight_decay >= 0, max_grad_norm >= 0)");
+    struct RtOptim *o;
+    int st = optim_get(s, &o);
+    if (st)
+        return st;
+    float **p = calloc((size_t)o->nparams + 1, sizeof *p);
+    const float **g = calloc((size_t)o->nparams + 1, sizeof *g);
+    if (!p || !g) {
+        free(p);
+        free(g);
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the step");
+    }
+    const XtcModule *m = rt_session_module(s);
+    for (int i = 0; i < o->nparams && !st; i++) {
+        p[i] = rt_session_buffer(s, o->buf[i], NULL);
+        g[i] = rt_session_output(s, o->grad[i]);
+        if (!p[i])
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
+        else if (!g[i])
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully first");
+    }
+    if (st) {
+        free(p);
+        free(g);
+        return st;
+    }
+    StepCtx c = {.o = o, .p = p, .g = g};
+    RtPool *pool = rt_session_pool(s);
+    rt_pool_parallel_for(pool, norm_task, &c, o->nblocks);
+    double sq = 0;
+    for (int64_t b = 0; b < o->nblocks; b++)
+        sq += o->partial[b];
+    double norm = sqrt(sq);
+    o->last_norm = norm;
+    if (opt->max_grad_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
+        double coef = opt->max_grad_norm / (norm + 1e-6);
+        c.clipping = 1;
+        c.clip = (float)(coef < 1 ? coef : 1);
+    }
+    o->step++;
+    double t = (double)o->step;
+    c.decay = (float)(1.0 - (double)opt->lr * opt->weight_decay);
+    c.b1 = opt->beta1;
+    c.b2 = opt->beta2;
+    c.omb1 = (float)(1.0 - opt->beta1);
+    c.omb2 = (float)(1.0 - opt->beta2);
+    c.eps = opt->eps;
+    c.step_size = (float)(opt->lr / (1.0 - pow(opt->beta1, t)));
+    c.bc2_sqrt = (float)sqrt(1.0 - pow(opt->beta2, t));
+    rt_pool_parallel_for(pool, update_task, &c, o->nblocks);
+    free(p);
+    free(g);
+    return XTC_OK;
+}
+
+int64_t xtc_session_step_count(const XtcSession *s)
+{
+    struct RtOptim **slot = s ? rt_session_optim((XtcSession *)s) : NULL;
+    return slot && *slot ? (*slot)->step : 0;
+}
+
+double xtc_session_grad_norm(const XtcSession *s)
+{
+    struct RtOptim **slot = s ? rt_session_optim((XtcSession *)s) : NULL;
+    return slot && *slot ? (*slot)->last_norm : -1;
+}
+
+/* ---- state ---- */
+
+static int find_weight(const XtcModule *m, const char *name)
+{
+    for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE; k++)
+        for (int i = 0; i < m->nby_kind[k]; i++) {
+            int b = m->by_kind[k][i];
+            if (strcmp(m->bufs[b].name, name) == 0)
+                return b;
+        }
+    return -1;
+}
+
+static void view(XtcTensor *t, const RtBuffer *b, const void *data)
+{
+    memset(t, 0, sizeof *t);
+    t->dtype = XTC_F32;
+    t->rank = b->rank;
+    for (int i = 0; i < b->rank; i++)
+        t->shape[i] = b->shape[i].c;
+    t->data = data;
+}
+
+int xtc_session_get_weight(XtcSession *s, const char *name, XtcTensor *out)
+{
+    if (!s || !name || !out)
+        return s ? failf(s, XTC_ERR_ARG, "xtc_session_get_weight: bad arguments") : XTC_ERR_ARG;
+    const XtcModule *m = rt_session_module(s);
+    if (!m)
+        return failf(s, XTC_ERR_STATE, "xtc_session_get_weight: the session was not created successfully");
+    int b = find_weight(m, name);
+    if (b < 0)
+        return failf(s, XTC_ERR_NAME, "the model has no parameter or buffer named '%s'", name);
+    const void *data = rt_session_buffer(s, b, NULL);
+    if (!data)
+        return failf(s, XTC_ERR_STATE, "weight '%s' is not loaded", name);
+    view(out, &m->bufs[b], data);
+    return XTC_OK;
+}
+
+int xtc_session_get_optim(XtcSession *s, const char *param, XtcTensor *mt, XtcTensor *vt)
+{
+    if (!s || !param)
+        return s ? failf(s, XTC_ERR_ARG, "xtc_session_get_optim: bad arguments") : XTC_ERR_ARG;
+    struct RtOptim *o = *rt_session_optim(s);
+    if (!o || o->step == 0)
+        return failf(s, XTC_ERR_STATE, "no optimizer state yet: no step was taken");
+    const XtcModule *m = rt_session_module(s);
+    for (int i = 0; i < o->nparams; i++)
+        if (strcmp(m->bufs[o->buf[i]].name, param) == 0) {
+            if (mt)
+                view(mt, &m->bufs[o->buf[i]], o->m + o->offset[i]);
+            if (vt)
+                view(vt, &m->bufs[o->buf[i]], o->v + o->offset[i]);
+            return XTC_OK;
+        }
+    return failf(s, XTC_ERR_NAME, "the model has no parameter named '%s'", param);
+}
+
+int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *mv, const float *const *vv)
+{
+    if (!s || !mv || !vv || step < 0)
+        return s ? failf(s, XTC_ERR_ARG, "xtc_session_set_optim: bad arguments") : XTC_ERR_ARG;
+    if (!rt_session_module(s))
+        return failf(s, XTC_ERR_STATE, "xtc_session_set_optim: the session was not created successfully");
+    struct RtOptim *o;
+    int st = optim_get(s, &o);
+    if (st)
+        return st;
+    for (int i = 0; i < o->nparams; i++)
+        if (!mv[i] || !vv[i])
+            return failf(s, XTC_ERR_ARG, "xtc_session_set_optim: no state for parameter %d", i);
+    for (int i = 0; i < o->nparams; i++) {
+        size_t bytes = (size_t)(o->offset[i + 1] - o->offset[i]) * sizeof(float);
+        memcpy(o->m + o->offset[i], mv[i], bytes);
+        memcpy(o->v + o->offset[i], vv[i], bytes);
+    }
+    o->step = step;
+    return XTC_OK;
+}
+
+/* ---- checkpoints ---- */
+
+int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *const *keys,
+                                const char *const *values, int nmeta)
+{
+    if (!s || !path || nmeta < 0 || (nmeta && (!keys || !values)))
+        return s ? failf(s, XTC_ERR_ARG, "xtc_session_save_checkpoint: bad arguments") : XTC_ERR_ARG;
+    const XtcModule *m = rt_session_module(s);
+    if (!m)
+        return failf(s, XTC_ERR_STATE, "xtc_session_save_checkpoint: the session was not created successfully");
+    RtStWriter *w = rt_st_writer_new();
+    if (!w)
+        return failf(s, XTC_ERR_MEMORY, "out of memory writing %s", path);
+    struct RtOptim *o = *rt_session_optim(s);
+    char name[600], num[32];
+    int st = XTC_OK;
+    for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
+        for (int i = 0; i < m->nby_kind[k] && !st; i++) {
+            int b = m->by_kind[k][i];
+            const int64_t *shape;
+            const void *data = rt_session_buffer(s, b, &shape);
+            if (!data)
+                st = failf(s, XTC_ERR_STATE, "cannot save %s: weight '%s' is not loaded", path, m->bufs[b].name);
+            else
+                rt_st_writer_add(w, m->bufs[b].name, RT_F32, m->bufs[b].rank, shape, data);
+        }
+    for (int a = 0; a < m->naliases && !st; a++) {
+        int b = m->aliases[a].buf;
+        const int64_t *shape;
+        const void *data = rt_session_buffer(s, b, &shape);
+        rt_st_writer_add(w, m->aliases[a].name, RT_F32, m->bufs[b].rank, shape, data);
+    }
+    for (int i = 0; o && o->step > 0 && i < o->nparams && !st; i++) {
+        const RtBuffer *b = &m->bufs[o->buf[i]];
+        int64_t shape[XTC_MAX_RANK];
+        for (int d = 0; d < b->rank; d++)
+            shape[d] = b->shape[d].c;
+        snprintf(name, sizeof name, "optim.m.%s", b->name);
+        rt_st_writer_add(w, name, RT_F32, b->rank, shape, o->m + o->offset[i]);
+        snprintf(name, sizeof name, "optim.v.%s", b->name);
+        rt_st_writer_add(w, name, RT_F32, b->rank, shape, o->v + o->offset[i]);
+    }
+    if (!st) {
+        rt_st_writer_meta(w, "format", "pt"); /* what safetensors' torch loader expects */
+        rt_st_writer_meta(w, "xtc.model", m->name ? m->name : "");
+        snprintf(num, sizeof num, "%" PRId64, o ? o->step : (int64_t)0);
+        rt_st_writer_meta(w, "xtc.optim.step", num);
+        for (int i = 0; i < nmeta; i++)
+            rt_st_writer_meta(w, keys[i], values[i]);
+        char msg[512];
+        if (rt_st_writer_save(w, path, msg, sizeof msg))
+            st = failf(s, XTC_ERR_IO, "%s", msg);
+    }
+    rt_st_writer_free(w);
+    return st;
+}
+
+/* A tensor of the file matching buffer b's constant shape, converted to f32 into a new array. */
+static float *read_f32(XtcSession *s, const RtStTensor *t, const RtBuffer *b, const char *path, int *st)
+{
+    int same = t->rank == b->rank;
+    for (int d = 0; same && d < b->rank; d++)
+        same = t->shape[d] == b->shape[d].c;
+    if (!same) {
+        char got[160] = "", want[160] = "";
+        for (int d = 0; d < t->rank; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "", (long long)t->shape[d]);
+        for (int d = 0; d < b->rank; d++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%s", d ? ", " : "", b->dims[d]);
+        *st = failf(s, XTC_ERR_SHAPE, "%s: tensor '%s' has shape [%s], the model expects [%s]", path, t->name, got,
+                    want);
+        return NULL;
+    }
+    int64_t n = rt_st_numel(t);
+    float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
+    char msg[512];
+    if (!data)
+        *st = failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
+    else if (rt_st_to_f32(t, data, msg, sizeof msg)) {
+        *st = failf(s, XTC_ERR_FORMAT, "%s: %s", path, msg);
+        free(data);
+        data = NULL;
+    }
+    return data;
+}
+
+int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
+{
+    if (!s || !path)
+        return s ? failf(s, XTC_ERR_ARG, "xtc_session_load_checkpoint: bad arguments") : XTC_ERR_ARG;
+    const XtcModule *m = rt_session_module(s);
+    if (!m)
+        return failf(s, XTC_ERR_STATE, "xtc_session_load_checkpoint: the session was not created successfully");
+    RtStFile *f;
+    char msg[512];
+    int st = rt_st_open(path, &f, msg, sizeof msg);
+    if (st)
+        return failf(s, st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT, "%s", msg);
+    /* every tensor must be a weight, a tied name, or optimizer state of a parameter */
+    int noptim = 0;
+    for (int i = 0; i < rt_st_count(f) && !st; i++) {
+        const char *nm = rt_st_get(f, i)->name;
+        int ok = find_weight(m, nm) >= 0;
+        for (int a = 0; !ok && a < m->naliases; a++)
+            ok = strcmp(m->aliases[a].name, nm) == 0;
+        if (!ok && (!strncmp(nm, "optim.m.", 8) || !strncmp(nm, "optim.v.", 8))) {
+            int b = find_weight(m, nm + 8);
+            ok = b >= 0 && m->bufs[b].kind == RT_BUF_PARAM;
+            noptim += ok;
+        }
+        if (!ok)
+            st = failf(s, XTC_ERR_NAME, "%s: tensor '%s' is not a weight of the model '%s'", path, nm, m->name);
+    }
+    int np = m->nby_kind[RT_BUF_PARAM], nw = np + m->nby_kind[RT_BUF_STATE];
+    if (!st && optimizer && noptim && noptim != 2 * np)
+        st = failf(s, XTC_ERR_NAME, "%s: optimizer state for %d of the %d parameters", path, noptim / 2, np);
+    const char *step_text = rt_st_metadata(f, "xtc.optim.step");
+    char *end = NULL;
+    long long step = step_text ? strtoll(step_text, &end, 10) : 0;
+    int with_optim = !st && optimizer && noptim > 0;
+    if (with_optim && (!step_text || *end || step <= 0))
+        st = failf(s, XTC_ERR_FORMAT, "%s: optimizer state without a valid xtc.optim.step", path);
+    float **w = calloc((size_t)nw + 1, sizeof *w), **mv = calloc((size_t)np + 1, sizeof *mv),
+          **vv = calloc((size_t)np + 1, sizeof *vv);
+    if (!w || !mv || !vv)
+        st = st ? st : failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
+    for (int i = 0; i < nw && !st; i++) {
+        int b = i < np ? m->by_kind[RT_BUF_PARAM][i] : m->by_kind[RT_BUF_STATE][i - np];
+        const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
+        if (!t) {
+            st = failf(s, XTC_ERR_NAME, "%s: missing tensor '%s'", path, m->bufs[b].name);
+            break;
+        }
+        w[i] = read_f32(s, t, &m->bufs[b], path, &st);
+        if (i < np && with_optim && !st) {
+            char name[600];
+            snprintf(name, sizeof name, "optim.m.%s", m->bufs[b].name);
+            const RtStTensor *tm = rt_st_find(f, name);
+            snprintf(name, sizeof name, "optim.v.%s", m->bufs[b].name);
+            const RtStTensor *tv = rt_st_find(f, name);
+            if (!tm || !tv)
+                st = failf(s, XTC_ERR_NAME, "%s: missing optimizer state of '%s'", path, m->bufs[b].name);
+            if (!st)
+                mv[i] = read_f32(s, tm, &m->bufs[b], path, &st);
+            if (!st)
+                vv[i] = read_f32(s, tv, &m->bufs[b], path, &st);
+        }
+    }
+    /* commit: the weights, then the optimizer (reset when the file has none) */
+    for (int i = 0; i < nw && !st; i++) {
+        int b = i < np ? m->by_kind[RT_BUF_PARAM][i] : m->by_kind[RT_BUF_STATE][i - np];
+        int64_t shape[XTC_MAX_RANK];
+        for (int d = 0; d < m->bufs[b].rank; d++)
+            shape[d] = m->bufs[b].shape[d].c;
+        st = xtc_session_set_weight(s, m->bufs[b].name, m->bufs[b].rank, shape, w[i]);
+    }
+    if (!st && optimizer) {
+        if (with_optim) {
+            st = xtc_session_set_optim(s, step, (const float *const *)mv, (const float *const *)vv);
+        } else {
+            struct RtOptim **slot = rt_session_optim(s);
+            rt_optim_free(*slot);
+            *slot = NULL;
+        }
+    }
+    for (int i = 0; w && i < nw; i++)
+        free(w[i]);
+    for (int i = 0; mv && vv && i < np; i++) {
+        free(mv[i]);
+        free(vv[i]);
+    }
+    free(w);
+    free(mv);
+    free(vv);
+    rt_st_close(f);
+    return st;
+}

@@ -1,0 +1,1200 @@
+/* test_cuda.c: the CUDA backend's kernels checked against the reference interpreter without a
+ * GPU, through the CUDA emulator (codegen/xtc_cuda_emu.h) and the runtime's emulated Driver API
+ * (runtime/rt_cuda_emu.c): the same CUDA C that NVRTC compiles for the GPU, the same launch path.
+ *
+ * Each case builds a graph holding several ops, compiles it once to a cuda-emu module and runs it
+ * at ragged sizes (b, n) = (1, 1), (1, 7), (2, 17), (3, 33), (1, 65), (2, 130) on random inputs;
+ * outputs are compared with ir_interp: f32 within 1e-5 + 1e-4 * max|ref|, integers and bools
+ * exactly. Threads of a block run forward, then reverse, then shuffled between barriers, so a
+ * missing __syncthreads shows up as a wrong value. Backward graphs (ir_autodiff) of small models
+ * are checked the same way, gradients included.
+ *
+ * Also here: the emulator itself on hand-written kernels (barriers, shuffles, votes, atomics, and
+ * the errors it reports), the runtime's errors (bad indices through the status words, no CUDA
+ * driver, a driver without a device), and the GPU run of the same cases, skipped with a visible
+ * reason where there is no GPU.
+ *
+ * Adding an op: use it in a case below (test_every_op_is_tested fails until one does) and give it
+ * a row in codegen/cg_cuda_ops.c. */
+#include "cg_cuda.h"
+#include "codegen.h"
+#include "ir.h"
+#include "passes.h"
+#include "rt_cuda_abi.h"
+#include "rt_internal.h"
+#include "xtc.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static void make_tmpdir(void)
+{
+    if (tmpdir[0])
+        return;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-cuda-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        snprintf(tmpdir, sizeof tmpdir, "/tmp");
+    }
+}
+
+static void remove_tmpdir(void)
+{
+    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
+        return;
+    DIR *d = opendir(tmpdir);
+    if (d) {
+        struct dirent *e;
+        char path[600];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+}
+
+/* ---- random data ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0; }
+
+/* integer inputs draw from a range chosen by name: token ids fit the tables below */
+static void int_range(const char *name, int64_t *lo, int64_t *hi)
+{
+    *lo = -4;
+    *hi = 5;
+    if (strncmp(name, "tok", 3) == 0) {
+        *lo = 0;
+        *hi = 11;
+    } else if (strncmp(name, "den", 3) == 0) {
+        *lo = 1;
+        *hi = 6;
+    } else if (strncmp(name, "tgt", 3) == 0) {
+        *lo = -1;
+        *hi = 13;
+    }
+}
+
+/* ---- binding leaves, for the interpreter and the runtime alike ---- */
+
+#define MAXLEAF 96
+
+typedef struct {
+    int n;
+    const IrNode *leaf[MAXLEAF];
+    IrHostTensor t[MAXLEAF];
+} Binding;
+
+static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms)
+{
+    memset(bd, 0, sizeof *bd);
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *n = g->nodes[i];
+        if (n->op != IR_INPUT && n->op != IR_PARAM && n->op != IR_BUFFER)
+            continue;
+        ck_assert_int_lt(bd->n, MAXLEAF);
+        IrHostTensor *t = &bd->t[bd->n];
+        bd->leaf[bd->n++] = n;
+        t->dtype = n->dtype;
+        t->rank = n->rank;
+        int64_t numel = 1;
+        for (int d = 0; d < n->rank; d++) {
+            t->shape[d] = ir_dim_eval(n->shape[d], syms);
+            numel *= t->shape[d];
+        }
+        t->data = malloc((size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype));
+        int64_t lo, hi;
+        int_range(n->s, &lo, &hi);
+        for (int64_t k = 0; k < numel; k++) {
+            switch (n->dtype) {
+            case IR_F32: ((float *)t->data)[k] = (float)uniform(-2, 2); break;
+            case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
+            case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
+            default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
+            }
+        }
+    }
+}
+
+static void bind_free(Binding *bd)
+{
+    for (int i = 0; i < bd->n; i++)
+        free(bd->t[i].data);
+}
+
+static int bind_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
+{
+    Binding *bd = ctx;
+    for (int i = 0; i < bd->n; i++)
+        if (bd->leaf[i] == leaf) {
+            *out = bd->t[i];
+            return 0;
+        }
+    return -1;
+}
+
+static XtcDType xdt(IrDType t)
+{
+    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL};
+    return map[t];
+}
+
+static void bind_session(XtcSession *s, const Binding *bd)
+{
+    for (int i = 0; i < bd->n; i++) {
+        const IrNode *n = bd->leaf[i];
+        const IrHostTensor *t = &bd->t[i];
+        int st = n->op == IR_INPUT ? xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data)
+                                   : xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
+        ck_assert_msg(st == XTC_OK, "binding '%s': %s", n->s, xtc_session_error(s));
+    }
+}
+
+/* ---- comparison ---- */
+
+static double value_at(const void *data, XtcDType t, int64_t i)
+{
+    switch (t) {
+    case XTC_F32: return ((const float *)data)[i];
+    case XTC_I32: return ((const int32_t *)data)[i];
+    case XTC_I64: return (double)((const int64_t *)data)[i];
+    default: return ((const uint8_t *)data)[i];
+    }
+}
+
+static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got)
+{
+    ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
+                  ir_dtype_name(ref->dtype));
+    ck_assert_msg(ref->rank == got->rank, "%s: rank %d, expected %d", what, got->rank, ref->rank);
+    int64_t numel = 1;
+    for (int d = 0; d < ref->rank; d++) {
+        ck_assert_msg(ref->shape[d] == got->shape[d], "%s: dim %d is %lld, expected %lld", what, d,
+                      (long long)got->shape[d], (long long)ref->shape[d]);
+        numel *= ref->shape[d];
+    }
+    double maxabs = 0;
+    for (int64_t i = 0; i < numel; i++) {
+        double e = value_at(ref->data, got->dtype, i);
+        if (isfinite(e) && fabs(e) > maxabs)
+            maxabs = fabs(e);
+    }
+    double tol = got->dtype == XTC_F32 ? 1e-5 + 1e-4 * maxabs : 0;
+    for (int64_t i = 0; i < numel; i++) {
+        double e = value_at(ref->data, got->dtype, i), a = value_at(got->data, got->dtype, i);
+        if (isnan(e) && isnan(a))
+            continue;
+        if (isinf(e) && a == e)
+            continue;
+        ck_assert_msg(fabs(a - e) <= tol, "%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
+                      (long long)i, a, e, tol);
+    }
+}
+
+/* ---- the harness ---- */
+
+typedef void (*BuildFn)(IrGraph *g, IrDim b, IrDim n);
+
+static IrGraph *new_graph(const char *name, BuildFn build)
+{
+    IrGraph *g = ir_graph_new(name);
+    int sb = ir_graph_add_sym(g, "b", 0), sn = ir_graph_add_sym(g, "n", 256);
+    build(g, ir_dim_sym(sb), ir_dim_sym(sn));
+    ck_assert_msg(ir_graph_error(g) == NULL, "building %s: %s", name, ir_graph_error(g));
+    char err[512];
+    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s: %s", name, err);
+    return g;
+}
+
+static XtcModule *compile_target(const IrGraph *g, const char *name, const char *target)
+{
+    make_tmpdir();
+    char path[512], err[2048];
+    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, target);
+    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf"};
+    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
+    return m;
+}
+
+static const char *const ORDERS[] = {"forward", "reverse", "shuffled"};
+
+/* Runs m at symbol values syms on random inputs against the interpreter, with the emulator's
+ * threads in the given order. */
+static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name, const char *order)
+{
+    Binding bd;
+    bind_random(&bd, g, syms);
+    IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
+    char err[512];
+    ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp %s: %s", name, err);
+    setenv("XTC_CUDA_EMU_ORDER", order, 1);
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", name, xtc_session_error(s));
+    bind_session(s, &bd);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s (b=%lld n=%lld, %s): run: %s", name, (long long)syms[0],
+                  (long long)syms[1], order, xtc_session_error(s));
+    for (int o = 0; o < g->noutputs; o++) {
+        XtcTensor t;
+        ck_assert_msg(xtc_session_get_output(s, g->outputs[o].name, &t) == XTC_OK, "%s", xtc_session_error(s));
+        char what[256];
+        snprintf(what, sizeof what, "%s output '%s' (b=%lld n=%lld, threads %s)", name, g->outputs[o].name,
+                 (long long)syms[0], (long long)syms[1], order);
+        compare(what, &ref[o], &t);
+    }
+    /* a second run reuses uploaded weights and the arena */
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: second run: %s", name, xtc_session_error(s));
+    xtc_session_free(s);
+    unsetenv("XTC_CUDA_EMU_ORDER");
+    for (int o = 0; o < g->noutputs; o++)
+        ir_host_free(&ref[o]);
+    free(ref);
+    bind_free(&bd);
+}
+
+static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+
+/* The case as built, then after the pass pipeline as xtc compile --target cuda runs it: its
+ * fusions (fused elementwise programs, fused attention) checked against the interpreter too. */
+static void run_case(const char *name, BuildFn build)
+{
+    IrGraph *g = new_graph(name, build);
+    XtcModule *m = compile_target(g, name, "cuda-emu");
+    for (int k = 0; k < NSIZES; k++)
+        check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
+    xtc_module_free(m);
+    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+    char err[1024], fname[128];
+    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s: passes: %s", name, err);
+    int fused = 0;
+    for (int i = 0; i < h->nnodes; i++)
+        fused += h->nodes[i]->op == IR_FUSED || h->nodes[i]->op == IR_ATTENTION || h->nodes[i]->op == IR_ATTENTION_GRAD;
+    if (fused) {
+        snprintf(fname, sizeof fname, "%s_fused", name);
+        m = compile_target(h, fname, "cuda-emu");
+        for (int k = 0; k < NSIZES; k++)
+            check_run(h, m, SIZES[k], fname, ORDERS[(k + 1) % 3]);
+        xtc_module_free(m);
+    }
+    ir_graph_free(h);
+    ir_graph_free(g);
+}
+
+static IrNode *input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape)
+{
+    return ir_input(g, name, t, rank, shape);
+}
+
+static void out(IrGraph *g, const char *name, IrNode *n) { ir_output(g, name, n); }
+
+static IrNode *positive(IrGraph *g, IrNode *x)
+{
+    return ir_binary(g, IR_ADD, ir_unary(g, IR_ABS, x), ir_const(g, 0.5, IR_F32));
+}
+
+/* ---- op cases ---- */
+
+static void build_unary(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim s[] = {b, n, ir_dim(17)};
+    IrNode *x = input(g, "x", IR_F32, 3, s);
+    static const IrOp any[] = {IR_NEG, IR_EXP, IR_TANH, IR_SIGMOID, IR_GELU, IR_ERF, IR_RELU, IR_SIN, IR_COS, IR_ABS};
+    for (size_t i = 0; i < sizeof any / sizeof any[0]; i++)
+        out(g, ir_ops[any[i]].name, ir_unary(g, any[i], x));
+    static const IrOp pos[] = {IR_LOG, IR_SQRT, IR_RSQRT, IR_RECIP};
+    IrNode *p = positive(g, x);
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        out(g, ir_ops[pos[i]].name, ir_unary(g, pos[i], p));
+    IrDim s2[] = {ir_dim(130)};
+    IrNode *v = input(g, "v", IR_F32, 1, s2);
+    out(g, "exp_wide", ir_unary(g, IR_EXP, ir_binary(g, IR_MUL, v, ir_const(g, 60.0, IR_F32))));
+    out(g, "gelu_wide", ir_unary(g, IR_GELU, ir_binary(g, IR_MUL, v, ir_const(g, 3.0, IR_F32))));
+    out(g, "sigmoid_wide", ir_unary(g, IR_SIGMOID, ir_binary(g, IR_MUL, v, ir_const(g, 50.0, IR_F32))));
+    out(g, "log_zero", ir_unary(g, IR_LOG, ir_unary(g, IR_RELU, v))); /* -inf where v <= 0 */
+}
+
+static void build_binary(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(33)}, sy[] = {n, ir_dim(33)}, sz[] = {b, ir_dim(1), ir_dim(1)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *y = input(g, "y", IR_F32, 2, sy), *z = input(g, "z", IR_F32, 3, sz);
+    IrNode *w = input(g, "w", IR_F32, 0, NULL);
+    IrDim sc[] = {b, ir_dim(1), ir_dim(33)};
+    IrNode *c = input(g, "c", IR_F32, 3, sc);
+    out(g, "add", ir_binary(g, IR_ADD, x, y));
+    out(g, "add_mid", ir_binary(g, IR_ADD, x, c)); /* broadcast in the middle */
+    out(g, "sub", ir_binary(g, IR_SUB, z, x));
+    out(g, "mul", ir_binary(g, IR_MUL, x, w));
+    out(g, "div", ir_binary(g, IR_DIV, x, positive(g, y)));
+    IrNode *mx = ir_binary(g, IR_MAX, x, y);
+    out(g, "max", mx);
+    out(g, "min", ir_binary(g, IR_MIN, z, x));
+    IrNode *p = ir_binary(g, IR_LT, x, y), *q = ir_binary(g, IR_LE, z, x);
+    out(g, "lt", p);
+    out(g, "le", q);
+    out(g, "eq", ir_binary(g, IR_EQ, x, mx));
+    out(g, "and", ir_binary(g, IR_AND, p, q));
+    out(g, "or", ir_binary(g, IR_OR, p, q));
+    out(g, "not", ir_unary(g, IR_NOT, p));
+    out(g, "where", ir_where(g, p, x, y));
+    out(g, "where_bcast", ir_where(g, ir_binary(g, IR_LT, y, ir_const(g, 0, IR_F32)), z, w));
+    IrDim si[] = {b, n}, sj[] = {n};
+    IrNode *i = input(g, "i", IR_I32, 2, si), *j = input(g, "j", IR_I32, 1, sj);
+    IrNode *den = input(g, "den", IR_I32, 1, sj), *k = input(g, "k", IR_I64, 2, si);
+    out(g, "iadd", ir_binary(g, IR_ADD, i, j));
+    out(g, "isub", ir_binary(g, IR_SUB, i, j));
+    out(g, "imul", ir_binary(g, IR_MUL, i, j));
+    out(g, "idiv", ir_binary(g, IR_DIV, i, den));
+    out(g, "imax", ir_binary(g, IR_MAX, i, j));
+    out(g, "imin", ir_binary(g, IR_MIN, i, j));
+    out(g, "ilt", ir_binary(g, IR_LT, i, j));
+    out(g, "ieq", ir_binary(g, IR_EQ, i, j));
+    out(g, "iwhere", ir_where(g, ir_binary(g, IR_LE, i, j), i, j));
+    out(g, "ldiv", ir_binary(g, IR_DIV, ir_binary(g, IR_ADD, k, k), ir_cast(g, den, IR_I64)));
+    IrNode *x3 = ir_binary(g, IR_MUL, x, ir_const(g, 3.0, IR_F32));
+    out(g, "f2i", ir_cast(g, x3, IR_I32));
+    out(g, "f2l", ir_cast(g, x3, IR_I64));
+    out(g, "f2b", ir_cast(g, ir_cast(g, ir_cast(g, x3, IR_I32), IR_F32), IR_BOOL));
+    out(g, "i2f", ir_cast(g, i, IR_F32));
+    out(g, "i2l", ir_cast(g, i, IR_I64));
+    out(g, "l2i", ir_cast(g, k, IR_I32));
+    out(g, "l2f", ir_cast(g, k, IR_F32));
+    out(g, "i2b", ir_cast(g, i, IR_BOOL));
+    out(g, "b2f", ir_cast(g, p, IR_F32));
+    out(g, "b2l", ir_cast(g, q, IR_I64));
+    out(g, "b2i", ir_cast(g, q, IR_I32));
+}
+
+static void build_reduce(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(17)}, ss[] = {b, n, ir_dim(130)}, sv[] = {ir_dim(65)}, s4[] = {b, n, ir_dim(5), ir_dim(1)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx);
+    char name[32];
+    for (int axis = 0; axis < 3; axis++) {
+        snprintf(name, sizeof name, "sum%d", axis);
+        out(g, name, ir_reduce(g, IR_SUM, x, axis));
+        snprintf(name, sizeof name, "max%d", axis);
+        out(g, name, ir_reduce(g, IR_RMAX, x, axis));
+    }
+    IrNode *x4 = input(g, "x4", IR_F32, 4, s4);
+    out(g, "sum_trailing_one", ir_reduce(g, IR_SUM, x4, 2)); /* contiguous: the trailing dim is 1 */
+    out(g, "max_trailing_one", ir_reduce(g, IR_RMAX, x4, 2));
+    IrNode *big = input(g, "s", IR_F32, 3, ss);
+    out(g, "softmax", ir_softmax(g, big));
+    out(g, "sum_long", ir_reduce(g, IR_SUM, big, 2));
+    out(g, "max_long", ir_reduce(g, IR_RMAX, big, 2));
+    IrNode *v = input(g, "v", IR_F32, 1, sv);
+    out(g, "softmax1", ir_softmax(g, v));
+    out(g, "sum_v", ir_reduce(g, IR_SUM, v, 0));
+    out(g, "softmax_x", ir_softmax(g, x));
+    /* the ops defined by sorting each row; ties and masked entries (-FLT_MAX) included */
+    IrNode *ties = ir_binary(g, IR_MUL, ir_unary(g, IR_RELU, x), ir_const(g, 0.0, IR_F32));
+    IrNode *some = ir_where(g, ir_binary(g, IR_LT, x, ir_const(g, -1.0, IR_F32)), ir_const(g, -3.4028234663852886e+38, IR_F32), x);
+    out(g, "entmax15", ir_entmax15(g, x));
+    out(g, "entmax15_masked", ir_entmax15(g, some));
+    out(g, "entmax15_long", ir_entmax15(g, big));
+    out(g, "entmax15_ties", ir_entmax15(g, ties));
+    out(g, "kth1", ir_kth_largest(g, x, 1));
+    out(g, "kth5", ir_kth_largest(g, x, 5));
+    out(g, "kth_ties", ir_kth_largest(g, ties, 3));
+    out(g, "kth_short", ir_kth_largest(g, x, 18)); /* beyond the row: -inf */
+    out(g, "kth_long", ir_kth_largest(g, big, 64));
+    /* a masked softmax as attention has it: large negative values */
+    out(g, "softmax_masked", ir_softmax(g, ir_where(g, ir_binary(g, IR_LT, x, ir_const(g, 0, IR_F32)),
+                                                      ir_const(g, -3.4e38, IR_F32), x)));
+}
+
+static void build_move(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(5), ir_dim(3)};
+    IrNode *x = input(g, "x", IR_F32, 4, sx);
+    static const int perms[3][4] = {{0, 2, 1, 3}, {3, 2, 1, 0}, {1, 0, 3, 2}};
+    char name[32];
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "permute%d", i);
+        out(g, name, ir_permute(g, x, perms[i]));
+    }
+    out(g, "slice_n", ir_slice(g, x, 1, ir_dim(1), ir_dim_addc(n, -1)));
+    out(g, "slice_last", ir_slice(g, x, 3, ir_dim(1), ir_dim(2)));
+    IrDim sa[] = {b, n, ir_dim(4)}, sc[] = {b, ir_dim(3), ir_dim(4)}, sa2[] = {b, n, ir_dim(7)};
+    IrNode *a = input(g, "a", IR_F32, 3, sa), *c = input(g, "c", IR_F32, 3, sc);
+    IrNode *cat = ir_concat(g, a, c, 1);
+    out(g, "concat1", cat);
+    out(g, "slice_sym", ir_slice(g, cat, 1, n, ir_dim(3)));
+    out(g, "concat2", ir_concat(g, a, input(g, "a2", IR_F32, 3, sa2), 2));
+    out(g, "concat0", ir_concat(g, a, a, 0));
+    IrDim si[] = {b, n};
+    out(g, "concat_int", ir_concat(g, input(g, "ci", IR_I64, 2, si), input(g, "cj", IR_I64, 2, si), 1));
+    IrDim se[] = {ir_dim(1), n, ir_dim(1)}, te[] = {b, n, ir_dim(65)};
+    out(g, "expand", ir_expand(g, input(g, "e", IR_F32, 3, se), 3, te));
+    IrDim sv[] = {ir_dim(7)}, tv[] = {b, ir_dim(3), ir_dim(7)};
+    out(g, "expand_rank", ir_expand(g, input(g, "ev", IR_F32, 1, sv), 3, tv));
+    IrDim sbool[] = {n, ir_dim(1)}, tbool[] = {n, n};
+    out(g, "expand_bool", ir_expand(g, input(g, "eb", IR_BOOL, 2, sbool), 2, tbool));
+    IrDim sr[] = {b, n, ir_dim(15)};
+    IrNode *r = ir_reshape(g, x, 3, sr);
+    out(g, "reshape", r);
+    out(g, "reshape_sum", ir_reduce(g, IR_SUM, r, 2));
+    IrDim st[] = {ir_dim(11), ir_dim(17)};
+    IrNode *table = ir_param(g, "emb", 2, st);
+    out(g, "gather", ir_gather(g, table, input(g, "tok", IR_I64, 2, si)));
+    out(g, "gather32", ir_gather(g, table, input(g, "tok32", IR_I32, 2, si)));
+    IrDim sg[] = {b, n, ir_dim(70)};
+    out(g, "gather_grad",
+        ir_gather_grad(g, input(g, "gsrc", IR_F32, 3, sg), input(g, "tokg", IR_I64, 2, si), ir_dim(11)));
+    out(g, "arange", ir_arange(g, n, ir_dim_addc(n, 2), IR_F32));
+    out(g, "arange_i", ir_arange(g, ir_dim(0), n, IR_I64));
+    out(g, "arange_i32", ir_arange(g, ir_dim(-3), ir_dim(7), IR_I32));
+    out(g, "relpos_causal", ir_relpos(g, n, n, 32, 128, 1));
+    out(g, "relpos_bidir", ir_relpos(g, n, ir_dim_addc(n, 2), 16, 20, 0));
+    out(g, "relpos_small", ir_relpos(g, n, n, 8, 5, 1));
+    IrNode *seed = input(g, "seed", IR_I64, 0, NULL);
+    out(g, "rand", ir_rand(g, seed, x, 3));
+    out(g, "rand_other_stream", ir_rand(g, seed, a, 4));
+    out(g, "const_i", ir_const(g, 7.9, IR_I32));
+    out(g, "const_l", ir_const(g, -3.5, IR_I64));
+    out(g, "const_b", ir_const(g, 2.0, IR_BOOL));
+    out(g, "const_f", ir_const(g, -1.25, IR_F32));
+    IrDim sb[] = {ir_dim(5)};
+    IrNode *inv = ir_buffer(g, "inv_freq", 1, sb);
+    out(g, "buffer_use", ir_binary(g, IR_MUL, inv, ir_arange(g, ir_dim(1), ir_dim(5), IR_F32)));
+}
+
+static void build_matmul(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
+    IrNode *a = input(g, "a", IR_F32, 3, sa);
+    out(g, "linear", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
+    out(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
+    IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
+    IrNode *q = input(g, "q", IR_F32, 4, sq);
+    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0));
+    out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
+    IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
+    out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
+    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
+    IrNode *big = input(g, "big", IR_F32, 2, s1);
+    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
+    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
+    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
+    out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
+    IrDim one[] = {ir_dim(1), ir_dim(1)};
+    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
+}
+
+/* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
+ * dropout pattern the lowering builds from it */
+static void build_rand(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(37)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *seed = input(g, "seed", IR_I64, 0, NULL);
+    IrNode *u = ir_rand(g, seed, x, 0);
+    out(g, "u", u);
+    out(g, "u7", ir_rand(g, seed, x, 7));
+    IrNode *drop = ir_binary(g, IR_LT, u, ir_const(g, 0.25, IR_F32));
+    out(g, "dropped", ir_where(g, drop, ir_const(g, 0, IR_F32), ir_binary(g, IR_MUL, x, ir_const(g, 4.0 / 3, IR_F32))));
+}
+
+static void build_xent(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sz[] = {b, n, ir_dim(13)}, st[] = {b, n}, sz2[] = {b, n, ir_dim(100)};
+    IrNode *z = input(g, "z", IR_F32, 3, sz);
+    out(g, "loss", ir_xent(g, z, input(g, "tgt", IR_I64, 2, st)));
+    out(g, "loss32", ir_xent(g, z, input(g, "tgt32", IR_I32, 2, st)));
+    out(g, "loss_wide", ir_xent(g, input(g, "z2", IR_F32, 3, sz2), input(g, "tgt2", IR_I64, 2, st)));
+}
+
+/* the fused attention ops, as passes/ makes them, with every form of bias, mask and scale */
+static void build_attention(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1);
+    IrDim sq[] = {b, ir_dim(2), n, ir_dim(8)}, sk[] = {b, ir_dim(2), J, ir_dim(8)}, sk0[] = {b, ir_dim(2), J0, ir_dim(8)};
+    IrDim sv[] = {b, ir_dim(2), J, ir_dim(12)}, sbias[] = {ir_dim(2), n, J}, smask[] = {b, ir_dim(1), ir_dim(1), J};
+    IrDim sscale[] = {b, ir_dim(2), ir_dim(1), ir_dim(1)};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 0));
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
+    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    /* queries without keys (J = n - 1 is 0 when n = 1): zeros, and -inf for the logsumexp */
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0);
+    IrDim sv0[] = {b, ir_dim(2), J0, ir_dim(8)};
+    IrNode *v0 = input(g, "v0", IR_F32, 4, sv0);
+    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 1));
+    /* causal with one key fewer than queries: row 0 sees no key, every score masked; so do the
+     * padded queries of a per-query mask */
+    IrNode *o0 = ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1);
+    out(g, "masked_row", o0);
+    out(g, "masked_row_grad", ir_attention_grad(g, o0, input(g, "d0", IR_F32, 4, sq)));
+    IrDim sqm[] = {b, ir_dim(1), n, ir_dim(1)}, skm[] = {b, ir_dim(1), ir_dim(1), J};
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, skm));
+    IrNode *vq = input(g, "vq", IR_F32, 4, sk);
+    IrNode *op = ir_attention(g, q, k, vq, NULL, pad, c, 0, 1);
+    out(g, "padded", op);
+    out(g, "padded_grad", ir_attention_grad(g, op, input(g, "dp", IR_F32, 4, sq)));
+    /* heads wider than a block: several output columns per thread */
+    IrDim sw[] = {b, ir_dim(1), n, ir_dim(130)}, swk[] = {b, ir_dim(1), J, ir_dim(130)};
+    IrNode *qw = input(g, "qw", IR_F32, 4, sw), *kw = input(g, "kw", IR_F32, 4, swk), *vw = input(g, "vw", IR_F32, 4, swk);
+    IrNode *ow = ir_attention(g, qw, kw, vw, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
+    out(g, "wide", ow);
+    IrDim sdw[] = {b, ir_dim(1), n, ir_dim(131)};
+    out(g, "wide_grad", ir_attention_grad(g, ow, input(g, "dwide", IR_F32, 4, sdw)));
+    /* gradients: dout with and without the logsumexp column */
+    IrDim svd[] = {b, ir_dim(2), J, ir_dim(8)}, sd[] = {b, ir_dim(2), n, ir_dim(8)}, sd1[] = {b, ir_dim(2), n, ir_dim(9)};
+    IrNode *vd = input(g, "vd", IR_F32, 4, svd);
+    IrNode *o = ir_attention(g, q, k, vd, bias, mask, scale, 1, 1);
+    out(g, "grad", ir_attention_grad(g, o, input(g, "dout", IR_F32, 4, sd)));
+    out(g, "grad_lse", ir_attention_grad(g, o, input(g, "dout1", IR_F32, 4, sd1)));
+    IrNode *o2 = ir_attention(g, q, k, vd, NULL, NULL, c, 0, 1);
+    out(g, "grad_plain", ir_attention_grad(g, o2, input(g, "dout2", IR_F32, 4, sd)));
+}
+
+/* ---- backward graphs ---- */
+
+/* layer norm over the last axis, as the front end lowers it */
+static IrNode *layer_norm(IrGraph *g, IrNode *x, int dim, const char *name)
+{
+    char p[64];
+    IrNode *inv = ir_const(g, 1.0 / dim, IR_F32);
+    IrNode *mean = ir_binary(g, IR_MUL, ir_reduce(g, IR_SUM, x, -1), inv);
+    IrNode *c = ir_binary(g, IR_SUB, x, mean);
+    IrNode *var = ir_binary(g, IR_MUL, ir_reduce(g, IR_SUM, ir_binary(g, IR_MUL, c, c), -1), inv);
+    IrNode *y = ir_binary(g, IR_MUL, c, ir_unary(g, IR_RSQRT, ir_binary(g, IR_ADD, var, ir_const(g, 1e-5, IR_F32))));
+    IrDim sw[] = {ir_dim(dim)};
+    snprintf(p, sizeof p, "%s.weight", name);
+    y = ir_binary(g, IR_MUL, y, ir_param(g, p, 1, sw));
+    snprintf(p, sizeof p, "%s.bias", name);
+    return ir_binary(g, IR_ADD, y, ir_param(g, p, 1, sw));
+}
+
+/* a one-head causal attention block with a GELU feed-forward and cross-entropy, differentiated */
+static void build_train_block(IrGraph *g, IrDim b, IrDim n)
+{
+    enum { D = 24, V = 13 };
+    IrDim st[] = {b, n}, se[] = {ir_dim(V), ir_dim(D)}, sw[] = {ir_dim(D), ir_dim(D)}, sf[] = {ir_dim(40), ir_dim(D)};
+    IrNode *tok = input(g, "tok", IR_I64, 2, st);
+    IrNode *x = ir_gather(g, ir_param(g, "emb", 2, se), tok);
+    IrNode *h = layer_norm(g, x, D, "ln1");
+    IrNode *q = ir_matmul(g, h, ir_param(g, "wq", 2, sw), 1), *k = ir_matmul(g, h, ir_param(g, "wk", 2, sw), 1);
+    IrNode *v = ir_matmul(g, h, ir_param(g, "wv", 2, sw), 1);
+    IrNode *dots = ir_binary(g, IR_MUL, ir_matmul(g, q, k, 1), ir_const(g, 0.2, IR_F32));
+    IrNode *pos = ir_arange(g, ir_dim(0), n, IR_I64);
+    IrDim s1[] = {n, ir_dim(1)}, s2[] = {ir_dim(1), n};
+    IrNode *mask = ir_binary(g, IR_LT, ir_reshape(g, pos, 2, s1), ir_reshape(g, pos, 2, s2));
+    IrNode *attn = ir_softmax(g, ir_where(g, mask, ir_const(g, -1e30, IR_F32), dots));
+    x = ir_binary(g, IR_ADD, x, ir_matmul(g, attn, v, 0));
+    IrNode *f = ir_unary(g, IR_GELU, ir_matmul(g, layer_norm(g, x, D, "ln2"), ir_param(g, "w1", 2, sf), 1));
+    x = ir_binary(g, IR_ADD, x, ir_matmul(g, f, ir_param(g, "w2", 2, (IrDim[]){ir_dim(D), ir_dim(40)}), 1));
+    IrNode *logits = ir_matmul(g, x, ir_param(g, "emb", 2, se), 1);
+    out(g, "logits", logits);
+    out(g, "loss", ir_xent(g, logits, input(g, "tgt", IR_I64, 2, st)));
+    char err[512];
+    ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "autodiff: %s", err);
+}
+
+/* elementwise and data movement ops under autodiff, seeded by the caller's output gradient */
+static void build_train_ops(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(6)}, sp[] = {ir_dim(6)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx);
+    IrNode *w = ir_param(g, "w", 1, sp);
+    IrNode *y = ir_binary(g, IR_MUL, x, w);
+    y = ir_binary(g, IR_ADD, ir_unary(g, IR_TANH, y), ir_unary(g, IR_SIGMOID, ir_binary(g, IR_DIV, y, positive(g, w))));
+    y = ir_binary(g, IR_ADD, y, ir_unary(g, IR_SIN, ir_binary(g, IR_MAX, y, w)));
+    y = ir_binary(g, IR_MUL, y, ir_unary(g, IR_EXP, ir_binary(g, IR_MIN, w, ir_const(g, 0.3, IR_F32))));
+    y = ir_binary(g, IR_ADD, y, ir_unary(g, IR_SQRT, positive(g, ir_binary(g, IR_SUB, y, w))));
+    IrNode *cat = ir_concat(g, y, ir_unary(g, IR_COS, y), 2);
+    IrNode *sl = ir_slice(g, cat, 2, ir_dim(3), ir_dim(6));
+    int perm[3] = {1, 0, 2};
+    IrNode *pm = ir_permute(g, sl, perm);
+    IrNode *red = ir_reduce(g, IR_RMAX, pm, 1);
+    IrDim te[] = {n, b, ir_dim(6)};
+    IrNode *z = ir_binary(g, IR_ADD, pm, ir_expand(g, red, 3, te));
+    out(g, "z", ir_unary(g, IR_RELU, ir_binary(g, IR_SUB, z, ir_unary(g, IR_LOG, positive(g, z)))));
+    out(g, "s", ir_reduce(g, IR_SUM, ir_unary(g, IR_ABS, ir_unary(g, IR_NEG, y)), 0));
+    IrGradOpts go = {.loss = NULL, .seed_outputs = 1};
+    char err[512];
+    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
+}
+
+typedef struct {
+    const char *name;
+    BuildFn build;
+} Case;
+
+static const Case cases[] = {
+    {"unary", build_unary},   {"binary", build_binary}, {"reduce", build_reduce},           {"move", build_move},
+    {"matmul", build_matmul}, {"xent", build_xent},  {"rand", build_rand},     {"train_block", build_train_block}, {"train_ops", build_train_ops},
+    {"attention", build_attention},
+};
+#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+
+START_TEST(test_case)
+{
+    run_case(cases[_i].name, cases[_i].build);
+}
+END_TEST
+
+/* symbolic dims that come out as 0: empty outputs launch nothing, empty sums are 0 */
+START_TEST(test_empty_sizes)
+{
+    static const int64_t empty[2][2] = {{2, 0}, {0, 3}};
+    static const BuildFn builds[] = {build_unary, build_binary, build_matmul, build_xent};
+    static const char *const names[] = {"unary_empty", "binary_empty", "matmul_empty", "xent_empty"};
+    for (int c = 0; c < 4; c++) {
+        IrGraph *g = new_graph(names[c], builds[c]);
+        XtcModule *m = compile_target(g, names[c], "cuda-emu");
+        for (int k = 0; k < 2; k++)
+            check_run(g, m, empty[k], names[c], "forward");
+        xtc_module_free(m);
+        ir_graph_free(g);
+    }
+}
+END_TEST
+
+START_TEST(test_every_op_is_tested)
+{
+    int seen[IR_NUM_OPS] = {0};
+    for (int c = 0; c < NCASES; c++) {
+        IrGraph *g = new_graph(cases[c].name, cases[c].build);
+        for (int i = 0; i < g->nnodes; i++)
+            seen[g->nodes[i]->op] = 1;
+        /* the fused ops come from the pipeline, which run_case runs too */
+        PassOptions po = {.supports = cg_cuda_emu_backend.supports};
+        char err[512];
+        IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+        ck_assert_msg(h != NULL, "%s", err);
+        for (int i = 0; i < h->nnodes; i++)
+            seen[h->nodes[i]->op] = 1;
+        ir_graph_free(h);
+        ir_graph_free(g);
+    }
+    for (int op = 0; op < IR_NUM_OPS; op++)
+        ck_assert_msg(seen[op], "op '%s' is not used by any case of test_cuda.c", ir_ops[op].name);
+}
+END_TEST
+
+START_TEST(test_every_op_has_a_kernel)
+{
+    for (int op = 0; op < IR_NUM_OPS; op++)
+        ck_assert_msg(cg_cuda_backend.supports((IrOp)op), "the cuda backend has no kernel for '%s'", ir_ops[op].name);
+}
+END_TEST
+
+/* ---- the emulator on hand-written kernels ---- */
+
+/* CUDA C exercising the emulator, compiled with it like a cuda-emu module; each kernel has a
+ * call function from cuLaunchKernel-style arguments and a row in test_kernels[]. */
+static const char emu_test_source[] =
+    "#include \"xtc_cuda_emu.h\"\n"
+    "/* out[i] = in[n - 1 - i] through shared memory */\n"
+    "XTC_KERNEL reverse(const float *in, float *out, int barrier)\n"
+    "{\n"
+    "    __shared__ float sh[256];\n"
+    "    int t = threadIdx.x, n = blockDim.x;\n"
+    "    sh[t] = in[blockIdx.x * n + t];\n"
+    "    if (barrier)\n"
+    "        __syncthreads();\n"
+    "    out[blockIdx.x * n + t] = sh[n - 1 - t];\n"
+    "}\n"
+    "static void call_reverse(void **a) { reverse(*(const float **)a[0], *(float **)a[1], *(int *)a[2]); }\n"
+    "/* warp operations: per lane, 8 results */\n"
+    "XTC_KERNEL warp_ops(const int *in, int *out)\n"
+    "{\n"
+    "    int t = threadIdx.x, v = in[t];\n"
+    "    int *o = out + 8 * t;\n"
+    "    o[0] = __shfl_sync(0xffffffffu, v, 5);\n"
+    "    o[1] = __shfl_sync(0xffffffffu, v, t + 3, 8);\n"
+    "    o[2] = __shfl_xor_sync(0xffffffffu, v, 6);\n"
+    "    o[3] = __shfl_up_sync(0xffffffffu, v, 3);\n"
+    "    o[4] = __shfl_down_sync(0xffffffffu, v, 2, 16);\n"
+    "    o[5] = (int)__ballot_sync(0xffffffffu, v & 1);\n"
+    "    o[6] = __any_sync(0xffffffffu, v == 7) + 2 * __all_sync(0xffffffffu, v >= 0);\n"
+    "    __syncwarp(0xffffffffu);\n"
+    "    o[7] = (int)__float_as_int(__shfl_xor_sync(0xffffffffu, (float)v * 0.5f, 1));\n"
+    "}\n"
+    "static void call_warp_ops(void **a) { warp_ops(*(const int **)a[0], *(int **)a[1]); }\n"
+    "/* atomics from every thread of every block */\n"
+    "XTC_KERNEL atomics(float *f, int *i, unsigned long long *u)\n"
+    "{\n"
+    "    atomicAdd(f, 0.5f);\n"
+    "    atomicAdd(&i[0], 1);\n"
+    "    atomicMax(&i[1], (int)(blockIdx.x * blockDim.x + threadIdx.x));\n"
+    "    atomicMin(&i[2], -(int)threadIdx.x);\n"
+    "    atomicOr(&i[3], 1 << (threadIdx.x % 31));\n"
+    "    int old = atomicCAS(&i[4], 0, 7);\n"
+    "    atomicAdd(&i[5], old == 0);\n"
+    "    atomicAdd(u, 3ull);\n"
+    "}\n"
+    "static void call_atomics(void **a) { atomics(*(float **)a[0], *(int **)a[1], *(unsigned long long **)a[2]); }\n"
+    "/* coordinates of every thread of a 3-D grid of 3-D blocks */\n"
+    "XTC_KERNEL coords(int *out)\n"
+    "{\n"
+    "    int bl = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;\n"
+    "    int th = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;\n"
+    "    int n = blockDim.x * blockDim.y * blockDim.z;\n"
+    "    out[bl * n + th] = (int)(threadIdx.x + 10 * threadIdx.y + 100 * threadIdx.z + 1000 * blockIdx.x +\n"
+    "                              10000 * blockIdx.y + 100000 * blockIdx.z);\n"
+    "}\n"
+    "static void call_coords(void **a) { coords(*(int **)a[0]); }\n"
+    "/* what the emulator must refuse */\n"
+    "XTC_KERNEL divergent_barrier(int *x) { if (threadIdx.x < 32) __syncthreads(); x[0] = 1; }\n"
+    "static void call_divergent_barrier(void **a) { divergent_barrier(*(int **)a[0]); }\n"
+    "XTC_KERNEL exited_lane(int *x) { if (threadIdx.x == 3) return; x[0] = __shfl_xor_sync(0xffffffffu, 1, 1); }\n"
+    "static void call_exited_lane(void **a) { exited_lane(*(int **)a[0]); }\n"
+    "XTC_KERNEL outside_mask(int *x) { if (threadIdx.x < 16) x[0] = __shfl_sync(0x0000ffffu, 1, 20); }\n"
+    "static void call_outside_mask(void **a) { outside_mask(*(int **)a[0]); }\n"
+    "XTC_KERNEL mixed_ops(int *x) { if (threadIdx.x & 1) x[0] = __ballot_sync(0xffffffffu, 1); else x[1] = __shfl_sync(0xffffffffu, 1, 0); }\n"
+    "static void call_mixed_ops(void **a) { mixed_ops(*(int **)a[0]); }\n"
+    "const XtcEmuKernel test_kernels[] = {\n"
+    "    {\"reverse\", call_reverse, 1}, {\"warp_ops\", call_warp_ops, 1}, {\"atomics\", call_atomics, 0},\n"
+    "    {\"coords\", call_coords, 0}, {\"divergent_barrier\", call_divergent_barrier, 1},\n"
+    "    {\"exited_lane\", call_exited_lane, 1}, {\"outside_mask\", call_outside_mask, 1},\n"
+    "    {\"mixed_ops\", call_mixed_ops, 1}, {\"barrier_free\", call_reverse, 0},\n"
+    "};\n"
+    "int32_t (*const test_launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **) = xtc_emu_launch;\n"
+    "void (*const test_release)(void *) = xtc_emu_release;\n";
+
+enum { K_REVERSE, K_WARP, K_ATOMICS, K_COORDS, K_DIVERGENT, K_EXITED, K_OUTSIDE, K_MIXED, K_BARRIER_FREE };
+
+typedef struct {
+    void *dl;
+    const XtcEmuKernel *kernels;
+    int32_t (*launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **);
+    void (*release)(void *);
+    void *cache;
+    char err[1024];
+} EmuLib;
+
+static void write_text(const char *name, const char *text)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Compiles source (C with the emulator header) into a shared library and loads it. */
+static void *build_so(const char *name, const char *source, const char *extra)
+{
+    make_tmpdir();
+    write_text("xtc_cuda_emu.h", cg_embed_emu_h);
+    write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
+    char c[300], so[600], cmd[2000];
+    snprintf(c, sizeof c, "%s.c", name);
+    write_text(c, source);
+    snprintf(so, sizeof so, "%s/%s.so", tmpdir, name);
+    snprintf(cmd, sizeof cmd, "cc -std=gnu11 -O1 -fPIC -shared -w %s -I%s -o %s %s/%s -lm", extra, tmpdir, so, tmpdir, c);
+    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
+    void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(dl != NULL, "%s", dlerror());
+    return dl;
+}
+
+static void emu_open(EmuLib *e, const char *extra)
+{
+    memset(e, 0, sizeof *e);
+    e->dl = build_so(extra[0] ? "emu_tests_ucontext" : "emu_tests", emu_test_source, extra);
+    e->kernels = dlsym(e->dl, "test_kernels");
+    int32_t (*const *launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **) = dlsym(e->dl, "test_launch");
+    void (*const *release)(void *) = dlsym(e->dl, "test_release");
+    ck_assert(e->kernels && launch && release);
+    e->launch = *launch;
+    e->release = *release;
+}
+
+static int emu_run(EmuLib *e, int k, unsigned grid, unsigned block, int order, void **args)
+{
+    XtcEmuLaunch l = {{grid, 1, 1}, {block, 1, 1}, order, &e->cache, e->err, sizeof e->err};
+    e->err[0] = 0;
+    return e->launch(&e->kernels[k], &l, args);
+}
+
+static void emu_close(EmuLib *e)
+{
+    e->release(e->cache);
+    dlclose(e->dl);
+}
+
+static void check_emulator(const char *extra)
+{
+    EmuLib e;
+    emu_open(&e, extra);
+    /* barriers: correct in every order with the barrier, wrong in forward and reverse without */
+    float in[512], outv[512];
+    for (int i = 0; i < 512; i++)
+        in[i] = (float)i + 0.25f;
+    const float *pin = in;
+    float *pout = outv;
+    for (int order = 0; order < 3; order++) {
+        int barrier = 1;
+        void *args[] = {&pin, &pout, &barrier};
+        ck_assert_msg(emu_run(&e, K_REVERSE, 2, 256, order, args) == 0, "%s", e.err);
+        for (int i = 0; i < 512; i++)
+            ck_assert(outv[i] == in[i / 256 * 256 + 255 - i % 256]);
+    }
+    for (int order = 0; order < 2; order++) {
+        for (int i = 0; i < 512; i++)
+            in[i] = (float)(i * (order + 3));
+        int barrier = 0, wrong = 0;
+        void *args[] = {&pin, &pout, &barrier};
+        ck_assert_msg(emu_run(&e, K_REVERSE, 2, 256, order, args) == 0, "%s", e.err);
+        for (int i = 0; i < 512; i++)
+            wrong += outv[i] != in[i / 256 * 256 + 255 - i % 256];
+        ck_assert_msg(wrong > 0, "a missing __syncthreads went unnoticed with threads in %s order", ORDERS[order]);
+    }
+    /* warp operations against their definitions */
+    int iv[64], io[64 * 8];
+    for (int i = 0; i < 64; i++)
+        iv[i] = (int)(rnd() % 9);
+    const int *piv = iv;
+    int *pio = io;
+    void *wargs[] = {&piv, &pio};
+    ck_assert_msg(emu_run(&e, K_WARP, 1, 64, XTC_EMU_SHUFFLED, wargs) == 0, "%s", e.err);
+    for (int t = 0; t < 64; t++) {
+        int w = t & ~31, l = t & 31, *o = io + 8 * t;
+        unsigned ballot = 0;
+        int any = 0, all = 1;
+        for (int k = 0; k < 32; k++) {
+            ballot |= (unsigned)(iv[w + k] & 1) << k;
+            any |= iv[w + k] == 7;
+            all &= iv[w + k] >= 0;
+        }
+        ck_assert_int_eq(o[0], iv[w + 5]);
+        ck_assert_int_eq(o[1], iv[w + (l & ~7) + ((l + 3) & 7)]);
+        ck_assert_int_eq(o[2], iv[w + (l ^ 6)]);
+        ck_assert_int_eq(o[3], iv[w + (l >= 3 ? l - 3 : l)]);
+        ck_assert_int_eq(o[4], iv[w + ((l & 15) + 2 < 16 ? l + 2 : l)]);
+        ck_assert_int_eq((unsigned)o[5], ballot);
+        ck_assert_int_eq(o[6], any + 2 * all);
+        float half = (float)iv[w + (l ^ 1)] * 0.5f;
+        int bits;
+        memcpy(&bits, &half, sizeof bits);
+        ck_assert_int_eq(o[7], bits);
+    }
+    /* atomics over several blocks */
+    float fsum = 0;
+    int ints[6] = {0, -1, 0, 0, 0, 0};
+    unsigned long long u = 0;
+    float *pf = &fsum;
+    int *pi = ints;
+    unsigned long long *pu = &u;
+    void *aargs[] = {&pf, &pi, &pu};
+    ck_assert_msg(emu_run(&e, K_ATOMICS, 3, 96, XTC_EMU_FORWARD, aargs) == 0, "%s", e.err);
+    ck_assert(fsum == 144.0f);
+    ck_assert_int_eq(ints[0], 288);
+    ck_assert_int_eq(ints[1], 287);
+    ck_assert_int_eq(ints[2], -95);
+    ck_assert_int_eq(ints[3], 0x7fffffff);
+    ck_assert_int_eq(ints[4], 7);
+    ck_assert_int_eq(ints[5], 1);
+    ck_assert(u == 864);
+    /* 3-D grids and blocks */
+    int coords[2 * 3 * 2 * 4 * 2 * 3];
+    int *pc = coords;
+    void *cargs[] = {&pc};
+    XtcEmuLaunch l3 = {{2, 3, 2}, {4, 2, 3}, XTC_EMU_REVERSE, &e.cache, e.err, sizeof e.err};
+    ck_assert_msg(e.launch(&e.kernels[K_COORDS], &l3, cargs) == 0, "%s", e.err);
+    for (int bz = 0, i = 0; bz < 2; bz++)
+        for (int by = 0; by < 3; by++)
+            for (int bx = 0; bx < 2; bx++)
+                for (int tz = 0; tz < 3; tz++)
+                    for (int ty = 0; ty < 2; ty++)
+                        for (int tx = 0; tx < 4; tx++, i++)
+                            ck_assert_int_eq(coords[i], tx + 10 * ty + 100 * tz + 1000 * bx + 10000 * by + 100000 * bz);
+    /* what CUDA leaves undefined is an error here, with a message */
+    int x[2] = {0, 0};
+    int *px = x;
+    void *xargs[] = {&px};
+    static const struct {
+        int kernel;
+        unsigned block;
+        const char *needle;
+    } bad[] = {
+        {K_DIVERGENT, 64, "exited while"},
+        {K_EXITED, 32, "exited while lane"},
+        {K_OUTSIDE, 32, "not in the mask"},
+        {K_MIXED, 32, "different warp operations"},
+        {K_REVERSE, 2048, "bad block size"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        void **args = bad[i].kernel == K_REVERSE ? (void *[]){&pin, &pout, &(int){1}} : xargs;
+        ck_assert_int_eq(emu_run(&e, bad[i].kernel, 1, bad[i].block, XTC_EMU_FORWARD, args), -1);
+        ck_assert_msg(strstr(e.err, bad[i].needle), "expected '%s' in: %s", bad[i].needle, e.err);
+    }
+    void *fargs[] = {&pin, &pout, &(int){1}};
+    ck_assert_int_eq(emu_run(&e, K_BARRIER_FREE, 1, 64, XTC_EMU_FORWARD, fargs), -1);
+    ck_assert_msg(strstr(e.err, "barrier-free"), "%s", e.err);
+    XtcEmuLaunch l0 = {{0, 1, 1}, {32, 1, 1}, 0, &e.cache, e.err, sizeof e.err};
+    ck_assert_int_eq(e.launch(&e.kernels[K_COORDS], &l0, cargs), -1);
+    ck_assert_msg(strstr(e.err, "bad grid size"), "%s", e.err);
+    emu_close(&e);
+}
+
+START_TEST(test_emulator)
+{
+    check_emulator("");
+}
+END_TEST
+
+/* the portable context switch: ucontext */
+START_TEST(test_emulator_ucontext)
+{
+    check_emulator("-DXTC_EMU_UCONTEXT");
+}
+END_TEST
+
+/* ---- the runtime: bad values found by kernels, drivers that are missing or have no device ---- */
+
+static void build_checked(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim st[] = {ir_dim(11), ir_dim(8)}, si[] = {b, n};
+    IrNode *table = ir_param(g, "emb", 2, st);
+    /* ids computed in the graph can only be checked while running */
+    IrNode *ids = ir_binary(g, IR_ADD, input(g, "offs", IR_I64, 2, si), ir_const(g, 5, IR_I64));
+    out(g, "emb", ir_gather(g, table, ids));
+    out(g, "quot", ir_binary(g, IR_DIV, input(g, "num", IR_I32, 2, si), input(g, "divisor", IR_I32, 2, si)));
+    IrDim sz[] = {b, n, ir_dim(6)};
+    out(g, "loss", ir_xent(g, input(g, "z", IR_F32, 3, sz), ir_binary(g, IR_SUB, input(g, "tg", IR_I64, 2, si),
+                                                                       ir_const(g, 1, IR_I64))));
+}
+
+static XtcSession *checked_session(XtcModule *m, const int64_t *offs, const int32_t *divisor, const int64_t *tg)
+{
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s", xtc_session_error(s));
+    int64_t shape[2] = {1, 3}, wshape[2] = {11, 8}, zshape[3] = {1, 3, 6};
+    float w[88] = {0}, z[18] = {0};
+    int32_t num[3] = {7, -7, 9};
+    ck_assert_int_eq(xtc_session_set_weight(s, "emb", 2, wshape, w), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "offs", XTC_I64, 2, shape, offs), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "num", XTC_I32, 2, shape, num), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "divisor", XTC_I32, 2, shape, divisor), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "z", XTC_F32, 3, zshape, z), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "tg", XTC_I64, 2, shape, tg), XTC_OK);
+    return s;
+}
+
+START_TEST(test_bad_values)
+{
+    IrGraph *g = new_graph("checked", build_checked);
+    XtcModule *m = compile_target(g, "checked", "cuda-emu");
+    static const struct {
+        int64_t offs[3];
+        int32_t divisor[3];
+        int64_t tg[3];
+        const char *needle; /* NULL: runs */
+    } runs[] = {
+        {{0, 1, 5}, {1, 2, -1}, {0, 1, 6}, NULL},
+        {{0, 6, 1}, {1, 2, -1}, {0, 1, 6}, "gather"},
+        {{0, 1, 1}, {1, 0, -1}, {0, 1, 6}, "division by zero"},
+        {{0, 1, 1}, {1, 2, 3}, {0, 7, 1}, "cross_entropy"},
+        {{0, -6, 1}, {1, 2, 3}, {0, 1, 1}, "gather"},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        XtcSession *s = checked_session(m, runs[i].offs, runs[i].divisor, runs[i].tg);
+        int st = xtc_session_run(s);
+        if (!runs[i].needle) {
+            ck_assert_msg(st == XTC_OK, "%s", xtc_session_error(s));
+            XtcTensor t;
+            ck_assert_int_eq(xtc_session_get_output(s, "quot", &t), XTC_OK);
+            ck_assert(((const int32_t *)t.data)[0] == 7 && ((const int32_t *)t.data)[1] == -3 &&
+                      ((const int32_t *)t.data)[2] == -9);
+        } else {
+            ck_assert_msg(st == XTC_ERR_RANGE, "run %zu: status %s: %s", i, xtc_status_name(st), xtc_session_error(s));
+            ck_assert_msg(strstr(xtc_session_error(s), runs[i].needle), "run %zu: %s", i, xtc_session_error(s));
+        }
+        xtc_session_free(s);
+    }
+    xtc_module_free(m);
+    ir_graph_free(g);
+    /* relpos_bucket with an undefined bucket (max_distance = max_exact: log 1 / log 1) */
+    IrGraph *h = ir_graph_new("relpos_undefined");
+    int sn = ir_graph_add_sym(h, "n", 64);
+    IrDim si[] = {ir_dim_sym(sn)};
+    ir_output(h, "x", ir_cast(h, ir_input(h, "x", IR_I64, 1, si), IR_F32));
+    ir_output(h, "r", ir_relpos(h, ir_dim_sym(sn), ir_dim_sym(sn), 8, 4, 1));
+    m = compile_target(h, "relpos_undefined", "cuda-emu");
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    int64_t xs[6] = {0}, shape[1] = {6};
+    ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_I64, 1, shape, xs), XTC_OK);
+    ck_assert_int_eq(xtc_session_run(s), XTC_ERR_RANGE);
+    ck_assert_msg(strstr(xtc_session_error(s), "relpos_bucket"), "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    xtc_module_free(m);
+    ir_graph_free(h);
+}
+END_TEST
+
+/* A stand-in for libcuda.so.1: every function the runtime looks up, cuInit answering `init`
+ * (100: no device); `skip` leaves one function out. Loading it touches `marker`. */
+static void build_fake_driver(const char *name, int init, const char *skip, const char *marker)
+{
+    static const char *const fns[] = {
+        "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName", "cuDeviceGetAttribute",
+        "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuCtxSetCurrent", "cuStreamCreate",
+        "cuStreamDestroy_v2", "cuStreamSynchronize", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2",
+        "cuMemcpyDtoHAsync_v2", "cuMemsetD8Async", "cuModuleLoadDataEx", "cuModuleUnload", "cuModuleGetFunction",
+        "cuLaunchKernel", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord", "cuEventSynchronize",
+        "cuEventElapsedTime", "cuGetErrorString", NULL};
+    char src[8192];
+    size_t len = (size_t)snprintf(src, sizeof src,
+                                  "#include <stdio.h>\n"
+                                  "__attribute__((constructor)) static void loaded(void) { FILE *f = fopen(\"%s\", \"w\"); "
+                                  "if (f) fclose(f); }\n"
+                                  "int cuInit(unsigned f) { (void)f; return %d; }\n"
+                                  "int cuGetErrorString(int e, const char **s) { *s = e == 100 ? \"no CUDA-capable "
+                                  "device is detected\" : \"error\"; return 0; }\n",
+                                  marker, init);
+    for (int i = 1; fns[i] && len < sizeof src; i++)
+        if ((!skip || strcmp(skip, fns[i])) && strcmp(fns[i], "cuGetErrorString"))
+            len += (size_t)snprintf(src + len, sizeof src - len, "int %s(void) { return 999; }\n", fns[i]);
+    ck_assert_msg(!skip || (strcmp(skip, "cuInit") && strcmp(skip, "cuGetErrorString")), "cannot leave %s out", skip);
+    dlclose(build_so(name, src, ""));
+}
+
+static int file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+START_TEST(test_no_driver)
+{
+    char why[1200];
+    if (!cg_nvrtc_available(NULL, 0, why, sizeof why)) {
+        /* test_cuda_nvrtc fails for a missing toolkit; here it only means no PTX module to load */
+        fprintf(stderr, "test_cuda: test_no_driver skipped: %s\n", why);
+        return;
+    }
+    IrGraph *g = new_graph("matmul_nodriver", build_matmul);
+    XtcModule *m = compile_target(g, "matmul_nodriver", "cuda");
+    char fake[600], nodev[600], marker[600];
+    snprintf(marker, sizeof marker, "%s/fake_driver_loaded", tmpdir);
+    /* no library at all */
+    snprintf(fake, sizeof fake, "%s/no_such_libcuda.so.1", tmpdir);
+    setenv("XTC_LIBCUDA", fake, 1);
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_ERR_IO);
+    ck_assert_msg(strstr(xtc_session_error(s), "no CUDA driver") && strstr(xtc_session_error(s), "cuda-emu"), "%s",
+                  xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_run(s), XTC_ERR_STATE);
+    xtc_session_free(s);
+    /* a driver without a device */
+    build_fake_driver("fake_nodevice", 100, NULL, marker);
+    snprintf(nodev, sizeof nodev, "%s/fake_nodevice.so", tmpdir);
+    setenv("XTC_LIBCUDA", nodev, 1);
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_ERR_IO);
+    ck_assert_msg(strstr(xtc_session_error(s), "no CUDA device") &&
+                      strstr(xtc_session_error(s), "no CUDA-capable device is detected"),
+                  "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    /* a driver that lacks a function */
+    build_fake_driver("fake_old", 0, "cuLaunchKernel", marker);
+    snprintf(fake, sizeof fake, "%s/fake_old.so", tmpdir);
+    setenv("XTC_LIBCUDA", fake, 1);
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_ERR_IO);
+    ck_assert_msg(strstr(xtc_session_error(s), "lacks cuLaunchKernel"), "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    xtc_module_free(m);
+    /* a CPU module never touches CUDA: its session does not load the (fake) driver */
+    unlink(marker);
+    setenv("XTC_LIBCUDA", nodev, 1);
+    XtcModule *cpu = compile_target(g, "matmul_cpu", "cpu");
+    ck_assert_int_eq(xtc_session_new(cpu, NULL, &s), XTC_OK);
+    Binding bd;
+    bind_random(&bd, g, SIZES[2]);
+    bind_session(s, &bd);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    ck_assert_msg(!file_exists(marker), "a CPU session loaded the CUDA driver");
+    bind_free(&bd);
+    xtc_session_free(s);
+    xtc_module_free(cpu);
+    unsetenv("XTC_LIBCUDA");
+    ir_graph_free(g);
+}
+END_TEST
+
+/* On a machine with a GPU: the same cases on the device, through libcuda.so.1. */
+START_TEST(test_gpu)
+{
+    char why[1200] = "";
+    void *dl = dlopen(getenv("XTC_LIBCUDA") ? getenv("XTC_LIBCUDA") : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    int count = 0;
+    if (!dl) {
+        snprintf(why, sizeof why, "no CUDA driver (%s)", dlerror());
+    } else {
+        int (*init)(unsigned) = (int (*)(unsigned))dlsym(dl, "cuInit");
+        int (*get_count)(int *) = (int (*)(int *))dlsym(dl, "cuDeviceGetCount");
+        if (!init || !get_count || init(0) != 0 || get_count(&count) != 0 || count == 0)
+            snprintf(why, sizeof why, "the CUDA driver reports no device");
+    }
+    if (!cg_nvrtc_available(NULL, 0, why[0] ? NULL : why, sizeof why) && !why[0])
+        snprintf(why, sizeof why, "no NVRTC");
+    if (why[0]) {
+        fprintf(stderr, "test_cuda: GPU runs SKIPPED: %s; the kernels were checked through the emulator\n", why);
+        return;
+    }
+    for (int c = 0; c < NCASES; c++) {
+        IrGraph *g = new_graph(cases[c].name, cases[c].build);
+        XtcModule *m = compile_target(g, cases[c].name, "cuda");
+        for (int k = 0; k < NSIZES; k++)
+            check_run(g, m, SIZES[k], cases[c].name, "forward");
+        xtc_module_free(m);
+        ir_graph_free(g);
+    }
+    fprintf(stderr, "test_cuda: %d cases ran on the GPU\n", NCASES);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cuda");
+    TCase *tc = tcase_create("ops");
+    tcase_set_timeout(tc, 900);
+    tcase_add_test(tc, test_every_op_has_a_kernel);
+    tcase_add_test(tc, test_every_op_is_tested);
+    tcase_add_loop_test(tc, test_case, 0, NCASES);
+    tcase_add_test(tc, test_empty_sizes);
+    tcase_add_test(tc, test_emulator);
+    tcase_add_test(tc, test_emulator_ucontext);
+    tcase_add_test(tc, test_bad_values);
+    tcase_add_test(tc, test_no_driver);
+    tcase_add_test(tc, test_gpu);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    make_tmpdir();
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    remove_tmpdir();
+    return failed ? 1 : 0;
+}

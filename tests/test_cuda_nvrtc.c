@@ -1,0 +1,479 @@
+/* test_cuda_nvrtc.c: every CUDA kernel xtc generates compiles with NVRTC, and its PTX assembles
+ * with ptxas for sm_80 and sm_90. No GPU is needed.
+ *
+ * The graphs: every .xtf of models/ (every model statement of each file) and of tests/parity/,
+ * lowered for inference, for inference with the padding masks, for incremental decoding (KV
+ * cache) where the model allows it, and for training with the backward graph (ir_autodiff),
+ * each through the pass pipeline as `xtc compile --target cuda` runs it. Their kernels are
+ * rendered, deduplicated by text (the twelve layers of a model, and the models among themselves,
+ * share most kernels) and compiled as one NVRTC program for sm_80, whose PTX ptxas assembles for
+ * sm_80 and sm_90. Two whole modules also go through cg_compile --target cuda and load.
+ *
+ * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
+ * without the toolkit, XTC_SKIP_NVRTC=1 turns that into a visible skip. */
+#include "cg_cuda.h"
+#include "codegen.h"
+#include "ir.h"
+#include "passes.h"
+#include "xtc.h"
+#include "xtf.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static char tmpdir[256];
+
+static void make_tmpdir(void)
+{
+    if (tmpdir[0])
+        return;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-nvrtc-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        snprintf(tmpdir, sizeof tmpdir, "/tmp");
+}
+
+static void remove_tmpdir(void)
+{
+    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
+        return;
+    DIR *d = opendir(tmpdir);
+    if (d) {
+        struct dirent *e;
+        char path[600];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1: go on; 0: the toolkit is missing and XTC_SKIP_NVRTC allows skipping (said on stderr) */
+static int toolkit_present(void)
+{
+    char why[1200] = "", version[32];
+    int have_nvrtc = cg_nvrtc_available(version, sizeof version, why, sizeof why);
+    const char *ptxas = XTC_PTXAS;
+    int have_ptxas = ptxas[0] && !strstr(ptxas, "NOTFOUND") && access(ptxas, X_OK) == 0;
+    if (have_nvrtc && have_ptxas)
+        return 1;
+    const char *skip = getenv("XTC_SKIP_NVRTC");
+    if (skip && *skip && strcmp(skip, "0") != 0) {
+        fprintf(stderr, "test_cuda_nvrtc: SKIPPED (XTC_SKIP_NVRTC is set): %s%s\n", have_nvrtc ? "" : why,
+                have_ptxas ? "" : " ptxas not found at configure time");
+        return 0;
+    }
+    ck_abort_msg("the CUDA toolkit is needed (CI has it): %s%s; set XTC_SKIP_NVRTC=1 to skip on a machine "
+                 "without it",
+                 have_nvrtc ? "" : why, have_ptxas ? "" : " ptxas was not found at configure time (XTC_PTXAS)");
+    return 0;
+}
+
+/* ---- the kernels of every graph, deduplicated ---- */
+
+typedef struct {
+    char **text; /* canonical text: the kernel's name replaced by @NAME@ */
+    char **op;
+    int n, cap;
+    int graphs, refused, kernels;
+} KernelSet;
+
+static char *canonical(const char *text, const char *fn)
+{
+    size_t fl = strlen(fn), n = strlen(text);
+    char *out = malloc(n + 64);
+    size_t o = 0;
+    for (const char *p = text; *p;) {
+        if (strncmp(p, fn, fl) == 0 && !(p[fl] == '_' || (p[fl] >= '0' && p[fl] <= '9') ||
+                                         (p[fl] >= 'a' && p[fl] <= 'z'))) {
+            memcpy(out + o, "@NAME@", 6);
+            o += 6;
+            p += fl;
+        } else {
+            out[o++] = *p++;
+        }
+    }
+    out[o] = 0;
+    return out;
+}
+
+static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
+{
+    char err[1024];
+    CgPlan plan;
+    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s: plan: %s", what, err);
+    CuUnit u;
+    CgOptions opt = {.output = "-"};
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s: render: %s", what, err);
+    for (int k = 0; k < u.nkernels; k++) {
+        char *c = canonical(u.kernel_text[k], plan.kernels[k].fn);
+        int found = 0;
+        for (int i = 0; i < ks->n && !found; i++)
+            found = strcmp(ks->text[i], c) == 0;
+        if (found) {
+            free(c);
+            continue;
+        }
+        if (ks->n == ks->cap) {
+            ks->cap = ks->cap ? 2 * ks->cap : 256;
+            ks->text = realloc(ks->text, (size_t)ks->cap * sizeof *ks->text);
+            ks->op = realloc(ks->op, (size_t)ks->cap * sizeof *ks->op);
+        }
+        ks->op[ks->n] = strdup(ir_ops[plan.kernels[k].node->op].name);
+        ks->text[ks->n++] = c;
+    }
+    ks->kernels += u.nkernels;
+    ks->graphs++;
+    cg_cuda_unit_free(&u);
+    cg_plan_free(&plan);
+}
+
+/* The pipeline as xtc compile --target cuda runs it (fusions the backend cannot lower skipped). */
+static void add_lowered(KernelSet *ks, IrGraph *g, const char *what)
+{
+    PassOptions po = {.verify_each = 1, .supports = cg_cuda_backend.supports};
+    char err[1024];
+    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s: passes: %s", what, err);
+    add_graph(ks, h, what);
+    ir_graph_free(h);
+}
+
+static IrGraph *lower(XtfFile *f, const char *model, const XtLowerOpts *o)
+{
+    XtfDiag d;
+    xtf_diag_init(&d);
+    IrGraph *g = xt_lower(f, model, o, &d);
+    xtf_diag_free(&d);
+    return g;
+}
+
+static void add_model(KernelSet *ks, XtfFile *f, const char *model, const char *base)
+{
+    static const XtLowerOpts infer = {0};
+    static const XtLowerOpts masks = {.mask = 1, .context_mask = 1, .tgt_mask = 1, .src_mask = 1};
+    static const XtLowerOpts kv = {.kv_cache = 1};
+    static const XtLowerOpts train_mask = {.train = 1, .mask = 1, .context_mask = 1, .tgt_mask = 1, .src_mask = 1};
+    static const XtLowerOpts train = {.train = 1};
+    char what[600];
+    IrGraph *g = lower(f, model, &infer);
+    if (!g) { /* a feature not supported yet: the language refuses it by name */
+        ks->refused++;
+        return;
+    }
+    snprintf(what, sizeof what, "%s:%s", base, model ? model : "");
+    add_lowered(ks, g, what);
+    ir_graph_free(g);
+    if ((g = lower(f, model, &masks))) {
+        add_lowered(ks, g, what);
+        ir_graph_free(g);
+    }
+    if ((g = lower(f, model, &kv))) {
+        add_lowered(ks, g, what);
+        ir_graph_free(g);
+    }
+    g = lower(f, model, &train_mask);
+    if (!g)
+        g = lower(f, model, &train);
+    if (!g)
+        return;
+    add_lowered(ks, g, what);
+    int has_loss = 0;
+    for (int o = 0; o < g->noutputs; o++)
+        has_loss |= strcmp(g->outputs[o].name, "loss") == 0;
+    IrGradOpts go = {has_loss ? "loss" : NULL, !has_loss};
+    char err[512];
+    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s: autodiff: %s", what, err);
+    add_lowered(ks, g, what);
+    ir_graph_free(g);
+}
+
+static void add_dir(KernelSet *ks, const char *dir, int every_statement)
+{
+    DIR *dp = opendir(dir);
+    ck_assert_msg(dp != NULL, "cannot open %s", dir);
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t len = strlen(de->d_name);
+        if (len < 5 || strcmp(de->d_name + len - 4, ".xtf") != 0)
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        XtfDiag d;
+        xtf_diag_init(&d);
+        XtfFile *f = xtf_parse_file(path, &d);
+        int bad = !f || d.nerrors || xtf_check(f, &d) > 0;
+        xtf_diag_free(&d);
+        if (bad) {
+            ks->refused++;
+            xtf_free(f);
+            continue;
+        }
+        if (every_statement)
+            for (int s = 0; s < f->nstmts; s++)
+                add_model(ks, f, f->stmts[s].name, de->d_name);
+        else
+            add_model(ks, f, NULL, de->d_name);
+        xtf_free(f);
+    }
+    closedir(dp);
+}
+
+/* Runs argv, its output into log; the exit status (or -1). */
+static int run_program(char *const *argv, const char *log)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+        return -1;
+    int status;
+    if (waitpid(pid, &status, 0) < 0)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    buf[got] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* One slice of the distinct kernels: NVRTC, then ptxas for sm_80 and sm_90. */
+typedef struct {
+    const KernelSet *ks;
+    int from, to, index;
+    int entries, failed;
+    size_t src_bytes, ptx_bytes;
+    char err[4096];
+} Chunk;
+
+static void *compile_chunk(void *arg)
+{
+    Chunk *c = arg;
+    char *src = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&src, &len);
+    IrGraph *empty = ir_graph_new("all");
+    cu_prelude(f, empty, c->to - c->from);
+    ir_graph_free(empty);
+    for (int i = c->from; i < c->to; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "xtc_u%d_%s", i, c->ks->op[i]);
+        fputc('\n', f);
+        for (const char *p = c->ks->text[i]; *p;)
+            if (strncmp(p, "@NAME@", 6) == 0) {
+                fputs(name, f);
+                p += 6;
+            } else {
+                fputc(*p++, f);
+            }
+    }
+    fclose(f);
+    c->src_bytes = len;
+    char *ptx = NULL, cu_name[64];
+    snprintf(cu_name, sizeof cu_name, "kernels_%d.cu", c->index);
+    if (cg_nvrtc_compile(src, cu_name, "sm_80", &ptx, c->err, sizeof c->err) != 0) {
+        c->failed = 1;
+        free(src);
+        return NULL;
+    }
+    free(src);
+    c->ptx_bytes = strlen(ptx);
+    for (const char *p = ptx; (p = strstr(p, ".entry ")); p++)
+        c->entries++;
+    char ptx_path[512], log[512];
+    snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d.ptx", tmpdir, c->index);
+    snprintf(log, sizeof log, "%s/ptxas_%d.log", tmpdir, c->index);
+    FILE *pf = fopen(ptx_path, "w");
+    if (!pf || fputs(ptx, pf) < 0) {
+        snprintf(c->err, sizeof c->err, "cannot write %s", ptx_path);
+        c->failed = 1;
+    }
+    if (pf)
+        fclose(pf);
+    free(ptx);
+    static const char *const archs[] = {"-arch=sm_80", "-arch=sm_90"};
+    for (int a = 0; a < 2 && !c->failed; a++) {
+        char *argv[] = {(char *)XTC_PTXAS, (char *)archs[a], ptx_path, "-o", "/dev/null", NULL};
+        int rc = run_program(argv, log);
+        if (rc != 0) {
+            char *text = read_file(log);
+            snprintf(c->err, sizeof c->err, "ptxas %s %s failed (%d): %.2000s", archs[a], ptx_path, rc, text);
+            free(text);
+            c->failed = 1;
+        }
+    }
+    return NULL;
+}
+
+START_TEST(test_every_kernel_compiles)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    double t0 = now_s();
+    KernelSet ks = {0};
+    add_dir(&ks, XTC_SOURCE_DIR "/models", 1);
+    add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
+    ck_assert_int_gt(ks.graphs, 0);
+    double t1 = now_s();
+    /* slices compiled side by side: NVRTC may be called from several threads */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nchunks = cpus < 2 ? 2 : cpus > 8 ? 8 : (int)cpus;
+    Chunk chunks[8];
+    pthread_t threads[8];
+    for (int c = 0; c < nchunks; c++) {
+        chunks[c] = (Chunk){.ks = &ks, .from = ks.n * c / nchunks, .to = ks.n * (c + 1) / nchunks, .index = c};
+        ck_assert_int_eq(pthread_create(&threads[c], NULL, compile_chunk, &chunks[c]), 0);
+    }
+    int entries = 0;
+    size_t src_bytes = 0, ptx_bytes = 0;
+    for (int c = 0; c < nchunks; c++) {
+        pthread_join(threads[c], NULL);
+        entries += chunks[c].entries;
+        src_bytes += chunks[c].src_bytes;
+        ptx_bytes += chunks[c].ptx_bytes;
+    }
+    for (int c = 0; c < nchunks; c++)
+        ck_assert_msg(!chunks[c].failed, "%s", chunks[c].err);
+    ck_assert_msg(entries == ks.n, "the PTX has %d entry points for %d kernels", entries, ks.n);
+    double t2 = now_s();
+    fprintf(stderr,
+            "test_cuda_nvrtc: %d graphs (%d models refused by the language), %d kernels, %d distinct: all %d "
+            "compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and sm_90 in "
+            "%.1f s on %d threads (rendering %.1f s)\n",
+            ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, src_bytes / 1024.0, ptx_bytes / 1024.0, t2 - t1, nchunks,
+            t1 - t0);
+    for (int i = 0; i < ks.n; i++) {
+        free(ks.text[i]);
+        free(ks.op[i]);
+    }
+    free(ks.text);
+    free(ks.op);
+}
+END_TEST
+
+/* The whole path of xtc compile --target cuda: NVRTC, the host code, cc, a module that loads. */
+static void compile_module(const char *xtf, int train, const char *arch)
+{
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = xtf_parse_file(xtf, &d);
+    ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s: %s", xtf, d.text ? d.text : "");
+    xtf_diag_free(&d);
+    XtLowerOpts lo = {.train = train};
+    IrGraph *g = lower(f, NULL, &lo);
+    ck_assert_ptr_nonnull(g);
+    char err[2048];
+    if (train)
+        ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "%s", err);
+    char path[512], cu[512];
+    snprintf(path, sizeof path, "%s/module_%d.so", tmpdir, train);
+    snprintf(cu, sizeof cu, "%s/module_%d.cu", tmpdir, train);
+    CgOptions opt = {.output = path, .target = "cuda", .cuda_arch = arch, .source = f->src, .source_name = xtf,
+                     .emit_cuda = cu};
+    CgStats stats;
+    ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "%s: %s", xtf, err);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    ck_assert_int_eq(xtc_module_num_kernels(m), stats.nkernels);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    xtc_module_describe(m, mem);
+    fclose(mem);
+    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch), "%s", text);
+    free(text);
+    struct stat sb;
+    ck_assert_int_eq(stat(cu, &sb), 0);
+    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s: %d kernels, NVRTC %.1f s, cc %.1f s, %lld "
+                    "bytes\n", xtf, train ? " --train" : "", arch, stats.nkernels, stats.optimize_s, stats.link_s,
+            (long long)stats.module_bytes);
+    xtc_module_free(m);
+    ir_graph_free(g);
+    xtf_free(f);
+}
+
+START_TEST(test_compile_modules)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80");
+    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90");
+}
+END_TEST
+
+/* NVRTC's log reaches the message */
+START_TEST(test_nvrtc_errors)
+{
+    if (!toolkit_present())
+        return;
+    char err[4096], *ptx = NULL;
+    ck_assert_int_eq(cg_nvrtc_compile("extern \"C\" __global__ void k(float *x) { x[0] = undeclared; }", "bad.cu",
+                                      "sm_80", &ptx, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "undeclared") && strstr(err, "bad.cu"), "%s", err);
+    ck_assert_int_eq(cg_nvrtc_compile("", "x.cu", "sm_12", &ptx, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "sm_12"), "%s", err);
+    ck_assert_int_eq(cg_cuda_arch_number("banana", err, sizeof err), -1);
+    ck_assert_int_eq(cg_cuda_arch_number("sm_90a", err, sizeof err), 90);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cuda_nvrtc");
+    TCase *tc = tcase_create("nvrtc");
+    tcase_set_timeout(tc, 1200);
+    tcase_add_test(tc, test_nvrtc_errors);
+    tcase_add_test(tc, test_every_kernel_compiles);
+    tcase_add_test(tc, test_compile_modules);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    make_tmpdir();
+    SRunner *sr = srunner_create(suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    remove_tmpdir();
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,415 @@
+/* test_fuse.c: the fusion passes end to end (passes/fuse_*.c through the CPU backend).
+ *
+ *   - parity: every x-transformers case of ../shared/parity that xtc supports, lowered with its
+ *     loss and differentiated, through the pipeline with the fusions on and with --no-fuse,
+ *     compiled and run with 1 and 2 threads: outputs, the loss and every parameter gradient
+ *     against the numbers PyTorch wrote (compare.py's tolerance: 1e-5 + 1e-3 max|expected|).
+ *   - kernel counts: a small decoder, for inference and for training, has one attention kernel
+ *     step per layer (and one attention_grad), no softmax of attention, and no f32 buffer of
+ *     n x n elements; unfused, it has them.
+ *   - memory: the fused arena grows linearly with the sequence, the unfused one quadratically.
+ *
+ * The interpreter equivalence of fused and unfused graphs of every model is in
+ * test_pass_models.c (the pipeline holds the fusions); IR text in/out in test_passes.c
+ * (tests/passes/attention/); each fused op against the interpreter in test_codegen.c. */
+#include "cg_plan.h"
+#include "ir.h"
+#include "passes.h"
+#include "safetensors.h"
+#include "xtc.h"
+#include "xtf.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static void make_tmpdir(void)
+{
+    if (tmpdir[0])
+        return;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-fuse-XXXXXX");
+    if (!mkdtemp(tmpdir))
+        snprintf(tmpdir, sizeof tmpdir, "/tmp");
+}
+
+static void remove_tmpdir(void)
+{
+    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
+        return;
+    DIR *d = opendir(tmpdir);
+    if (d) {
+        struct dirent *e;
+        char path[600];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+}
+
+/* Lowers a checked .xtf (path or text) and differentiates it when it has a loss. */
+static IrGraph *lower_xtf(const char *path, const char *text, const XtLowerOpts *lo, int grads)
+{
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = text ? xtf_parse("test.xtf", text, strlen(text), &d) : xtf_parse_file(path, &d);
+    if (f && !d.nerrors)
+        xtf_check(f, &d);
+    IrGraph *g = f && !d.nerrors ? xt_lower(f, NULL, lo, &d) : NULL;
+    if (g && d.nerrors) {
+        ir_graph_free(g);
+        g = NULL;
+    }
+    xtf_diag_free(&d);
+    xtf_free(f);
+    if (g && grads) {
+        char err[512];
+        IrGradOpts go = {.loss = "loss"};
+        ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s", err);
+    }
+    return g;
+}
+
+static IrGraph *optimize(IrGraph *g, int no_fuse)
+{
+    char err[1024];
+    PassOptions po = {.no_fuse = no_fuse, .verify_each = 1, .supports = cg_llvm_backend.supports};
+    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    return h;
+}
+
+static int count_op(const IrGraph *g, IrOp op)
+{
+    int k = 0;
+    for (int i = 0; i < g->nnodes; i++)
+        k += g->nodes[i]->op == op;
+    return k;
+}
+
+/* ---- parity with x-transformers through compiled modules ---- */
+
+static int bind_inputs(XtcSession *s, const XtcModule *m, RtStFile *in, char *err, size_t n)
+{
+    for (int i = 0; i < xtc_module_count(m, XTC_INPUT); i++) {
+        XtcTensorInfo info;
+        xtc_module_tensor(m, XTC_INPUT, i, &info);
+        const RtStTensor *t = rt_st_find(in, info.name);
+        if (!t) {
+            snprintf(err, n, "inputs file lacks '%s'", info.name);
+            return -1;
+        }
+        int64_t numel = rt_st_numel(t);
+        void *data = malloc((size_t)(numel ? numel : 1) * 8);
+        XtcDType dt = info.dtype;
+        int rc = info.dtype == XTC_F32 ? rt_st_to_f32(t, data, err, n) : rt_st_to_i64(t, data, err, n);
+        if (!rc && info.dtype == XTC_BOOL)
+            for (int64_t k = 0; k < numel; k++)
+                ((uint8_t *)data)[k] = ((int64_t *)data)[k] != 0;
+        else if (info.dtype != XTC_F32)
+            dt = XTC_I64;
+        if (!rc && xtc_session_set_input(s, info.name, dt, t->rank, t->shape, data) != XTC_OK) {
+            snprintf(err, n, "%s", xtc_session_error(s));
+            rc = -1;
+        }
+        free(data);
+        if (rc)
+            return -1;
+    }
+    return 0;
+}
+
+/* Every f32 output the reference has, within compare.py's tolerance; returns how many. */
+static int compare_outputs(XtcSession *s, const XtcModule *m, RtStFile *exp, const char *what, char *err, size_t n)
+{
+    int compared = 0;
+    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
+        XtcTensorInfo info;
+        xtc_module_tensor(m, XTC_OUTPUT, o, &info);
+        const RtStTensor *e = rt_st_find(exp, info.name);
+        XtcTensor t;
+        if (!e || info.dtype != XTC_F32 || xtc_session_get_output(s, info.name, &t))
+            continue;
+        int64_t numel = rt_st_numel(e);
+        float *ev = malloc((size_t)(numel ? numel : 1) * sizeof *ev);
+        rt_st_to_f32(e, ev, err, n);
+        double maxe = 0, maxd = 0;
+        for (int64_t i = 0; i < numel; i++)
+            maxe = fmax(maxe, fabs(ev[i]));
+        for (int64_t i = 0; i < numel; i++) {
+            double a = ((const float *)t.data)[i];
+            maxd = isfinite(a) ? fmax(maxd, fabs(a - ev[i])) : INFINITY;
+        }
+        free(ev);
+        if (!(maxd <= 1e-5 + 1e-3 * maxe)) {
+            snprintf(err, n, "%s: output '%s' differs from x-transformers by %g (max |e| %g)", what, info.name, maxd,
+                     maxe);
+            return -1;
+        }
+        compared++;
+    }
+    return compared;
+}
+
+typedef struct {
+    int passed, refused, attention, attention_grad;
+} ParityStats;
+
+/* 0 passed, 1 refused by the language, -1 failed */
+static int parity_case(const char *name, int no_fuse, ParityStats *ps, char *err, size_t n)
+{
+    char xtf[512], dir[512], path[700];
+    snprintf(xtf, sizeof xtf, "%s/tests/parity/%s.xtf", XTC_SOURCE_DIR, name);
+    snprintf(dir, sizeof dir, "%s/parity/%s", XTC_SHARED_DIR, name);
+    RtStFile *in = NULL, *exp = NULL;
+    snprintf(path, sizeof path, "%s/inputs.safetensors", dir);
+    if (rt_st_open(path, &in, err, n))
+        return -1;
+    XtLowerOpts lo = {
+        .train = rt_st_find(in, "targets") != NULL,
+        .mask = rt_st_find(in, "mask") != NULL,
+        .src_mask = rt_st_find(in, "src_mask") != NULL,
+        .context_mask = rt_st_find(in, "context_mask") != NULL,
+        .tgt_mask = rt_st_find(in, "tgt_mask") != NULL,
+    };
+    IrGraph *g = lower_xtf(xtf, NULL, &lo, lo.train);
+    if (!g) {
+        rt_st_close(in);
+        return 1;
+    }
+    IrGraph *h = optimize(g, no_fuse);
+    ps->attention += count_op(h, IR_ATTENTION);
+    ps->attention_grad += count_op(h, IR_ATTENTION_GRAD);
+    int rc = -1;
+    XtcModule *m = NULL;
+    snprintf(path, sizeof path, "%s/parity_%s_%d.so", tmpdir, name, no_fuse);
+    CgOptions opt = {.output = path, .opt_level = 2};
+    if (cg_compile(h, &opt, NULL, err, n))
+        goto done;
+    if (xtc_module_load(path, &m)) {
+        snprintf(err, n, "%s", xtc_module_error(m));
+        goto done;
+    }
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    if (rt_st_open(path, &exp, err, n))
+        goto done;
+    for (int threads = 1; threads <= 2; threads++) {
+        XtcSession *s = NULL;
+        char what[300], wpath[700];
+        snprintf(what, sizeof what, "%s (%s, %d thread%s)", name, no_fuse ? "unfused" : "fused", threads,
+                 threads > 1 ? "s" : "");
+        snprintf(wpath, sizeof wpath, "%s/weights.safetensors", dir);
+        int ok = xtc_session_new(m, &(XtcSessionOptions){.threads = threads}, &s) == XTC_OK &&
+                 xtc_session_load_weights(s, wpath) == XTC_OK;
+        if (!ok)
+            snprintf(err, n, "%s: %s", what, xtc_session_error(s));
+        if (ok && bind_inputs(s, m, in, err, n))
+            ok = 0;
+        if (ok && xtc_session_run(s)) {
+            snprintf(err, n, "%s: %s", what, xtc_session_error(s));
+            ok = 0;
+        }
+        int compared = ok ? compare_outputs(s, m, exp, what, err, n) : -1;
+        xtc_session_free(s);
+        if (compared < 0)
+            goto done;
+        if (compared == 0) {
+            snprintf(err, n, "%s: no output to compare", what);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    rt_st_close(exp);
+    rt_st_close(in);
+    xtc_module_free(m);
+    ir_graph_free(h);
+    ir_graph_free(g);
+    return rc;
+}
+
+static void parity_all(int no_fuse)
+{
+    make_tmpdir();
+    char dirpath[512];
+    snprintf(dirpath, sizeof dirpath, "%s/tests/parity", XTC_SOURCE_DIR);
+    DIR *dir = opendir(dirpath);
+    ck_assert_msg(dir != NULL, "no %s", dirpath);
+    struct dirent *e;
+    ParityStats ps = {0};
+    int failed = 0;
+    char failures[4096] = "";
+    while ((e = readdir(dir))) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".xtf") != 0)
+            continue;
+        char name[256], err[1024] = "", probe[700];
+        snprintf(name, sizeof name, "%.*s", (int)(len - 4), e->d_name);
+        snprintf(probe, sizeof probe, "%s/parity/%s/inputs.safetensors", XTC_SHARED_DIR, name);
+        if (access(probe, R_OK) != 0 || strcmp(name, "transformer_xl") == 0)
+            continue; /* no reference, or the two-segment protocol of test_parity_interp.sh */
+        int rc = parity_case(name, no_fuse, &ps, err, sizeof err);
+        if (rc == 0)
+            ps.passed++;
+        else if (rc == 1)
+            ps.refused++;
+        else {
+            failed++;
+            size_t fl = strlen(failures);
+            snprintf(failures + fl, sizeof failures - fl, "\n  %s", err);
+        }
+    }
+    closedir(dir);
+    printf("parity %s: %d passed (outputs, loss, gradients; 1 and 2 threads), %d refused by the language, %d failed; "
+           "%d attention and %d attention_grad nodes\n",
+           no_fuse ? "unfused" : "fused", ps.passed, ps.refused, failed, ps.attention, ps.attention_grad);
+    ck_assert_msg(failed == 0, "parity failures:%s", failures);
+    ck_assert_int_gt(ps.passed, 20);
+    if (no_fuse)
+        ck_assert_int_eq(ps.attention + ps.attention_grad, 0);
+    else
+        ck_assert_int_gt(ps.attention_grad, 10);
+}
+
+START_TEST(test_parity_fused) { parity_all(0); }
+END_TEST
+
+START_TEST(test_parity_unfused) { parity_all(1); }
+END_TEST
+
+/* ---- kernel counts ---- */
+
+static const char *decoder_src = "m = TransformerWrapper(num_tokens = 32, max_seq_len = 4096,\n"
+                                 "    attn_layers = Decoder(dim = 32, depth = 3, heads = 2, attn_dim_head = 16))\n";
+
+/* steps per op in the plan; f32 temps with two dims that grow with n */
+typedef struct {
+    int steps, attention, attention_grad, softmax, nn_buffers, norms;
+} Plan;
+
+static void plan_of(const IrGraph *g, Plan *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    CgPlan p;
+    char err[512];
+    ck_assert_msg(cg_plan_build(g, &p, err, sizeof err) == 0, "%s", err);
+    int n = ir_graph_find_sym(g, "n");
+    ck_assert_int_ge(n, 0);
+    pl->steps = p.nsteps;
+    for (int s = 0; s < p.nsteps; s++) {
+        IrOp op = p.steps[s].node->op;
+        pl->norms += op == IR_FUSED && strstr(p.steps[s].node->s, "rsqrt") != NULL;
+        pl->attention += op == IR_ATTENTION;
+        pl->attention_grad += op == IR_ATTENTION_GRAD;
+        pl->softmax += op == IR_SOFTMAX && p.steps[s].node->label && strstr(p.steps[s].node->label, "attn");
+    }
+    for (int b = 0; b < p.nbufs; b++) {
+        const IrNode *x = p.bufs[b].node;
+        int dims_n = 0;
+        for (int d = 0; d < x->rank; d++)
+            dims_n += x->shape[d].k[n] != 0;
+        pl->nn_buffers += p.bufs[b].kind == CG_BUF_TEMP && x->dtype == IR_F32 && dims_n >= 2;
+    }
+    cg_plan_free(&p);
+}
+
+START_TEST(test_kernel_counts)
+{
+    for (int train = 0; train <= 1; train++) {
+        XtLowerOpts lo = {.train = train, .mask = train};
+        IrGraph *g = lower_xtf(NULL, decoder_src, &lo, train);
+        ck_assert_ptr_nonnull(g);
+        IrGraph *fused = optimize(g, 0), *unfused = optimize(g, 1);
+        Plan pf, pu;
+        plan_of(fused, &pf);
+        plan_of(unfused, &pu);
+        printf("kernels (%s): fused %d steps, %d attention, %d attention_grad, %d softmax, %d LayerNorm kernels, "
+               "%d f32 n x n buffers; unfused %d steps, %d softmax, %d f32 n x n buffers\n",
+               train ? "training" : "inference", pf.steps, pf.attention, pf.attention_grad, pf.softmax, pf.norms,
+               pf.nn_buffers, pu.steps, pu.softmax, pu.nn_buffers);
+        ck_assert_int_eq(pf.attention, 3);
+        ck_assert_int_eq(pf.attention_grad, train ? 3 : 0);
+        ck_assert_int_eq(pf.softmax, 0);
+        ck_assert_int_eq(pf.nn_buffers, 0);
+        ck_assert_int_ge(pf.norms, 2 * 3 + 1); /* each LayerNorm one kernel (forward) */
+        ck_assert_int_lt(2 * pf.steps, pu.steps);
+        ck_assert_int_eq(pu.attention + pu.attention_grad, 0);
+        ck_assert_int_eq(pu.softmax, 3);
+        ck_assert_int_ge(pu.nn_buffers, 3 * (train ? 4 : 2));
+        ir_graph_free(fused);
+        ir_graph_free(unfused);
+        ir_graph_free(g);
+    }
+}
+END_TEST
+
+/* ---- memory: the arena at two sequence lengths ---- */
+
+START_TEST(test_arena_linear)
+{
+    make_tmpdir();
+    XtLowerOpts lo = {0};
+    IrGraph *g = lower_xtf(NULL, decoder_src, &lo, 0);
+    ck_assert_ptr_nonnull(g);
+    double ratio[2];
+    for (int no_fuse = 0; no_fuse <= 1; no_fuse++) {
+        IrGraph *h = optimize(g, no_fuse);
+        char path[600], err[1024];
+        snprintf(path, sizeof path, "%s/arena_%d.so", tmpdir, no_fuse);
+        CgOptions opt = {.output = path, .opt_level = 0};
+        ck_assert_msg(cg_compile(h, &opt, NULL, err, sizeof err) == 0, "%s", err);
+        XtcModule *m = NULL;
+        ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
+        int64_t syms[8] = {0}, bytes[2];
+        for (int k = 0; k < 2; k++) {
+            for (int s = 0; s < xtc_module_num_symbols(m); s++) {
+                const char *nm;
+                xtc_module_symbol(m, s, &nm, NULL);
+                syms[s] = strcmp(nm, "b") == 0 ? 1 : k ? 4096 : 2048;
+            }
+            bytes[k] = xtc_module_arena_bytes(m, syms);
+            ck_assert_int_gt(bytes[k], 0);
+        }
+        ratio[no_fuse] = (double)bytes[1] / (double)bytes[0];
+        printf("arena %s: %.1f MiB at n = 2048, %.1f MiB at n = 4096 (x%.2f)\n", no_fuse ? "unfused" : "fused",
+               bytes[0] / 1048576.0, bytes[1] / 1048576.0, ratio[no_fuse]);
+        xtc_module_free(m);
+        ir_graph_free(h);
+    }
+    ck_assert_double_le(ratio[0], 2.05); /* linear in n */
+    ck_assert_double_ge(ratio[1], 3.5);  /* n x n scores dominate */
+    ir_graph_free(g);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("fuse");
+    TCase *tc = tcase_create("fuse");
+    tcase_set_timeout(tc, 1200);
+    tcase_add_unchecked_fixture(tc, make_tmpdir, remove_tmpdir);
+    tcase_add_test(tc, test_kernel_counts);
+    tcase_add_test(tc, test_arena_linear);
+    tcase_add_test(tc, test_parity_fused);
+    tcase_add_test(tc, test_parity_unfused);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *r = srunner_create(suite());
+    srunner_run_all(r, CK_NORMAL);
+    int failed = srunner_ntests_failed(r);
+    srunner_free(r);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,373 @@
+/* test_optim.c: the runtime's training half (runtime/rt_optim.c): the AdamW step of
+ * xtc_session_step against an independent double-precision implementation of
+ * torch.optim.AdamW (+ clip_grad_norm_), the same bits for any number of threads, the
+ * optimizer state through checkpoints, and the errors.
+ *
+ * The model is a compiled training module of a small graph whose gradients are known in closed
+ * form: loss = sum(w * x) + sum(b * y) + 0.5 * sum(b * b), so grad.w = x and grad.b = y + b (it
+ * depends on the parameter, so the reference must follow the weights step by step). w has more
+ * elements than the optimizer's block (8192), so steps cross block and parameter boundaries. */
+#include "codegen.h"
+#include "init.h"
+#include "ir.h"
+#include "safetensors.h"
+#include "xtc.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define WR 37
+#define WC 300
+#define NW (WR * WC)
+#define NB 5
+
+static char tmpdir[256];
+static char module_path[300], plain_path[300];
+
+/* loss = sum(w * x) + sum(b * y) + 0.5 sum(b * b); grads by ir_autodiff (grads = 1) */
+static IrGraph *build(int grads)
+{
+    IrGraph *g = ir_graph_new("quad");
+    IrDim ws[2] = {ir_dim(WR), ir_dim(WC)}, bs[1] = {ir_dim(NB)};
+    IrNode *w = ir_param(g, "w", 2, ws), *b = ir_param(g, "layer.b", 1, bs);
+    IrNode *x = ir_input(g, "x", IR_F32, 2, ws), *y = ir_input(g, "y", IR_F32, 1, bs);
+    IrNode *sw = ir_reduce(g, IR_SUM, ir_reduce(g, IR_SUM, ir_binary(g, IR_MUL, w, x), 1), 0);
+    IrNode *bb = ir_binary(g, IR_ADD, ir_binary(g, IR_MUL, b, y),
+                           ir_binary(g, IR_MUL, ir_binary(g, IR_MUL, b, b), ir_const(g, 0.5, IR_F32)));
+    IrNode *sb = ir_reduce(g, IR_SUM, bb, 0);
+    IrNode *loss = ir_binary(g, IR_ADD, ir_reshape(g, sw, 0, NULL), ir_reshape(g, sb, 0, NULL));
+    ir_output(g, "loss", loss);
+    ck_assert_msg(!ir_graph_error(g), "%s", ir_graph_error(g));
+    char err[512];
+    if (grads)
+        ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "%s", err);
+    return g;
+}
+
+static void compile_to(const char *path, int grads)
+{
+    IrGraph *g = build(grads);
+    char err[1024];
+    CgOptions opt = {.output = path, .opt_level = 1};
+    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ir_graph_free(g);
+}
+
+static void setup(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-optim-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
+    snprintf(module_path, sizeof module_path, "%s/quad_train.so", tmpdir);
+    snprintf(plain_path, sizeof plain_path, "%s/quad.so", tmpdir);
+    compile_to(module_path, 1);
+    compile_to(plain_path, 0);
+}
+
+static void teardown(void)
+{
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "test_optim: could not remove %s\n", tmpdir);
+}
+
+/* ---- data and sessions ---- */
+
+typedef struct {
+    float w[NW], b[NB], x[NW], y[NB];
+} Data;
+
+static void fill(Data *d, uint64_t seed)
+{
+    RtRng r;
+    rt_rng_seed(&r, seed);
+    for (int i = 0; i < NW; i++) {
+        d->w[i] = (float)rt_rng_normal(&r);
+        d->x[i] = (float)(rt_rng_normal(&r) * (i % 7 == 0 ? 3 : 0.1)); /* some large gradients */
+    }
+    for (int i = 0; i < NB; i++) {
+        d->b[i] = (float)rt_rng_normal(&r);
+        d->y[i] = (float)rt_rng_normal(&r);
+    }
+}
+
+static XtcSession *session(XtcModule **m, const char *path, int threads, const Data *d)
+{
+    ck_assert_msg(xtc_module_load(path, m) == XTC_OK, "%s", xtc_module_error(*m));
+    XtcSession *s;
+    XtcSessionOptions so = {.threads = threads};
+    ck_assert_msg(xtc_session_new(*m, &so, &s) == XTC_OK, "%s", xtc_session_error(s));
+    int64_t ws[2] = {WR, WC}, bs[1] = {NB};
+    ck_assert_int_eq(xtc_session_set_weight(s, "w", 2, ws, d->w), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_weight(s, "layer.b", 1, bs, d->b), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, ws, d->x), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, bs, d->y), XTC_OK);
+    return s;
+}
+
+static void run_step(XtcSession *s, const XtcAdamW *o)
+{
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    ck_assert_msg(xtc_session_step(s, o) == XTC_OK, "%s", xtc_session_error(s));
+}
+
+static const float *weight(XtcSession *s, const char *name)
+{
+    XtcTensor t;
+    ck_assert_msg(xtc_session_get_weight(s, name, &t) == XTC_OK, "%s", xtc_session_error(s));
+    return t.data;
+}
+
+/* The settings of the steps: the second clips (the norm is far above 1), the third does not. */
+static XtcAdamW settings(int k)
+{
+    XtcAdamW o = xtc_adamw_defaults();
+    o.lr = k == 0 ? 1e-2f : k == 1 ? 3e-3f : 5e-2f;
+    o.weight_decay = 0.1f;
+    o.beta2 = 0.99f;
+    o.max_grad_norm = k == 1 ? 1.0f : k == 2 ? 1e6f : 0;
+    return o;
+}
+
+/* ---- the reference: torch.optim.AdamW after clip_grad_norm_, in double ---- */
+
+typedef struct {
+    double p[NW + NB], m[NW + NB], v[NW + NB];
+    int t;
+} Ref;
+
+static void ref_step(Ref *r, const Data *d, const XtcAdamW *o)
+{
+    double g[NW + NB], sq = 0;
+    for (int i = 0; i < NW; i++)
+        g[i] = d->x[i];
+    for (int i = 0; i < NB; i++)
+        g[NW + i] = d->y[i] + r->p[NW + i];
+    for (int i = 0; i < NW + NB; i++)
+        sq += g[i] * g[i];
+    double norm = sqrt(sq), coef = 1;
+    if (o->max_grad_norm > 0) {
+        coef = o->max_grad_norm / (norm + 1e-6);
+        if (coef > 1)
+            coef = 1;
+    }
+    r->t++;
+    double bc1 = 1 - pow(o->beta1, r->t), bc2 = 1 - pow(o->beta2, r->t);
+    for (int i = 0; i < NW + NB; i++) {
+        double gi = g[i] * coef;
+        r->p[i] *= 1 - (double)o->lr * o->weight_decay;
+        r->m[i] = o->beta1 * r->m[i] + (1 - (double)o->beta1) * gi;
+        r->v[i] = o->beta2 * r->v[i] + (1 - (double)o->beta2) * gi * gi;
+        r->p[i] -= o->lr / bc1 * r->m[i] / (sqrt(r->v[i]) / sqrt(bc2) + o->eps);
+    }
+}
+
+START_TEST(test_adamw_matches_reference)
+{
+    static Data d;
+    static Ref r;
+    fill(&d, 7);
+    memset(&r, 0, sizeof r);
+    for (int i = 0; i < NW; i++)
+        r.p[i] = d.w[i];
+    for (int i = 0; i < NB; i++)
+        r.p[NW + i] = d.b[i];
+    XtcModule *m;
+    XtcSession *s = session(&m, module_path, 2, &d);
+    ck_assert_int_eq(xtc_session_step_count(s), 0);
+    ck_assert(xtc_session_grad_norm(s) < 0);
+    for (int k = 0; k < 3; k++) {
+        XtcAdamW o = settings(k);
+        run_step(s, &o);
+        ref_step(&r, &d, &o);
+        const float *w = weight(s, "w"), *b = weight(s, "layer.b");
+        double worst = 0;
+        for (int i = 0; i < NW + NB; i++) {
+            double got = i < NW ? w[i] : b[i - NW], want = r.p[i];
+            double err = fabs(got - want) / (1e-6 + 1e-5 * fabs(want));
+            if (err > worst)
+                worst = err;
+            ck_assert_msg(fabs(got - want) <= 1e-6 + 1e-5 * fabs(want),
+                          "step %d, element %d: %.9g, the reference has %.9g", k + 1, i, got, want);
+        }
+        XtcTensor mt, vt;
+        ck_assert_int_eq(xtc_session_get_optim(s, "layer.b", &mt, &vt), XTC_OK);
+        ck_assert_int_eq(mt.rank, 1);
+        ck_assert_int_eq(mt.shape[0], NB);
+        for (int i = 0; i < NB; i++) {
+            ck_assert(fabs(((const float *)mt.data)[i] - r.m[NW + i]) <= 1e-6 + 1e-5 * fabs(r.m[NW + i]));
+            ck_assert(fabs(((const float *)vt.data)[i] - r.v[NW + i]) <= 1e-7 + 1e-5 * fabs(r.v[NW + i]));
+        }
+    }
+    ck_assert_int_eq(xtc_session_step_count(s), 3);
+    ck_assert(xtc_session_grad_norm(s) > 1);
+    /* the outputs of the last run stay readable after the step */
+    XtcTensor loss;
+    ck_assert_int_eq(xtc_session_get_output(s, "loss", &loss), XTC_OK);
+    xtc_session_free(s);
+    xtc_module_free(m);
+}
+END_TEST
+
+START_TEST(test_adamw_thread_independent)
+{
+    static Data d;
+    fill(&d, 11);
+    static float w1[NW], b1[NB];
+    for (int threads = 1; threads <= 3; threads += 2) {
+        XtcModule *m;
+        XtcSession *s = session(&m, module_path, threads, &d);
+        for (int k = 0; k < 3; k++) {
+            XtcAdamW o = settings(k);
+            run_step(s, &o);
+        }
+        if (threads == 1) {
+            memcpy(w1, weight(s, "w"), sizeof w1);
+            memcpy(b1, weight(s, "layer.b"), sizeof b1);
+        } else {
+            ck_assert_msg(memcmp(w1, weight(s, "w"), sizeof w1) == 0, "w differs between 1 and 3 threads");
+            ck_assert_msg(memcmp(b1, weight(s, "layer.b"), sizeof b1) == 0, "b differs between 1 and 3 threads");
+        }
+        xtc_session_free(s);
+        xtc_module_free(m);
+    }
+}
+END_TEST
+
+/* save after two steps, load into a fresh session, take a third step in both: same bits */
+START_TEST(test_checkpoint_continues)
+{
+    static Data d;
+    fill(&d, 5);
+    char ckpt[400];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", tmpdir);
+    XtcModule *m1, *m2;
+    XtcSession *a = session(&m1, module_path, 2, &d);
+    for (int k = 0; k < 2; k++) {
+        XtcAdamW o = settings(k);
+        run_step(a, &o);
+    }
+    const char *keys[1] = {"note"}, *vals[1] = {"hello"};
+    ck_assert_msg(xtc_session_save_checkpoint(a, ckpt, keys, vals, 1) == XTC_OK, "%s", xtc_session_error(a));
+    RtStFile *f;
+    char err[512];
+    ck_assert_msg(rt_st_open(ckpt, &f, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(rt_st_metadata(f, "xtc.optim.step"), "2");
+    ck_assert_str_eq(rt_st_metadata(f, "note"), "hello");
+    ck_assert_ptr_nonnull(rt_st_find(f, "optim.m.w"));
+    ck_assert_ptr_nonnull(rt_st_find(f, "optim.v.layer.b"));
+    ck_assert_int_eq(rt_st_count(f), 6);
+    rt_st_close(f);
+
+    Data other;
+    fill(&other, 99); /* different weights, replaced by the checkpoint's */
+    memcpy(other.x, d.x, sizeof d.x);
+    memcpy(other.y, d.y, sizeof d.y);
+    XtcSession *b = session(&m2, module_path, 1, &other);
+    ck_assert_msg(xtc_session_load_checkpoint(b, ckpt, 1) == XTC_OK, "%s", xtc_session_error(b));
+    ck_assert_int_eq(xtc_session_step_count(b), 2);
+    ck_assert(memcmp(weight(a, "w"), weight(b, "w"), NW * sizeof(float)) == 0);
+    XtcAdamW o = settings(2);
+    run_step(a, &o);
+    run_step(b, &o);
+    ck_assert_msg(memcmp(weight(a, "w"), weight(b, "w"), NW * sizeof(float)) == 0, "w after the resumed step");
+    ck_assert(memcmp(weight(a, "layer.b"), weight(b, "layer.b"), NB * sizeof(float)) == 0);
+    /* weights only: the optimizer starts over */
+    ck_assert_msg(xtc_session_load_checkpoint(b, ckpt, 0) == XTC_OK, "%s", xtc_session_error(b));
+    ck_assert_int_eq(xtc_session_step_count(b), 3);
+    ck_assert_msg(xtc_session_load_checkpoint(b, ckpt, 1) == XTC_OK, "%s", xtc_session_error(b));
+    ck_assert_int_eq(xtc_session_step_count(b), 2);
+    xtc_session_free(a);
+    xtc_session_free(b);
+    xtc_module_free(m1);
+    xtc_module_free(m2);
+
+    /* a forward module (no gradients) loads the checkpoint's weights and ignores the rest */
+    XtcModule *m3;
+    XtcSession *c = session(&m3, plain_path, 1, &other);
+    ck_assert_msg(xtc_session_load_checkpoint(c, ckpt, 0) == XTC_OK, "%s", xtc_session_error(c));
+    xtc_session_free(c);
+    xtc_module_free(m3);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    static Data d;
+    fill(&d, 3);
+    XtcModule *m;
+    XtcSession *s = session(&m, module_path, 1, &d);
+    XtcAdamW o = xtc_adamw_defaults();
+    ck_assert_int_eq(xtc_session_step(s, &o), XTC_ERR_STATE); /* no run yet */
+    ck_assert_ptr_nonnull(strstr(xtc_session_error(s), "run"));
+    ck_assert_int_eq(xtc_session_step(s, NULL), XTC_ERR_ARG);
+    XtcAdamW bad = o;
+    bad.beta1 = 1;
+    ck_assert_int_eq(xtc_session_step(s, &bad), XTC_ERR_RANGE);
+    bad = o;
+    bad.lr = NAN;
+    ck_assert_int_eq(xtc_session_step(s, &bad), XTC_ERR_RANGE);
+    XtcTensor t;
+    ck_assert_int_eq(xtc_session_get_optim(s, "w", &t, NULL), XTC_ERR_STATE);
+    ck_assert_int_eq(xtc_session_get_weight(s, "nope", &t), XTC_ERR_NAME);
+    ck_assert_int_eq(xtc_session_load_checkpoint(s, "/nonexistent/x.safetensors", 1), XTC_ERR_IO);
+    ck_assert_int_eq(xtc_session_step(NULL, &o), XTC_ERR_ARG);
+
+    /* a checkpoint with a stranger tensor, or with part of the optimizer state, is refused and
+     * changes nothing */
+    char path[400];
+    snprintf(path, sizeof path, "%s/bad.safetensors", tmpdir);
+    int64_t ws[2] = {WR, WC}, bs[1] = {NB};
+    static float zeros[NW];
+    RtStWriter *w = rt_st_writer_new();
+    rt_st_writer_add(w, "w", RT_F32, 2, ws, zeros);
+    rt_st_writer_add(w, "layer.b", RT_F32, 1, bs, zeros);
+    rt_st_writer_add(w, "optim.m.w", RT_F32, 2, ws, zeros);
+    rt_st_writer_meta(w, "xtc.optim.step", "4");
+    char err[512];
+    ck_assert_int_eq(rt_st_writer_save(w, path, err, sizeof err), 0);
+    rt_st_writer_free(w);
+    ck_assert_int_eq(xtc_session_load_checkpoint(s, path, 1), XTC_ERR_NAME);
+    ck_assert(weight(s, "w")[0] == d.w[0]);
+    w = rt_st_writer_new();
+    rt_st_writer_add(w, "w", RT_F32, 2, ws, zeros);
+    rt_st_writer_add(w, "layer.b", RT_F32, 1, bs, zeros);
+    rt_st_writer_add(w, "decoder.extra", RT_F32, 1, bs, zeros);
+    ck_assert_int_eq(rt_st_writer_save(w, path, err, sizeof err), 0);
+    rt_st_writer_free(w);
+    ck_assert_int_eq(xtc_session_load_checkpoint(s, path, 0), XTC_ERR_NAME);
+    ck_assert_ptr_nonnull(strstr(xtc_session_error(s), "decoder.extra"));
+    ck_assert(weight(s, "w")[0] == d.w[0]);
+    xtc_session_free(s);
+    xtc_module_free(m);
+
+    /* a module without gradients cannot step */
+    s = session(&m, plain_path, 1, &d);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    ck_assert_int_eq(xtc_session_step(s, &o), XTC_ERR_NAME);
+    ck_assert_ptr_nonnull(strstr(xtc_session_error(s), "grad.w"));
+    xtc_session_free(s);
+    xtc_module_free(m);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *su = suite_create("optim");
+    TCase *tc = tcase_create("adamw");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_adamw_matches_reference);
+    tcase_add_test(tc, test_adamw_thread_independent);
+    tcase_add_test(tc, test_checkpoint_continues);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# test_train.sh BUILD_DIR SOURCE_DIR: the training and sampling commands end to end on a tiny
+# byte-level GPT:
+#   - `xtc train` learns (the validation loss falls below the text's unigram entropy);
+#   - a run stopped at step 1000 and resumed from its checkpoint gives the losses and the final
+#     checkpoint (weights, optimizer state, run state) of the uninterrupted 2000-step run, bit for
+#     bit (threads fixed);
+#   - `xtc generate` greedy with the KV cache equals greedy by full recomputation (--no-cache),
+#     from the .xtf and from a module compiled with --kv-cache; sampling is reproducible by seed;
+#   - `xtc demo` (the README's main job) runs in miniature;
+#   - models and data that cannot work are refused with a clear message.
+set -u
+build=$1
+src=$2
+xtc=$build/xtc
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+ok() { echo "ok   $1"; }
+bad() {
+  echo "FAIL $1"
+  fail=$((fail + 1))
+}
+
+cat > "$tmp/tiny.xtf" <<'EOF'
+tiny = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
+    attn_layers = Decoder(dim = 16, depth = 1, heads = 2))
+EOF
+# the text: the project's own README and C sources, the first 60 kB
+cat "$src/README.md" "$src"/cli/*.c "$src"/runtime/*.c | head -c 60000 > "$tmp/data.txt"
+
+if ! "$xtc" compile "$tmp/tiny.xtf" --train -O1 -o "$tmp/tiny_train.so" 2> "$tmp/err"; then
+  bad "xtc compile --train: $(cat "$tmp/err")"
+  exit 1
+fi
+common=(--data "$tmp/data.txt" --steps 2000 --batch 4 --seq 32 --threads 2 --val-every 500 --val-tokens 2048
+  --seed 7 --quiet --lr 3e-3)
+"$xtc" train "$tmp/tiny_train.so" "${common[@]}" --ckpt "$tmp/a.safetensors" > "$tmp/a.out" 2> "$tmp/a.err" ||
+  bad "xtc train (2000 steps): $(cat "$tmp/a.err")"
+"$xtc" train "$tmp/tiny_train.so" "${common[@]}" --ckpt "$tmp/b.safetensors" --stop-at 1000 > "$tmp/b1.out" \
+  2> "$tmp/b1.err" || bad "xtc train --stop-at 1000: $(cat "$tmp/b1.err")"
+"$xtc" train "$tmp/tiny_train.so" "${common[@]}" --ckpt "$tmp/b.safetensors" --resume "$tmp/b.safetensors" \
+  > "$tmp/b2.out" 2> "$tmp/b2.err" || bad "xtc train --resume: $(cat "$tmp/b2.err")"
+
+# learning: the final validation loss (bits/byte) is below the unigram entropy
+read -r final unigram < <(sed -n 's/^done:.* = \([0-9.]*\) bits\/byte (unigram entropy \([0-9.]*\).*/\1 \2/p' "$tmp/a.out")
+if [ -n "${final:-}" ] && awk -v f="$final" -v u="$unigram" 'BEGIN { exit !(f < u - 0.5) }'; then
+  ok "training learns: validation $final bits/byte, unigram entropy $unigram"
+else
+  bad "training did not get below the unigram entropy:"
+  cat "$tmp/a.out"
+fi
+# resuming: the same losses after step 1000 and the same final checkpoint
+# (the lines without their last field, tokens/s)
+grep '^step' "$tmp/a.out" | awk '$2 > 1000 { NF -= 2; print }' > "$tmp/a.steps"
+grep '^step' "$tmp/b2.out" | awk '{ NF -= 2; print }' > "$tmp/b.steps"
+if [ -s "$tmp/a.steps" ] && cmp -s "$tmp/a.steps" "$tmp/b.steps" && grep -q "resumed" "$tmp/b2.out"; then
+  ok "resume: steps 1001-2000 give the same losses ($(wc -l < "$tmp/a.steps") validations)"
+else
+  bad "resume: the losses differ from the uninterrupted run:"
+  diff "$tmp/a.steps" "$tmp/b.steps" | sed 's/^/    /'
+fi
+if cmp -s "$tmp/a.safetensors" "$tmp/b.safetensors"; then
+  ok "resume: the final checkpoints are identical"
+else
+  bad "resume: the final checkpoints differ"
+fi
+at1000() { awk '$1 == "step" && $2 == 1000 { NF -= 2; print }' "$1"; }
+[ -n "$(at1000 "$tmp/a.out")" ] && [ "$(at1000 "$tmp/b1.out")" = "$(at1000 "$tmp/a.out")" ] &&
+  ok "stop-at: step 1000 matches the uninterrupted run" || bad "stop-at: step 1000 differs"
+
+# generation: KV cache vs recomputation, greedy, within max_seq_len (9 + 20 < 32), through
+# compiled modules (the demo below compiles from .xtf)
+"$xtc" compile "$tmp/tiny.xtf" --kv-cache -O1 -o "$tmp/tiny_kv.so" 2> "$tmp/err" || bad "compile --kv-cache: $(cat "$tmp/err")"
+"$xtc" compile "$tmp/tiny.xtf" -O1 -o "$tmp/tiny_fwd.so" 2> "$tmp/err" || bad "compile: $(cat "$tmp/err")"
+gen=(--weights "$tmp/a.safetensors" --prompt "int main(" --tokens 20 --temperature 0 --ids --quiet --threads 2)
+kv=$("$xtc" generate "$tmp/tiny_kv.so" "${gen[@]}" 2> "$tmp/g1.err") || bad "generate: $(cat "$tmp/g1.err")"
+full=$("$xtc" generate "$tmp/tiny_fwd.so" "${gen[@]}" --no-cache 2> "$tmp/g2.err") || bad "generate --no-cache: $(cat "$tmp/g2.err")"
+if [ -n "$kv" ] && [ "$kv" = "$full" ] && [ "$(echo "$kv" | wc -w)" -eq 20 ]; then
+  ok "generate: greedy with the KV cache equals full recomputation ($kv)"
+else
+  bad "generate: KV cache '$kv' vs recomputation '$full'"
+fi
+# a module of the wrong form is recompiled from the source it carries
+kv2=$("$xtc" generate "$tmp/tiny_train.so" "${gen[@]}" 2> "$tmp/g3.err") || bad "generate (training .so): $(cat "$tmp/g3.err")"
+[ "$kv2" = "$full" ] && ok "generate: from a training module (recompiled) the same tokens" ||
+  bad "generate (training .so): '$kv2' vs '$full'"
+s1=$("$xtc" generate "$tmp/tiny_kv.so" --weights "$tmp/a.safetensors" --prompt "int" --tokens 40 --temperature 1 --top-k 5 \
+  --seed 3 --quiet 2>&1)
+s2=$("$xtc" generate "$tmp/tiny_kv.so" --weights "$tmp/a.safetensors" --prompt "int" --tokens 40 --temperature 1 --top-k 5 \
+  --seed 3 --quiet 2>&1)
+[ -n "$s1" ] && [ "$s1" = "$s2" ] && ok "generate: sampling is reproducible by seed" || bad "sampling: '$s1' vs '$s2'"
+
+# the main job (xtc demo) in miniature: compile the bundled tiny GPT, train, sample
+if "$xtc" demo --steps 6 --tokens 12 --threads 2 > "$tmp/demo.out" 2> "$tmp/demo.err" &&
+  grep -q "^done: 6 steps" "$tmp/demo.out" && grep -q "^sample" "$tmp/demo.out"; then
+  ok "xtc demo: trains the bundled tiny GPT and samples from it"
+else
+  bad "xtc demo:"
+  sed 's/^/    /' "$tmp/demo.out" "$tmp/demo.err"
+fi
+
+# refusals, each with its message
+expect_fail() { # NAME PATTERN COMMAND...
+  local name=$1 pattern=$2
+  shift 2
+  if "$@" > "$tmp/r.out" 2> "$tmp/r.err"; then
+    bad "$name: succeeded"
+  elif grep -q -- "$pattern" "$tmp/r.err"; then
+    ok "$name: $(grep -m1 -- "$pattern" "$tmp/r.err" | sed 's/^xtc [a-z]*: //')"
+  else
+    bad "$name: no '$pattern' in: $(cat "$tmp/r.err")"
+  fi
+}
+cat > "$tmp/small.xtf" <<'EOF'
+small = TransformerWrapper(num_tokens = 100, max_seq_len = 32, attn_layers = Decoder(dim = 16, depth = 1))
+EOF
+cat > "$tmp/enc.xtf" <<'EOF'
+enc = TransformerWrapper(num_tokens = 256, max_seq_len = 32, attn_layers = Encoder(dim = 16, depth = 1))
+EOF
+head -c 20 "$tmp/data.txt" > "$tmp/short.txt"
+expect_fail "train refuses num_tokens < 256" "num_tokens = 100" "$xtc" train "$tmp/small.xtf" --data "$tmp/data.txt"
+expect_fail "generate refuses num_tokens < 256" "num_tokens = 100" "$xtc" generate "$tmp/small.xtf" \
+  --weights "$tmp/a.safetensors"
+expect_fail "train refuses an Encoder" "causal" "$xtc" train "$tmp/enc.xtf" --data "$tmp/data.txt"
+expect_fail "train refuses too little data" "too few" "$xtc" train "$tmp/tiny_train.so" --data "$tmp/short.txt"
+expect_fail "train needs --data" "usage" "$xtc" train "$tmp/tiny.xtf"
+head -c 30000 "$tmp/data.txt" > "$tmp/half.txt"
+expect_fail "resume refuses other data" "other data" "$xtc" train "$tmp/tiny_train.so" --data "$tmp/half.txt" \
+  --resume "$tmp/a.safetensors"
+"$xtc" compile "$tmp/small.xtf" -O0 -o "$tmp/small.so" && "$xtc" init "$tmp/small.so" -o "$tmp/small.safetensors" ||
+  bad "compile and init of small.xtf"
+expect_fail "generate refuses the weights of another model" "the model expects" "$xtc" generate "$tmp/tiny_kv.so" \
+  --weights "$tmp/small.safetensors"
+expect_fail "generate refuses a file that is not safetensors" "tiny_train.so" "$xtc" generate "$tmp/tiny_kv.so" \
+  --weights "$tmp/tiny_train.so"
+expect_fail "bad option values" "needs" "$xtc" generate "$tmp/tiny_kv.so" --weights x --temperature -1
+
+echo "train and generate: $fail failed"
+[ $fail -eq 0 ]
