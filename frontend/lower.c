@@ -603,19 +603,60 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     char blk[8];
     snprintf(blk, sizeof blk, "%s%s", S->macaron ? "f" : "", block);
     int k = (int)xtf_int(call, "sandwich_coef");
-    if (k < 0 || k > S->depth)
-        return stack_error(L, call, "sandwich_coef must be between 1 and depth (%d), got %d", S->depth, k);
-    size_t need = (size_t)S->depth * strlen(blk) + 2u * (size_t)k;
-    if (need >= MAX_LAYERS)
-        return stack_error(L, call, "too many layers (%zu, at most %d)", need, MAX_LAYERS - 1);
+    int par = (int)xtf_int(call, "par_ratio");
+    const XtfValue *custom = xtf_arg(call, "custom_layers");
+    while (custom && custom->kind == XV_REF)
+        custom = custom->ref;
     S->ntypes = 0;
-    for (int i = 0; i < k; i++)
-        S->types[S->ntypes++] = 'a';
-    for (int i = 0; i < S->depth - k; i++)
+    if (custom && custom->kind == XV_TUPLE) { /* custom_layers: the list as written */
+        if (custom->nitems < 1 || custom->nitems >= MAX_LAYERS)
+            return stack_error(L, call, "custom_layers needs 1 to %d layers, got %d", MAX_LAYERS - 1,
+                               custom->nitems);
+        for (int i = 0; i < custom->nitems; i++) {
+            const XtfValue *it = custom->items[i];
+            if (it->kind != XV_STRING || strlen(it->s) != 1 || !strchr("acf", it->s[0]))
+                return stack_error(L, call, "custom_layers items are 'a', 'c' or 'f'");
+            if (it->s[0] == 'c' && !S->cross_attend && !S->only_cross)
+                return stack_error(L, call, "custom_layers has a 'c' layer: set cross_attend = true "
+                                            "so the model takes a context");
+            S->types[S->ntypes++] = it->s[0];
+        }
+    } else if (par > 0) { /* par_ratio: the PAR layout (x-transformers 0.23.0) */
+        int par_depth = S->depth * (int)strlen(blk);
+        if (!(1 < par && par <= par_depth))
+            return stack_error(L, call, "par_ratio must be in (1, %d], got %d", par_depth, par);
+        char nf[8];
+        int nn = 0;
         for (const char *c = blk; *c; c++)
-            S->types[S->ntypes++] = *c;
-    for (int i = 0; i < k; i++)
-        S->types[S->ntypes++] = 'f';
+            if (*c != 'f')
+                nf[nn++] = *c;
+        nf[nn] = 0;
+        int par_attn = par_depth / par;
+        int depth_cut = par_depth * 2 / 3;
+        int par_width = (depth_cut + depth_cut / par_attn) / par_attn;
+        if (nn > par_width)
+            return stack_error(L, call, "the default block is too large for par_ratio %d", par);
+        if (par_depth >= MAX_LAYERS)
+            return stack_error(L, call, "too many layers (%d, at most %d)", par_depth, MAX_LAYERS - 1);
+        for (int r = 0; r < par_attn; r++)
+            for (int w = 0; w < par_width; w++)
+                S->types[S->ntypes++] = w < nn ? nf[w] : 'f';
+        while (S->ntypes < par_depth)
+            S->types[S->ntypes++] = 'f';
+    } else {
+        if (k < 0 || k > S->depth)
+            return stack_error(L, call, "sandwich_coef must be between 1 and depth (%d), got %d", S->depth, k);
+        size_t need = (size_t)S->depth * strlen(blk) + 2u * (size_t)k;
+        if (need >= MAX_LAYERS)
+            return stack_error(L, call, "too many layers (%zu, at most %d)", need, MAX_LAYERS - 1);
+        for (int i = 0; i < k; i++)
+            S->types[S->ntypes++] = 'a';
+        for (int i = 0; i < S->depth - k; i++)
+            for (const char *c = blk; *c; c++)
+                S->types[S->ntypes++] = *c;
+        for (int i = 0; i < k; i++)
+            S->types[S->ntypes++] = 'f';
+    }
 
     /* shift_tokens: one amount for every layer, or a tuple with one per layer (x-transformers
      * zips it with the layer list, so a shorter tuple would build fewer layers) */

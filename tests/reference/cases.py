@@ -82,6 +82,22 @@ CASES = [
                                use_rezero=True, sandwich_coef=1, macaron=True,
                                attn_talking_heads=True, attn_num_mem_kv=1, ff_mult=2)),
          batch=2, seq_len=8, mask_lengths=[8, 6]),
+    dict(name="dec_custom_layers_cross_macaron",
+         about="custom_layers ('a', 'c', 'f', 'f', 'a') with cross-attention and macaron "
+               "(every FF halved), rotary, mask and context",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12,
+                 attn_layers=C("Decoder", dim=16, depth=2, heads=2, attn_dim_head=32,
+                               cross_attend=True, custom_layers=("a", "c", "f", "f", "a"),
+                               macaron=True, rotary_pos_emb=True, ff_mult=2)),
+         batch=2, seq_len=8, mask_lengths=[8, 6], context_len=5),
+    dict(name="enc_par_ratio_relpos",
+         about="par_ratio 4 over depth 4 (PAR: attention layers first, then feed-forwards), "
+               "T5 relative positions, mask",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12,
+                 attn_layers=C("Encoder", dim=16, depth=4, heads=2, attn_dim_head=16, par_ratio=4,
+                               rel_pos_bias=True, rel_pos_num_buckets=8, rel_pos_max_distance=16,
+                               ff_mult=2)),
+         batch=2, seq_len=8, mask_lengths=[8, 5]),
     dict(name="xtransformer_masks_tied",
          about="XTransformer with src_mask and tgt_mask, tie_token_emb; encoder: T5 bias, 2 "
                "memory tokens, RMSNorm, GEGLU; decoder: rotary, cross_residual_attn, 2 memory "

@@ -197,7 +197,7 @@ LAYER_DEFAULTS = dict(
     residual_attn=False, cross_residual_attn=False, macaron=False, pre_norm=True,
     gate_residual=False, scale_residual=False, sandwich_norm=False, use_qk_norm_attn=False,
     qk_norm_attn_seq_len=None, alibi_pos_bias=False, alibi_num_heads=None, alibi_learned=False,
-    shift_tokens=0)
+    shift_tokens=0, custom_layers=None, par_ratio=None)
 ATTN_DEFAULTS = dict(dim_head=64, talking_heads=False, head_scale=False, num_mem_kv=0,
                      dropout=0.0, on_attn=False, gate_values=False, qk_norm=False,
                      scale_init_value=None, sparse_topk=None, use_entmax15=False)
@@ -251,7 +251,18 @@ class Layers:
         if self.macaron:
             block = ("f",) + block
         k = self.sandwich_coef
-        if k:
+        if self.custom_layers:  # §4: custom_layers, then par_ratio, then sandwich_coef
+            self.layer_types = tuple(self.custom_layers)
+        elif self.par_ratio:  # the PAR layout: attention in the first two thirds
+            par_depth = self.depth * len(block)
+            assert 1 < self.par_ratio <= par_depth
+            block = tuple(t for t in block if t != "f")
+            par_attn = par_depth // self.par_ratio
+            depth_cut = par_depth * 2 // 3
+            par_width = (depth_cut + depth_cut // par_attn) // par_attn
+            par_head = (block + ("f",) * (par_width - len(block))) * par_attn
+            self.layer_types = par_head + ("f",) * (par_depth - len(par_head))
+        elif k:
             self.layer_types = ("a",) * k + block * (self.depth - k) + ("f",) * k
         else:
             self.layer_types = block * self.depth
