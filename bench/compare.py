@@ -102,7 +102,7 @@ def main():
         "model": a.model, "batch": a.batch, "seq": a.seq, "threads": a.threads, "train": a.train,
         "dims": dims, "rounds": a.rounds,
         "xtc_fused_ms": med(fused), "xtc_unfused_ms": med(unfused), "torch_ms": med(torch),
-        "xtc_arena_bytes": arena, "torch_peak_delta_kib": torch_peak,
+        "xtc_arena_bytes": arena, "torch_peak_delta_bytes": torch_peak,
     }
     if res["xtc_fused_ms"] and res["xtc_unfused_ms"]:
         res["fusion_speedup"] = res["xtc_unfused_ms"] / res["xtc_fused_ms"]
@@ -120,7 +120,7 @@ def main():
     print("  xtc fused    %s   arena %8.1f MiB" % (fmt(res["xtc_fused_ms"]), arena.get("fused", 0) / 2**20))
     print("  xtc unfused  %s   arena %8.1f MiB" % (fmt(res["xtc_unfused_ms"]), arena.get("unfused", 0) / 2**20))
     if torch:
-        peak = " peak +%.1f MiB" % (torch_peak / 1024) if torch_peak else ""
+        peak = " peak RSS +%.1f MiB" % (torch_peak / 2**20) if torch_peak else ""
         print("  PyTorch      %s  %s" % (fmt(res["torch_ms"]), peak))
     if "fusion_speedup" in res:
         print("  fusion speed-up (unfused / fused):   %.2fx" % res["fusion_speedup"])
