@@ -14,15 +14,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
 
 static double now_s(void)
 {
@@ -188,25 +185,6 @@ static int write_file(const char *dir, const char *name, const char *text, char 
     return 0;
 }
 
-/* Runs argv with stdout and stderr to logpath; 0 when it exits with status 0. */
-static int run_program(char *const *argv, const char *logpath)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 2, 1);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0)
-        return -1;
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
-}
-
 static void read_log(const char *path, char *buf, size_t n)
 {
     buf[0] = 0;
@@ -289,7 +267,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
      * the GPU; warnings are the generator's business, checked by NVRTC's stricter compile */
     char *argv[] = {"cc", "-std=gnu11", u->emu ? "-O2" : "-O1", "-fPIC", "-shared", "-fwrapv", "-fno-strict-aliasing",
                     "-w", "-I", dirbuf, "-o", tmpso, hostc, u->emu ? emuc : NULL, u->emu ? "-lm" : NULL, NULL};
-    if (run_program(argv, log) < 0) {
+    if (cg_run_program(argv, log) < 0) {
         char text[1500];
         read_log(log, text, sizeof text);
         snprintf(err, n, "compiling the %s module with cc failed%s: %s", u->emu ? "cuda-emu" : "cuda",

@@ -17,17 +17,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
 
 /* Below this many elements of work a kernel runs on the calling thread alone. */
 #define PARALLEL_MIN_COST 16384
@@ -503,25 +500,6 @@ fail:
 
 /* ---- compile: optimise, emit, link ---- */
 
-/* Runs argv with stderr to errpath; 0 when it exits with status 0. */
-static int run_program(char *const *argv, const char *errpath)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 2, errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 2, 1);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0)
-        return -1;
-    int status;
-    while (waitpid(pid, &status, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
-}
-
 static void read_text(const char *path, char *buf, size_t n)
 {
     buf[0] = 0;
@@ -587,7 +565,7 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
     double t2 = now_s();
     if (rc == 0) {
         char *argv[] = {"cc", "-shared", "-o", tmpso, obj, "-lm", NULL};
-        if (run_program(argv, log) < 0) {
+        if (cg_run_program(argv, log) < 0) {
             char text[600];
             read_text(log, text, sizeof text);
             snprintf(err, n, "linking %s with cc failed: %s", opt->output, text[0] ? text : "cannot run cc");

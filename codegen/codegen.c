@@ -2,7 +2,12 @@
  * compile, and report. The pipeline is this one function; backends supply the stages. */
 #include "cg_plan.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -72,4 +77,22 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     stats->render_s = t2 - t1;
     stats->total_s = now_s() - t0;
     return rc;
+}
+
+int cg_run_program(char *const *argv, const char *logpath)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+        return -1;
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
 }

@@ -40,6 +40,12 @@ typedef struct {
  * node or op concerned; failures of LLVM or the linker carry their own message. */
 int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err, size_t n);
 
+/* ---- shared by the backends ---- */
+
+/* Runs argv (the linker, the host C compiler) with stdout and stderr to logpath; 0 when it
+ * exits with status 0, -1 when it cannot start or fails (the log then says why). */
+int cg_run_program(char *const *argv, const char *logpath);
+
 /* ---- backends ---- */
 
 struct CgPlan;
