@@ -165,10 +165,18 @@ int64_t xtc_session_peak_bytes(const XtcSession *s);
 int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms);
 /* Value of symbol i in the last successful run (or the last binding), -1 if unbound. */
 int64_t xtc_session_symbol(const XtcSession *s, int i);
+/* The device the session runs on, as its driver names it ("NVIDIA H100 80GB HBM3"; for a
+ * cuda-emu module "the xtc CUDA emulator (CPU)"); "cpu" for a CPU module; "" when there is no
+ * session or its device failed to open. The string belongs to the session. */
+const char *xtc_session_device(const XtcSession *s);
 
-/* Profiling: while on, every run adds the wall time of each schedule step to per-step totals
- * (turning it on clears them). xtc_session_print_profile writes the totals per kernel, slowest
- * first, with the op, the number of steps sharing the kernel and the share of the run. */
+/* Profiling: while on, every run adds the time of each schedule step to per-step
+ * totals (turning it on clears them). On the CPU that is the wall time of the step; on a CUDA
+ * device it is the time between CUDA events recorded on the stream before and after the step's
+ * launch (the device's own timer, read once the run has synchronised); the cuda-emu emulator's
+ * events read the host clock, so its times are CPU times of the emulation, not GPU figures.
+ * xtc_session_print_profile writes the totals per kernel, slowest first, with the op, the number
+ * of steps sharing the kernel and the share of the run. */
 int xtc_session_set_profiling(XtcSession *s, int on);
 int xtc_session_print_profile(const XtcSession *s, FILE *out);
 /* The same totals per schedule step, for tools that aggregate them (xtc bench): secs[i] for

@@ -9,7 +9,10 @@
  *        clears one status word per step, runs the module's schedule (every launch on the
  *        stream), copies the outputs back into the host arena and synchronises; then the first
  *        step whose status word is set is the one that met bad values (a token id outside the
- *        vocabulary ...). With profiling on, a CUDA event before every step gives per-step times.
+ *        vocabulary ...). With profiling on, a CUDA event is recorded on the stream before every
+ *        step and one after the last; after the synchronisation, step s gets the time between
+ *        events s and s+1 (cuEventElapsedTime): the device's time for its launch (and the memset
+ *        of an accumulating kernel), without the host's launch overhead or the copies.
  * close: frees all of it.
  *
  * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
@@ -38,6 +41,7 @@ struct RtDevice {
     void **dptr;            /* [nbufs]: device addresses handed to the schedule */
     CUevent *ev;            /* [nsteps + 1], created when profiling is first asked for */
     int profiling;
+    CUresult event_error;   /* the first failed cuEventRecord of the run */
     int step;               /* the step being launched, for messages */
     char err[1024];         /* why a launch failed */
     char device_name[256];
@@ -257,8 +261,11 @@ static void api_step(void *ctx, int32_t s)
 {
     RtDevice *d = ctx;
     d->step = s;
-    if (d->profiling && d->ev[s])
-        d->drv.EventRecord(d->ev[s], d->stream);
+    if (d->profiling && d->ev[s]) {
+        CUresult r = d->drv.EventRecord(d->ev[s], d->stream);
+        if (r != CUDA_SUCCESS && d->event_error == CUDA_SUCCESS)
+            d->event_error = r;
+    }
 }
 
 /* ---- running ---- */
@@ -340,6 +347,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     XtcCudaApi api = {.ctx = d, .launch = api_launch, .zero = api_zero, .step = api_step};
     d->step = -1;
     d->err[0] = 0;
+    d->event_error = CUDA_SUCCESS;
     int32_t rc = d->cm->run(d->dptr, run->syms, (int32_t *)(uintptr_t)d->status, &api);
     if (rc != 0) {
         drv->StreamSynchronize(d->stream);
@@ -359,23 +367,33 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         return cu_fail(d, r, "copying the status words from the device", err, n);
     if ((r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, "the CUDA run failed", err, n);
-    if (d->profiling)
-        for (int s = 0; s < m->nsteps; s++) {
-            float ms = 0;
-            if (drv->EventElapsedTime(&ms, d->ev[s], d->ev[s + 1]) == CUDA_SUCCESS)
-                run->step_s[s] += 1e-3 * ms;
-        }
     for (int s = 0; s < m->nsteps; s++)
         if (d->host_status[s])
             return 1 + s;
+    if (d->profiling) {
+        if (d->event_error != CUDA_SUCCESS)
+            return cu_fail(d, d->event_error, "recording the profile's CUDA events", err, n);
+        for (int s = 0; s < m->nsteps; s++) {
+            float ms = 0;
+            if ((r = drv->EventElapsedTime(&ms, d->ev[s], d->ev[s + 1])) != CUDA_SUCCESS) {
+                char what[200];
+                snprintf(what, sizeof what, "reading the profile's CUDA events around step %d", s);
+                return cu_fail(d, r, what, err, n);
+            }
+            run->step_s[s] += 1e-3 * ms;
+        }
+    }
     return 0;
 }
 
 static void cuda_close(RtDevice *d) { close_device(d); }
+
+static const char *cuda_device_name(const RtDevice *d) { return d->device_name; }
 
 const RtDeviceOps rt_cuda_device = {
     .name = "cuda",
     .open = cuda_open,
     .run = cuda_run,
     .close = cuda_close,
+    .device_name = cuda_device_name,
 };

@@ -3,7 +3,8 @@
  *   rt_cuda.c         the device a session runs a CUDA module on: device memory (weights uploaded
  *                     once, inputs when rebound, one arena for the intermediates laid out by the
  *                     session's memory plan), a stream, the launches, outputs copied back, per-step
- *                     status words, profiling with CUDA events
+ *                     status words, profiling with CUDA events (one recorded on the stream before
+ *                     every step and one after the last: step s takes elapsed(ev[s], ev[s+1]))
  *   rt_cuda_driver.c  the Driver API of libcuda.so.1, loaded with dlopen
  *   rt_cuda_emu.c     the same API emulated on the CPU for cuda-emu modules: memory is malloc,
  *                     cuLaunchKernel runs the grid through the module's emulator
@@ -35,6 +36,7 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_LAUNCH_FAILED = 719,
 };

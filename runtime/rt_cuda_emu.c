@@ -9,7 +9,10 @@
  *   launches      cuLaunchKernel runs the grid through the module's launcher (xtc_cuda_emu.h),
  *                 synchronously; its errors (deadlocks ...) are kept per module (LaunchError)
  *   streams       synchronous: every call has finished when it returns
- *   events        wall-clock times
+ *   events        the host's monotonic clock, read when the (synchronous) stream reaches the
+ *                 event, i.e. when cuEventRecord is called: the time between two events is the
+ *                 CPU time of the emulated work between them, not a GPU figure. As with the
+ *                 driver, the time to or from an event never recorded is CUDA_ERROR_INVALID_HANDLE
  *
  * Every object is allocated per call: no global state, several sessions in several threads. */
 #include "rt_cuda.h"
@@ -227,13 +230,19 @@ static const char *emu_launch_error(CUmodule mod)
     return m && m->err[0] ? m->err : NULL;
 }
 
+/* an event: when the stream reached it (seconds), and whether it has been recorded */
+typedef struct {
+    double t;
+    int recorded;
+} EmuEvent;
+
 static CUresult emu_event_create(CUevent *e, unsigned flags)
 {
     (void)flags;
-    double *t = calloc(1, sizeof *t);
-    if (!t)
+    EmuEvent *ev = calloc(1, sizeof *ev);
+    if (!ev)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    *e = (CUevent)(void *)t;
+    *e = (CUevent)(void *)ev;
     return CUDA_SUCCESS;
 }
 
@@ -246,21 +255,27 @@ static CUresult emu_event_destroy(CUevent e)
 static CUresult emu_event_record(CUevent e, CUstream s)
 {
     (void)s;
+    EmuEvent *ev = (EmuEvent *)(void *)e;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    *(double *)(void *)e = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    ev->t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    ev->recorded = 1;
     return CUDA_SUCCESS;
 }
 
 static CUresult emu_event_sync(CUevent e)
 {
-    (void)e;
-    return CUDA_SUCCESS;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-static CUresult emu_elapsed(float *ms, CUevent a, CUevent b)
+static CUresult emu_elapsed(float *ms, CUevent start, CUevent end)
 {
-    *ms = (float)(1e3 * (*(double *)(void *)b - *(double *)(void *)a));
+    const EmuEvent *a = (const EmuEvent *)(void *)start, *b = (const EmuEvent *)(void *)end;
+    if (!ms || !a || !b || !a->recorded || !b->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)(1e3 * (b->t - a->t));
     return CUDA_SUCCESS;
 }
 
@@ -271,6 +286,7 @@ static CUresult emu_error_string(CUresult r, const char **text)
     case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
     case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
     case CUDA_ERROR_INVALID_IMAGE: *text = "device kernel image is invalid"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
     case CUDA_ERROR_NOT_FOUND: *text = "named symbol not found"; break;
     case CUDA_ERROR_LAUNCH_FAILED: *text = "unspecified launch failure"; break;
     default: *text = "unknown error"; return CUDA_ERROR_INVALID_VALUE;

@@ -104,7 +104,8 @@ typedef struct {
     const int64_t *syms;
     const size_t *offset;      /* per temp: its offset in the arena (the session's memory plan) */
     size_t arena_bytes;
-    double *step_s;            /* profiling: seconds to add to per step, or NULL */
+    double *step_s;            /* profiling: seconds to add to per step (the device's own timer:
+                                  CUDA events), or NULL; added only when the run succeeds */
 } RtDeviceRun;
 typedef struct RtDeviceOps {
     const char *name;
@@ -115,6 +116,8 @@ typedef struct RtDeviceOps {
      * message in err (a failure of the device or its driver). */
     int32_t (*run)(RtDevice *dev, const RtDeviceRun *r, char *err, size_t n);
     void (*close)(RtDevice *dev);
+    /* The device as its driver names it ("NVIDIA H100 80GB HBM3"), for reports. */
+    const char *(*device_name)(const RtDevice *dev);
 } RtDeviceOps;
 
 /* Sets m->device when the loaded module m exports a device's symbol; -1 with m->err set when

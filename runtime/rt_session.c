@@ -272,6 +272,15 @@ const char *xtc_session_error(const XtcSession *s) { return s ? s->err : "no ses
 
 int64_t xtc_session_peak_bytes(const XtcSession *s) { return s ? (int64_t)s->arena_bytes : 0; }
 
+const char *xtc_session_device(const XtcSession *s)
+{
+    if (!s || !s->m)
+        return "";
+    if (!s->m->device)
+        return "cpu";
+    return s->dev ? s->m->device->device_name(s->dev) : ""; /* the device failed to open */
+}
+
 int64_t xtc_session_symbol(const XtcSession *s, int i)
 {
     if (!s || !s->m || i < 0 || i >= s->m->nsyms)

@@ -20,6 +20,7 @@
 #include "codegen.h"
 #include "ir.h"
 #include "passes.h"
+#include "rt_cuda.h"
 #include "rt_cuda_abi.h"
 #include "rt_internal.h"
 #include "xtc.h"
@@ -1140,6 +1141,101 @@ START_TEST(test_no_driver)
 }
 END_TEST
 
+/* The emulated driver's events: the host clock when the (synchronous) stream reaches them, and,
+ * as with libcuda, an error for the time to an event that was never recorded. */
+START_TEST(test_emulated_events)
+{
+    RtCuDriver drv;
+    rt_cu_emulator(&drv);
+    CUstream st;
+    CUevent a, b;
+    ck_assert_int_eq(drv.StreamCreate(&st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventCreate(&a, 0), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventCreate(&b, 0), CUDA_SUCCESS);
+    float ms = -1;
+    ck_assert_int_eq(drv.EventElapsedTime(&ms, a, b), CUDA_ERROR_INVALID_HANDLE);
+    ck_assert_int_eq(drv.EventRecord(a, st), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventElapsedTime(&ms, a, b), CUDA_ERROR_INVALID_HANDLE);
+    const char *text = NULL;
+    ck_assert_int_eq(drv.GetErrorString(CUDA_ERROR_INVALID_HANDLE, &text), CUDA_SUCCESS);
+    ck_assert_str_eq(text, "invalid resource handle");
+    /* some work on the stream between the two events: clearing 8 MiB of device memory */
+    CUdeviceptr p;
+    ck_assert_int_eq(drv.MemAlloc(&p, 8 << 20), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.MemsetD8Async(p, 1, 8 << 20, st), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventRecord(b, st), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.StreamSynchronize(st), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventSynchronize(b), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.EventElapsedTime(&ms, a, b), CUDA_SUCCESS);
+    ck_assert_msg(ms > 0, "elapsed %g ms across a memset of 8 MiB", ms);
+    float back = 1;
+    ck_assert_int_eq(drv.EventElapsedTime(&back, b, a), CUDA_SUCCESS);
+    ck_assert_msg(back == -ms, "elapsed b..a %g, a..b %g", back, ms);
+    drv.MemFree(p);
+    drv.EventDestroy(a);
+    drv.EventDestroy(b);
+    drv.StreamDestroy(st);
+}
+END_TEST
+
+/* Profiling a CUDA module (through the emulated driver, the same launch path as a GPU's): an
+ * event per step boundary fills the per-step profile; runs with profiling off record none. */
+START_TEST(test_profile_events)
+{
+    IrGraph *g = new_graph("matmul_profile", build_matmul);
+    XtcModule *m = compile_target(g, "matmul_profile", "cuda-emu");
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s", xtc_session_error(s));
+    ck_assert_str_eq(xtc_session_device(s), "the xtc CUDA emulator (CPU)");
+    Binding bd;
+    bind_random(&bd, g, SIZES[3]);
+    bind_session(s, &bd);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK); /* uploads the weights: not profiled */
+    int nsteps = xtc_module_num_steps(m);
+    ck_assert_int_gt(nsteps, 1);
+    double *secs = calloc((size_t)nsteps, sizeof *secs);
+    ck_assert_int_eq(xtc_session_profile_steps(s, secs, nsteps), 0);
+    ck_assert_int_eq(xtc_session_set_profiling(s, 1), XTC_OK);
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "profiled run %d: %s", r, xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_profile_steps(s, secs, nsteps), 3);
+    double total = 0;
+    for (int i = 0; i < nsteps; i++) {
+        ck_assert_msg(isfinite(secs[i]) && secs[i] >= 0, "step %d: %g s", i, secs[i]);
+        total += secs[i];
+    }
+    ck_assert_msg(total > 0, "the events measured no time over %d steps", nsteps);
+    /* the kernel of the largest matmul (65x130 by 130x7 and 70x130 ...) takes time of its own */
+    int timed = 0;
+    for (int i = 0; i < nsteps; i++)
+        timed += secs[i] > 0;
+    ck_assert_msg(timed >= nsteps / 2, "only %d of %d steps have a time", timed, nsteps);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&text, &len);
+    ck_assert_int_eq(xtc_session_print_profile(s, mem), XTC_OK);
+    fclose(mem);
+    ck_assert_msg(strstr(text, "profile of 3 runs") && strstr(text, "matmul"), "%s", text);
+    free(text);
+    /* off: no profile, and the runs still work */
+    ck_assert_int_eq(xtc_session_set_profiling(s, 0), XTC_OK);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    ck_assert_int_eq(xtc_session_profile_steps(s, secs, nsteps), 0);
+    free(secs);
+    xtc_session_free(s);
+    xtc_module_free(m);
+    /* a CPU session names its device "cpu" */
+    m = compile_target(g, "matmul_profile", "cpu");
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    ck_assert_str_eq(xtc_session_device(s), "cpu");
+    xtc_session_free(s);
+    xtc_module_free(m);
+    ck_assert_str_eq(xtc_session_device(NULL), "");
+    bind_free(&bd);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* On a machine with a GPU: the same cases on the device, through libcuda.so.1. */
 START_TEST(test_gpu)
 {
@@ -1187,6 +1283,12 @@ static Suite *suite(void)
     tcase_add_test(tc, test_no_driver);
     tcase_add_test(tc, test_gpu);
     suite_add_tcase(s, tc);
+    /* CK_RUN_CASE=profile runs these alone */
+    TCase *prof = tcase_create("profile");
+    tcase_set_timeout(prof, 300);
+    tcase_add_test(prof, test_emulated_events);
+    tcase_add_test(prof, test_profile_events);
+    suite_add_tcase(s, prof);
     return s;
 }
 
