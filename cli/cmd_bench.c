@@ -1,13 +1,20 @@
 /* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured (ISSUE 5, section 3).
  *
- * Lowers a model once (and differentiates it with --train), then compiles it twice with the CPU
- * backend: with every pass ("fused") and with --no-fuse ("unfused"). Both modules get the same
- * seeded weights and inputs; after warm-up runs, the two sessions run alternately, R times each,
- * so that the noise of a shared machine falls on both alike. Reported per variant: the median
- * time of every kernel (from the runtime's per-step profile, summed over the steps sharing the
- * kernel), the total's median, minimum and maximum, the activation arena's size
- * (xtc_session_peak_bytes), and the speed-up of the medians. --json writes the same as one JSON
- * object for scripts (bench/compare.sh reads it).
+ * Lowers a model once (and differentiates it with --train), then compiles it twice with the
+ * backend of --target (cpu, cuda, cuda-emu): with every pass ("fused") and with --no-fuse
+ * ("unfused"). Both modules get the same seeded weights and inputs; after warm-up runs, the two
+ * sessions run alternately, R times each, so that the noise of a shared machine falls on both
+ * alike. Reported per variant: the median time of every kernel (from the runtime's per-step
+ * profile, summed over the steps sharing the kernel), the median of their sum, the total's
+ * median, minimum and maximum (host wall clock around xtc_session_run), the activation arena's
+ * size (xtc_session_peak_bytes: on a GPU, the device memory the plan lays the intermediates out
+ * in), and the speed-up of the medians. --json writes the same as one JSON object for scripts
+ * (bench/compare.py reads it).
+ *
+ * Per-kernel times come from the runtime's profile: on the CPU the wall time of each step; for a
+ * CUDA module the time between the CUDA events recorded on the stream around each launch (GPU
+ * time, without the host's launch overhead); for cuda-emu the emulated driver's events, which
+ * read the host clock: CPU times of the emulation, useful to test the path, not GPU figures.
  *
  * A variant whose planned arena exceeds --max-gib is not run: its planned size is reported (the
  * unfused program at sequence 16384 needs many GiB for its n x n score tensors). */
@@ -26,12 +33,36 @@
 #include "xtc.h"
 
 typedef struct {
-    const char *path, *model;
+    const char *path, *model, *target;
     int64_t batch, seq;
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
     int opt_level;
 } BenchOpts;
+
+/* How each target's per-kernel times are taken, for the report (see the top of the file). */
+typedef struct {
+    const char *target;
+    const char *timer;       /* JSON "kernel_timer" */
+    const char *timer_text;  /* the header's words */
+    int emulated;            /* device reported as "emulated" */
+    int threaded;            /* --threads applies */
+    int device_arena;        /* the arena is device memory */
+} TargetInfo;
+
+static const TargetInfo targets[] = {
+    {"cpu", "wall-clock", "wall clock per step", 0, 1, 0},
+    {"cuda", "cuda-events", "CUDA events around each launch", 0, 0, 1},
+    {"cuda-emu", "emulated-cuda-events", "emulated CUDA events (host clock: not GPU figures)", 1, 0, 1},
+};
+
+static const TargetInfo *target_info(const char *name)
+{
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++)
+        if (!strcmp(targets[i].target, name))
+            return &targets[i];
+    return NULL;
+}
 
 /* One compiled variant and its measurements. */
 typedef struct {
@@ -45,6 +76,7 @@ typedef struct {
     int ran;                 /* 0: skipped (see why) */
     char why[256];
     double *total;           /* [repeat] seconds per run */
+    double *kernels;         /* [repeat] seconds per run summed over the kernels */
     double *kernel_s;        /* [repeat][nkernels] seconds per kernel per run */
     double *step_s;          /* [nsteps] scratch */
 } Variant;
@@ -63,9 +95,11 @@ static void usage(void)
            "seeded weights and inputs, and prints per-kernel medians, the total's median and\n"
            "spread, the activation memory (arena) and the speed-up.\n"
            "  --batch B, --seq N   sizes (every sequence-like symbol gets N)\n"
+           "  --target T           cpu (default), cuda (a GPU, kernels timed with CUDA events) or\n"
+           "                       cuda-emu (the CUDA path emulated on the CPU: not GPU figures)\n"
            "  --train              time the training step (loss and every grad.<param>)\n"
            "  --mask               add the padding-mask inputs (all true)\n"
-           "  --threads T          worker threads (default 1)\n"
+           "  --threads T          worker threads of the cpu target (default 1)\n"
            "  --repeat R           timed runs per variant (default 5); --warmup W (default 1)\n"
            "  --top K              kernels listed per variant (default 12)\n"
            "  --max-gib G          do not run a variant whose arena would exceed G GiB (default 8);\n"
@@ -97,6 +131,7 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
     o->top = 12;
     o->max_gib = 8;
     o->opt_level = 2;
+    o->target = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *v;
         int64_t x;
@@ -134,6 +169,12 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
             }
         } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
             o->model = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
+            if (!target_info(v) || !cg_backend_find(v)) {
+                fprintf(stderr, "xtc bench: unknown target '%s' (cpu, cuda, cuda-emu)\n", v);
+                return -1;
+            }
+            o->target = v;
         } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
             o->opt_level = argv[i][2] - '0';
         } else if (!strcmp(argv[i], "--train")) {
@@ -153,7 +194,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         }
     }
     if (!o->path || !o->batch || !o->seq) {
-        fprintf(stderr, "usage: xtc bench model.xtf --batch B --seq N [--train] [--threads T] [--repeat R] [--json]\n");
+        fprintf(stderr, "usage: xtc bench model.xtf --batch B --seq N [--target T] [--train] [--threads T] [--repeat R] "
+                        "[--json]\n");
         return -1;
     }
     return 0;
@@ -214,7 +256,7 @@ static int64_t int_input_range(const IrGraph *g, const IrNode *in)
 static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fuse, const char *dir)
 {
     char err[1024];
-    const CgBackend *be = cg_backend_find("cpu");
+    const CgBackend *be = cg_backend_find(o->target);
     PassOptions po = {0};
     po.no_fuse = no_fuse;
     po.supports = be ? be->supports : NULL;
@@ -227,6 +269,7 @@ static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fu
     snprintf(v->so, sizeof v->so, "%s/%s.so", dir, v->name);
     CgOptions co = {0};
     co.output = v->so;
+    co.target = o->target;
     co.opt_level = o->opt_level;
     co.source_name = o->path;
     CgStats st;
@@ -369,7 +412,10 @@ static int64_t eval_dim(const XtcModule *m, const char *dim, const int64_t *syms
 
 static int run_once(Variant *v, int r)
 {
-    xtc_session_set_profiling(v->sess, 1);
+    if (xtc_session_set_profiling(v->sess, 1) != XTC_OK) { /* clears the last run's profile */
+        fprintf(stderr, "xtc bench: %s: %s\n", v->name, xtc_session_error(v->sess));
+        return -1;
+    }
     double t0 = now_s();
     if (xtc_session_run(v->sess) != XTC_OK) {
         fprintf(stderr, "xtc bench: %s: %s\n", v->name, xtc_session_error(v->sess));
@@ -385,6 +431,7 @@ static int run_once(Variant *v, int r)
         int k;
         if (xtc_module_step(v->mod, s, &k, NULL) == XTC_OK && k >= 0 && k < v->nkernels)
             ks[k] += v->step_s[s];
+        v->kernels[r] += v->step_s[s];
     }
     return 0;
 }
@@ -499,10 +546,11 @@ static void print_variant(const BenchOpts *o, const Variant *v)
         return;
     }
     double med = median(v->total, o->repeat, 1);
-    printf("  total %.2f ms median (min %.2f, max %.2f, spread %.1f%%), arena %.1f MiB\n", 1e3 * med,
+    printf("  total %.2f ms median (min %.2f, max %.2f, spread %.1f%%), arena %.1f MiB%s\n", 1e3 * med,
            1e3 * min_of(v->total, o->repeat), 1e3 * max_of(v->total, o->repeat),
            med > 0 ? 100 * (max_of(v->total, o->repeat) - min_of(v->total, o->repeat)) / med : 0,
-           v->peak / 1048576.0);
+           v->peak / 1048576.0, target_info(o->target)->device_arena ? " of device memory" : "");
+    printf("  kernels %.3f ms median per run (the sum of the steps' times)\n", 1e3 * median(v->kernels, o->repeat, 1));
     KMed *km = kernel_medians(v, o->repeat);
     if (!km)
         return;
@@ -554,7 +602,8 @@ static void json_variant(const BenchOpts *o, const Variant *v)
            1e3 * min_of(v->total, o->repeat), 1e3 * max_of(v->total, o->repeat));
     for (int r = 0; r < o->repeat; r++)
         printf("%s%.4f", r ? ", " : "", 1e3 * v->total[r]);
-    printf("]}");
+    printf("]}, \"kernels_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}", 1e3 * median(v->kernels, o->repeat, 1),
+           1e3 * min_of(v->kernels, o->repeat), 1e3 * max_of(v->kernels, o->repeat));
     KMed *km = kernel_medians(v, o->repeat);
     if (km) {
         OpSum ops[128];
@@ -589,6 +638,7 @@ static void free_variant(Variant *v)
     if (v->so[0])
         unlink(v->so);
     free(v->total);
+    free(v->kernels);
     free(v->kernel_s);
     free(v->step_s);
 }
@@ -623,9 +673,10 @@ int cli_bench(int argc, char **argv)
         if (rc)
             break;
         v->total = calloc((size_t)o.repeat, sizeof *v->total);
+        v->kernels = calloc((size_t)o.repeat, sizeof *v->kernels);
         v->kernel_s = calloc((size_t)o.repeat * (size_t)(v->nkernels + 1), sizeof *v->kernel_s);
         v->step_s = calloc((size_t)v->nsteps + 1, sizeof *v->step_s);
-        if (!v->total || !v->kernel_s || !v->step_s) {
+        if (!v->total || !v->kernels || !v->kernel_s || !v->step_s) {
             rc = -1;
             break;
         }
@@ -654,6 +705,8 @@ int cli_bench(int argc, char **argv)
     if (rc == 0) {
         double mf = var[0].ran ? median(var[0].total, o.repeat, 1) : 0;
         double mu = var[1].ran ? median(var[1].total, o.repeat, 1) : 0;
+        double kf = var[0].ran ? median(var[0].kernels, o.repeat, 1) : 0;
+        double ku = var[1].ran ? median(var[1].kernels, o.repeat, 1) : 0;
         char cpu[256] = "?";
         FILE *ci = fopen("/proc/cpuinfo", "r");
         if (ci) {
@@ -667,12 +720,28 @@ int cli_bench(int argc, char **argv)
                 }
             fclose(ci);
         }
+        /* the device as its driver names it: the GPU (cuDeviceGetName), "emulated", or the CPU */
+        const TargetInfo *ti = target_info(o.target);
+        const XtcSession *opened = var[0].sess ? var[0].sess : var[1].sess;
+        const char *dev = opened ? xtc_session_device(opened) : "";
+        if (ti->emulated)
+            dev = "emulated";
+        else if (!strcmp(dev, "cpu"))
+            dev = cpu;
+        else if (!*dev)
+            dev = "? (not opened: no variant ran)";
         if (o.json) {
             printf("{\"model\": ");
             json_str(o.path);
             printf(", \"batch\": %lld, \"seq\": %lld, \"train\": %s, \"threads\": %d, \"repeat\": %d, \"warmup\": %d, "
-                   "\"cpu\": ",
+                   "\"target\": ",
                    (long long)o.batch, (long long)o.seq, o.train ? "true" : "false", o.threads, o.repeat, o.warmup);
+            json_str(o.target);
+            printf(", \"device\": ");
+            json_str(dev);
+            printf(", \"kernel_timer\": ");
+            json_str(ti->timer);
+            printf(", \"cpu\": ");
             json_str(cpu);
             printf(", \"fused\": ");
             json_variant(&o, &var[0]);
@@ -680,18 +749,28 @@ int cli_bench(int argc, char **argv)
             json_variant(&o, &var[1]);
             if (mf > 0 && mu > 0)
                 printf(", \"speedup\": %.4f", mu / mf);
+            if (kf > 0 && ku > 0)
+                printf(", \"speedup_kernels\": %.4f", ku / kf);
             printf("}\n");
         } else {
-            printf("xtc bench %s: batch %lld, seq %lld, %s, %d thread%s, %d runs after %d warm-up (%s)\n", o.path,
-                   (long long)o.batch, (long long)o.seq, o.train ? "training step" : "forward", o.threads,
-                   o.threads == 1 ? "" : "s", o.repeat, o.warmup, cpu);
+            printf("xtc bench %s: batch %lld, seq %lld, %s, target %s", o.path, (long long)o.batch, (long long)o.seq,
+                   o.train ? "training step" : "forward", o.target);
+            if (ti->threaded)
+                printf(", %d thread%s", o.threads, o.threads == 1 ? "" : "s");
+            printf(", %d runs after %d warm-up\n", o.repeat, o.warmup);
+            if (ti->emulated)
+                printf("device: emulated (%s on %s)\n", opened ? xtc_session_device(opened) : "the xtc CUDA emulator",
+                       cpu);
+            else
+                printf("device: %s\n", dev);
+            printf("kernel times: %s\n", ti->timer_text);
             print_variant(&o, &var[0]);
             print_variant(&o, &var[1]);
             printf("\n");
-            if (mf > 0 && mu > 0)
-                printf("speed-up (unfused / fused median): %.2fx\n", mu / mf);
-            printf("arena: fused %.1f MiB, unfused %.1f MiB%s\n", var[0].peak / 1048576.0, var[1].peak / 1048576.0,
-                   var[1].ran ? "" : " (planned, not run)");
+            if (mf > 0 && mu > 0 && kf > 0 && ku > 0)
+                printf("speed-up (unfused / fused median): %.2fx total, %.2fx kernels\n", mu / mf, ku / kf);
+            printf("arena%s: fused %.1f MiB, unfused %.1f MiB%s\n", ti->device_arena ? " (device memory)" : "",
+                   var[0].peak / 1048576.0, var[1].peak / 1048576.0, var[1].ran ? "" : " (planned, not run)");
         }
     }
     free_variant(&var[0]);

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# test_bench.sh BUILD_DIR SOURCE_DIR: `xtc bench` end to end on a tiny model, for each target
+# that runs here: cpu, and cuda-emu (the CUDA launch path with the emulated driver's events);
+# --target cuda without a driver must fail with the runtime's message. On a machine with a GPU
+# the same bench runs on it (CUDA events). Times are checked for presence and consistency
+# (positive, per-kernel rows summing to the kernels' total), never against a limit.
+set -u
+build=$1
+src=$2
+xtc=$build/xtc
+py=/usr/bin/python3
+[ -x $py ] || py=python3
+model=$src/tests/parity/decoder_plain.xtf
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export TMPDIR=$tmp
+pass=0
+fail=0
+check() { # check NAME COMMAND...: the command must succeed
+  local name=$1; shift
+  if "$@" > "$tmp/out" 2> "$tmp/err"; then pass=$((pass + 1)); echo "ok   $name"
+  else fail=$((fail + 1)); echo "FAIL $name:"; sed 's/^/    /' "$tmp/out" "$tmp/err"; fi
+}
+refuse() { # refuse NAME EXPECTED COMMAND...: must fail (exit 1 or 2, no crash) saying EXPECTED
+  local name=$1 want=$2; shift 2
+  "$@" > "$tmp/out" 2>&1
+  local rc=$?
+  if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$want" "$tmp/out"; then pass=$((pass + 1)); echo "ok   $name"
+  else fail=$((fail + 1)); echo "FAIL $name (exit $rc, wanted '$want'):"; sed 's/^/    /' "$tmp/out"; fi
+}
+expect() { # expect NAME PATTERN FILE: grep -E must find PATTERN in FILE
+  if grep -Eq -- "$2" "$3"; then pass=$((pass + 1)); echo "ok   $1"
+  else fail=$((fail + 1)); echo "FAIL $1 (no '$2' in):"; sed 's/^/    /' "$3"; fi
+}
+
+# validate.py JSON TARGET DEVICE TIMER REPEAT: the report's fields, both variants run, positive
+# totals, one row per kernel, the rows covering every step, and (one run) the rows summing to the
+# kernels' total
+cat > "$tmp/validate.py" << 'EOF'
+import json, sys
+path, target, device, timer, repeat = sys.argv[1:6]
+r = json.load(open(path))
+def need(cond, what):
+    if not cond:
+        sys.exit("bench JSON: " + what + "\n" + json.dumps(r, indent=1)[:3000])
+need(r["target"] == target, "target is %r" % r["target"])
+need(device == "*" and r["device"] not in ("", "emulated", "cpu") or r["device"] == device, "device is %r" % r["device"])
+need(r["kernel_timer"] == timer, "kernel_timer is %r" % r["kernel_timer"])
+need(r["repeat"] == int(repeat), "repeat is %r" % r["repeat"])
+need(r["speedup"] > 0 and r["speedup_kernels"] > 0, "no speed-up")
+for name in ("fused", "unfused"):
+    v = r[name]
+    need(v["ran"], name + " did not run")
+    need(v["arena_bytes"] > 0, name + ": no arena")
+    need(len(v["total_ms"]["runs"]) == int(repeat), name + ": %d runs" % len(v["total_ms"]["runs"]))
+    need(all(t > 0 for t in v["total_ms"]["runs"]), name + ": a run took no time")
+    need(v["total_ms"]["min"] <= v["total_ms"]["median"] <= v["total_ms"]["max"], name + ": total min/median/max")
+    need(v["kernels_ms"]["median"] > 0, name + ": the kernels took no time")
+    rows = v["kernel_ms"]
+    need(len(rows) == v["kernels"], name + ": %d kernel rows for %d kernels" % (len(rows), v["kernels"]))
+    need(all(k["kernel"].startswith("xtc_k") and k["median_ms"] >= 0 and k["steps"] >= 1 for k in rows),
+         name + ": a bad kernel row")
+    need(sum(k["steps"] for k in rows) == v["steps"], name + ": the rows do not cover every step")
+    need(sum(o["steps"] for o in v["ops"]) == v["steps"], name + ": the ops do not cover every step")
+    total = sum(k["median_ms"] for k in rows)
+    need(total > 0, name + ": every kernel took no time")
+    if int(repeat) == 1:  # medians of one run: the rows add up to the kernels' total (4-decimal rounding)
+        need(abs(total - v["kernels_ms"]["median"]) <= 1e-4 * (len(rows) + 1), name + ": rows sum to %g, kernels %g"
+             % (total, v["kernels_ms"]["median"]))
+    need(v["kernels_ms"]["median"] <= v["total_ms"]["max"] + 1e-4 or int(repeat) > 1,
+         name + ": the kernels took longer than the run")
+print("bench JSON ok: %s on %s, %s" % (r["target"], r["device"], r["kernel_timer"]))
+EOF
+
+# the CPU
+check "bench --target cpu --json" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 1 --target cpu --json
+cp "$tmp/out" "$tmp/cpu.json"
+check "its JSON" $py "$tmp/validate.py" "$tmp/cpu.json" cpu "$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: //')" \
+  wall-clock 1
+# the default target is the CPU
+check "bench (text)" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2
+cp "$tmp/out" "$tmp/cpu.txt"
+expect "text: target cpu" "target cpu, 1 thread, 2 runs after 1 warm-up" "$tmp/cpu.txt"
+expect "text: wall-clock kernel times" "^kernel times: wall clock per step" "$tmp/cpu.txt"
+
+# the CUDA path, emulated
+check "bench --target cuda-emu" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2 --target cuda-emu
+cp "$tmp/out" "$tmp/emu.txt"
+expect "text: target cuda-emu" "target cuda-emu, 2 runs after 1 warm-up" "$tmp/emu.txt"
+expect "text: the device is emulated" "^device: emulated \(the xtc CUDA emulator" "$tmp/emu.txt"
+expect "text: emulated CUDA events" "^kernel times: emulated CUDA events \(host clock: not GPU figures\)" "$tmp/emu.txt"
+expect "text: fused total" "^  total [0-9.]+ ms median \(min [0-9.]+, max [0-9.]+, spread [0-9.]+%\), arena [0-9.]+ MiB of device memory" \
+  "$tmp/emu.txt"
+expect "text: kernels' total" "^  kernels [0-9.]+ ms median per run" "$tmp/emu.txt"
+expect "text: per-kernel rows" "^ +[0-9]+\.[0-9]+ +[0-9.]+% +[0-9]+  attention +xtc_k[0-9]+_attention$" "$tmp/emu.txt"
+expect "text: unfused per-kernel rows" "^ +[0-9]+\.[0-9]+ +[0-9.]+% +[0-9]+  softmax +xtc_k[0-9]+_softmax$" "$tmp/emu.txt"
+expect "text: speed-up" "^speed-up \(unfused / fused median\): [0-9.]+x total, [0-9.]+x kernels$" "$tmp/emu.txt"
+check "bench --target cuda-emu --json" "$xtc" bench "$model" --batch 2 --seq 5 --repeat 1 --target cuda-emu --json
+cp "$tmp/out" "$tmp/emu.json"
+check "its JSON" $py "$tmp/validate.py" "$tmp/emu.json" cuda-emu emulated emulated-cuda-events 1
+check "bench --target cuda-emu --train --json" "$xtc" bench "$model" --batch 1 --seq 4 --repeat 2 --target cuda-emu \
+  --train --json
+cp "$tmp/out" "$tmp/emu_train.json"
+check "its JSON" $py "$tmp/validate.py" "$tmp/emu_train.json" cuda-emu emulated emulated-cuda-events 2
+
+# misuse
+refuse "unknown target" "unknown target 'tpu'" "$xtc" bench "$model" --batch 1 --seq 8 --target tpu
+refuse "no target name" "--target needs a value" "$xtc" bench "$model" --batch 1 --seq 8 --target
+
+# a GPU: without a driver, the runtime's message; with one, the bench on it
+if "$xtc" compile "$model" -o "$tmp/ptx.so" --target cuda > "$tmp/nvrtc" 2>&1; then
+  XTC_LIBCUDA=$tmp/no_such_libcuda.so.1 refuse "bench --target cuda without a driver" \
+    "no CUDA driver: cannot load .*no_such_libcuda.so.1" "$xtc" bench "$model" --batch 1 --seq 8 --target cuda
+  "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2 --target cuda --json > "$tmp/gpu.json" 2> "$tmp/gpu.err"
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    check "bench --target cuda on the GPU: its JSON" $py "$tmp/validate.py" "$tmp/gpu.json" cuda "*" cuda-events 2
+  elif [ $rc -eq 1 ] && grep -q "no CUDA driver\|no CUDA device" "$tmp/gpu.err"; then
+    echo "SKIPPED bench on a GPU: $(head -c 160 "$tmp/gpu.err")"
+  else
+    fail=$((fail + 1)); echo "FAIL bench --target cuda (exit $rc):"; sed 's/^/    /' "$tmp/gpu.err"
+  fi
+else
+  echo "SKIPPED bench --target cuda: no PTX without NVRTC: $(head -c 200 "$tmp/nvrtc")"
+fi
+echo "bench: $pass passed, $fail failed"
+[ $fail -eq 0 ]
