@@ -228,7 +228,9 @@ int64_t xtc_module_param_count(const XtcModule *m)
     int64_t total = 0, none[RT_MAXSYM] = {0};
     for (int i = 0; i < m->nby_kind[RT_BUF_PARAM]; i++) {
         const RtBuffer *b = &m->bufs[m->by_kind[RT_BUF_PARAM][i]];
-        total += rt_numel(b->shape, b->rank, none);
+        /* each at most 2^40 (rt_meta_parse); saturate rather than wrap on absurd counts */
+        if (__builtin_add_overflow(total, rt_numel(b->shape, b->rank, none), &total))
+            return INT64_MAX;
     }
     return total;
 }
