@@ -252,6 +252,40 @@ START_TEST(test_module_for_another_cpu)
 END_TEST
 #endif
 
+/* The metadata reader's limits (rt_meta.c): each refused with its reason, nothing wraps. */
+START_TEST(test_metadata_limits)
+{
+    static const struct {
+        const char *records, *want;
+    } cases[] = {
+        {"buffer 0 param w f32 [1125899906842624,1125899906842624] -1 -1\n", "weight 'w' has more than 2^40 elements"},
+        {"buffer 0 param w f32 [1099511627776,2] -1 -1\n", "weight 'w' has more than 2^40 elements"},
+        {"sym n -4\n", "negative bound for symbol 'n'"},
+        {"sym n 99999999999999999999\n", "number '99999999999999999999' out of range"},
+        {"sym n 0\nbuffer 0 input x f32 [1125899906842624+1125899906842624] -1 -1\n", "too large"},
+        {"sym n 0\nbuffer 0 input x f32 [1125899906842624*n+1125899906842624*n] -1 -1\n", "too large"},
+        {"kernel 0 k matmul 2147483648\n", "index 2147483648 out of range"},
+        {"buffer 0 temp t f32 [4] 0 4294967296\n", "index 4294967296 out of range"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char text[512];
+        snprintf(text, sizeof text, "xtc-module 1\nmodel m\n%send\n", cases[c].records);
+        XtcModule *m = calloc(1, sizeof *m);
+        ck_assert_ptr_nonnull(m);
+        ck_assert_msg(rt_meta_parse(m, text) < 0 && strstr(m->err, cases[c].want), "case %zu: %s", c, m->err);
+        xtc_module_free(m);
+    }
+    /* at the limit: accepted, and counted */
+    XtcModule *m = calloc(1, sizeof *m);
+    static const XtcModuleV1 abi = {.magic = XTC_ABI_MAGIC, .version = XTC_ABI_VERSION};
+    ck_assert_int_eq(rt_meta_parse(m, "xtc-module 1\nmodel m\nbuffer 0 param w f32 [1048576,1048576] -1 -1\nend\n"), 0);
+    m->abi = &abi;
+    ck_assert_int_eq(xtc_module_param_count(m), (int64_t)1 << 40);
+    m->abi = NULL;
+    xtc_module_free(m);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("module_load");
@@ -263,6 +297,7 @@ int main(void)
     tcase_add_test(tc, test_corrupted_headers);
     tcase_add_test(tc, test_host_requirements_present);
     tcase_add_test(tc, test_feature_lists);
+    tcase_add_test(tc, test_metadata_limits);
 #if defined(__x86_64__)
     tcase_add_test(tc, test_module_for_another_cpu);
 #endif
