@@ -42,6 +42,7 @@
 #define RT_ELF_MACHINE EM_S390
 #endif
 
+#ifdef RT_ELF_MACHINE
 static const char *machine_name(unsigned m)
 {
     switch (m) {
@@ -55,6 +56,7 @@ static const char *machine_name(unsigned m)
     default: return NULL;
     }
 }
+#endif
 
 static int read_at(int fd, void *buf, size_t n, uint64_t off)
 {
@@ -210,6 +212,7 @@ int rt_elf_check(const char *path, char *err, size_t n)
 
 /* ---- CPU features ---- */
 
+#if RT_X86
 enum { EAX, EBX, ECX, EDX };
 
 /* Register state the OS must save for a feature's registers (XCR0 bits). */
@@ -257,6 +260,7 @@ static const CpuFeature cpu_features[] = {
     {"tbm", 0x80000001, 0, ECX, 21, 0}, {"clzero", 0x80000008, 0, EBX, 0, 0},
     {"wbnoinvd", 0x80000008, 0, EBX, 9, 0},
 };
+#endif
 
 /* 1 present, 0 absent, -1 not a feature this runtime can check (unknown name, or not x86). */
 int rt_cpu_has(const char *name, size_t len)

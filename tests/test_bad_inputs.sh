@@ -238,7 +238,7 @@ if "$xtc" compile "$model" -o "$tmp/dp.so" > "$tmp/out" 2> "$tmp/err"; then
   fi
   b class32 "a 32-bit ELF file; this runtime loads 64-bit modules"
   b bigendian "ELF file of the other byte order (big-endian)"
-  b aarch64 "built for AArch64, this machine is"
+  b other_machine "this machine is $( [ "$(uname -m)" = aarch64 ] && echo AArch64 || echo x86-64)"
   b executable "ELF file of type executable, not a shared library"
   b phentsize "malformed ELF header (header or table entry sizes 64, 40, 64)"
   b no_phdrs "malformed ELF header (0 program headers)"

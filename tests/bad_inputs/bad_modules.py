@@ -32,7 +32,8 @@ for name, cut in cuts.items():
     write(name, data[:cut])
 write("class32", patched(4, "B", 1))
 write("bigendian", patched(5, "B", 2))
-write("aarch64", patched(18, "<H", 183))
+machine, = struct.unpack_from("<H", data, 18)
+write("other_machine", patched(18, "<H", 62 if machine == 183 else 183))  # x86-64 <-> AArch64
 write("executable", patched(16, "<H", 2))
 write("phentsize", patched(54, "<H", 40))
 write("no_phdrs", patched(56, "<H", 0))
