@@ -304,21 +304,110 @@ static int has_feature(const char *features, const char *f)
     return 0;
 }
 
-/* f32 lanes for a CPU given by name only (no feature string) */
-static int lanes_of_cpu(const char *cpu)
+/* x86-64 CPUs by LLVM name and the instruction-set features LLVM gives each (the vector and
+ * arithmetic ones, which generated code may use, checked against clang's expansion of -march):
+ * a CPU has its base's features and its own. For a CPU named with --cpu, the module records these
+ * as the features it requires (option "requires", checked by the runtime when it loads the module);
+ * they also give the vector width when no feature string is given. A CPU not listed records no
+ * requirement (the loader cannot check it; "generic" and "x86-64" need nothing). */
+typedef struct {
+    const char *name, *base, *features;
+} CpuModel;
+
+static const CpuModel cpu_models[] = {
+    {"x86-64-v2", NULL, "sse3,ssse3,sse4.1,sse4.2,popcnt"},
+    {"x86-64-v3", "x86-64-v2", "movbe,avx,f16c,fma,bmi,bmi2,lzcnt,avx2"},
+    {"x86-64-v4", "x86-64-v3", "avx512f,avx512dq,avx512cd,avx512bw,avx512vl"},
+    {"nehalem", "x86-64-v2", ""},
+    {"westmere", "x86-64-v2", "pclmul"},
+    {"sandybridge", "westmere", "avx"},
+    {"ivybridge", "sandybridge", "f16c"},
+    {"haswell", "x86-64-v3", "pclmul"},
+    {"broadwell", "haswell", "adx"},
+    {"skylake", "broadwell", "aes"},
+    {"skylake-avx512", "x86-64-v4", "pclmul,aes,adx"},
+    {"cascadelake", "skylake-avx512", "avx512vnni"},
+    {"cooperlake", "cascadelake", "avx512bf16"},
+    {"cannonlake", "skylake-avx512", "sha,avx512ifma,avx512vbmi"},
+    {"icelake-client", "cannonlake", "gfni,vaes,vpclmulqdq,avx512vbmi2,avx512vnni,avx512bitalg,avx512vpopcntdq"},
+    {"icelake-server", "icelake-client", ""},
+    {"tigerlake", "icelake-client", ""},
+    {"rocketlake", "icelake-client", ""},
+    {"alderlake", "skylake", "sha,gfni,vaes,vpclmulqdq,avxvnni"},
+    {"raptorlake", "alderlake", ""},
+    {"meteorlake", "alderlake", ""},
+    {"sapphirerapids", "icelake-client", "avx512bf16,avx512fp16,avxvnni,amx-tile,amx-int8,amx-bf16"},
+    {"emeraldrapids", "sapphirerapids", ""},
+    {"graniterapids", "sapphirerapids", "amx-fp16"},
+    {"znver1", "skylake", "sha,sse4a"},
+    {"znver2", "znver1", ""},
+    {"znver3", "znver1", "vaes,vpclmulqdq"},
+    {"znver4", "icelake-client", "avx512bf16,sse4a"},
+    {"znver5", "znver4", "avxvnni"},
+};
+
+/* Appends "name" to the comma-separated list req (capacity n) unless it is there already. */
+static void add_required(char *req, size_t n, const char *name, size_t len)
 {
-    static const char *avx512[] = {"skylake-avx512", "cascadelake", "cooperlake", "cannonlake", "icelake-client",
-                                   "icelake-server", "tigerlake", "rocketlake", "sapphirerapids", "emeraldrapids",
-                                   "graniterapids", "znver4", "znver5", "x86-64-v4", NULL};
-    static const char *avx2[] = {"haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake",
-                                 "znver1", "znver2", "znver3", "x86-64-v3", NULL};
-    for (int i = 0; avx512[i]; i++)
-        if (strcmp(cpu, avx512[i]) == 0)
-            return 16;
-    for (int i = 0; avx2[i]; i++)
-        if (strcmp(cpu, avx2[i]) == 0)
-            return 8;
-    return 4;
+    char item[64];
+    if (!len || len >= sizeof item)
+        return;
+    memcpy(item, name, len);
+    item[len] = 0;
+    if (has_feature(req, item))
+        return;
+    size_t used = strlen(req);
+    if (used + len + 2 <= n)
+        snprintf(req + used, n - used, "%s%s", used ? "," : "", item);
+}
+
+/* Removes "name" from the comma-separated list req. */
+static void remove_required(char *req, const char *name, size_t len)
+{
+    for (char *p = req; *p;) {
+        char *comma = strchr(p, ',');
+        size_t k = comma ? (size_t)(comma - p) : strlen(p);
+        if (k == len && strncmp(p, name, len) == 0) {
+            if (comma)
+                memmove(p, comma + 1, strlen(comma + 1) + 1);
+            else
+                *(p > req ? p - 1 : p) = 0;
+            return;
+        }
+        p += k + (comma != NULL);
+    }
+}
+
+/* The features code for cpu with the LLVM feature string features ("+a,-b") may use: the CPU's
+ * listed ones, plus those enabled, less those disabled. */
+static void cpu_requires(const char *cpu, const char *features, char *req, size_t n)
+{
+    req[0] = 0;
+    for (int depth = 0; cpu && depth < 16; depth++) {
+        const CpuModel *model = NULL;
+        for (size_t i = 0; i < sizeof cpu_models / sizeof cpu_models[0]; i++)
+            if (strcmp(cpu_models[i].name, cpu) == 0)
+                model = &cpu_models[i];
+        if (!model)
+            break;
+        for (const char *p = model->features; *p;) {
+            size_t k = strcspn(p, ",");
+            add_required(req, n, p, k);
+            p += k + (p[k] == ',');
+        }
+        cpu = model->base;
+    }
+    for (int pass = 0; pass < 2; pass++) /* every "+" first, so that a "-" wins */
+        for (const char *p = features; p && *p;) {
+            size_t k = strcspn(p, ",");
+            if (k > 1 && p[0] == (pass ? '-' : '+')) {
+                if (pass)
+                    remove_required(req, p + 1, k - 1);
+                else
+                    add_required(req, n, p + 1, k - 1);
+            }
+            p += k + (p[k] == ',');
+        }
 }
 
 static int setup_target(Cg *cg, const CgOptions *opt)
@@ -345,10 +434,8 @@ static int setup_target(Cg *cg, const CgOptions *opt)
         snprintf(cg->cpu, sizeof cg->cpu, "%s", opt->cpu);
         cg->features = LLVMCreateMessage(opt->features ? opt->features : "");
     }
-    if (cg->features[0])
-        cg->vec = has_feature(cg->features, "+avx512f") ? 16 : has_feature(cg->features, "+avx2") ? 8 : 4;
-    else
-        cg->vec = lanes_of_cpu(cg->cpu);
+    cpu_requires(cg->cpu, cg->features, cg->requires, sizeof cg->requires);
+    cg->vec = has_feature(cg->requires, "avx512f") ? 16 : has_feature(cg->requires, "avx2") ? 8 : 4;
     LLVMCodeGenOptLevel level = opt->opt_level <= 0 ? LLVMCodeGenLevelNone
                                 : opt->opt_level == 1 ? LLVMCodeGenLevelLess
                                 : opt->opt_level == 2 ? LLVMCodeGenLevelDefault
@@ -458,6 +545,7 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         "cpu", cg->cpu,
         "vector_lanes", lanes,
         "features", cg->features[0] ? cg->features : NULL,
+        "requires", cg->requires[0] ? cg->requires : NULL,
         "source", opt->source_name,
     };
     meta = cg_plan_meta(plan, options, (int)(sizeof options / sizeof options[0] / 2));

@@ -30,6 +30,7 @@ typedef struct Cg {
     const IrGraph *g;
     char cpu[64];
     char *features;          /* LLVM-owned string */
+    char requires[2048];     /* CPU features the code may use, "avx2,fma,..." (cpu_requires) */
     int vec;                 /* f32 lanes of the widest vector: 16 (AVX-512), 8 (AVX2), 4 */
     int has_fma;
     LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;

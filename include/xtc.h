@@ -79,7 +79,12 @@ typedef struct {
 
 typedef struct XtcModule XtcModule;
 
-/* Loads a compiled module with dlopen and checks its format version. On failure returns a status
+/* Loads a compiled module with dlopen and checks its format version. Before dlopen the file must
+ * be an ELF shared library for this machine with every segment inside it (else XTC_ERR_IO when it
+ * cannot be opened, XTC_ERR_FORMAT when it is not an ELF file, is for another machine or is
+ * truncated); after it, the module's metadata must parse and this CPU must have every feature the
+ * module was compiled for (XTC_ERR_FORMAT naming the missing ones). These checks catch accidents:
+ * a module is native code, to be loaded from trusted sources only. On failure returns a status
  * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases. */
 int xtc_module_load(const char *path, XtcModule **out);
 void xtc_module_free(XtcModule *m);                 /* NULL is fine; sessions must be freed first */

@@ -10,7 +10,9 @@
  * Metadata text, one record per line, fields separated by single spaces, names without spaces:
  *   xtc-module 1                            first line: format name and version
  *   model NAME
- *   option KEY VALUE                        compile options (opt, cpu, features, compiler ...)
+ *   option KEY VALUE                        compile options (opt, cpu, features, compiler ...);
+ *                                           "requires": the CPU features (LLVM names, comma-
+ *                                           separated) the code may use, which the loader checks
  *   sym NAME MAX                            symbolic dimension, MAX 0 = unbounded
  *   derive NAME DIM CAP                     the symbol NAME (declared just before) is derived:
  *                                           NAME = min(DIM, CAP) (CAP 0: NAME = DIM), DIM an

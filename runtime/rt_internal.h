@@ -128,6 +128,17 @@ int rt_device_attach(XtcModule *m, const char *path);
 int rt_meta_parse(XtcModule *m, const char *text);
 void rt_meta_free(XtcModule *m);
 
+/* Loader checks (rt_loadcheck.c). rt_elf_check: whether path is an ELF shared object that dlopen
+ * can map on this machine (class, byte order, architecture, type, every header and segment inside
+ * the file); an XtcStatus, with a message naming the problem in err. rt_cpu_has: whether the running
+ * CPU has the feature of LLVM name name[0..len): 1, 0, or -1 when this runtime cannot tell (a name
+ * it does not know; every name off x86). rt_cpu_missing: how many features of a comma-separated
+ * list ("avx2,fma" or LLVM's "+avx2,-avx512f"; "-" entries require nothing) the CPU lacks, named
+ * in missing (", "-separated, truncated to n). */
+int rt_elf_check(const char *path, char *err, size_t n);
+int rt_cpu_has(const char *name, size_t len);
+int rt_cpu_missing(const char *features, char *missing, size_t n);
+
 int64_t rt_dim_eval(const RtDim *d, const int64_t *syms);
 /* Fills syms[s] of every derived symbol from the values of the symbols before it. */
 void rt_derive_syms(const XtcModule *m, int64_t *syms);

@@ -4,6 +4,8 @@
 #include "rt_internal.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,9 +98,12 @@ static int parse_int(Parser *p, const char *s, int64_t *out)
     char *end;
     if (!*s)
         return bad(p, "empty number%s", "");
+    errno = 0;
     long long v = strtoll(s, &end, 10);
     if (*end)
         return bad(p, "bad number '%s'", s);
+    if (errno == ERANGE)
+        return bad(p, "number '%s' out of range", s);
     *out = v;
     return 0;
 }
@@ -110,6 +115,11 @@ static int find_sym(const XtcModule *m, const char *name, size_t len)
             return s;
     return -1;
 }
+
+/* Bound on every coefficient and constant of a dimension, and on a weight's element count:
+ * far above any real model, far below where int64 arithmetic on them could overflow. */
+#define DIM_LIMIT ((int64_t)1 << 50)
+#define WEIGHT_LIMIT ((int64_t)1 << 40)
 
 /* "2*b+3", "m+n", "n-1", "64" */
 static int parse_dim(Parser *p, const char *s, RtDim *d)
@@ -131,12 +141,14 @@ static int parse_dim(Parser *p, const char *s, RtDim *d)
             coef = 0;
             while (isdigit((unsigned char)*q)) {
                 coef = coef * 10 + (*q - '0');
-                if (coef > (int64_t)1 << 50)
+                if (coef > DIM_LIMIT)
                     return bad(p, "dimension '%s' too large", s);
                 q++;
             }
             if (*q != '*') {
                 d->c += sign * coef;
+                if (d->c > DIM_LIMIT || d->c < -DIM_LIMIT)
+                    return bad(p, "dimension '%s' too large", s);
                 continue;
             }
             q++;
@@ -150,6 +162,8 @@ static int parse_dim(Parser *p, const char *s, RtDim *d)
         if (sym < 0)
             return bad(p, "undeclared symbol in dimension '%s'", s);
         d->k[sym] += sign * coef;
+        if (d->k[sym] > DIM_LIMIT || d->k[sym] < -DIM_LIMIT)
+            return bad(p, "dimension '%s' too large", s);
     }
     return 0;
 }
@@ -252,6 +266,8 @@ static int record(Parser *p)
             return bad(p, "too many symbols%s", "");
         if (parse_int(p, t[2], &m->sym_max[m->nsyms]) < 0)
             return -1;
+        if (m->sym_max[m->nsyms] < 0)
+            return bad(p, "negative bound for symbol '%s'", t[1]);
         m->sym_name[m->nsyms] = t[1];
         m->sym_is_batch[m->nsyms] = strcmp(t[1], "b") == 0 || strcmp(t[1], "batch") == 0;
         m->nsyms++;
@@ -293,11 +309,8 @@ static int record(Parser *p)
             return -1;
         if (parse_dtype(p, t[4], &b->dtype) < 0 || parse_shape(p, t[5], &b->rank, b->shape, b->dims) < 0)
             return -1;
-        int64_t first, last;
-        if (parse_int(p, t[6], &first) < 0 || parse_int(p, t[7], &last) < 0)
+        if (parse_index(p, t[6], -1, INT_MAX, &b->first) < 0 || parse_index(p, t[7], -1, INT_MAX, &b->last) < 0)
             return -1;
-        b->first = (int)first;
-        b->last = (int)last;
         m->nbufs++;
         if (k != RT_BUF_TEMP) {
             PUSH(p, m->by_kind[k], m->nby_kind[k]);
@@ -344,14 +357,13 @@ static int record(Parser *p)
     } else if (strcmp(kind, "kernel") == 0) {
         if (need(p, 5) < 0)
             return -1;
-        int id;
-        int64_t uses;
-        if (parse_index(p, t[1], m->nkernels, m->nkernels + 1, &id) < 0 || parse_int(p, t[4], &uses) < 0)
+        int id = 0, uses = 0;
+        if (parse_index(p, t[1], m->nkernels, m->nkernels + 1, &id) < 0 || parse_index(p, t[4], 0, INT_MAX, &uses) < 0)
             return -1;
         PUSH(p, m->kernels, m->nkernels);
         m->kernels[m->nkernels].fn = t[2];
         m->kernels[m->nkernels].op = t[3];
-        m->kernels[m->nkernels].uses = (int)uses;
+        m->kernels[m->nkernels].uses = uses;
         m->nkernels++;
     } else if (strcmp(kind, "step") == 0) {
         int nin = p->ntok - 6; /* step ID KERNEL OUT IN0 .. IN(nin-1) OP LABEL */
@@ -442,6 +454,17 @@ int rt_meta_parse(XtcModule *m, const char *text)
         if ((b->kind == RT_BUF_PARAM || b->kind == RT_BUF_STATE) && b->dtype != XTC_F32) {
             rt_set_error(m->err, sizeof m->err, "module metadata: weight '%s' is not f32", b->name);
             return -1;
+        }
+        if (b->kind == RT_BUF_PARAM || b->kind == RT_BUF_STATE) {
+            /* xtc_module_param_count multiplies the constant parts of the dimensions */
+            int64_t numel = 1;
+            for (int d = 0; d < b->rank; d++)
+                if (__builtin_mul_overflow(numel, b->shape[d].c, &numel) || numel > WEIGHT_LIMIT ||
+                    numel < -WEIGHT_LIMIT) {
+                    rt_set_error(m->err, sizeof m->err,
+                                 "module metadata: weight '%s' has more than 2^40 elements", b->name);
+                    return -1;
+                }
         }
     }
     return 0;

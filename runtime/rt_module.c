@@ -36,6 +36,33 @@ size_t xtc_dtype_size(XtcDType t)
     return (unsigned)t < XTC_NUM_DTYPES ? sizes[t] : 0;
 }
 
+static const char *option(const XtcModule *m, const char *key)
+{
+    for (int i = 0; i < m->noptions; i++)
+        if (strcmp(m->options[i].key, key) == 0)
+            return m->options[i].value;
+    return NULL;
+}
+
+/* The CPU features the module's code was compiled to use (option "requires", written by the LLVM
+ * backend) must all be present here, or its first vector instruction is a SIGILL. Nothing of the
+ * module has run yet: dlopen only ran the C library's start-up code, built for any x86-64. */
+static int check_cpu(XtcModule *m, const char *path)
+{
+    const char *req = option(m, "requires");
+    char missing[512];
+    int n = req ? rt_cpu_missing(req, missing, sizeof missing) : 0;
+    if (n == 0)
+        return XTC_OK;
+    const char *cpu = option(m, "cpu");
+    rt_set_error(m->err, sizeof m->err,
+                 "%.300s: compiled for CPU %.64s, which has %s this CPU lacks: %s (recompile with "
+                 "--cpu=generic to run on any x86-64, or on this machine with the default --cpu=native)",
+                 path, cpu ? cpu : "?", n == 1 ? "a feature" : "features", missing);
+    m->abi = NULL; /* not runnable: sessions refuse it */
+    return XTC_ERR_FORMAT;
+}
+
 int xtc_module_load(const char *path, XtcModule **out)
 {
     if (!out)
@@ -55,6 +82,10 @@ int xtc_module_load(const char *path, XtcModule **out)
         snprintf(buf, sizeof buf, "./%s", path);
         p = buf;
     }
+    /* dlopen trusts the file: a truncated one crashes it (SIGBUS), so look before loading */
+    int status = rt_elf_check(p, m->err, sizeof m->err);
+    if (status != XTC_OK)
+        return status;
     m->dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
     if (!m->dl) {
         const char *e = dlerror();
@@ -90,7 +121,7 @@ int xtc_module_load(const char *path, XtcModule **out)
         memcpy(m->err, tmp, sizeof tmp);
         return XTC_ERR_FORMAT;
     }
-    return XTC_OK;
+    return check_cpu(m, path);
 }
 
 void xtc_module_free(XtcModule *m)
@@ -197,7 +228,9 @@ int64_t xtc_module_param_count(const XtcModule *m)
     int64_t total = 0, none[RT_MAXSYM] = {0};
     for (int i = 0; i < m->nby_kind[RT_BUF_PARAM]; i++) {
         const RtBuffer *b = &m->bufs[m->by_kind[RT_BUF_PARAM][i]];
-        total += rt_numel(b->shape, b->rank, none);
+        /* each at most 2^40 (rt_meta_parse); saturate rather than wrap on absurd counts */
+        if (__builtin_add_overflow(total, rt_numel(b->shape, b->rank, none), &total))
+            return INT64_MAX;
     }
     return total;
 }

@@ -185,19 +185,96 @@ if "$xtc" compile "$model" -o "$tmp/dp.so" > "$tmp/out" 2> "$tmp/err"; then
   mw m_w_header_beyond ok_i32_tokens "header length 158168 runs beyond the end of the file" \
     "$tmp/w_header_beyond.safetensors"
   mw m_w_extra ok_i32_tokens "extra.weight" "$tmp/w_extra.safetensors"
+  # ---- module files (rt_loadcheck.c: checked before dlopen; then the module object, metadata, CPU) ----
   echo "hello" > "$tmp/text.so"
   : > "$tmp/empty.so"
-  run m_text_file "file too short" run "$tmp/text.so" --weights "$weights" --input "$inputs" \
+  run m_text_file "text.so is not an ELF file (6 bytes" run "$tmp/text.so" --weights "$weights" --input "$inputs" \
     --output "$tmp/out.safetensors"
-  run m_empty_file "file too short" info "$tmp/empty.so"
-  libm=$(ls /usr/lib/x86_64-linux-gnu/libm.so.6 /lib/x86_64-linux-gnu/libm.so.6 2>/dev/null | head -1)
+  run m_empty_file "empty.so is not an ELF file (0 bytes" info "$tmp/empty.so"
+  run m_missing_file "cannot open module $tmp/no_such.so: No such file or directory" info "$tmp/no_such.so"
+  run m_directory "cannot load module $tmp: not a regular file" info "$tmp"
+  cp "$src/tests/parity/decoder_plain.xtf" "$tmp/source_as.so"
+  run m_source_as_module "source_as.so is not an ELF file" info "$tmp/source_as.so"
+  libm=$(ls /usr/lib/x86_64-linux-gnu/libm.so.6 /lib/x86_64-linux-gnu/libm.so.6 /usr/lib/aarch64-linux-gnu/libm.so.6 \
+    2>/dev/null | head -1)
   if [ -n "$libm" ]; then
     cp "$libm" "$tmp/libm.so"
     run m_other_library "is not an xtc module (no symbol xtc_module_v1)" info "$tmp/libm.so"
   fi
+  printf 'int f(int x) { return x + 1; }\n' > "$tmp/plain.c"
+  if cc -shared -fPIC -o "$tmp/plain.so" "$tmp/plain.c" 2> "$tmp/err"; then
+    run m_no_metadata_symbol "plain.so is not an xtc module (no symbol xtc_module_v1)" run "$tmp/plain.so" \
+      --weights "$weights" --input "$inputs" --output "$tmp/out.safetensors"
+  else
+    echo "FAIL m_no_metadata_symbol: cc could not build a plain shared library: $(head -1 "$tmp/err")"
+    fail=$((fail + 1))
+  fi
+  mkdir -p "$tmp/bad"
+  if ! $py "$src/tests/bad_inputs/bad_modules.py" "$tmp/dp.so" "$tmp/bad"; then
+    echo "FAIL: tests/bad_inputs/bad_modules.py could not write the damaged modules"
+    fail=$((fail + 1))
+  fi
+  size=$(stat -c %s "$tmp/dp.so")
+  # b NAME WANT: xtc info on the damaged copy bad/NAME.so
+  b() {
+    run "m_$1" "$2" info "$tmp/bad/$1.so"
+  }
+  b cut_header "cut_header.so: truncated: 10 bytes, shorter than the ELF header (64 bytes)"
+  b cut_phdrs "truncated: the program headers end at byte"
+  b cut_segment0 "truncated: segment 0 ends at byte"
+  b cut_middle "but the file has $((size / 2)) bytes"
+  b cut_last_byte "truncated: the section headers end at byte $size but the file has $((size - 1)) bytes"
+  run m_cut_run "truncated: segment" run "$tmp/bad/cut_middle.so" --weights "$weights" --input "$inputs" \
+    --output "$tmp/out.safetensors"
+  # CUDA modules are shared libraries loaded the same way (here the emulated target, any machine)
+  if "$xtc" compile "$model" --target cuda-emu -o "$tmp/dp_emu.so" > "$tmp/out" 2> "$tmp/err"; then
+    esize=$(stat -c %s "$tmp/dp_emu.so")
+    head -c $((esize / 2)) "$tmp/dp_emu.so" > "$tmp/emu_cut.so"
+    run m_cuda_emu_cut "but the file has $((esize / 2)) bytes" run "$tmp/emu_cut.so" --weights "$weights" \
+      --input "$tmp/ok_i32_tokens.safetensors" --output "$tmp/out.safetensors"
+  else
+    echo "FAIL m_cuda_emu_cut: xtc compile --target cuda-emu failed: $(head -1 "$tmp/err")"
+    fail=$((fail + 1))
+  fi
+  b class32 "a 32-bit ELF file; this runtime loads 64-bit modules"
+  b bigendian "ELF file of the other byte order (big-endian)"
+  b other_machine "this machine is $( [ "$(uname -m)" = aarch64 ] && echo AArch64 || echo x86-64)"
+  b executable "ELF file of type executable, not a shared library"
+  b phentsize "malformed ELF header (header or table entry sizes 64, 40, 64)"
+  b no_phdrs "malformed ELF header (0 program headers)"
+  b phoff_beyond "truncated: the program headers end at byte"
+  b phoff_overflow "truncated: the program headers end at byte"
+  b segment_beyond "truncated: segment 0 ends at byte"
+  b memsz_small "loadable segment 0 has inconsistent sizes or alignment"
+  b abi_version2 "module format version 2, this runtime reads version 1 (recompile it)"
+  b bad_magic "bad module magic 0x32435458"
+  b meta_version2 "module metadata format version 2; this runtime reads version 1"
+  b meta_no_end "metadata truncated (no 'end')"
+  b meta_bad_sym "module metadata, line 11: unknown record 'syn'"
+  # a module for a CPU with features this one lacks: Sapphire Rapids (AMX; no AMD CPU has it), or
+  # on a machine with AMX, Zen 1 (SSE4a; no Intel CPU has it). Refused before any of its code runs.
+  case $(uname -m) in
+  x86_64)
+    if grep -qw amx_tile /proc/cpuinfo; then cpu=znver1 lacks=sse4a; else cpu=sapphirerapids lacks=amx-tile; fi
+    if "$xtc" compile "$model" --cpu=$cpu -o "$tmp/other_cpu.so" > "$tmp/out" 2> "$tmp/err"; then
+      run m_other_cpu "compiled for CPU $cpu, which has features this CPU lacks: " run "$tmp/other_cpu.so" \
+        --weights "$weights" --input "$tmp/ok_i32_tokens.safetensors" --output "$tmp/out.safetensors"
+      if ! grep -qF -- "$lacks" "$tmp/err" || ! grep -qF -- "--cpu=generic" "$tmp/err"; then
+        echo "FAIL m_other_cpu: the message does not name $lacks or suggest --cpu=generic"
+        fail=$((fail + 1))
+      fi
+      "$xtc" compile "$model" --cpu=generic -o "$tmp/generic.so" > "$tmp/out" 2> "$tmp/err"
+      run ok_generic_cpu "" run "$tmp/generic.so" --weights "$weights" --input "$tmp/ok_i32_tokens.safetensors" \
+        --output "$tmp/out.safetensors"
+    else
+      echo "FAIL m_other_cpu: xtc compile --cpu=$cpu failed: $(head -1 "$tmp/err")"
+      fail=$((fail + 1))
+    fi
+    ;;
+  *) echo "skip m_other_cpu: the CPU feature check covers x86-64 only (this machine: $(uname -m))" ;;
+  esac
   run m_check_finite "does not apply to a compiled module" run "$tmp/dp.so" --weights "$weights" \
     --input "$tmp/ok_i32_tokens.safetensors" --output "$tmp/out.safetensors" --check-finite
-  # not yet: a truncated module (SIGBUS inside dlopen, runtime/rt_module.c), another format version
 else
   echo "skip modules: xtc compile is not available in this build ($(head -1 "$tmp/err"))"
 fi

@@ -11,7 +11,7 @@ secs=${1:?usage: tests/fuzz/run.sh SECONDS [BUILD_DIR]}
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 build=${2:-$src/build-fuzz}
-targets="fuzz_xtf fuzz_safetensors fuzz_ir_text"
+targets="fuzz_xtf fuzz_safetensors fuzz_ir_text fuzz_module_meta"
 cc=${XTC_FUZZ_CC:-$(command -v clang || command -v clang-14)}
 if [ -z "$cc" ] || ! command -v "$cc" >/dev/null; then
   echo "fuzz: FAIL: $cc not found (bash .ci/setup.sh installs clang and libclang-rt-14-dev)"
