@@ -197,13 +197,13 @@ IrGraph *ir_fused_graph(const IrFusedProgram *p, int nin, const IrDType *dtypes,
         return NULL;
     }
     for (int s = 0; s < IR_MAXSYM; s++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "s%d", s);
         ir_graph_add_sym(g, nm, 0);
     }
     IrNode *x[IR_MAXIN] = {0};
     for (int k = 0; k < nin; k++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "x%d", k);
         x[k] = ir_input(g, nm, dtypes[k], ranks[k], shapes[k]);
     }
