@@ -15,6 +15,7 @@
  * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
  * the size of the device arena: simple, and outputs are views like a CPU session's. */
 #include "rt_cuda.h"
+#include "rt_alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -130,7 +131,7 @@ static int arch_of(const char *arch)
 static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
 {
     *out = NULL;
-    RtDevice *d = calloc(1, sizeof *d);
+    RtDevice *d = rt_calloc(1, sizeof *d);
     if (!d) {
         rt_set_error(err, n, "out of memory opening the CUDA device");
         return XTC_ERR_MEMORY;
@@ -138,11 +139,11 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
     d->m = m;
     d->cm = m->device_abi;
     size_t nb = (size_t)m->nbufs + 1, nk = (size_t)d->cm->nkernels + 1, ns = (size_t)m->nsteps + 1;
-    d->fn = calloc(nk, sizeof *d->fn);
-    d->dbuf = calloc(nb, sizeof *d->dbuf);
-    d->dbytes = calloc(nb, sizeof *d->dbytes);
-    d->dptr = calloc(nb, sizeof *d->dptr);
-    d->host_status = calloc(ns, sizeof *d->host_status);
+    d->fn = rt_calloc(nk, sizeof *d->fn);
+    d->dbuf = rt_calloc(nb, sizeof *d->dbuf);
+    d->dbytes = rt_calloc(nb, sizeof *d->dbytes);
+    d->dptr = rt_calloc(nb, sizeof *d->dptr);
+    d->host_status = rt_calloc(ns, sizeof *d->host_status);
     if (!d->fn || !d->dbuf || !d->dbytes || !d->dptr || !d->host_status) {
         close_device(d);
         rt_set_error(err, n, "out of memory opening the CUDA device");
@@ -328,7 +329,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         return cu_fail(d, r, "clearing the status words", err, n);
     d->profiling = run->step_s != NULL;
     if (d->profiling && !d->ev) {
-        d->ev = calloc((size_t)m->nsteps + 1, sizeof *d->ev);
+        d->ev = rt_calloc((size_t)m->nsteps + 1, sizeof *d->ev);
         if (!d->ev) {
             rt_set_error(err, n, "out of memory for the profile");
             return -1;

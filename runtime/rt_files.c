@@ -1,6 +1,7 @@
 /* rt_files.c: running a module on files: weights and inputs from .safetensors, outputs to
  * .safetensors (xtc_run_files, what `xtc run` does). */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 
 #include <stdlib.h>
@@ -21,7 +22,7 @@ static RtDType st_dtype(XtcDType t)
 static int bind_input(XtcSession *s, const XtcTensorInfo *info, const RtStTensor *t, char *err, size_t errlen)
 {
     int64_t n = rt_st_numel(t);
-    void *data = malloc(n ? (size_t)n * 8 : 8);
+    void *data = rt_malloc(n ? (size_t)n * 8 : 8);
     if (!data) {
         rt_set_error(err, errlen, "out of memory reading input '%s'", info->name);
         return XTC_ERR_MEMORY;

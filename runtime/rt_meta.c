@@ -2,6 +2,7 @@
  * tables of XtcModule. The text comes from a file the user chose, so every field is checked:
  * bad records are errors with the line number, never crashes. */
 #include "rt_internal.h"
+#include "rt_alloc.h"
 
 #include <ctype.h>
 #include <stdarg.h>
@@ -214,7 +215,7 @@ static void *grow(void *arr, int n, size_t elem)
     if (n & (n - 1))
         return arr;
     int cap = n ? 2 * n : 4;
-    return realloc(arr, (size_t)cap * elem);
+    return rt_realloc(arr, (size_t)cap * elem);
 }
 
 #define PUSH(p, arr, n)                                                                            \
@@ -384,7 +385,7 @@ int rt_meta_parse(XtcModule *m, const char *text)
 {
     Parser p = {.m = m};
     size_t len = strlen(text);
-    m->text = malloc(len + 1);
+    m->text = rt_malloc(len + 1);
     if (!m->text) {
         rt_set_error(m->err, sizeof m->err, "out of memory");
         return -1;

@@ -1,6 +1,7 @@
 /* rt_module.c: loading a compiled module (dlopen, version check, metadata) and describing it:
  * the introspection half of include/xtc.h. */
 #include "rt_internal.h"
+#include "rt_alloc.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ int xtc_module_load(const char *path, XtcModule **out)
 {
     if (!out)
         return XTC_ERR_ARG;
-    XtcModule *m = calloc(1, sizeof *m);
+    XtcModule *m = rt_calloc(1, sizeof *m);
     *out = m;
     if (!m)
         return XTC_ERR_MEMORY;

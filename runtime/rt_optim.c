@@ -7,6 +7,7 @@
  * order in which the per-block partial sums of the gradient norm are added do not depend on the
  * threads: a step gives the same bits with 1 or 16 threads. */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 
 #include <inttypes.h>
@@ -74,14 +75,14 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     }
     const XtcModule *m = rt_session_module(s);
     int np = m->nby_kind[RT_BUF_PARAM];
-    struct RtOptim *o = calloc(1, sizeof *o);
+    struct RtOptim *o = rt_calloc(1, sizeof *o);
     if (!o)
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
     o->nparams = np;
     o->last_norm = -1;
-    o->buf = calloc((size_t)np + 1, sizeof *o->buf);
-    o->grad = calloc((size_t)np + 1, sizeof *o->grad);
-    o->offset = calloc((size_t)np + 1, sizeof *o->offset);
+    o->buf = rt_calloc((size_t)np + 1, sizeof *o->buf);
+    o->grad = rt_calloc((size_t)np + 1, sizeof *o->grad);
+    o->offset = rt_calloc((size_t)np + 1, sizeof *o->offset);
     if (!o->buf || !o->grad || !o->offset) {
         rt_optim_free(o);
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
@@ -102,9 +103,9 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     o->total = o->offset[np];
     o->nblocks = (o->total + BLOCK - 1) / BLOCK;
     size_t n = (size_t)(o->total ? o->total : 1);
-    o->m = calloc(n, sizeof *o->m);
-    o->v = calloc(n, sizeof *o->v);
-    o->partial = calloc((size_t)o->nblocks + 1, sizeof *o->partial);
+    o->m = rt_calloc(n, sizeof *o->m);
+    o->v = rt_calloc(n, sizeof *o->v);
+    o->partial = rt_calloc((size_t)o->nblocks + 1, sizeof *o->partial);
     if (!o->m || !o->v || !o->partial) {
         rt_optim_free(o);
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state (%" PRId64 " parameters)",
@@ -224,8 +225,8 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     int st = optim_get(s, &o);
     if (st)
         return st;
-    float **p = calloc((size_t)o->nparams + 1, sizeof *p);
-    const float **g = calloc((size_t)o->nparams + 1, sizeof *g);
+    float **p = rt_calloc((size_t)o->nparams + 1, sizeof *p);
+    const float **g = rt_calloc((size_t)o->nparams + 1, sizeof *g);
     if (!p || !g) {
         free(p);
         free(g);
@@ -441,7 +442,7 @@ static float *read_f32(XtcSession *s, const RtStTensor *t, const RtBuffer *b, co
         return NULL;
     }
     int64_t n = rt_st_numel(t);
-    float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
+    float *data = rt_malloc((size_t)(n ? n : 1) * sizeof *data);
     char msg[512];
     if (!data)
         *st = failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
@@ -489,8 +490,8 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     int with_optim = !st && optimizer && noptim > 0;
     if (with_optim && (!step_text || *end || step <= 0))
         st = failf(s, XTC_ERR_FORMAT, "%s: optimizer state without a valid xtc.optim.step", path);
-    float **w = calloc((size_t)nw + 1, sizeof *w), **mv = calloc((size_t)np + 1, sizeof *mv),
-          **vv = calloc((size_t)np + 1, sizeof *vv);
+    float **w = rt_calloc((size_t)nw + 1, sizeof *w), **mv = rt_calloc((size_t)np + 1, sizeof *mv),
+          **vv = rt_calloc((size_t)np + 1, sizeof *vv);
     if (!w || !mv || !vv)
         st = st ? st : failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
     for (int i = 0; i < nw && !st; i++) {
