@@ -10,8 +10,12 @@ static atomic_long fault_count;   /* allocations since the arming */
 
 void rt_fault_fail_after(long n)
 {
+    if (n < 0) { /* off; the count stays readable */
+        atomic_store(&fault_at, -1);
+        return;
+    }
     atomic_store(&fault_count, 0);
-    atomic_store(&fault_at, n < 0 ? -1 : n);
+    atomic_store(&fault_at, n);
 }
 
 long rt_fault_allocations(void) { return atomic_load(&fault_count); }

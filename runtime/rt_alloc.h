@@ -14,9 +14,9 @@ void *rt_realloc(void *p, size_t n);
 void *rt_aligned_alloc(size_t align, size_t n); /* n is rounded up to a multiple of align */
 
 /* Test-only fault injection (tests/test_faults.c). rt_fault_fail_after(n) with n >= 0 makes the
- * allocation n (counting from 0, from this call on, in every thread) fail once and resets the
- * count; n < 0 turns injection off. rt_fault_allocations() is the number of allocations counted
- * since, so a test knows when a run made fewer than n + 1 allocations and nothing was injected.
+ * allocation n (counting from 0, from this call on, in every thread) fail once; n < 0 turns
+ * injection off. rt_fault_allocations() is the number of allocations counted from the last
+ * rt_fault_fail_after(n >= 0) until injection was turned off: at most n when nothing failed.
  * Process-wide on purpose: it stands for the machine running out of memory. When off, it costs
  * one relaxed atomic load per allocation. */
 void rt_fault_fail_after(long n);

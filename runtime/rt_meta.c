@@ -56,6 +56,7 @@ typedef struct {
     int line;
     char *tok[16];
     int ntok;
+    int nomem;   /* the failure was an allocation */
 } Parser;
 
 static int bad(Parser *p, const char *fmt, const char *arg)
@@ -221,8 +222,10 @@ static void *grow(void *arr, int n, size_t elem)
 #define PUSH(p, arr, n)                                                                            \
     do {                                                                                           \
         void *g_ = grow((arr), (n), sizeof *(arr));                                               \
-        if (!g_)                                                                                   \
+        if (!g_) {                                                                                 \
+            (p)->nomem = 1;                                                                        \
             return bad((p), "out of memory%s", "");                                               \
+        }                                                                                          \
         (arr) = g_;                                                                                \
         memset(&(arr)[(n)], 0, sizeof *(arr));                                                     \
     } while (0)
@@ -388,7 +391,7 @@ int rt_meta_parse(XtcModule *m, const char *text)
     m->text = rt_malloc(len + 1);
     if (!m->text) {
         rt_set_error(m->err, sizeof m->err, "out of memory");
-        return -1;
+        return -2;
     }
     memcpy(m->text, text, len + 1);
     m->name = "";
@@ -425,7 +428,7 @@ int rt_meta_parse(XtcModule *m, const char *text)
         } else if (p.ntok == 1 && strcmp(p.tok[0], "end") == 0) {
             ended = 1;
         } else if (p.ntok > 0 && record(&p) < 0) {
-            return -1;
+            return p.nomem ? -2 : -1;
         }
         line = nl ? nl + 1 : line + strlen(line);
     }

@@ -85,11 +85,12 @@ int xtc_module_load(const char *path, XtcModule **out)
     m->abi = abi;
     if (rt_device_attach(m, path) < 0)
         return XTC_ERR_FORMAT;
-    if (rt_meta_parse(m, abi->meta) < 0) {
+    int rc = rt_meta_parse(m, abi->meta);
+    if (rc < 0) {
         char tmp[sizeof m->err];
         snprintf(tmp, sizeof tmp, "%.300s: %.700s", path, m->err);
         memcpy(m->err, tmp, sizeof tmp);
-        return XTC_ERR_FORMAT;
+        return rc == -2 ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
     }
     return XTC_OK;
 }

@@ -418,8 +418,9 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         for (int i = 0; i < nmeta; i++)
             rt_st_writer_meta(w, keys[i], values[i]);
         char msg[512];
-        if (rt_st_writer_save(w, path, msg, sizeof msg))
-            st = failf(s, XTC_ERR_IO, "%s", msg);
+        int rc = rt_st_writer_save(w, path, msg, sizeof msg);
+        if (rc)
+            st = failf(s, rc == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     }
     rt_st_writer_free(w);
     return st;
@@ -465,7 +466,8 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     char msg[512];
     int st = rt_st_open(path, &f, msg, sizeof msg);
     if (st)
-        return failf(s, st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT, "%s", msg);
+        return failf(s, st == RT_ST_EIO ? XTC_ERR_IO : st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_FORMAT, "%s",
+                     msg);
     /* every tensor must be a weight, a tied name, or optimizer state of a parameter */
     int noptim = 0;
     for (int i = 0; i < rt_st_count(f) && !st; i++) {
@@ -516,13 +518,15 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
                 vv[i] = read_f32(s, tv, &m->bufs[b], path, &st);
         }
     }
+    /* the optimizer's memory before anything changes: the commit below allocates nothing */
+    struct RtOptim *o;
+    if (!st && with_optim)
+        st = optim_get(s, &o);
     /* commit: the weights, then the optimizer (reset when the file has none) */
     for (int i = 0; i < nw && !st; i++) {
         int b = i < np ? m->by_kind[RT_BUF_PARAM][i] : m->by_kind[RT_BUF_STATE][i - np];
-        int64_t shape[XTC_MAX_RANK];
-        for (int d = 0; d < m->bufs[b].rank; d++)
-            shape[d] = m->bufs[b].shape[d].c;
-        st = xtc_session_set_weight(s, m->bufs[b].name, m->bufs[b].rank, shape, w[i]);
+        rt_session_adopt(s, b, w[i]);
+        w[i] = NULL;
     }
     if (!st && optimizer) {
         if (with_optim) {

@@ -15,6 +15,7 @@
 #include "rt_internal.h"
 #include "rt_alloc.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -119,8 +120,10 @@ static void *worker_main(void *arg)
 RtPool *rt_pool_new(int nthreads)
 {
     RtPool *p = rt_calloc(1, sizeof *p);
-    if (!p)
+    if (!p) {
+        errno = ENOMEM;
         return NULL;
+    }
     p->n = nthreads < 1 ? 1 : nthreads > 1024 ? 1024 : nthreads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
@@ -134,18 +137,22 @@ RtPool *rt_pool_new(int nthreads)
         p->threads = rt_calloc((size_t)p->n, sizeof *p->threads);
         if (!p->threads) {
             rt_pool_free(p);
+            errno = ENOMEM;
             return NULL;
         }
         for (int i = 1; i < p->n; i++) {
             Worker *w = rt_malloc(sizeof *w);
             if (!w) {
                 rt_pool_free(p);
+                errno = ENOMEM;
                 return NULL;
             }
             w->pool = p;
-            if (pthread_create(&p->threads[i], NULL, worker_main, w) != 0) {
+            int rc = pthread_create(&p->threads[i], NULL, worker_main, w);
+            if (rc != 0) {
                 free(w);
                 rt_pool_free(p);
+                errno = rc;
                 return NULL;
             }
             p->started = i;

@@ -11,6 +11,7 @@
 #include "rt_alloc.h"
 #include "rt_internal.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,8 +239,13 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
             return fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
     }
     s->pool = rt_pool_new(o.threads ? o.threads : 1);
-    if (!s->pool)
-        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads", o.threads);
+    if (!s->pool) {
+        char why[128] = "";
+        int e = errno;
+        if (e == ENOMEM)
+            return fail(s, XTC_ERR_MEMORY, "out of memory starting %d threads", o.threads);
+        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads: %s", o.threads, strerror_r(e, why, sizeof why));
+    }
     s->api.pool = s->pool;
     s->api.parallel_for = rt_pool_parallel_for;
     s->api.nthreads = o.threads ? o.threads : 1;
@@ -853,7 +859,7 @@ static int32_t device_run(XtcSession *s, const int64_t *syms)
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)
-        fail(s, XTC_ERR_IO, "%s", msg);
+        fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     else
         memset(s->changed, 0, (size_t)s->m->nbufs);
     return r;
@@ -889,7 +895,7 @@ int xtc_session_run(XtcSession *s)
         if (buffer_bytes(b, syms) > s->bytes[i])
             grow = 1;
     }
-    if (grow) {
+    if (grow || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
@@ -907,7 +913,7 @@ int xtc_session_run(XtcSession *s)
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);
     if (r < 0 && s->dev)
-        return XTC_ERR_IO; /* the device's message is set */
+        return r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO; /* the device's message is set */
     if (r != 0)
         return run_failure(s, r);
     if (s->step_s)
@@ -958,6 +964,15 @@ void *rt_session_output(XtcSession *s, int out)
     if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
         return NULL;
     return s->ptr[s->m->outs[out].buf];
+}
+
+void rt_session_adopt(XtcSession *s, int buf, float *data)
+{
+    const RtBuffer *b = &s->m->bufs[buf];
+    int64_t shape[XTC_MAX_RANK];
+    for (int d = 0; d < b->rank; d++)
+        shape[d] = b->shape[d].c;
+    bind_buffer(s, buf, data, b->rank, shape);
 }
 
 RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }

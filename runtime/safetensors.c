@@ -908,7 +908,7 @@ static int build_header(RtStWriter *w, Buf *b, size_t *data_total, char *err, si
     off += e->nbytes;
   }
   buf_str(b, "}");
-  while (b->len % 8) buf_str(b, " "); /* the data section starts 8-byte aligned */
+  while (!b->oom && b->len % 8) buf_str(b, " "); /* the data section starts 8-byte aligned */
   if (b->oom) {
     free(b->p);
     return fail(err, errlen, RT_ST_ENOMEM, "out of memory for the header");
@@ -962,17 +962,22 @@ static int write_all(int fd, const void *p, size_t n) {
 }
 
 /* Makes a rename in `path`'s directory durable. Best effort: some file systems refuse fsync on a
- * directory, and the file itself is already complete by then. */
-static void sync_dir(const char *path) {
+ * directory, and the file itself is already complete by then. buf (at least strlen(path) + 2
+ * bytes, the temporary name's, no longer needed) receives the directory's name, so that nothing
+ * is allocated after the rename. */
+static void sync_dir(const char *path, char *buf) {
   const char *slash = strrchr(path, '/');
-  char *dir = slash ? dup_bytes(path, slash == path ? 1 : (size_t)(slash - path)) : dup_bytes(".", 1);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  size_t len = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
+  if (len)
+    memcpy(buf, path, len);
+  else
+    buf[len++] = '.';
+  buf[len] = 0;
+  int fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     fsync(fd);
     close(fd);
   }
-  free(dir);
 }
 
 int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen) {
@@ -1014,7 +1019,7 @@ int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen)
     unlink(tmp);
     rc = fail(err, errlen, RT_ST_EIO, "%s: %s failed: %s", path, step, strerror(e));
   } else {
-    sync_dir(path);
+    sync_dir(path, tmp);
   }
   free(tmp);
   free(b.p);
