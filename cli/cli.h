@@ -4,6 +4,7 @@
 
 #include "ir.h"
 #include "safetensors.h"
+#include "xtc.h"
 #include "xtf.h"
 
 int cli_ir(int argc, char **argv);
@@ -33,6 +34,10 @@ IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt);
 int cli_check_ids(const IrGraph *g, const RtStFile *inputs, const char *path);
 int cli_check_finite_file(const IrGraph *g, const RtStFile *f, const char *path, int inputs);
 int cli_check_finite_outputs(const IrGraph *g, const IrHostTensor *outs);
+/* The same for a compiled module m, on the file at path: what = "weight" (every tensor), "input"
+ * (the tensors that are inputs of m) or "output" (every tensor: the outputs and gradients the
+ * run wrote). */
+int cli_check_finite_module_file(const XtcModule *m, const char *path, const char *what);
 
 /* Flag parsing: "--name=value" or "--name value". Returns the value or NULL. */
 const char *cli_flag_value(int argc, char **argv, int *i, const char *name);

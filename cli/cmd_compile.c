@@ -1,9 +1,11 @@
 /* cmd_compile.c: `xtc compile` (model.xtf -> model.so), `xtc info` (what a module holds),
  * `xtc init` (fresh seeded weights for a module) and `xtc run` on a compiled module. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "codegen.h"
@@ -261,15 +263,17 @@ int cli_init(int argc, char **argv)
     return rc;
 }
 
-/* xtc run model.so --weights W --input I --output O [--threads T] */
+/* xtc run model.so --weights W --input I --output O [--threads T] [--grads] [--check-finite] */
 int cli_run_module(int argc, char **argv)
 {
     const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *v;
     XtcRunOptions ro = {.threads = 1};
-    int grads = 0;
+    int grads = 0, check_finite = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--grads"))
             grads = 1;
+        else if (!strcmp(argv[i], "--check-finite"))
+            check_finite = 1;
         else if ((v = cli_flag_value(argc, argv, &i, "--weights")))
             wpath = v;
         else if ((v = cli_flag_value(argc, argv, &i, "--input")))
@@ -285,7 +289,8 @@ int cli_run_module(int argc, char **argv)
             path = argv[i];
     }
     if (!path || !wpath || !ipath || !opath || ro.threads < 1) {
-        fprintf(stderr, "usage: xtc run model.so --weights W --input I --output O [--threads T]\n");
+        fprintf(stderr, "usage: xtc run model.so --weights W --input I --output O [--threads T] [--grads] "
+                        "[--check-finite]\n");
         return 2;
     }
     char err[1024];
@@ -305,9 +310,37 @@ int cli_run_module(int argc, char **argv)
         if (!ok || !has)
             return 1;
     }
-    if (xtc_run_files(path, wpath, ipath, opath, &ro, err, sizeof err) != XTC_OK) {
-        fprintf(stderr, "xtc: %s\n", err);
+    if (!check_finite) {
+        if (xtc_run_files(path, wpath, ipath, opath, &ro, err, sizeof err) != XTC_OK) {
+            fprintf(stderr, "xtc: %s\n", err);
+            return 1;
+        }
+        return 0;
+    }
+    /* --check-finite: the weights and the inputs the module reads before the run; its outputs
+     * (and gradients) in a temporary file beside the output, renamed over it only when finite */
+    XtcModule *m = NULL;
+    if (xtc_module_load(path, &m) != XTC_OK) {
+        fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
+        xtc_module_free(m);
         return 1;
     }
-    return 0;
+    int bad = cli_check_finite_module_file(m, wpath, "weight") != 0 ||
+              cli_check_finite_module_file(m, ipath, "input") != 0;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", opath, (long)getpid());
+    if (!bad && xtc_run_files(path, wpath, ipath, tmp, &ro, err, sizeof err) != XTC_OK) {
+        fprintf(stderr, "xtc: %s\n", err);
+        bad = 1;
+    } else if (!bad) {
+        bad = cli_check_finite_module_file(m, tmp, "output") != 0;
+        if (!bad && rename(tmp, opath) != 0) {
+            fprintf(stderr, "xtc: %s: %s\n", opath, strerror(errno));
+            bad = 1;
+        }
+        if (bad)
+            unlink(tmp);
+    }
+    xtc_module_free(m);
+    return bad ? 1 : 0;
 }

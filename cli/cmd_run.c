@@ -179,7 +179,8 @@ static void usage(void)
            "                  targets are given, else of sum(output * grad.<output>) for output\n"
            "                  gradients grad.<output> supplied in the input file (y.backward(g))\n"
            "  --check-finite  refuse NaN or infinity in the weights and inputs, and report an output\n"
-           "                  that overflows to one, naming the tensor and the element\n");
+           "                  (with --grads, a gradient) that overflows to one, naming the tensor and\n"
+           "                  the element; the output file is then not written. For .xtf and .so\n");
 }
 
 int cli_run(int argc, char **argv)

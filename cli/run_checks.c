@@ -3,7 +3,9 @@
  *   - ids of an input that indexes an embedding (tokens, src) or a loss (targets) against the
  *     table's rows / the number of classes: "input 'tokens': id 70 at [0, 3] is out of range";
  *   - with --check-finite, NaN and infinity in the weights and inputs the model reads, and in
- *     the outputs it computed (a model can overflow on finite data). */
+ *     the outputs it computed (a model can overflow on finite data); for the interpreter
+ *     (xtc run model.xtf) and for compiled modules (xtc run model.so: the files, and the outputs
+ *     and gradients it wrote). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -114,23 +116,54 @@ static int64_t first_nonfinite(const RtStTensor *t, double *bad)
     return at;
 }
 
+/* Prints where tensor t of the file at path holds NaN or infinity and returns -1; 0 when it is
+ * finite (or not a float tensor). Outputs (what = "output") are named without the file, which
+ * for a compiled module is a temporary one. */
+static int report_nonfinite(const RtStTensor *t, const char *path, const char *what)
+{
+    double x = 0;
+    int64_t at = first_nonfinite(t, &x);
+    if (at < 0)
+        return 0;
+    char idx[128];
+    format_index(idx, sizeof idx, t->rank, t->shape, at);
+    if (!strcmp(what, "output"))
+        fprintf(stderr, "xtc: output '%s' holds a non-finite value (%s at %s) although the weights and inputs are "
+                        "finite (--check-finite)\n",
+                t->name, nonfinite_name(x), idx);
+    else
+        fprintf(stderr, "xtc: %s: %s '%s' holds a non-finite value (%s at %s) (--check-finite)\n", path, what,
+                t->name, nonfinite_name(x), idx);
+    return -1;
+}
+
 int cli_check_finite_file(const IrGraph *g, const RtStFile *f, const char *path, int inputs)
 {
     for (int i = 0; i < rt_st_count(f); i++) {
         const RtStTensor *t = rt_st_get(f, i);
         if (inputs && !ir_find_leaf(g, IR_INPUT, t->name))
             continue; /* the model does not read it */
-        double x = 0;
-        int64_t at = first_nonfinite(t, &x);
-        if (at >= 0) {
-            char idx[128];
-            format_index(idx, sizeof idx, t->rank, t->shape, at);
-            fprintf(stderr, "xtc: %s: %s '%s' holds a non-finite value (%s at %s) (--check-finite)\n", path,
-                    inputs ? "input" : "weight", t->name, nonfinite_name(x), idx);
+        if (report_nonfinite(t, path, inputs ? "input" : "weight") != 0)
             return -1;
-        }
     }
     return 0;
+}
+
+int cli_check_finite_module_file(const XtcModule *m, const char *path, const char *what)
+{
+    RtStFile *f = NULL;
+    char err[512];
+    if (rt_st_open(path, &f, err, sizeof err) != 0)
+        return 0; /* unreadable: the run itself reports that, with its context */
+    int rc = 0;
+    for (int i = 0; i < rt_st_count(f) && !rc; i++) {
+        const RtStTensor *t = rt_st_get(f, i);
+        if (!strcmp(what, "input") && xtc_module_find(m, XTC_INPUT, t->name) < 0)
+            continue; /* not read: the run refuses it by name */
+        rc = report_nonfinite(t, path, what);
+    }
+    rt_st_close(f);
+    return rc;
 }
 
 int cli_check_finite_outputs(const IrGraph *g, const IrHostTensor *outs)

@@ -21,6 +21,8 @@
  *    the input, parameter or step concerned. Nothing here exits or aborts on bad input.
  *  - The constructors xtc_module_load and xtc_session_new hand back an object even on failure
  *    (only out-of-memory yields NULL), so the error can be read from it; free it either way.
+ *  - Out of memory is XTC_ERR_MEMORY with a message saying so, and nothing leaks; a session
+ *    stays usable and the same call can be retried (a failed constructor: free and call again).
  *  - No global state. A module is read-only once loaded: several threads may create sessions
  *    from one module at once. A session belongs to one thread at a time. Any number of modules
  *    and sessions may live in one process.

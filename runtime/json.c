@@ -6,6 +6,7 @@
  * by node, and an error at any point frees everything with json_free().
  */
 #include "json.h"
+#include "rt_alloc.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,7 +33,7 @@ static void *arena_alloc(JsonDoc *doc, size_t n) {
   if (!c || c->size - c->used < n) {
     size_t size = n > 65536 ? n : 65536;
     if (size > SIZE_MAX - sizeof(Chunk)) return NULL;
-    c = malloc(sizeof(Chunk) + size);
+    c = rt_malloc(sizeof(Chunk) + size);
     if (!c) return NULL;
     c->size = size;
     c->used = 0;
@@ -55,7 +56,7 @@ static void *stack_push(Stack *s) {
   if (s->len == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 64;
     if (cap > SIZE_MAX / s->elem) return NULL;
-    void *d = realloc(s->data, cap * s->elem);
+    void *d = rt_realloc(s->data, cap * s->elem);
     if (!d) return NULL;
     s->data = d;
     s->cap = cap;
@@ -375,7 +376,7 @@ static int check_duplicates(Parser *p, size_t obj_pos, const JsonMember *m, size
         if (key_cmp(&m[i], &m[j]) == 0) return fail_duplicate(p, obj_pos, &m[j]);
     return 0;
   }
-  const JsonMember **sorted = malloc(n * sizeof *sorted);
+  const JsonMember **sorted = rt_malloc(n * sizeof *sorted);
   if (!sorted) return fail_nomem(p);
   for (size_t i = 0; i < n; i++) sorted[i] = &m[i];
   qsort(sorted, n, sizeof *sorted, member_ptr_cmp);
@@ -475,7 +476,7 @@ int json_parse(const char *text, size_t len, size_t max_values, JsonDoc **out, c
   if (!text && len) return fail_at(&p, 0, "no text");
   p.values.elem = sizeof(JsonValue);
   p.members.elem = sizeof(JsonMember);
-  p.doc = calloc(1, sizeof *p.doc);
+  p.doc = rt_calloc(1, sizeof *p.doc);
   if (!p.doc) return fail_nomem(&p);
   int rc = parse_value(&p, &p.doc->root);
   if (!rc) {

@@ -18,6 +18,7 @@
  * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
  * the size of the device arena: simple, and outputs are views like a CPU session's. */
 #include "rt_cuda.h"
+#include "rt_alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,11 +48,12 @@ struct RtDevice {
     char device_name[256];
 };
 
+/* -1 with the message in err; -2 when the driver ran out of memory */
 static int cu_fail(RtDevice *d, CUresult r, const char *what, char *err, size_t n)
 {
     char text[200];
     rt_set_error(err, n, "%s (%s): %s", what, d->drv.name, rt_cu_error_text(&d->drv, r, text, sizeof text));
-    return -1;
+    return r == CUDA_ERROR_OUT_OF_MEMORY ? -2 : -1;
 }
 
 static void close_device(RtDevice *d)
@@ -108,7 +110,7 @@ static int load_module(RtDevice *d, char *err, size_t n)
         rt_set_error(err, n, "loading the module's kernels on %s (PTX for %s): %s%s%.700s", d->device_name,
                      d->cm->arch ? d->cm->arch : "?", rt_cu_error_text(drv, r, text, sizeof text), log[0] ? ": " : "",
                      log);
-        return -1;
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? -2 : -1;
     }
     for (int k = 0; k < d->cm->nkernels; k++)
         if ((r = drv->ModuleGetFunction(&d->fn[k], d->mod, d->cm->kernel_names[k])) != CUDA_SUCCESS) {
@@ -134,7 +136,7 @@ static int arch_of(const char *arch)
 static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
 {
     *out = NULL;
-    RtDevice *d = calloc(1, sizeof *d);
+    RtDevice *d = rt_calloc(1, sizeof *d);
     if (!d) {
         rt_set_error(err, n, "out of memory opening the CUDA device");
         return XTC_ERR_MEMORY;
@@ -142,11 +144,11 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
     d->m = m;
     d->cm = m->device_abi;
     size_t nb = (size_t)m->nbufs + 1, nk = (size_t)d->cm->nkernels + 1, ns = (size_t)m->nsteps + 1;
-    d->fn = calloc(nk, sizeof *d->fn);
-    d->dbuf = calloc(nb, sizeof *d->dbuf);
-    d->dbytes = calloc(nb, sizeof *d->dbytes);
-    d->dptr = calloc(nb, sizeof *d->dptr);
-    d->host_status = calloc(ns, sizeof *d->host_status);
+    d->fn = rt_calloc(nk, sizeof *d->fn);
+    d->dbuf = rt_calloc(nb, sizeof *d->dbuf);
+    d->dbytes = rt_calloc(nb, sizeof *d->dbytes);
+    d->dptr = rt_calloc(nb, sizeof *d->dptr);
+    d->host_status = rt_calloc(ns, sizeof *d->host_status);
     if (!d->fn || !d->dbuf || !d->dbytes || !d->dptr || !d->host_status) {
         close_device(d);
         rt_set_error(err, n, "out of memory opening the CUDA device");
@@ -211,9 +213,10 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
         close_device(d);
         return XTC_ERR_IO;
     }
-    if (load_module(d, err, n) < 0) {
+    int loaded = load_module(d, err, n);
+    if (loaded < 0) {
         close_device(d);
-        return XTC_ERR_FORMAT;
+        return loaded == -2 ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
     }
     if ((r = drv->MemAlloc(&d->status, ((size_t)m->nsteps + 1) * sizeof(int32_t))) != CUDA_SUCCESS) {
         cu_fail(d, r, "cannot allocate device memory", err, n);
@@ -310,10 +313,12 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     CUresult r;
     if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
         return cu_fail(d, r, "cannot make the CUDA context current", err, n);
-    for (int b = 0; b < m->nbufs; b++)
-        if (m->bufs[b].kind != RT_BUF_TEMP &&
-            upload(d, b, run->host[b], buffer_bytes(&m->bufs[b], run->syms), run->changed[b], err, n) < 0)
-            return -1;
+    for (int b = 0; b < m->nbufs; b++) {
+        int up = m->bufs[b].kind == RT_BUF_TEMP
+                     ? 0 : upload(d, b, run->host[b], buffer_bytes(&m->bufs[b], run->syms), run->changed[b], err, n);
+        if (up < 0)
+            return up;
+    }
     if (run->arena_bytes > d->arena_bytes || !d->arena) {
         if (d->arena)
             drv->MemFree(d->arena);
@@ -335,14 +340,19 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         return cu_fail(d, r, "clearing the status words", err, n);
     d->profiling = run->step_s != NULL;
     if (d->profiling && !d->ev) {
-        d->ev = calloc((size_t)m->nsteps + 1, sizeof *d->ev);
+        d->ev = rt_calloc((size_t)m->nsteps + 1, sizeof *d->ev);
         if (!d->ev) {
             rt_set_error(err, n, "out of memory for the profile");
-            return -1;
+            return -2;
         }
         for (int s = 0; s <= m->nsteps; s++)
-            if ((r = drv->EventCreate(&d->ev[s], 0)) != CUDA_SUCCESS)
+            if ((r = drv->EventCreate(&d->ev[s], 0)) != CUDA_SUCCESS) {
+                for (int k = 0; k < s; k++) /* all or none, so that the next run tries again */
+                    drv->EventDestroy(d->ev[k]);
+                free(d->ev);
+                d->ev = NULL;
                 return cu_fail(d, r, "cannot create CUDA events", err, n);
+            }
     }
     XtcCudaApi api = {.ctx = d, .launch = api_launch, .zero = api_zero, .step = api_step};
     d->step = -1;

@@ -16,6 +16,7 @@
  *
  * Every object is allocated per call: no global state, several sessions in several threads. */
 #include "rt_cuda.h"
+#include "rt_alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,7 @@ static CUresult emu_alloc(CUdeviceptr *p, size_t bytes)
 {
     if (bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    void *m = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    void *m = rt_aligned_alloc(256, (bytes + 255) / 256 * 256);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *p = (CUdeviceptr)(uintptr_t)m;
@@ -168,10 +169,10 @@ static CUresult emu_load(CUmodule *mod, const void *image, unsigned nopts, int *
     const XtcEmuModule *emu = image;
     if (!emu || emu->magic != XTC_EMU_MAGIC || emu->version != XTC_EMU_VERSION || emu->nkernels < 0)
         return CUDA_ERROR_INVALID_IMAGE;
-    EmuModule *m = calloc(1, sizeof *m);
+    EmuModule *m = rt_calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    m->fns = calloc((size_t)emu->nkernels + 1, sizeof *m->fns);
+    m->fns = rt_calloc((size_t)emu->nkernels + 1, sizeof *m->fns);
     if (!m->fns) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -239,7 +240,7 @@ typedef struct {
 static CUresult emu_event_create(CUevent *e, unsigned flags)
 {
     (void)flags;
-    EmuEvent *ev = calloc(1, sizeof *ev);
+    EmuEvent *ev = rt_calloc(1, sizeof *ev);
     if (!ev)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *e = (CUevent)(void *)ev;

@@ -1,6 +1,7 @@
 /* rt_files.c: running a module on files: weights and inputs from .safetensors, outputs to
  * .safetensors (xtc_run_files, what `xtc run` does). */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 
 #include <stdlib.h>
@@ -21,7 +22,7 @@ static RtDType st_dtype(XtcDType t)
 static int bind_input(XtcSession *s, const XtcTensorInfo *info, const RtStTensor *t, char *err, size_t errlen)
 {
     int64_t n = rt_st_numel(t);
-    void *data = malloc(n ? (size_t)n * 8 : 8);
+    void *data = rt_malloc(n ? (size_t)n * 8 : 8);
     if (!data) {
         rt_set_error(err, errlen, "out of memory reading input '%s'", info->name);
         return XTC_ERR_MEMORY;
@@ -82,7 +83,7 @@ int xtc_run_files(const char *module_path, const char *weights_path, const char 
     }
     if ((st = rt_st_open(input_path, &in, msg, sizeof msg))) {
         rt_set_error(err, errlen, "%s", msg);
-        st = st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT;
+        st = st == RT_ST_EIO ? XTC_ERR_IO : st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
         goto done;
     }
     for (int i = 0; i < rt_st_count(in); i++) {
@@ -134,9 +135,10 @@ int xtc_run_files(const char *module_path, const char *weights_path, const char 
         rt_st_writer_add(w, info.name, st_dtype(t.dtype), t.rank, t.shape, t.data);
     }
     rt_st_writer_meta(w, "producer", "xtc");
-    if (rt_st_writer_save(w, output_path, msg, sizeof msg)) {
+    int rc = rt_st_writer_save(w, output_path, msg, sizeof msg);
+    if (rc) {
         rt_set_error(err, errlen, "%s", msg);
-        st = XTC_ERR_IO;
+        st = rc == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_IO;
     }
 done:
     rt_st_writer_free(w);

@@ -112,8 +112,8 @@ typedef struct RtDeviceOps {
     /* Opens the device for a session: returns an XtcStatus, with a message in err on failure
      * (no driver, no device, a module the device cannot load). */
     int (*open)(const XtcModule *m, RtDevice **dev, char *err, size_t n);
-    /* Runs the schedule: 0, 1 + the step whose kernel found bad input values, or -1 with a
-     * message in err (a failure of the device or its driver). */
+    /* Runs the schedule: 0, 1 + the step whose kernel found bad input values, or with a message
+     * in err -1 (a failure of the device or its driver) or -2 (out of host or device memory). */
     int32_t (*run)(RtDevice *dev, const RtDeviceRun *r, char *err, size_t n);
     void (*close)(RtDevice *dev);
     /* The device as its driver names it ("NVIDIA H100 80GB HBM3"), for reports. */
@@ -124,7 +124,8 @@ typedef struct RtDeviceOps {
  * that object is malformed. */
 int rt_device_attach(XtcModule *m, const char *path);
 
-/* Parses the metadata text into m (m->text receives a copy). Returns 0 or -1 with m->err set. */
+/* Parses the metadata text into m (m->text receives a copy). Returns 0, or with m->err set -1
+ * (malformed) or -2 (out of memory). */
 int rt_meta_parse(XtcModule *m, const char *text);
 void rt_meta_free(XtcModule *m);
 
@@ -147,7 +148,7 @@ XtcDType rt_dtype_from_name(const char *name); /* XTC_NUM_DTYPES if unknown */
 
 /* Thread pool: nthreads workers counting the caller. parallel_for matches XtcParallelFor. */
 typedef struct RtPool RtPool;
-RtPool *rt_pool_new(int nthreads);  /* NULL when threads cannot be created */
+RtPool *rt_pool_new(int nthreads);  /* NULL with errno ENOMEM, or pthread_create's error */
 void rt_pool_free(RtPool *p);
 void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
 
@@ -158,6 +159,9 @@ void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
 struct RtOptim;
 void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape);
 void *rt_session_output(XtcSession *s, int out);
+/* rt_session_adopt takes ownership of data (f32, the buffer's constant shape, already checked) as
+ * the value of parameter or state buffer buf, allocating nothing: a commit that cannot fail. */
+void rt_session_adopt(XtcSession *s, int buf, float *data);
 RtPool *rt_session_pool(XtcSession *s);
 const XtcModule *rt_session_module(const XtcSession *s);
 struct RtOptim **rt_session_optim(XtcSession *s);

@@ -2,6 +2,7 @@
  * tables of XtcModule. The text comes from a file the user chose, so every field is checked:
  * bad records are errors with the line number, never crashes. */
 #include "rt_internal.h"
+#include "rt_alloc.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -57,6 +58,7 @@ typedef struct {
     int line;
     char *tok[16];
     int ntok;
+    int nomem;   /* the failure was an allocation */
 } Parser;
 
 static int bad(Parser *p, const char *fmt, const char *arg)
@@ -228,14 +230,16 @@ static void *grow(void *arr, int n, size_t elem)
     if (n & (n - 1))
         return arr;
     int cap = n ? 2 * n : 4;
-    return realloc(arr, (size_t)cap * elem);
+    return rt_realloc(arr, (size_t)cap * elem);
 }
 
 #define PUSH(p, arr, n)                                                                            \
     do {                                                                                           \
         void *g_ = grow((arr), (n), sizeof *(arr));                                               \
-        if (!g_)                                                                                   \
+        if (!g_) {                                                                                 \
+            (p)->nomem = 1;                                                                        \
             return bad((p), "out of memory%s", "");                                               \
+        }                                                                                          \
         (arr) = g_;                                                                                \
         memset(&(arr)[(n)], 0, sizeof *(arr));                                                     \
     } while (0)
@@ -396,10 +400,10 @@ int rt_meta_parse(XtcModule *m, const char *text)
 {
     Parser p = {.m = m};
     size_t len = strlen(text);
-    m->text = malloc(len + 1);
+    m->text = rt_malloc(len + 1);
     if (!m->text) {
         rt_set_error(m->err, sizeof m->err, "out of memory");
-        return -1;
+        return -2;
     }
     memcpy(m->text, text, len + 1);
     m->name = "";
@@ -436,7 +440,7 @@ int rt_meta_parse(XtcModule *m, const char *text)
         } else if (p.ntok == 1 && strcmp(p.tok[0], "end") == 0) {
             ended = 1;
         } else if (p.ntok > 0 && record(&p) < 0) {
-            return -1;
+            return p.nomem ? -2 : -1;
         }
         line = nl ? nl + 1 : line + strlen(line);
     }

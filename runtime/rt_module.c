@@ -1,6 +1,7 @@
 /* rt_module.c: loading a compiled module (dlopen, version check, metadata) and describing it:
  * the introspection half of include/xtc.h. */
 #include "rt_internal.h"
+#include "rt_alloc.h"
 
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -67,7 +68,7 @@ int xtc_module_load(const char *path, XtcModule **out)
 {
     if (!out)
         return XTC_ERR_ARG;
-    XtcModule *m = calloc(1, sizeof *m);
+    XtcModule *m = rt_calloc(1, sizeof *m);
     *out = m;
     if (!m)
         return XTC_ERR_MEMORY;
@@ -115,11 +116,12 @@ int xtc_module_load(const char *path, XtcModule **out)
     m->abi = abi;
     if (rt_device_attach(m, path) < 0)
         return XTC_ERR_FORMAT;
-    if (rt_meta_parse(m, abi->meta) < 0) {
+    int rc = rt_meta_parse(m, abi->meta);
+    if (rc < 0) {
         char tmp[sizeof m->err];
         snprintf(tmp, sizeof tmp, "%.300s: %.700s", path, m->err);
         memcpy(m->err, tmp, sizeof tmp);
-        return XTC_ERR_FORMAT;
+        return rc == -2 ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
     }
     return check_cpu(m, path);
 }

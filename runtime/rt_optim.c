@@ -7,6 +7,7 @@
  * order in which the per-block partial sums of the gradient norm are added do not depend on the
  * threads: a step gives the same bits with 1 or 16 threads. */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 
 #include <inttypes.h>
@@ -74,14 +75,14 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     }
     const XtcModule *m = rt_session_module(s);
     int np = m->nby_kind[RT_BUF_PARAM];
-    struct RtOptim *o = calloc(1, sizeof *o);
+    struct RtOptim *o = rt_calloc(1, sizeof *o);
     if (!o)
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
     o->nparams = np;
     o->last_norm = -1;
-    o->buf = calloc((size_t)np + 1, sizeof *o->buf);
-    o->grad = calloc((size_t)np + 1, sizeof *o->grad);
-    o->offset = calloc((size_t)np + 1, sizeof *o->offset);
+    o->buf = rt_calloc((size_t)np + 1, sizeof *o->buf);
+    o->grad = rt_calloc((size_t)np + 1, sizeof *o->grad);
+    o->offset = rt_calloc((size_t)np + 1, sizeof *o->offset);
     if (!o->buf || !o->grad || !o->offset) {
         rt_optim_free(o);
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
@@ -102,9 +103,9 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     o->total = o->offset[np];
     o->nblocks = (o->total + BLOCK - 1) / BLOCK;
     size_t n = (size_t)(o->total ? o->total : 1);
-    o->m = calloc(n, sizeof *o->m);
-    o->v = calloc(n, sizeof *o->v);
-    o->partial = calloc((size_t)o->nblocks + 1, sizeof *o->partial);
+    o->m = rt_calloc(n, sizeof *o->m);
+    o->v = rt_calloc(n, sizeof *o->v);
+    o->partial = rt_calloc((size_t)o->nblocks + 1, sizeof *o->partial);
     if (!o->m || !o->v || !o->partial) {
         rt_optim_free(o);
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state (%" PRId64 " parameters)",
@@ -224,8 +225,8 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     int st = optim_get(s, &o);
     if (st)
         return st;
-    float **p = calloc((size_t)o->nparams + 1, sizeof *p);
-    const float **g = calloc((size_t)o->nparams + 1, sizeof *g);
+    float **p = rt_calloc((size_t)o->nparams + 1, sizeof *p);
+    const float **g = rt_calloc((size_t)o->nparams + 1, sizeof *g);
     if (!p || !g) {
         free(p);
         free(g);
@@ -417,8 +418,9 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         for (int i = 0; i < nmeta; i++)
             rt_st_writer_meta(w, keys[i], values[i]);
         char msg[512];
-        if (rt_st_writer_save(w, path, msg, sizeof msg))
-            st = failf(s, XTC_ERR_IO, "%s", msg);
+        int rc = rt_st_writer_save(w, path, msg, sizeof msg);
+        if (rc)
+            st = failf(s, rc == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     }
     rt_st_writer_free(w);
     return st;
@@ -441,7 +443,7 @@ static float *read_f32(XtcSession *s, const RtStTensor *t, const RtBuffer *b, co
         return NULL;
     }
     int64_t n = rt_st_numel(t);
-    float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
+    float *data = rt_malloc((size_t)(n ? n : 1) * sizeof *data);
     char msg[512];
     if (!data)
         *st = failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
@@ -464,7 +466,8 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     char msg[512];
     int st = rt_st_open(path, &f, msg, sizeof msg);
     if (st)
-        return failf(s, st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT, "%s", msg);
+        return failf(s, st == RT_ST_EIO ? XTC_ERR_IO : st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : XTC_ERR_FORMAT, "%s",
+                     msg);
     /* every tensor must be a weight, a tied name, or optimizer state of a parameter */
     int noptim = 0;
     for (int i = 0; i < rt_st_count(f) && !st; i++) {
@@ -489,8 +492,8 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     int with_optim = !st && optimizer && noptim > 0;
     if (with_optim && (!step_text || *end || step <= 0))
         st = failf(s, XTC_ERR_FORMAT, "%s: optimizer state without a valid xtc.optim.step", path);
-    float **w = calloc((size_t)nw + 1, sizeof *w), **mv = calloc((size_t)np + 1, sizeof *mv),
-          **vv = calloc((size_t)np + 1, sizeof *vv);
+    float **w = rt_calloc((size_t)nw + 1, sizeof *w), **mv = rt_calloc((size_t)np + 1, sizeof *mv),
+          **vv = rt_calloc((size_t)np + 1, sizeof *vv);
     if (!w || !mv || !vv)
         st = st ? st : failf(s, XTC_ERR_MEMORY, "out of memory reading %s", path);
     for (int i = 0; i < nw && !st; i++) {
@@ -515,13 +518,15 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
                 vv[i] = read_f32(s, tv, &m->bufs[b], path, &st);
         }
     }
+    /* the optimizer's memory before anything changes: the commit below allocates nothing */
+    struct RtOptim *o;
+    if (!st && with_optim)
+        st = optim_get(s, &o);
     /* commit: the weights, then the optimizer (reset when the file has none) */
     for (int i = 0; i < nw && !st; i++) {
         int b = i < np ? m->by_kind[RT_BUF_PARAM][i] : m->by_kind[RT_BUF_STATE][i - np];
-        int64_t shape[XTC_MAX_RANK];
-        for (int d = 0; d < m->bufs[b].rank; d++)
-            shape[d] = m->bufs[b].shape[d].c;
-        st = xtc_session_set_weight(s, m->bufs[b].name, m->bufs[b].rank, shape, w[i]);
+        rt_session_adopt(s, b, w[i]);
+        w[i] = NULL;
     }
     if (!st && optimizer) {
         if (with_optim) {

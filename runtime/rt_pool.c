@@ -13,7 +13,9 @@
  * before sleeping on a condition variable: waking a sleeping thread costs tens of microseconds,
  * more in a virtual machine, and a forward pass runs hundreds of kernels. */
 #include "rt_internal.h"
+#include "rt_alloc.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -117,9 +119,11 @@ static void *worker_main(void *arg)
 
 RtPool *rt_pool_new(int nthreads)
 {
-    RtPool *p = calloc(1, sizeof *p);
-    if (!p)
+    RtPool *p = rt_calloc(1, sizeof *p);
+    if (!p) {
+        errno = ENOMEM;
         return NULL;
+    }
     p->n = nthreads < 1 ? 1 : nthreads > 1024 ? 1024 : nthreads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
@@ -130,21 +134,25 @@ RtPool *rt_pool_new(int nthreads)
     atomic_init(&p->caller_waits, 0);
     atomic_init(&p->stop, 0);
     if (p->n > 1) {
-        p->threads = calloc((size_t)p->n, sizeof *p->threads);
+        p->threads = rt_calloc((size_t)p->n, sizeof *p->threads);
         if (!p->threads) {
             rt_pool_free(p);
+            errno = ENOMEM;
             return NULL;
         }
         for (int i = 1; i < p->n; i++) {
-            Worker *w = malloc(sizeof *w);
+            Worker *w = rt_malloc(sizeof *w);
             if (!w) {
                 rt_pool_free(p);
+                errno = ENOMEM;
                 return NULL;
             }
             w->pool = p;
-            if (pthread_create(&p->threads[i], NULL, worker_main, w) != 0) {
+            int rc = pthread_create(&p->threads[i], NULL, worker_main, w);
+            if (rc != 0) {
                 free(w);
                 rt_pool_free(p);
+                errno = rc;
                 return NULL;
             }
             p->started = i;

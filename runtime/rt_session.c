@@ -8,8 +8,10 @@
  * (the session's limits, or the sizes seen so far) and redone, growing the arena, when a run
  * needs more. */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,8 +98,8 @@ static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
  * temps and *total; -1 when out of memory, -2 - b when buffer b would not fit at these sizes. */
 static int plan_offsets(const XtcModule *m, const int64_t *syms, size_t *offset, size_t *bytes, size_t *total_out)
 {
-    Item *items = malloc(((size_t)m->nbufs + 1) * sizeof *items);
-    int *placed = malloc(((size_t)m->nbufs + 1) * sizeof *placed);
+    Item *items = rt_malloc(((size_t)m->nbufs + 1) * sizeof *items);
+    int *placed = rt_malloc(((size_t)m->nbufs + 1) * sizeof *placed);
     if (!items || !placed) {
         free(items);
         free(placed);
@@ -163,7 +165,7 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
         s->arena = NULL;
         s->arena_bytes = 0;
         size_t alloc = total ? total : ARENA_ALIGN;
-        s->arena = aligned_alloc(ARENA_ALIGN, alloc);
+        s->arena = rt_aligned_alloc(ARENA_ALIGN, alloc);
         if (!s->arena)
             return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
         s->arena_bytes = total;
@@ -181,7 +183,7 @@ int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms)
         v[i] = syms[i];
     rt_derive_syms(m, v);
     size_t nb = (size_t)m->nbufs + 1;
-    size_t *offset = calloc(nb, sizeof *offset), *bytes = calloc(nb, sizeof *bytes);
+    size_t *offset = rt_calloc(nb, sizeof *offset), *bytes = rt_calloc(nb, sizeof *bytes);
     size_t total = 0;
     int rc = offset && bytes ? plan_offsets(m, v, offset, bytes, &total) : -1;
     free(offset);
@@ -195,7 +197,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
 {
     if (!out)
         return XTC_ERR_ARG;
-    XtcSession *s = calloc(1, sizeof *s);
+    XtcSession *s = rt_calloc(1, sizeof *s);
     *out = s;
     if (!s)
         return XTC_ERR_MEMORY;
@@ -222,23 +224,28 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     }
     rt_derive_syms(m, init);
     size_t nb = (size_t)m->nbufs + 1;
-    s->ptr = calloc(nb, sizeof *s->ptr);
-    s->own = calloc(nb, sizeof *s->own);
-    s->shape = calloc(nb, sizeof *s->shape);
-    s->set = calloc(nb, 1);
-    s->offset = calloc(nb, sizeof *s->offset);
-    s->bytes = calloc(nb, sizeof *s->bytes);
+    s->ptr = rt_calloc(nb, sizeof *s->ptr);
+    s->own = rt_calloc(nb, sizeof *s->own);
+    s->shape = rt_calloc(nb, sizeof *s->shape);
+    s->set = rt_calloc(nb, 1);
+    s->offset = rt_calloc(nb, sizeof *s->offset);
+    s->bytes = rt_calloc(nb, sizeof *s->bytes);
     if (!s->ptr || !s->own || !s->shape || !s->set || !s->offset || !s->bytes)
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     if (m->device) { /* before the pool: a session whose device fails stays unusable */
         char msg[sizeof s->err];
-        int st = (s->changed = calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
+        int st = (s->changed = rt_calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
         if (st)
             return fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
     }
     s->pool = rt_pool_new(o.threads ? o.threads : 1);
-    if (!s->pool)
-        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads", o.threads);
+    if (!s->pool) {
+        char why[128] = "";
+        int e = errno;
+        if (e == ENOMEM)
+            return fail(s, XTC_ERR_MEMORY, "out of memory starting %d threads", o.threads);
+        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads: %s", o.threads, strerror_r(e, why, sizeof why));
+    }
     s->api.pool = s->pool;
     s->api.parallel_for = rt_pool_parallel_for;
     s->api.nthreads = o.threads ? o.threads : 1;
@@ -448,7 +455,7 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
     if (st)
         return st;
     size_t bytes = (size_t)numel_of(rank, shape) * sizeof(float);
-    float *copy = malloc(bytes ? bytes : 1);
+    float *copy = rt_malloc(bytes ? bytes : 1);
     if (!copy)
         return fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
     if (bytes && !data) {
@@ -542,7 +549,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
         return XTC_ERR_NAME;
     }
     /* convert everything first, then commit, so a failure changes nothing */
-    float **fresh = calloc((size_t)m->nbufs + 1, sizeof *fresh);
+    float **fresh = rt_calloc((size_t)m->nbufs + 1, sizeof *fresh);
     if (!fresh) {
         rt_st_close(f);
         return fail(s, XTC_ERR_MEMORY, "out of memory loading %s", path);
@@ -553,7 +560,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
             int b = m->by_kind[k][i];
             const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
             int64_t n = rt_st_numel(t);
-            fresh[b] = malloc(n ? (size_t)n * sizeof(float) : 1);
+            fresh[b] = rt_malloc(n ? (size_t)n * sizeof(float) : 1);
             if (!fresh[b])
                 st = fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
             else if (rt_st_to_f32(t, fresh[b], msg, sizeof msg))
@@ -599,7 +606,7 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     if (n > 0 && !data)
         return fail(s, XTC_ERR_ARG, "input '%s': no data", name);
     size_t esize = xtc_dtype_size(buf->dtype);
-    char *copy = malloc(n ? (size_t)n * esize : 1);
+    char *copy = rt_malloc(n ? (size_t)n * esize : 1);
     if (!copy)
         return fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", name);
     for (int64_t i = 0; i < n; i++) {
@@ -789,7 +796,7 @@ int xtc_session_set_profiling(XtcSession *s, int on)
     s->api.hook_ctx = NULL;
     if (!on)
         return XTC_OK;
-    s->step_s = calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
+    s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
     if (!s->step_s)
         return fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
     s->api.step_done = step_done;
@@ -828,7 +835,7 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
         fprintf(out, "no profile: call xtc_session_set_profiling(s, 1) before running\n");
         return XTC_OK;
     }
-    KernelTime *kt = calloc((size_t)m->nkernels + 1, sizeof *kt);
+    KernelTime *kt = rt_calloc((size_t)m->nkernels + 1, sizeof *kt);
     if (!kt)
         return XTC_ERR_MEMORY;
     double total = 0;
@@ -861,7 +868,7 @@ static int32_t device_run(XtcSession *s, const int64_t *syms)
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)
-        fail(s, XTC_ERR_IO, "%s", msg);
+        fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     else
         memset(s->changed, 0, (size_t)s->m->nbufs);
     return r;
@@ -897,7 +904,7 @@ int xtc_session_run(XtcSession *s)
         if (buffer_bytes(b, syms) > s->bytes[i])
             grow = 1;
     }
-    if (grow) {
+    if (grow || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
@@ -915,7 +922,7 @@ int xtc_session_run(XtcSession *s)
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);
     if (r < 0 && s->dev)
-        return XTC_ERR_IO; /* the device's message is set */
+        return r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO; /* the device's message is set */
     if (r != 0)
         return run_failure(s, r);
     if (s->step_s)
@@ -966,6 +973,15 @@ void *rt_session_output(XtcSession *s, int out)
     if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
         return NULL;
     return s->ptr[s->m->outs[out].buf];
+}
+
+void rt_session_adopt(XtcSession *s, int buf, float *data)
+{
+    const RtBuffer *b = &s->m->bufs[buf];
+    int64_t shape[XTC_MAX_RANK];
+    for (int d = 0; d < b->rank; d++)
+        shape[d] = b->shape[d].c;
+    bind_buffer(s, buf, data, b->rank, shape);
 }
 
 RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }

@@ -18,6 +18,7 @@
  * and PyTorch's produce) come out aligned.
  */
 #include "safetensors.h"
+#include "rt_alloc.h"
 #include "json.h"
 
 #include <errno.h>
@@ -187,7 +188,7 @@ static uint64_t read_le64(const unsigned char *p) {
  * that the data section is ST_DATA_ALIGN-aligned when hlen fits the file. */
 static int alloc_image(RtStFile *f, size_t len, uint64_t hlen) {
   if (len > SIZE_MAX - ST_DATA_ALIGN) return -1;
-  f->buf = malloc(len + ST_DATA_ALIGN);
+  f->buf = rt_malloc(len + ST_DATA_ALIGN);
   if (!f->buf) return -1;
   size_t pad = 0;
   if (len >= 8 && hlen <= len - 8) {
@@ -200,7 +201,7 @@ static int alloc_image(RtStFile *f, size_t len, uint64_t hlen) {
 }
 
 static char *dup_bytes(const char *s, size_t n) {
-  char *d = malloc(n + 1);
+  char *d = rt_malloc(n + 1);
   if (d) {
     memcpy(d, s, n);
     d[n] = 0;
@@ -246,7 +247,7 @@ static int load_metadata(Ctx *c, RtStFile *f, const JsonValue *meta) {
   if (meta->kind == JSON_NULL) return 0; /* the Rust reader accepts null as "no metadata" */
   if (meta->kind != JSON_OBJECT) return tfail(c, RT_ST_EFORMAT, NULL, 0, "__metadata__ is not an object");
   if (meta->len > INT32_MAX) return tfail(c, RT_ST_EFORMAT, NULL, 0, "__metadata__ has too many keys");
-  f->meta = calloc(meta->len + 1, sizeof *f->meta);
+  f->meta = rt_calloc(meta->len + 1, sizeof *f->meta);
   if (!f->meta) return tfail(c, RT_ST_ENOMEM, NULL, 0, "out of memory");
   for (size_t i = 0; i < meta->len; i++) {
     const JsonMember *m = &meta->u.members[i];
@@ -351,8 +352,8 @@ static int cmp_tensor_ptr_by_offset(const void *a, const void *b) {
 /* Builds by_name and checks that no two non-empty byte ranges overlap. */
 static int index_tensors(Ctx *c, RtStFile *f, const unsigned char *data) {
   int n = f->count;
-  const RtStTensor **ptrs = malloc((size_t)(n ? n : 1) * sizeof *ptrs);
-  f->by_name = malloc((size_t)(n ? n : 1) * sizeof *f->by_name);
+  const RtStTensor **ptrs = rt_malloc((size_t)(n ? n : 1) * sizeof *ptrs);
+  f->by_name = rt_malloc((size_t)(n ? n : 1) * sizeof *f->by_name);
   if (!ptrs || !f->by_name) {
     free(ptrs);
     return tfail(c, RT_ST_ENOMEM, NULL, 0, "out of memory");
@@ -416,7 +417,7 @@ static int load(Ctx *c, RtStFile *f) {
     rc = tfail(c, RT_ST_EFORMAT, NULL, 0, "too many tensors");
     goto done;
   }
-  f->tensors = calloc(root->len ? root->len : 1, sizeof *f->tensors);
+  f->tensors = rt_calloc(root->len ? root->len : 1, sizeof *f->tensors);
   if (!f->tensors) {
     rc = tfail(c, RT_ST_ENOMEM, NULL, 0, "out of memory");
     goto done;
@@ -449,7 +450,7 @@ int rt_st_parse(const void *bytes, size_t len, RtStFile **out, char *err, size_t
   *out = NULL;
   if (!bytes && len) return fail(err, errlen, RT_ST_EINVAL, "rt_st_parse: bytes is NULL");
   Ctx c = {"safetensors", err, errlen};
-  RtStFile *f = calloc(1, sizeof *f);
+  RtStFile *f = rt_calloc(1, sizeof *f);
   if (!f || alloc_image(f, len, len >= 8 ? read_le64(bytes) : 0)) {
     rt_st_close(f);
     return fail(err, errlen, RT_ST_ENOMEM, "safetensors: out of memory for %zu bytes", len);
@@ -506,7 +507,7 @@ int rt_st_open(const char *path, RtStFile **out, char *err, size_t errlen) {
   unsigned char head[8];
   uint64_t hlen = 0;
   if (len >= 8 && read_at(fd, head, 8, 0) == 0) hlen = read_le64(head);
-  RtStFile *f = calloc(1, sizeof *f);
+  RtStFile *f = rt_calloc(1, sizeof *f);
   if (!f || alloc_image(f, len, hlen)) {
     rt_st_close(f);
     close(fd);
@@ -713,7 +714,7 @@ struct RtStWriter {
   char error[256];
 };
 
-RtStWriter *rt_st_writer_new(void) { return calloc(1, sizeof(RtStWriter)); }
+RtStWriter *rt_st_writer_new(void) { return rt_calloc(1, sizeof(RtStWriter)); }
 
 void rt_st_writer_free(RtStWriter *w) {
   if (!w) return;
@@ -750,7 +751,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t elem) {
   if (n < *cap) return 0;
   size_t c = *cap ? *cap * 2 : 16;
   if (c > SIZE_MAX / elem) return -1;
-  void *p = realloc(*arr, c * elem);
+  void *p = rt_realloc(*arr, c * elem);
   if (!p) return -1;
   *arr = p;
   *cap = c;
@@ -785,7 +786,7 @@ int rt_st_writer_add(RtStWriter *w, const char *name, RtDType dt, int rank, cons
   if (grow((void **)&w->entries, &w->cap, w->n, sizeof *w->entries))
     return wfail(w, RT_ST_ENOMEM, "out of memory");
   e.name = dup_bytes(name, len);
-  e.data = e.nbytes ? malloc(e.nbytes) : NULL;
+  e.data = e.nbytes ? rt_malloc(e.nbytes) : NULL;
   if (!e.name || (e.nbytes && !e.data)) {
     free(e.name);
     free(e.data);
@@ -834,7 +835,7 @@ static void buf_add(Buf *b, const char *s, size_t n) {
   if (b->len + n + 1 > b->cap) {
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + n + 1) cap = cap > SIZE_MAX / 2 ? b->len + n + 1 : cap * 2;
-    char *p = realloc(b->p, cap);
+    char *p = rt_realloc(b->p, cap);
     if (!p) {
       b->oom = 1;
       return;
@@ -907,7 +908,7 @@ static int build_header(RtStWriter *w, Buf *b, size_t *data_total, char *err, si
     off += e->nbytes;
   }
   buf_str(b, "}");
-  while (b->len % 8) buf_str(b, " "); /* the data section starts 8-byte aligned */
+  while (!b->oom && b->len % 8) buf_str(b, " "); /* the data section starts 8-byte aligned */
   if (b->oom) {
     free(b->p);
     return fail(err, errlen, RT_ST_ENOMEM, "out of memory for the header");
@@ -932,7 +933,7 @@ int rt_st_writer_serialize(RtStWriter *w, void **out, size_t *len, char *err, si
   size_t total;
   int rc = build_header(w, &b, &total, err, errlen);
   if (rc) return rc;
-  char *p = realloc(b.p, b.len + total + 1);
+  char *p = rt_realloc(b.p, b.len + total + 1);
   if (!p) {
     free(b.p);
     return fail(err, errlen, RT_ST_ENOMEM, "out of memory for %zu bytes", b.len + total);
@@ -961,17 +962,22 @@ static int write_all(int fd, const void *p, size_t n) {
 }
 
 /* Makes a rename in `path`'s directory durable. Best effort: some file systems refuse fsync on a
- * directory, and the file itself is already complete by then. */
-static void sync_dir(const char *path) {
+ * directory, and the file itself is already complete by then. buf (at least strlen(path) + 2
+ * bytes, the temporary name's, no longer needed) receives the directory's name, so that nothing
+ * is allocated after the rename. */
+static void sync_dir(const char *path, char *buf) {
   const char *slash = strrchr(path, '/');
-  char *dir = slash ? dup_bytes(path, slash == path ? 1 : (size_t)(slash - path)) : dup_bytes(".", 1);
-  if (!dir) return;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  size_t len = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
+  if (len)
+    memcpy(buf, path, len);
+  else
+    buf[len++] = '.';
+  buf[len] = 0;
+  int fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     fsync(fd);
     close(fd);
   }
-  free(dir);
 }
 
 int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen) {
@@ -983,7 +989,7 @@ int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen)
   if (rc) return rc;
   /* a unique name beside the target: O_EXCL makes a clash with another writer a retry */
   size_t tmplen = strlen(path) + 64;
-  char *tmp = malloc(tmplen);
+  char *tmp = rt_malloc(tmplen);
   int fd = -1;
   if (!tmp) {
     free(b.p);
@@ -1013,7 +1019,7 @@ int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen)
     unlink(tmp);
     rc = fail(err, errlen, RT_ST_EIO, "%s: %s failed: %s", path, step, strerror(e));
   } else {
-    sync_dir(path);
+    sync_dir(path, tmp);
   }
   free(tmp);
   free(b.p);

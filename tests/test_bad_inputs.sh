@@ -273,8 +273,46 @@ if "$xtc" compile "$model" -o "$tmp/dp.so" > "$tmp/out" 2> "$tmp/err"; then
     ;;
   *) echo "skip m_other_cpu: the CPU feature check covers x86-64 only (this machine: $(uname -m))" ;;
   esac
-  run m_check_finite "does not apply to a compiled module" run "$tmp/dp.so" --weights "$weights" \
-    --input "$tmp/ok_i32_tokens.safetensors" --output "$tmp/out.safetensors" --check-finite
+  # --check-finite on a compiled module: the weights, the inputs it reads, its outputs and
+  # gradients; on a finding the output file is not written
+  mf() { # LABEL WANT WEIGHTS INPUT [ARGS...]
+    local label=$1 want=$2 w=$3 in=$4
+    shift 4
+    rm -f "$tmp/finite.safetensors"
+    run "$label" "$want" run "$tmp/dp.so" --weights "$w" --input "$in" --output "$tmp/finite.safetensors" \
+      --check-finite "$@"
+    if [ -n "$want" ] && ls "$tmp"/finite.safetensors* > /dev/null 2>&1; then
+      echo "FAIL $label: an output file was left behind"; fail=$((fail + 1))
+    elif [ -z "$want" ] && [ ! -s "$tmp/finite.safetensors" ]; then
+      echo "FAIL $label: no output file"; fail=$((fail + 1))
+    fi
+  }
+  ok_in=$tmp/ok_i32_tokens.safetensors
+  mf m_w_nan "w_nan.safetensors: weight 'attn_layers.layers.0.1.to_q.weight' holds a non-finite value (NaN at [0, 5])" \
+    "$tmp/w_nan.safetensors" "$ok_in"
+  mf m_w_inf "weight 'norm.bias' holds a non-finite value (-inf at [3])" "$tmp/w_inf.safetensors" "$ok_in"
+  mf m_w_logits_overflow "output 'logits' holds a non-finite value (+inf at [0, 0, 0])" \
+    "$tmp/w_logits_overflow.safetensors" "$ok_in"
+  mf m_ok_check_finite "" "$weights" "$ok_in"
+  # the continuous model: a NaN input; as a training module on the caller's output gradient,
+  # gradients that overflow (the outputs are finite)
+  cont=$src/tests/parity/continuous.xtf
+  if "$xtc" compile "$cont" --mask -O1 -o "$tmp/cont.so" > "$tmp/out" 2> "$tmp/err" &&
+    "$xtc" compile "$cont" --mask --train -O1 -o "$tmp/cont_train.so" > "$tmp/out" 2> "$tmp/err"; then
+    mx() { # LABEL WANT MODULE INPUT [ARGS...]
+      local label=$1 want=$2 mod=$3 in=$4
+      shift 4
+      run "$label" "$want" run "$mod" --weights "$parity/continuous/weights.safetensors" --input "$in" \
+        --output "$tmp/out.safetensors" --check-finite "$@"
+    }
+    mx m_i_nan_x "i_nan_x.safetensors: input 'x' holds a non-finite value (NaN at [0, 2, 1])" "$tmp/cont.so" \
+      "$tmp/i_nan_x.safetensors"
+    mx m_grad_overflow "output 'grad." "$tmp/cont_train.so" "$tmp/i_grad_overflow.safetensors" --grads
+    run m_grad_overflow_unchecked "" run "$tmp/cont_train.so" --weights "$parity/continuous/weights.safetensors" \
+      --input "$tmp/i_grad_overflow.safetensors" --output "$tmp/out.safetensors" --grads
+  else
+    echo "FAIL m_i_nan_x: compiling continuous.xtf: $(head -3 "$tmp/err")"; fail=$((fail + 1))
+  fi
 else
   echo "skip modules: xtc compile is not available in this build ($(head -1 "$tmp/err"))"
 fi

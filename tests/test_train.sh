@@ -5,6 +5,9 @@
 #   - a run stopped at step 1000 and resumed from its checkpoint gives the losses and the final
 #     checkpoint (weights, optimizer state, run state) of the uninterrupted 2000-step run, bit for
 #     bit (threads fixed);
+#   - Ctrl-C (SIGINT) saves a checkpoint and exits 130; --resume continues from the next step;
+#     a checkpoint that cannot be written (full disk, a directory in the way) is an error that
+#     leaves the previous one intact;
 #   - `xtc generate` greedy with the KV cache equals greedy by full recomputation (--no-cache),
 #     from the .xtf and from a module compiled with --kv-cache; sampling is reproducible by seed;
 #   - `xtc demo` (the README's main job) runs in miniature;
@@ -68,6 +71,60 @@ fi
 at1000() { awk '$1 == "step" && $2 == 1000 { NF -= 2; print }' "$1"; }
 [ -n "$(at1000 "$tmp/a.out")" ] && [ "$(at1000 "$tmp/b1.out")" = "$(at1000 "$tmp/a.out")" ] &&
   ok "stop-at: step 1000 matches the uninterrupted run" || bad "stop-at: step 1000 differs"
+
+# Ctrl-C: SIGINT once a step is logged; exit 130 with a checkpoint of the last finished step,
+# equal to the one --stop-at at that step writes, from which --resume carries on at the next step
+long=(--data "$tmp/data.txt" --steps 100000 --batch 4 --seq 32 --threads 2 --val-tokens 2048 --seed 7 --lr 3e-3)
+"$xtc" train "$tmp/tiny_train.so" "${long[@]}" --log-every 1 --ckpt "$tmp/c.safetensors" > "$tmp/c.out" 2> "$tmp/c.err" &
+pid=$!
+while kill -0 "$pid" 2> /dev/null && ! grep -q '^step ' "$tmp/c.err"; do sleep 0.05; done
+kill -INT "$pid" 2> /dev/null
+wait "$pid"
+rc=$?
+n=$(sed -n 's/^interrupted after step \([0-9]*\); continue with --resume .*c\.safetensors$/\1/p' "$tmp/c.out")
+if [ "$rc" -eq 130 ] && [ -n "$n" ] && [ -s "$tmp/c.safetensors" ]; then
+  ok "Ctrl-C: exit status 130 after step $n, checkpoint written"
+else
+  bad "Ctrl-C: exit status $rc, step '${n}': $(cat "$tmp/c.out" "$tmp/c.err" | tail -5)"
+  n=1
+fi
+cp "$tmp/c.safetensors" "$tmp/c_at_n.safetensors"
+"$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --stop-at "$n" --ckpt "$tmp/d.safetensors" > /dev/null 2>&1 &&
+  cmp -s "$tmp/c.safetensors" "$tmp/d.safetensors" &&
+  ok "Ctrl-C: the checkpoint equals the one of --stop-at $n" ||
+  bad "Ctrl-C: the checkpoint differs from the one of --stop-at $n"
+"$xtc" train "$tmp/tiny_train.so" "${long[@]}" --log-every 1 --resume "$tmp/c.safetensors" \
+  --ckpt "$tmp/c.safetensors" --stop-at $((n + 2)) > "$tmp/c2.out" 2> "$tmp/c2.err" ||
+  bad "Ctrl-C: --resume failed: $(cat "$tmp/c2.err")"
+steps=$(sed -n 's/^step \([0-9]*\)\/100000 .*/\1/p' "$tmp/c2.err" | tr '\n' ' ')
+if grep -q "resumed" "$tmp/c2.out" && [ "$steps" = "$((n + 1)) " ] && grep -q "^step *$((n + 2)) " "$tmp/c2.out"; then
+  ok "Ctrl-C: --resume continues at step $((n + 1)) and stops after $((n + 2))"
+else
+  bad "Ctrl-C: --resume after step $n logged steps '$steps': $(cat "$tmp/c2.out")"
+fi
+
+# a checkpoint that cannot be written is an error and leaves the previous one intact: a full
+# disk (a file size limit: write fails with EFBIG), a directory in the way (rename fails); no
+# temporary file stays behind
+cp "$tmp/c.safetensors" "$tmp/c_prev.safetensors"
+(trap '' XFSZ; ulimit -f 16; exec "$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --resume "$tmp/c_at_n.safetensors" \
+  --ckpt "$tmp/c.safetensors" --stop-at $((n + 1))) > "$tmp/f.out" 2> "$tmp/f.err"
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "c.safetensors: write failed: File too large" "$tmp/f.err" &&
+  cmp -s "$tmp/c.safetensors" "$tmp/c_prev.safetensors" && ! ls "$tmp"/c.safetensors.tmp.* > /dev/null 2>&1; then
+  ok "full disk: $(head -1 "$tmp/f.err" | sed 's/^xtc train: //'); the previous checkpoint is intact"
+else
+  bad "full disk: status $rc, $(cat "$tmp/f.err"); $(ls "$tmp")"
+fi
+mkdir "$tmp/ckdir"
+"$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --stop-at 1 --ckpt "$tmp/ckdir" > "$tmp/f.out" 2> "$tmp/f.err"
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "ckdir: rename failed: Is a directory" "$tmp/f.err" && [ -d "$tmp/ckdir" ] &&
+  ! ls "$tmp"/ckdir.tmp.* > /dev/null 2>&1; then
+  ok "directory as checkpoint: $(head -1 "$tmp/f.err" | sed 's/^xtc train: //')"
+else
+  bad "directory as checkpoint: status $rc, $(cat "$tmp/f.err")"
+fi
 
 # generation: KV cache vs recomputation, greedy, within max_seq_len (9 + 20 < 32), through
 # compiled modules (the demo below compiles from .xtf)

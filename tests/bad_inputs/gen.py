@@ -122,6 +122,10 @@ C, _ = st.read(parity + "/continuous/inputs.safetensors")
 x = list(C["x"].values)
 x[17] = float("nan")
 inputs("i_nan_x.safetensors", {"x": T("F32", C["x"].shape, x), "mask": C["mask"]})
+# ... trained through the caller's gradient of its output: finite, but the parameters' gradients
+# (sums of many 3e38) overflow float32
+inputs("i_grad_overflow.safetensors", {"x": C["x"], "mask": C["mask"],
+                                       "grad.output": T("F32", [2, 16, 6], [3e38] * 192)})
 
 # ---- edge cases that are valid: they must run ----
 # tokens whose data is not 8-byte aligned in the file (after a 3-byte tensor)
