@@ -283,7 +283,27 @@ int xtc_module_describe(const XtcModule *m, FILE *out)
     fprintf(out, "symbols:");
     for (int s = 0; s < m->nsyms; s++) {
         fprintf(out, " %s", m->sym_name[s]);
-        if (m->sym_max[s])
+        if (m->sym_derived[s]) {
+            /* q = min(n + p, K): the affine definition, then the bound */
+            const RtDim *d = &m->sym_def[s];
+            fprintf(out, " = %s", m->sym_max[s] ? "min(" : "");
+            int first = 1;
+            for (int t = 0; t < m->nsyms; t++) {
+                if (!d->k[t])
+                    continue;
+                int64_t k = d->k[t];
+                fprintf(out, "%s", first ? (k < 0 ? "-" : "") : (k < 0 ? " - " : " + "));
+                if (k != 1 && k != -1)
+                    fprintf(out, "%lld*", (long long)(k < 0 ? -k : k));
+                fprintf(out, "%s", m->sym_name[t]);
+                first = 0;
+            }
+            if (first || d->c)
+                fprintf(out, first ? "%lld" : (d->c < 0 ? " - %lld" : " + %lld"),
+                        (long long)(first || d->c >= 0 ? d->c : -d->c));
+            if (m->sym_max[s])
+                fprintf(out, ", %lld)", (long long)m->sym_max[s]);
+        } else if (m->sym_max[s])
             fprintf(out, " <= %lld", (long long)m->sym_max[s]);
         fprintf(out, "%s", s + 1 < m->nsyms ? "," : "");
     }

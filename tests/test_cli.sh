@@ -32,6 +32,10 @@ check "info" "$xtc" info "$tmp/m.so"
 grep -q "attn_layers.rotary_pos_emb.inv_freq" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info lists the buffers"; }
 check "info --source" "$xtc" info "$tmp/m.so" --source
 grep -q "rotary_pos_emb = true" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL the module embeds its source"; }
+check "compile transformer_xl" "$xtc" compile "$src/models/transformer_xl.xtf" -O0 -o "$tmp/xl.so"
+check "info transformer_xl" "$xtc" info "$tmp/xl.so"
+grep -qF "symbols: b, n <= 512, p <= 512, q = min(n + p, 512)" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL info prints a derived symbol's definition"; }
 check "run compiled --grads" "$xtc" run "$tmp/m.so" --weights "$case/weights.safetensors" \
   --input "$case/inputs.safetensors" --output "$tmp/o.safetensors" --threads 2 --grads
 check "compiled logits, loss and gradients match x-transformers" $py "$parity/compare.py" "$case" \
