@@ -359,7 +359,7 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     LLVMValueRef sr = iadd(&k, sbase, lr.iv);
     LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
-    st(&k, AL, lr.iv, cg_exp(k.cg, f_sub(&k, mold, mnew)));
+    st(&k, AL, lr.iv, cg_exp_finite(k.cg, f_sub(&k, mold, mnew)));
     st(&k, M, sr, mnew);
     cg_for_end(f, &lr);
     /* ... the probabilities, row by row, ... */
@@ -369,7 +369,7 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
     cg_for(f, &lc, ci(&k, 0), bcq, "c");
     si = iadd(&k, srow, lc.iv);
-    LLVMValueRef p = cg_exp(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
+    LLVMValueRef p = cg_exp_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
     st(&k, S, si, p);
     fsum_into(&k, sum, p);
     cg_for_end(f, &lc);
@@ -574,7 +574,7 @@ int cg_attention_grad_impl(CgFn *f)
     LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
     LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
     keep = LLVMBuildAnd(k.b, keep, notfull, "");
-    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
+    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp_finite(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
     LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);
     LLVMValueRef ti = iadd(&k, imul(&k, lc.iv, cBBR), lr.iv);
     st(&k, PT, ti, p);
