@@ -222,8 +222,8 @@ static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueR
         }
         transpose_square(cg, rows, vw);
         for (int q = 0; q < vw; q++) {
-            LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, p0, cg_i64(cg, q), ""), cg_i64(cg, nr), ""),
-                                           cg_i64(cg, jb), "");
+            LLVMValueRef prow = LLVMBuildAdd(b, p0, cg_i64(cg, q), "");
+            LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, prow, cg_i64(cg, nr), ""), cg_i64(cg, jb), "");
             LLVMSetAlignment(LLVMBuildStore(b, rows[q], cg_addr(f, IR_F32, bp, at)), 4);
         }
     }
