@@ -163,6 +163,10 @@ LLVMValueRef cg_fmf(LLVMValueRef inst, unsigned flags);
 /* Vectorisable float math (scalar or vector operands): exp and erf by range reduction and
  * polynomials, accurate to a few ulp (exp) and 2e-7 absolute (erf). NaN propagates. */
 LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x);
+/* exp(x) for x <= 88 that is not NaN (a NaN gives an unspecified value), 0 below -87 (where exp
+ * is below the smallest normal float): about half of cg_exp's instructions, for the online
+ * softmax of the attention kernels, whose arguments are scores minus a maximum */
+LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x);
 LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x);
 /* maximum with NaN propagation, like torch.maximum */
 LLVMValueRef cg_fmax(Cg *cg, LLVMValueRef a, LLVMValueRef b);

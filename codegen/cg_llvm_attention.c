@@ -9,8 +9,9 @@
  *   m = -inf, l = 0, O = 0                                          (per row of the group)
  *   for each tile of BC keys (under causal, only up to the group's last allowed key):
  *     pack K^T and V of the tile once, for all the group's query tiles; then for each query tile
- *     that sees any of these keys:
- *     S = Q K^T                                 [BR, BC] by micro-kernel on the packed K panels
+ *     that sees any of these keys, over the bc' <= BC of them that its last row sees (under
+ *     causal, the keys past that are masked for the whole query tile):
+ *     S = Q K^T                                 [BR, bc'] by micro-kernel on the packed K panels
  *     s = S scale + bias; -FLT_MAX where masked (mask false, or causal j > i + J - I)
  *     m' = max(m, max s);  P = exp(s - m');  l = l e^(m - m') + sum P;  O = O e^(m - m')
  *     O += P V                                  [BR, E]
@@ -326,23 +327,26 @@ int cg_attention_impl(CgFn *f)
     /* under causal, a query tile whose last row sees none of these keys skips them */
     CgIf sees;
     cg_if(f, &sees, causal ? ilt(&k, j0, iadd(&k, iadd(&k, i0, rows), off)) : LLVMConstInt(k.cg->t_i1, 1, 0));
+    /* ... and computes only the keys its last row can see: those past it are masked for every
+     * row of the tile, and would only add zeros */
+    LLVMValueRef bcq = causal ? imin(&k, bc, isub(&k, iadd(&k, iadd(&k, i0, rows), off), j0)) : bc;
     LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD));
-    /* S[rows, bc] = Q K^T, a panel of nr keys at a time */
-    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
+    /* S[rows, bcq] = Q K^T, a panel of nr keys at a time */
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bcq, nr), "kpanel");
     p0 = imul(&k, lp.iv, ci(&k, nr));
     micro_rows(&k, qt, cD, rows, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0), cBC,
-               imin(&k, ci(&k, nr), isub(&k, bc, p0)), 0);
+               imin(&k, ci(&k, nr), isub(&k, bcq, p0)), 0);
     cg_for_end(f, &lp);
     /* the online softmax: the scores and each row's maximum in the tile, ... */
     CgLoop lr, lc;
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     LLVMValueRef i = iadd(&k, i0, lr.iv);
     LLVMValueRef srow = imul(&k, lr.iv, cBC);
-    LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bc;
+    LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bcq;
     LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
     LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
     LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
-    cg_for(f, &lc, ci(&k, 0), bc, "c");
+    cg_for(f, &lc, ci(&k, 0), bcq, "c");
     LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
     LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
     x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
@@ -355,7 +359,7 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     LLVMValueRef sr = iadd(&k, sbase, lr.iv);
     LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
-    st(&k, AL, lr.iv, cg_exp(k.cg, f_sub(&k, mold, mnew)));
+    st(&k, AL, lr.iv, cg_exp_finite(k.cg, f_sub(&k, mold, mnew)));
     st(&k, M, sr, mnew);
     cg_for_end(f, &lr);
     /* ... the probabilities, row by row, ... */
@@ -363,9 +367,9 @@ int cg_attention_impl(CgFn *f)
     srow = imul(&k, lr.iv, cBC);
     LLVMValueRef mnew_r = ld(&k, M, iadd(&k, sbase, lr.iv));
     LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
-    cg_for(f, &lc, ci(&k, 0), bc, "c");
+    cg_for(f, &lc, ci(&k, 0), bcq, "c");
     si = iadd(&k, srow, lc.iv);
-    LLVMValueRef p = cg_exp(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
+    LLVMValueRef p = cg_exp_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
     st(&k, S, si, p);
     fsum_into(&k, sum, p);
     cg_for_end(f, &lc);
@@ -382,9 +386,9 @@ int cg_attention_impl(CgFn *f)
     st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
-    /* O[rows, E] += P[rows, bc] V[j0 .. j0 + bc, E] */
+    /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E] */
     for (int e0 = 0; e0 < E; e0 += nr)
-        micro_rows(&k, S, cBC, rows, bc, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
+        micro_rows(&k, S, cBC, rows, bcq, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
                    ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
     cg_if_end(f, &sees);
     cg_for_end(f, &lq);
@@ -570,7 +574,7 @@ int cg_attention_grad_impl(CgFn *f)
     LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
     LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
     keep = LLVMBuildAnd(k.b, keep, notfull, "");
-    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
+    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp_finite(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
     LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);
     LLVMValueRef ti = iadd(&k, imul(&k, lc.iv, cBBR), lr.iv);
     st(&k, PT, ti, p);

@@ -8,7 +8,9 @@
  *   than MIN_ITEMS (batch, column block) pairs to share out (rows_per_block() below).
  *   for each k block of KC:
  *     for each panel of NR = 2 VW columns in the item:
- *       pack B[k block, panel] into bp[KC][NR], contiguous and zero-padded past n (L1-resident)
+ *       pack B[k block, panel] into bp[KC][NR], contiguous and zero-padded past n (L1-resident);
+ *       a transposed B (weights stored [n, k]) is packed VW x VW blocks at a time through an
+ *       in-register transpose, not element by element (which vectorises to scatters)
  *       for each MR rows of the item:
  *         micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
  *         is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
@@ -176,6 +178,58 @@ static void helper_end(Cg *cg, Helper *h)
     LLVMPositionBuilderAtEnd(cg->b, h->saved);
 }
 
+/* Transposes VW x VW floats held as VW row vectors, in place: swapping the off-diagonal h x h
+ * blocks of every 2h x 2h block, for h = VW/2 .. 1 (two-source shuffles, no memory). */
+static void transpose_square(Cg *cg, LLVMValueRef *rows, int vw)
+{
+    for (int h = vw / 2; h >= 1; h /= 2) {
+        LLVMValueRef lo[64], hi[64];
+        for (int c = 0; c < vw; c++) {
+            lo[c] = cg_i32(cg, (c & h) ? vw + c - h : c);
+            hi[c] = cg_i32(cg, (c & h) ? vw + c : c + h);
+        }
+        LLVMValueRef mlo = LLVMConstVector(lo, (unsigned)vw), mhi = LLVMConstVector(hi, (unsigned)vw);
+        for (int i = 0; i < vw; i++) {
+            if (i & h)
+                continue;
+            LLVMValueRef a = rows[i], b = rows[i + h];
+            rows[i] = LLVMBuildShuffleVector(cg->b, a, b, mlo, "");
+            rows[i + h] = LLVMBuildShuffleVector(cg->b, a, b, mhi, "");
+        }
+    }
+}
+
+/* The transposed pack's fast part: bp[p][j] = b[(j0 + j) ldb + pc + p] for p < pfull (a
+ * multiple of VW) and every j < NR, VW x VW blocks at a time: VW contiguous loads of source rows,
+ * an in-register transpose, VW contiguous stores (a plain loop would scatter). */
+static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb, LLVMValueRef pc,
+                          LLVMValueRef pfull, LLVMValueRef j0)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    int vw = lanes(cg), nr = 2 * vw;
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw);
+    CgLoop lp;
+    cg_for(f, &lp, cg_i64(cg, 0), LLVMBuildSDiv(b, pfull, cg_i64(cg, vw), ""), "pblock");
+    LLVMValueRef p0 = LLVMBuildMul(b, lp.iv, cg_i64(cg, vw), "");
+    for (int jb = 0; jb < nr; jb += vw) {
+        LLVMValueRef rows[64];
+        for (int t = 0; t < vw; t++) {
+            LLVMValueRef col = LLVMBuildAdd(b, j0, cg_i64(cg, jb + t), "");
+            LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildAdd(b, LLVMBuildMul(b, col, ldb, ""), pc, ""), p0, "");
+            rows[t] = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, src, at), "");
+            LLVMSetAlignment(rows[t], 4);
+        }
+        transpose_square(cg, rows, vw);
+        for (int q = 0; q < vw; q++) {
+            LLVMValueRef prow = LLVMBuildAdd(b, p0, cg_i64(cg, q), "");
+            LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, prow, cg_i64(cg, nr), ""), cg_i64(cg, jb), "");
+            LLVMSetAlignment(LLVMBuildStore(b, rows[q], cg_addr(f, IR_F32, bp, at)), 4);
+        }
+    }
+    cg_for_end(f, &lp);
+}
+
 /* pack(bp, b, ldb, pc, kc, j0, nc): bp[p][j] = B(pc + p, j0 + j) for j < nc, 0 for nc <= j < NR.
  * B(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed. */
 static LLVMValueRef pack_function(Cg *cg, int transposed)
@@ -208,9 +262,15 @@ static LLVMValueRef pack_function(Cg *cg, int transposed)
         cg_for_end(f, &lj);
         cg_for_end(f, &lp);
     } else {
+        /* a full panel: whole VW x VW blocks first, the last kc % VW rows element by element */
+        int vw = lanes(cg);
+        LLVMValueRef full = LLVMBuildICmp(b, LLVMIntEQ, nc, cg_i64(cg, nr), "");
+        LLVMValueRef pblocks = LLVMBuildMul(b, LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), cg_i64(cg, vw), "");
+        LLVMValueRef pfull = LLVMBuildSelect(b, full, pblocks, cg_i64(cg, 0), "pfull");
+        pack_t_blocks(f, bp, src, ldb, pc, pfull, j0);
         cg_for(f, &lj, cg_i64(cg, 0), nc, "j");
         LLVMValueRef scol = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, j0, lj.iv, ""), ldb, ""), pc, "");
-        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+        cg_for(f, &lp, pfull, kc, "p");
         LLVMValueRef v = cg_load(f, IR_F32, src, LLVMBuildAdd(b, scol, lp.iv, ""));
         cg_store(f, IR_F32, bp, LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), ""), lj.iv, ""), v);
         cg_for_end(f, &lp);

@@ -289,11 +289,13 @@ static LLVMValueRef pow2_times(Cg *cg, LLVMValueRef y, LLVMValueRef n)
     return fmul(cg, fmul(cg, y, s1), s2);
 }
 
+/* exp(r) for r in [-ln2/2, ln2/2]: Cephes expf's polynomial, c[0] + r (c[1] + r (...)) */
+static const double exp_poly[] = {1.0, 1.0, 5.0000001201E-1, 1.6666665459E-1, 4.1665795894E-2,
+                                  8.3334519073E-3, 1.3981999507E-3, 1.9875691500E-4};
+
 LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x)
 {
     /* exp(x) = 2^k * exp(r), k = rint(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2] (Cephes expf) */
-    static const double c[] = {1.0, 1.0, 5.0000001201E-1, 1.6666665459E-1, 4.1665795894E-2,
-                               8.3334519073E-3, 1.3981999507E-3, 1.9875691500E-4};
     LLVMBuilderRef b = cg->b;
     LLVMValueRef isnan = LLVMBuildFCmp(b, LLVMRealUNO, x, x, "");
     LLVMValueRef xc = LLVMBuildSelect(b, isnan, fconst(cg, x, 0), x, "");
@@ -302,9 +304,31 @@ LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x)
     LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", LLVMTypeOf(x), (LLVMValueRef[]){fmul(cg, xc, fconst(cg, x, 1.44269504088896341))}, 1);
     LLVMValueRef r = LLVMBuildFSub(b, xc, fmul(cg, k, fconst(cg, x, 0.693359375)), "");
     r = LLVMBuildFSub(b, r, fmul(cg, k, fconst(cg, x, -2.12194440e-4)), "");
-    LLVMValueRef y = poly(cg, r, c, 8);
+    LLVMValueRef y = poly(cg, r, exp_poly, 8);
     LLVMValueRef res = pow2_times(cg, y, k);
     return LLVMBuildSelect(b, isnan, x, res, "");
+}
+
+LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x)
+{
+    /* cg_exp's reduction and polynomial in fused multiply-adds, without its NaN and overflow
+     * handling, and one 2^k factor: k >= -126 after the clamp, so 2^k is a normal float */
+    LLVMBuilderRef b = cg->b;
+    LLVMTypeRef t = LLVMTypeOf(x);
+    LLVMValueRef tiny = LLVMBuildFCmp(b, LLVMRealOLT, x, fconst(cg, x, -87.0), "");
+    LLVMValueRef xc = LLVMBuildSelect(b, tiny, fconst(cg, x, -87.0), x, "");
+    LLVMValueRef xl = fmul(cg, xc, fconst(cg, x, 1.44269504088896341));
+    LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", t, &xl, 1);
+    LLVMValueRef r = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){k, fconst(cg, x, -0.693359375), xc}, 3);
+    r = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){k, fconst(cg, x, 2.12194440e-4), r}, 3);
+    LLVMValueRef y = fconst(cg, x, exp_poly[7]);
+    for (int i = 6; i >= 0; i--)
+        y = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){y, r, fconst(cg, x, exp_poly[i])}, 3);
+    LLVMTypeRef it = int_like(cg, x);
+    LLVMValueRef biased = LLVMBuildAdd(b, LLVMBuildFPToSI(b, k, it, ""), iconst(cg, x, 127), "");
+    LLVMValueRef e = LLVMBuildShl(b, biased, iconst(cg, x, 23), "");
+    LLVMValueRef res = fmul(cg, y, LLVMBuildBitCast(b, e, t, ""));
+    return LLVMBuildSelect(b, tiny, fconst(cg, x, 0.0), res, "");
 }
 
 LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x)

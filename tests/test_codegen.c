@@ -447,6 +447,9 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     IrNode *big = input(g, "big", IR_F32, 2, s1);
     out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
     out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
+    /* transposed, past one k block (KC = 256): the packed blocks start inside the rows */
+    IrDim sd[] = {ir_dim(13), ir_dim(300)}, sd2[] = {ir_dim(40), ir_dim(300)};
+    out(g, "deep_t", ir_matmul(g, input(g, "deep", IR_F32, 2, sd), input(g, "deep2", IR_F32, 2, sd2), 1));
     IrDim one[] = {ir_dim(1), ir_dim(1)};
     out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
 }
