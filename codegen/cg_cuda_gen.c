@@ -58,10 +58,10 @@ void cu_gen_init(CuGen *gen, const CgPlan *plan)
     }
 }
 
-const char *cu_mem_type(IrDType t)
+const char *cu_mem_type(const IrNode *x)
 {
-    switch (t) {
-    case IR_F32: return "float";
+    switch (x->dtype) {
+    case IR_F32: return cg_keeps_f32(x) ? "float" : "xtc_fs";
     case IR_I32: return "int";
     case IR_I64: return "i64";
     default: return "u8";
@@ -75,6 +75,18 @@ const char *cu_val_type(IrDType t)
     case IR_I64: return "i64";
     default: return "int";
     }
+}
+
+char *cu_load(const IrNode *x, const char *ptr, const char *idx, char *buf, size_t n)
+{
+    snprintf(buf, n, x->dtype == IR_F32 ? "xtc_ld(%s, %s)" : "%s[%s]", ptr, idx);
+    return buf;
+}
+
+char *cu_store(const IrNode *x, const char *ptr, const char *idx, const char *value, char *buf, size_t n)
+{
+    snprintf(buf, n, x->dtype == IR_F32 ? "xtc_st(%s, %s, %s)" : "%s[%s] = %s", ptr, idx, value);
+    return buf;
 }
 
 /* ---- expressions ---- */
@@ -205,9 +217,9 @@ void cu_kernel_begin(CuKernel *k)
     int nparams = 1 + x->nin + k->gen->g->nsyms + 1;
     for (int p = 0; p < nparams; p++) {
         if (p == 0)
-            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x->dtype));
+            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x));
         else if (p <= x->nin)
-            snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]->dtype), p - 1);
+            snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]), p - 1);
         else if (p < nparams - 1)
             snprintf(param, sizeof param, "i64 %s", k->gen->sym[p - 1 - x->nin]);
         else
@@ -347,10 +359,113 @@ static const char *const prelude[] = {
     "}",
     NULL};
 
-void cu_prelude(FILE *f, const IrGraph *g, int nkernels)
+/* How floating-point tensors are stored. Kernels load with xtc_ld(p, i), which gives a float,
+ * compute in float, and store with xtc_st(p, i, v), which rounds once; xtc_fs is the storage
+ * type. A few buffers stay float under 16-bit storage (cg_keeps_f32), so the loads and stores
+ * accept both: overloads in CUDA C++, _Generic in the emulator's C. The conversions are written
+ * with bit operations (the emulator's, and runtime/rt_half.h's on upload and download); on the
+ * GPU the PTX cvt instructions do the same rounding (round to nearest even, subnormals kept)
+ * in one instruction. */
+static const char *const storage_f32[] = {
+    "",
+    "/* storage of floating-point tensors: f32 */",
+    "typedef float xtc_fs;",
+    "#define xtc_ld(p, i) ((p)[i])",
+    "#define xtc_st(p, i, v) ((p)[i] = (v))",
+    NULL};
+
+static const char *const storage_bf16[] = {
+    "",
+    "/* storage of floating-point tensors: bf16 (the upper half of an f32), computed in f32 */",
+    "typedef unsigned short xtc_fs;",
+    "XTC_INLINE float xtc_fs_to_f32(unsigned short h) { return __int_as_float((int)((unsigned)h << 16)); }",
+    "/* round to nearest even; NaN stays NaN (quiet), overflow rounds to infinity */",
+    "XTC_INLINE unsigned short xtc_f32_to_fs(float f)",
+    "{",
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 /* the GPU's own conversion, the same rounding */",
+    "    unsigned short h;",
+    "    asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));",
+    "    return h;",
+    "#else",
+    "    const unsigned u = (unsigned)__float_as_int(f);",
+    "    if ((u & 0x7fffffffu) > 0x7f800000u)",
+    "        return (unsigned short)((u >> 16) | 0x40u);",
+    "    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);",
+    "#endif",
+    "}",
+    NULL};
+
+static const char *const storage_fp16[] = {
+    "",
+    "/* storage of floating-point tensors: IEEE fp16, computed in f32 */",
+    "typedef unsigned short xtc_fs;",
+    "XTC_INLINE float xtc_fs_to_f32(unsigned short h)",
+    "{",
+    "#ifdef __CUDA_ARCH__ /* the GPU's own conversions, the same results as the code below */",
+    "    float f;",
+    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));",
+    "    return f;",
+    "#else",
+    "    const unsigned sign = (unsigned)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;",
+    "    if (e == 0) /* zero and subnormals: m * 2^-24, exact */",
+    "        return sign ? -(float)m * 5.9604644775390625e-8f : (float)m * 5.9604644775390625e-8f;",
+    "    return __int_as_float((int)(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | m << 13));",
+    "#endif",
+    "}",
+    "/* round to nearest even, subnormals included; beyond 65504 infinity; NaN stays NaN (quiet) */",
+    "XTC_INLINE unsigned short xtc_f32_to_fs(float f)",
+    "{",
+    "#ifdef __CUDA_ARCH__",
+    "    unsigned short h;",
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));",
+    "    return h;",
+    "#else",
+    "    unsigned u = (unsigned)__float_as_int(f);",
+    "    const unsigned sign = (u >> 16) & 0x8000u;",
+    "    u &= 0x7fffffffu;",
+    "    if (u > 0x7f800000u)",
+    "        return (unsigned short)(sign | 0x7e00u | ((u >> 13) & 0x3ffu));",
+    "    if (u >= 0x477ff000u) /* 65520 and up round to infinity */",
+    "        return (unsigned short)(sign | 0x7c00u);",
+    "    if (u >= 0x38800000u) /* normal: rebias the exponent, round at bit 13 */",
+    "        return (unsigned short)(sign | (u + 0xfffu + ((u >> 13) & 1u) - 0x38000000u) >> 13);",
+    "    if (u < 0x33000000u) /* below half the smallest subnormal */",
+    "        return (unsigned short)sign;",
+    "    const unsigned shift = 126u - (u >> 23), m = (u & 0x7fffffu) | 0x800000u;",
+    "    const unsigned rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);",
+    "    unsigned q = m >> shift;",
+    "    q += rem > half || (rem == half && (q & 1u));",
+    "    return (unsigned short)(sign | q);",
+    "#endif",
+    "}",
+    NULL};
+
+static const char *const storage_half_access[] = {
+    "XTC_INLINE float xtc_ld_fs(const xtc_fs *p, i64 i) { return xtc_fs_to_f32(p[i]); }",
+    "XTC_INLINE void xtc_st_fs(xtc_fs *p, i64 i, float v) { p[i] = xtc_f32_to_fs(v); }",
+    "XTC_INLINE float xtc_ld_f32(const float *p, i64 i) { return p[i]; }",
+    "XTC_INLINE void xtc_st_f32(float *p, i64 i, float v) { p[i] = v; }",
+    "#ifdef XTC_CUDA_EMULATION",
+    "#define xtc_ld(p, i) _Generic((p) + 0, float *: xtc_ld_f32, const float *: xtc_ld_f32, default: xtc_ld_fs)(p, i)",
+    "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
+    "#else",
+    "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
+    "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
+    "XTC_INLINE void xtc_st(xtc_fs *p, i64 i, float v) { xtc_st_fs(p, i, v); }",
+    "XTC_INLINE void xtc_st(float *p, i64 i, float v) { p[i] = v; }",
+    "#endif",
+    NULL};
+
+void cu_prelude(FILE *f, const IrGraph *g, int nkernels, int storage)
 {
-    fprintf(f, "/* CUDA C generated by xtc for model \"%s\": %d kernel%s.\n *\n", g->name ? g->name : "model",
-            nkernels, nkernels == 1 ? "" : "s");
+    static const char *const names[] = {"f32", "bf16", "fp16"};
+    fprintf(f, "/* CUDA C generated by xtc for model \"%s\": %d kernel%s, %s storage.\n *\n",
+            g->name ? g->name : "model", nkernels, nkernels == 1 ? "" : "s", names[storage]);
     for (int i = 0; prelude[i]; i++)
         fprintf(f, "%s\n", prelude[i]);
+    const char *const *text = storage == 1 ? storage_bf16 : storage == 2 ? storage_fp16 : storage_f32;
+    for (int i = 0; text[i]; i++)
+        fprintf(f, "%s\n", text[i]);
+    for (int i = 0; storage && storage_half_access[i]; i++)
+        fprintf(f, "%s\n", storage_half_access[i]);
 }

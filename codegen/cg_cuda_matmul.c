@@ -80,15 +80,17 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     batch_offset(k, x, x->in[1], offb, sizeof offb);
     for (int d = 0; d < r - 2; d++)
         fprintf(f, "        (void)ix%d;\n", d);
+    /* the kernel's operands in<ia>, in<ib> (x may be a matmul inside a fused program) */
+    const char *ta = cu_mem_type(k->node->in[ia]), *tb_ = cu_mem_type(k->node->in[ib]);
     if (strcmp(offa, "0") == 0)
-        fprintf(f, "        const float *A = in%d;\n", ia);
+        fprintf(f, "        const %s *A = in%d;\n", ta, ia);
     else
-        fprintf(f, "        const float *A = in%d + %s;\n", ia, offa);
+        fprintf(f, "        const %s *A = in%d + %s;\n", ta, ia, offa);
     if (strcmp(offb, "0") == 0)
-        fprintf(f, "        const float *B = in%d;\n", ib);
+        fprintf(f, "        const %s *B = in%d;\n", tb_, ib);
     else
-        fprintf(f, "        const float *B = in%d + %s;\n", ib, offb);
-    fprintf(f, "        float *C = out + batch * M * N;\n");
+        fprintf(f, "        const %s *B = in%d + %s;\n", tb_, ib, offb);
+    fprintf(f, "        %s *C = out + batch * M * N;\n", cu_mem_type(k->node));
     fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
     fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
     fprintf(f, "            float acc[4][4] = {{0.0f}};\n");
@@ -96,18 +98,18 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* A[m0 .. +%d, k0 .. +%d] */\n", TILE,
             KT, THREADS, TILE, KT);
     fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-    fprintf(f, "                    As[tc][tr] = m0 + tr < M && k0 + tc < K ? A[(m0 + tr) * K + k0 + tc] : 0.0f;\n");
+    fprintf(f, "                    As[tc][tr] = m0 + tr < M && k0 + tc < K ? xtc_ld(A, (m0 + tr) * K + k0 + tc) : 0.0f;\n");
     fprintf(f, "                }\n");
     if (!tb) {
         fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[k0 .. +%d, n0 .. +%d] */\n",
                 KT, TILE, THREADS, KT, TILE);
         fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", TILE, TILE);
-        fprintf(f, "                    Bs[tr][tc] = k0 + tr < K && n0 + tc < N ? B[(k0 + tr) * N + n0 + tc] : 0.0f;\n");
+        fprintf(f, "                    Bs[tr][tc] = k0 + tr < K && n0 + tc < N ? xtc_ld(B, (k0 + tr) * N + n0 + tc) : 0.0f;\n");
     } else {
         fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[n0 .. +%d, k0 .. +%d] */\n",
                 TILE, KT, THREADS, TILE, KT);
         fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-        fprintf(f, "                    Bs[tc][tr] = n0 + tr < N && k0 + tc < K ? B[(n0 + tr) * K + k0 + tc] : 0.0f;\n");
+        fprintf(f, "                    Bs[tc][tr] = n0 + tr < N && k0 + tc < K ? xtc_ld(B, (n0 + tr) * K + k0 + tc) : 0.0f;\n");
     }
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads();\n");
@@ -134,7 +136,7 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
         fprintf(f, "                    }\n");
     } else {
         fprintf(f, "                    if (row < M && col < N)\n");
-        fprintf(f, "                        C[row * N + col] = acc[q][w];\n");
+        fprintf(f, "                        xtc_st(C, row * N + col, acc[q][w]);\n");
     }
     fprintf(f, "                }\n");
     fprintf(f, "        }\n    }\n");

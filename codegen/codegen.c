@@ -49,6 +49,14 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
         snprintf(err, n, "unknown target '%s' (this build has: cpu, cuda, cuda-emu)", opt->target);
         return -1;
     }
+    int storage = cg_dtype_parse(opt->dtype, err, n);
+    if (storage < 0)
+        return -1;
+    if (storage > 0 && !(be->caps & CG_CAP_HALF)) {
+        snprintf(err, n, "the %s backend computes and stores in f32 only: --dtype %s needs --target cuda or cuda-emu",
+                 be->name, opt->dtype);
+        return -1;
+    }
     double t0 = now_s();
     CgPlan plan;
     if (cg_plan_build(g, &plan, err, n) < 0)
@@ -77,6 +85,18 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     stats->render_s = t2 - t1;
     stats->total_s = now_s() - t0;
     return rc;
+}
+
+int cg_dtype_parse(const char *dtype, char *err, size_t n)
+{
+    static const char *const names[] = {"f32", "bf16", "fp16"};
+    if (!dtype || !dtype[0])
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(dtype, names[i]) == 0)
+            return i;
+    snprintf(err, n, "unknown dtype '%s' (expected f32, bf16 or fp16)", dtype);
+    return -1;
 }
 
 int cg_run_program(char *const *argv, const char *logpath)

@@ -27,6 +27,8 @@ typedef struct {
     const char *emit_llvm;   /* debugging: write the optimised LLVM IR as text to this path */
     const char *cuda_arch;   /* cuda: the GPU architecture of the PTX, "sm_80" (default), "sm_90" */
     const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
+    const char *dtype;       /* storage of floating-point tensors: NULL or "f32", "bf16", "fp16" (computed
+                              * in f32 whatever the storage; backends with CG_CAP_HALF only) */
 } CgOptions;
 
 /* Filled by cg_compile when asked: what was produced and where the time went. */
@@ -54,6 +56,8 @@ enum {
     CG_CAP_SYMBOLIC = 1,  /* kernels take symbol values at run time */
     CG_CAP_THREADS = 2,   /* kernels split work over the runtime's thread pool */
     CG_CAP_HOST_RUN = 4,  /* modules run on this machine (tests can execute them) */
+    CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
+    CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
 };
 
 typedef struct CgBackend {
@@ -71,6 +75,14 @@ typedef struct CgBackend {
 
 extern const CgBackend cg_llvm_backend;
 extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cg_cuda.c */
+
+/* CgOptions.dtype as a storage format: 0 = f32 (NULL, "" or "f32"), 1 = bf16, 2 = fp16; -1 with
+ * a message naming the accepted values. */
+int cg_dtype_parse(const char *dtype, char *err, size_t n);
+
+/* A GPU architecture for CgOptions.cuda_arch: "sm_80", "compute_80" or "80" -> 80; -1 with a
+ * message when it is none of these (codegen/cg_cuda_nvrtc.c). */
+int cg_cuda_arch_number(const char *arch, char *err, size_t n);
 
 /* The backend of that name ("cpu"), or NULL. */
 const CgBackend *cg_backend_find(const char *name);

@@ -9,6 +9,11 @@
  * share most kernels) and compiled as one NVRTC program for sm_80, whose PTX ptxas assembles for
  * sm_80 and sm_90. Two whole modules also go through cg_compile --target cuda and load.
  *
+ * The kernels' text does not depend on the storage of floating-point tensors (--dtype): the
+ * prelude does. So the kernels of every model of models/ are compiled again with the bf16 and
+ * the fp16 prelude (the parity graphs' kernels, f32 only, are mostly the same ones), and two
+ * modules are compiled with --dtype bf16 and fp16.
+ *
  * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
  * without the toolkit, XTC_SKIP_NVRTC=1 turns that into a visible skip. */
 #include "cg_cuda.h"
@@ -273,10 +278,14 @@ static char *read_file(const char *path)
     return buf;
 }
 
-/* One slice of the distinct kernels: NVRTC, then ptxas for sm_80 and sm_90. */
+static const char *const storage_name[] = {"f32", "bf16", "fp16"};
+
+/* One slice of the distinct kernels: NVRTC, then ptxas for sm_80 and sm_90. The kernels' text is
+ * the same whatever the storage of floating-point tensors (--dtype): only the prelude differs,
+ * so each slice is compiled with each prelude. */
 typedef struct {
     const KernelSet *ks;
-    int from, to, index;
+    int from, to, index, storage; /* storage: 0 f32, 1 bf16, 2 fp16 (the prelude's) */
     int entries, failed;
     size_t src_bytes, ptx_bytes;
     char err[4096];
@@ -289,7 +298,7 @@ static void *compile_chunk(void *arg)
     size_t len = 0;
     FILE *f = open_memstream(&src, &len);
     IrGraph *empty = ir_graph_new("all");
-    cu_prelude(f, empty, c->to - c->from);
+    cu_prelude(f, empty, c->to - c->from, c->storage);
     ir_graph_free(empty);
     for (int i = c->from; i < c->to; i++) {
         char name[64];
@@ -306,7 +315,7 @@ static void *compile_chunk(void *arg)
     fclose(f);
     c->src_bytes = len;
     char *ptx = NULL, cu_name[64];
-    snprintf(cu_name, sizeof cu_name, "kernels_%d.cu", c->index);
+    snprintf(cu_name, sizeof cu_name, "kernels_%d_%s.cu", c->index, storage_name[c->storage]);
     if (cg_nvrtc_compile(src, cu_name, "sm_80", &ptx, c->err, sizeof c->err) != 0) {
         c->failed = 1;
         free(src);
@@ -317,7 +326,7 @@ static void *compile_chunk(void *arg)
     for (const char *p = ptx; (p = strstr(p, ".entry ")); p++)
         c->entries++;
     char ptx_path[512], log[512];
-    snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d.ptx", tmpdir, c->index);
+    snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d_%s.ptx", tmpdir, c->index, storage_name[c->storage]);
     snprintf(log, sizeof log, "%s/ptxas_%d.log", tmpdir, c->index);
     FILE *pf = fopen(ptx_path, "w");
     if (!pf || fputs(ptx, pf) < 0) {
@@ -343,13 +352,15 @@ static void *compile_chunk(void *arg)
 
 START_TEST(test_every_kernel_compiles)
 {
+    const int storage = _i;
     if (!toolkit_present())
         return;
     make_tmpdir();
     double t0 = now_s();
     KernelSet ks = {0};
     add_dir(&ks, XTC_SOURCE_DIR "/models", 1);
-    add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
+    if (storage == 0) /* 16-bit storage: the models' kernels (the parity graphs' add little but time) */
+        add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
     ck_assert_int_gt(ks.graphs, 0);
     double t1 = now_s();
     /* slices compiled side by side: NVRTC may be called from several threads */
@@ -358,7 +369,8 @@ START_TEST(test_every_kernel_compiles)
     Chunk chunks[8];
     pthread_t threads[8];
     for (int c = 0; c < nchunks; c++) {
-        chunks[c] = (Chunk){.ks = &ks, .from = ks.n * c / nchunks, .to = ks.n * (c + 1) / nchunks, .index = c};
+        chunks[c] = (Chunk){.ks = &ks, .from = ks.n * c / nchunks, .to = ks.n * (c + 1) / nchunks, .index = c,
+                            .storage = storage};
         ck_assert_int_eq(pthread_create(&threads[c], NULL, compile_chunk, &chunks[c]), 0);
     }
     int entries = 0;
@@ -374,11 +386,11 @@ START_TEST(test_every_kernel_compiles)
     ck_assert_msg(entries == ks.n, "the PTX has %d entry points for %d kernels", entries, ks.n);
     double t2 = now_s();
     fprintf(stderr,
-            "test_cuda_nvrtc: %d graphs (%d models refused by the language), %d kernels, %d distinct: all %d "
-            "compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and sm_90 in "
-            "%.1f s on %d threads (rendering %.1f s)\n",
-            ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, src_bytes / 1024.0, ptx_bytes / 1024.0, t2 - t1, nchunks,
-            t1 - t0);
+            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct: "
+            "all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and "
+            "sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
+            storage_name[storage], ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, src_bytes / 1024.0,
+            ptx_bytes / 1024.0, t2 - t1, nchunks, t1 - t0);
     for (int i = 0; i < ks.n; i++) {
         free(ks.text[i]);
         free(ks.op[i]);
@@ -389,7 +401,7 @@ START_TEST(test_every_kernel_compiles)
 END_TEST
 
 /* The whole path of xtc compile --target cuda: NVRTC, the host code, cc, a module that loads. */
-static void compile_module(const char *xtf, int train, const char *arch)
+static void compile_module(const char *xtf, int train, const char *arch, const char *dtype)
 {
     XtfDiag d;
     xtf_diag_init(&d);
@@ -406,7 +418,7 @@ static void compile_module(const char *xtf, int train, const char *arch)
     snprintf(path, sizeof path, "%s/module_%d.so", tmpdir, train);
     snprintf(cu, sizeof cu, "%s/module_%d.cu", tmpdir, train);
     CgOptions opt = {.output = path, .target = "cuda", .cuda_arch = arch, .source = f->src, .source_name = xtf,
-                     .emit_cuda = cu};
+                     .emit_cuda = cu, .dtype = dtype};
     CgStats stats;
     ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "%s: %s", xtf, err);
     XtcModule *m = NULL;
@@ -417,13 +429,15 @@ static void compile_module(const char *xtf, int train, const char *arch)
     FILE *mem = open_memstream(&text, &len);
     xtc_module_describe(m, mem);
     fclose(mem);
-    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch), "%s", text);
+    char want[64];
+    snprintf(want, sizeof want, "option dtype = %s\n", dtype ? dtype : "f32");
+    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch) && strstr(text, want), "%s", text);
     free(text);
     struct stat sb;
     ck_assert_int_eq(stat(cu, &sb), 0);
-    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s: %d kernels, NVRTC %.1f s, cc %.1f s, %lld "
-                    "bytes\n", xtf, train ? " --train" : "", arch, stats.nkernels, stats.optimize_s, stats.link_s,
-            (long long)stats.module_bytes);
+    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s --dtype %s: %d kernels, NVRTC %.1f s, cc %.1f "
+                    "s, %lld bytes\n", xtf, train ? " --train" : "", arch, dtype ? dtype : "f32", stats.nkernels,
+            stats.optimize_s, stats.link_s, (long long)stats.module_bytes);
     xtc_module_free(m);
     ir_graph_free(g);
     xtf_free(f);
@@ -434,8 +448,10 @@ START_TEST(test_compile_modules)
     if (!toolkit_present())
         return;
     make_tmpdir();
-    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80");
-    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90");
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", NULL);
+    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", NULL);
+    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", "bf16");
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", "fp16");
 }
 END_TEST
 
@@ -461,7 +477,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("nvrtc");
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_nvrtc_errors);
-    tcase_add_test(tc, test_every_kernel_compiles);
+    tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
     tcase_add_test(tc, test_compile_modules);
     suite_add_tcase(s, tc);
     return s;
