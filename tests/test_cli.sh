@@ -47,6 +47,30 @@ grep -q "predicted next" "$tmp/out" && [ "$(grep -c '^ *[0-9]' "$tmp/out")" -eq 
 check "demo" "$xtc" demo --inference --prompt "hello"
 grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
 
+# CUDA through the emulator: bf16 storage, the arch and the CUDA C written out; logits and loss
+# within 5 units of bf16's roundoff (2^-8) of x-transformers' numbers, gradients within 10
+check "compile --target cuda-emu --dtype bf16" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" \
+  -o "$tmp/bf16.so" --train --target cuda-emu --dtype bf16 --cuda-arch=sm_90 --emit-cuda="$tmp/bf16.cu"
+grep -q "storage of floating-point tensors: bf16" "$tmp/bf16.cu" && grep -q "XTC_KERNEL" "$tmp/bf16.cu" ||
+  { fail=$((fail + 1)); echo "FAIL --emit-cuda writes the bf16 CUDA C"; }
+check "info of a bf16 module" "$xtc" info "$tmp/bf16.so"
+grep -q "option dtype = bf16" "$tmp/out" && grep -q "option arch = sm_90" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL info shows the dtype and the arch"; }
+check "run the bf16 module --grads" "$xtc" run "$tmp/bf16.so" --weights "$case/weights.safetensors" \
+  --input "$case/inputs.safetensors" --output "$tmp/bf16.safetensors" --grads
+check "bf16 logits and loss match x-transformers within 5 x 2^-8" $py "$parity/compare.py" "$case" \
+  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.0195 --skip '^grad\.'
+check "bf16 gradients match x-transformers within 10 x 2^-8" $py "$parity/compare.py" "$case" \
+  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.039 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+refuse "--dtype on the cpu" "computes and stores in f32 only" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --dtype bf16
+refuse "unknown --dtype" "unknown dtype 'f64'" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --target cuda-emu --dtype f64
+refuse "bad --cuda-arch" "--cuda-arch" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target cuda-emu \
+  --cuda-arch=banana
+refuse "--cuda-arch on the cpu" "apply to --target cuda" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --cuda-arch=sm_90
+
 refuse "unknown command" "unknown command" "$xtc" frobnicate
 refuse "compile without -o" "usage: xtc compile" "$xtc" compile "$src/models/gpt.xtf"
 refuse "unknown target" "unknown target" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target tpu
