@@ -5,7 +5,12 @@
  * Each case builds a graph holding several ops, compiles it once to a cuda-emu module and runs it
  * at ragged sizes (b, n) = (1, 1), (1, 7), (2, 17), (3, 33), (1, 65), (2, 130) on random inputs;
  * outputs are compared with ir_interp: f32 within 1e-5 + 1e-4 * max|ref|, integers and bools
- * exactly. Threads of a block run forward, then reverse, then shuffled between barriers, so a
+ * exactly. The same cases run again with 16-bit storage (--dtype bf16 and fp16): the random
+ * inputs are rounded to the format, and the reference is the interpreter with every value it
+ * computes rounded to the format as the kernels round on store (ir_interp_rounded; the buffers
+ * that stay f32, cg_keeps_f32, not), so that the kernels' f32 arithmetic and their single
+ * rounding are checked, not the format's distance from exact math: that is measured against
+ * x-transformers by test_cuda_parity. Threads of a block run forward, then reverse, then shuffled between barriers, so a
  * missing __syncthreads shows up as a wrong value. Backward graphs (ir_autodiff) of small models
  * are checked the same way, gradients included.
  *
@@ -21,6 +26,7 @@
 #include "ir.h"
 #include "passes.h"
 #include "rt_cuda_abi.h"
+#include "rt_half.h"
 #include "rt_internal.h"
 #include "xtc.h"
 
@@ -79,6 +85,29 @@ static uint64_t rnd(void)
 
 static double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0; }
 
+/* ---- 16-bit storage ---- */
+
+/* The storage of floating-point tensors of the case being run (compile --dtype): 0 f32, 1 bf16,
+ * 2 fp16. */
+static int storage;
+static const char *const STORAGE_NAME[] = {"f32", "bf16", "fp16"};
+/* The unit roundoff of each format: 2^-8 for bf16 (8 significant bits), 2^-11 for fp16 (11). */
+static const double UNIT[] = {0x1p-24, 0x1p-8, 0x1p-11};
+/* The tolerance of a 16-bit output against the rounded reference: HALF_K units of UNIT *
+ * max(1, max|ref|) of the tensor (a kernel's f32 result and the reference's f64 one may round to
+ * neighbouring values, and that difference travels on; gradients get twice as much), plus
+ * HALF_SENS times the output's sensitivity: how far the reference moves when every
+ * floating-point input is moved by one unit of the format (an ill-conditioned output, exp(60 x),
+ * amplifies such a difference the same way). Integer outputs computed from floats (casts) may
+ * differ by as much as that sensitivity; values beyond the format's largest (fp16: 65504) are
+ * infinite. */
+#define HALF_K 4.0
+#define HALF_SENS 4.0
+static const double FORMAT_MAX[] = {3.4028234663852886e38, 3.3895313892515355e38, 65504.0};
+/* The worst error seen per storage, in the same units, for the report at the end of a case. */
+static double worst_err[3];
+static char worst_what[3][256];
+
 /* integer inputs draw from a range chosen by name: token ids fit the tables below */
 static void int_range(const char *name, int64_t *lo, int64_t *hi)
 {
@@ -128,7 +157,7 @@ static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms)
         int_range(n->s, &lo, &hi);
         for (int64_t k = 0; k < numel; k++) {
             switch (n->dtype) {
-            case IR_F32: ((float *)t->data)[k] = (float)uniform(-2, 2); break;
+            case IR_F32: ((float *)t->data)[k] = rt_round_to_storage(storage, (float)uniform(-2, 2)); break;
             case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
             case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
             default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
@@ -183,7 +212,33 @@ static double value_at(const void *data, XtcDType t, int64_t i)
     }
 }
 
-static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got)
+/* max |a - b| over the elements of two results of the same output (the sensitivity above) */
+static double max_diff(const IrHostTensor *a, const IrHostTensor *b)
+{
+    int64_t numel = 1;
+    for (int d = 0; d < a->rank; d++)
+        numel *= a->shape[d];
+    double m = 0;
+    XtcDType t = xdt(a->dtype);
+    for (int64_t i = 0; i < numel; i++) {
+        double x = value_at(a->data, t, i), y = value_at(b->data, t, i);
+        if (isfinite(x) && isfinite(y) && fabs(x - y) > m)
+            m = fabs(x - y);
+    }
+    return m;
+}
+
+/* ir_interp_rounded's callback: the storage rounding of the module being checked */
+static void round_stored(void *ctx, const IrNode *n, double *v, int64_t count)
+{
+    (void)ctx;
+    if (!storage || cg_keeps_f32(n))
+        return;
+    for (int64_t i = 0; i < count; i++)
+        v[i] = rt_round_to_storage(storage, (float)v[i]);
+}
+
+static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got, double sens)
 {
     ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
                   ir_dtype_name(ref->dtype));
@@ -201,16 +256,28 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
             maxabs = fabs(e);
     }
     /* gradients through softmax cancel (p (dp - D)): graded with DESIGN.md's tolerance */
-    double rtol = strstr(what, "output 'grad.") ? 1e-3 : 1e-4;
+    int grad = strstr(what, "output 'grad.") != NULL;
+    double rtol = grad ? 1e-3 : 1e-4;
     double tol = got->dtype == XTC_F32 ? 1e-5 + rtol * maxabs : 0;
+    if (storage && got->dtype == XTC_F32) /* 16-bit storage: K rounding errors of the largest value */
+        tol = UNIT[storage] * (1 + HALF_K * (grad ? 2 : 1) * maxabs) + HALF_SENS * sens;
+    else if (storage)
+        tol = ceil(sens);
     for (int64_t i = 0; i < numel; i++) {
         double e = value_at(ref->data, got->dtype, i), a = value_at(got->data, got->dtype, i);
         if (isnan(e) && isnan(a))
             continue;
         if (isinf(e) && a == e)
             continue;
-        ck_assert_msg(fabs(a - e) <= tol, "%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
-                      (long long)i, a, e, tol);
+        if (storage && isinf(a) && fabs(e) >= FORMAT_MAX[storage] * (1 - UNIT[storage]))
+            continue; /* beyond the format: infinite */
+        double units = fabs(a - e) / (UNIT[storage] * (maxabs > 1 ? maxabs : 1));
+        if (got->dtype == XTC_F32 && units > worst_err[storage]) {
+            worst_err[storage] = units;
+            snprintf(worst_what[storage], sizeof worst_what[storage], "%.200s element %lld", what, (long long)i);
+        }
+        ck_assert_msg(fabs(a - e) <= tol, "%s%s%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
+                      storage ? ", storage " : "", storage ? STORAGE_NAME[storage] : "", (long long)i, a, e, tol);
     }
 }
 
@@ -233,8 +300,9 @@ static XtcModule *compile_target(const IrGraph *g, const char *name, const char 
 {
     make_tmpdir();
     char path[512], err[2048];
-    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, target);
-    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf"};
+    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, target, STORAGE_NAME[storage]);
+    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf",
+                     .dtype = STORAGE_NAME[storage]};
     ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
@@ -251,7 +319,35 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
     bind_random(&bd, g, syms);
     IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
     char err[512];
-    ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp %s: %s", name, err);
+    ck_assert_msg(ir_interp_rounded(g, bind_cb, &bd, round_stored, NULL, ref, err, sizeof err) == 0, "interp %s: %s",
+                  name, err);
+    /* 16-bit storage: the outputs' sensitivity to a rounding of the inputs (see HALF_SENS) */
+    double *sens = calloc((size_t)g->noutputs + 1, sizeof *sens);
+    if (storage) {
+        Binding moved = bd;
+        for (int i = 0; i < bd.n; i++) {
+            if (bd.t[i].dtype != IR_F32)
+                continue;
+            int64_t numel = 1;
+            for (int d = 0; d < bd.t[i].rank; d++)
+                numel *= bd.t[i].shape[d];
+            float *v = malloc((size_t)(numel ? numel : 1) * sizeof *v);
+            for (int64_t k = 0; k < numel; k++)
+                v[k] = (float)(((const float *)bd.t[i].data)[k] * (1 + ((rnd() & 1) ? UNIT[storage] : -UNIT[storage])));
+            moved.t[i].data = v;
+        }
+        IrHostTensor *ref_moved = calloc((size_t)g->noutputs + 1, sizeof *ref_moved);
+        ck_assert_msg(ir_interp_rounded(g, bind_cb, &moved, round_stored, NULL, ref_moved, err, sizeof err) == 0,
+                      "interp %s: %s", name, err);
+        for (int o = 0; o < g->noutputs; o++) {
+            sens[o] = max_diff(&ref[o], &ref_moved[o]);
+            ir_host_free(&ref_moved[o]);
+        }
+        free(ref_moved);
+        for (int i = 0; i < bd.n; i++)
+            if (bd.t[i].dtype == IR_F32)
+                free(moved.t[i].data);
+    }
     setenv("XTC_CUDA_EMU_ORDER", order, 1);
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", name, xtc_session_error(s));
@@ -264,8 +360,9 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
         char what[256];
         snprintf(what, sizeof what, "%s output '%s' (b=%lld n=%lld, threads %s)", name, g->outputs[o].name,
                  (long long)syms[0], (long long)syms[1], order);
-        compare(what, &ref[o], &t);
+        compare(what, &ref[o], &t, sens[o]);
     }
+    free(sens);
     /* a second run reuses uploaded weights and the arena */
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: second run: %s", name, xtc_session_error(s));
     xtc_session_free(s);
@@ -658,6 +755,19 @@ static const Case cases[] = {
 START_TEST(test_case)
 {
     run_case(cases[_i].name, cases[_i].build);
+}
+END_TEST
+
+/* Every case again with bf16 and with fp16 storage, forward and backward. */
+START_TEST(test_case_half)
+{
+    const Case *c = &cases[_i % NCASES];
+    storage = 1 + _i / NCASES;
+    worst_err[storage] = 0;
+    run_case(c->name, c->build);
+    fprintf(stderr, "test_cuda: %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
+            STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
+    storage = 0;
 }
 END_TEST
 
@@ -1160,15 +1270,17 @@ START_TEST(test_gpu)
         fprintf(stderr, "test_cuda: GPU runs SKIPPED: %s; the kernels were checked through the emulator\n", why);
         return;
     }
-    for (int c = 0; c < NCASES; c++) {
-        IrGraph *g = new_graph(cases[c].name, cases[c].build);
-        XtcModule *m = compile_target(g, cases[c].name, "cuda");
-        for (int k = 0; k < NSIZES; k++)
-            check_run(g, m, SIZES[k], cases[c].name, "forward");
-        xtc_module_free(m);
-        ir_graph_free(g);
-    }
-    fprintf(stderr, "test_cuda: %d cases ran on the GPU\n", NCASES);
+    for (storage = 0; storage < 3; storage++) /* f32, bf16, fp16 storage */
+        for (int c = 0; c < NCASES; c++) {
+            IrGraph *g = new_graph(cases[c].name, cases[c].build);
+            XtcModule *m = compile_target(g, cases[c].name, "cuda");
+            for (int k = 0; k < NSIZES; k++)
+                check_run(g, m, SIZES[k], cases[c].name, "forward");
+            xtc_module_free(m);
+            ir_graph_free(g);
+        }
+    storage = 0;
+    fprintf(stderr, "test_cuda: %d cases ran on the GPU, with f32, bf16 and fp16 storage\n", NCASES);
 }
 END_TEST
 
@@ -1180,6 +1292,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_every_op_has_a_kernel);
     tcase_add_test(tc, test_every_op_is_tested);
     tcase_add_loop_test(tc, test_case, 0, NCASES);
+    tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_emulator);
     tcase_add_test(tc, test_emulator_ucontext);
