@@ -281,6 +281,115 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
     }
 }
 
+/* ---- the conversions ---- */
+
+static void *build_so(const char *name, const char *source, const char *extra);
+
+/* The value nearest to x among bf16 numbers, ties to even, by brute force in double: the
+ * reference rt_f32_to_bf16 (and the prelude) must agree with. */
+static uint16_t bf16_nearest(float x)
+{
+    uint32_t u = rt_f32_bits(x);
+    if (isnan(x))
+        return (uint16_t)((u >> 16) | 0x40u);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* truncated, and one up (away from 0) */
+    /* infinity, one up from the largest finite, stands for 2^128 (IEEE overflow rounding) */
+    double vh = (hi & 0x7fffu) == 0x7f80u ? copysign(ldexp(1, 128), x) : (double)rt_bf16_to_f32(hi);
+    double dl = fabs((double)rt_bf16_to_f32(lo) - x), dh = fabs(vh - x);
+    if ((u & 0xffffu) == 0)
+        return lo;
+    return dh < dl || (dh == dl && (hi & 1) == 0) ? hi : lo;
+}
+
+/* The prelude's conversions (compiled as the emulator compiles kernels) against runtime/rt_half.h,
+ * and rt_half.h against independent references (brute-force nearest for bf16, the compiler's
+ * _Float16 for fp16): every 16-bit pattern widened and narrowed back, the midpoints between
+ * neighbours (ties go to even), edge values (subnormals, the largest finite, overflow, NaN,
+ * infinities, signed zeros) and random f32 bit patterns. */
+START_TEST(test_half_conversions)
+{
+    for (int st = 1; st <= 2; st++) {
+        char *src = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&src, &len);
+        fprintf(f, "#include \"xtc_cuda_emu.h\"\n");
+        IrGraph *empty = ir_graph_new("conversions");
+        cu_prelude(f, empty, 0, st);
+        ir_graph_free(empty);
+        fprintf(f, "void narrow(const float *in, unsigned short *out, long n)\n{\n"
+                   "    for (long i = 0; i < n; i++)\n        xtc_st(out, i, in[i]);\n}\n"
+                   "void widen(const unsigned short *in, float *out, long n)\n{\n"
+                   "    for (long i = 0; i < n; i++)\n        out[i] = xtc_ld(in, i);\n}\n");
+        fclose(f);
+        void *dl = build_so(st == 1 ? "conv_bf16" : "conv_fp16", src, "");
+        free(src);
+        void (*narrow)(const float *, unsigned short *, long) = (void (*)(const float *, unsigned short *, long))dlsym(dl, "narrow");
+        void (*widen)(const unsigned short *, float *, long) = (void (*)(const unsigned short *, float *, long))dlsym(dl, "widen");
+        ck_assert(narrow && widen);
+        enum { NRAND = 200000 };
+        long n = 0, cap = 65536 * 2 + NRAND + 64;
+        float *x = malloc((size_t)cap * sizeof *x);
+        unsigned short *h = malloc((size_t)cap * sizeof *h), *all = malloc(65536 * sizeof *all);
+        float *w = malloc(65536 * sizeof *w);
+        for (long i = 0; i < 65536; i++)
+            all[i] = (unsigned short)i;
+        widen(all, w, 65536);
+        for (long i = 0; i < 65536; i++) {
+            float r = rt_half_to_f32(st, (uint16_t)i);
+            ck_assert_msg(rt_f32_bits(w[i]) == rt_f32_bits(r) || (isnan(w[i]) && isnan(r)),
+                          "%s 0x%04lx widens to %a in the prelude, %a in rt_half.h", STORAGE_NAME[st], i, w[i], r);
+            if (!isnan(r)) {
+                x[n++] = r;
+                uint16_t next = (uint16_t)(i + 1);
+                float rn = rt_half_to_f32(st, next);
+                if ((i & 0x7fff) != 0x7fff && !isnan(rn) && !isinf(rn) && !isinf(r))
+                    x[n++] = (float)(((double)r + rn) / 2); /* a tie */
+            }
+        }
+        static const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e-8f,
+                                     2.98023224e-8f, 2.98023259e-8f, 5.96046448e-8f, 6.09755516e-5f, 6.10351562e-5f,
+                                     3.38953139e38f, 3.40282347e38f, 1e-45f, 1.17549435e-38f};
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+            x[n++] = edge[i];
+        x[n++] = INFINITY;
+        x[n++] = -INFINITY;
+        x[n++] = NAN;
+        x[n++] = -NAN;
+        for (int i = 0; i < NRAND; i++)
+            x[n++] = rt_bits_f32((uint32_t)rnd());
+        narrow(x, h, n);
+        for (long i = 0; i < n; i++) {
+            uint16_t r = rt_f32_to_half(st, x[i]);
+            ck_assert_msg(h[i] == r, "%s: %a narrows to 0x%04x in the prelude, 0x%04x in rt_half.h",
+                          STORAGE_NAME[st], x[i], h[i], r);
+            if (isnan(x[i])) {
+                ck_assert_msg(isnan(rt_half_to_f32(st, r)), "%s: NaN narrows to a number", STORAGE_NAME[st]);
+                continue;
+            }
+            uint16_t want = r;
+            if (st == 1) {
+                want = bf16_nearest(x[i]);
+            } else {
+#ifdef __FLT16_MAX__
+                _Float16 v = (_Float16)x[i];
+                memcpy(&want, &v, sizeof want);
+#endif
+            }
+            ck_assert_msg(r == want, "%s: %a rounds to 0x%04x, the nearest (ties to even) is 0x%04x",
+                          STORAGE_NAME[st], x[i], r, want);
+        }
+        free(x);
+        free(h);
+        free(all);
+        free(w);
+        dlclose(dl);
+    }
+#ifndef __FLT16_MAX__
+    fprintf(stderr, "test_cuda: this compiler has no _Float16: fp16 rounding checked against the prelude only\n");
+#endif
+}
+END_TEST
+
 /* ---- the harness ---- */
 
 typedef void (*BuildFn)(IrGraph *g, IrDim b, IrDim n);
@@ -1300,6 +1409,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_no_driver);
     tcase_add_test(tc, test_gpu);
     suite_add_tcase(s, tc);
+    TCase *conv = tcase_create("conversions"); /* CK_RUN_CASE=conversions runs it alone */
+    tcase_set_timeout(conv, 300);
+    tcase_add_test(conv, test_half_conversions);
+    suite_add_tcase(s, conv);
     return s;
 }
 
