@@ -56,6 +56,8 @@ static void compile_usage(void)
            "  --no-fuse            skip every fusion pass\n"
            "  --disable-pass=NAME  skip one pass (repeatable; xtc ir --list-passes)\n"
            "  --emit-llvm=PATH     also write the optimised LLVM IR as text\n"
+           "  --mma=bf16|fp16      cuda targets: matmuls on tensor cores, operands rounded to bf16 or fp16,\n"
+           "                       sums in f32 (default off: f32 throughout)\n"
            "  -v                   print the compile statistics\n");
 }
 
@@ -84,6 +86,11 @@ int cli_compile(int argc, char **argv)
             co.cpu = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--emit-llvm"))) {
             co.emit_llvm = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--mma"))) {
+            if ((co.mma = cg_mma_parse(v)) < 0) {
+                fprintf(stderr, "xtc compile: --mma=%s: expected bf16, fp16 or off\n", v);
+                return 2;
+            }
         } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
             co.opt_level = argv[i][2] - '0';
         } else if (!strcmp(argv[i], "--train")) {

@@ -79,6 +79,12 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
     if (cg_cuda_arch_number(arch, err, n) < 0)
         return -1;
     snprintf(u->arch, sizeof u->arch, "%s", arch);
+    u->gen.mma = opt ? opt->mma : CG_MMA_OFF;
+    if (u->gen.mma != CG_MMA_OFF && !emu && cg_cuda_arch_number(arch, err, n) < 80) {
+        snprintf(err, n, "--mma=%s needs tensor cores with mma.sync.m16n8k16 (--cuda-arch sm_80 or newer), not %s",
+                 cg_mma_name(u->gen.mma), arch);
+        return -1;
+    }
     int nk = plan->nkernels;
     u->kernel_text = calloc((size_t)nk + 1, sizeof *u->kernel_text);
     u->emu_call = calloc((size_t)nk + 1, sizeof *u->emu_call);
@@ -233,6 +239,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         "target", u->emu ? "cuda-emu" : "cuda",
         "arch", u->arch,
         "cuda_kernels", nk,
+        "mma", cg_mma_name(u->gen.mma),
         "source", opt->source_name,
     };
     meta = cg_plan_meta(u->plan, options, (int)(sizeof options / sizeof options[0] / 2));
@@ -306,7 +313,7 @@ done:
 const CgBackend cg_cuda_backend = {
     .name = "cuda",
     .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
-    .caps = CG_CAP_SYMBOLIC,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = cuda_render,
     .compile = compile,
@@ -316,7 +323,7 @@ const CgBackend cg_cuda_backend = {
 const CgBackend cg_cuda_emu_backend = {
     .name = "cuda-emu",
     .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = emu_render,
     .compile = compile,

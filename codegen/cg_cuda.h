@@ -31,6 +31,7 @@ typedef struct {
     const CgPlan *plan;
     const IrGraph *g;
     char sym[IR_MAXSYM][40]; /* the C identifier of each symbol (its name unless that clashes) */
+    int mma;                 /* CG_MMA_*: matmuls on tensor cores, operands in bf16 or fp16 */
     char err[1024];
 } CuGen;
 

@@ -49,6 +49,14 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
         snprintf(err, n, "unknown target '%s' (this build has: cpu, cuda, cuda-emu)", opt->target);
         return -1;
     }
+    if (opt->mma != CG_MMA_OFF && (!cg_mma_name(opt->mma) || !(be->caps & CG_CAP_MMA))) {
+        if (!cg_mma_name(opt->mma))
+            snprintf(err, n, "unknown matmul precision %d (CgOptions.mma)", opt->mma);
+        else
+            snprintf(err, n, "the %s backend has no tensor-core matmul (--mma=%s); the cuda targets have", be->name,
+                     cg_mma_name(opt->mma));
+        return -1;
+    }
     double t0 = now_s();
     CgPlan plan;
     if (cg_plan_build(g, &plan, err, n) < 0)
@@ -77,6 +85,29 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     stats->render_s = t2 - t1;
     stats->total_s = now_s() - t0;
     return rc;
+}
+
+int cg_mma_parse(const char *name)
+{
+    if (!name)
+        return -1;
+    if (!strcmp(name, "off"))
+        return CG_MMA_OFF;
+    if (!strcmp(name, "bf16"))
+        return CG_MMA_BF16;
+    if (!strcmp(name, "fp16") || !strcmp(name, "f16"))
+        return CG_MMA_FP16;
+    return -1;
+}
+
+const char *cg_mma_name(int mma)
+{
+    switch (mma) {
+    case CG_MMA_OFF: return "off";
+    case CG_MMA_BF16: return "bf16";
+    case CG_MMA_FP16: return "fp16";
+    default: return NULL;
+    }
 }
 
 int cg_run_program(char *const *argv, const char *logpath)

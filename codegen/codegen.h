@@ -27,7 +27,16 @@ typedef struct {
     const char *emit_llvm;   /* debugging: write the optimised LLVM IR as text to this path */
     const char *cuda_arch;   /* cuda: the GPU architecture of the PTX, "sm_80" (default), "sm_90" */
     const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
+    int mma;                 /* CG_MMA_*: matrix multiplications on tensor cores (backends with CG_CAP_MMA) */
 } CgOptions;
+
+/* CgOptions.mma: the precision of matmul operands on tensor cores, accumulation staying f32.
+ * Off by default: every matmul then runs in f32. */
+enum { CG_MMA_OFF, CG_MMA_BF16, CG_MMA_FP16 };
+
+/* "off", "bf16", "fp16" (also "f16") -> CG_MMA_*; -1 for anything else. */
+int cg_mma_parse(const char *name);
+const char *cg_mma_name(int mma);
 
 /* Filled by cg_compile when asked: what was produced and where the time went. */
 typedef struct {
@@ -54,6 +63,7 @@ enum {
     CG_CAP_SYMBOLIC = 1,  /* kernels take symbol values at run time */
     CG_CAP_THREADS = 2,   /* kernels split work over the runtime's thread pool */
     CG_CAP_HOST_RUN = 4,  /* modules run on this machine (tests can execute them) */
+    CG_CAP_MMA = 8,       /* matmuls can run on tensor cores (CgOptions.mma) */
 };
 
 typedef struct CgBackend {
