@@ -290,8 +290,12 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue e
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads(); /* before the next tiles overwrite As and Bs */\n");
     fprintf(f, "            }\n");
+    /* unrolled, so that acc stays in registers however long the epilogue (C ignores the pragma) */
+    fprintf(f, "#pragma unroll\n");
     fprintf(f, "            for (int i = 0; i < 2; i++)\n");
+    fprintf(f, "#pragma unroll\n");
     fprintf(f, "                for (int j = 0; j < 4; j++)\n");
+    fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int q = 0; q < 4; q++) { /* d[q] = C[g + 8 (q / 2)][2t + q %% 2] */\n");
     fprintf(f, "                        const i64 row = m0 + wm + 16 * i + g + 8 * (q / 2);\n");
     fprintf(f, "                        const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");

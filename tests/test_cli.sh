@@ -51,6 +51,12 @@ refuse "unknown command" "unknown command" "$xtc" frobnicate
 refuse "compile without -o" "usage: xtc compile" "$xtc" compile "$src/models/gpt.xtf"
 refuse "unknown target" "unknown target" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target tpu
 refuse "unknown pass" "unknown pass" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --disable-pass=nope
+refuse "unknown --mma" "expected bf16, fp16 or off" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=tf32
+refuse "--mma on the cpu" "no tensor-core matmul" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=fp16
+check "compile --target cuda-emu --mma=bf16" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/mma.so" \
+  --target cuda-emu --mma=bf16
+check "info of the --mma module" "$xtc" info "$tmp/mma.so"
+grep -q "option mma = bf16" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info shows the matmul precision"; }
 refuse "not a module" "" "$xtc" info "$src/README.md"
 check "compile inference" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/inf.so"
 refuse "grads of an inference module" "compile it with --train" "$xtc" run "$tmp/inf.so" --grads \
