@@ -61,6 +61,9 @@ static void compile_usage(void)
            "  --no-fuse            skip every fusion pass\n"
            "  --disable-pass=NAME  skip one pass (repeatable; xtc ir --list-passes)\n"
            "  --emit-llvm=PATH     also write the optimised LLVM IR as text\n"
+           "  --mma=bf16|fp16|off  cuda, cuda-emu: matmuls on tensor cores, operands in bf16 or fp16, sums in\n"
+           "                       f32 (needs sm_80). Default: that of --dtype bf16/fp16 (off below sm_80),\n"
+           "                       off with f32; --mma of the other 16-bit format than --dtype is refused\n"
            "  -v                   print the compile statistics\n");
 }
 
@@ -103,6 +106,11 @@ int cli_compile(int argc, char **argv)
                 return 2;
             }
             co.dtype = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--mma"))) {
+            if ((co.mma = cg_mma_parse(v)) < 0) {
+                fprintf(stderr, "xtc compile: --mma=%s: expected bf16, fp16 or off\n", v);
+                return 2;
+            }
         } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
             co.opt_level = argv[i][2] - '0';
         } else if (!strcmp(argv[i], "--train")) {

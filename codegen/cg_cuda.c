@@ -81,6 +81,9 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
     if ((u->gen.storage = cg_dtype_parse(opt ? opt->dtype : NULL, err, n)) < 0)
         return -1;
     snprintf(u->arch, sizeof u->arch, "%s", arch);
+    if ((u->gen.mma = cg_mma_resolve(opt ? opt->mma : CG_MMA_AUTO, u->gen.storage, cg_cuda_arch_number(arch, err, n),
+                                     emu, err, n)) < 0)
+        return -1;
     int nk = plan->nkernels;
     u->kernel_text = calloc((size_t)nk + 1, sizeof *u->kernel_text);
     u->emu_call = calloc((size_t)nk + 1, sizeof *u->emu_call);
@@ -236,6 +239,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         "arch", u->arch,
         "dtype", u->gen.storage == 1 ? "bf16" : u->gen.storage == 2 ? "fp16" : "f32",
         "cuda_kernels", nk,
+        "mma", cg_mma_name(u->gen.mma),
         "source", opt->source_name,
     };
     meta = cg_plan_meta(u->plan, options, (int)(sizeof options / sizeof options[0] / 2));
@@ -309,7 +313,7 @@ done:
 const CgBackend cg_cuda_backend = {
     .name = "cuda",
     .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = cuda_render,
     .compile = compile,
@@ -319,7 +323,7 @@ const CgBackend cg_cuda_backend = {
 const CgBackend cg_cuda_emu_backend = {
     .name = "cuda-emu",
     .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = emu_render,
     .compile = compile,

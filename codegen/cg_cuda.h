@@ -32,6 +32,8 @@ typedef struct {
     const IrGraph *g;
     char sym[IR_MAXSYM][40]; /* the C identifier of each symbol (its name unless that clashes) */
     int storage;             /* floating-point tensors: 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
+    int mma;                 /* CG_MMA_OFF, _BF16, _FP16 (resolved, never CG_MMA_AUTO): matmuls on tensor
+                              * cores, operands in bf16 or fp16 */
     char err[1024];
 } CuGen;
 

@@ -11,8 +11,13 @@
  *
  * The kernels' text does not depend on the storage of floating-point tensors (--dtype): the
  * prelude does. So the kernels of every model of models/ are compiled again with the bf16 and
- * the fp16 prelude (the parity graphs' kernels, f32 only, are mostly the same ones), and two
- * modules are compiled with --dtype bf16 and fp16.
+ * the fp16 prelude (the parity graphs' kernels, f32 only, are mostly the same ones).
+ * The tensor-core matmuls (--mma=bf16 and --mma=fp16, the default of --dtype bf16 and fp16):
+ * GPT's inference and training matmul kernels rendered with them (the other kernels are the
+ * ones above), compiled with the f32 prelude and with the prelude of the matching 16-bit
+ * storage (the combination --dtype implies); their PTX must hold the mma.sync instructions of
+ * that type. Three whole modules go through cg_compile --target cuda: f32, bf16 training on
+ * tensor cores for sm_90, fp16 inference on tensor cores.
  *
  * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
  * without the toolkit, XTC_SKIP_NVRTC=1 turns that into a visible skip. */
@@ -102,6 +107,8 @@ typedef struct {
     char **op;
     int n, cap;
     int graphs, refused, kernels;
+    int mma;      /* CG_MMA_*: how the matmuls are rendered */
+    int only_mma; /* keep only the kernels on tensor cores */
 } KernelSet;
 
 static char *canonical(const char *text, const char *fn)
@@ -129,9 +136,11 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
     CgPlan plan;
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s: plan: %s", what, err);
     CuUnit u;
-    CgOptions opt = {.output = "-"};
+    CgOptions opt = {.output = "-", .mma = ks->mma};
     ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s: render: %s", what, err);
     for (int k = 0; k < u.nkernels; k++) {
+        if (ks->only_mma && !strstr(u.kernel_text[k], "xtc_mma_m16n8k16_"))
+            continue;
         char *c = canonical(u.kernel_text[k], plan.kernels[k].fn);
         int found = 0;
         for (int i = 0; i < ks->n && !found; i++)
@@ -287,6 +296,7 @@ typedef struct {
     const KernelSet *ks;
     int from, to, index, storage; /* storage: 0 f32, 1 bf16, 2 fp16 (the prelude's) */
     int entries, failed;
+    int mma_bf16, mma_f16; /* mma.sync instructions in the PTX, by operand type */
     size_t src_bytes, ptx_bytes;
     char err[4096];
 } Chunk;
@@ -325,6 +335,10 @@ static void *compile_chunk(void *arg)
     c->ptx_bytes = strlen(ptx);
     for (const char *p = ptx; (p = strstr(p, ".entry ")); p++)
         c->entries++;
+    for (const char *p = ptx; (p = strstr(p, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")); p++)
+        c->mma_bf16++;
+    for (const char *p = ptx; (p = strstr(p, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")); p++)
+        c->mma_f16++;
     char ptx_path[512], log[512];
     snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d_%s.ptx", tmpdir, c->index, storage_name[c->storage]);
     snprintf(log, sizeof log, "%s/ptxas_%d.log", tmpdir, c->index);
@@ -350,6 +364,44 @@ static void *compile_chunk(void *arg)
     return NULL;
 }
 
+/* NVRTC and ptxas over every kernel of ks; the totals of its chunks into *sum. */
+static void compile_set(const KernelSet *ks, int storage, Chunk *sum)
+{
+    /* slices compiled side by side: NVRTC may be called from several threads */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int nchunks = cpus < 2 ? 2 : cpus > 8 ? 8 : (int)cpus;
+    Chunk chunks[8];
+    pthread_t threads[8];
+    for (int c = 0; c < nchunks; c++) {
+        chunks[c] = (Chunk){.ks = ks, .from = ks->n * c / nchunks, .to = ks->n * (c + 1) / nchunks, .index = c,
+                            .storage = storage};
+        ck_assert_int_eq(pthread_create(&threads[c], NULL, compile_chunk, &chunks[c]), 0);
+    }
+    memset(sum, 0, sizeof *sum);
+    sum->index = nchunks;
+    for (int c = 0; c < nchunks; c++) {
+        pthread_join(threads[c], NULL);
+        sum->entries += chunks[c].entries;
+        sum->mma_bf16 += chunks[c].mma_bf16;
+        sum->mma_f16 += chunks[c].mma_f16;
+        sum->src_bytes += chunks[c].src_bytes;
+        sum->ptx_bytes += chunks[c].ptx_bytes;
+    }
+    for (int c = 0; c < nchunks; c++)
+        ck_assert_msg(!chunks[c].failed, "%s", chunks[c].err);
+    ck_assert_msg(sum->entries == ks->n, "the PTX has %d entry points for %d kernels", sum->entries, ks->n);
+}
+
+static void free_set(KernelSet *ks)
+{
+    for (int i = 0; i < ks->n; i++) {
+        free(ks->text[i]);
+        free(ks->op[i]);
+    }
+    free(ks->text);
+    free(ks->op);
+}
+
 START_TEST(test_every_kernel_compiles)
 {
     const int storage = _i;
@@ -363,45 +415,58 @@ START_TEST(test_every_kernel_compiles)
         add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
     ck_assert_int_gt(ks.graphs, 0);
     double t1 = now_s();
-    /* slices compiled side by side: NVRTC may be called from several threads */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int nchunks = cpus < 2 ? 2 : cpus > 8 ? 8 : (int)cpus;
-    Chunk chunks[8];
-    pthread_t threads[8];
-    for (int c = 0; c < nchunks; c++) {
-        chunks[c] = (Chunk){.ks = &ks, .from = ks.n * c / nchunks, .to = ks.n * (c + 1) / nchunks, .index = c,
-                            .storage = storage};
-        ck_assert_int_eq(pthread_create(&threads[c], NULL, compile_chunk, &chunks[c]), 0);
-    }
-    int entries = 0;
-    size_t src_bytes = 0, ptx_bytes = 0;
-    for (int c = 0; c < nchunks; c++) {
-        pthread_join(threads[c], NULL);
-        entries += chunks[c].entries;
-        src_bytes += chunks[c].src_bytes;
-        ptx_bytes += chunks[c].ptx_bytes;
-    }
-    for (int c = 0; c < nchunks; c++)
-        ck_assert_msg(!chunks[c].failed, "%s", chunks[c].err);
-    ck_assert_msg(entries == ks.n, "the PTX has %d entry points for %d kernels", entries, ks.n);
+    Chunk sum;
+    compile_set(&ks, storage, &sum);
+    ck_assert_int_eq(sum.mma_bf16 + sum.mma_f16, 0); /* f32 unless asked */
     double t2 = now_s();
     fprintf(stderr,
             "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct: "
             "all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and "
             "sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
-            storage_name[storage], ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, src_bytes / 1024.0,
-            ptx_bytes / 1024.0, t2 - t1, nchunks, t1 - t0);
-    for (int i = 0; i < ks.n; i++) {
-        free(ks.text[i]);
-        free(ks.op[i]);
+            storage_name[storage], ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, sum.src_bytes / 1024.0,
+            sum.ptx_bytes / 1024.0, t2 - t1, sum.index, t1 - t0);
+    free_set(&ks);
+}
+END_TEST
+
+/* --mma: GPT's matmul kernels (inference and training, epilogues and transposes) on tensor
+ * cores, with f32 storage and with the 16-bit storage of the same format */
+START_TEST(test_mma_kernels_compile)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
+        KernelSet ks = {.mma = mma, .only_mma = 1};
+        XtfDiag d;
+        xtf_diag_init(&d);
+        XtfFile *f = xtf_parse_file(XTC_SOURCE_DIR "/models/gpt.xtf", &d);
+        ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "gpt.xtf: %s", d.text ? d.text : "");
+        xtf_diag_free(&d);
+        add_model(&ks, f, NULL, "gpt.xtf");
+        xtf_free(f);
+        int matmuls = ks.n;
+        ck_assert_int_gt(matmuls, 4);
+        const int storages[2] = {0, mma == CG_MMA_BF16 ? 1 : 2};
+        for (int s = 0; s < 2; s++) {
+            Chunk sum;
+            compile_set(&ks, storages[s], &sum);
+            /* every tensor-core kernel holds 8 mma per k-step, of the type asked for only */
+            int want = mma == CG_MMA_BF16 ? sum.mma_bf16 : sum.mma_f16;
+            int other = mma == CG_MMA_BF16 ? sum.mma_f16 : sum.mma_bf16;
+            ck_assert_msg(want >= matmuls && other == 0, "--mma=%s: %d kernels call the mma; the PTX has %d bf16 and "
+                          "%d f16 mma.sync", cg_mma_name(mma), matmuls, sum.mma_bf16, sum.mma_f16);
+            fprintf(stderr, "test_cuda_nvrtc: gpt.xtf --mma=%s, %s storage: %d distinct kernels on tensor cores (%d "
+                            "mma.sync in the PTX), compiled by NVRTC and assembled by ptxas for sm_80 and sm_90\n",
+                    cg_mma_name(mma), storage_name[storages[s]], matmuls, want);
+        }
+        free_set(&ks);
     }
-    free(ks.text);
-    free(ks.op);
 }
 END_TEST
 
 /* The whole path of xtc compile --target cuda: NVRTC, the host code, cc, a module that loads. */
-static void compile_module(const char *xtf, int train, const char *arch, const char *dtype)
+static void compile_module(const char *xtf, int train, const char *arch, const char *dtype, const char *want_mma)
 {
     XtfDiag d;
     xtf_diag_init(&d);
@@ -429,15 +494,17 @@ static void compile_module(const char *xtf, int train, const char *arch, const c
     FILE *mem = open_memstream(&text, &len);
     xtc_module_describe(m, mem);
     fclose(mem);
-    char want[64];
+    char want[64], mma_line[64];
     snprintf(want, sizeof want, "option dtype = %s\n", dtype ? dtype : "f32");
-    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch) && strstr(text, want), "%s", text);
+    snprintf(mma_line, sizeof mma_line, "option mma = %s\n", want_mma);
+    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch) && strstr(text, want) &&
+                  strstr(text, mma_line), "%s", text);
     free(text);
     struct stat sb;
     ck_assert_int_eq(stat(cu, &sb), 0);
-    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s --dtype %s: %d kernels, NVRTC %.1f s, cc %.1f "
-                    "s, %lld bytes\n", xtf, train ? " --train" : "", arch, dtype ? dtype : "f32", stats.nkernels,
-            stats.optimize_s, stats.link_s, (long long)stats.module_bytes);
+    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s --dtype %s (mma %s): %d kernels, NVRTC %.1f "
+                    "s, cc %.1f s, %lld bytes\n", xtf, train ? " --train" : "", arch, dtype ? dtype : "f32", want_mma,
+            stats.nkernels, stats.optimize_s, stats.link_s, (long long)stats.module_bytes);
     xtc_module_free(m);
     ir_graph_free(g);
     xtf_free(f);
@@ -448,10 +515,10 @@ START_TEST(test_compile_modules)
     if (!toolkit_present())
         return;
     make_tmpdir();
-    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", NULL);
-    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", NULL);
-    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", "bf16");
-    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", "fp16");
+    /* each module's kernels are also among those compiled above: one of each kind, not more */
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", NULL, "off");
+    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", "bf16", "bf16");
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", "fp16", "fp16");
 }
 END_TEST
 
@@ -478,6 +545,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_nvrtc_errors);
     tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
+    tcase_add_test(tc, test_mma_kernels_compile);
     tcase_add_test(tc, test_compile_modules);
     suite_add_tcase(s, tc);
     return s;

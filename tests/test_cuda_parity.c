@@ -16,7 +16,8 @@
  * A subset of the cases (HALF_CASES) runs again with 16-bit storage (--dtype bf16 and fp16),
  * graded against the same x-transformers numbers with max|a - e| <= atol + rtol * max|e|, the
  * rtol of that format from HALF_TOL: outputs and loss, and gradients (which go through more
- * rounded intermediates) apart. */
+ * rounded intermediates) apart. With 16-bit storage the matmuls run on the tensor cores of the
+ * same format, the default (--mma follows --dtype), which the module's options must show. */
 #include "codegen.h"
 #include "ir.h"
 #include "passes.h"
@@ -159,7 +160,8 @@ typedef struct {
 } Tolerance;
 static const Tolerance F32_TOL = {"f32", 1e-5, 1e-3, 1e-3};
 /* rtol: 5 and 10 units of the format's roundoff u (bf16 2^-8, fp16 2^-11), about twice the worst
- * seen over the subset (bf16: outputs 9.3e-3, gradients 2.2e-2; fp16: 1.0e-3, 2.9e-3) */
+ * seen over the subset, the same with and without the tensor cores (bf16: outputs 9.3e-3,
+ * gradients 2.2e-2; fp16: 1.0e-3, 2.9e-3) */
 static const Tolerance HALF_TOL[] = {
     {"bf16", 1e-3, 5 * 0x1p-8, 10 * 0x1p-8},
     {"fp16", 1e-4, 5 * 0x1p-11, 10 * 0x1p-11},
@@ -286,6 +288,16 @@ static void run_parity_case(const char *name, const Tolerance *tol)
     ck_assert_msg(cg_compile(h, &opt, &stats, err, sizeof err) == 0, "%s: %s", name, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    { /* 16-bit storage takes the tensor cores of its format by default (f32 keeps f32 matmuls) */
+        char *text = NULL, want[64];
+        size_t len = 0;
+        FILE *mem = open_memstream(&text, &len);
+        xtc_module_describe(m, mem);
+        fclose(mem);
+        snprintf(want, sizeof want, "option mma = %s\n", strcmp(tol->dtype, "f32") ? tol->dtype : "off");
+        ck_assert_msg(strstr(text, want), "%s: the module's options lack '%s'", name, want);
+        free(text);
+    }
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s", xtc_session_error(s));
     snprintf(path, sizeof path, "%s/weights.safetensors", dir);
