@@ -14,9 +14,9 @@
  * the fp16 prelude (the parity graphs' kernels, f32 only, are mostly the same ones).
  * The tensor-core matmuls (--mma=bf16 and --mma=fp16, the default of --dtype bf16 and fp16):
  * GPT's inference and training matmul kernels rendered with them (the other kernels are the
- * ones above), compiled with the f32 prelude and with the prelude of the matching 16-bit
- * storage (the combination --dtype implies); their PTX must hold the mma.sync instructions of
- * that type. Three whole modules go through cg_compile --target cuda: f32, bf16 training on
+ * ones above), compiled in the same programs, with the f32 prelude and with the prelude of the
+ * matching 16-bit storage (the combination --dtype implies); their PTX must hold the mma.sync
+ * instructions of that type. Three whole modules go through cg_compile --target cuda: f32, bf16 training on
  * tensor cores for sm_90, fp16 inference on tensor cores.
  *
  * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
@@ -402,6 +402,31 @@ static void free_set(KernelSet *ks)
     free(ks->op);
 }
 
+/* GPT's kernels rendered with --mma (inference and training), only those on tensor cores, added
+ * to ks: the others are the f32 ones already there. Returns how many were added. */
+static int add_mma_kernels(KernelSet *ks, int mma)
+{
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = xtf_parse_file(XTC_SOURCE_DIR "/models/gpt.xtf", &d);
+    ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "gpt.xtf: %s", d.text ? d.text : "");
+    xtf_diag_free(&d);
+    int n0 = ks->n, graphs = ks->graphs, kernels = ks->kernels;
+    ks->mma = mma;
+    ks->only_mma = 1;
+    add_model(ks, f, NULL, "gpt.xtf");
+    ks->mma = CG_MMA_AUTO;
+    ks->only_mma = 0;
+    ks->graphs = graphs; /* counted among the models' already */
+    ks->kernels = kernels;
+    xtf_free(f);
+    return ks->n - n0;
+}
+
+/* Every kernel with the f32 (_i 0), bf16 (1) or fp16 (2) prelude. In the same NVRTC programs,
+ * GPT's tensor-core matmuls (--mma): both formats with f32 storage, and the format of the
+ * storage with 16-bit storage (the combination --dtype implies); every one of them must hold
+ * 8 mma.sync per k-step of the type asked for, and no other kernel any. */
 START_TEST(test_every_kernel_compiles)
 {
     const int storage = _i;
@@ -414,54 +439,30 @@ START_TEST(test_every_kernel_compiles)
     if (storage == 0) /* 16-bit storage: the models' kernels (the parity graphs' add little but time) */
         add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
     ck_assert_int_gt(ks.graphs, 0);
+    int plain = ks.n, mma_kernels[CG_MMA_FP16 + 1] = {0};
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++)
+        if (storage == 0 || storage == (mma == CG_MMA_BF16 ? 1 : 2)) {
+            mma_kernels[mma] = add_mma_kernels(&ks, mma);
+            ck_assert_int_gt(mma_kernels[mma], 4);
+        }
     double t1 = now_s();
     Chunk sum;
     compile_set(&ks, storage, &sum);
-    ck_assert_int_eq(sum.mma_bf16 + sum.mma_f16, 0); /* f32 unless asked */
+    /* each tensor-core kernel holds 8 mma per k-step, of the type asked for only */
+    ck_assert_msg(sum.mma_bf16 >= 8 * mma_kernels[CG_MMA_BF16] && sum.mma_f16 >= 8 * mma_kernels[CG_MMA_FP16] &&
+                  (mma_kernels[CG_MMA_BF16] || !sum.mma_bf16) && (mma_kernels[CG_MMA_FP16] || !sum.mma_f16),
+                  "%d bf16 and %d fp16 tensor-core kernels; the PTX has %d bf16 and %d f16 mma.sync",
+                  mma_kernels[CG_MMA_BF16], mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16);
     double t2 = now_s();
     fprintf(stderr,
-            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct: "
-            "all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and "
-            "sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
-            storage_name[storage], ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, sum.src_bytes / 1024.0,
+            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct, "
+            "and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with --mma=fp16; %d bf16 and %d f16 mma.sync "
+            "in the PTX): all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for "
+            "sm_80 and sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
+            storage_name[storage], ks.graphs, ks.refused, ks.kernels, plain, mma_kernels[CG_MMA_BF16],
+            mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16, ks.n, sum.src_bytes / 1024.0,
             sum.ptx_bytes / 1024.0, t2 - t1, sum.index, t1 - t0);
     free_set(&ks);
-}
-END_TEST
-
-/* --mma: GPT's matmul kernels (inference and training, epilogues and transposes) on tensor
- * cores, with f32 storage and with the 16-bit storage of the same format */
-START_TEST(test_mma_kernels_compile)
-{
-    if (!toolkit_present())
-        return;
-    make_tmpdir();
-    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
-        KernelSet ks = {.mma = mma, .only_mma = 1};
-        XtfDiag d;
-        xtf_diag_init(&d);
-        XtfFile *f = xtf_parse_file(XTC_SOURCE_DIR "/models/gpt.xtf", &d);
-        ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "gpt.xtf: %s", d.text ? d.text : "");
-        xtf_diag_free(&d);
-        add_model(&ks, f, NULL, "gpt.xtf");
-        xtf_free(f);
-        int matmuls = ks.n;
-        ck_assert_int_gt(matmuls, 4);
-        const int storages[2] = {0, mma == CG_MMA_BF16 ? 1 : 2};
-        for (int s = 0; s < 2; s++) {
-            Chunk sum;
-            compile_set(&ks, storages[s], &sum);
-            /* every tensor-core kernel holds 8 mma per k-step, of the type asked for only */
-            int want = mma == CG_MMA_BF16 ? sum.mma_bf16 : sum.mma_f16;
-            int other = mma == CG_MMA_BF16 ? sum.mma_f16 : sum.mma_bf16;
-            ck_assert_msg(want >= matmuls && other == 0, "--mma=%s: %d kernels call the mma; the PTX has %d bf16 and "
-                          "%d f16 mma.sync", cg_mma_name(mma), matmuls, sum.mma_bf16, sum.mma_f16);
-            fprintf(stderr, "test_cuda_nvrtc: gpt.xtf --mma=%s, %s storage: %d distinct kernels on tensor cores (%d "
-                            "mma.sync in the PTX), compiled by NVRTC and assembled by ptxas for sm_80 and sm_90\n",
-                    cg_mma_name(mma), storage_name[storages[s]], matmuls, want);
-        }
-        free_set(&ks);
-    }
 }
 END_TEST
 
@@ -545,7 +546,6 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_nvrtc_errors);
     tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
-    tcase_add_test(tc, test_mma_kernels_compile);
     tcase_add_test(tc, test_compile_modules);
     suite_add_tcase(s, tc);
     return s;
