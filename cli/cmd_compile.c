@@ -49,7 +49,12 @@ static void compile_usage(void)
            "Compiles a model to a shared library that the runtime (include/xtc.h) loads.\n"
            "  -o PATH              the module to write\n"
            "  --model NAME         which model of the file (default: the last one)\n"
-           "  --target cpu         the backend (cpu: native code through LLVM)\n"
+           "  --target cpu         the backend: cpu (native code through LLVM), cuda (CUDA C compiled by\n"
+           "                       NVRTC, run on an NVIDIA GPU), cuda-emu (the same CUDA C emulated on the CPU)\n"
+           "  --dtype f32          cuda, cuda-emu: how floating-point tensors are stored on the device:\n"
+           "                       f32, bf16 or fp16 (16-bit storage, computed and accumulated in f32)\n"
+           "  --cuda-arch=sm_80    cuda: the GPU architecture of the PTX (sm_80 default, sm_90, ...)\n"
+           "  --emit-cuda=PATH     cuda, cuda-emu: also write the generated CUDA C\n"
            "  -O0 .. -O3           optimisation level (default -O2)\n"
            "  --cpu=NAME           an LLVM CPU name (default: this machine's)\n"
            "  --train              compute loss and grad.<param> (targets input; autodiff)\n"
@@ -58,6 +63,9 @@ static void compile_usage(void)
            "  --no-fuse            skip every fusion pass\n"
            "  --disable-pass=NAME  skip one pass (repeatable; xtc ir --list-passes)\n"
            "  --emit-llvm=PATH     also write the optimised LLVM IR as text\n"
+           "  --mma=bf16|fp16|off  cuda, cuda-emu: matmuls on tensor cores, operands in bf16 or fp16, sums in\n"
+           "                       f32 (needs sm_80). Default: that of --dtype bf16/fp16 (off below sm_80),\n"
+           "                       off with f32; --mma of the other 16-bit format than --dtype is refused\n"
            "  -v                   print the compile statistics\n");
 }
 
@@ -86,6 +94,25 @@ int cli_compile(int argc, char **argv)
             co.cpu = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--emit-llvm"))) {
             co.emit_llvm = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--emit-cuda"))) {
+            co.emit_cuda = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-arch"))) {
+            if (cg_cuda_arch_number(v, err, sizeof err) < 0) {
+                fprintf(stderr, "xtc compile: --cuda-arch: %s\n", err);
+                return 2;
+            }
+            co.cuda_arch = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dtype"))) {
+            if (cg_dtype_parse(v, err, sizeof err) < 0) {
+                fprintf(stderr, "xtc compile: --dtype: %s\n", err);
+                return 2;
+            }
+            co.dtype = v;
+        } else if ((v = cli_flag_value(argc, argv, &i, "--mma"))) {
+            if ((co.mma = cg_mma_parse(v)) < 0) {
+                fprintf(stderr, "xtc compile: --mma=%s: expected bf16, fp16 or off\n", v);
+                return 2;
+            }
         } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
             co.opt_level = argv[i][2] - '0';
         } else if (!strcmp(argv[i], "--train")) {
@@ -121,6 +148,16 @@ int cli_compile(int argc, char **argv)
     const CgBackend *be = cg_backend_find(co.target ? co.target : "cpu");
     if (!be) {
         fprintf(stderr, "xtc compile: unknown target '%s'\n", co.target);
+        return 2;
+    }
+    if (co.dtype && cg_dtype_parse(co.dtype, err, sizeof err) > 0 && !(be->caps & CG_CAP_HALF)) {
+        fprintf(stderr, "xtc compile: --dtype %s: the %s backend computes and stores in f32 only (use --target cuda "
+                "or cuda-emu)\n", co.dtype, be->name);
+        return 2;
+    }
+    if ((co.cuda_arch || co.emit_cuda) && !(be->caps & CG_CAP_CUDA)) {
+        fprintf(stderr, "xtc compile: --cuda-arch and --emit-cuda apply to --target cuda and cuda-emu, not %s\n",
+                be->name);
         return 2;
     }
     po.supports = be->supports;

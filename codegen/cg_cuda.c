@@ -40,9 +40,9 @@ static char *emu_call_text(const CuGen *gen, const CgKernel *K)
     if (!f)
         return NULL;
     int a = 0;
-    fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_mem_type(x->dtype), a++);
+    fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_mem_type(x), a++);
     for (int i = 0; i < x->nin; i++)
-        fprintf(f, ", *(const %s **)a[%d]", cu_mem_type(x->in[i]->dtype), a++);
+        fprintf(f, ", *(const %s **)a[%d]", cu_mem_type(x->in[i]), a++);
     for (int s = 0; s < gen->g->nsyms; s++)
         fprintf(f, ", *(i64 *)a[%d]", a++);
     fprintf(f, ", *(int **)a[%d])", a);
@@ -78,7 +78,12 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
     const char *arch = opt && opt->cuda_arch && opt->cuda_arch[0] ? opt->cuda_arch : CU_DEFAULT_ARCH;
     if (cg_cuda_arch_number(arch, err, n) < 0)
         return -1;
+    if ((u->gen.storage = cg_dtype_parse(opt ? opt->dtype : NULL, err, n)) < 0)
+        return -1;
     snprintf(u->arch, sizeof u->arch, "%s", arch);
+    if ((u->gen.mma = cg_mma_resolve(opt ? opt->mma : CG_MMA_AUTO, u->gen.storage, cg_cuda_arch_number(arch, err, n),
+                                     emu, err, n)) < 0)
+        return -1;
     int nk = plan->nkernels;
     u->kernel_text = calloc((size_t)nk + 1, sizeof *u->kernel_text);
     u->emu_call = calloc((size_t)nk + 1, sizeof *u->emu_call);
@@ -123,7 +128,7 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
         cg_cuda_unit_free(u);
         return -1;
     }
-    cu_prelude(f, plan->g, nk);
+    cu_prelude(f, plan->g, nk, u->gen.storage);
     for (int k = 0; k < nk; k++)
         fprintf(f, "\n%s", u->kernel_text[k]);
     if (fclose(f) != 0) {
@@ -232,7 +237,9 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         "compiler", compiler,
         "target", u->emu ? "cuda-emu" : "cuda",
         "arch", u->arch,
+        "dtype", u->gen.storage == 1 ? "bf16" : u->gen.storage == 2 ? "fp16" : "f32",
         "cuda_kernels", nk,
+        "mma", cg_mma_name(u->gen.mma),
         "source", opt->source_name,
     };
     meta = cg_plan_meta(u->plan, options, (int)(sizeof options / sizeof options[0] / 2));
@@ -306,7 +313,7 @@ done:
 const CgBackend cg_cuda_backend = {
     .name = "cuda",
     .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
-    .caps = CG_CAP_SYMBOLIC,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = cuda_render,
     .compile = compile,
@@ -316,7 +323,7 @@ const CgBackend cg_cuda_backend = {
 const CgBackend cg_cuda_emu_backend = {
     .name = "cuda-emu",
     .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
     .supports = cuda_supports,
     .render = emu_render,
     .compile = compile,

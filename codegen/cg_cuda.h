@@ -31,6 +31,9 @@ typedef struct {
     const CgPlan *plan;
     const IrGraph *g;
     char sym[IR_MAXSYM][40]; /* the C identifier of each symbol (its name unless that clashes) */
+    int storage;             /* floating-point tensors: 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
+    int mma;                 /* CG_MMA_OFF, _BF16, _FP16 (resolved, never CG_MMA_AUTO): matmuls on tensor
+                              * cores, operands in bf16 or fp16 */
     char err[1024];
 } CuGen;
 
@@ -103,11 +106,16 @@ int cg_cuda_fused(CuKernel *k);        /* cg_cuda_fused.c */
 int cu_error(CuGen *gen, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cu_gen_init(CuGen *gen, const CgPlan *plan);
 /* The text that opens every generated source: types, macros and device helpers. */
-void cu_prelude(FILE *f, const IrGraph *g, int nkernels);
-/* Storage type of a dtype (float, int, i64, u8) and the type values are computed in (float,
- * int, i64, int). */
-const char *cu_mem_type(IrDType t);
+void cu_prelude(FILE *f, const IrGraph *g, int nkernels, int storage);
+/* The storage type of x's buffer (xtc_fs, the prelude's floating-point storage, or float where
+ * cg_keeps_f32; int, i64, u8) and the type values are computed in (float, int, i64, int). */
+const char *cu_mem_type(const IrNode *x);
 const char *cu_val_type(IrDType t);
+/* Element idx of pointer ptr holding values of x's dtype: "xtc_ld(ptr, idx)" for floating
+ * point (loaded to float), "ptr[idx]" otherwise; and the statement storing value there
+ * (xtc_st rounds to the storage format once). */
+char *cu_load(const IrNode *x, const char *ptr, const char *idx, char *buf, size_t n);
+char *cu_store(const IrNode *x, const char *ptr, const char *idx, const char *value, char *buf, size_t n);
 /* dims as C expressions over the symbols: "n + 3", "2 * b"; products of dims [from, to) with the
  * constants folded: "b * n * 64", "1". */
 char *cu_dim(const CuGen *gen, IrDim d, char *buf, size_t n);
@@ -143,8 +151,6 @@ void cg_cuda_unit_free(CuUnit *u);
 
 /* Whether NVRTC can be loaded; else why not (the paths tried). version: "13.0". */
 int cg_nvrtc_available(char *version, size_t nversion, char *why, size_t nwhy);
-/* "sm_80", "compute_80" or "80" -> 80; -1 with a message when it is none of these. */
-int cg_cuda_arch_number(const char *arch, char *err, size_t n);
 /* Compiles CUDA C to PTX for the architecture ("sm_80"); *ptx malloc'ed. -1 with NVRTC's log
  * (or why NVRTC could not be loaded) in err. */
 int cg_nvrtc_compile(const char *source, const char *name, const char *arch, char **ptx, char *err, size_t n);

@@ -32,7 +32,8 @@ static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
  * its offset expression, "" when x is a constant the code folds. */
 static void operand_at(CuKernel *k, const IrNode *x, int r, const char *base, char *buf, size_t n)
 {
-    size_t len = (size_t)snprintf(buf, n, "%s[", base);
+    int f32 = x->dtype == IR_F32; /* loaded with xtc_ld: the storage may be 16 bits */
+    size_t len = (size_t)snprintf(buf, n, f32 ? "xtc_ld(%s, " : "%s[", base);
     int terms = 0;
     for (int d = 0; d < r && len < n; d++) {
         int kd = d - (r - x->rank);
@@ -54,7 +55,7 @@ static void operand_at(CuKernel *k, const IrNode *x, int r, const char *base, ch
                                     stride, pc(stride));
     }
     if (len < n)
-        snprintf(buf + len, n - len, "%s]", terms ? "" : "0");
+        snprintf(buf + len, n - len, "%s%s", terms ? "" : "0", f32 ? ")" : "]");
 }
 
 typedef struct {
@@ -143,11 +144,12 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
     batch_indices(k, q, "        ");
-    fprintf(f, "        const float *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
+    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
+    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
     fprintf(f, "        const float scale = %s;\n", a.scale);
-    fprintf(f, "        float *o = out + row * %lld;\n", ocols);
+    fprintf(f, "        %s *o = out + row * %lld;\n", cu_mem_type(x), ocols);
     fprintf(f, "        for (int d = threadIdx.x; d < D; d += blockDim.x)\n");
-    fprintf(f, "            qi[d] = in0[row * D + d];\n");
+    fprintf(f, "            qi[d] = xtc_ld(in0, row * D + d);\n");
     fprintf(f, "        __syncthreads();\n");
     fprintf(f, "        float mx = -XTC_INF, lsum = 0.0f, acc[%lld];\n", accs > 0 ? accs : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = 0.0f;\n", accs);
@@ -156,7 +158,7 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "            float score = -XTC_INF;\n");
     fprintf(f, "            if (j < J) {\n");
     fprintf(f, "                float dot = 0.0f;\n");
-    fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * kb[j * D + d];\n");
+    fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * xtc_ld(kb, j * D + d);\n");
     fprintf(f, "                score = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a.keep,
             a.bias);
     fprintf(f, "            }\n");
@@ -172,13 +174,13 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "                if (e < E) {\n");
     fprintf(f, "                    float sum = acc[ci] * alpha;\n");
     fprintf(f, "                    for (int jj = 0; jj < nj; jj++)\n");
-    fprintf(f, "                        sum += probs[jj] * vb[(j0 + jj) * E + e];\n");
+    fprintf(f, "                        sum += probs[jj] * xtc_ld(vb, (j0 + jj) * E + e);\n");
     fprintf(f, "                    acc[ci] = sum;\n                }\n            }\n        }\n");
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++) {\n", accs);
     fprintf(f, "            const int e = threadIdx.x + %d * ci;\n", ATT_BLOCK);
-    fprintf(f, "            if (e < E)\n                o[e] = J > 0 ? acc[ci] / lsum : 0.0f;\n        }\n");
+    fprintf(f, "            if (e < E)\n                xtc_st(o, e, J > 0 ? acc[ci] / lsum : 0.0f);\n        }\n");
     if (stats)
-        fprintf(f, "        if (threadIdx.x == 0)\n            o[E] = J > 0 ? mx + logf(lsum) : -XTC_INF; /* the logsumexp */\n");
+        fprintf(f, "        if (threadIdx.x == 0)\n            xtc_st(o, E, J > 0 ? mx + logf(lsum) : -XTC_INF); /* the logsumexp */\n");
     fprintf(f, "        __syncthreads(); /* before the next row replaces qi */\n");
     fprintf(f, "    }\n");
     cu_kernel_end(k);
@@ -211,9 +213,12 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (I + J); blk += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = blk / (I + J), r = blk %% (I + J);\n");
     batch_indices(k, q, "        ");
-    fprintf(f, "        const float *qb = in0 + batch * I * D, *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
-    fprintf(f, "        const float *ob = in3 + batch * I * OC, *gb = in4 + batch * I * GC;\n");
-    fprintf(f, "        float *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n");
+    fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
+    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
+    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
+    fprintf(f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
+    fprintf(f, "        const %s *gb = in4 + batch * I * GC;\n", cu_mem_type(dout));
+    fprintf(f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
     fprintf(f, "        const float scale = %s;\n", a.scale);
     fprintf(f, "        float acc[%lld], acc2[%lld];\n", accd > 0 ? accd : 1, accd > 0 ? accd : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = acc2[ci] = 0.0f;\n", accd);
@@ -221,20 +226,20 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "        if (r < I) { /* dq_i = sum_j ds_ij k_j */\n");
     fprintf(f, "            const i64 i = r;\n");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
-    fprintf(f, "                row_a[d] = qb[i * D + d];\n                row_b[d] = gb[i * GC + d];\n            }\n");
+    fprintf(f, "                row_a[d] = xtc_ld(qb, i * D + d);\n                row_b[d] = xtc_ld(gb, i * GC + d);\n            }\n");
     fprintf(f, "            float dsum = 0.0f; /* D_i = dout_i . o_i */\n");
     fprintf(f, "            for (int e = threadIdx.x; e < E; e += blockDim.x)\n");
-    fprintf(f, "                dsum += gb[i * GC + e] * ob[i * OC + e];\n");
+    fprintf(f, "                dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
     fprintf(f, "            dsum = xtc_block_sum(dsum); /* also makes row_a, row_b visible */\n");
-    fprintf(f, "            const float lse = ob[i * OC + E], dlse = GC > E ? gb[i * GC + E] : 0.0f;\n");
+    fprintf(f, "            const float lse = xtc_ld(ob, i * OC + E), dlse = GC > E ? xtc_ld(gb, i * GC + E) : 0.0f;\n");
     fprintf(f, "            for (i64 j0 = 0; j0 < J; j0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 j = j0 + threadIdx.x;\n");
     fprintf(f, "                float ds = 0.0f;\n");
     fprintf(f, "                if (j < J) {\n");
     fprintf(f, "                    float dot = 0.0f, dp = 0.0f;\n");
     fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
-    fprintf(f, "                        dot += row_a[d] * kb[j * D + d];\n");
-    fprintf(f, "                        dp += row_b[d] * vb[j * E + d];\n                    }\n");
+    fprintf(f, "                        dot += row_a[d] * xtc_ld(kb, j * D + d);\n");
+    fprintf(f, "                        dp += row_b[d] * xtc_ld(vb, j * E + d);\n                    }\n");
     fprintf(f, "                    const int keep = %s;\n", a.keep);
     fprintf(f, "                    const float pij = xtc_prob(keep ? dot * scale%s : -3.40282347e+38f, lse, J);\n", a.bias);
     fprintf(f, "                    ds = keep ? pij * (dp - dsum + dlse) * scale : 0.0f;\n");
@@ -246,17 +251,17 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                    if (d < D)\n");
     fprintf(f, "                        for (int jj = 0; jj < nj; jj++)\n");
-    fprintf(f, "                            acc[ci] += w1[jj] * kb[(j0 + jj) * D + d];\n                }\n");
+    fprintf(f, "                            acc[ci] += w1[jj] * xtc_ld(kb, (j0 + jj) * D + d);\n                }\n");
     fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1 */\n");
     fprintf(f, "            }\n");
     fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
-    fprintf(f, "                if (d < D)\n                    dq[i * D + d] = acc[ci];\n            }\n");
+    fprintf(f, "                if (d < D)\n                    xtc_st(dq, i * D + d, acc[ci]);\n            }\n");
     /* dk, dv rows */
     fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
     fprintf(f, "            const i64 j = r - I;\n");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
-    fprintf(f, "                row_a[d] = kb[j * D + d];\n                row_b[d] = vb[j * E + d];\n            }\n");
+    fprintf(f, "                row_a[d] = xtc_ld(kb, j * D + d);\n                row_b[d] = xtc_ld(vb, j * E + d);\n            }\n");
     fprintf(f, "            __syncthreads();\n");
     fprintf(f, "            for (i64 i0 = 0; i0 < I; i0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");
@@ -264,11 +269,11 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                if (i < I) {\n");
     fprintf(f, "                    float dot = 0.0f, dp = 0.0f, dsum = 0.0f;\n");
     fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
-    fprintf(f, "                        dot += qb[i * D + d] * row_a[d];\n");
-    fprintf(f, "                        dp += gb[i * GC + d] * row_b[d];\n");
-    fprintf(f, "                        dsum += gb[i * GC + d] * ob[i * OC + d];\n                    }\n");
+    fprintf(f, "                        dot += xtc_ld(qb, i * D + d) * row_a[d];\n");
+    fprintf(f, "                        dp += xtc_ld(gb, i * GC + d) * row_b[d];\n");
+    fprintf(f, "                        dsum += xtc_ld(gb, i * GC + d) * xtc_ld(ob, i * OC + d);\n                    }\n");
     fprintf(f, "                    const int keep = %s;\n", a.keep);
-    fprintf(f, "                    const float lse = ob[i * OC + E], dlse = GC > E ? gb[i * GC + E] : 0.0f;\n");
+    fprintf(f, "                    const float lse = xtc_ld(ob, i * OC + E), dlse = GC > E ? xtc_ld(gb, i * GC + E) : 0.0f;\n");
     fprintf(f, "                    pij = xtc_prob(keep ? dot * scale%s : -3.40282347e+38f, lse, J);\n", a.bias);
     fprintf(f, "                    ds = keep ? pij * (dp - dsum + dlse) * scale : 0.0f;\n");
     fprintf(f, "                }\n");
@@ -279,15 +284,15 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                    if (d < D)\n");
     fprintf(f, "                        for (int ii = 0; ii < ni; ii++) {\n");
-    fprintf(f, "                            acc[ci] += w1[ii] * qb[(i0 + ii) * D + d];\n");
-    fprintf(f, "                            acc2[ci] += w2[ii] * gb[(i0 + ii) * GC + d];\n                        }\n");
+    fprintf(f, "                            acc[ci] += w1[ii] * xtc_ld(qb, (i0 + ii) * D + d);\n");
+    fprintf(f, "                            acc2[ci] += w2[ii] * xtc_ld(gb, (i0 + ii) * GC + d);\n                        }\n");
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1, w2 */\n");
     fprintf(f, "            }\n");
     fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
-    fprintf(f, "                if (d < D) {\n                    dk[j * D + d] = acc[ci];\n");
-    fprintf(f, "                    dv[j * D + d] = acc2[ci];\n                }\n            }\n");
+    fprintf(f, "                if (d < D) {\n                    xtc_st(dk, j * D + d, acc[ci]);\n");
+    fprintf(f, "                    xtc_st(dv, j * D + d, acc2[ci]);\n                }\n            }\n");
     fprintf(f, "        }\n");
     fprintf(f, "        __syncthreads(); /* before the next block of rows replaces row_a, row_b */\n");
     fprintf(f, "    }\n");

@@ -218,7 +218,7 @@ static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
         snprintf(buf, n, "v%d", x->id);
         return;
     }
-    char name[32], expr[1200];
+    char name[32], expr[1200], ptr[16], idx[COL + 32];
     if (own)
         snprintf(name, sizeof name, "v%d", x->id);
     else
@@ -226,18 +226,22 @@ static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
     switch (x->op) {
     case IR_INPUT: {
         int op = operand_of(x);
+        snprintf(ptr, sizeof ptr, "in%d", op);
         if (last_is_one(x))
-            snprintf(expr, sizeof expr, "in%d[base%d]", op, op);
+            snprintf(idx, sizeof idx, "base%d", op);
         else
-            snprintf(expr, sizeof expr, "in%d[base%d + %s]", op, op, col);
+            snprintf(idx, sizeof idx, "base%d + %s", op, col);
+        cu_load(x, ptr, idx, expr, sizeof expr);
         break;
     }
     case IR_PERMUTE: {
         int op = operand_of(x->in[0]);
+        snprintf(ptr, sizeof ptr, "in%d", op);
         if (last_is_one(x))
-            snprintf(expr, sizeof expr, "in%d[pbase%d]", op, x->id);
+            snprintf(idx, sizeof idx, "pbase%d", x->id);
         else
-            snprintf(expr, sizeof expr, "in%d[pbase%d + %s]", op, x->id, col);
+            snprintf(idx, sizeof idx, "pbase%d + %s", x->id, col);
+        cu_load(x, ptr, idx, expr, sizeof expr);
         break;
     }
     case IR_CONCAT: {
@@ -329,7 +333,7 @@ static int epilogue(void *ctx, CuKernel *k, const char *indent)
     row_bases(z, "batch * M + row", deeper);
     new_loop(z, "col", deeper);
     value(z, root, col_of(root, "col"), v, sizeof v);
-    fprintf(k->f, "%sC[row * N + col] = %s;\n%s}\n", deeper, v, indent);
+    fprintf(k->f, "%sxtc_st(C, row * N + col, %s);\n%s}\n", deeper, v, indent);
     return k->gen->err[0] ? -1 : 0;
 }
 
@@ -375,8 +379,9 @@ int cg_cuda_fused(CuKernel *k)
     }
     new_loop(&z, "j", "            ");
     value(&z, root, col_of(root, "j"), v, sizeof v);
-    fprintf(f, "            out[row * Lout + j] = %s%s%s;\n", n->dtype == IR_BOOL ? "(u8)(" : "", v,
-            n->dtype == IR_BOOL ? ")" : "");
+    char value_text[96], store[256];
+    snprintf(value_text, sizeof value_text, n->dtype == IR_BOOL ? "(u8)(%s)" : "%s", v);
+    fprintf(f, "            %s;\n", cu_store(n, "out", "row * Lout + j", value_text, store, sizeof store));
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
     if (z.has_reduce) {

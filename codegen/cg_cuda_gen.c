@@ -38,7 +38,8 @@ static const char *const reserved[] = {
     "at_or_above", "masked", "active", "all", "max_and_tau", "na", "tau", "tau_r", "xs", "rho", "delta", "mean",
     "sum_sq", "rank", "I", "J", "D", "E", "OC", "GC", "qi", "probs", "lsum", "score", "dot", "m_new", "alpha",
     "pj", "nj", "ni", "ci", "ii", "jj", "acc2", "row_a", "row_b", "w1", "w2", "blk", "dq", "dk", "dv", "dsum",
-    "lse", "dlse", "ds", "pij", "kb", "vb", "qb", "ob", "gb", "scale", "keep", "L", "Lout", "mm", NULL};
+    "lse", "dlse", "ds", "pij", "kb", "vb", "qb", "ob", "gb", "scale", "keep", "L", "Lout", "mm", "g", "t", "wm", "wn",
+    "kp", "af", "bf", "rw", "gr", "gk", "lo", "hi", NULL};
 
 void cu_gen_init(CuGen *gen, const CgPlan *plan)
 {
@@ -58,10 +59,10 @@ void cu_gen_init(CuGen *gen, const CgPlan *plan)
     }
 }
 
-const char *cu_mem_type(IrDType t)
+const char *cu_mem_type(const IrNode *x)
 {
-    switch (t) {
-    case IR_F32: return "float";
+    switch (x->dtype) {
+    case IR_F32: return cg_keeps_f32(x) ? "float" : "xtc_fs";
     case IR_I32: return "int";
     case IR_I64: return "i64";
     default: return "u8";
@@ -75,6 +76,18 @@ const char *cu_val_type(IrDType t)
     case IR_I64: return "i64";
     default: return "int";
     }
+}
+
+char *cu_load(const IrNode *x, const char *ptr, const char *idx, char *buf, size_t n)
+{
+    snprintf(buf, n, x->dtype == IR_F32 ? "xtc_ld(%s, %s)" : "%s[%s]", ptr, idx);
+    return buf;
+}
+
+char *cu_store(const IrNode *x, const char *ptr, const char *idx, const char *value, char *buf, size_t n)
+{
+    snprintf(buf, n, x->dtype == IR_F32 ? "xtc_st(%s, %s, %s)" : "%s[%s] = %s", ptr, idx, value);
+    return buf;
 }
 
 /* ---- expressions ---- */
@@ -205,9 +218,9 @@ void cu_kernel_begin(CuKernel *k)
     int nparams = 1 + x->nin + k->gen->g->nsyms + 1;
     for (int p = 0; p < nparams; p++) {
         if (p == 0)
-            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x->dtype));
+            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x));
         else if (p <= x->nin)
-            snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]->dtype), p - 1);
+            snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]), p - 1);
         else if (p < nparams - 1)
             snprintf(param, sizeof param, "i64 %s", k->gen->sym[p - 1 - x->nin]);
         else
@@ -345,12 +358,211 @@ static const char *const prelude[] = {
     "        v = xtc_fmax(v, part[w]);",
     "    return v;",
     "}",
+    "",
+    "/* ---- 16-bit floats and tensor cores ----",
+    " * bfloat16 and IEEE half as their bits in an unsigned; two of them packed in one register, the",
+    " * lower-indexed value in the low half (bf16x2, f16x2). The one set of conversions of the",
+    " * generated code: the 16-bit storage (xtc_ld, xtc_st below) and the tensor-core operands use",
+    " * them, and runtime/rt_half.h does the same bit for bit on the host. Float to 16 bits rounds",
+    " * to nearest even, subnormals kept (NaN stays a quiet NaN, halves overflow to infinity from",
+    " * 65520); 16 bits to float is exact. Written with bit operations (the emulator); on the GPU",
+    " * the PTX cvt instructions do the same rounding in one instruction. */",
+    "XTC_INLINE unsigned xtc_bf16_bits(float x)",
+    "{",
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+    "    unsigned short h;",
+    "    asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x));",
+    "    return h;",
+    "#else",
+    "    const unsigned u = (unsigned)__float_as_int(x);",
+    "    if ((u & 0x7fffffffu) > 0x7f800000u)",
+    "        return (u >> 16) | 0x40u; /* quiet NaN */",
+    "    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;",
+    "#endif",
+    "}",
+    "XTC_INLINE float xtc_bf16_float(unsigned h) { return __int_as_float((int)((h & 0xffffu) << 16)); }",
+    "XTC_INLINE unsigned xtc_f16_bits(float x)",
+    "{",
+    "#ifdef __CUDA_ARCH__",
+    "    unsigned short h;",
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(x));",
+    "    return h;",
+    "#else",
+    "    unsigned u = (unsigned)__float_as_int(x);",
+    "    const unsigned sign = (u >> 16) & 0x8000u;",
+    "    u &= 0x7fffffffu;",
+    "    if (u > 0x7f800000u) /* NaN: quiet, the payload's upper bits kept */",
+    "        return sign | 0x7e00u | ((u >> 13) & 0x3ffu);",
+    "    if (u >= 0x477ff000u) /* 65520 and above round to infinity */",
+    "        return sign | 0x7c00u;",
+    "    if (u >= 0x38800000u) /* a normal half, 2^-14 and above: exponent bias 127 -> 15 */",
+    "        return sign | (u + 0xfffu + ((u >> 13) & 1u) - 0x38000000u) >> 13;",
+    "    if (u < 0x33000000u) /* below 2^-25 round to zero (2^-25 itself ties to the even 0 below) */",
+    "        return sign;",
+    "    /* a subnormal half: the value in units of 2^-24, rounded to nearest even */",
+    "    const unsigned shift = 126u - (u >> 23), m = (u & 0x7fffffu) | 0x800000u;",
+    "    const unsigned rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);",
+    "    const unsigned q = m >> shift;",
+    "    return sign | (q + (rem > half || (rem == half && (q & 1u))));",
+    "#endif",
+    "}",
+    "XTC_INLINE float xtc_f16_float(unsigned h)",
+    "{",
+    "#ifdef __CUDA_ARCH__",
+    "    float f;",
+    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"((unsigned short)h));",
+    "    return f;",
+    "#else",
+    "    const unsigned sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;",
+    "    if (e == 0) { /* zero and subnormals: m 2^-24, exact */",
+    "        const float v = (float)m * 5.9604644775390625e-8f;",
+    "        return sign ? -v : v;",
+    "    }",
+    "    return __int_as_float((int)(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | m << 13));",
+    "#endif",
+    "}",
+    "XTC_INLINE unsigned xtc_pack_bf16x2(float lo, float hi) { return xtc_bf16_bits(lo) | xtc_bf16_bits(hi) << 16; }",
+    "XTC_INLINE unsigned xtc_pack_f16x2(float lo, float hi) { return xtc_f16_bits(lo) | xtc_f16_bits(hi) << 16; }",
+    "",
+    "/* D = A B + C on tensor cores, for a whole warp: mma.sync.aligned.m16n8k16.row.col.f32.T.T.f32",
+    " * with T = bf16 or f16: A 16 x 16, B 16 x 8, C and D 16 x 8 in f32. Every lane of the warp",
+    " * calls it at the same point (convergent, as the instruction requires) with its fragments laid",
+    " * out as the PTX ISA specifies; with g = lane >> 2 and t = lane % 4 a lane holds",
+    " *   a[0] = A[g][2t, 2t+1]    a[1] = A[g+8][2t, 2t+1]   a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]",
+    " *   b[0] = B[2t, 2t+1][g]    b[1] = B[2t+8, 2t+9][g]",
+    " *   c, d = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]",
+    " * (pairs packed as above). The blocks are one-dimensional, so lane = threadIdx.x % 32. On sm_80",
+    " * and newer this is the instruction; otherwise (the emulator) the same product from the",
+    " * other lanes' fragments gathered with warp shuffles: products of 16-bit values are exact in",
+    " * f32, and the sum is taken in f32 over k in order (the hardware's order of summation is",
+    " * unspecified, so results may differ from it by f32 rounding). */",
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+    "XTC_INLINE void xtc_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4])",
+    "{",
+    "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, \"",
+    "                 \"{%8, %9}, {%10, %11, %12, %13};\"",
+    "                 : \"=f\"(d[0]), \"=f\"(d[1]), \"=f\"(d[2]), \"=f\"(d[3])",
+    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]), \"f\"(c[0]),",
+    "                   \"f\"(c[1]), \"f\"(c[2]), \"f\"(c[3]));",
+    "}",
+    "XTC_INLINE void xtc_mma_m16n8k16_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4])",
+    "{",
+    "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, \"",
+    "                 \"{%8, %9}, {%10, %11, %12, %13};\"",
+    "                 : \"=f\"(d[0]), \"=f\"(d[1]), \"=f\"(d[2]), \"=f\"(d[3])",
+    "                 : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b[0]), \"r\"(b[1]), \"f\"(c[0]),",
+    "                   \"f\"(c[1]), \"f\"(c[2]), \"f\"(c[3]));",
+    "}",
+    "#else",
+    "/* Lane (g, t) needs rows g and g+8 of A, which lanes 4g .. 4g+3 hold, and columns 2t and",
+    " * 2t+1 of B, which lanes 8t .. 8t+3 and 8t+4 .. 8t+7 hold: 16 shuffles of register pairs. */",
+    "XTC_INLINE void xtc_mma_m16n8k16_shfl(float d[4], const unsigned a[4], const unsigned b[2], const float c[4],",
+    "                                      int f16)",
+    "{",
+    "    const int lane = (int)(threadIdx.x & 31u), g = lane >> 2, t = lane & 3;",
+    "    const unsigned long long a01 = a[0] | (unsigned long long)a[1] << 32, a23 = a[2] | (unsigned long long)a[3] << 32;",
+    "    const unsigned long long b01 = b[0] | (unsigned long long)b[1] << 32;",
+    "    unsigned ra[2][8], cb[2][8]; /* rows g, g+8 of A and columns 2t, 2t+1 of B: k pairs 0..7 */",
+    "    for (int s = 0; s < 4; s++) { /* lane 4g + s: k pairs s and s + 4 of rows g and g+8 */",
+    "        const unsigned long long lo = __shfl_sync(0xffffffffu, a01, 4 * g + s);",
+    "        const unsigned long long hi = __shfl_sync(0xffffffffu, a23, 4 * g + s);",
+    "        ra[0][s] = (unsigned)lo;",
+    "        ra[1][s] = (unsigned)(lo >> 32);",
+    "        ra[0][s + 4] = (unsigned)hi;",
+    "        ra[1][s + 4] = (unsigned)(hi >> 32);",
+    "    }",
+    "    for (int j = 0; j < 2; j++)",
+    "        for (int s = 0; s < 4; s++) { /* lane 4 (2t + j) + s: k pairs s and s + 4 of column 2t + j */",
+    "            const unsigned long long v = __shfl_sync(0xffffffffu, b01, 4 * (2 * t + j) + s);",
+    "            cb[j][s] = (unsigned)v;",
+    "            cb[j][s + 4] = (unsigned)(v >> 32);",
+    "        }",
+    "    float out[4];",
+    "    for (int i = 0; i < 4; i++) { /* D[g + 8 (i >> 1)][2t + (i & 1)] */",
+    "        const unsigned *ar = ra[i >> 1], *bc = cb[i & 1];",
+    "        float acc = c[i];",
+    "        for (int p = 0; p < 8; p++) {",
+    "            const unsigned x = ar[p], y = bc[p];",
+    "            if (f16) {",
+    "                acc += xtc_f16_float(x) * xtc_f16_float(y);",
+    "                acc += xtc_f16_float(x >> 16) * xtc_f16_float(y >> 16);",
+    "            } else {",
+    "                acc += xtc_bf16_float(x) * xtc_bf16_float(y);",
+    "                acc += xtc_bf16_float(x >> 16) * xtc_bf16_float(y >> 16);",
+    "            }",
+    "        }",
+    "        out[i] = acc;",
+    "    }",
+    "    for (int i = 0; i < 4; i++)",
+    "        d[i] = out[i];",
+    "}",
+    "XTC_INLINE void xtc_mma_m16n8k16_bf16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4])",
+    "{",
+    "    xtc_mma_m16n8k16_shfl(d, a, b, c, 0);",
+    "}",
+    "XTC_INLINE void xtc_mma_m16n8k16_f16(float d[4], const unsigned a[4], const unsigned b[2], const float c[4])",
+    "{",
+    "    xtc_mma_m16n8k16_shfl(d, a, b, c, 1);",
+    "}",
+    "#endif",
     NULL};
 
-void cu_prelude(FILE *f, const IrGraph *g, int nkernels)
+/* How floating-point tensors are stored. Kernels load with xtc_ld(p, i), which gives a float,
+ * compute in float, and store with xtc_st(p, i, v), which rounds once; xtc_fs is the storage
+ * type. A few buffers stay float under 16-bit storage (cg_keeps_f32), so the loads and stores
+ * accept both: overloads in CUDA C++, _Generic in the emulator's C. The conversions are the
+ * prelude's xtc_bf16_bits/_float and xtc_f16_bits/_float (above, shared with the tensor-core
+ * matmul), which runtime/rt_half.h matches bit for bit on upload and download. */
+static const char *const storage_f32[] = {
+    "",
+    "/* storage of floating-point tensors: f32 */",
+    "typedef float xtc_fs;",
+    "#define xtc_ld(p, i) ((p)[i])",
+    "#define xtc_st(p, i, v) ((p)[i] = (v))",
+    NULL};
+
+static const char *const storage_bf16[] = {
+    "",
+    "/* storage of floating-point tensors: bf16 (the upper half of an f32), computed in f32 */",
+    "typedef unsigned short xtc_fs;",
+    "XTC_INLINE float xtc_fs_to_f32(unsigned short h) { return xtc_bf16_float(h); }",
+    "XTC_INLINE unsigned short xtc_f32_to_fs(float f) { return (unsigned short)xtc_bf16_bits(f); }",
+    NULL};
+
+static const char *const storage_fp16[] = {
+    "",
+    "/* storage of floating-point tensors: IEEE fp16, computed in f32 */",
+    "typedef unsigned short xtc_fs;",
+    "XTC_INLINE float xtc_fs_to_f32(unsigned short h) { return xtc_f16_float(h); }",
+    "XTC_INLINE unsigned short xtc_f32_to_fs(float f) { return (unsigned short)xtc_f16_bits(f); }",
+    NULL};
+
+static const char *const storage_half_access[] = {
+    "XTC_INLINE float xtc_ld_fs(const xtc_fs *p, i64 i) { return xtc_fs_to_f32(p[i]); }",
+    "XTC_INLINE void xtc_st_fs(xtc_fs *p, i64 i, float v) { p[i] = xtc_f32_to_fs(v); }",
+    "XTC_INLINE float xtc_ld_f32(const float *p, i64 i) { return p[i]; }",
+    "XTC_INLINE void xtc_st_f32(float *p, i64 i, float v) { p[i] = v; }",
+    "#ifdef XTC_CUDA_EMULATION",
+    "#define xtc_ld(p, i) _Generic((p) + 0, float *: xtc_ld_f32, const float *: xtc_ld_f32, default: xtc_ld_fs)(p, i)",
+    "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
+    "#else",
+    "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
+    "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
+    "XTC_INLINE void xtc_st(xtc_fs *p, i64 i, float v) { xtc_st_fs(p, i, v); }",
+    "XTC_INLINE void xtc_st(float *p, i64 i, float v) { p[i] = v; }",
+    "#endif",
+    NULL};
+
+void cu_prelude(FILE *f, const IrGraph *g, int nkernels, int storage)
 {
-    fprintf(f, "/* CUDA C generated by xtc for model \"%s\": %d kernel%s.\n *\n", g->name ? g->name : "model",
-            nkernels, nkernels == 1 ? "" : "s");
+    static const char *const names[] = {"f32", "bf16", "fp16"};
+    fprintf(f, "/* CUDA C generated by xtc for model \"%s\": %d kernel%s, %s storage.\n *\n",
+            g->name ? g->name : "model", nkernels, nkernels == 1 ? "" : "s", names[storage]);
     for (int i = 0; prelude[i]; i++)
         fprintf(f, "%s\n", prelude[i]);
+    const char *const *text = storage == 1 ? storage_bf16 : storage == 2 ? storage_fp16 : storage_f32;
+    for (int i = 0; text[i]; i++)
+        fprintf(f, "%s\n", text[i]);
+    for (int i = 0; storage && storage_half_access[i]; i++)
+        fprintf(f, "%s\n", storage_half_access[i]);
 }

@@ -160,14 +160,23 @@ char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, co
             fprintf(f, "    \"%s\",\n", u->plan->kernels[k].fn);
         fprintf(f, "};\n\n");
     }
+    /* how each buffer's floating-point values are stored on the device (--dtype) */
+    fprintf(f, "static const uint8_t xtc_buf_storage[%d] = {", u->plan->nbufs + 1);
+    for (int b = 0; b < u->plan->nbufs; b++) {
+        const IrNode *node = u->plan->bufs[b].node;
+        int half = node->dtype == IR_F32 && !cg_keeps_f32(node) ? u->gen.storage : 0;
+        fprintf(f, "%s%d", b ? ", " : "", half);
+    }
+    fprintf(f, "%s};\n\n", u->plan->nbufs ? "" : "0");
     if (u->emu)
         fprintf(f, "extern const XtcEmuModule xtc_emu_module __attribute__((visibility(\"hidden\")));\n\n");
     fprintf(f, "const XtcModuleV1 xtc_module_v1 = {XTC_ABI_MAGIC, XTC_ABI_VERSION, xtc_meta, xtc_xtf, "
                "xtc_no_host_run};\n\n");
     fprintf(f, "const XtcCudaModuleV1 xtc_cuda_module_v1 = {\n");
     fprintf(f, "    XTC_CUDA_MAGIC, XTC_CUDA_VERSION, \"%s\", %s, xtc_cuda_c,\n", u->arch, ptx ? "xtc_ptx" : "0");
-    fprintf(f, "    %d, %s, xtc_cuda_run, %s,\n};\n", u->nkernels, u->nkernels ? "xtc_kernel_names" : "0",
+    fprintf(f, "    %d, %s, xtc_cuda_run, %s,\n", u->nkernels, u->nkernels ? "xtc_kernel_names" : "0",
             u->emu ? "&xtc_emu_module" : "0");
+    fprintf(f, "    %d, xtc_buf_storage,\n};\n", u->plan->nbufs);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

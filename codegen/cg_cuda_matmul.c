@@ -9,7 +9,19 @@
  * Tiles are x (a grid-stride loop), batch matrices y. A is stored transposed in shared memory,
  * As[k][m], so that both operands are read along a row there. A fused program whose first step is
  * the matmul (bias, activation, residual) replaces the store of C by its epilogue
- * (cg_cuda_fused.c), which reads mm, the product at (batch, row, col). */
+ * (cg_cuda_fused.c), which reads mm, the product at (batch, row, col).
+ *
+ * With tensor cores (CgOptions.mma, bf16 or fp16 operands, f32 sums) the block is 4 warps (128
+ * threads) over a 64 x 64 tile of C, each warp a 32 x 32 quarter of it as 2 x 4 products of
+ * mma.m16n8k16 (the prelude's xtc_mma_m16n8k16_*, whose fragment layout is the PTX ISA's). K
+ * advances MKT (32) at a time: the block converts A[64 x 32] and B[32 x 64] to 16-bit pairs in
+ * shared memory, As[m][k / 2] and Bs[n][k / 2] (zero past the edges), laid out so that each
+ * fragment register is one 32-bit word: a lane's a0 is As[row g][k pair t], its b0 Bs[col g][k
+ * pair t]. Rows are padded to 20 words so that a warp's fragment loads hit 32 different banks.
+ * Every read of the operands in global memory is in stage_operand, through one load expression
+ * (operand_load: xtc_ld), so that with 16-bit storage of the same format the staging is a load
+ * of the stored value, rounded exactly once (when it was stored). The epilogues, batches, transposes
+ * and ragged edges are those of the f32 kernel. */
 #include "cg_cuda.h"
 
 #include <string.h>
@@ -40,27 +52,26 @@ static void batch_offset(CuKernel *k, const IrNode *out, const IrNode *x, char *
         snprintf(buf, n, "0");
 }
 
+static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx);
+
 int cg_cuda_matmul(CuKernel *k) { return cg_cuda_matmul_with(k, k->node, 0, 1, NULL, NULL); }
 
-int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
+/* The sizes, the tile count and the loop over batch matrices, down to the pointers A, B and C
+ * of the batch; leaves the loop open. */
+static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
 {
     const IrNode *a = x->in[0];
     CuGen *gen = k->gen;
     FILE *f = k->f;
-    int tb = x->ia[0] != 0, r = x->rank;
+    int r = x->rank;
     char M[CU_EXPR], N[CU_EXPR], K[CU_EXPR], batches[CU_EXPR];
     cu_dim(gen, x->shape[r - 2], M, sizeof M);
     cu_dim(gen, x->shape[r - 1], N, sizeof N);
     cu_dim(gen, a->shape[a->rank - 1], K, sizeof K);
     cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
-    k->sync = 1;
-    cu_kernel_begin(k);
-    fprintf(f, "    __shared__ float As[%d][%d + 4]; /* [k][m]: A's tile, transposed */\n", KT, TILE);
-    fprintf(f, "    __shared__ float Bs[%d][%d + 4]; /* [k][n] */\n", KT, TILE);
     fprintf(f, "    const i64 M = %s, N = %s, K = %s, batches = %s;\n", M, N, K, batches);
     fprintf(f, "    const i64 tiles_n = (N + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", TILE - 1, TILE, TILE - 1,
             TILE);
-    fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
     fprintf(f, "    for (i64 batch = blockIdx.y; batch < batches; batch += gridDim.y) {\n");
     /* the batch index, split into the output's batch dims */
     if (r == 3) {
@@ -80,15 +91,66 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     batch_offset(k, x, x->in[1], offb, sizeof offb);
     for (int d = 0; d < r - 2; d++)
         fprintf(f, "        (void)ix%d;\n", d);
+    /* the kernel's operands in<ia>, in<ib> (x may be a matmul inside a fused program) */
+    const char *ta = cu_mem_type(k->node->in[ia]), *tb_ = cu_mem_type(k->node->in[ib]);
     if (strcmp(offa, "0") == 0)
-        fprintf(f, "        const float *A = in%d;\n", ia);
+        fprintf(f, "        const %s *A = in%d;\n", ta, ia);
     else
-        fprintf(f, "        const float *A = in%d + %s;\n", ia, offa);
+        fprintf(f, "        const %s *A = in%d + %s;\n", ta, ia, offa);
     if (strcmp(offb, "0") == 0)
-        fprintf(f, "        const float *B = in%d;\n", ib);
+        fprintf(f, "        const %s *B = in%d;\n", tb_, ib);
     else
-        fprintf(f, "        const float *B = in%d + %s;\n", ib, offb);
-    fprintf(f, "        float *C = out + batch * M * N;\n");
+        fprintf(f, "        const %s *B = in%d + %s;\n", tb_, ib, offb);
+    fprintf(f, "        %s *C = out + batch * M * N;\n", cu_mem_type(k->node));
+}
+
+/* The launch: tiles along x, batch matrices along y. */
+static void matmul_geometry(CuKernel *k, const IrNode *x, unsigned threads)
+{
+    CuGen *gen = k->gen;
+    int r = x->rank;
+    char M[CU_EXPR], N[CU_EXPR], batches[CU_EXPR];
+    cu_dim(gen, x->shape[r - 2], M, sizeof M);
+    cu_dim(gen, x->shape[r - 1], N, sizeof N);
+    cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
+    char tm[2 * CU_EXPR], tn[2 * CU_EXPR];
+    cu_ceil_div(M, TILE, tm, sizeof tm);
+    cu_ceil_div(N, TILE, tn, sizeof tn);
+    snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "(%s) * (%s)", tm, tn);
+    snprintf(k->geom.grid_y, sizeof k->geom.grid_y, "%s", batches);
+    k->geom.block = threads;
+}
+
+/* What becomes of the product value (an expression) at C[row, col] (both in range): the
+ * epilogue's code, or the store. */
+static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *indent)
+{
+    FILE *f = k->f;
+    if (!epilogue) {
+        fprintf(f, "%sxtc_st(C, row * N + col, %s);\n", indent, value);
+        return 0;
+    }
+    char inner[64];
+    snprintf(inner, sizeof inner, "%s    ", indent);
+    fprintf(f, "%s{\n%s    const float mm = %s;\n", indent, indent, value);
+    if (epilogue(ctx, k, inner) < 0)
+        return -1;
+    fprintf(f, "%s}\n", indent);
+    return 0;
+}
+
+int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
+{
+    if (k->gen->mma != CG_MMA_OFF)
+        return matmul_mma(k, x, ia, ib, epilogue, ctx);
+    FILE *f = k->f;
+    int tb = x->ia[0] != 0;
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    __shared__ float As[%d][%d + 4]; /* [k][m]: A's tile, transposed */\n", KT, TILE);
+    fprintf(f, "    __shared__ float Bs[%d][%d + 4]; /* [k][n] */\n", KT, TILE);
+    fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
+    matmul_prologue(k, x, ia, ib);
     fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
     fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
     fprintf(f, "            float acc[4][4] = {{0.0f}};\n");
@@ -96,18 +158,18 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* A[m0 .. +%d, k0 .. +%d] */\n", TILE,
             KT, THREADS, TILE, KT);
     fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-    fprintf(f, "                    As[tc][tr] = m0 + tr < M && k0 + tc < K ? A[(m0 + tr) * K + k0 + tc] : 0.0f;\n");
+    fprintf(f, "                    As[tc][tr] = m0 + tr < M && k0 + tc < K ? xtc_ld(A, (m0 + tr) * K + k0 + tc) : 0.0f;\n");
     fprintf(f, "                }\n");
     if (!tb) {
         fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[k0 .. +%d, n0 .. +%d] */\n",
                 KT, TILE, THREADS, KT, TILE);
         fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", TILE, TILE);
-        fprintf(f, "                    Bs[tr][tc] = k0 + tr < K && n0 + tc < N ? B[(k0 + tr) * N + n0 + tc] : 0.0f;\n");
+        fprintf(f, "                    Bs[tr][tc] = k0 + tr < K && n0 + tc < N ? xtc_ld(B, (k0 + tr) * N + n0 + tc) : 0.0f;\n");
     } else {
         fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[n0 .. +%d, k0 .. +%d] */\n",
                 TILE, KT, THREADS, TILE, KT);
         fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-        fprintf(f, "                    Bs[tc][tr] = n0 + tr < N && k0 + tc < K ? B[(n0 + tr) * K + k0 + tc] : 0.0f;\n");
+        fprintf(f, "                    Bs[tc][tr] = n0 + tr < N && k0 + tc < K ? xtc_ld(B, (n0 + tr) * K + k0 + tc) : 0.0f;\n");
     }
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads();\n");
@@ -126,24 +188,127 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     fprintf(f, "            for (int q = 0; q < 4; q++)\n");
     fprintf(f, "                for (int w = 0; w < 4; w++) {\n");
     fprintf(f, "                    const i64 row = m0 + ty + 16 * q, col = n0 + tx + 16 * w;\n");
-    if (epilogue) {
-        fprintf(f, "                    if (row < M && col < N) {\n");
-        fprintf(f, "                        const float mm = acc[q][w];\n");
-        if (epilogue(ctx, k, "                        ") < 0)
-            return -1;
-        fprintf(f, "                    }\n");
-    } else {
-        fprintf(f, "                    if (row < M && col < N)\n");
-        fprintf(f, "                        C[row * N + col] = acc[q][w];\n");
-    }
+    fprintf(f, "                    if (row < M && col < N)\n");
+    if (matmul_store(k, epilogue, ctx, "acc[q][w]", "                        ") < 0)
+        return -1;
     fprintf(f, "                }\n");
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
-    char tm[2 * CU_EXPR], tn[2 * CU_EXPR];
-    cu_ceil_div(M, TILE, tm, sizeof tm);
-    cu_ceil_div(N, TILE, tn, sizeof tn);
-    snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "(%s) * (%s)", tm, tn);
-    snprintf(k->geom.grid_y, sizeof k->geom.grid_y, "%s", batches);
-    k->geom.block = THREADS;
+    matmul_geometry(k, x, THREADS);
+    return 0;
+}
+
+/* ---- tensor cores ---- */
+
+#define MKT 32                    /* k per stage: two mma k-steps of 16 */
+#define MPAIRS (MKT / 2)          /* 16-bit pairs per tile row */
+#define MSTRIDE (MPAIRS + 4)      /* words per row in shared memory: conflict-free fragment loads */
+#define MTHREADS 128              /* 4 warps, 2 x 2 over the tile, 32 x 32 each */
+
+/* The one expression that reads an operand element in global memory as a float: xtc_ld, the
+ * storage's load. With 16-bit storage of the operand's format the value is exact in it, so the
+ * packing below rounds nothing: the operand is rounded once, when it was stored. */
+static char *operand_load(const char *src, const char *index, char *buf, size_t n)
+{
+    snprintf(buf, n, "xtc_ld(%s, %s)", src, index);
+    return buf;
+}
+
+/* The copy of one operand's tile into shared memory, 16-bit pairs along k: dst[r][p] holds the
+ * operand at (tile row r, k0 + 2p) and (r, k0 + 2p + 1), zero outside. rows: the operand's size
+ * along the tile (M or N), first its tile origin (m0 or n0); k_inner: the operand is stored
+ * [rows][K] (A; B transposed), else [K][rows] (B), whose pairs then come from two rows. The
+ * threads of a warp walk the direction that is contiguous in global memory. */
+static void stage_operand(CuKernel *k, const char *dst, const char *src, const char *rows, const char *first,
+                          int k_inner)
+{
+    FILE *f = k->f;
+    const char *pack = k->gen->mma == CG_MMA_FP16 ? "xtc_pack_f16x2" : "xtc_pack_bf16x2";
+    fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) {\n", TILE, MPAIRS, MTHREADS);
+    if (k_inner)
+        fprintf(f, "                    const int tr = e / %d, tc = e %% %d; /* tile row, k pair */\n", MPAIRS, MPAIRS);
+    else
+        fprintf(f, "                    const int tr = e %% %d, tc = e / %d; /* tile row, k pair */\n", TILE, TILE);
+    fprintf(f, "                    const i64 gr = %s + tr, gk = k0 + 2 * tc;\n", first);
+    fprintf(f, "                    float lo = 0.0f, hi = 0.0f;\n");
+    fprintf(f, "                    if (gr < %s) {\n", rows);
+    char lo_at[CU_EXPR], hi_at[CU_EXPR], load[2 * CU_EXPR];
+    if (k_inner) {
+        snprintf(lo_at, sizeof lo_at, "gr * K + gk");
+        snprintf(hi_at, sizeof hi_at, "gr * K + gk + 1");
+    } else {
+        snprintf(lo_at, sizeof lo_at, "gk * %s + gr", rows);
+        snprintf(hi_at, sizeof hi_at, "(gk + 1) * %s + gr", rows);
+    }
+    fprintf(f, "                        if (gk < K)\n");
+    fprintf(f, "                            lo = %s;\n", operand_load(src, lo_at, load, sizeof load));
+    fprintf(f, "                        if (gk + 1 < K)\n");
+    fprintf(f, "                            hi = %s;\n", operand_load(src, hi_at, load, sizeof load));
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    %s[tr][tc] = %s(lo, hi);\n", dst, pack);
+    fprintf(f, "                }\n");
+}
+
+static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
+{
+    FILE *f = k->f;
+    int tb = x->ia[0] != 0;
+    const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    /* tensor cores: operands in %s, sums in f32 */\n", k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16");
+    fprintf(f, "    __shared__ unsigned As[%d][%d]; /* [m][k pair]: A's tile in 16-bit pairs */\n", TILE, MSTRIDE);
+    fprintf(f, "    __shared__ unsigned Bs[%d][%d]; /* [n][k pair] */\n", TILE, MSTRIDE);
+    fprintf(f, "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
+    fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
+    fprintf(f, "    const int wm = warp / 2 * 32, wn = warp %% 2 * 32; /* the warp's quarter of the tile */\n");
+    matmul_prologue(k, x, ia, ib);
+    fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
+    fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
+    fprintf(f, "            float acc[2][4][4]; /* [16-row block][8-column block][the mma's d] */\n");
+    fprintf(f, "            for (int i = 0; i < 2; i++)\n");
+    fprintf(f, "                for (int j = 0; j < 4; j++)\n");
+    fprintf(f, "                    for (int q = 0; q < 4; q++)\n");
+    fprintf(f, "                        acc[i][j][q] = 0.0f;\n");
+    fprintf(f, "            for (i64 k0 = 0; k0 < K; k0 += %d) {\n", MKT);
+    stage_operand(k, "As", "A", "M", "m0", 1);
+    stage_operand(k, "Bs", "B", "N", "n0", tb);
+    fprintf(f, "                __syncthreads();\n");
+    fprintf(f, "                for (int kp = 0; kp < %d; kp += 8) { /* k pairs kp .. kp + 7: one mma k-step */\n",
+            MPAIRS);
+    fprintf(f, "                    unsigned af[2][4], bf[4][2];\n");
+    fprintf(f, "                    for (int i = 0; i < 2; i++) {\n");
+    fprintf(f, "                        const int rw = wm + 16 * i + g;\n");
+    fprintf(f, "                        af[i][0] = As[rw][kp + t];\n");
+    fprintf(f, "                        af[i][1] = As[rw + 8][kp + t];\n");
+    fprintf(f, "                        af[i][2] = As[rw][kp + t + 4];\n");
+    fprintf(f, "                        af[i][3] = As[rw + 8][kp + t + 4];\n");
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    for (int j = 0; j < 4; j++) {\n");
+    fprintf(f, "                        bf[j][0] = Bs[wn + 8 * j + g][kp + t];\n");
+    fprintf(f, "                        bf[j][1] = Bs[wn + 8 * j + g][kp + t + 4];\n");
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    for (int i = 0; i < 2; i++)\n");
+    fprintf(f, "                        for (int j = 0; j < 4; j++)\n");
+    fprintf(f, "                            %s(acc[i][j], af[i], bf[j], acc[i][j]);\n", mma);
+    fprintf(f, "                }\n");
+    fprintf(f, "                __syncthreads(); /* before the next tiles overwrite As and Bs */\n");
+    fprintf(f, "            }\n");
+    /* unrolled, so that acc stays in registers however long the epilogue (C ignores the pragma) */
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "            for (int i = 0; i < 2; i++)\n");
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                for (int j = 0; j < 4; j++)\n");
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                    for (int q = 0; q < 4; q++) { /* d[q] = C[g + 8 (q / 2)][2t + q %% 2] */\n");
+    fprintf(f, "                        const i64 row = m0 + wm + 16 * i + g + 8 * (q / 2);\n");
+    fprintf(f, "                        const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");
+    fprintf(f, "                        if (row < M && col < N)\n");
+    if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", "                            ") < 0)
+        return -1;
+    fprintf(f, "                    }\n");
+    fprintf(f, "        }\n    }\n");
+    cu_kernel_end(k);
+    matmul_geometry(k, x, MTHREADS);
     return 0;
 }

@@ -159,16 +159,17 @@ int cg_cuda_elementwise(CuKernel *k)
         fprintf(f, "        const i64 i0 = rest;\n");
     }
     for (int op = 0; op < x->nin; op++) {
-        char off[1024];
+        char off[1024], ptr[8], load[1100];
         operand_offset(k, &sp, op, off, sizeof off);
-        fprintf(f, "        const %s x%d = in%d[%s];\n", cu_val_type(x->in[op]->dtype), op, op, off);
+        snprintf(ptr, sizeof ptr, "in%d", op);
+        fprintf(f, "        const %s x%d = %s;\n", cu_val_type(x->in[op]->dtype), op,
+                cu_load(x->in[op], ptr, off, load, sizeof load));
     }
     static const char *const xs[] = {"x0", "x1", "x2"};
     cg_cuda_expand(tmpl, t, xs, expr, sizeof expr);
-    if (x->dtype == IR_BOOL)
-        fprintf(f, "        out[i] = (u8)(%s);\n", expr);
-    else
-        fprintf(f, "        out[i] = %s;\n", expr);
+    char value[1100], store[1200];
+    snprintf(value, sizeof value, x->dtype == IR_BOOL ? "(u8)(%s)" : "%s", expr);
+    fprintf(f, "        %s;\n", cu_store(x, "out", "i", value, store, sizeof store));
     fprintf(f, "    }\n");
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
@@ -188,10 +189,11 @@ static int emit_const(CuKernel *k)
     case IR_I32: snprintf(value, sizeof value, "%lld", (long long)trunc(x->f)); break;
     default: snprintf(value, sizeof value, "%lldLL", (long long)trunc(x->f)); break;
     }
+    char store[128];
     cu_kernel_begin(k);
     fprintf(k->f, "    const i64 total = %s;\n", total);
     fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size())\n");
-    fprintf(k->f, "        out[i] = %s;\n", value);
+    fprintf(k->f, "        %s;\n", cu_store(x, "out", "i", value, store, sizeof store));
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     return 0;
@@ -206,7 +208,9 @@ static int emit_arange(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(k->f, "    const i64 total = %s, start = %s;\n", total, start);
     fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size())\n");
-    fprintf(k->f, "        out[i] = (%s)(start + i);\n", cu_mem_type(x->dtype));
+    char value[64], store[128];
+    snprintf(value, sizeof value, "(%s)(start + i)", cu_val_type(x->dtype));
+    fprintf(k->f, "        %s;\n", cu_store(x, "out", "i", value, store, sizeof store));
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     return 0;
@@ -227,7 +231,7 @@ static int emit_rand(CuKernel *k)
     fprintf(k->f, "        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;\n");
     fprintf(k->f, "        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;\n");
     fprintf(k->f, "        z ^= z >> 31;\n");
-    fprintf(k->f, "        out[i] = (float)(z >> 40) * 5.9604644775390625e-8f;\n    }\n");
+    fprintf(k->f, "        xtc_st(out, i, (float)(z >> 40) * 5.9604644775390625e-8f);\n    }\n");
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     return 0;
@@ -380,7 +384,8 @@ static int emit_copy(CuKernel *k)
                     one ? "" : stride[d], one ? "" : close);
         fprintf(f, "        rest /= %s%s%s;\n", paren ? "(" : "", size, paren ? ")" : "");
     }
-    fprintf(f, "        out[i] = in0[src];\n    }\n");
+    char load[64], store[128];
+    fprintf(f, "        %s;\n    }\n", cu_store(x, "out", "i", cu_load(in, "in0", "src", load, sizeof load), store, sizeof store));
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     return 0;
@@ -403,7 +408,11 @@ static int emit_concat(CuKernel *k)
     fprintf(f, "    const i64 total = outer * (la + lb) * inner;\n");
     fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
     fprintf(f, "        const i64 r = i %% inner, j = i / inner %% (la + lb), o = i / inner / (la + lb);\n");
-    fprintf(f, "        out[i] = j < la ? in0[(o * la + j) * inner + r] : in1[(o * lb + j - la) * inner + r];\n");
+    char la_load[64], lb_load[64], value[160], store[256];
+    cu_load(x->in[0], "in0", "(o * la + j) * inner + r", la_load, sizeof la_load);
+    cu_load(x->in[1], "in1", "(o * lb + j - la) * inner + r", lb_load, sizeof lb_load);
+    snprintf(value, sizeof value, "j < la ? %s : %s", la_load, lb_load);
+    fprintf(f, "        %s;\n", cu_store(x, "out", "i", value, store, sizeof store));
     fprintf(f, "    }\n");
     cu_kernel_end(k);
     char total[5 * CU_EXPR];
@@ -429,8 +438,11 @@ static int emit_gather(CuKernel *k)
     fprintf(f, "    const i64 rows = %s, cols = %s, total = %s;\n", rows, cols, total);
     fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
     fprintf(f, "        const i64 row = (i64)in1[i / cols];\n");
-    fprintf(f, "        if (row < 0 || row >= rows) {\n            *status = 1;\n            out[i] = 0;\n");
-    fprintf(f, "        } else {\n            out[i] = in0[row * cols + i %% cols];\n        }\n    }\n");
+    char zero[64], load[64], copy[128];
+    cu_store(x, "out", "i", "0", zero, sizeof zero);
+    cu_store(x, "out", "i", cu_load(table, "in0", "row * cols + i % cols", load, sizeof load), copy, sizeof copy);
+    fprintf(f, "        if (row < 0 || row >= rows) {\n            *status = 1;\n            %s;\n", zero);
+    fprintf(f, "        } else {\n            %s;\n        }\n    }\n", copy);
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     return 0;
@@ -452,7 +464,8 @@ static int emit_gather_grad(CuKernel *k)
     fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
     fprintf(f, "        const i64 row = (i64)in1[i / cols];\n");
     fprintf(f, "        if (row < 0 || row >= rows)\n            *status = 1;\n");
-    fprintf(f, "        else\n            atomicAdd(&out[row * cols + i %% cols], in0[i]);\n    }\n");
+    /* out is f32 whatever the storage (cg_keeps_f32): the atomics add in f32 */
+    fprintf(f, "        else\n            atomicAdd(&out[row * cols + i %% cols], xtc_ld(in0, i));\n    }\n");
     cu_kernel_end(k);
     cu_geom_items(k, total, BLOCK);
     snprintf(k->geom.zero, sizeof k->geom.zero, "%s%s%s * 4", strchr(out_numel, ' ') ? "(" : "", out_numel,

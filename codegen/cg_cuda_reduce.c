@@ -43,12 +43,12 @@ int cg_cuda_reduce(CuKernel *k)
         if (is_max)
             fprintf(f, "    if (len == 0 && threadIdx.x == 0)\n        *status = 1; /* max over an empty axis */\n");
         fprintf(f, "    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-        fprintf(f, "        const float *x = in0 + row * len;\n");
+        fprintf(f, "        const %s *x = in0 + row * len;\n", cu_mem_type(in));
         fprintf(f, "        float acc = %s;\n", init);
         fprintf(f, "        for (i64 j = threadIdx.x; j < len; j += blockDim.x)\n");
-        fprintf(f, is_max ? "            acc = xtc_fmax(acc, x[j]);\n" : "            acc += x[j];\n");
+        fprintf(f, is_max ? "            acc = xtc_fmax(acc, xtc_ld(x, j));\n" : "            acc += xtc_ld(x, j);\n");
         fprintf(f, "        acc = %s(acc);\n", is_max ? "xtc_block_max" : "xtc_block_sum");
-        fprintf(f, "        if (threadIdx.x == 0)\n            out[row] = acc;\n    }\n");
+        fprintf(f, "        if (threadIdx.x == 0)\n            xtc_st(out, row, acc);\n    }\n");
         cu_kernel_end(k);
         cu_geom_rows(k, outer, ROW_BLOCK);
         return 0;
@@ -59,11 +59,11 @@ int cg_cuda_reduce(CuKernel *k)
     if (is_max)
         fprintf(f, "    if (len == 0 && total > 0 && xtc_global_id() == 0)\n        *status = 1; /* max over an empty axis */\n");
     fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
-    fprintf(f, "        const float *x = in0 + i / inner * len * inner + i %% inner;\n");
+    fprintf(f, "        const %s *x = in0 + i / inner * len * inner + i %% inner;\n", cu_mem_type(in));
     fprintf(f, "        float acc = %s;\n", init);
     fprintf(f, "        for (i64 j = 0; j < len; j++)\n");
-    fprintf(f, is_max ? "            acc = xtc_fmax(acc, x[j * inner]);\n" : "            acc += x[j * inner];\n");
-    fprintf(f, "        out[i] = acc;\n    }\n");
+    fprintf(f, is_max ? "            acc = xtc_fmax(acc, xtc_ld(x, j * inner));\n" : "            acc += xtc_ld(x, j * inner);\n");
+    fprintf(f, "        xtc_st(out, i, acc);\n    }\n");
     cu_kernel_end(k);
     char total[3 * CU_EXPR];
     snprintf(total, sizeof total, "%s%s%s * %s%s%s", paren_open(outer), outer, paren_close(outer), paren_open(inner),
@@ -85,20 +85,19 @@ int cg_cuda_softmax(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(f, "    const i64 rows = %s, len = %s;\n", rows, len);
     fprintf(f, "    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-    fprintf(f, "        const float *x = in0 + row * len;\n");
-    fprintf(f, "        float *y = out + row * len;\n");
+    fprintf(f, "        const %s *x = in0 + row * len;\n", cu_mem_type(x->in[0]));
+    fprintf(f, "        %s *y = out + row * len;\n", cu_mem_type(x));
     fprintf(f, "        float mx = -XTC_INF;\n");
     fprintf(f, "        for (i64 j = threadIdx.x; j < len; j += blockDim.x)\n");
-    fprintf(f, "            mx = xtc_fmax(mx, x[j]);\n");
+    fprintf(f, "            mx = xtc_fmax(mx, xtc_ld(x, j));\n");
     fprintf(f, "        mx = xtc_block_max(mx);\n");
     fprintf(f, "        float sum = 0.0f;\n");
-    fprintf(f, "        for (i64 j = threadIdx.x; j < len; j += blockDim.x) {\n");
-    fprintf(f, "            const float e = expf(x[j] - mx);\n");
-    fprintf(f, "            y[j] = e;\n");
-    fprintf(f, "            sum += e;\n        }\n");
-    fprintf(f, "        const float inv = 1.0f / xtc_block_sum(sum);\n");
     fprintf(f, "        for (i64 j = threadIdx.x; j < len; j += blockDim.x)\n");
-    fprintf(f, "            y[j] *= inv;\n    }\n");
+    fprintf(f, "            sum += expf(xtc_ld(x, j) - mx);\n");
+    fprintf(f, "        const float inv = 1.0f / xtc_block_sum(sum);\n");
+    fprintf(f, "        /* the exponentials again, so that y is rounded to its storage once */\n");
+    fprintf(f, "        for (i64 j = threadIdx.x; j < len; j += blockDim.x)\n");
+    fprintf(f, "            xtc_st(y, j, expf(xtc_ld(x, j) - mx) * inv);\n    }\n");
     cu_kernel_end(k);
     cu_geom_rows(k, rows, ROW_BLOCK);
     return 0;
@@ -125,13 +124,13 @@ int cg_cuda_xent(CuKernel *k)
     fprintf(f, "        const i64 target = (i64)in1[row];\n");
     fprintf(f, "        if (target < 0)\n            continue;\n");
     fprintf(f, "        if (target >= classes) {\n            *status = 1;\n            continue;\n        }\n");
-    fprintf(f, "        const float *x = in0 + row * classes;\n");
+    fprintf(f, "        const %s *x = in0 + row * classes;\n", cu_mem_type(z));
     fprintf(f, "        float mx = -XTC_INF, sum = 0.0f;\n");
-    fprintf(f, "        for (i64 j = lane; j < classes; j += 32)\n            mx = xtc_fmax(mx, x[j]);\n");
+    fprintf(f, "        for (i64 j = lane; j < classes; j += 32)\n            mx = xtc_fmax(mx, xtc_ld(x, j));\n");
     fprintf(f, "        mx = xtc_warp_max(mx);\n");
-    fprintf(f, "        for (i64 j = lane; j < classes; j += 32)\n            sum += expf(x[j] - mx);\n");
+    fprintf(f, "        for (i64 j = lane; j < classes; j += 32)\n            sum += expf(xtc_ld(x, j) - mx);\n");
     fprintf(f, "        sum = xtc_warp_sum(sum);\n");
-    fprintf(f, "        loss += (double)(mx + logf(sum) - x[target]);\n");
+    fprintf(f, "        loss += (double)(mx + logf(sum) - xtc_ld(x, target));\n");
     fprintf(f, "        count++;\n    }\n");
     fprintf(f, "    if (lane == 0) {\n        part_loss[warp] = loss;\n        part_count[warp] = count;\n    }\n");
     fprintf(f, "    __syncthreads();\n");
@@ -139,7 +138,7 @@ int cg_cuda_xent(CuKernel *k)
     fprintf(f, "        double total = 0.0;\n        i64 n_rows = 0;\n");
     fprintf(f, "        for (int w = 0; w < nwarps; w++) {\n            total += part_loss[w];\n");
     fprintf(f, "            n_rows += part_count[w];\n        }\n");
-    fprintf(f, "        out[0] = n_rows ? (float)(total / (double)n_rows) : 0.0f;\n    }\n");
+    fprintf(f, "        xtc_st(out, 0, n_rows ? (float)(total / (double)n_rows) : 0.0f);\n    }\n");
     cu_kernel_end(k);
     cu_geom_rows(k, "1", XENT_BLOCK);
     return 0;

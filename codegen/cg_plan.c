@@ -48,6 +48,22 @@ static void put_shape(FILE *f, const IrNode *n)
     fputc(']', f);
 }
 
+int cg_keeps_f32(const IrNode *n)
+{
+    while (n->op == IR_RESHAPE)
+        n = n->in[0];
+    if (n->dtype != IR_F32)
+        return 0;
+    switch (n->op) {
+    case IR_XENT:
+    case IR_GATHER_GRAD:
+    case IR_ENTMAX15:
+    case IR_RAND: return 1;
+    case IR_ATTENTION: return n->ia[1] != 0;
+    default: return 0;
+    }
+}
+
 /* Everything the generated code depends on; nothing it does not (labels, names, node ids). */
 static char *signature(const IrNode *n)
 {
@@ -71,6 +87,8 @@ static char *signature(const IrNode *n)
     for (int i = 0; i < n->nin; i++) {
         fprintf(f, " in%d ", i);
         put_shape(f, n->in[i]);
+        if (cg_keeps_f32(n->in[i])) /* read as f32 under 16-bit storage */
+            fprintf(f, "!");
     }
     fclose(f);
     return buf;

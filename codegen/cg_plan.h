@@ -51,6 +51,14 @@ void cg_plan_free(CgPlan *p);
  * spaces or newlines; NULL values are skipped). */
 char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions);
 
+/* Whether n's value stays in f32 when a module stores floating-point tensors in 16 bits
+ * (CgOptions.dtype): the loss (cross-entropy's scalar), gather_grad's rows (accumulated with
+ * atomics, which must add in f32), attention's output when it carries the logsumexp column that
+ * the backward pass exponentiates, entmax15's output (its row doubles as index scratch), and
+ * rand_like's uniform numbers (dropout keeps the same elements whatever the storage).
+ * Reshapes follow their operand, whose buffer they share. */
+int cg_keeps_f32(const IrNode *n);
+
 /* Whether dims [from, to) of a shape are all the constant 1 (so their product is 1 for any
  * symbol values). */
 int cg_dims_are_one(const IrDim *dims, int from, int to);

@@ -49,6 +49,22 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
         snprintf(err, n, "unknown target '%s' (this build has: cpu, cuda, cuda-emu)", opt->target);
         return -1;
     }
+    int storage = cg_dtype_parse(opt->dtype, err, n);
+    if (storage < 0)
+        return -1;
+    if (storage > 0 && !(be->caps & CG_CAP_HALF)) {
+        snprintf(err, n, "the %s backend computes and stores in f32 only: --dtype %s needs --target cuda or cuda-emu",
+                 be->name, opt->dtype);
+        return -1;
+    }
+    if (opt->mma != CG_MMA_AUTO && opt->mma != CG_MMA_OFF && (!cg_mma_name(opt->mma) || !(be->caps & CG_CAP_MMA))) {
+        if (!cg_mma_name(opt->mma))
+            snprintf(err, n, "unknown matmul precision %d (CgOptions.mma)", opt->mma);
+        else
+            snprintf(err, n, "the %s backend has no tensor-core matmul (--mma=%s); the cuda targets have", be->name,
+                     cg_mma_name(opt->mma));
+        return -1;
+    }
     double t0 = now_s();
     CgPlan plan;
     if (cg_plan_build(g, &plan, err, n) < 0)
@@ -77,6 +93,69 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     stats->render_s = t2 - t1;
     stats->total_s = now_s() - t0;
     return rc;
+}
+
+int cg_dtype_parse(const char *dtype, char *err, size_t n)
+{
+    static const char *const names[] = {"f32", "bf16", "fp16"};
+    if (!dtype || !dtype[0])
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(dtype, names[i]) == 0)
+            return i;
+    snprintf(err, n, "unknown dtype '%s' (expected f32, bf16 or fp16)", dtype);
+    return -1;
+}
+
+int cg_mma_parse(const char *name)
+{
+    if (!name)
+        return -1;
+    if (!strcmp(name, "auto"))
+        return CG_MMA_AUTO;
+    if (!strcmp(name, "off"))
+        return CG_MMA_OFF;
+    if (!strcmp(name, "bf16"))
+        return CG_MMA_BF16;
+    if (!strcmp(name, "fp16") || !strcmp(name, "f16"))
+        return CG_MMA_FP16;
+    return -1;
+}
+
+const char *cg_mma_name(int mma)
+{
+    switch (mma) {
+    case CG_MMA_AUTO: return "auto";
+    case CG_MMA_OFF: return "off";
+    case CG_MMA_BF16: return "bf16";
+    case CG_MMA_FP16: return "fp16";
+    default: return NULL;
+    }
+}
+
+int cg_mma_resolve(int mma, int storage, int arch, int emu, char *err, size_t n)
+{
+    static const char *const storage_name[] = {"f32", "bf16", "fp16"};
+    if (!cg_mma_name(mma) || storage < 0 || storage > 2) {
+        snprintf(err, n, "unknown matmul precision %d or storage %d", mma, storage);
+        return -1;
+    }
+    if (mma == CG_MMA_AUTO) /* 16-bit storage uses the tensor cores where there are some */
+        return storage == 0 || arch < 80 ? CG_MMA_OFF : storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16;
+    if (mma == CG_MMA_OFF)
+        return CG_MMA_OFF;
+    if (!emu && arch < 80) {
+        snprintf(err, n, "--mma=%s needs tensor cores with mma.sync.m16n8k16 (--cuda-arch sm_80 or newer), not sm_%d",
+                 cg_mma_name(mma), arch);
+        return -1;
+    }
+    if (storage && storage != (mma == CG_MMA_BF16 ? 1 : 2)) {
+        snprintf(err, n, "--mma=%s with --dtype %s: the stored %s operands would be rounded a second time, to %s; "
+                 "use --mma=%s (the default for --dtype %s) or --mma=off", cg_mma_name(mma), storage_name[storage],
+                 storage_name[storage], cg_mma_name(mma), storage_name[storage], storage_name[storage]);
+        return -1;
+    }
+    return mma;
 }
 
 int cg_run_program(char *const *argv, const char *logpath)

@@ -27,7 +27,28 @@ typedef struct {
     const char *emit_llvm;   /* debugging: write the optimised LLVM IR as text to this path */
     const char *cuda_arch;   /* cuda: the GPU architecture of the PTX, "sm_80" (default), "sm_90" */
     const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
+    const char *dtype;       /* storage of floating-point tensors: NULL or "f32", "bf16", "fp16" (computed
+                              * in f32 whatever the storage; backends with CG_CAP_HALF only) */
+    int mma;                 /* CG_MMA_*: matrix multiplications on tensor cores (backends with CG_CAP_MMA);
+                              * 0 = CG_MMA_AUTO, which follows dtype */
 } CgOptions;
+
+/* CgOptions.mma: the precision of matmul operands on tensor cores, accumulation staying f32.
+ * CG_MMA_AUTO (the default, 0) follows the storage: bf16 storage -> bf16 operands, fp16 -> fp16,
+ * f32 -> off (every matmul in f32), and off too where the architecture has no mma.sync
+ * m16n8k16 (below sm_80). An explicit CG_MMA_BF16/FP16 is refused below sm_80 (cuda target)
+ * and with the other 16-bit storage (cg_mma_resolve). */
+enum { CG_MMA_AUTO, CG_MMA_OFF, CG_MMA_BF16, CG_MMA_FP16 };
+
+/* "auto", "off", "bf16", "fp16" (also "f16") -> CG_MMA_*; -1 for anything else. */
+int cg_mma_parse(const char *name);
+/* "auto", "off", "bf16", "fp16"; NULL for a value that is none of CG_MMA_*. */
+const char *cg_mma_name(int mma);
+/* The matmul precision a compile with opt->mma gets, given the storage (cg_dtype_parse) and
+ * the architecture number (80 for sm_80): CG_MMA_OFF, _BF16 or _FP16; -1 with a message when
+ * the combination is refused. emu: the emulator, which runs an explicit --mma on any
+ * architecture (its default follows the architecture as the GPU's does). */
+int cg_mma_resolve(int mma, int storage, int arch, int emu, char *err, size_t n);
 
 /* Filled by cg_compile when asked: what was produced and where the time went. */
 typedef struct {
@@ -54,6 +75,9 @@ enum {
     CG_CAP_SYMBOLIC = 1,  /* kernels take symbol values at run time */
     CG_CAP_THREADS = 2,   /* kernels split work over the runtime's thread pool */
     CG_CAP_HOST_RUN = 4,  /* modules run on this machine (tests can execute them) */
+    CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
+    CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
+    CG_CAP_MMA = 32,      /* matmuls can run on tensor cores (CgOptions.mma) */
 };
 
 typedef struct CgBackend {
@@ -71,6 +95,14 @@ typedef struct CgBackend {
 
 extern const CgBackend cg_llvm_backend;
 extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cg_cuda.c */
+
+/* CgOptions.dtype as a storage format: 0 = f32 (NULL, "" or "f32"), 1 = bf16, 2 = fp16; -1 with
+ * a message naming the accepted values. */
+int cg_dtype_parse(const char *dtype, char *err, size_t n);
+
+/* A GPU architecture for CgOptions.cuda_arch: "sm_80", "compute_80" or "80" -> 80; -1 with a
+ * message when it is none of these (codegen/cg_cuda_nvrtc.c). */
+int cg_cuda_arch_number(const char *arch, char *err, size_t n);
 
 /* The backend of that name ("cpu"), or NULL. */
 const CgBackend *cg_backend_find(const char *name);

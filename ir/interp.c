@@ -48,6 +48,8 @@ typedef struct {
     char *have_host;          /* [nnodes] */
     Val *val;                 /* [nnodes] */
     int f64;                  /* ir_interp_f64: f32 tensors cross the API as double */
+    IrRoundFn round;          /* ir_interp_rounded: applied to every f32 value computed */
+    void *round_ctx;
     char *err;
     size_t nerr;
 } Interp;
@@ -1122,6 +1124,8 @@ static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *n
         if (alloc_val(it, n, &it->val[i]) < 0 || impl->eval(it, n, &it->val[i], in) < 0 ||
             check_int(it, n, &it->val[i]) < 0)
             return -1;
+        if (it->round && n->dtype == IR_F32)
+            it->round(it->round_ctx, n, it->val[i].data, it->val[i].numel);
         for (int k = 0; k < n->nin; k++)
             if (last_use[n->in[k]->id] == i)
                 free_val(&it->val[n->in[k]->id]); /* a repeated operand is freed once */
@@ -1134,13 +1138,15 @@ static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *n
 }
 
 static int interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n,
-                  int f64)
+                  int f64, IrRoundFn round, void *round_ctx)
 {
     char sink[8]; /* for a caller that wants no message */
     Interp it;
     memset(&it, 0, sizeof it);
     it.g = g;
     it.f64 = f64;
+    it.round = round;
+    it.round_ctx = round_ctx;
     it.err = err && n ? err : sink;
     it.nerr = err && n ? n : sizeof sink;
     it.err[0] = 0;
@@ -1177,12 +1183,18 @@ static int interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs
 
 int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
 {
-    return interp(g, bind, ctx, outs, err, n, 0);
+    return interp(g, bind, ctx, outs, err, n, 0, NULL, NULL);
+}
+
+int ir_interp_rounded(const IrGraph *g, IrBindFn bind, void *ctx, IrRoundFn round, void *round_ctx,
+                      IrHostTensor *outs, char *err, size_t n)
+{
+    return interp(g, bind, ctx, outs, err, n, 0, round, round_ctx);
 }
 
 int ir_interp_f64(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n)
 {
-    return interp(g, bind, ctx, outs, err, n, 1);
+    return interp(g, bind, ctx, outs, err, n, 1, NULL, NULL);
 }
 
 void ir_host_free(IrHostTensor *t)

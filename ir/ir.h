@@ -230,6 +230,12 @@ int ir_interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, ch
  * callback supplies is double (integer and bool leaves keep their storage types), and each f32
  * output comes back as double data (outs[i].dtype stays IR_F32; the data is double *). */
 int ir_interp_f64(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs, char *err, size_t n);
+/* The same as ir_interp, with every f32 value a node computes (leaves included) passed through
+ * round(round_ctx, node, values, count) before it is used: a reference for a backend that
+ * stores values in a narrower format (16-bit storage), whose kernels round once on store. */
+typedef void (*IrRoundFn)(void *ctx, const IrNode *n, double *v, int64_t count);
+int ir_interp_rounded(const IrGraph *g, IrBindFn bind, void *ctx, IrRoundFn round, void *round_ctx,
+                      IrHostTensor *outs, char *err, size_t n);
 void ir_host_free(IrHostTensor *t);
 int64_t ir_host_numel(const IrHostTensor *t);
 int ir_interp_has_op(IrOp op);   /* 1 if the interpreter's op table has a row for op */

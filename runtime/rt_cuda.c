@@ -16,9 +16,16 @@
  * close: frees all of it.
  *
  * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
- * the size of the device arena: simple, and outputs are views like a CPU session's. */
+ * the size of the device arena: simple, and outputs are views like a CPU session's.
+ *
+ * A module compiled with --dtype bf16 or fp16 keeps f32 buffers in 16 bits on the device
+ * (XtcCudaModuleV1.buf_storage): inputs and weights are rounded to it on upload (through a host
+ * staging buffer) and outputs widened back to f32 on download, so the session's interface and
+ * its host copies (the optimizer's master weights included) stay f32. Intermediates live in the
+ * arena at the offsets of the f32 memory plan (a 16-bit buffer uses half its slot). */
 #include "rt_cuda.h"
 #include "rt_alloc.h"
+#include "rt_half.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +53,8 @@ struct RtDevice {
     int step;               /* the step being launched, for messages */
     char err[1024];         /* why a launch failed */
     char device_name[256];
+    void *stage;            /* host staging for 16-bit uploads and downloads */
+    size_t stage_bytes;
 };
 
 /* -1 with the message in err; -2 when the driver ran out of memory */
@@ -87,6 +96,7 @@ static void close_device(RtDevice *d)
     free(d->dbytes);
     free(d->dptr);
     free(d->host_status);
+    free(d->stage);
     free(d);
 }
 
@@ -143,6 +153,19 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
     }
     d->m = m;
     d->cm = m->device_abi;
+    if (d->cm->nbufs != m->nbufs || (m->nbufs && !d->cm->buf_storage)) {
+        rt_set_error(err, n, "malformed CUDA module: storage of %d buffers for %d (recompile it)", d->cm->nbufs,
+                     m->nbufs);
+        free(d);
+        return XTC_ERR_FORMAT;
+    }
+    for (int b = 0; b < m->nbufs; b++)
+        if (d->cm->buf_storage[b] > XTC_CUDA_FP16 || (d->cm->buf_storage[b] && m->bufs[b].dtype != XTC_F32)) {
+            rt_set_error(err, n, "malformed CUDA module: buffer '%s' has storage %d (recompile it)", m->bufs[b].name,
+                         d->cm->buf_storage[b]);
+            free(d);
+            return XTC_ERR_FORMAT;
+        }
     size_t nb = (size_t)m->nbufs + 1, nk = (size_t)d->cm->nkernels + 1, ns = (size_t)m->nsteps + 1;
     d->fn = rt_calloc(nk, sizeof *d->fn);
     d->dbuf = rt_calloc(nb, sizeof *d->dbuf);
@@ -273,17 +296,35 @@ static void api_step(void *ctx, int32_t s)
 
 /* ---- running ---- */
 
-static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
+/* The bytes of buffer b on the device: 2 per element where it is stored in 16 bits. */
+static size_t buffer_bytes(const RtDevice *d, int b, const int64_t *syms)
 {
-    int64_t n = rt_numel(b->shape, b->rank, syms);
-    return n > 0 ? (size_t)n * xtc_dtype_size(b->dtype) : 0;
+    const RtBuffer *buf = &d->m->bufs[b];
+    int64_t n = rt_numel(buf->shape, buf->rank, syms);
+    return n > 0 ? (size_t)n * (d->cm->buf_storage[b] ? 2 : xtc_dtype_size(buf->dtype)) : 0;
 }
 
-/* Device memory for bound buffer b of `bytes`; uploaded when new or changed. */
+static int stage_reserve(RtDevice *d, size_t bytes, char *err, size_t n)
+{
+    if (bytes <= d->stage_bytes)
+        return 0;
+    void *p = rt_realloc(d->stage, bytes);
+    if (!p) {
+        rt_set_error(err, n, "out of memory: %zu bytes to convert tensors to and from 16 bits", bytes);
+        return -2;
+    }
+    d->stage = p;
+    d->stage_bytes = bytes;
+    return 0;
+}
+
+/* Device memory for bound buffer b of `bytes`; uploaded when new or changed (rounded to 16 bits
+ * first where the module stores it so). */
 static int upload(RtDevice *d, int b, const void *host, size_t bytes, int changed, char *err, size_t n)
 {
     const RtCuDriver *drv = &d->drv;
     CUresult r;
+    int storage = d->cm->buf_storage[b];
     size_t want = bytes ? bytes : 1;
     if (!d->dbuf[b] || d->dbytes[b] < want) {
         if (d->dbuf[b])
@@ -298,11 +339,25 @@ static int upload(RtDevice *d, int b, const void *host, size_t bytes, int change
         d->dbytes[b] = want;
         changed = 1;
     }
-    if (changed && bytes && (r = drv->MemcpyHtoDAsync(d->dbuf[b], host, bytes, d->stream)) != CUDA_SUCCESS) {
-        char what[300];
-        snprintf(what, sizeof what, "copying '%s' to the device", d->m->bufs[b].name);
-        return cu_fail(d, r, what, err, n);
+    if (!changed || !bytes)
+        return 0;
+    if (storage) {
+        int rs = stage_reserve(d, bytes, err, n);
+        if (rs < 0)
+            return rs;
+        const float *src = host;
+        uint16_t *dst = d->stage;
+        for (size_t i = 0; i < bytes / 2; i++)
+            dst[i] = rt_f32_to_half(storage, src[i]);
+        host = d->stage;
     }
+    char what[300];
+    snprintf(what, sizeof what, "copying '%s' to the device", d->m->bufs[b].name);
+    if ((r = drv->MemcpyHtoDAsync(d->dbuf[b], host, bytes, d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, what, err, n);
+    /* the staging buffer is reused by the next upload */
+    if (storage && (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, what, err, n);
     return 0;
 }
 
@@ -315,7 +370,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         return cu_fail(d, r, "cannot make the CUDA context current", err, n);
     for (int b = 0; b < m->nbufs; b++) {
         int up = m->bufs[b].kind == RT_BUF_TEMP
-                     ? 0 : upload(d, b, run->host[b], buffer_bytes(&m->bufs[b], run->syms), run->changed[b], err, n);
+                     ? 0 : upload(d, b, run->host[b], buffer_bytes(d, b, run->syms), run->changed[b], err, n);
         if (up < 0)
             return up;
     }
@@ -364,19 +419,45 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         rt_set_error(err, n, "%s", d->err[0] ? d->err : "the CUDA schedule failed");
         return -1;
     }
-    /* outputs into the host arena; inputs and weights that are outputs are there already */
+    /* outputs into the host arena; inputs and weights that are outputs are there already. 16-bit
+     * outputs go through the staging buffer, widened once the stream is done. */
+    size_t staged = 0;
+    for (int o = 0; o < m->nouts; o++) {
+        int b = m->outs[o].buf;
+        if (m->bufs[b].kind == RT_BUF_TEMP && d->cm->buf_storage[b])
+            staged += buffer_bytes(d, b, run->syms);
+    }
+    int rs = stage_reserve(d, staged, err, n);
+    if (rs < 0)
+        return rs;
+    staged = 0;
     for (int o = 0; o < m->nouts; o++) {
         int b = m->outs[o].buf;
         if (m->bufs[b].kind != RT_BUF_TEMP)
             continue;
-        size_t bytes = buffer_bytes(&m->bufs[b], run->syms);
-        if (bytes && (r = drv->MemcpyDtoHAsync(run->host[b], d->arena + run->offset[b], bytes, d->stream)) != CUDA_SUCCESS)
+        size_t bytes = buffer_bytes(d, b, run->syms);
+        void *dst = d->cm->buf_storage[b] ? (char *)d->stage + staged : run->host[b];
+        if (d->cm->buf_storage[b])
+            staged += bytes;
+        if (bytes && (r = drv->MemcpyDtoHAsync(dst, d->arena + run->offset[b], bytes, d->stream)) != CUDA_SUCCESS)
             return cu_fail(d, r, "copying an output from the device", err, n);
     }
     if ((r = drv->MemcpyDtoHAsync(d->host_status, d->status, status_bytes, d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, "copying the status words from the device", err, n);
     if ((r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, "the CUDA run failed", err, n);
+    staged = 0;
+    for (int o = 0; o < m->nouts; o++) {
+        int b = m->outs[o].buf, storage = d->cm->buf_storage[b];
+        if (m->bufs[b].kind != RT_BUF_TEMP || !storage)
+            continue;
+        size_t bytes = buffer_bytes(d, b, run->syms);
+        const uint16_t *src = (const uint16_t *)((char *)d->stage + staged);
+        float *dst = run->host[b];
+        for (size_t i = 0; i < bytes / 2; i++)
+            dst[i] = rt_half_to_f32(storage, src[i]);
+        staged += bytes;
+    }
     for (int s = 0; s < m->nsteps; s++)
         if (d->host_status[s])
             return 1 + s;

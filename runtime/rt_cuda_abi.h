@@ -28,7 +28,7 @@
 
 #define XTC_CUDA_SYMBOL "xtc_cuda_module_v1"
 #define XTC_CUDA_MAGIC 0x41445543u /* "CUDA" little-endian */
-#define XTC_CUDA_VERSION 1
+#define XTC_CUDA_VERSION 2
 #define XTC_EMU_MAGIC 0x554d4558u  /* "XEMU" little-endian */
 #define XTC_EMU_VERSION 1
 
@@ -62,7 +62,14 @@ typedef struct XtcCudaModuleV1 {
     const char *const *kernel_names;  /* entry points in the PTX / the emulated module */
     XtcCudaRunFn run;
     const struct XtcEmuModule *emu;   /* cuda-emu: the kernels compiled for the host; else NULL */
+    /* How each metadata buffer's values are stored on the device (compile --dtype): 0 as on the
+     * host, XTC_CUDA_BF16 or XTC_CUDA_FP16 for f32 buffers kept in 16 bits. The runtime converts
+     * on upload and download; the host side always sees f32. */
+    int32_t nbufs;
+    const uint8_t *buf_storage;
 } XtcCudaModuleV1;
+
+enum { XTC_CUDA_F32 = 0, XTC_CUDA_BF16 = 1, XTC_CUDA_FP16 = 2 };
 
 /* ---- emulated modules (codegen/xtc_cuda_emu.h implements the launcher) ---- */
 

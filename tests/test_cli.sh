@@ -51,10 +51,56 @@ grep -q "predicted next" "$tmp/out" && [ "$(grep -c '^ *[0-9]' "$tmp/out")" -eq 
 check "demo" "$xtc" demo --inference --prompt "hello"
 grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
 
+# CUDA through the emulator: bf16 storage (and so, by default, the matmuls on bf16 tensor cores),
+# the arch and the CUDA C written out; logits and loss within 5 units of bf16's roundoff (2^-8)
+# of x-transformers' numbers, gradients within 10
+check "compile --target cuda-emu --dtype bf16" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" \
+  -o "$tmp/bf16.so" --train --target cuda-emu --dtype bf16 --cuda-arch=sm_90 --emit-cuda="$tmp/bf16.cu"
+grep -q "storage of floating-point tensors: bf16" "$tmp/bf16.cu" && grep -q "XTC_KERNEL" "$tmp/bf16.cu" ||
+  { fail=$((fail + 1)); echo "FAIL --emit-cuda writes the bf16 CUDA C"; }
+check "info of a bf16 module" "$xtc" info "$tmp/bf16.so"
+grep -q "option dtype = bf16" "$tmp/out" && grep -q "option arch = sm_90" "$tmp/out" &&
+  grep -q "option mma = bf16" "$tmp/out" && grep -q "tensor cores: operands in bf16" "$tmp/bf16.cu" ||
+  { fail=$((fail + 1)); echo "FAIL info shows the dtype, the arch and the tensor cores --dtype bf16 implies"; }
+check "run the bf16 module --grads" "$xtc" run "$tmp/bf16.so" --weights "$case/weights.safetensors" \
+  --input "$case/inputs.safetensors" --output "$tmp/bf16.safetensors" --grads
+check "bf16 logits and loss match x-transformers within 5 x 2^-8" $py "$parity/compare.py" "$case" \
+  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.0195 --skip '^grad\.'
+check "bf16 gradients match x-transformers within 10 x 2^-8" $py "$parity/compare.py" "$case" \
+  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.039 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+refuse "--dtype on the cpu" "computes and stores in f32 only" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --dtype bf16
+refuse "unknown --dtype" "unknown dtype 'f64'" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --target cuda-emu --dtype f64
+refuse "bad --cuda-arch" "--cuda-arch" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target cuda-emu \
+  --cuda-arch=banana
+refuse "--cuda-arch on the cpu" "apply to --target cuda" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --cuda-arch=sm_90
+
 refuse "unknown command" "unknown command" "$xtc" frobnicate
 refuse "compile without -o" "usage: xtc compile" "$xtc" compile "$src/models/gpt.xtf"
 refuse "unknown target" "unknown target" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target tpu
 refuse "unknown pass" "unknown pass" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --disable-pass=nope
+refuse "unknown --mma" "expected bf16, fp16 or off" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=tf32
+refuse "--mma on the cpu" "no tensor-core matmul" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=fp16
+check "compile --target cuda-emu --mma=bf16" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/mma.so" \
+  --target cuda-emu --mma=bf16
+check "info of the --mma module" "$xtc" info "$tmp/mma.so"
+grep -q "option mma = bf16" "$tmp/out" && grep -q "option dtype = f32" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL info shows the matmul precision"; }
+check "--dtype fp16 --mma=off" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/nomma.so" --target cuda-emu \
+  --dtype fp16 --mma=off --emit-cuda="$tmp/nomma.cu"
+! grep -q "tensor cores: operands in" "$tmp/nomma.cu" && grep -q "fp16 storage" "$tmp/nomma.cu" ||
+  { fail=$((fail + 1)); echo "FAIL --mma=off keeps f32 matmuls"; }
+check "--dtype bf16 below sm_80: no tensor cores" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/sm75.so" \
+  --target cuda-emu --dtype bf16 --cuda-arch=sm_75
+check "info of the sm_75 module" "$xtc" info "$tmp/sm75.so"
+grep -q "option mma = off" "$tmp/out" && grep -q "option dtype = bf16" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL --dtype bf16 on sm_75 falls back to f32 matmuls"; }
+refuse "--mma of the other 16-bit format" "rounded a second time" "$xtc" compile "$src/models/tiny_gpt.xtf" \
+  -o "$tmp/x.so" --target cuda-emu --dtype fp16 --mma=bf16
+refuse "--mma below sm_80" "sm_80 or newer" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/x.so" \
+  --target cuda --mma=bf16 --cuda-arch=sm_75
 refuse "not a module" "" "$xtc" info "$src/README.md"
 check "compile inference" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/inf.so"
 refuse "grads of an inference module" "compile it with --train" "$xtc" run "$tmp/inf.so" --grads \

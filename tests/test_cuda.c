@@ -5,7 +5,12 @@
  * Each case builds a graph holding several ops, compiles it once to a cuda-emu module and runs it
  * at ragged sizes (b, n) = (1, 1), (1, 7), (2, 17), (3, 33), (1, 65), (2, 130) on random inputs;
  * outputs are compared with ir_interp: f32 within 1e-5 + 1e-4 * max|ref|, integers and bools
- * exactly. Threads of a block run forward, then reverse, then shuffled between barriers, so a
+ * exactly. The same cases run again with 16-bit storage (--dtype bf16 and fp16): the random
+ * inputs are rounded to the format, and the reference is the interpreter with every value it
+ * computes rounded to the format as the kernels round on store (ir_interp_rounded; the buffers
+ * that stay f32, cg_keeps_f32, not), so that the kernels' f32 arithmetic and their single
+ * rounding are checked, not the format's distance from exact math: that is measured against
+ * x-transformers by test_cuda_parity. Threads of a block run forward, then reverse, then shuffled between barriers, so a
  * missing __syncthreads shows up as a wrong value. Backward graphs (ir_autodiff) of small models
  * are checked the same way, gradients included.
  *
@@ -22,6 +27,7 @@
 #include "passes.h"
 #include "rt_cuda.h"
 #include "rt_cuda_abi.h"
+#include "rt_half.h"
 #include "rt_internal.h"
 #include "xtc.h"
 
@@ -80,6 +86,29 @@ static uint64_t rnd(void)
 
 static double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0; }
 
+/* ---- 16-bit storage ---- */
+
+/* The storage of floating-point tensors of the case being run (compile --dtype): 0 f32, 1 bf16,
+ * 2 fp16. */
+static int storage;
+static const char *const STORAGE_NAME[] = {"f32", "bf16", "fp16"};
+/* The unit roundoff of each format: 2^-8 for bf16 (8 significant bits), 2^-11 for fp16 (11). */
+static const double UNIT[] = {0x1p-24, 0x1p-8, 0x1p-11};
+/* The tolerance of a 16-bit output against the rounded reference: HALF_K units of UNIT *
+ * max(1, max|ref|) of the tensor (a kernel's f32 result and the reference's f64 one may round to
+ * neighbouring values, and that difference travels on; gradients get twice as much), plus
+ * HALF_SENS times the output's sensitivity: how far the reference moves when every
+ * floating-point input is moved by one unit of the format (an ill-conditioned output, exp(60 x),
+ * amplifies such a difference the same way). Integer outputs computed from floats (casts) may
+ * differ by as much as that sensitivity; values beyond the format's largest (fp16: 65504) are
+ * infinite. */
+#define HALF_K 4.0
+#define HALF_SENS 4.0
+static const double FORMAT_MAX[] = {3.4028234663852886e38, 3.3895313892515355e38, 65504.0};
+/* The worst error seen per storage, in the same units, for the report at the end of a case. */
+static double worst_err[3];
+static char worst_what[3][256];
+
 /* integer inputs draw from a range chosen by name: token ids fit the tables below */
 static void int_range(const char *name, int64_t *lo, int64_t *hi)
 {
@@ -129,7 +158,7 @@ static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms)
         int_range(n->s, &lo, &hi);
         for (int64_t k = 0; k < numel; k++) {
             switch (n->dtype) {
-            case IR_F32: ((float *)t->data)[k] = (float)uniform(-2, 2); break;
+            case IR_F32: ((float *)t->data)[k] = rt_round_to_storage(storage, (float)uniform(-2, 2)); break;
             case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
             case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
             default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
@@ -184,7 +213,33 @@ static double value_at(const void *data, XtcDType t, int64_t i)
     }
 }
 
-static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got)
+/* max |a - b| over the elements of two results of the same output (the sensitivity above) */
+static double max_diff(const IrHostTensor *a, const IrHostTensor *b)
+{
+    int64_t numel = 1;
+    for (int d = 0; d < a->rank; d++)
+        numel *= a->shape[d];
+    double m = 0;
+    XtcDType t = xdt(a->dtype);
+    for (int64_t i = 0; i < numel; i++) {
+        double x = value_at(a->data, t, i), y = value_at(b->data, t, i);
+        if (isfinite(x) && isfinite(y) && fabs(x - y) > m)
+            m = fabs(x - y);
+    }
+    return m;
+}
+
+/* ir_interp_rounded's callback: the storage rounding of the module being checked */
+static void round_stored(void *ctx, const IrNode *n, double *v, int64_t count)
+{
+    (void)ctx;
+    if (!storage || cg_keeps_f32(n))
+        return;
+    for (int64_t i = 0; i < count; i++)
+        v[i] = rt_round_to_storage(storage, (float)v[i]);
+}
+
+static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got, double sens)
 {
     ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
                   ir_dtype_name(ref->dtype));
@@ -202,18 +257,139 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
             maxabs = fabs(e);
     }
     /* gradients through softmax cancel (p (dp - D)): graded with DESIGN.md's tolerance */
-    double rtol = strstr(what, "output 'grad.") ? 1e-3 : 1e-4;
+    int grad = strstr(what, "output 'grad.") != NULL;
+    double rtol = grad ? 1e-3 : 1e-4;
     double tol = got->dtype == XTC_F32 ? 1e-5 + rtol * maxabs : 0;
+    if (storage && got->dtype == XTC_F32) /* 16-bit storage: K rounding errors of the largest value */
+        tol = UNIT[storage] * (1 + HALF_K * (grad ? 2 : 1) * maxabs) + HALF_SENS * sens;
+    else if (storage)
+        tol = ceil(sens);
     for (int64_t i = 0; i < numel; i++) {
         double e = value_at(ref->data, got->dtype, i), a = value_at(got->data, got->dtype, i);
         if (isnan(e) && isnan(a))
             continue;
         if (isinf(e) && a == e)
             continue;
-        ck_assert_msg(fabs(a - e) <= tol, "%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
-                      (long long)i, a, e, tol);
+        if (storage && isinf(a) && fabs(e) >= FORMAT_MAX[storage] * (1 - UNIT[storage]))
+            continue; /* beyond the format: infinite */
+        double units = fabs(a - e) / (UNIT[storage] * (maxabs > 1 ? maxabs : 1));
+        if (got->dtype == XTC_F32 && units > worst_err[storage]) {
+            worst_err[storage] = units;
+            snprintf(worst_what[storage], sizeof worst_what[storage], "%.200s element %lld", what, (long long)i);
+        }
+        ck_assert_msg(fabs(a - e) <= tol, "%s%s%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
+                      storage ? ", storage " : "", storage ? STORAGE_NAME[storage] : "", (long long)i, a, e, tol);
     }
 }
+
+/* ---- the conversions ---- */
+
+static void *build_so(const char *name, const char *source, const char *extra);
+
+/* The value nearest to x among bf16 numbers, ties to even, by brute force in double: the
+ * reference rt_f32_to_bf16 (and the prelude) must agree with. */
+static uint16_t bf16_nearest(float x)
+{
+    uint32_t u = rt_f32_bits(x);
+    if (isnan(x))
+        return (uint16_t)((u >> 16) | 0x40u);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); /* truncated, and one up (away from 0) */
+    /* infinity, one up from the largest finite, stands for 2^128 (IEEE overflow rounding) */
+    double vh = (hi & 0x7fffu) == 0x7f80u ? copysign(ldexp(1, 128), x) : (double)rt_bf16_to_f32(hi);
+    double dl = fabs((double)rt_bf16_to_f32(lo) - x), dh = fabs(vh - x);
+    if ((u & 0xffffu) == 0)
+        return lo;
+    return dh < dl || (dh == dl && (hi & 1) == 0) ? hi : lo;
+}
+
+/* The prelude's conversions (compiled as the emulator compiles kernels) against runtime/rt_half.h,
+ * and rt_half.h against independent references (brute-force nearest for bf16, the compiler's
+ * _Float16 for fp16): every 16-bit pattern widened and narrowed back, the midpoints between
+ * neighbours (ties go to even), edge values (subnormals, the largest finite, overflow, NaN,
+ * infinities, signed zeros) and random f32 bit patterns. */
+START_TEST(test_half_conversions)
+{
+    for (int st = 1; st <= 2; st++) {
+        char *src = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&src, &len);
+        fprintf(f, "#include \"xtc_cuda_emu.h\"\n");
+        IrGraph *empty = ir_graph_new("conversions");
+        cu_prelude(f, empty, 0, st);
+        ir_graph_free(empty);
+        fprintf(f, "void narrow(const float *in, unsigned short *out, long n)\n{\n"
+                   "    for (long i = 0; i < n; i++)\n        xtc_st(out, i, in[i]);\n}\n"
+                   "void widen(const unsigned short *in, float *out, long n)\n{\n"
+                   "    for (long i = 0; i < n; i++)\n        out[i] = xtc_ld(in, i);\n}\n");
+        fclose(f);
+        void *dl = build_so(st == 1 ? "conv_bf16" : "conv_fp16", src, "");
+        free(src);
+        void (*narrow)(const float *, unsigned short *, long) = (void (*)(const float *, unsigned short *, long))dlsym(dl, "narrow");
+        void (*widen)(const unsigned short *, float *, long) = (void (*)(const unsigned short *, float *, long))dlsym(dl, "widen");
+        ck_assert(narrow && widen);
+        enum { NRAND = 200000 };
+        long n = 0, cap = 65536 * 2 + NRAND + 64;
+        float *x = malloc((size_t)cap * sizeof *x);
+        unsigned short *h = malloc((size_t)cap * sizeof *h), *all = malloc(65536 * sizeof *all);
+        float *w = malloc(65536 * sizeof *w);
+        for (long i = 0; i < 65536; i++)
+            all[i] = (unsigned short)i;
+        widen(all, w, 65536);
+        for (long i = 0; i < 65536; i++) {
+            float r = rt_half_to_f32(st, (uint16_t)i);
+            ck_assert_msg(rt_f32_bits(w[i]) == rt_f32_bits(r) || (isnan(w[i]) && isnan(r)),
+                          "%s 0x%04lx widens to %a in the prelude, %a in rt_half.h", STORAGE_NAME[st], i, w[i], r);
+            if (!isnan(r)) {
+                x[n++] = r;
+                uint16_t next = (uint16_t)(i + 1);
+                float rn = rt_half_to_f32(st, next);
+                if ((i & 0x7fff) != 0x7fff && !isnan(rn) && !isinf(rn) && !isinf(r))
+                    x[n++] = (float)(((double)r + rn) / 2); /* a tie */
+            }
+        }
+        static const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e-8f,
+                                     2.98023224e-8f, 2.98023259e-8f, 5.96046448e-8f, 6.09755516e-5f, 6.10351562e-5f,
+                                     3.38953139e38f, 3.40282347e38f, 1e-45f, 1.17549435e-38f};
+        for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+            x[n++] = edge[i];
+        x[n++] = INFINITY;
+        x[n++] = -INFINITY;
+        x[n++] = NAN;
+        x[n++] = -NAN;
+        for (int i = 0; i < NRAND; i++)
+            x[n++] = rt_bits_f32((uint32_t)rnd());
+        narrow(x, h, n);
+        for (long i = 0; i < n; i++) {
+            uint16_t r = rt_f32_to_half(st, x[i]);
+            ck_assert_msg(h[i] == r, "%s: %a narrows to 0x%04x in the prelude, 0x%04x in rt_half.h",
+                          STORAGE_NAME[st], x[i], h[i], r);
+            if (isnan(x[i])) {
+                ck_assert_msg(isnan(rt_half_to_f32(st, r)), "%s: NaN narrows to a number", STORAGE_NAME[st]);
+                continue;
+            }
+            uint16_t want = r;
+            if (st == 1) {
+                want = bf16_nearest(x[i]);
+            } else {
+#ifdef __FLT16_MAX__
+                _Float16 v = (_Float16)x[i];
+                memcpy(&want, &v, sizeof want);
+#endif
+            }
+            ck_assert_msg(r == want, "%s: %a rounds to 0x%04x, the nearest (ties to even) is 0x%04x",
+                          STORAGE_NAME[st], x[i], r, want);
+        }
+        free(x);
+        free(h);
+        free(all);
+        free(w);
+        dlclose(dl);
+    }
+#ifndef __FLT16_MAX__
+    fprintf(stderr, "test_cuda: this compiler has no _Float16: fp16 rounding checked against the prelude only\n");
+#endif
+}
+END_TEST
 
 /* ---- the harness ---- */
 
@@ -234,8 +410,9 @@ static XtcModule *compile_target(const IrGraph *g, const char *name, const char 
 {
     make_tmpdir();
     char path[512], err[2048];
-    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, target);
-    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf"};
+    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, target, STORAGE_NAME[storage]);
+    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf",
+                     .dtype = STORAGE_NAME[storage]};
     ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
@@ -252,7 +429,35 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
     bind_random(&bd, g, syms);
     IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
     char err[512];
-    ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp %s: %s", name, err);
+    ck_assert_msg(ir_interp_rounded(g, bind_cb, &bd, round_stored, NULL, ref, err, sizeof err) == 0, "interp %s: %s",
+                  name, err);
+    /* 16-bit storage: the outputs' sensitivity to a rounding of the inputs (see HALF_SENS) */
+    double *sens = calloc((size_t)g->noutputs + 1, sizeof *sens);
+    if (storage) {
+        Binding moved = bd;
+        for (int i = 0; i < bd.n; i++) {
+            if (bd.t[i].dtype != IR_F32)
+                continue;
+            int64_t numel = 1;
+            for (int d = 0; d < bd.t[i].rank; d++)
+                numel *= bd.t[i].shape[d];
+            float *v = malloc((size_t)(numel ? numel : 1) * sizeof *v);
+            for (int64_t k = 0; k < numel; k++)
+                v[k] = (float)(((const float *)bd.t[i].data)[k] * (1 + ((rnd() & 1) ? UNIT[storage] : -UNIT[storage])));
+            moved.t[i].data = v;
+        }
+        IrHostTensor *ref_moved = calloc((size_t)g->noutputs + 1, sizeof *ref_moved);
+        ck_assert_msg(ir_interp_rounded(g, bind_cb, &moved, round_stored, NULL, ref_moved, err, sizeof err) == 0,
+                      "interp %s: %s", name, err);
+        for (int o = 0; o < g->noutputs; o++) {
+            sens[o] = max_diff(&ref[o], &ref_moved[o]);
+            ir_host_free(&ref_moved[o]);
+        }
+        free(ref_moved);
+        for (int i = 0; i < bd.n; i++)
+            if (bd.t[i].dtype == IR_F32)
+                free(moved.t[i].data);
+    }
     setenv("XTC_CUDA_EMU_ORDER", order, 1);
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", name, xtc_session_error(s));
@@ -265,8 +470,9 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
         char what[256];
         snprintf(what, sizeof what, "%s output '%s' (b=%lld n=%lld, threads %s)", name, g->outputs[o].name,
                  (long long)syms[0], (long long)syms[1], order);
-        compare(what, &ref[o], &t);
+        compare(what, &ref[o], &t, sens[o]);
     }
+    free(sens);
     /* a second run reuses uploaded weights and the arena */
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: second run: %s", name, xtc_session_error(s));
     xtc_session_free(s);
@@ -659,6 +865,19 @@ static const Case cases[] = {
 START_TEST(test_case)
 {
     run_case(cases[_i].name, cases[_i].build);
+}
+END_TEST
+
+/* Every case again with bf16 and with fp16 storage, forward and backward. */
+START_TEST(test_case_half)
+{
+    const Case *c = &cases[_i % NCASES];
+    storage = 1 + _i / NCASES;
+    worst_err[storage] = 0;
+    run_case(c->name, c->build);
+    fprintf(stderr, "test_cuda: %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
+            STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
+    storage = 0;
 }
 END_TEST
 
@@ -1256,15 +1475,17 @@ START_TEST(test_gpu)
         fprintf(stderr, "test_cuda: GPU runs SKIPPED: %s; the kernels were checked through the emulator\n", why);
         return;
     }
-    for (int c = 0; c < NCASES; c++) {
-        IrGraph *g = new_graph(cases[c].name, cases[c].build);
-        XtcModule *m = compile_target(g, cases[c].name, "cuda");
-        for (int k = 0; k < NSIZES; k++)
-            check_run(g, m, SIZES[k], cases[c].name, "forward");
-        xtc_module_free(m);
-        ir_graph_free(g);
-    }
-    fprintf(stderr, "test_cuda: %d cases ran on the GPU\n", NCASES);
+    for (storage = 0; storage < 3; storage++) /* f32, bf16, fp16 storage */
+        for (int c = 0; c < NCASES; c++) {
+            IrGraph *g = new_graph(cases[c].name, cases[c].build);
+            XtcModule *m = compile_target(g, cases[c].name, "cuda");
+            for (int k = 0; k < NSIZES; k++)
+                check_run(g, m, SIZES[k], cases[c].name, "forward");
+            xtc_module_free(m);
+            ir_graph_free(g);
+        }
+    storage = 0;
+    fprintf(stderr, "test_cuda: %d cases ran on the GPU, with f32, bf16 and fp16 storage\n", NCASES);
 }
 END_TEST
 
@@ -1276,6 +1497,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_every_op_has_a_kernel);
     tcase_add_test(tc, test_every_op_is_tested);
     tcase_add_loop_test(tc, test_case, 0, NCASES);
+    tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_emulator);
     tcase_add_test(tc, test_emulator_ucontext);
@@ -1289,6 +1511,10 @@ static Suite *suite(void)
     tcase_add_test(prof, test_emulated_events);
     tcase_add_test(prof, test_profile_events);
     suite_add_tcase(s, prof);
+    TCase *conv = tcase_create("conversions"); /* CK_RUN_CASE=conversions runs it alone */
+    tcase_set_timeout(conv, 300);
+    tcase_add_test(conv, test_half_conversions);
+    suite_add_tcase(s, conv);
     return s;
 }
 

@@ -9,6 +9,16 @@
  * share most kernels) and compiled as one NVRTC program for sm_80, whose PTX ptxas assembles for
  * sm_80 and sm_90. Two whole modules also go through cg_compile --target cuda and load.
  *
+ * The kernels' text does not depend on the storage of floating-point tensors (--dtype): the
+ * prelude does. So the kernels of every model of models/ are compiled again with the bf16 and
+ * the fp16 prelude (the parity graphs' kernels, f32 only, are mostly the same ones).
+ * The tensor-core matmuls (--mma=bf16 and --mma=fp16, the default of --dtype bf16 and fp16):
+ * GPT's inference and training matmul kernels rendered with them (the other kernels are the
+ * ones above), compiled in the same programs, with the f32 prelude and with the prelude of the
+ * matching 16-bit storage (the combination --dtype implies); their PTX must hold the mma.sync
+ * instructions of that type. Three whole modules go through cg_compile --target cuda: f32, bf16 training on
+ * tensor cores for sm_90, fp16 inference on tensor cores.
+ *
  * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
  * without the toolkit, XTC_SKIP_NVRTC=1 turns that into a visible skip. */
 #include "cg_cuda.h"
@@ -97,6 +107,8 @@ typedef struct {
     char **op;
     int n, cap;
     int graphs, refused, kernels;
+    int mma;      /* CG_MMA_*: how the matmuls are rendered */
+    int only_mma; /* keep only the kernels on tensor cores */
 } KernelSet;
 
 static char *canonical(const char *text, const char *fn)
@@ -124,9 +136,11 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
     CgPlan plan;
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s: plan: %s", what, err);
     CuUnit u;
-    CgOptions opt = {.output = "-"};
+    CgOptions opt = {.output = "-", .mma = ks->mma};
     ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s: render: %s", what, err);
     for (int k = 0; k < u.nkernels; k++) {
+        if (ks->only_mma && !strstr(u.kernel_text[k], "xtc_mma_m16n8k16_"))
+            continue;
         char *c = canonical(u.kernel_text[k], plan.kernels[k].fn);
         int found = 0;
         for (int i = 0; i < ks->n && !found; i++)
@@ -273,11 +287,16 @@ static char *read_file(const char *path)
     return buf;
 }
 
-/* One slice of the distinct kernels: NVRTC, then ptxas for sm_80 and sm_90. */
+static const char *const storage_name[] = {"f32", "bf16", "fp16"};
+
+/* One slice of the distinct kernels: NVRTC, then ptxas for sm_80 and sm_90. The kernels' text is
+ * the same whatever the storage of floating-point tensors (--dtype): only the prelude differs,
+ * so each slice is compiled with each prelude. */
 typedef struct {
     const KernelSet *ks;
-    int from, to, index;
+    int from, to, index, storage; /* storage: 0 f32, 1 bf16, 2 fp16 (the prelude's) */
     int entries, failed;
+    int mma_bf16, mma_f16; /* mma.sync instructions in the PTX, by operand type */
     size_t src_bytes, ptx_bytes;
     char err[4096];
 } Chunk;
@@ -289,7 +308,7 @@ static void *compile_chunk(void *arg)
     size_t len = 0;
     FILE *f = open_memstream(&src, &len);
     IrGraph *empty = ir_graph_new("all");
-    cu_prelude(f, empty, c->to - c->from);
+    cu_prelude(f, empty, c->to - c->from, c->storage);
     ir_graph_free(empty);
     for (int i = c->from; i < c->to; i++) {
         char name[64];
@@ -306,7 +325,7 @@ static void *compile_chunk(void *arg)
     fclose(f);
     c->src_bytes = len;
     char *ptx = NULL, cu_name[64];
-    snprintf(cu_name, sizeof cu_name, "kernels_%d.cu", c->index);
+    snprintf(cu_name, sizeof cu_name, "kernels_%d_%s.cu", c->index, storage_name[c->storage]);
     if (cg_nvrtc_compile(src, cu_name, "sm_80", &ptx, c->err, sizeof c->err) != 0) {
         c->failed = 1;
         free(src);
@@ -316,8 +335,12 @@ static void *compile_chunk(void *arg)
     c->ptx_bytes = strlen(ptx);
     for (const char *p = ptx; (p = strstr(p, ".entry ")); p++)
         c->entries++;
+    for (const char *p = ptx; (p = strstr(p, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")); p++)
+        c->mma_bf16++;
+    for (const char *p = ptx; (p = strstr(p, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")); p++)
+        c->mma_f16++;
     char ptx_path[512], log[512];
-    snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d.ptx", tmpdir, c->index);
+    snprintf(ptx_path, sizeof ptx_path, "%s/kernels_%d_%s.ptx", tmpdir, c->index, storage_name[c->storage]);
     snprintf(log, sizeof log, "%s/ptxas_%d.log", tmpdir, c->index);
     FILE *pf = fopen(ptx_path, "w");
     if (!pf || fputs(ptx, pf) < 0) {
@@ -341,55 +364,110 @@ static void *compile_chunk(void *arg)
     return NULL;
 }
 
-START_TEST(test_every_kernel_compiles)
+/* NVRTC and ptxas over every kernel of ks; the totals of its chunks into *sum. */
+static void compile_set(const KernelSet *ks, int storage, Chunk *sum)
 {
-    if (!toolkit_present())
-        return;
-    make_tmpdir();
-    double t0 = now_s();
-    KernelSet ks = {0};
-    add_dir(&ks, XTC_SOURCE_DIR "/models", 1);
-    add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
-    ck_assert_int_gt(ks.graphs, 0);
-    double t1 = now_s();
     /* slices compiled side by side: NVRTC may be called from several threads */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int nchunks = cpus < 2 ? 2 : cpus > 8 ? 8 : (int)cpus;
     Chunk chunks[8];
     pthread_t threads[8];
     for (int c = 0; c < nchunks; c++) {
-        chunks[c] = (Chunk){.ks = &ks, .from = ks.n * c / nchunks, .to = ks.n * (c + 1) / nchunks, .index = c};
+        chunks[c] = (Chunk){.ks = ks, .from = ks->n * c / nchunks, .to = ks->n * (c + 1) / nchunks, .index = c,
+                            .storage = storage};
         ck_assert_int_eq(pthread_create(&threads[c], NULL, compile_chunk, &chunks[c]), 0);
     }
-    int entries = 0;
-    size_t src_bytes = 0, ptx_bytes = 0;
+    memset(sum, 0, sizeof *sum);
+    sum->index = nchunks;
     for (int c = 0; c < nchunks; c++) {
         pthread_join(threads[c], NULL);
-        entries += chunks[c].entries;
-        src_bytes += chunks[c].src_bytes;
-        ptx_bytes += chunks[c].ptx_bytes;
+        sum->entries += chunks[c].entries;
+        sum->mma_bf16 += chunks[c].mma_bf16;
+        sum->mma_f16 += chunks[c].mma_f16;
+        sum->src_bytes += chunks[c].src_bytes;
+        sum->ptx_bytes += chunks[c].ptx_bytes;
     }
     for (int c = 0; c < nchunks; c++)
         ck_assert_msg(!chunks[c].failed, "%s", chunks[c].err);
-    ck_assert_msg(entries == ks.n, "the PTX has %d entry points for %d kernels", entries, ks.n);
+    ck_assert_msg(sum->entries == ks->n, "the PTX has %d entry points for %d kernels", sum->entries, ks->n);
+}
+
+static void free_set(KernelSet *ks)
+{
+    for (int i = 0; i < ks->n; i++) {
+        free(ks->text[i]);
+        free(ks->op[i]);
+    }
+    free(ks->text);
+    free(ks->op);
+}
+
+/* GPT's kernels rendered with --mma (inference and training), only those on tensor cores, added
+ * to ks: the others are the f32 ones already there. Returns how many were added. */
+static int add_mma_kernels(KernelSet *ks, int mma)
+{
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = xtf_parse_file(XTC_SOURCE_DIR "/models/gpt.xtf", &d);
+    ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "gpt.xtf: %s", d.text ? d.text : "");
+    xtf_diag_free(&d);
+    int n0 = ks->n, graphs = ks->graphs, kernels = ks->kernels;
+    ks->mma = mma;
+    ks->only_mma = 1;
+    add_model(ks, f, NULL, "gpt.xtf");
+    ks->mma = CG_MMA_AUTO;
+    ks->only_mma = 0;
+    ks->graphs = graphs; /* counted among the models' already */
+    ks->kernels = kernels;
+    xtf_free(f);
+    return ks->n - n0;
+}
+
+/* Every kernel with the f32 (_i 0), bf16 (1) or fp16 (2) prelude. In the same NVRTC programs,
+ * GPT's tensor-core matmuls (--mma): both formats with f32 storage, and the format of the
+ * storage with 16-bit storage (the combination --dtype implies); every one of them must hold
+ * 8 mma.sync per k-step of the type asked for, and no other kernel any. */
+START_TEST(test_every_kernel_compiles)
+{
+    const int storage = _i;
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    double t0 = now_s();
+    KernelSet ks = {0};
+    add_dir(&ks, XTC_SOURCE_DIR "/models", 1);
+    if (storage == 0) /* 16-bit storage: the models' kernels (the parity graphs' add little but time) */
+        add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
+    ck_assert_int_gt(ks.graphs, 0);
+    int plain = ks.n, mma_kernels[CG_MMA_FP16 + 1] = {0};
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++)
+        if (storage == 0 || storage == (mma == CG_MMA_BF16 ? 1 : 2)) {
+            mma_kernels[mma] = add_mma_kernels(&ks, mma);
+            ck_assert_int_gt(mma_kernels[mma], 4);
+        }
+    double t1 = now_s();
+    Chunk sum;
+    compile_set(&ks, storage, &sum);
+    /* each tensor-core kernel holds 8 mma per k-step, of the type asked for only */
+    ck_assert_msg(sum.mma_bf16 >= 8 * mma_kernels[CG_MMA_BF16] && sum.mma_f16 >= 8 * mma_kernels[CG_MMA_FP16] &&
+                  (mma_kernels[CG_MMA_BF16] || !sum.mma_bf16) && (mma_kernels[CG_MMA_FP16] || !sum.mma_f16),
+                  "%d bf16 and %d fp16 tensor-core kernels; the PTX has %d bf16 and %d f16 mma.sync",
+                  mma_kernels[CG_MMA_BF16], mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16);
     double t2 = now_s();
     fprintf(stderr,
-            "test_cuda_nvrtc: %d graphs (%d models refused by the language), %d kernels, %d distinct: all %d "
-            "compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for sm_80 and sm_90 in "
-            "%.1f s on %d threads (rendering %.1f s)\n",
-            ks.graphs, ks.refused, ks.kernels, ks.n, ks.n, src_bytes / 1024.0, ptx_bytes / 1024.0, t2 - t1, nchunks,
-            t1 - t0);
-    for (int i = 0; i < ks.n; i++) {
-        free(ks.text[i]);
-        free(ks.op[i]);
-    }
-    free(ks.text);
-    free(ks.op);
+            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct, "
+            "and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with --mma=fp16; %d bf16 and %d f16 mma.sync "
+            "in the PTX): all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for "
+            "sm_80 and sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
+            storage_name[storage], ks.graphs, ks.refused, ks.kernels, plain, mma_kernels[CG_MMA_BF16],
+            mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16, ks.n, sum.src_bytes / 1024.0,
+            sum.ptx_bytes / 1024.0, t2 - t1, sum.index, t1 - t0);
+    free_set(&ks);
 }
 END_TEST
 
 /* The whole path of xtc compile --target cuda: NVRTC, the host code, cc, a module that loads. */
-static void compile_module(const char *xtf, int train, const char *arch)
+static void compile_module(const char *xtf, int train, const char *arch, const char *dtype, const char *want_mma)
 {
     XtfDiag d;
     xtf_diag_init(&d);
@@ -406,7 +484,7 @@ static void compile_module(const char *xtf, int train, const char *arch)
     snprintf(path, sizeof path, "%s/module_%d.so", tmpdir, train);
     snprintf(cu, sizeof cu, "%s/module_%d.cu", tmpdir, train);
     CgOptions opt = {.output = path, .target = "cuda", .cuda_arch = arch, .source = f->src, .source_name = xtf,
-                     .emit_cuda = cu};
+                     .emit_cuda = cu, .dtype = dtype};
     CgStats stats;
     ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "%s: %s", xtf, err);
     XtcModule *m = NULL;
@@ -417,13 +495,17 @@ static void compile_module(const char *xtf, int train, const char *arch)
     FILE *mem = open_memstream(&text, &len);
     xtc_module_describe(m, mem);
     fclose(mem);
-    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch), "%s", text);
+    char want[64], mma_line[64];
+    snprintf(want, sizeof want, "option dtype = %s\n", dtype ? dtype : "f32");
+    snprintf(mma_line, sizeof mma_line, "option mma = %s\n", want_mma);
+    ck_assert_msg(strstr(text, "option target = cuda") && strstr(text, arch) && strstr(text, want) &&
+                  strstr(text, mma_line), "%s", text);
     free(text);
     struct stat sb;
     ck_assert_int_eq(stat(cu, &sb), 0);
-    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s: %d kernels, NVRTC %.1f s, cc %.1f s, %lld "
-                    "bytes\n", xtf, train ? " --train" : "", arch, stats.nkernels, stats.optimize_s, stats.link_s,
-            (long long)stats.module_bytes);
+    fprintf(stderr, "test_cuda_nvrtc: %s%s --target cuda --cuda-arch %s --dtype %s (mma %s): %d kernels, NVRTC %.1f "
+                    "s, cc %.1f s, %lld bytes\n", xtf, train ? " --train" : "", arch, dtype ? dtype : "f32", want_mma,
+            stats.nkernels, stats.optimize_s, stats.link_s, (long long)stats.module_bytes);
     xtc_module_free(m);
     ir_graph_free(g);
     xtf_free(f);
@@ -434,8 +516,10 @@ START_TEST(test_compile_modules)
     if (!toolkit_present())
         return;
     make_tmpdir();
-    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80");
-    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90");
+    /* each module's kernels are also among those compiled above: one of each kind, not more */
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", NULL, "off");
+    compile_module(XTC_SOURCE_DIR "/tests/parity/decoder_plain.xtf", 1, "sm_90", "bf16", "bf16");
+    compile_module(XTC_SOURCE_DIR "/models/gpt.xtf", 0, "sm_80", "fp16", "fp16");
 }
 END_TEST
 
@@ -461,7 +545,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("nvrtc");
     tcase_set_timeout(tc, 1200);
     tcase_add_test(tc, test_nvrtc_errors);
-    tcase_add_test(tc, test_every_kernel_compiles);
+    tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
     tcase_add_test(tc, test_compile_modules);
     suite_add_tcase(s, tc);
     return s;

@@ -1,0 +1,83 @@
+/* rt_half.h: f32 <-> bf16 and fp16, bit for bit as the generated CUDA C converts (the prelude's
+ * xtc_bf16_bits/_float and xtc_f16_bits/_float in codegen/cg_cuda_gen.c, which the 16-bit
+ * storage and the tensor-core matmul share): the runtime converts inputs and weights to
+ * a 16-bit module's storage on upload and outputs back on download, and the tests round their
+ * random inputs with the same functions.
+ *
+ *   bf16: the upper 16 bits of the f32, rounded to nearest even; NaN stays a (quiet) NaN.
+ *   fp16: IEEE binary16, rounded to nearest even, subnormals kept, beyond 65504 infinity. */
+#ifndef XTC_RT_HALF_H
+#define XTC_RT_HALF_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline uint32_t rt_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float rt_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t rt_f32_to_bf16(float f)
+{
+    uint32_t u = rt_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float rt_bf16_to_f32(uint16_t h) { return rt_bits_f32((uint32_t)h << 16); }
+
+static inline uint16_t rt_f32_to_fp16(float f)
+{
+    uint32_t u = rt_f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+    if (u >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (u >= 0x38800000u)
+        return (uint16_t)(sign | (u + 0xfffu + ((u >> 13) & 1u) - 0x38000000u) >> 13);
+    if (u < 0x33000000u)
+        return (uint16_t)sign;
+    uint32_t shift = 126u - (u >> 23), m = (u & 0x7fffffu) | 0x800000u;
+    uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    uint32_t q = m >> shift;
+    q += rem > half || (rem == half && (q & 1u));
+    return (uint16_t)(sign | q);
+}
+
+static inline float rt_fp16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0)
+        return sign ? -(float)m * 5.9604644775390625e-8f : (float)m * 5.9604644775390625e-8f;
+    return rt_bits_f32(sign | (e == 31 ? 0x7f800000u : (e + 112u) << 23) | m << 13);
+}
+
+/* storage: 1 bf16, 2 fp16 (XTC_CUDA_BF16, XTC_CUDA_FP16); the value f rounds to */
+static inline uint16_t rt_f32_to_half(int storage, float f)
+{
+    return storage == 1 ? rt_f32_to_bf16(f) : rt_f32_to_fp16(f);
+}
+
+static inline float rt_half_to_f32(int storage, uint16_t h)
+{
+    return storage == 1 ? rt_bf16_to_f32(h) : rt_fp16_to_f32(h);
+}
+
+static inline float rt_round_to_storage(int storage, float f)
+{
+    return storage ? rt_half_to_f32(storage, rt_f32_to_half(storage, f)) : f;
+}
+
+#endif
