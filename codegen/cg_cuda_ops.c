@@ -159,7 +159,7 @@ int cg_cuda_elementwise(CuKernel *k)
         fprintf(f, "        const i64 i0 = rest;\n");
     }
     for (int op = 0; op < x->nin; op++) {
-        char off[1024], ptr[8], load[1100];
+        char off[1024], ptr[16], load[1100];
         operand_offset(k, &sp, op, off, sizeof off);
         snprintf(ptr, sizeof ptr, "in%d", op);
         fprintf(f, "        const %s x%d = %s;\n", cu_val_type(x->in[op]->dtype), op,
