@@ -8,18 +8,23 @@
  *   than MIN_ITEMS (batch, column block) pairs to share out (rows_per_block() below).
  *   for each k block of KC:
  *     for each panel of NR = 2 VW columns in the item:
- *       pack B[k block, panel] into bp[KC][NR], contiguous and zero-padded past n (L1-resident);
- *       a transposed B (weights stored [n, k]) is packed VW x VW blocks at a time through an
- *       in-register transpose, not element by element (which vectorises to scatters)
- *       for each MR rows of the item:
- *         micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
- *         is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
- *         C tile (+)= accumulators, with masked loads/stores on the last, partial panel
+ *       pack B[k block, panel] into bp[panel][KC][NR], contiguous and zero-padded past n (the
+ *       item's NC / NR panels, 256 KiB with AVX-512, stay in L2); a transposed B (weights stored
+ *       [n, k]) is packed VW x VW blocks at a time through an in-register transpose, not element
+ *       by element (which vectorises to scatters)
+ *     for each block of MC rows of the item (its MC x KC slice of A stays in L2 across the panels):
+ *       for each panel:
+ *         for each MR rows of the block:
+ *           micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
+ *           is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
+ *           C tile (+)= accumulators, with masked loads/stores on the last, partial panel
  *
+ * Without the MC blocks, every panel streamed the item's whole m x KC slice of A: 1 MiB at
+ * m = 1024, as large as this CPU's L2, so it came from the shared L3 once per panel, and the
+ * kernel slowed down whenever other processes loaded the L3 (the "cliff" at m = 1024).
  * The rows past m in the last row block are computed from a repeated last row and not stored, so
- * the micro-kernel has no row remainder code. A is read in place (rows of the block stay in L1
- * across the panels); only B is packed. The pack and micro-kernel functions are generated once per
- * module and shared by every matmul kernel.
+ * the micro-kernel has no row remainder code. A is read in place; only B is packed. The pack and
+ * micro-kernel functions are generated once per module and shared by every matmul kernel.
  *
  * Tiny outputs (a constant n below VW) use the plain path: one item per output row, inner loop
  * over contiguous memory, left to LLVM's vectoriser. */
@@ -29,6 +34,7 @@
 
 #define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
 #define MIN_ITEMS 4  /* work items wanted before rows are split too */
+#define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
 
 typedef struct {
     LLVMValueRef m, n, k, batch;
@@ -425,11 +431,12 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef mlast = LLVMBuildSub(b, d.m, cg_i64(cg, 1), "");
     LLVMValueRef ldb = tb ? d.k : d.n;
 
-    /* the packed panel: KC x NR floats, aligned for vector loads */
-    LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)nr), NULL, "bpanel");
+    /* the item's packed panels: NC / NR panels of KC x NR floats, aligned for vector loads */
+    int npanels_max = col_block(cg) / nr;
+    LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)(nr * npanels_max)), NULL, "bpanels");
     LLVMSetAlignment(bp, 64);
 
-    CgLoop li, lk, lj, lr;
+    CgLoop li, lk, lj, lr, lm;
     cg_for(f, &li, f->lo, f->hi, "item");
     LLVMValueRef grp = LLVMBuildSRem(b, li.iv, ngrp, "");
     LLVMValueRef t = LLVMBuildSDiv(b, li.iv, ngrp, "");
@@ -443,7 +450,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef j_start = LLVMBuildMul(b, grp, cg_i64(cg, col_block(cg)), "");
     LLVMValueRef j_end = cg_min_i64(f, d.n, LLVMBuildAdd(b, j_start, cg_i64(cg, col_block(cg)), ""));
     LLVMValueRef npanels = ceil_div(cg, LLVMBuildSub(b, j_end, j_start, ""), nr);
-    LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, i_end, i_start, ""), mrows);
+    LLVMValueRef nmc = ceil_div(cg, LLVMBuildSub(b, i_end, i_start, ""), MC);
 
     cg_for(f, &lk, cg_i64(cg, 0), nkb, "kb");
     LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
@@ -451,20 +458,33 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef accumulate = LLVMBuildICmp(b, LLVMIntSGT, lk.iv, cg_i64(cg, 0), "");
     LLVMValueRef aptr = cg_addr(f, IR_F32, aptr0, pc);
 
+    /* every panel of the item's columns packed once per k block (stays in L2) ... */
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
     LLVMValueRef j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, lj.iv, cg_i64(cg, nr), ""), "");
     LLVMValueRef nc = cg_min_i64(f, cg_i64(cg, nr), LLVMBuildSub(b, j_end, j0, ""));
-    LLVMValueRef pargs[7] = {bp, bptr, ldb, pc, kc, j0, nc};
+    LLVMValueRef bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
+    LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, j0, nc};
     LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
-    LLVMValueRef cptr = cg_addr(f, IR_F32, cptr0, j0);
+    cg_for_end(f, &lj);
 
+    /* ... then MC rows at a time, so that their slice of A stays in L2 across the panels */
+    cg_for(f, &lm, cg_i64(cg, 0), nmc, "mc");
+    LLVMValueRef ii0 = LLVMBuildAdd(b, i_start, LLVMBuildMul(b, lm.iv, cg_i64(cg, MC), ""), "");
+    LLVMValueRef ii1 = cg_min_i64(f, i_end, LLVMBuildAdd(b, ii0, cg_i64(cg, MC), ""));
+    LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, ii1, ii0, ""), mrows);
+    cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
+    j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, lj.iv, cg_i64(cg, nr), ""), "");
+    nc = cg_min_i64(f, cg_i64(cg, nr), LLVMBuildSub(b, j_end, j0, ""));
+    bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
+    LLVMValueRef cptr = cg_addr(f, IR_F32, cptr0, j0);
     cg_for(f, &lr, cg_i64(cg, 0), ntiles, "tile");
-    LLVMValueRef i0 = LLVMBuildAdd(b, i_start, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
-    LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, i_end, i0, ""));
-    LLVMValueRef margs[11] = {aptr, d.k, i0, mlast, kc, bp, cptr, d.n, mr, nc, accumulate};
+    LLVMValueRef i0 = LLVMBuildAdd(b, ii0, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
+    LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, ii1, i0, ""));
+    LLVMValueRef margs[11] = {aptr, d.k, i0, mlast, kc, bpj, cptr, d.n, mr, nc, accumulate};
     LLVMBuildCall2(b, micro_type, micro, margs, 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
+    cg_for_end(f, &lm);
     cg_for_end(f, &lk);
     if (epi) /* the item's block of C is final, and still in cache */
         epi->fn(f, epi->ctx, bi, i_start, i_end, j_start, j_end);

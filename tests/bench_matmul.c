@@ -1,6 +1,10 @@
 /* bench_matmul.c: GFLOP/s of xtc's generated matrix multiplication (not a test; built beside
- * the tests). Usage: bench_matmul [M K N [transpose_b]] ... ; defaults: 512x512x512 and
- * [1024x512]x[512x2048], each with 1 and 2 threads, medians of repeated runs. */
+ * the tests). Usage: bench_matmul [M K N] ... ; defaults: 512x512x512 and [1024x512]x[512x2048]
+ * (plain and with B transposed), each with 1 and 2 threads, medians of repeated runs.
+ * bench_matmul --attention H N D ...: the fused causal attention of H heads, N queries and keys,
+ * head size D (the FLOPs counted are the 4 N^2 D H / 2 of the causal half).
+ * With 1 thread the work runs on the calling thread, and the thread's CPU time is reported too:
+ * it is what the kernel costs even when other processes share the cores. */
 #include "codegen.h"
 #include "xtc.h"
 
@@ -22,6 +26,39 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Times xtc_session_run: medians of the wall and (1 thread) the thread's CPU time, in seconds. */
+static int time_runs(XtcSession *s, double *wall, double *cpu)
+{
+    double t[25], c[25];
+    int reps = 0;
+    double t0 = now_s();
+    if (xtc_session_run(s)) { /* warm up */
+        fprintf(stderr, "%s\n", xtc_session_error(s));
+        return 1;
+    }
+    while (reps < 25 && (reps < 5 || now_s() - t0 < 2.0)) {
+        double a0 = now_s(), c0 = cpu_s();
+        if (xtc_session_run(s)) {
+            fprintf(stderr, "%s\n", xtc_session_error(s));
+            return 1;
+        }
+        c[reps] = cpu_s() - c0;
+        t[reps++] = now_s() - a0;
+    }
+    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
+    qsort(c, (size_t)reps, sizeof c[0], cmp_double);
+    *wall = t[reps / 2];
+    *cpu = c[reps / 2];
+    return 0;
 }
 
 static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
@@ -53,18 +90,9 @@ static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
         xtc_session_new(mod, &(XtcSessionOptions){.threads = threads}, &s);
         xtc_session_set_input(s, "a", XTC_F32, 2, (int64_t[]){m, k}, A);
         xtc_session_set_weight(s, "w", 2, tb ? (int64_t[]){n, k} : (int64_t[]){k, n}, B);
-        double t[25];
-        int reps = 0;
-        double t0 = now_s();
-        xtc_session_run(s); /* warm up */
-        while (reps < 25 && (reps < 5 || now_s() - t0 < 2.0)) {
-            double a0 = now_s();
-            if (xtc_session_run(s)) {
-                fprintf(stderr, "%s\n", xtc_session_error(s));
-                return 1;
-            }
-            t[reps++] = now_s() - a0;
-        }
+        double med, cpu;
+        if (time_runs(s, &med, &cpu))
+            return 1;
         /* spot-check the result against a plain dot product */
         XtcTensor c;
         xtc_session_get_output(s, "c", &c);
@@ -79,14 +107,96 @@ static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
                 return 1;
             }
         }
-        qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-        double med = t[reps / 2];
-        printf("matmul [%lldx%lld]x[%lldx%lld]%s  threads %d  %8.3f ms  %7.1f GFLOP/s\n", (long long)m, (long long)k,
-               (long long)k, (long long)n, tb ? "^T" : "  ", threads, med * 1e3, 2.0 * m * n * k / med * 1e-9);
+        double flop = 2.0 * (double)m * (double)n * (double)k;
+        printf("matmul [%lldx%lld]x[%lldx%lld]%s  threads %d  %8.3f ms  %7.1f GFLOP/s", (long long)m, (long long)k,
+               (long long)k, (long long)n, tb ? "^T" : "  ", threads, med * 1e3, flop / med * 1e-9);
+        if (threads == 1)
+            printf("   cpu %8.3f ms  %7.1f GFLOP/s", cpu * 1e3, flop / cpu * 1e-9);
+        printf("\n");
         xtc_session_free(s);
     }
     free(A);
     free(B);
+    xtc_module_free(mod);
+    unlink(path);
+    ir_graph_free(g);
+    return 0;
+}
+
+/* Causal attention of h heads over n positions, head size d: the output's rows against the
+ * double-precision softmax of a few probes. */
+static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
+{
+    IrGraph *g = ir_graph_new("bench");
+    IrDim sh[] = {ir_dim(1), ir_dim(h), ir_dim(n), ir_dim(d)};
+    IrNode *q = ir_input(g, "q", IR_F32, 4, sh), *k = ir_input(g, "k", IR_F32, 4, sh), *v = ir_input(g, "v", IR_F32, 4, sh);
+    ir_output(g, "o", ir_attention(g, q, k, v, NULL, NULL, ir_const(g, 1.0 / sqrt((double)d), IR_F32), 1, 0));
+    char path[600], err[1024];
+    snprintf(path, sizeof path, "%s/attn_%lld_%lld_%lld.so", dir, (long long)h, (long long)n, (long long)d);
+    CgOptions opt = {.output = path, .opt_level = 3};
+    CgStats st;
+    if (cg_compile(g, &opt, &st, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return 1;
+    }
+    XtcModule *mod;
+    if (xtc_module_load(path, &mod)) {
+        fprintf(stderr, "%s\n", xtc_module_error(mod));
+        return 1;
+    }
+    int64_t count = h * n * d, shape[4] = {1, h, n, d};
+    float *x[3];
+    for (int t = 0; t < 3; t++) {
+        x[t] = malloc((size_t)count * 4);
+        for (int64_t i = 0; i < count; i++)
+            x[t][i] = (float)(((i + t) * (7 + 2 * t)) % 17) * 0.1f - 0.8f;
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        XtcSession *s;
+        xtc_session_new(mod, &(XtcSessionOptions){.threads = threads}, &s);
+        xtc_session_set_input(s, "q", XTC_F32, 4, shape, x[0]);
+        xtc_session_set_input(s, "k", XTC_F32, 4, shape, x[1]);
+        xtc_session_set_input(s, "v", XTC_F32, 4, shape, x[2]);
+        double med, cpu;
+        if (time_runs(s, &med, &cpu))
+            return 1;
+        XtcTensor o;
+        xtc_session_get_output(s, "o", &o);
+        for (int probe = 0; probe < 16; probe++) {
+            int64_t hh = probe % h, i = (probe * 7919) % n, e = (probe * 31) % d;
+            const float *qi = x[0] + (hh * n + i) * d;
+            double mx = -INFINITY, sum = 0, acc = 0, sc = 1.0 / sqrt((double)d);
+            for (int64_t j = 0; j <= i; j++) {
+                double dot = 0;
+                for (int64_t c = 0; c < d; c++)
+                    dot += (double)qi[c] * x[1][(hh * n + j) * d + c];
+                mx = fmax(mx, dot * sc);
+            }
+            for (int64_t j = 0; j <= i; j++) {
+                double dot = 0;
+                for (int64_t c = 0; c < d; c++)
+                    dot += (double)qi[c] * x[1][(hh * n + j) * d + c];
+                double p = exp(dot * sc - mx);
+                sum += p;
+                acc += p * x[2][(hh * n + j) * d + e];
+            }
+            double got = ((const float *)o.data)[(hh * n + i) * d + e], ref = acc / sum;
+            if (fabs(got - ref) > 1e-3 * (1 + fabs(ref))) {
+                fprintf(stderr, "wrong attention at [%lld, %lld, %lld]: %g, expected %g\n", (long long)hh, (long long)i,
+                        (long long)e, got, ref);
+                return 1;
+            }
+        }
+        double flop = 4.0 * (double)h * (double)n * (double)n * (double)d / 2;
+        printf("attention causal h %lld n %lld d %lld  threads %d  %8.3f ms  %7.1f GFLOP/s", (long long)h, (long long)n,
+               (long long)d, threads, med * 1e3, flop / med * 1e-9);
+        if (threads == 1)
+            printf("   cpu %8.3f ms  %7.1f GFLOP/s", cpu * 1e3, flop / cpu * 1e-9);
+        printf("\n");
+        xtc_session_free(s);
+    }
+    for (int t = 0; t < 3; t++)
+        free(x[t]);
     xtc_module_free(mod);
     unlink(path);
     ir_graph_free(g);
@@ -99,7 +209,10 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir))
         return 1;
     int rc = 0;
-    if (argc >= 4) {
+    if (argc >= 5 && !strcmp(argv[1], "--attention")) {
+        for (int i = 2; i + 2 < argc; i += 3)
+            rc |= bench_attention(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
+    } else if (argc >= 4) {
         for (int i = 1; i + 2 < argc; i += 3)
             rc |= bench(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), 0, dir);
     } else {

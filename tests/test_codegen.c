@@ -450,6 +450,12 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     /* transposed, past one k block (KC = 256): the packed blocks start inside the rows */
     IrDim sd[] = {ir_dim(13), ir_dim(300)}, sd2[] = {ir_dim(40), ir_dim(300)};
     out(g, "deep_t", ir_matmul(g, input(g, "deep", IR_F32, 2, sd), input(g, "deep2", IR_F32, 2, sd2), 1));
+    /* items past two row blocks of MC = 192 rows (the last one 17 rows, a partial micro tile),
+     * k past KC: 4 batch items of 401 rows each, so that rows are not split across items */
+    IrDim st[] = {ir_dim(4), ir_dim(401), ir_dim(260)}, st2[] = {ir_dim(260), ir_dim(40)}, st3[] = {ir_dim(40), ir_dim(260)};
+    IrNode *tall = input(g, "tall", IR_F32, 3, st);
+    out(g, "tall", ir_matmul(g, tall, input(g, "tall2", IR_F32, 2, st2), 0));
+    out(g, "tall_t", ir_matmul(g, tall, input(g, "tall3", IR_F32, 2, st3), 1));
     IrDim one[] = {ir_dim(1), ir_dim(1)};
     out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
 }
@@ -564,6 +570,11 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
     out(g, "matmul_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, mm, 3, sl));
     IrNode *mm5[3] = {x, input(g, "w5", IR_F32, 2, sw5), input(g, "res5", IR_F32, 3, s5)};
     out(g, "matmul_residual", ir_fused(g, "add($2,3:f32);matmul($0,$1,1);add(%1,%0)", 3, mm5, 3, s5));
+    /* an epilogue over items of two row blocks (MC = 192 rows): 4 batch items of 200 rows */
+    IrDim stall[] = {ir_dim(4), ir_dim(200), ir_dim(33)}, stw[] = {ir_dim(40), ir_dim(33)}, stb[] = {ir_dim(40)};
+    IrDim sto[] = {ir_dim(4), ir_dim(200), ir_dim(40)};
+    IrNode *tl[3] = {input(g, "tallx", IR_F32, 3, stall), input(g, "tallw", IR_F32, 2, stw), input(g, "tallb", IR_F32, 1, stb)};
+    out(g, "tall_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, tl, 3, sto));
     IrDim sq[] = {b, ir_dim(2), n, ir_dim(7)}, sk[] = {b, ir_dim(2), ir_dim(9), ir_dim(7)}, so[] = {b, ir_dim(2), n, ir_dim(9)};
     IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
     IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
