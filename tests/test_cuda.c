@@ -41,50 +41,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char tmpdir[256];
+#include "harness.h"
 
-static void make_tmpdir(void)
-{
-    if (tmpdir[0])
-        return;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-cuda-XXXXXX");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        snprintf(tmpdir, sizeof tmpdir, "/tmp");
-    }
-}
-
-static void remove_tmpdir(void)
-{
-    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
-        return;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char path[600];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
+static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
 
 /* ---- random data ---- */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-static double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0; }
 
 /* ---- 16-bit storage ---- */
 

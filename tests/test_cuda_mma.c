@@ -49,46 +49,10 @@
 #include <string.h>
 #include <unistd.h>
 
-static char tmpdir[256];
+#define HARNESS_SEED 0x2545F4914F6CDD1Dull
+#include "harness.h"
 
-static void make_tmpdir(void)
-{
-    if (tmpdir[0])
-        return;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-mma-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        snprintf(tmpdir, sizeof tmpdir, "/tmp");
-}
-
-static void remove_tmpdir(void)
-{
-    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
-        return;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char path[600];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
-
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-
-static double uniform(double lo, double hi) { return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0; }
+static void make_tmpdir(void) { harness_make_tmpdir("mma"); }
 
 static const char *const ORDERS[] = {"forward", "reverse", "shuffled"};
 

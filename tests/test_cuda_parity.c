@@ -33,36 +33,12 @@
 #include <string.h>
 #include <unistd.h>
 
-static char tmpdir[256];
+#include "harness.h"
+
 static char *case_names[64];
 static int ncases;
 
-static void make_tmpdir(void)
-{
-    if (tmpdir[0])
-        return;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-cuda-parity-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        snprintf(tmpdir, sizeof tmpdir, "/tmp");
-}
-
-static void remove_tmpdir(void)
-{
-    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
-        return;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char path[600];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
+static void make_tmpdir(void) { harness_make_tmpdir("cuda-parity"); }
 
 /* ---- binding inputs ---- */
 

@@ -27,34 +27,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static char tmpdir[256];
+#include "harness.h"
 
-static void make_tmpdir(void)
-{
-    if (tmpdir[0])
-        return;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-fuse-XXXXXX");
-    if (!mkdtemp(tmpdir))
-        snprintf(tmpdir, sizeof tmpdir, "/tmp");
-}
-
-static void remove_tmpdir(void)
-{
-    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
-        return;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char path[600];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-}
+static void make_tmpdir(void) { harness_make_tmpdir("fuse"); }
 
 /* Lowers a checked .xtf (path or text) and differentiates it when it has a loss. */
 static IrGraph *lower_xtf(const char *path, const char *text, const XtLowerOpts *lo, int grads)

@@ -1,0 +1,68 @@
+/* harness.h: what the Check suites that compile modules share: a scratch directory for the
+ * modules and files a suite writes (removed when it ends), and a deterministic xorshift random
+ * source. Each suite includes it once and keeps its own directory and its own stream, so a suite's
+ * random draws do not depend on which other suites exist. */
+#ifndef XTC_TEST_HARNESS_H
+#define XTC_TEST_HARNESS_H
+
+#include <dirent.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+/* Creates /tmp/xtc-test-NAME-XXXXXX once (falls back to /tmp, which is never removed). */
+static inline void harness_make_tmpdir(const char *name)
+{
+    if (tmpdir[0])
+        return;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-%s-XXXXXX", name);
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        snprintf(tmpdir, sizeof tmpdir, "/tmp");
+    }
+}
+
+/* Removes the files the suite left in its directory, then the directory. */
+static inline void remove_tmpdir(void)
+{
+    if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
+        return;
+    DIR *d = opendir(tmpdir);
+    if (d) {
+        struct dirent *e;
+        char path[600];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+}
+
+/* xorshift64; a suite seeds it by defining HARNESS_SEED before including this header */
+#ifndef HARNESS_SEED
+#define HARNESS_SEED 0x9E3779B97F4A7C15ull
+#endif
+static uint64_t rng_state = HARNESS_SEED;
+
+static inline uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* uniform in [lo, hi), 53 random bits */
+static inline double uniform(double lo, double hi)
+{
+    return lo + (hi - lo) * (double)(rnd() >> 11) / 9007199254740992.0;
+}
+
+#endif
