@@ -16,45 +16,8 @@
 
 /* ---- the iteration space of elementwise ops ---- */
 
-/* The output's dims grouped so that every operand is either contiguous or broadcast over each
- * whole group (as the CPU backend groups them): dims of static size 1 are dropped, and
- * neighbours with the same broadcast pattern merge. */
-typedef struct {
-    int ngroups;
-    int from[IR_MAXRANK], to[IR_MAXRANK];
-    int bcast[IR_MAXIN][IR_MAXRANK];
-} Space;
-
-static int operand_bcast(const IrNode *out, const IrNode *x, int d)
-{
-    int k = d - (out->rank - x->rank);
-    return k < 0 || ir_dim_is_one(x->shape[k]);
-}
-
-static void space_of(const IrNode *n, Space *sp)
-{
-    memset(sp, 0, sizeof *sp);
-    for (int d = 0; d < n->rank; d++) {
-        if (ir_dim_is_one(n->shape[d]))
-            continue;
-        int g = sp->ngroups - 1;
-        int same = g >= 0;
-        for (int k = 0; same && k < n->nin; k++)
-            same = sp->bcast[k][g] == operand_bcast(n, n->in[k], d);
-        if (same) {
-            sp->to[g] = d + 1;
-            continue;
-        }
-        g = sp->ngroups++;
-        sp->from[g] = d;
-        sp->to[g] = d + 1;
-        for (int k = 0; k < n->nin; k++)
-            sp->bcast[k][g] = operand_bcast(n, n->in[k], d);
-    }
-}
-
 /* The element offset of operand k at the output element whose group indices are i0, i1, ... */
-static void operand_offset(CuKernel *k, const Space *sp, int op, char *buf, size_t n)
+static void operand_offset(CuKernel *k, const CgSpace *sp, int op, char *buf, size_t n)
 {
     const IrNode *x = k->node, *in = x->in[op];
     int all = 1, none = 1;
@@ -134,8 +97,8 @@ int cg_cuda_elementwise(CuKernel *k)
     if (!tmpl)
         return cu_error(k->gen, "the cuda backend has no %s form of op '%s'", ir_dtype_name(t), ir_ops[x->op].name);
     FILE *f = k->f;
-    Space sp;
-    space_of(x, &sp);
+    CgSpace sp;
+    cg_space_of(x, &sp);
     char total[CU_EXPR], size[CU_EXPR], expr[1024];
     cu_dims_prod(k->gen, x->shape, 0, x->rank, total, sizeof total);
     cu_kernel_begin(k);
@@ -339,7 +302,7 @@ static int emit_copy(CuKernel *k)
             src = x->perm[d];
         if (x->op == IR_EXPAND) {
             src = d - (x->rank - in->rank);
-            if (operand_bcast(x, in, d)) {
+            if (cg_operand_bcast(x, in, d)) {
                 snprintf(stride[d], sizeof stride[d], "0");
                 continue;
             }

@@ -15,57 +15,20 @@
 
 /* ---- iteration over an output shape, rows x chunks of the last (collapsed) dimension ---- */
 
-/* The output's dims grouped so that every operand is either contiguous or broadcast (stride 0)
- * over each whole group: dims of static size 1 are dropped, and neighbours with the same
- * broadcast pattern merge. */
-typedef struct {
-    int ngroups;
-    int from[IR_MAXRANK], to[IR_MAXRANK]; /* output dims [from, to) */
-    int bcast[IR_MAXIN][IR_MAXRANK];      /* operand k is broadcast over group g */
-} Space;
-
-static int operand_bcast(const IrNode *out, const IrNode *x, int d)
-{
-    int k = d - (out->rank - x->rank);
-    return k < 0 || ir_dim_is_one(x->shape[k]);
-}
-
-static void space_of(const IrNode *n, Space *sp)
-{
-    memset(sp, 0, sizeof *sp);
-    for (int d = 0; d < n->rank; d++) {
-        if (ir_dim_is_one(n->shape[d]))
-            continue; /* contributes nothing; a group may extend over it */
-        int g = sp->ngroups - 1;
-        int same = g >= 0;
-        for (int k = 0; same && k < n->nin; k++)
-            same = sp->bcast[k][g] == operand_bcast(n, n->in[k], d);
-        if (same) {
-            sp->to[g] = d + 1;
-            continue;
-        }
-        g = sp->ngroups++;
-        sp->from[g] = d;
-        sp->to[g] = d + 1;
-        for (int k = 0; k < n->nin; k++)
-            sp->bcast[k][g] = operand_bcast(n, n->in[k], d);
-    }
-}
-
 /* Element stride of operand x over output group g: the product of x's dims after the group. */
-static LLVMValueRef operand_stride(CgFn *f, const IrNode *x, const Space *sp, int g)
+static LLVMValueRef operand_stride(CgFn *f, const IrNode *x, const CgSpace *sp, int g)
 {
     int k = sp->to[g] - 1 - (f->node->rank - x->rank);
     return cg_dims_prod(f, x->shape, k + 1, x->rank);
 }
 
-static LLVMValueRef group_size(CgFn *f, const Space *sp, int g)
+static LLVMValueRef group_size(CgFn *f, const CgSpace *sp, int g)
 {
     return cg_dims_prod(f, f->node->shape, sp->from[g], sp->to[g]);
 }
 
 /* rows = product of all groups but the last; inner = the last group (1 if none) */
-static void rows_inner(CgFn *f, const Space *sp, LLVMValueRef *rows, LLVMValueRef *inner)
+static void rows_inner(CgFn *f, const CgSpace *sp, LLVMValueRef *rows, LLVMValueRef *inner)
 {
     Cg *cg = f->cg;
     *rows = cg_i64(cg, 1);
@@ -99,7 +62,7 @@ typedef struct {
     LLVMValueRef idx[IR_MAXRANK]; /* per group but the last */
 } RowItem;
 
-static void for_row_items(CgFn *f, const Space *sp, void (*body)(CgFn *f, const Space *sp, RowItem *it, void *ctx),
+static void for_row_items(CgFn *f, const CgSpace *sp, void (*body)(CgFn *f, const CgSpace *sp, RowItem *it, void *ctx),
                           void *ctx)
 {
     Cg *cg = f->cg;
@@ -137,14 +100,14 @@ static void for_row_items(CgFn *f, const Space *sp, void (*body)(CgFn *f, const 
 
 static void work_elem(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
-    Space sp;
-    space_of(f->node, &sp);
+    CgSpace sp;
+    cg_space_of(f->node, &sp);
     LLVMValueRef rows, inner;
     rows_inner(f, &sp, &rows, &inner);
     work_rows_of(f, rows, inner, items, cost);
 }
 
-static void elem_body(CgFn *f, const Space *sp, RowItem *it, void *ctx)
+static void elem_body(CgFn *f, const CgSpace *sp, RowItem *it, void *ctx)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -172,8 +135,8 @@ static void elem_body(CgFn *f, const Space *sp, RowItem *it, void *ctx)
 
 static int impl_elem(CgFn *f)
 {
-    Space sp;
-    space_of(f->node, &sp);
+    CgSpace sp;
+    cg_space_of(f->node, &sp);
     for_row_items(f, &sp, elem_body, (void *)cg_llvm_lowering(f->node->op));
     return 0;
 }
@@ -545,7 +508,7 @@ static void copy_spec(CgFn *f, CopySpec *cs)
         break;
     default: /* EXPAND */
         for (int d = 0; d < r; d++) {
-            int bc = operand_bcast(n, x, d);
+            int bc = cg_operand_bcast(n, x, d);
             cs->stride[d] = bc ? cg_i64(cg, 0) : xst[d - (r - x->rank)];
             if (d == r - 1)
                 cs->last_const = bc ? 0 : 1;
@@ -564,7 +527,7 @@ static void work_copy(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     work_rows_of(f, cg_dims_prod(f, n->shape, 0, n->rank - 1), cg_dim(f, n->shape[n->rank - 1]), items, cost);
 }
 
-static void copy_body(CgFn *f, const Space *sp, RowItem *it, void *ctx)
+static void copy_body(CgFn *f, const CgSpace *sp, RowItem *it, void *ctx)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -595,7 +558,7 @@ static int impl_copy(CgFn *f)
     CopySpec cs;
     copy_spec(f, &cs);
     /* one group per output dim: the item loop then yields every dim's index */
-    Space sp;
+    CgSpace sp;
     memset(&sp, 0, sizeof sp);
     sp.ngroups = n->rank;
     for (int d = 0; d < n->rank; d++) {

@@ -365,3 +365,33 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
     }
     return buf;
 }
+
+/* ---- the iteration space of elementwise ops (cg_plan.h) ---- */
+
+int cg_operand_bcast(const IrNode *out, const IrNode *x, int d)
+{
+    int k = d - (out->rank - x->rank);
+    return k < 0 || ir_dim_is_one(x->shape[k]);
+}
+
+void cg_space_of(const IrNode *n, CgSpace *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    for (int d = 0; d < n->rank; d++) {
+        if (ir_dim_is_one(n->shape[d]))
+            continue; /* contributes nothing; a group may extend over it */
+        int g = sp->ngroups - 1;
+        int same = g >= 0;
+        for (int k = 0; same && k < n->nin; k++)
+            same = sp->bcast[k][g] == cg_operand_bcast(n, n->in[k], d);
+        if (same) {
+            sp->to[g] = d + 1;
+            continue;
+        }
+        g = sp->ngroups++;
+        sp->from[g] = d;
+        sp->to[g] = d + 1;
+        for (int k = 0; k < n->nin; k++)
+            sp->bcast[k][g] = cg_operand_bcast(n, n->in[k], d);
+    }
+}

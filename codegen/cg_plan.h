@@ -63,4 +63,17 @@ int cg_keeps_f32(const IrNode *n);
  * symbol values). */
 int cg_dims_are_one(const IrDim *dims, int from, int to);
 
+/* The iteration space of an elementwise op, shared by the backends: the output's dims grouped so
+ * that every operand is either contiguous or broadcast (stride 0) over each whole group. Dims of
+ * static size 1 are dropped, and neighbours with the same broadcast pattern merge. */
+typedef struct {
+    int ngroups;
+    int from[IR_MAXRANK], to[IR_MAXRANK]; /* output dims [from, to) */
+    int bcast[IR_MAXIN][IR_MAXRANK];      /* operand k is broadcast over group g */
+} CgSpace;
+
+/* Whether operand x of out is broadcast over output dim d (missing there, or of size 1). */
+int cg_operand_bcast(const IrNode *out, const IrNode *x, int d);
+void cg_space_of(const IrNode *n, CgSpace *sp);
+
 #endif
