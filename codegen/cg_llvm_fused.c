@@ -24,8 +24,8 @@
  * kernel saves.
  *
  * A program with a matmul step (bias and activation, a residual add, a gradient's product after
- * a matmul) is the matmul's kernel (cg_llvm_matmul.c) with the rest as its epilogue: each work
- * item's block of C is rewritten in place once final, while it is still in cache. */
+ * a matmul) is the matmul's kernel (cg_llvm_matmul.c) with the rest as its epilogue: each block
+ * of MC rows of a work item's C is rewritten in place once final, while it is still in L2. */
 #include "cg_llvm.h"
 
 #include <math.h>

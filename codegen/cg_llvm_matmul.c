@@ -484,10 +484,14 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMBuildCall2(b, micro_type, micro, margs, 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
+    if (epi) { /* after the last k block, these MC rows of the item's columns are final and in L2 */
+        CgIf last;
+        cg_if(f, &last, LLVMBuildICmp(b, LLVMIntEQ, lk.iv, LLVMBuildSub(b, nkb, cg_i64(cg, 1), ""), ""));
+        epi->fn(f, epi->ctx, bi, ii0, ii1, j_start, j_end);
+        cg_if_end(f, &last);
+    }
     cg_for_end(f, &lm);
     cg_for_end(f, &lk);
-    if (epi) /* the item's block of C is final, and still in cache */
-        epi->fn(f, epi->ctx, bi, i_start, i_end, j_start, j_end);
     cg_for_end(f, &li);
     return 0;
 }
