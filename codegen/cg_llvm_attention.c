@@ -11,11 +11,16 @@
  *     pack K^T and V of the tile once, for all the group's query tiles; then for each query tile
  *     that sees any of these keys, over the bc' <= BC of them that its last row sees (under
  *     causal, the keys past that are masked for the whole query tile):
- *     S = Q K^T                                 [BR, bc'] by micro-kernel on the packed K panels
- *     s = S scale + bias; -FLT_MAX where masked (mask false, or causal j > i + J - I)
- *     m' = max(m, max s);  P = exp(s - m');  l = l e^(m - m') + sum P;  O = O e^(m - m')
+ *     S = Q' K^T                                [BR, bc'] by micro-kernel on the packed K panels
+ *     s = S + bias log2(e); -FLT_MAX where masked (mask false, or causal j > i + J - I)
+ *     m' = max(m, max s);  P = 2^(s - m');  l = l 2^(m - m') + sum P;  O = O 2^(m - m')
  *     O += P V                                  [BR, E]
- *   out = O / l, and the logsumexp m + log l with stats.
+ *   out = O / l, and the logsumexp m ln 2 + log l with stats.
+ * Q' = Q scale log2(e), computed once per work item, so scores are in units of log2 and the
+ * softmax takes 2^x: no multiply per score. Without a bias or a mask (the common case), the
+ * score pass is only each row's maximum over the keys it sees, the probability pass writes
+ * zeros past them, and each MR rows of a query tile multiply only up to the keys their last row
+ * sees, so that the causal diagonal wastes an MR-row triangle, not a BR-row one.
  * A row with every key masked attends uniformly to all J keys (the -FLT_MAX fill does that in the
  * unfused graph): its m stays -FLT_MAX, and it gets the mean of v instead (keys skipped under
  * causal would otherwise be missing from that mean); its logsumexp is -FLT_MAX.
@@ -38,7 +43,7 @@
 
 #define BR 48   /* forward: query rows per tile */
 #define GROUP 4 /* forward: query tiles per work item, sharing each packed key tile */
-#define BC 128  /* forward: keys per tile */
+#define BC 256  /* forward: keys per tile */
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
 #define MAX_HEAD 256 /* D and E: constants up to this (the stack tiles are sized by them) */
@@ -137,6 +142,15 @@ static void micro_rows(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef rows
                              LLVMConstInt(k->cg->t_i1, (unsigned long long)accumulate, 0)};
     LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
     cg_for_end(k->f, &l);
+}
+
+/* C rows r0 .. r0 + mr of C[rows, 0..nc) (+)= A[rows, kc] x panel bp: one micro-kernel call */
+static void micro_tile(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef r0, LLVMValueRef rows, LLVMValueRef mr,
+                       LLVMValueRef kc, LLVMValueRef bp, LLVMValueRef c, LLVMValueRef ldc, LLVMValueRef nc, int accumulate)
+{
+    LLVMValueRef args[11] = {a, lda, r0, isub(k, rows, ci(k, 1)), kc, bp, c, ldc, mr, nc,
+                             LLVMConstInt(k->cg->t_i1, (unsigned long long)accumulate, 0)};
+    LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
 }
 
 /* ---- operands ---- */
@@ -271,6 +285,7 @@ int cg_attention_impl(CgFn *f)
     score_op(&k, q, n->in[3], f->in[3], 0, &bias);
     score_op(&k, q, n->in[4], f->in[4], 1, &mask);
     LLVMValueRef S = stack_floats(&k, BR * BC, "S"), O = stack_floats(&k, (int64_t)GROUP * BR * E, "O");
+    LLVMValueRef QS = stack_floats(&k, (int64_t)GROUP * BR * D, "qscaled");
     LLVMValueRef M = stack_floats(&k, GROUP * BR, "m"), L = stack_floats(&k, GROUP * BR, "l");
     LLVMValueRef KP = stack_floats(&k, (int64_t)kpanels * D * nr, "kpanels");
     LLVMValueRef VP = stack_floats(&k, (int64_t)epanels * BC * nr, "vpanels");
@@ -296,7 +311,14 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef ob = ptr(&k, f->out, imul(&k, imul(&k, bi, d.I), ci(&k, Eo)));
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
-    LLVMValueRef scale = scale_of(&k, q, n->in[5], f->in[5], bi);
+    /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes
+     * 2^x, and the scale is applied once per query row instead of once per score */
+    LLVMValueRef qscale = f_mul(&k, scale_of(&k, q, n->in[5], f->in[5], bi), fc(&k, M_LOG2E));
+    CgLoop lsq;
+    cg_for(f, &lsq, ci(&k, 0), imul(&k, grows, cD), "qs");
+    st(&k, QS, lsq.iv, f_mul(&k, ld(&k, qb, iadd(&k, imul(&k, g0, cD), lsq.iv)), qscale));
+    cg_for_end(f, &lsq);
+    int plain = !bias.present && !mask.present; /* the common case: no score operand to read */
     LLVMValueRef jend = d.J;
     if (causal) /* the group's last row sees keys j <= g0 + grows - 1 + off */
         jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
@@ -330,36 +352,62 @@ int cg_attention_impl(CgFn *f)
     /* ... and computes only the keys its last row can see: those past it are masked for every
      * row of the tile, and would only add zeros */
     LLVMValueRef bcq = causal ? imin(&k, bc, isub(&k, iadd(&k, iadd(&k, i0, rows), off), j0)) : bc;
-    LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD));
-    /* S[rows, bcq] = Q K^T, a panel of nr keys at a time */
-    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bcq, nr), "kpanel");
+    LLVMValueRef qt = ptr(&k, QS, imul(&k, sbase, cD));
+    /* S[rows, bcq] = Q K^T, MR rows and a panel of nr keys at a time. Without a bias or a mask,
+     * each MR rows compute only the keys their last row sees (tile_keys): under causal the
+     * diagonal tile's triangle is then wasted MR rows at a time instead of BR. */
+    LLVMValueRef first_lim = isub(&k, iadd(&k, iadd(&k, i0, off), ci(&k, 1)), j0); /* keys row i0 sees */
+    CgLoop lt;
+    cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
+    LLVMValueRef r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
+    LLVMValueRef tile_keys = plain && causal
+        ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
+    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, tile_keys, nr), "kpanel");
     p0 = imul(&k, lp.iv, ci(&k, nr));
-    micro_rows(&k, qt, cD, rows, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0), cBC,
-               imin(&k, ci(&k, nr), isub(&k, bcq, p0)), 0);
+    micro_tile(&k, qt, cD, r0, rows, mr_t, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0),
+               cBC, imin(&k, ci(&k, nr), isub(&k, tile_keys, p0)), 0);
     cg_for_end(f, &lp);
-    /* the online softmax: the scores and each row's maximum in the tile, ... */
+    cg_for_end(f, &lt);
+    /* the online softmax: each row's maximum in the tile (and, with a bias or a mask, the
+     * scores: S + bias log2(e), -FLT_MAX where masked), ... */
     CgLoop lr, lc;
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     LLVMValueRef i = iadd(&k, i0, lr.iv);
     LLVMValueRef srow = imul(&k, lr.iv, cBC);
     LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bcq;
-    LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
-    LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
     LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
-    cg_for(f, &lc, ci(&k, 0), bcq, "c");
-    LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
-    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
-    x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
-    st(&k, S, si, x);
-    LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
-    cg_for_end(f, &lc);
-    st(&k, MT, lr.iv, fget(&k, mt));
+    if (plain) {
+        /* the keys past the causal limit are left out here and given p = 0 below */
+        cg_for(f, &lc, ci(&k, 0), imax(&k, ci(&k, 0), imin(&k, lim, bcq)), "c");
+        LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), ld(&k, S, iadd(&k, srow, lc.iv))), mt);
+        cg_for_end(f, &lc);
+    } else {
+        LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
+        LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
+        ScoreOp bias2 = bias; /* the bias read in log2 units */
+        cg_for(f, &lc, ci(&k, 0), bcq, "c");
+        LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
+        LLVMValueRef x = ld(&k, S, si);
+        bias2.present = 0;
+        x = score_at(&k, &bias2, &mask, brow, mrow, lc.iv, lim, x, &keep);
+        if (bias.present) {
+            LLVMValueRef bv = ld(&k, bias.base, bias.sj ? iadd(&k, brow, lc.iv) : brow);
+            x = cg_intrinsic(k.cg, "llvm.fmuladd", k.cg->t_f32, (LLVMValueRef[]){bv, fc(&k, M_LOG2E), x}, 3);
+        }
+        x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
+        st(&k, S, si, x);
+        LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
+        cg_for_end(f, &lc);
+    }
+    /* a row with keys of the tile masked has -FLT_MAX among its scores: its maximum is at least
+     * that (which is how a row with every key masked is recognised at the end) */
+    st(&k, MT, lr.iv, fmaxv(&k, fget(&k, mt), neg_max));
     cg_for_end(f, &lr);
     /* ... the new maxima and the rescale factors, a vector of rows at a time, ... */
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     LLVMValueRef sr = iadd(&k, sbase, lr.iv);
     LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
-    st(&k, AL, lr.iv, cg_exp_finite(k.cg, f_sub(&k, mold, mnew)));
+    st(&k, AL, lr.iv, cg_exp2_finite(k.cg, f_sub(&k, mold, mnew)));
     st(&k, M, sr, mnew);
     cg_for_end(f, &lr);
     /* ... the probabilities, row by row, ... */
@@ -367,9 +415,17 @@ int cg_attention_impl(CgFn *f)
     srow = imul(&k, lr.iv, cBC);
     LLVMValueRef mnew_r = ld(&k, M, iadd(&k, sbase, lr.iv));
     LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
-    cg_for(f, &lc, ci(&k, 0), bcq, "c");
-    si = iadd(&k, srow, lc.iv);
-    LLVMValueRef p = cg_exp_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
+    LLVMValueRef pend = bcq;
+    if (plain && causal) { /* p = 0 past the row's causal limit */
+        LLVMValueRef lim_r = isub(&k, iadd(&k, iadd(&k, iadd(&k, i0, lr.iv), off), ci(&k, 1)), j0);
+        pend = imax(&k, ci(&k, 0), imin(&k, lim_r, bcq));
+        cg_for(f, &lc, pend, bcq, "c0");
+        st(&k, S, iadd(&k, srow, lc.iv), fc(&k, 0));
+        cg_for_end(f, &lc);
+    }
+    cg_for(f, &lc, ci(&k, 0), pend, "c");
+    LLVMValueRef si = iadd(&k, srow, lc.iv);
+    LLVMValueRef p = cg_exp2_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
     st(&k, S, si, p);
     fsum_into(&k, sum, p);
     cg_for_end(f, &lc);
@@ -386,10 +442,15 @@ int cg_attention_impl(CgFn *f)
     st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
-    /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E] */
+    /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
+    cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
+    r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
+    tile_keys = plain && causal
+        ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
     for (int e0 = 0; e0 < E; e0 += nr)
-        micro_rows(&k, S, cBC, rows, bcq, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
+        micro_tile(&k, S, cBC, r0, rows, mr_t, tile_keys, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
                    ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
+    cg_for_end(f, &lt);
     cg_if_end(f, &sees);
     cg_for_end(f, &lq);
     cg_for_end(f, &lj);
@@ -432,7 +493,8 @@ int cg_attention_impl(CgFn *f)
     st(&k, ob, iadd(&k, orow_out, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, ot, lc.iv)), inv));
     cg_for_end(f, &lc);
     if (stats) {
-        LLVMValueRef lse = f_add(&k, mrow_v, cg_intrinsic(k.cg, "llvm.log", k.cg->t_f32, &lrow, 1));
+        LLVMValueRef lse = cg_intrinsic(k.cg, "llvm.fmuladd", k.cg->t_f32,
+                                        (LLVMValueRef[]){mrow_v, fc(&k, M_LN2), cg_intrinsic(k.cg, "llvm.log", k.cg->t_f32, &lrow, 1)}, 3);
         st(&k, ob, iadd(&k, orow_out, cE), LLVMBuildSelect(k.b, jpos, lse, fc(&k, -INFINITY), ""));
     }
     cg_if_end(f, &cn);

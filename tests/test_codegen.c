@@ -468,19 +468,22 @@ static void build_xent(IrGraph *g, IrDim b, IrDim n)
 }
 
 /* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
- * queries (J = I + 5, as with memories), more queries and keys than one tile, a padding mask
+ * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 324 and
+ * J = 329 at n = 33: two key tiles, two query groups), without a score operand, a padding mask
  * with fully masked rows (they attend uniformly), a bias broadcast over the batch, the
  * statistics column, the gradient with and without the logsumexp's; cross attention with
  * E != D over several key tiles; and J = n, which is 0 in the empty sizes. */
 static void build_attention(IrGraph *g, IrDim b, IrDim n)
 {
-    IrDim I = ir_dim_addc(ir_dim_add(n, n), 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
+    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2), n8 = ir_dim_add(n4, n4);
+    IrDim I = ir_dim_addc(n8, 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
     IrDim sq[] = {b, h, I, hd}, sk[] = {b, h, J, hd}, sqm[] = {b, ir_dim(1), I, ir_dim(1)};
     IrDim skm[] = {b, ir_dim(1), ir_dim(1), J}, sb[] = {h, I, J}, sg[] = {b, h, I, ir_dim(41)};
     IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
     IrNode *mask = ir_binary(g, IR_AND, input(g, "qm", IR_BOOL, 4, sqm), input(g, "km", IR_BOOL, 4, skm));
     IrNode *bias = input(g, "bias", IR_F32, 3, sb), *c = ir_const(g, 0.158, IR_F32);
     out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
+    out(g, "plain_stats", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
     IrNode *f = ir_attention(g, q, k, v, bias, mask, c, 1, 1);
     out(g, "masked_stats", f);
     out(g, "grad", ir_attention_grad(g, f, input(g, "dout", IR_F32, 4, sq)));
@@ -488,7 +491,7 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrDim ss[] = {ir_dim(1), h, ir_dim(1), ir_dim(1)}; /* cosine similarity: a scale per head */
     IrNode *fm = ir_attention(g, q, k, v, NULL, mask, input(g, "scale", IR_F32, 4, ss), 0, 1);
     out(g, "grad_plain", ir_attention_grad(g, fm, input(g, "dout2", IR_F32, 4, sq)));
-    IrDim Jc = ir_dim_addc(ir_dim_add(n, ir_dim_add(n, n)), 100), h2 = ir_dim(2);
+    IrDim Jc = ir_dim_addc(ir_dim_add(n, n8), 100), h2 = ir_dim(2);
     IrDim sqc[] = {b, h2, n, ir_dim(16)}, skc[] = {b, h2, Jc, ir_dim(16)}, svc[] = {b, h2, Jc, ir_dim(24)};
     IrDim sbc[] = {ir_dim(1), ir_dim(1), Jc}, smc[] = {b, ir_dim(1), ir_dim(1), Jc};
     IrNode *qc = input(g, "qc", IR_F32, 4, sqc), *kc = input(g, "kc", IR_F32, 4, skc);
