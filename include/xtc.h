@@ -127,7 +127,10 @@ int xtc_module_describe(const XtcModule *m, FILE *out);
 typedef struct XtcSession XtcSession;
 
 typedef struct {
-    int threads;        /* worker threads including the caller's; 0 = 1 */
+    int threads;        /* worker threads including the caller's; 0 = 1. The calling thread runs
+                         * kernels too: generated kernels keep tiles on the stack (up to about
+                         * 1 MiB, attention with head size 256), so it needs a few MiB of stack
+                         * (the pool's own threads get 8 MiB) */
     int64_t max_batch;  /* if > 0: inputs with a larger batch are refused, and the memory for
                            this batch size is reserved at creation. 0 = grow as needed */
     int64_t max_seq;    /* likewise for sequence-like symbols (never above the model's bound) */

@@ -23,6 +23,7 @@
 
 #define SPIN_NS 2000000L   /* 2 ms */
 #define CHUNKS_PER_THREAD 4
+#define WORKER_STACK (8L << 20)  /* 8 MiB, glibc's usual default, also under `ulimit -s unlimited` */
 
 struct RtPool {
     int n; /* threads, counting the caller */
@@ -148,7 +149,16 @@ RtPool *rt_pool_new(int nthreads)
                 return NULL;
             }
             w->pool = p;
-            int rc = pthread_create(&p->threads[i], NULL, worker_main, w);
+            /* an explicit stack size: the kernels keep their tiles on the stack (up to about
+             * 1 MiB: attention with head size 256), whatever default the process was given */
+            pthread_attr_t attr;
+            int rc = pthread_attr_init(&attr);
+            if (rc == 0) {
+                rc = pthread_attr_setstacksize(&attr, WORKER_STACK);
+                if (rc == 0)
+                    rc = pthread_create(&p->threads[i], &attr, worker_main, w);
+                pthread_attr_destroy(&attr);
+            }
             if (rc != 0) {
                 free(w);
                 rt_pool_free(p);
