@@ -98,7 +98,7 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMValueRef impl = cg_function(cg, name, cg->t_impl, 1);
     for (unsigned i = 1 + P_OUT; i <= P_IN0 + IR_MAXIN; i++)
         cg_attr(cg, impl, i, "noalias");
-    CgFn f = {.cg = cg, .node = n, .fn = impl};
+    CgFn f = {.cg = cg, .node = n, .fn = impl, .views = k->views};
     f.entry = LLVMAppendBasicBlockInContext(cg->ctx, impl, "entry");
     LLVMPositionBuilderAtEnd(b, f.entry);
     f.out = LLVMGetParam(impl, P_OUT);
@@ -139,7 +139,7 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
 
     /* kernel(out, in0 .. in[IR_MAXIN-1], syms, rt) -> status */
     LLVMValueRef kfn = cg_function(cg, k->fn, cg->t_kernel, 1);
-    CgFn kf = {.cg = cg, .node = n, .fn = kfn};
+    CgFn kf = {.cg = cg, .node = n, .fn = kfn, .views = k->views};
     kf.entry = LLVMAppendBasicBlockInContext(cg->ctx, kfn, "entry");
     LLVMPositionBuilderAtEnd(b, kf.entry);
     kf.out = LLVMGetParam(kfn, P_OUT);
@@ -684,7 +684,7 @@ static void llvm_release(void *unit) { cg_free(unit); }
 const CgBackend cg_llvm_backend = {
     .name = "cpu",
     .description = "LLVM CPU backend: native code in a shared library",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS,
     .supports = llvm_supports,
     .render = llvm_render,
     .compile = llvm_compile,

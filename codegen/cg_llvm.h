@@ -47,6 +47,7 @@ typedef struct CgFn {
     LLVMValueRef out, in[IR_MAXIN], syms;
     LLVMValueRef lo, hi;      /* impl: the work items to do */
     LLVMValueRef status;      /* impl: i32 variable returned at the end (0 = fine) */
+    unsigned views;           /* the kernel's CG_VIEW_* (cg_plan.h) */
 } CgFn;
 
 typedef struct {

@@ -254,6 +254,23 @@ static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRe
     return ld(k, base, score_batch_offset(k, q, &s, bi));
 }
 
+/* Where the matrix of batch index bi (flat over the batch dims) of an attention operand or result
+ * starts, with its row stride in *stride: a contiguous [.., rows, width]; or, through a
+ * head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in place for the
+ * node's [b, h, rows, width]: the rows of head h are width floats every h width. */
+static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValueRef base, LLVMValueRef bi,
+                                 LLVMValueRef rows, int64_t width, LLVMValueRef *stride)
+{
+    if (!view) {
+        *stride = ci(k, width);
+        return ptr(k, base, imul(k, bi, imul(k, rows, ci(k, width))));
+    }
+    LLVMValueRef h = cg_dim(k->f, n->in[0]->shape[1]); /* views exist for rank 4 only */
+    LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
+    *stride = imul(k, h, ci(k, width));
+    return ptr(k, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
+}
+
 /* ---- forward ---- */
 
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
@@ -305,18 +322,22 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef g0 = imul(&k, t, ci(&k, BR * GROUP));
     LLVMValueRef grows = imin(&k, ci(&k, BR * GROUP), isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
-    LLVMValueRef qb = ptr(&k, f->in[0], imul(&k, imul(&k, bi, d.I), cD));
-    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, bi, d.J), cD));
-    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, bi, d.J), cE));
-    LLVMValueRef ob = ptr(&k, f->out, imul(&k, imul(&k, bi, d.I), ci(&k, Eo)));
+    LLVMValueRef qs, ks, vs, os; /* row strides */
+    LLVMValueRef qb = operand_rows(&k, n, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);
+    LLVMValueRef kb = operand_rows(&k, n, f->views & CG_VIEW_K, f->in[1], bi, d.J, D, &ks);
+    LLVMValueRef vb = operand_rows(&k, n, f->views & CG_VIEW_V, f->in[2], bi, d.J, E, &vs);
+    LLVMValueRef ob = operand_rows(&k, n, f->views & CG_VIEW_OUT, f->out, bi, d.I, Eo, &os);
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
     /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes
      * 2^x, and the scale is applied once per query row instead of once per score */
     LLVMValueRef qscale = f_mul(&k, scale_of(&k, q, n->in[5], f->in[5], bi), fc(&k, M_LOG2E));
-    CgLoop lsq;
-    cg_for(f, &lsq, ci(&k, 0), imul(&k, grows, cD), "qs");
-    st(&k, QS, lsq.iv, f_mul(&k, ld(&k, qb, iadd(&k, imul(&k, g0, cD), lsq.iv)), qscale));
+    CgLoop lsq, lsc;
+    cg_for(f, &lsq, ci(&k, 0), grows, "qs");
+    LLVMValueRef qsrc = imul(&k, iadd(&k, g0, lsq.iv), qs), qdst = imul(&k, lsq.iv, cD);
+    cg_for(f, &lsc, ci(&k, 0), cD, "qc");
+    st(&k, QS, iadd(&k, qdst, lsc.iv), f_mul(&k, ld(&k, qb, iadd(&k, qsrc, lsc.iv)), qscale));
+    cg_for_end(f, &lsc);
     cg_for_end(f, &lsq);
     int plain = !bias.present && !mask.present; /* the common case: no score operand to read */
     LLVMValueRef jend = d.J;
@@ -335,11 +356,11 @@ int cg_attention_impl(CgFn *f)
     CgLoop lp;
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
     LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
-    pack(&k, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, cD, ci(&k, 0), cD, iadd(&k, j0, p0),
+    pack(&k, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
          imin(&k, ci(&k, nr), isub(&k, bc, p0)));
     cg_for_end(f, &lp);
     for (int e0 = 0; e0 < E; e0 += nr)
-        pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, cE, j0, bc, ci(&k, e0),
+        pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
              ci(&k, E - e0 < nr ? E - e0 : nr));
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
@@ -458,7 +479,7 @@ int cg_attention_impl(CgFn *f)
     /* out = O / l; fully masked rows: the mean of every v row */
     LLVMValueRef have_mean = cg_var(f, k.cg->t_i1, LLVMConstInt(k.cg->t_i1, 0, 0), "have_mean");
     cg_for(f, &lr, ci(&k, 0), grows, "row");
-    LLVMValueRef orow_out = imul(&k, iadd(&k, g0, lr.iv), ci(&k, Eo));
+    LLVMValueRef orow_out = imul(&k, iadd(&k, g0, lr.iv), os);
     LLVMValueRef mrow_v = ld(&k, M, lr.iv), lrow = ld(&k, L, lr.iv);
     LLVMValueRef full = LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
     LLVMValueRef jpos = LLVMBuildICmp(k.b, LLVMIntSGT, d.J, ci(&k, 0), "");
@@ -468,7 +489,7 @@ int cg_attention_impl(CgFn *f)
     fill(&k, VMEAN, cE, 0);
     CgLoop lk;
     cg_for(f, &lk, ci(&k, 0), d.J, "j");
-    LLVMValueRef vrow = imul(&k, lk.iv, cE);
+    LLVMValueRef vrow = imul(&k, lk.iv, vs);
     cg_for(f, &lc, ci(&k, 0), cE, "e");
     st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), ld(&k, vb, iadd(&k, vrow, lc.iv))));
     cg_for_end(f, &lc);

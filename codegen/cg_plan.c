@@ -5,7 +5,8 @@
  *  - one buffer per input, parameter and state buffer (all of them, used or not, so the module's
  *    interface is the model's), and one temp buffer per needed computed node;
  *  - RESHAPE makes no step: its value is its operand's buffer read with another shape (buffers
- *    are contiguous, so this is exact);
+ *    are contiguous, so this is exact); nor does a head-split PERMUTE around attention that the
+ *    backend reads or writes in place (cg_plan.h, CG_VIEW_*);
  *  - one step per other needed node, in the graph's (topological) order;
  *  - lifetimes: a temp lives from its step to the last step reading it (through reshapes), or to
  *    the end for outputs;
@@ -112,11 +113,21 @@ static int add_buffer(CgPlan *p, CgBufKind kind, const IrNode *node, const char 
     return p->nbufs++;
 }
 
-static int find_kernel(CgPlan *p, const IrNode *n)
+static int find_kernel(CgPlan *p, const IrNode *n, unsigned views)
 {
     char *sig = signature(n);
     if (!sig)
         return -1;
+    if (views) { /* a kernel reading or writing through a view is another kernel */
+        size_t len = strlen(sig);
+        char *s2 = realloc(sig, len + 24);
+        if (!s2) {
+            free(sig);
+            return -1;
+        }
+        sig = s2;
+        snprintf(sig + len, 24, " views %u", views);
+    }
     for (int k = 0; k < p->nkernels; k++)
         if (strcmp(p->kernels[k].sig, sig) == 0) {
             free(sig);
@@ -127,11 +138,62 @@ static int find_kernel(CgPlan *p, const IrNode *n)
     k->node = n;
     k->sig = sig;
     k->uses = 1;
+    k->views = views;
     snprintf(k->fn, sizeof k->fn, "xtc_k%d_%s", p->nkernels, ir_ops[n->op].name);
     return p->nkernels++;
 }
 
-int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n)
+static int is_head_split(const IrNode *n)
+{
+    return n->op == IR_PERMUTE && n->rank == 4 && n->perm[0] == 0 && n->perm[1] == 2 && n->perm[2] == 1 &&
+           n->perm[3] == 3;
+}
+
+/* The CG_VIEW_* decisions (cg_plan.h): views[id] for attention nodes, and elide[id] for the
+ * permutes that make no step. */
+static void head_views(const IrGraph *g, const char *needed, unsigned *views, char *elide)
+{
+    int nn = g->nnodes;
+    int *uses = calloc((size_t)nn + 1, sizeof *uses);
+    char *other = calloc((size_t)nn + 1, 1), *output = calloc((size_t)nn + 1, 1);
+    if (!uses || !other || !output)
+        goto done; /* no views: still a correct plan */
+    for (int o = 0; o < g->noutputs; o++)
+        output[g->outputs[o].node->id] = 1;
+    for (int i = 0; i < nn; i++) {
+        const IrNode *x = g->nodes[i];
+        if (!needed[i])
+            continue;
+        for (int k = 0; k < x->nin; k++) {
+            uses[x->in[k]->id]++;
+            if (x->op != IR_ATTENTION || k > 2)
+                other[x->in[k]->id] = 1;
+        }
+    }
+    for (int i = 0; i < nn; i++) {
+        const IrNode *pm = g->nodes[i], *a = pm->in[0];
+        if (!needed[i] || !is_head_split(pm))
+            continue;
+        if (a->op == IR_ATTENTION && a->ia[1] == 0 && uses[a->id] == 1 && !output[a->id]) {
+            views[a->id] |= CG_VIEW_OUT;
+            elide[i] = 1;
+        } else if (!other[i] && !output[i] && uses[i] > 0) {
+            for (int j = i + 1; j < nn; j++)
+                for (int k = 0; k < 3 && g->nodes[j]->op == IR_ATTENTION; k++)
+                    if (needed[j] && g->nodes[j]->in[k] == pm)
+                        views[j] |= (unsigned)CG_VIEW_Q << k;
+            elide[i] = 1;
+        }
+    }
+done:
+    free(uses);
+    free(other);
+    free(output);
+}
+
+int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n) { return cg_plan_build_views(g, p, 0, err, n); }
+
+int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, size_t n)
 {
     memset(p, 0, sizeof *p);
     p->g = g;
@@ -172,6 +234,17 @@ int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n)
         if (needed[i])
             for (int k = 0; k < g->nodes[i]->nin; k++)
                 needed[g->nodes[i]->in[k]->id] = 1;
+    unsigned *views = calloc(nn, sizeof *views);
+    char *elide = calloc(nn, 1);
+    if (!views || !elide) {
+        free(needed);
+        free(views);
+        free(elide);
+        cg_plan_free(p);
+        return fail(err, n, "out of memory%s", "");
+    }
+    if (views_on)
+        head_views(g, needed, views, elide);
 
     int rc = 0;
     for (int i = 0; i < g->nnodes && rc == 0; i++) {
@@ -188,13 +261,13 @@ int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n)
         }
         if (!needed[i])
             continue;
-        if (node->op == IR_RESHAPE) {
+        if (node->op == IR_RESHAPE || elide[i]) {
             p->buf_of[i] = p->buf_of[node->in[0]->id];
             continue;
         }
         CgStep *st = &p->steps[p->nsteps];
         st->node = node;
-        st->kernel = find_kernel(p, node);
+        st->kernel = find_kernel(p, node, views[i]);
         if (st->kernel < 0) {
             rc = fail(err, n, "out of memory%s", "");
             break;
@@ -212,6 +285,8 @@ int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n)
         p->nsteps++;
     }
     free(needed);
+    free(views);
+    free(elide);
     if (rc) {
         cg_plan_free(p);
         return rc;

@@ -28,7 +28,20 @@ typedef struct {
     char *sig;
     char fn[64];        /* symbol name in the module */
     int uses;
+    unsigned views;     /* CG_VIEW_*: operands read, or the result written, in place of a permute */
 } CgKernel;
+
+/* Head-split views (cg_plan_build_views with head_views): a permute (0, 2, 1, 3) of rank 4
+ * between an attention op and its q, k or v, or after an attention op's result, makes no step.
+ *  - CG_VIEW_Q/K/V: the permute's every consumer is a forward attention reading it as q, k or v,
+ *    and it is not an output: the attention reads the permute's operand, [.., n, h, d], in
+ *    place (row stride h d) instead of a [.., h, n, d] copy;
+ *  - CG_VIEW_OUT: the attention (without the statistics column) has that permute as its only
+ *    consumer and is not an output: it writes its result as the permute's value, [.., n, h, e],
+ *    which the permute's consumers read as a plain buffer.
+ * Every such permute is the split or merge of heads around attention (x-transformers'
+ * rearrange 'b n (h d) -> b h n d' and back): four copies of an activation per layer saved. */
+enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8 };
 
 typedef struct CgPlan {
     const IrGraph *g;
@@ -45,6 +58,8 @@ typedef struct CgPlan {
 
 /* Builds the plan for g (which must verify). Returns 0 or -1 with a message. */
 int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n);
+/* ... with the head-split views above when head_views (backends with CG_CAP_HEAD_VIEWS) */
+int cg_plan_build_views(const IrGraph *g, CgPlan *p, int head_views, char *err, size_t n);
 void cg_plan_free(CgPlan *p);
 
 /* The metadata text (malloc'ed) for the plan, with options as key/value pairs (values without

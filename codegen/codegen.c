@@ -67,7 +67,7 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     }
     double t0 = now_s();
     CgPlan plan;
-    if (cg_plan_build(g, &plan, err, n) < 0)
+    if (cg_plan_build_views(g, &plan, (be->caps & CG_CAP_HEAD_VIEWS) != 0, err, n) < 0)
         return -1;
     for (int k = 0; k < plan.nkernels; k++) {
         const IrNode *node = plan.kernels[k].node;

@@ -78,6 +78,8 @@ enum {
     CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
     CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
     CG_CAP_MMA = 32,      /* matmuls can run on tensor cores (CgOptions.mma) */
+    CG_CAP_HEAD_VIEWS = 64, /* attention reads q, k, v through, and writes its output through, the
+                             * head-split permutes around it (cg_plan_build_views) */
 };
 
 typedef struct CgBackend {

@@ -497,6 +497,19 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrNode *qc = input(g, "qc", IR_F32, 4, sqc), *kc = input(g, "kc", IR_F32, 4, skc);
     out(g, "cross", ir_attention(g, qc, kc, input(g, "vc", IR_F32, 4, svc), input(g, "biasc", IR_F32, 3, sbc),
                                  input(g, "kmc", IR_BOOL, 4, smc), ir_const(g, 0.25, IR_F32), 0, 1));
+    /* heads split and merged around attention (x-transformers' rearranges), which the CPU
+     * backend reads and writes in place (cg_plan.h, CG_VIEW_*): q, k, v as [b, n, h, d]; a k that
+     * is also an output is copied (no view); the result merged back, and a merge of a result with
+     * the statistics column (no view) */
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim sxq[] = {b, I, h, hd}, sxk[] = {b, J, h, hd}, sxv[] = {b, J, h, ir_dim(24)};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxv), split);
+    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+    IrNode *hk2 = ir_permute(g, input(g, "xk2", IR_F32, 4, sxk), split);
+    out(g, "heads_k2", hk2);
+    out(g, "heads_stats", ir_permute(g, ir_attention(g, hq, hk2, hv, NULL, mask, c, 0, 1), split));
     IrDim se[] = {b, h2, n, ir_dim(8)};
     IrNode *qe = input(g, "qe", IR_F32, 4, se), *ke = input(g, "ke", IR_F32, 4, se);
     IrNode *fe = ir_attention(g, qe, ke, input(g, "ve", IR_F32, 4, se), NULL, NULL, ir_const(g, 0.3, IR_F32), 1, 1);

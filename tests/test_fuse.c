@@ -268,15 +268,15 @@ static const char *decoder_src = "m = TransformerWrapper(num_tokens = 32, max_se
 
 /* steps per op in the plan; f32 temps with two dims that grow with n */
 typedef struct {
-    int steps, attention, attention_grad, softmax, nn_buffers, norms;
+    int steps, attention, attention_grad, softmax, nn_buffers, norms, permutes;
 } Plan;
 
-static void plan_of(const IrGraph *g, Plan *pl)
+static void plan_of(const IrGraph *g, Plan *pl, int views)
 {
     memset(pl, 0, sizeof *pl);
     CgPlan p;
     char err[512];
-    ck_assert_msg(cg_plan_build(g, &p, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_plan_build_views(g, &p, views, err, sizeof err) == 0, "%s", err);
     int n = ir_graph_find_sym(g, "n");
     ck_assert_int_ge(n, 0);
     pl->steps = p.nsteps;
@@ -284,6 +284,7 @@ static void plan_of(const IrGraph *g, Plan *pl)
         IrOp op = p.steps[s].node->op;
         pl->norms += op == IR_FUSED && strstr(p.steps[s].node->s, "rsqrt") != NULL;
         pl->attention += op == IR_ATTENTION;
+        pl->permutes += op == IR_PERMUTE;
         pl->attention_grad += op == IR_ATTENTION_GRAD;
         pl->softmax += op == IR_SOFTMAX && p.steps[s].node->label && strstr(p.steps[s].node->label, "attn");
     }
@@ -304,9 +305,10 @@ START_TEST(test_kernel_counts)
         IrGraph *g = lower_xtf(NULL, decoder_src, &lo, train);
         ck_assert_ptr_nonnull(g);
         IrGraph *fused = optimize(g, 0), *unfused = optimize(g, 1);
-        Plan pf, pu;
-        plan_of(fused, &pf);
-        plan_of(unfused, &pu);
+        Plan pf, pu, pv;
+        plan_of(fused, &pf, 0);
+        plan_of(unfused, &pu, 0);
+        plan_of(fused, &pv, 1);
         printf("kernels (%s): fused %d steps, %d attention, %d attention_grad, %d softmax, %d LayerNorm kernels, "
                "%d f32 n x n buffers; unfused %d steps, %d softmax, %d f32 n x n buffers\n",
                train ? "training" : "inference", pf.steps, pf.attention, pf.attention_grad, pf.softmax, pf.norms,
@@ -319,6 +321,15 @@ START_TEST(test_kernel_counts)
         ck_assert_int_lt(2 * pf.steps, pu.steps);
         ck_assert_int_eq(pu.attention + pu.attention_grad, 0);
         ck_assert_int_eq(pu.softmax, 3);
+        /* head-split views (CG_CAP_HEAD_VIEWS backends): in inference no permute is left (q, k,
+         * v split and the merge, per layer); in training the backward reads the split q, k, v
+         * and the forward result too, so they stay */
+        printf("head-split views (%s): %d permute steps without, %d with\n", train ? "training" : "inference",
+               pf.permutes, pv.permutes);
+        if (!train)
+            ck_assert_int_eq(pf.permutes, 4 * 3);
+        ck_assert_int_eq(pv.permutes, train ? pf.permutes : 0);
+        ck_assert_int_eq(pv.steps, pf.steps - (pf.permutes - pv.permutes));
         ck_assert_int_ge(pu.nn_buffers, 3 * (train ? 4 : 2));
         ir_graph_free(fused);
         ir_graph_free(unfused);
