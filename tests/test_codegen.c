@@ -28,161 +28,13 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_bind.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("codegen"); }
 
-/* ---- random data ---- */
-
-/* Integer inputs draw from a range chosen by name: token ids fit the tables below. */
-static void int_range(const char *name, int64_t *lo, int64_t *hi)
-{
-    *lo = -4;
-    *hi = 5;
-    if (strncmp(name, "tok", 3) == 0) {
-        *lo = 0;
-        *hi = 11;
-    } else if (strncmp(name, "den", 3) == 0) {
-        *lo = 1;
-        *hi = 6;
-    } else if (strncmp(name, "tgt", 3) == 0) {
-        *lo = -1;
-        *hi = 13;
-    }
-}
-
-/* ---- binding leaves, for the interpreter and the runtime alike ---- */
-
-#define MAXLEAF 64
-
-typedef struct {
-    const IrGraph *g;
-    int n;
-    const IrNode *leaf[MAXLEAF];
-    IrHostTensor t[MAXLEAF];
-} Binding;
-
-static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms)
-{
-    memset(bd, 0, sizeof *bd);
-    bd->g = g;
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *n = g->nodes[i];
-        if (n->op != IR_INPUT && n->op != IR_PARAM && n->op != IR_BUFFER)
-            continue;
-        ck_assert_int_lt(bd->n, MAXLEAF);
-        IrHostTensor *t = &bd->t[bd->n];
-        bd->leaf[bd->n++] = n;
-        t->dtype = n->dtype;
-        t->rank = n->rank;
-        int64_t numel = 1;
-        for (int d = 0; d < n->rank; d++) {
-            t->shape[d] = ir_dim_eval(n->shape[d], syms);
-            numel *= t->shape[d];
-        }
-        t->data = malloc((size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype));
-        int64_t lo, hi;
-        int_range(n->s, &lo, &hi);
-        for (int64_t k = 0; k < numel; k++) {
-            switch (n->dtype) {
-            case IR_F32: ((float *)t->data)[k] = (float)uniform(-2, 2); break;
-            case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
-            case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
-            default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
-            }
-        }
-    }
-}
-
-static void bind_free(Binding *bd)
-{
-    for (int i = 0; i < bd->n; i++)
-        free(bd->t[i].data);
-}
-
-static int bind_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
-{
-    Binding *bd = ctx;
-    for (int i = 0; i < bd->n; i++)
-        if (bd->leaf[i] == leaf) {
-            *out = bd->t[i];
-            return 0;
-        }
-    return -1;
-}
-
-static XtcDType xdt(IrDType t)
-{
-    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL};
-    return map[t];
-}
-
-/* Hands every leaf of the binding to the session. */
-static void bind_session(XtcSession *s, const Binding *bd)
-{
-    for (int i = 0; i < bd->n; i++) {
-        const IrNode *n = bd->leaf[i];
-        const IrHostTensor *t = &bd->t[i];
-        int st = n->op == IR_INPUT ? xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data)
-                                   : xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
-        ck_assert_msg(st == XTC_OK, "binding '%s': %s", n->s, xtc_session_error(s));
-    }
-}
-
-/* ---- comparison ---- */
-
-static double value_at(const void *data, XtcDType t, int64_t i)
-{
-    switch (t) {
-    case XTC_F32: return ((const float *)data)[i];
-    case XTC_I32: return ((const int32_t *)data)[i];
-    case XTC_I64: return (double)((const int64_t *)data)[i];
-    default: return ((const uint8_t *)data)[i];
-    }
-}
-
-static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got)
-{
-    ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
-                  ir_dtype_name(ref->dtype));
-    ck_assert_msg(ref->rank == got->rank, "%s: rank %d, expected %d", what, got->rank, ref->rank);
-    int64_t numel = 1;
-    for (int d = 0; d < ref->rank; d++) {
-        ck_assert_msg(ref->shape[d] == got->shape[d], "%s: dim %d is %lld, expected %lld", what, d,
-                      (long long)got->shape[d], (long long)ref->shape[d]);
-        numel *= ref->shape[d];
-    }
-    double maxabs = 0;
-    for (int64_t i = 0; i < numel; i++) {
-        double e = value_at(ref->data, got->dtype, i);
-        if (isfinite(e) && fabs(e) > maxabs)
-            maxabs = fabs(e);
-    }
-    double tol = got->dtype == XTC_F32 ? 1e-5 + 1e-4 * maxabs : 0;
-    for (int64_t i = 0; i < numel; i++) {
-        double e = value_at(ref->data, got->dtype, i), a = value_at(got->data, got->dtype, i);
-        if (isnan(e) && isnan(a))
-            continue;
-        if (isinf(e) && a == e)
-            continue;
-        ck_assert_msg(fabs(a - e) <= tol, "%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
-                      (long long)i, a, e, tol);
-    }
-}
-
 /* ---- the harness ---- */
 
-typedef void (*BuildFn)(IrGraph *g, IrDim b, IrDim n);
-
-static IrGraph *new_graph(const char *name, BuildFn build)
-{
-    IrGraph *g = ir_graph_new(name);
-    int sb = ir_graph_add_sym(g, "b", 0), sn = ir_graph_add_sym(g, "n", 64);
-    build(g, ir_dim_sym(sb), ir_dim_sym(sn));
-    ck_assert_msg(ir_graph_error(g) == NULL, "building %s: %s", name, ir_graph_error(g));
-    char err[512];
-    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s: %s", name, err);
-    return g;
-}
+static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 64); }
 
 static XtcModule *compile_with(const IrGraph *g, const char *name, CgStats *stats, int opt_level, const char *cpu)
 {
@@ -207,16 +59,13 @@ static XtcModule *compile_load(const IrGraph *g, const char *name, CgStats *stat
 static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name)
 {
     Binding bd;
-    bind_random(&bd, g, syms);
-    IrHostTensor ref[32];
-    char err[512];
-    ck_assert_int_le(g->noutputs, 32);
-    ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp %s: %s", name, err);
+    bind_random(&bd, g, syms, NULL);
+    IrHostTensor *ref = interp_outputs(g, bind_cb, &bd, NULL, name);
     for (int threads = 1; threads <= 2; threads++) {
         XtcSessionOptions so = {.threads = threads};
         XtcSession *s = NULL;
         ck_assert_msg(xtc_session_new(m, &so, &s) == XTC_OK, "%s", xtc_session_error(s));
-        bind_session(s, &bd);
+        bind_session(s, &bd, NULL);
         ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: run: %s", name, xtc_session_error(s));
         for (int o = 0; o < g->noutputs; o++) {
             XtcTensor t;
@@ -224,13 +73,12 @@ static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *
             char what[256];
             snprintf(what, sizeof what, "%s output '%s' (b=%lld n=%lld, %d thread%s)", name, g->outputs[o].name,
                      (long long)syms[0], (long long)syms[1], threads, threads > 1 ? "s" : "");
-            compare(what, &ref[o], &t);
+            compare_within(what, &ref[o], &t, 1e-5, 1e-4);
         }
         ck_assert_int_ge(xtc_session_peak_bytes(s), 0);
         xtc_session_free(s);
     }
-    for (int o = 0; o < g->noutputs; o++)
-        ir_host_free(&ref[o]);
+    free_outputs(g, ref);
     bind_free(&bd);
 }
 
@@ -738,10 +586,10 @@ START_TEST(test_derived_symbols)
     /* w of the wrong length for q = min(3 + 0, 6) = 3 */
     int64_t syms[IR_MAXSYM] = {1, 3, 0, 4};
     Binding bd;
-    bind_random(&bd, g, syms);
+    bind_random(&bd, g, syms, NULL);
     XtcSession *s = NULL;
     ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
-    bind_session(s, &bd);
+    bind_session(s, &bd, NULL);
     ck_assert_int_eq(xtc_session_run(s), XTC_ERR_SHAPE);
     ck_assert_msg(strstr(xtc_session_error(s), "input 'w': dimension 0 is 4 but q = 3"), "%s", xtc_session_error(s));
     int64_t right[1] = {3};
@@ -769,8 +617,8 @@ START_TEST(test_kernel_dedup)
     XtcSession *ps;
     ck_assert_int_eq(xtc_session_new(m, NULL, &ps), 0);
     Binding bd;
-    bind_random(&bd, g, syms);
-    bind_session(ps, &bd);
+    bind_random(&bd, g, syms, NULL);
+    bind_session(ps, &bd, NULL);
     ck_assert_int_eq(xtc_session_set_profiling(ps, 1), 0);
     ck_assert_int_eq(xtc_session_run(ps), 0);
     ck_assert_int_eq(xtc_session_run(ps), 0);
@@ -971,37 +819,6 @@ END_TEST
 
 /* ---- x-transformers parity cases through compiled modules ---- */
 
-/* Binds every module input from the case's inputs file (converting integer and bool types). */
-static int bind_inputs(XtcSession *s, const XtcModule *m, RtStFile *in, char *err, size_t n)
-{
-    for (int i = 0; i < xtc_module_count(m, XTC_INPUT); i++) {
-        XtcTensorInfo info;
-        xtc_module_tensor(m, XTC_INPUT, i, &info);
-        const RtStTensor *t = rt_st_find(in, info.name);
-        if (!t) {
-            snprintf(err, n, "inputs file lacks '%s'", info.name);
-            return -1;
-        }
-        int64_t numel = rt_st_numel(t);
-        void *data = malloc((size_t)(numel ? numel : 1) * 8);
-        XtcDType dt = info.dtype;
-        int rc = info.dtype == XTC_F32 ? rt_st_to_f32(t, data, err, n) : rt_st_to_i64(t, data, err, n);
-        if (!rc && info.dtype == XTC_BOOL)
-            for (int64_t k = 0; k < numel; k++)
-                ((uint8_t *)data)[k] = ((int64_t *)data)[k] != 0;
-        else if (info.dtype != XTC_F32)
-            dt = XTC_I64;
-        if (!rc && xtc_session_set_input(s, info.name, dt, t->rank, t->shape, data) != XTC_OK) {
-            snprintf(err, n, "%s", xtc_session_error(s));
-            rc = -1;
-        }
-        free(data);
-        if (rc)
-            return -1;
-    }
-    return 0;
-}
-
 /* 0: passed; 1: the language refuses the case (fine); -1: failed, message in err */
 static int parity_case(const char *name, char *err, size_t n)
 {
@@ -1184,7 +1001,7 @@ static void *thread_main(void *arg)
     ThreadJob *j = arg;
     for (int rep = 0; rep < 5; rep++) {
         Binding bd;
-        bind_random(&bd, j->g, j->syms);
+        bind_random(&bd, j->g, j->syms, NULL);
         IrHostTensor ref[32];
         char err[512];
         if (ir_interp(j->g, bind_cb, &bd, ref, err, sizeof err) != 0) {
@@ -1195,14 +1012,8 @@ static void *thread_main(void *arg)
         }
         XtcSession *s;
         xtc_session_new(j->m, &(XtcSessionOptions){.threads = 2}, &s);
-        for (int i = 0; i < bd.n; i++) {
-            const IrNode *n = bd.leaf[i];
-            const IrHostTensor *t = &bd.t[i];
-            if (n->op == IR_INPUT)
-                xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data);
-            else
-                xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
-        }
+        for (int i = 0; i < bd.n; i++) /* no assertion off the main thread: a failure shows in the run */
+            bind_leaf(s, &bd, i);
         if (xtc_session_run(s) != XTC_OK) {
             j->failures++;
             snprintf(j->msg, sizeof j->msg, "run: %s", xtc_session_error(s));

@@ -42,10 +42,10 @@
 #include <unistd.h>
 
 #include "harness.h"
+#define HARNESS_MAXLEAF 96
+#include "harness_bind.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
-
-/* ---- random data ---- */
 
 /* ---- 16-bit storage ---- */
 
@@ -70,109 +70,7 @@ static const double FORMAT_MAX[] = {3.4028234663852886e38, 3.3895313892515355e38
 static double worst_err[3];
 static char worst_what[3][256];
 
-/* integer inputs draw from a range chosen by name: token ids fit the tables below */
-static void int_range(const char *name, int64_t *lo, int64_t *hi)
-{
-    *lo = -4;
-    *hi = 5;
-    if (strncmp(name, "tok", 3) == 0) {
-        *lo = 0;
-        *hi = 11;
-    } else if (strncmp(name, "den", 3) == 0) {
-        *lo = 1;
-        *hi = 6;
-    } else if (strncmp(name, "tgt", 3) == 0) {
-        *lo = -1;
-        *hi = 13;
-    }
-}
-
-/* ---- binding leaves, for the interpreter and the runtime alike ---- */
-
-#define MAXLEAF 96
-
-typedef struct {
-    int n;
-    const IrNode *leaf[MAXLEAF];
-    IrHostTensor t[MAXLEAF];
-} Binding;
-
-static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms)
-{
-    memset(bd, 0, sizeof *bd);
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *n = g->nodes[i];
-        if (n->op != IR_INPUT && n->op != IR_PARAM && n->op != IR_BUFFER)
-            continue;
-        ck_assert_int_lt(bd->n, MAXLEAF);
-        IrHostTensor *t = &bd->t[bd->n];
-        bd->leaf[bd->n++] = n;
-        t->dtype = n->dtype;
-        t->rank = n->rank;
-        int64_t numel = 1;
-        for (int d = 0; d < n->rank; d++) {
-            t->shape[d] = ir_dim_eval(n->shape[d], syms);
-            numel *= t->shape[d];
-        }
-        t->data = malloc((size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype));
-        int64_t lo, hi;
-        int_range(n->s, &lo, &hi);
-        for (int64_t k = 0; k < numel; k++) {
-            switch (n->dtype) {
-            case IR_F32: ((float *)t->data)[k] = rt_round_to_storage(storage, (float)uniform(-2, 2)); break;
-            case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
-            case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
-            default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
-            }
-        }
-    }
-}
-
-static void bind_free(Binding *bd)
-{
-    for (int i = 0; i < bd->n; i++)
-        free(bd->t[i].data);
-}
-
-static int bind_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
-{
-    Binding *bd = ctx;
-    for (int i = 0; i < bd->n; i++)
-        if (bd->leaf[i] == leaf) {
-            *out = bd->t[i];
-            return 0;
-        }
-    return -1;
-}
-
-static XtcDType xdt(IrDType t)
-{
-    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL};
-    return map[t];
-}
-
-static void bind_session(XtcSession *s, const Binding *bd)
-{
-    for (int i = 0; i < bd->n; i++) {
-        const IrNode *n = bd->leaf[i];
-        const IrHostTensor *t = &bd->t[i];
-        int st = n->op == IR_INPUT ? xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data)
-                                   : xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
-        ck_assert_msg(st == XTC_OK, "binding '%s': %s", n->s, xtc_session_error(s));
-    }
-}
-
 /* ---- comparison ---- */
-
-static double value_at(const void *data, XtcDType t, int64_t i)
-{
-    switch (t) {
-    case XTC_F32: return ((const float *)data)[i];
-    case XTC_I32: return ((const int32_t *)data)[i];
-    case XTC_I64: return (double)((const int64_t *)data)[i];
-    default: return ((const uint8_t *)data)[i];
-    }
-}
 
 /* max |a - b| over the elements of two results of the same output (the sensitivity above) */
 static double max_diff(const IrHostTensor *a, const IrHostTensor *b)
@@ -202,21 +100,8 @@ static void round_stored(void *ctx, const IrNode *n, double *v, int64_t count)
 
 static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *got, double sens)
 {
-    ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
-                  ir_dtype_name(ref->dtype));
-    ck_assert_msg(ref->rank == got->rank, "%s: rank %d, expected %d", what, got->rank, ref->rank);
-    int64_t numel = 1;
-    for (int d = 0; d < ref->rank; d++) {
-        ck_assert_msg(ref->shape[d] == got->shape[d], "%s: dim %d is %lld, expected %lld", what, d,
-                      (long long)got->shape[d], (long long)ref->shape[d]);
-        numel *= ref->shape[d];
-    }
-    double maxabs = 0;
-    for (int64_t i = 0; i < numel; i++) {
-        double e = value_at(ref->data, got->dtype, i);
-        if (isfinite(e) && fabs(e) > maxabs)
-            maxabs = fabs(e);
-    }
+    double maxabs;
+    int64_t numel = compare_layout(what, ref, got, &maxabs);
     /* gradients through softmax cancel (p (dp - D)): graded with DESIGN.md's tolerance */
     int grad = strstr(what, "output 'grad.") != NULL;
     double rtol = grad ? 1e-3 : 1e-4;
@@ -225,21 +110,19 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
         tol = UNIT[storage] * (1 + HALF_K * (grad ? 2 : 1) * maxabs) + HALF_SENS * sens;
     else if (storage)
         tol = ceil(sens);
-    for (int64_t i = 0; i < numel; i++) {
-        double e = value_at(ref->data, got->dtype, i), a = value_at(got->data, got->dtype, i);
-        if (isnan(e) && isnan(a))
-            continue;
-        if (isinf(e) && a == e)
-            continue;
-        if (storage && isinf(a) && fabs(e) >= FORMAT_MAX[storage] * (1 - UNIT[storage]))
-            continue; /* beyond the format: infinite */
-        double units = fabs(a - e) / (UNIT[storage] * (maxabs > 1 ? maxabs : 1));
-        if (got->dtype == XTC_F32 && units > worst_err[storage]) {
+    char note[32] = "";
+    if (storage)
+        snprintf(note, sizeof note, ", storage %s", STORAGE_NAME[storage]);
+    /* beyond the format: infinite */
+    double overflow = storage ? FORMAT_MAX[storage] * (1 - UNIT[storage]) : 0;
+    int64_t i = compare_values(what, note, ref, got, numel, tol, overflow);
+    if (got->dtype == XTC_F32 && i >= 0) {
+        double units = fabs(value_at(got->data, XTC_F32, i) - value_at(ref->data, XTC_F32, i)) /
+                       (UNIT[storage] * (maxabs > 1 ? maxabs : 1));
+        if (units > worst_err[storage]) {
             worst_err[storage] = units;
             snprintf(worst_what[storage], sizeof worst_what[storage], "%.200s element %lld", what, (long long)i);
         }
-        ck_assert_msg(fabs(a - e) <= tol, "%s%s%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
-                      storage ? ", storage " : "", storage ? STORAGE_NAME[storage] : "", (long long)i, a, e, tol);
     }
 }
 
@@ -354,17 +237,14 @@ END_TEST
 
 /* ---- the harness ---- */
 
-typedef void (*BuildFn)(IrGraph *g, IrDim b, IrDim n);
+static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
 
-static IrGraph *new_graph(const char *name, BuildFn build)
+/* The random inputs of a case: f32 ones rounded to the storage format, as the runtime rounds them
+ * on upload. */
+static void bind_case(Binding *bd, const IrGraph *g, const int64_t *syms)
 {
-    IrGraph *g = ir_graph_new(name);
-    int sb = ir_graph_add_sym(g, "b", 0), sn = ir_graph_add_sym(g, "n", 256);
-    build(g, ir_dim_sym(sb), ir_dim_sym(sn));
-    ck_assert_msg(ir_graph_error(g) == NULL, "building %s: %s", name, ir_graph_error(g));
-    char err[512];
-    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s: %s", name, err);
-    return g;
+    BindDraw draw = {.param_scale = 1.0, .int_range = int_range_by_name, .storage = storage};
+    bind_random(bd, g, syms, &draw);
 }
 
 static XtcModule *compile_target(const IrGraph *g, const char *name, const char *target)
@@ -387,11 +267,8 @@ static const char *const ORDERS[] = {"forward", "reverse", "shuffled"};
 static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name, const char *order)
 {
     Binding bd;
-    bind_random(&bd, g, syms);
-    IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
-    char err[512];
-    ck_assert_msg(ir_interp_rounded(g, bind_cb, &bd, round_stored, NULL, ref, err, sizeof err) == 0, "interp %s: %s",
-                  name, err);
+    bind_case(&bd, g, syms);
+    IrHostTensor *ref = interp_outputs(g, bind_cb, &bd, round_stored, name);
     /* 16-bit storage: the outputs' sensitivity to a rounding of the inputs (see HALF_SENS) */
     double *sens = calloc((size_t)g->noutputs + 1, sizeof *sens);
     if (storage) {
@@ -407,14 +284,10 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
                 v[k] = (float)(((const float *)bd.t[i].data)[k] * (1 + ((rnd() & 1) ? UNIT[storage] : -UNIT[storage])));
             moved.t[i].data = v;
         }
-        IrHostTensor *ref_moved = calloc((size_t)g->noutputs + 1, sizeof *ref_moved);
-        ck_assert_msg(ir_interp_rounded(g, bind_cb, &moved, round_stored, NULL, ref_moved, err, sizeof err) == 0,
-                      "interp %s: %s", name, err);
-        for (int o = 0; o < g->noutputs; o++) {
+        IrHostTensor *ref_moved = interp_outputs(g, bind_cb, &moved, round_stored, name);
+        for (int o = 0; o < g->noutputs; o++)
             sens[o] = max_diff(&ref[o], &ref_moved[o]);
-            ir_host_free(&ref_moved[o]);
-        }
-        free(ref_moved);
+        free_outputs(g, ref_moved);
         for (int i = 0; i < bd.n; i++)
             if (bd.t[i].dtype == IR_F32)
                 free(moved.t[i].data);
@@ -422,7 +295,7 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
     setenv("XTC_CUDA_EMU_ORDER", order, 1);
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", name, xtc_session_error(s));
-    bind_session(s, &bd);
+    bind_session(s, &bd, NULL);
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s (b=%lld n=%lld, %s): run: %s", name, (long long)syms[0],
                   (long long)syms[1], order, xtc_session_error(s));
     for (int o = 0; o < g->noutputs; o++) {
@@ -438,9 +311,7 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: second run: %s", name, xtc_session_error(s));
     xtc_session_free(s);
     unsetenv("XTC_CUDA_EMU_ORDER");
-    for (int o = 0; o < g->noutputs; o++)
-        ir_host_free(&ref[o]);
-    free(ref);
+    free_outputs(g, ref);
     bind_free(&bd);
 }
 
@@ -1309,8 +1180,8 @@ START_TEST(test_no_driver)
     XtcModule *cpu = compile_target(g, "matmul_cpu", "cpu");
     ck_assert_int_eq(xtc_session_new(cpu, NULL, &s), XTC_OK);
     Binding bd;
-    bind_random(&bd, g, SIZES[2]);
-    bind_session(s, &bd);
+    bind_case(&bd, g, SIZES[2]);
+    bind_session(s, &bd, NULL);
     ck_assert_int_eq(xtc_session_run(s), XTC_OK);
     ck_assert_msg(!file_exists(marker), "a CPU session loaded the CUDA driver");
     bind_free(&bd);
@@ -1368,8 +1239,8 @@ START_TEST(test_profile_events)
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s", xtc_session_error(s));
     ck_assert_str_eq(xtc_session_device(s), "the xtc CUDA emulator (CPU)");
     Binding bd;
-    bind_random(&bd, g, SIZES[3]);
-    bind_session(s, &bd);
+    bind_case(&bd, g, SIZES[3]);
+    bind_session(s, &bd, NULL);
     ck_assert_int_eq(xtc_session_run(s), XTC_OK); /* uploads the weights: not profiled */
     int nsteps = xtc_module_num_steps(m);
     ck_assert_int_gt(nsteps, 1);

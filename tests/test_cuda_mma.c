@@ -51,6 +51,7 @@
 
 #define HARNESS_SEED 0x2545F4914F6CDD1Dull
 #include "harness.h"
+#include "harness_bind.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("mma"); }
 
@@ -379,20 +380,16 @@ END_TEST
 
 /* ---- matmul kernels against the interpreter ---- */
 
-#define MAXLEAF 64
-
 typedef struct {
-    int n;
-    const IrNode *leaf[MAXLEAF];
-    IrHostTensor t[MAXLEAF];   /* what the module gets */
-    IrHostTensor ref[MAXLEAF]; /* what the interpreter gets: matmul operands rounded */
-} Binding;
+    Binding b;                         /* what the module gets */
+    IrHostTensor ref[HARNESS_MAXLEAF]; /* what the interpreter gets: matmul operands rounded */
+} RefBinding;
 
 /* The names of the leaves that are operands of a matmul in g (before fusion hides the matmuls
  * in fused programs; the leaves keep their names): what the kernels round to 16 bits. */
 typedef struct {
     int n;
-    const char *name[MAXLEAF];
+    const char *name[HARNESS_MAXLEAF];
 } Names;
 
 static void matmul_operands(const IrGraph *g, Names *ops)
@@ -404,7 +401,7 @@ static void matmul_operands(const IrGraph *g, Names *ops)
             continue;
         for (int j = 0; j < 2; j++) {
             ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
-            ck_assert_int_lt(ops->n, MAXLEAF);
+            ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
             ops->name[ops->n++] = x->in[j]->s;
         }
     }
@@ -418,37 +415,27 @@ static int is_named(const Names *ops, const char *name)
     return 0;
 }
 
+/* every integer input from 0 to 10, whatever its name (tiny_gpt's tokens and targets) */
+static void int_range_tokens(const char *name, int64_t *lo, int64_t *hi)
+{
+    (void)name;
+    *lo = 0;
+    *hi = 11;
+}
+
 /* Random inputs (weights scaled by wscale); the leaves of round (matmul operands) given to the
  * interpreter are rounded as the kernels round them, by l's conversions. */
-static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms, double wscale, const Lib *round_with,
-                        const Names *round, int f16)
+static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, double wscale, const Lib *round_with,
+                         const Names *round, int f16)
 {
-    memset(bd, 0, sizeof *bd);
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *n = g->nodes[i];
-        if (n->op != IR_INPUT && n->op != IR_PARAM && n->op != IR_BUFFER)
-            continue;
-        ck_assert_int_lt(bd->n, MAXLEAF);
-        IrHostTensor *t = &bd->t[bd->n], *r = &bd->ref[bd->n];
-        bd->leaf[bd->n++] = n;
-        t->dtype = n->dtype;
-        t->rank = n->rank;
-        int64_t numel = 1;
-        for (int d = 0; d < n->rank; d++) {
-            t->shape[d] = ir_dim_eval(n->shape[d], syms);
-            numel *= t->shape[d];
-        }
+    BindDraw draw = {.param_scale = wscale, .int_range = int_range_tokens, .storage = 0};
+    bind_random(&rb->b, g, syms, &draw);
+    for (int i = 0; i < rb->b.n; i++) {
+        const IrNode *n = rb->b.leaf[i];
+        const IrHostTensor *t = &rb->b.t[i];
+        IrHostTensor *r = &rb->ref[i];
+        int64_t numel = ir_host_numel(t);
         size_t bytes = (size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype);
-        t->data = malloc(bytes);
-        double scale = n->op == IR_PARAM ? wscale : 1.0;
-        for (int64_t k = 0; k < numel; k++) {
-            switch (n->dtype) {
-            case IR_F32: ((float *)t->data)[k] = (float)uniform(-2 * scale, 2 * scale); break;
-            case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(rnd() % 11); break;
-            case IR_I64: ((int64_t *)t->data)[k] = (int64_t)(rnd() % 11); break;
-            default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
-            }
-        }
         *r = *t;
         r->data = malloc(bytes);
         memcpy(r->data, t->data, bytes);
@@ -466,29 +453,22 @@ static void bind_random(Binding *bd, const IrGraph *g, const int64_t *syms, doub
     }
 }
 
-static void bind_free(Binding *bd)
+static void bind_rounded_free(RefBinding *rb)
 {
-    for (int i = 0; i < bd->n; i++) {
-        free(bd->t[i].data);
-        free(bd->ref[i].data);
-    }
+    for (int i = 0; i < rb->b.n; i++)
+        free(rb->ref[i].data);
+    bind_free(&rb->b);
 }
 
-static int bind_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
+/* ir_interp's callback: the interpreter's values of a RefBinding */
+static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
 {
-    Binding *bd = ctx;
-    for (int i = 0; i < bd->n; i++)
-        if (bd->leaf[i] == leaf) {
-            *out = bd->ref[i];
-            return 0;
-        }
-    return -1;
-}
-
-static XtcDType xdt(IrDType t)
-{
-    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL};
-    return map[t];
+    RefBinding *rb = ctx;
+    int i = bind_index(&rb->b, leaf);
+    if (i < 0)
+        return -1;
+    *out = rb->ref[i];
+    return 0;
 }
 
 static XtcModule *compile_mma(const IrGraph *g, const char *name, int mma)
@@ -510,13 +490,7 @@ static XtcSession *run_module(XtcModule *m, const Binding *bd, const char *what,
     setenv("XTC_CUDA_EMU_ORDER", order, 1);
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", what, xtc_session_error(s));
-    for (int i = 0; i < bd->n; i++) {
-        const IrNode *n = bd->leaf[i];
-        const IrHostTensor *t = &bd->t[i];
-        int st = n->op == IR_INPUT ? xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data)
-                                   : xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
-        ck_assert_msg(st == XTC_OK, "%s: binding '%s': %s", what, n->s, xtc_session_error(s));
-    }
+    bind_session(s, bd, what);
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: run: %s", what, xtc_session_error(s));
     unsetenv("XTC_CUDA_EMU_ORDER");
     return s;
@@ -555,8 +529,6 @@ static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTenso
     }
     return worst;
 }
-
-typedef void (*BuildFn)(IrGraph *g, IrDim b, IrDim n);
 
 static IrNode *input(IrGraph *g, const char *name, int rank, const IrDim *shape)
 {
@@ -601,16 +573,7 @@ static void build_epilogues(IrGraph *g, IrDim b, IrDim n)
     ir_output(g, "residual", ir_binary(g, IR_MUL, y, ir_const(g, 0.5, IR_F32)));
 }
 
-static IrGraph *new_graph(const char *name, BuildFn build)
-{
-    IrGraph *g = ir_graph_new(name);
-    int sb = ir_graph_add_sym(g, "b", 0), sn = ir_graph_add_sym(g, "n", 256);
-    build(g, ir_dim_sym(sb), ir_dim_sym(sn));
-    ck_assert_msg(ir_graph_error(g) == NULL, "building %s: %s", name, ir_graph_error(g));
-    char err[512];
-    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s: %s", name, err);
-    return g;
-}
+static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
 
 static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}, {2, 0}};
 #define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
@@ -637,11 +600,10 @@ static void check_graph(const Lib *l, const char *name, BuildFn build, int fuse,
     int f16 = mma == CG_MMA_FP16;
     double worst = 0;
     for (int k = 0; k < NSIZES; k++) {
-        Binding bd;
-        bind_random(&bd, g, SIZES[k], 1.0, l, &ops, f16);
-        IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
-        char err[512], what[256];
-        ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp %s: %s", name, err);
+        RefBinding rb;
+        bind_rounded(&rb, g, SIZES[k], 1.0, l, &ops, f16);
+        IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, name);
+        char what[256];
         for (int o = 0; storage && o < g->noutputs; o++) /* stored once, rounded once */
             for (int64_t i = 0, numel = ir_host_numel(&ref[o]); i < numel; i++) {
                 float *v = &((float *)ref[o].data)[i];
@@ -649,15 +611,13 @@ static void check_graph(const Lib *l, const char *name, BuildFn build, int fuse,
             }
         snprintf(what, sizeof what, "%s --mma=%s --dtype %s (b=%lld n=%lld)", name, cg_mma_name(mma),
                  STORAGE_NAME[storage], (long long)SIZES[k][0], (long long)SIZES[k][1]);
-        XtcSession *s = run_module(m, &bd, what, ORDERS[k % 3]);
+        XtcSession *s = run_module(m, &rb.b, what, ORDERS[k % 3]);
         /* 16-bit storage: the f32 sum may round to the neighbour of the reference's stored value,
          * one unit in the last place: 2^-7 (bf16), 2^-10 (fp16) of the value */
         worst = fmax(worst, compare_outputs(g, s, ref, what, 1e-5, storage ? 1.0 / (storage == 1 ? 128 : 1024) : 1e-5));
         xtc_session_free(s);
-        for (int o = 0; o < g->noutputs; o++)
-            ir_host_free(&ref[o]);
-        free(ref);
-        bind_free(&bd);
+        free_outputs(g, ref);
+        bind_rounded_free(&rb);
     }
     fprintf(stderr, "test_cuda_mma: %s --mma=%s --dtype %s: largest error %.2g of max|ref| (interpreter on rounded "
             "operands)\n", name, cg_mma_name(mma), STORAGE_NAME[storage], worst);
@@ -814,14 +774,12 @@ static void check_model(int train)
     int64_t syms[IR_MAXSYM] = {0};
     for (int s = 0; s < g->nsyms; s++)
         syms[s] = s == 0 ? 2 : 19;
-    Binding bd;
-    bind_random(&bd, g, syms, 0.05, NULL, NULL, 0);
-    IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
-    char err[512];
-    ck_assert_msg(ir_interp(g, bind_cb, &bd, ref, err, sizeof err) == 0, "interp: %s", err);
+    RefBinding rb;
+    bind_rounded(&rb, g, syms, 0.05, NULL, NULL, 0);
+    IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, NULL);
     const char *name = train ? "tiny_gpt_train" : "tiny_gpt";
     XtcModule *f32 = compile_mma(g, name, CG_MMA_OFF);
-    XtcSession *s32 = run_module(f32, &bd, "tiny_gpt f32", "forward");
+    XtcSession *s32 = run_module(f32, &rb.b, "tiny_gpt f32", "forward");
     double e32 = compare_outputs(g, s32, ref, "tiny_gpt f32", 1e-7, train ? 1e-3 : 1e-4);
     /* f32 storage with --mma: forward about 10 (bf16) and 16 (fp16) units of 16-bit rounding;
      * gradients through softmax, whose terms cancel, 15 units of bf16's. 16-bit storage (every
@@ -848,7 +806,7 @@ static void check_model(int train)
         snprintf(what, sizeof what, "%s --dtype %s --mma=%s", name, STORAGE_NAME[storage],
                  mma == CG_MMA_AUTO ? STORAGE_NAME[storage] : cg_mma_name(mma));
         XtcModule *m = compile_mma(g, name, mma);
-        XtcSession *s = run_module(m, &bd, what, ORDERS[c % 3]);
+        XtcSession *s = run_module(m, &rb.b, what, ORDERS[c % 3]);
         double e = compare_outputs(g, s, ref, what, 1e-7, rtol);
         /* the logits differ from the f32 module's: the operands really were rounded */
         XtcTensor a, b;
@@ -869,10 +827,8 @@ static void check_model(int train)
     }
     xtc_session_free(s32);
     xtc_module_free(f32);
-    for (int o = 0; o < g->noutputs; o++)
-        ir_host_free(&ref[o]);
-    free(ref);
-    bind_free(&bd);
+    free_outputs(g, ref);
+    bind_rounded_free(&rb);
     ir_graph_free(g);
 }
 

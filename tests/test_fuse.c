@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_bind.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("fuse"); }
 
@@ -72,36 +73,6 @@ static int count_op(const IrGraph *g, IrOp op)
 }
 
 /* ---- parity with x-transformers through compiled modules ---- */
-
-static int bind_inputs(XtcSession *s, const XtcModule *m, RtStFile *in, char *err, size_t n)
-{
-    for (int i = 0; i < xtc_module_count(m, XTC_INPUT); i++) {
-        XtcTensorInfo info;
-        xtc_module_tensor(m, XTC_INPUT, i, &info);
-        const RtStTensor *t = rt_st_find(in, info.name);
-        if (!t) {
-            snprintf(err, n, "inputs file lacks '%s'", info.name);
-            return -1;
-        }
-        int64_t numel = rt_st_numel(t);
-        void *data = malloc((size_t)(numel ? numel : 1) * 8);
-        XtcDType dt = info.dtype;
-        int rc = info.dtype == XTC_F32 ? rt_st_to_f32(t, data, err, n) : rt_st_to_i64(t, data, err, n);
-        if (!rc && info.dtype == XTC_BOOL)
-            for (int64_t k = 0; k < numel; k++)
-                ((uint8_t *)data)[k] = ((int64_t *)data)[k] != 0;
-        else if (info.dtype != XTC_F32)
-            dt = XTC_I64;
-        if (!rc && xtc_session_set_input(s, info.name, dt, t->rank, t->shape, data) != XTC_OK) {
-            snprintf(err, n, "%s", xtc_session_error(s));
-            rc = -1;
-        }
-        free(data);
-        if (rc)
-            return -1;
-    }
-    return 0;
-}
 
 /* Every f32 output the reference has, within compare.py's tolerance; returns how many. */
 static int compare_outputs(XtcSession *s, const XtcModule *m, RtStFile *exp, const char *what, char *err, size_t n)
