@@ -74,6 +74,8 @@ LLVMValueRef cg_function(Cg *cg, const char *name, LLVMTypeRef type, int interna
     add_str_attr(cg, fn, "target-cpu", cg->cpu);
     if (cg->features && cg->features[0])
         add_str_attr(cg, fn, "target-features", cg->features);
+    /* divisions marked reciprocal (arcp) may use the vector estimate and one Newton step */
+    add_str_attr(cg, fn, "reciprocal-estimates", "vec-divf:1");
     if (cg->vec == 16) {
         add_str_attr(cg, fn, "prefer-vector-width", "512");
         add_str_attr(cg, fn, "min-legal-vector-width", "512");

@@ -125,6 +125,10 @@ static void build_unary(IrGraph *g, IrDim b, IrDim n)
     IrNode *v = input(g, "v", IR_F32, 1, s2);
     out(g, "exp_wide", ir_unary(g, IR_EXP, ir_binary(g, IR_MUL, v, ir_const(g, 60.0, IR_F32))));
     out(g, "gelu_wide", ir_unary(g, IR_GELU, ir_binary(g, IR_MUL, v, ir_const(g, 3.0, IR_F32))));
+    /* erf past its clamp (|x| >= 10 is 1 in float) and at +-inf (the f32 product overflows) */
+    out(g, "erf_wide", ir_unary(g, IR_ERF, ir_binary(g, IR_MUL, v, ir_const(g, 20.0, IR_F32))));
+    IrNode *huge = ir_binary(g, IR_MUL, ir_binary(g, IR_MUL, v, ir_const(g, 1e30, IR_F32)), ir_const(g, 1e30, IR_F32));
+    out(g, "erf_inf", ir_unary(g, IR_ERF, huge));
     out(g, "sigmoid_wide", ir_unary(g, IR_SIGMOID, ir_binary(g, IR_MUL, v, ir_const(g, 50.0, IR_F32))));
 }
 
