@@ -309,6 +309,27 @@ LLVMValueRef cg_exp(Cg *cg, LLVMValueRef x)
     return LLVMBuildSelect(b, isnan, x, res, "");
 }
 
+/* c[0] + r (c[1] + r (... c[n-1])) in fused multiply-adds */
+static LLVMValueRef poly_fma(Cg *cg, LLVMValueRef r, const double *c, int n)
+{
+    LLVMTypeRef t = LLVMTypeOf(r);
+    LLVMValueRef y = fconst(cg, r, c[n - 1]);
+    for (int i = n - 2; i >= 0; i--)
+        y = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){y, r, fconst(cg, r, c[i])}, 3);
+    return y;
+}
+
+/* y 2^k for an integral float k in [-126, 127] (2^k a normal float, built from its exponent
+ * bits), or 0 where tiny */
+static LLVMValueRef times_pow2_or_zero(Cg *cg, LLVMValueRef y, LLVMValueRef k, LLVMValueRef tiny)
+{
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef biased = LLVMBuildAdd(b, LLVMBuildFPToSI(b, k, int_like(cg, k), ""), iconst(cg, k, 127), "");
+    LLVMValueRef e = LLVMBuildShl(b, biased, iconst(cg, k, 23), "");
+    LLVMValueRef res = fmul(cg, y, LLVMBuildBitCast(b, e, LLVMTypeOf(y), ""));
+    return LLVMBuildSelect(b, tiny, fconst(cg, y, 0.0), res, "");
+}
+
 LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x)
 {
     /* cg_exp's reduction and polynomial in fused multiply-adds, without its NaN and overflow
@@ -321,14 +342,7 @@ LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x)
     LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", t, &xl, 1);
     LLVMValueRef r = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){k, fconst(cg, x, -0.693359375), xc}, 3);
     r = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){k, fconst(cg, x, 2.12194440e-4), r}, 3);
-    LLVMValueRef y = fconst(cg, x, exp_poly[7]);
-    for (int i = 6; i >= 0; i--)
-        y = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){y, r, fconst(cg, x, exp_poly[i])}, 3);
-    LLVMTypeRef it = int_like(cg, x);
-    LLVMValueRef biased = LLVMBuildAdd(b, LLVMBuildFPToSI(b, k, it, ""), iconst(cg, x, 127), "");
-    LLVMValueRef e = LLVMBuildShl(b, biased, iconst(cg, x, 23), "");
-    LLVMValueRef res = fmul(cg, y, LLVMBuildBitCast(b, e, t, ""));
-    return LLVMBuildSelect(b, tiny, fconst(cg, x, 0.0), res, "");
+    return times_pow2_or_zero(cg, poly_fma(cg, r, exp_poly, 8), k, tiny);
 }
 
 /* 2^r for r in [-1/2, 1/2]: a degree-6 least-squares fit on Chebyshev nodes (1.3 ulp in float
@@ -346,14 +360,7 @@ LLVMValueRef cg_exp2_finite(Cg *cg, LLVMValueRef x)
     LLVMValueRef xc = LLVMBuildSelect(b, tiny, fconst(cg, x, -126.0), x, "");
     LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", t, &xc, 1);
     LLVMValueRef r = LLVMBuildFSub(b, xc, k, "");
-    LLVMValueRef y = fconst(cg, x, exp2_poly[6]);
-    for (int i = 5; i >= 0; i--)
-        y = cg_intrinsic(cg, "llvm.fmuladd", t, (LLVMValueRef[]){y, r, fconst(cg, x, exp2_poly[i])}, 3);
-    LLVMTypeRef it = int_like(cg, x);
-    LLVMValueRef biased = LLVMBuildAdd(b, LLVMBuildFPToSI(b, k, it, ""), iconst(cg, x, 127), "");
-    LLVMValueRef e = LLVMBuildShl(b, biased, iconst(cg, x, 23), "");
-    LLVMValueRef res = fmul(cg, y, LLVMBuildBitCast(b, e, t, ""));
-    return LLVMBuildSelect(b, tiny, fconst(cg, x, 0.0), res, "");
+    return times_pow2_or_zero(cg, poly_fma(cg, r, exp2_poly, 7), k, tiny);
 }
 
 LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x)
@@ -372,9 +379,7 @@ LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x)
     /* a reciprocal: the vector estimate and a Newton step ("reciprocal-estimates" in
      * cg_function) are within 2 ulp, far inside the approximation's own error */
     LLVMValueRef t = cg_fmf(LLVMBuildFDiv(b, fconst(cg, x, 1.0), den, ""), LLVMFastMathAllowReciprocal | LLVMFastMathNoInfs);
-    LLVMValueRef p = fconst(cg, x, a[5]);
-    for (int i = 4; i >= 0; i--)
-        p = cg_intrinsic(cg, "llvm.fmuladd", ty, (LLVMValueRef[]){p, t, fconst(cg, x, a[i])}, 3);
+    LLVMValueRef p = poly_fma(cg, t, a, 6);
     LLVMValueRef e = cg_exp_finite(cg, LLVMBuildFNeg(b, fmul(cg, ax, ax), ""));
     LLVMValueRef y = cg_intrinsic(cg, "llvm.fmuladd", ty, (LLVMValueRef[]){LLVMBuildFNeg(b, p, ""), e, fconst(cg, x, 1.0)}, 3);
     y = cg_intrinsic(cg, "llvm.copysign", ty, (LLVMValueRef[]){y, x}, 2);
