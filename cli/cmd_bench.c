@@ -707,6 +707,13 @@ int cli_bench(int argc, char **argv)
         double mu = var[1].ran ? median(var[1].total, o.repeat, 1) : 0;
         double kf = var[0].ran ? median(var[0].kernels, o.repeat, 1) : 0;
         double ku = var[1].ran ? median(var[1].kernels, o.repeat, 1) : 0;
+        /* the runs alternate (fused, unfused, fused, ...): the ratio of each pair of neighbours
+         * saw the same moment of a shared machine, so its spread says how far the medians'
+         * ratio can be trusted */
+        double *pair = calloc((size_t)o.repeat, sizeof *pair);
+        int paired = pair && var[0].ran && var[1].ran;
+        for (int r = 0; paired && r < o.repeat; r++)
+            pair[r] = var[0].total[r] > 0 ? var[1].total[r] / var[0].total[r] : 0;
         char cpu[256] = "?";
         FILE *ci = fopen("/proc/cpuinfo", "r");
         if (ci) {
@@ -751,6 +758,9 @@ int cli_bench(int argc, char **argv)
                 printf(", \"speedup\": %.4f", mu / mf);
             if (kf > 0 && ku > 0)
                 printf(", \"speedup_kernels\": %.4f", ku / kf);
+            if (paired)
+                printf(", \"speedup_pairs\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}",
+                       median(pair, o.repeat, 1), min_of(pair, o.repeat), max_of(pair, o.repeat));
             printf("}\n");
         } else {
             printf("xtc bench %s: batch %lld, seq %lld, %s, target %s", o.path, (long long)o.batch, (long long)o.seq,
@@ -769,9 +779,13 @@ int cli_bench(int argc, char **argv)
             printf("\n");
             if (mf > 0 && mu > 0 && kf > 0 && ku > 0)
                 printf("speed-up (unfused / fused median): %.2fx total, %.2fx kernels\n", mu / mf, ku / kf);
+            if (paired && o.repeat > 1)
+                printf("speed-up of neighbouring runs: median %.2fx, from %.2fx to %.2fx\n", median(pair, o.repeat, 1),
+                       min_of(pair, o.repeat), max_of(pair, o.repeat));
             printf("arena%s: fused %.1f MiB, unfused %.1f MiB%s\n", ti->device_arena ? " (device memory)" : "",
                    var[0].peak / 1048576.0, var[1].peak / 1048576.0, var[1].ran ? "" : " (planned, not run)");
         }
+        free(pair);
     }
     free_variant(&var[0]);
     free_variant(&var[1]);

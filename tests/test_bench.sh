@@ -48,6 +48,11 @@ need(device == "*" and r["device"] not in ("", "emulated", "cpu") or r["device"]
 need(r["kernel_timer"] == timer, "kernel_timer is %r" % r["kernel_timer"])
 need(r["repeat"] == int(repeat), "repeat is %r" % r["repeat"])
 need(r["speedup"] > 0 and r["speedup_kernels"] > 0, "no speed-up")
+sp = r["speedup_pairs"]
+need(0 < sp["min"] <= sp["median"] <= sp["max"], "speedup_pairs min/median/max")
+runs = [u / f for f, u in zip(r["fused"]["total_ms"]["runs"], r["unfused"]["total_ms"]["runs"])]
+need(abs(sp["min"] - min(runs)) <= 1e-2 * min(runs) and abs(sp["max"] - max(runs)) <= 1e-2 * max(runs),
+     "speedup_pairs are not the ratios of neighbouring runs")
 for name in ("fused", "unfused"):
     v = r[name]
     need(v["ran"], name + " did not run")
