@@ -1,6 +1,6 @@
-/* harness.h: what the Check suites that compile modules share: a scratch directory for the
- * modules and files a suite writes (removed when it ends), a suite's main, and a deterministic
- * xorshift random source. Each suite includes it once and keeps its own directory and its own stream, so a suite's
+/* harness.h: what the Check suites share: a suite's main (harness_run), a scratch directory for
+ * the modules and files a suite writes (removed when it ends), and a deterministic xorshift random
+ * source. Each suite includes it once and keeps its own directory and its own stream, so a suite's
  * random draws do not depend on which other suites exist. harness_bind.h builds on it for the
  * suites that check compiled modules against the interpreter. */
 #ifndef XTC_TEST_HARNESS_H
