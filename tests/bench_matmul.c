@@ -61,25 +61,44 @@ static int time_runs(XtcSession *s, double *wall, double *cpu)
     return 0;
 }
 
+/* Compiles g at -O3 into path and loads it; NULL, with the message on stderr, when either fails. */
+static XtcModule *compile_and_load(const IrGraph *g, const char *path)
+{
+    char err[1024];
+    CgOptions opt = {.output = path, .opt_level = 3};
+    CgStats st;
+    if (cg_compile(g, &opt, &st, err, sizeof err)) {
+        fprintf(stderr, "%s\n", err);
+        return NULL;
+    }
+    XtcModule *mod;
+    if (xtc_module_load(path, &mod)) {
+        fprintf(stderr, "%s\n", xtc_module_error(mod));
+        return NULL;
+    }
+    return mod;
+}
+
+/* The end of a result line: the rate from the wall time, and with 1 thread from its CPU time. */
+static void print_rate(double flop, int threads, double wall, double cpu)
+{
+    printf("  threads %d  %8.3f ms  %7.1f GFLOP/s", threads, wall * 1e3, flop / wall * 1e-9);
+    if (threads == 1)
+        printf("   cpu %8.3f ms  %7.1f GFLOP/s", cpu * 1e3, flop / cpu * 1e-9);
+    printf("\n");
+}
+
 static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
 {
     IrGraph *g = ir_graph_new("bench");
     IrDim sa[] = {ir_dim(m), ir_dim(k)}, sb[] = {ir_dim(tb ? n : k), ir_dim(tb ? k : n)};
     IrNode *a = ir_input(g, "a", IR_F32, 2, sa), *b = ir_param(g, "w", 2, sb);
     ir_output(g, "c", ir_matmul(g, a, b, tb));
-    char path[600], err[1024];
+    char path[600];
     snprintf(path, sizeof path, "%s/bench_%lld_%lld_%lld_%d.so", dir, (long long)m, (long long)k, (long long)n, tb);
-    CgOptions opt = {.output = path, .opt_level = 3};
-    CgStats st;
-    if (cg_compile(g, &opt, &st, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
+    XtcModule *mod = compile_and_load(g, path);
+    if (!mod)
         return 1;
-    }
-    XtcModule *mod;
-    if (xtc_module_load(path, &mod)) {
-        fprintf(stderr, "%s\n", xtc_module_error(mod));
-        return 1;
-    }
     float *A = malloc((size_t)(m * k) * 4), *B = malloc((size_t)(k * n) * 4);
     for (int64_t i = 0; i < m * k; i++)
         A[i] = (float)((i * 7) % 13) * 0.1f;
@@ -108,11 +127,9 @@ static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
             }
         }
         double flop = 2.0 * (double)m * (double)n * (double)k;
-        printf("matmul [%lldx%lld]x[%lldx%lld]%s  threads %d  %8.3f ms  %7.1f GFLOP/s", (long long)m, (long long)k,
-               (long long)k, (long long)n, tb ? "^T" : "  ", threads, med * 1e3, flop / med * 1e-9);
-        if (threads == 1)
-            printf("   cpu %8.3f ms  %7.1f GFLOP/s", cpu * 1e3, flop / cpu * 1e-9);
-        printf("\n");
+        printf("matmul [%lldx%lld]x[%lldx%lld]%s", (long long)m, (long long)k, (long long)k, (long long)n,
+               tb ? "^T" : "  ");
+        print_rate(flop, threads, med, cpu);
         xtc_session_free(s);
     }
     free(A);
@@ -131,19 +148,11 @@ static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
     IrDim sh[] = {ir_dim(1), ir_dim(h), ir_dim(n), ir_dim(d)};
     IrNode *q = ir_input(g, "q", IR_F32, 4, sh), *k = ir_input(g, "k", IR_F32, 4, sh), *v = ir_input(g, "v", IR_F32, 4, sh);
     ir_output(g, "o", ir_attention(g, q, k, v, NULL, NULL, ir_const(g, 1.0 / sqrt((double)d), IR_F32), 1, 0));
-    char path[600], err[1024];
+    char path[600];
     snprintf(path, sizeof path, "%s/attn_%lld_%lld_%lld.so", dir, (long long)h, (long long)n, (long long)d);
-    CgOptions opt = {.output = path, .opt_level = 3};
-    CgStats st;
-    if (cg_compile(g, &opt, &st, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
+    XtcModule *mod = compile_and_load(g, path);
+    if (!mod)
         return 1;
-    }
-    XtcModule *mod;
-    if (xtc_module_load(path, &mod)) {
-        fprintf(stderr, "%s\n", xtc_module_error(mod));
-        return 1;
-    }
     int64_t count = h * n * d, shape[4] = {1, h, n, d};
     float *x[3];
     for (int t = 0; t < 3; t++) {
@@ -188,11 +197,8 @@ static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
             }
         }
         double flop = 4.0 * (double)h * (double)n * (double)n * (double)d / 2;
-        printf("attention causal h %lld n %lld d %lld  threads %d  %8.3f ms  %7.1f GFLOP/s", (long long)h, (long long)n,
-               (long long)d, threads, med * 1e3, flop / med * 1e-9);
-        if (threads == 1)
-            printf("   cpu %8.3f ms  %7.1f GFLOP/s", cpu * 1e3, flop / cpu * 1e-9);
-        printf("\n");
+        printf("attention causal h %lld n %lld d %lld", (long long)h, (long long)n, (long long)d);
+        print_rate(flop, threads, med, cpu);
         xtc_session_free(s);
     }
     for (int t = 0; t < 3; t++)

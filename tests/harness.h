@@ -1,11 +1,12 @@
-/* harness.h: what the Check suites that compile modules share: a scratch directory for the
- * modules and files a suite writes (removed when it ends), and a deterministic xorshift random
+/* harness.h: what the Check suites share: a suite's main (harness_run), a scratch directory for
+ * the modules and files a suite writes (removed when it ends), and a deterministic xorshift random
  * source. Each suite includes it once and keeps its own directory and its own stream, so a suite's
  * random draws do not depend on which other suites exist. harness_bind.h builds on it for the
  * suites that check compiled modules against the interpreter. */
 #ifndef XTC_TEST_HARNESS_H
 #define XTC_TEST_HARNESS_H
 
+#include <check.h>
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +45,22 @@ static inline void remove_tmpdir(void)
         closedir(d);
     }
     rmdir(tmpdir);
+}
+
+/* A suite's main: runs s and returns main's exit status (nonzero when a test failed). With
+ * tmpname, the scratch directory is made first, so that the forked test processes share it, and
+ * removed at the end; with NULL the suite manages its own files. */
+static inline int harness_run(Suite *s, const char *tmpname)
+{
+    if (tmpname)
+        harness_make_tmpdir(tmpname);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    if (tmpname)
+        remove_tmpdir();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
 /* xorshift64; a suite seeds it by defining HARNESS_SEED before including this header */

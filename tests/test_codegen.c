@@ -1094,11 +1094,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    make_tmpdir(); /* shared by the forked test processes, removed at the end */
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    remove_tmpdir();
-    return failed ? 1 : 0;
+    return harness_run(suite(), "codegen");
 }

@@ -862,11 +862,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    make_tmpdir();
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    remove_tmpdir();
-    return failed ? 1 : 0;
+    return harness_run(suite(), "mma");
 }

@@ -30,20 +30,15 @@
 
 #include <check.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
-
-extern char **environ;
 
 static void make_tmpdir(void) { harness_make_tmpdir("nvrtc"); }
 
@@ -229,24 +224,6 @@ static void add_dir(KernelSet *ks, const char *dir, int every_statement)
     closedir(dp);
 }
 
-/* Runs argv, its output into log; the exit status (or -1). */
-static int run_program(char *const *argv, const char *log)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0)
-        return -1;
-    int status;
-    if (waitpid(pid, &status, 0) < 0)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static char *read_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -328,10 +305,9 @@ static void *compile_chunk(void *arg)
     static const char *const archs[] = {"-arch=sm_80", "-arch=sm_90"};
     for (int a = 0; a < 2 && !c->failed; a++) {
         char *argv[] = {(char *)XTC_PTXAS, (char *)archs[a], ptx_path, "-o", "/dev/null", NULL};
-        int rc = run_program(argv, log);
-        if (rc != 0) {
+        if (cg_run_program(argv, log) != 0) { /* the log says why */
             char *text = read_file(log);
-            snprintf(c->err, sizeof c->err, "ptxas %s %s failed (%d): %.2000s", archs[a], ptx_path, rc, text);
+            snprintf(c->err, sizeof c->err, "ptxas %s %s failed: %.2000s", archs[a], ptx_path, text);
             free(text);
             c->failed = 1;
         }
@@ -528,11 +504,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    make_tmpdir();
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    remove_tmpdir();
-    return failed ? 1 : 0;
+    return harness_run(suite(), "nvrtc");
 }

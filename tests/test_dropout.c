@@ -12,6 +12,7 @@
  *  - Training: the gradients of a dropout model through a compiled training module (after the
  *    pass pipeline, fusions included) equal the interpreter's for the same seed. */
 #include "codegen.h"
+#include "harness.h"
 #include "init.h"
 #include "ir.h"
 #include "passes.h"
@@ -399,9 +400,5 @@ int main(void)
     tcase_add_test(tc, test_semantics);
     tcase_add_test(tc, test_compiled_gradients);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return harness_run(su, NULL);
 }

@@ -11,6 +11,7 @@
  * as if nothing had happened: the final loss and weights are bitwise those of a pass without
  * injection. Leaks after the failure paths are caught by LeakSanitizer in the sanitizer build
  * (.ci/sanitize.sh runs this suite with CK_FORK=no). */
+#include "harness.h"
 #include "rt_alloc.h"
 #include "tiny_train.h"
 
@@ -21,27 +22,17 @@
 #define B 2
 #define N 5
 
-static char tmpdir[256];
 static char cpu_path[300], emu_path[300], weights_path[300];
 
+/* the modules and weights, in the scratch directory that harness_run makes */
 static void setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-faults-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
     snprintf(cpu_path, sizeof cpu_path, "%s/tiny.so", tmpdir);
     snprintf(emu_path, sizeof emu_path, "%s/tiny_emu.so", tmpdir);
     snprintf(weights_path, sizeof weights_path, "%s/tiny.safetensors", tmpdir);
     tiny_compile(tiny_gpt_src, cpu_path, "cpu");
     tiny_compile(tiny_gpt_src, emu_path, "cuda-emu");
     tiny_write_weights(cpu_path, weights_path, 7);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_faults: could not remove %s\n", tmpdir);
 }
 
 /* What one pass of the life cycle saw. */
@@ -52,26 +43,15 @@ typedef struct {
     uint64_t weights;   /* hash of the weights after the first step, reloaded from the checkpoint */
 } Outcome;
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ c[i]) * 1099511628211u;
-    return h;
-}
-
 static uint64_t weights_hash(XtcSession *s, const XtcModule *m)
 {
-    uint64_t h = 14695981039346656037u;
+    uint64_t h = TINY_HASH_START;
     for (int i = 0; i < xtc_module_count(m, XTC_PARAM); i++) {
         XtcTensorInfo info;
         XtcTensor t;
         xtc_module_tensor(m, XTC_PARAM, i, &info);
         ck_assert_msg(xtc_session_get_weight(s, info.name, &t) == XTC_OK, "%s", xtc_session_error(s));
-        int64_t n = 1;
-        for (int d = 0; d < t.rank; d++)
-            n *= t.shape[d];
-        h = fnv(h, t.data, (size_t)n * sizeof(float));
+        h = tiny_hash(h, t.data, (size_t)tiny_numel(&t) * sizeof(float));
     }
     return h;
 }
@@ -249,7 +229,7 @@ static Suite *suite(void)
     Suite *s = suite_create("faults");
     TCase *tc = tcase_create("allocation failure");
     tcase_set_timeout(tc, 600);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_test(tc, test_cpu_module);
     tcase_add_test(tc, test_emulated_cuda_module);
     tcase_add_test(tc, test_run_files);
@@ -259,9 +239,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return harness_run(suite(), "faults");
 }

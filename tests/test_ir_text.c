@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h" /* its xorshift (rnd), from its default seed */
 #include "ir.h"
 
 /* ---- helpers ---- */
@@ -48,16 +49,6 @@ static void write_file(const char *path, const char *text)
         fputs(text, fp);
         fclose(fp);
     }
-}
-
-/* deterministic xorshift, so every run checks the same texts */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
 }
 
 /* ---- graphs built in C ---- */
@@ -899,9 +890,5 @@ static Suite *ir_text_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(ir_text_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return harness_run(ir_text_suite(), NULL);
 }

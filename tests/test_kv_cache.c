@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h"
 #include "init.h"
 #include "ir.h"
 #include "xtf.h"
@@ -227,9 +228,5 @@ int main(void)
     tcase_add_test(tc, pia_talking_heads_residual_attn);
     tcase_add_test(tc, refusals);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return harness_run(s, NULL);
 }

@@ -4,6 +4,7 @@
  * with LLVM about this machine and names what a module for another CPU needs. The bad-input
  * corpus (test_bad_inputs.sh) checks the same errors through the command line. */
 #include "codegen.h"
+#include "harness.h"
 #include "ir.h"
 #include "rt_internal.h"
 #include "xtc.h"
@@ -15,7 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static char tmpdir[256];
 static char module_path[300];
 static unsigned char *image; /* the module file */
 static size_t image_size;
@@ -42,10 +42,9 @@ static void write_file(const char *path, const void *data, size_t n)
     ck_assert_int_eq(fclose(f), 0);
 }
 
+/* the module, in the scratch directory that harness_run makes */
 static void setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-module-load-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
     snprintf(module_path, sizeof module_path, "%s/small.so", tmpdir);
     compile_to(module_path, NULL);
     FILE *f = fopen(module_path, "rb");
@@ -61,10 +60,6 @@ static void setup(void)
 static void teardown(void)
 {
     free(image);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_module_load: could not remove %s\n", tmpdir);
 }
 
 /* Loads path; returns the status, with the message in msg. */
@@ -306,9 +301,5 @@ int main(void)
     tcase_add_test(tc, test_module_for_another_cpu);
 #endif
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return harness_run(s, "module-load");
 }

@@ -8,6 +8,7 @@
  * depends on the parameter, so the reference must follow the weights step by step). w has more
  * elements than the optimizer's block (8192), so steps cross block and parameter boundaries. */
 #include "codegen.h"
+#include "harness.h"
 #include "init.h"
 #include "ir.h"
 #include "safetensors.h"
@@ -25,7 +26,6 @@
 #define NW (WR * WC)
 #define NB 5
 
-static char tmpdir[256];
 static char module_path[300], plain_path[300];
 
 /* loss = sum(w * x) + sum(b * y) + 0.5 sum(b * b); grads by ir_autodiff (grads = 1) */
@@ -57,22 +57,13 @@ static void compile_to(const char *path, int grads)
     ir_graph_free(g);
 }
 
+/* the modules, in the scratch directory that harness_run makes */
 static void setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-optim-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
     snprintf(module_path, sizeof module_path, "%s/quad_train.so", tmpdir);
     snprintf(plain_path, sizeof plain_path, "%s/quad.so", tmpdir);
     compile_to(module_path, 1);
     compile_to(plain_path, 0);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_optim: could not remove %s\n", tmpdir);
 }
 
 /* ---- data and sessions ---- */
@@ -359,15 +350,11 @@ int main(void)
 {
     Suite *su = suite_create("optim");
     TCase *tc = tcase_create("adamw");
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_test(tc, test_adamw_matches_reference);
     tcase_add_test(tc, test_adamw_thread_independent);
     tcase_add_test(tc, test_checkpoint_continues);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return harness_run(su, "optim");
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "harness.h"
 #include "pass_equiv.h"
 
 typedef struct {
@@ -257,9 +258,5 @@ static Suite *pass_models_suite(void)
 
 int main(void)
 {
-    SRunner *r = srunner_create(pass_models_suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return harness_run(pass_models_suite(), NULL);
 }

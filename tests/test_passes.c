@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "harness.h"
 #include "pass_equiv.h"
 
 /* ---- golden files ---- */
@@ -534,9 +535,5 @@ static Suite *passes_suite(void)
 
 int main(void)
 {
-    SRunner *r = srunner_create(passes_suite());
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return harness_run(passes_suite(), NULL);
 }

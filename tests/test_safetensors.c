@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "json.h"
 #include "safetensors.h"
 
@@ -1152,10 +1153,4 @@ static Suite *safetensors_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(safetensors_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+int main(void) { return harness_run(safetensors_suite(), NULL); }

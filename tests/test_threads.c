@@ -12,6 +12,7 @@
  * .ci/tsan.sh runs this suite under ThreadSanitizer (build-tsan/, -DXTC_SANITIZE=thread), which
  * is the point of it: any data race between sessions, in the pool or in module loading fails
  * the run. */
+#include "harness.h"
 #include "tiny_train.h"
 
 #include <pthread.h>
@@ -23,13 +24,11 @@
 #define STEPS 2
 #define REPEAT 2
 
-static char tmpdir[256];
 static char gpt_path[300], glu_path[300], emu_path[300], gpt_weights[300], glu_weights[300];
 
+/* the modules and weights, in the scratch directory that harness_run makes */
 static void setup(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/xtc-test-threads-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
     snprintf(gpt_path, sizeof gpt_path, "%s/gpt.so", tmpdir);
     snprintf(glu_path, sizeof glu_path, "%s/glu.so", tmpdir);
     snprintf(emu_path, sizeof emu_path, "%s/gpt_emu.so", tmpdir);
@@ -40,14 +39,6 @@ static void setup(void)
     tiny_compile(tiny_gpt_src, emu_path, "cuda-emu");
     tiny_write_weights(gpt_path, gpt_weights, 1);
     tiny_write_weights(glu_path, glu_weights, 2);
-}
-
-static void teardown(void)
-{
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "test_threads: could not remove %s\n", tmpdir);
 }
 
 typedef struct {
@@ -63,22 +54,6 @@ typedef struct {
     char msg[600];
 } Job;
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *c = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ c[i]) * 1099511628211u;
-    return h;
-}
-
-static int64_t numel(const XtcTensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->rank; d++)
-        n *= t->shape[d];
-    return n;
-}
-
 /* Hashes every output of the last run (loss, logits, grad.*) into job->hash. */
 static int hash_outputs(Job *j, XtcSession *s, const XtcModule *m)
 {
@@ -88,7 +63,7 @@ static int hash_outputs(Job *j, XtcSession *s, const XtcModule *m)
         xtc_module_tensor(m, XTC_OUTPUT, i, &info);
         if (xtc_session_get_output(s, info.name, &t) != XTC_OK)
             return -1;
-        j->hash = fnv(j->hash, t.data, (size_t)numel(&t) * xtc_dtype_size(t.dtype));
+        j->hash = tiny_hash(j->hash, t.data, (size_t)tiny_numel(&t) * xtc_dtype_size(t.dtype));
     }
     return 0;
 }
@@ -106,7 +81,7 @@ static void run_job(Job *j)
 {
     XtcModule *m = j->shared;
     XtcSession *s = NULL;
-    j->hash = 14695981039346656037u;
+    j->hash = TINY_HASH_START;
     j->failed = 1;
     if (!m && xtc_module_load(j->module_path, &m) != XTC_OK) {
         snprintf(j->msg, sizeof j->msg, "job %d: loading %s: %s", j->id, j->module_path, xtc_module_error(m));
@@ -146,8 +121,8 @@ static void run_job(Job *j)
     }
     for (int i = 0; i < rt_st_count(f); i++) {
         const RtStTensor *ti = rt_st_get(f, i);
-        j->hash = fnv(j->hash, ti->name, strlen(ti->name));
-        j->hash = fnv(j->hash, ti->data, ti->nbytes);
+        j->hash = tiny_hash(j->hash, ti->name, strlen(ti->name));
+        j->hash = tiny_hash(j->hash, ti->data, ti->nbytes);
     }
     rt_st_close(f);
     unlink(ckpt);
@@ -212,7 +187,7 @@ static Suite *suite(void)
     Suite *s = suite_create("threads");
     TCase *tc = tcase_create("concurrent sessions");
     tcase_set_timeout(tc, 600);
-    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_test(tc, test_concurrent_sessions);
     suite_add_tcase(s, tc);
     return s;
@@ -220,9 +195,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return harness_run(suite(), "threads");
 }

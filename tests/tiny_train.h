@@ -1,7 +1,8 @@
 /* tiny_train.h: what test_threads.c and test_faults.c share: compile a small .xtf model to a
  * training module (as `xtc compile --train` does: lower with the built-in loss, differentiate,
  * the pass pipeline, code generation for a target), write seeded x-transformers initial weights
- * for it to a .safetensors file, and bind seeded tokens and targets. Sizes are small on purpose:
+ * for it to a .safetensors file, bind seeded tokens and targets, and hash results so that runs
+ * can be compared bitwise. Sizes are small on purpose:
  * these tests are about the runtime's life cycle, not the arithmetic. */
 #ifndef XTC_TESTS_TINY_TRAIN_H
 #define XTC_TESTS_TINY_TRAIN_H
@@ -99,6 +100,24 @@ static void tiny_batch(int64_t *tokens, int64_t *targets, int b, int n, uint64_t
             prev = next;
         }
     }
+}
+
+/* FNV-1a of n bytes at p, continuing from h; a hash starts from TINY_HASH_START */
+#define TINY_HASH_START 14695981039346656037u
+static uint64_t tiny_hash(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ c[i]) * 1099511628211u;
+    return h;
+}
+
+static int64_t tiny_numel(const XtcTensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++)
+        n *= t->shape[d];
+    return n;
 }
 
 #endif
