@@ -4,7 +4,7 @@
  * whatever the sequence length. The tile products go through the matmul's packing functions and
  * micro-kernel (cg_llvm_matmul.c); the softmax parts are plain loops the vectoriser takes.
  *
- * Forward, one work item = (batch index, GROUP tiles of BR query rows); items of one batch index
+ * Forward, one work item = (batch index, group_of() tiles of BR query rows); items of one batch index
  * are ordered short, long, short, long ... so that causal work is even across the pool's chunks:
  *   m = -inf, l = 0, O = 0                                          (per row of the group)
  *   for each tile of BC keys (under causal, only up to the group's last allowed key):
@@ -42,7 +42,7 @@
 #include <string.h>
 
 #define BR 48   /* forward: query rows per tile */
-#define GROUP 4 /* forward: query tiles per work item, sharing each packed key tile */
+#define GROUP_MAX 8 /* forward: query tiles per work item, sharing each packed key tile (group_of) */
 #define BC 256  /* forward: keys per tile */
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
@@ -273,6 +273,16 @@ static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValue
 
 /* ---- forward ---- */
 
+/* Query tiles per forward work item: 8 (each packed key tile serves 384 query rows) with heads up
+ * to 128, 4 with larger ones, which keeps the item's stack tiles (q scaled and the output rows,
+ * GROUP BR D floats each) under about 1 MiB at the largest head, MAX_HEAD. */
+static int group_of(const IrNode *n)
+{
+    const IrNode *q = n->in[0], *v = n->in[2];
+    IrDim D = q->shape[q->rank - 1], E = v->shape[v->rank - 1];
+    return ir_dim_is_const(D) && ir_dim_is_const(E) && D.c <= 128 && E.c <= 128 ? GROUP_MAX : GROUP_MAX / 2;
+}
+
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     K k;
@@ -282,7 +292,7 @@ void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     int r = q->rank;
     LLVMValueRef nb = cg_dims_prod(f, q->shape, 0, r - 2), I = cg_dim(f, q->shape[r - 2]);
     LLVMValueRef J = cg_dim(f, n->in[1]->shape[r - 2]);
-    *items = imul(&k, nb, ceil_div(&k, I, BR * GROUP));
+    *items = imul(&k, nb, ceil_div(&k, I, BR * group_of(n)));
     *cost = imul(&k, imul(&k, nb, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
 }
 
@@ -301,6 +311,7 @@ int cg_attention_impl(CgFn *f)
     ScoreOp bias, mask;
     score_op(&k, q, n->in[3], f->in[3], 0, &bias);
     score_op(&k, q, n->in[4], f->in[4], 1, &mask);
+    const int GROUP = group_of(n);
     LLVMValueRef S = stack_floats(&k, BR * BC, "S"), O = stack_floats(&k, (int64_t)GROUP * BR * E, "O");
     LLVMValueRef QS = stack_floats(&k, (int64_t)GROUP * BR * D, "qscaled");
     LLVMValueRef M = stack_floats(&k, GROUP * BR, "m"), L = stack_floats(&k, GROUP * BR, "l");

@@ -320,15 +320,15 @@ static void build_xent(IrGraph *g, IrDim b, IrDim n)
 }
 
 /* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
- * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 324 and
- * J = 329 at n = 33: two key tiles, two query groups), without a score operand, a padding mask
+ * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 588 and
+ * J = 593 at n = 33: three key tiles, two query groups), without a score operand, a padding mask
  * with fully masked rows (they attend uniformly), a bias broadcast over the batch, the
  * statistics column, the gradient with and without the logsumexp's; cross attention with
  * E != D over several key tiles; and J = n, which is 0 in the empty sizes. */
 static void build_attention(IrGraph *g, IrDim b, IrDim n)
 {
-    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2), n8 = ir_dim_add(n4, n4);
-    IrDim I = ir_dim_addc(n8, 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
+    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2), n8 = ir_dim_add(n4, n4), n16 = ir_dim_add(n8, n8);
+    IrDim I = ir_dim_addc(n16, 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
     IrDim sq[] = {b, h, I, hd}, sk[] = {b, h, J, hd}, sqm[] = {b, ir_dim(1), I, ir_dim(1)};
     IrDim skm[] = {b, ir_dim(1), ir_dim(1), J}, sb[] = {h, I, J}, sg[] = {b, h, I, ir_dim(41)};
     IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
