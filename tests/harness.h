@@ -28,6 +28,17 @@ static inline void harness_make_tmpdir(const char *name)
     }
 }
 
+/* Writes text to the file NAME in the suite's directory (a Check failure if it cannot). */
+static inline void harness_write_text(const char *name, const char *text)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
 /* Removes the files the suite left in its directory, then the directory. */
 static inline void remove_tmpdir(void)
 {

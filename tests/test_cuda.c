@@ -844,25 +844,15 @@ typedef struct {
     char err[1024];
 } EmuLib;
 
-static void write_text(const char *name, const char *text)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* Compiles source (C with the emulator header) into a shared library and loads it. */
 static void *build_so(const char *name, const char *source, const char *extra)
 {
     make_tmpdir();
-    write_text("xtc_cuda_emu.h", cg_embed_emu_h);
-    write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
+    harness_write_text("xtc_cuda_emu.h", cg_embed_emu_h);
+    harness_write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
     char c[300], so[600], cmd[2000];
     snprintf(c, sizeof c, "%s.c", name);
-    write_text(c, source);
+    harness_write_text(c, source);
     snprintf(so, sizeof so, "%s/%s.so", tmpdir, name);
     snprintf(cmd, sizeof cmd, "cc -std=gnu11 -O1 -fPIC -shared -w %s -I%s -o %s %s/%s -lm", extra, tmpdir, so, tmpdir, c);
     ck_assert_msg(system(cmd) == 0, "%s failed", cmd);

@@ -134,23 +134,13 @@ typedef struct {
     float (*bf16_float)(unsigned), (*f16_float)(unsigned);
 } Lib;
 
-static void write_text(const char *name, const char *text)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* The emulator header, the prelude every generated source starts with, the kernels above. */
 static void lib_open(Lib *l)
 {
     memset(l, 0, sizeof *l);
     make_tmpdir();
-    write_text("xtc_cuda_emu.h", cg_embed_emu_h);
-    write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
+    harness_write_text("xtc_cuda_emu.h", cg_embed_emu_h);
+    harness_write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
     char *src = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&src, &len);
@@ -160,7 +150,7 @@ static void lib_open(Lib *l)
     ir_graph_free(g);
     fputs(kernels_source, f);
     fclose(f);
-    write_text("mma_test.c", src);
+    harness_write_text("mma_test.c", src);
     free(src);
     char so[600], cmd[2000];
     snprintf(so, sizeof so, "%s/mma_test.so", tmpdir);
