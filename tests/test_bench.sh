@@ -14,19 +14,11 @@ model=$src/tests/parity/decoder_plain.xtf
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export TMPDIR=$tmp
-pass=0
-fail=0
+. "$src/tests/checks.sh"
 check() { # check NAME COMMAND...: the command must succeed
   local name=$1; shift
   if "$@" > "$tmp/out" 2> "$tmp/err"; then pass=$((pass + 1)); echo "ok   $name"
   else fail=$((fail + 1)); echo "FAIL $name:"; sed 's/^/    /' "$tmp/out" "$tmp/err"; fi
-}
-refuse() { # refuse NAME EXPECTED COMMAND...: must fail (exit 1 or 2, no crash) saying EXPECTED
-  local name=$1 want=$2; shift 2
-  "$@" > "$tmp/out" 2>&1
-  local rc=$?
-  if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$want" "$tmp/out"; then pass=$((pass + 1)); echo "ok   $name"
-  else fail=$((fail + 1)); echo "FAIL $name (exit $rc, wanted '$want'):"; sed 's/^/    /' "$tmp/out"; fi
 }
 expect() { # expect NAME PATTERN FILE: grep -E must find PATTERN in FILE
   if grep -Eq -- "$2" "$3"; then pass=$((pass + 1)); echo "ok   $1"
@@ -128,5 +120,4 @@ if "$xtc" compile "$model" -o "$tmp/ptx.so" --target cuda > "$tmp/nvrtc" 2>&1; t
 else
   echo "SKIPPED bench --target cuda: no PTX without NVRTC: $(head -c 200 "$tmp/nvrtc")"
 fi
-echo "bench: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+checks_done bench

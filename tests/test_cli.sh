@@ -11,19 +11,11 @@ py=/usr/bin/python3
 [ -x $py ] || py=python3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
+. "$src/tests/checks.sh"
 check() { # check NAME COMMAND...: the command must succeed
   local name=$1; shift
   if "$@" > "$tmp/out" 2>&1; then pass=$((pass + 1)); echo "ok   $name"
   else fail=$((fail + 1)); echo "FAIL $name:"; sed 's/^/    /' "$tmp/out"; fi
-}
-refuse() { # refuse NAME EXPECTED COMMAND...: must fail (exit 1 or 2, no crash) saying EXPECTED
-  local name=$1 want=$2; shift 2
-  "$@" > "$tmp/out" 2>&1
-  local rc=$?
-  if [ $rc -ge 1 ] && [ $rc -le 2 ] && grep -q -- "$want" "$tmp/out"; then pass=$((pass + 1)); echo "ok   $name"
-  else fail=$((fail + 1)); echo "FAIL $name (exit $rc, wanted '$want'):"; sed 's/^/    /' "$tmp/out"; fi
 }
 
 case=$parity/rotary_pos_emb
@@ -107,5 +99,4 @@ refuse "grads of an inference module" "compile it with --train" "$xtc" run "$tmp
   --weights "$case/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o3.safetensors"
 refuse "weights of another model" "missing tensor\|unexpected tensor\|shape" "$xtc" run "$tmp/m.so" \
   --weights "$parity/decoder_plain/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o4.safetensors"
-echo "cli: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+checks_done cli
