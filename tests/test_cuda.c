@@ -44,6 +44,7 @@
 #include "harness.h"
 #define HARNESS_MAXLEAF 96
 #include "harness_bind.h"
+#include "emu_lib.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
 
@@ -835,55 +836,19 @@ static const char emu_test_source[] =
 
 enum { K_REVERSE, K_WARP, K_ATOMICS, K_COORDS, K_DIVERGENT, K_EXITED, K_OUTSIDE, K_MIXED, K_BARRIER_FREE };
 
-typedef struct {
-    void *dl;
-    const XtcEmuKernel *kernels;
-    int32_t (*launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **);
-    void (*release)(void *);
-    void *cache;
-    char err[1024];
-} EmuLib;
 
 /* Compiles source (C with the emulator header) into a shared library and loads it. */
 static void *build_so(const char *name, const char *source, const char *extra)
 {
     make_tmpdir();
-    harness_write_text("xtc_cuda_emu.h", cg_embed_emu_h);
-    harness_write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
-    char c[300], so[600], cmd[2000];
-    snprintf(c, sizeof c, "%s.c", name);
-    harness_write_text(c, source);
-    snprintf(so, sizeof so, "%s/%s.so", tmpdir, name);
-    snprintf(cmd, sizeof cmd, "cc -std=gnu11 -O1 -fPIC -shared -w %s -I%s -o %s %s/%s -lm", extra, tmpdir, so, tmpdir, c);
-    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
-    void *dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    ck_assert_msg(dl != NULL, "%s", dlerror());
-    return dl;
+    char flags[512];
+    snprintf(flags, sizeof flags, "-std=gnu11 -O1 -fPIC -shared -w %s", extra);
+    return emu_build_so(name, source, flags);
 }
 
 static void emu_open(EmuLib *e, const char *extra)
 {
-    memset(e, 0, sizeof *e);
-    e->dl = build_so(extra[0] ? "emu_tests_ucontext" : "emu_tests", emu_test_source, extra);
-    e->kernels = dlsym(e->dl, "test_kernels");
-    int32_t (*const *launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **) = dlsym(e->dl, "test_launch");
-    void (*const *release)(void *) = dlsym(e->dl, "test_release");
-    ck_assert(e->kernels && launch && release);
-    e->launch = *launch;
-    e->release = *release;
-}
-
-static int emu_run(EmuLib *e, int k, unsigned grid, unsigned block, int order, void **args)
-{
-    XtcEmuLaunch l = {{grid, 1, 1}, {block, 1, 1}, order, &e->cache, e->err, sizeof e->err};
-    e->err[0] = 0;
-    return e->launch(&e->kernels[k], &l, args);
-}
-
-static void emu_close(EmuLib *e)
-{
-    e->release(e->cache);
-    dlclose(e->dl);
+    emu_bind(e, build_so(extra[0] ? "emu_tests_ucontext" : "emu_tests", emu_test_source, extra));
 }
 
 static void check_emulator(const char *extra)

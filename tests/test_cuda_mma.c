@@ -52,6 +52,7 @@
 #define HARNESS_SEED 0x2545F4914F6CDD1Dull
 #include "harness.h"
 #include "harness_bind.h"
+#include "emu_lib.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("mma"); }
 
@@ -124,12 +125,7 @@ static const char kernels_source[] =
     "void (*const test_release)(void *) = xtc_emu_release;\n";
 
 typedef struct {
-    void *dl;
-    const XtcEmuKernel *kernels;
-    int32_t (*launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **);
-    void (*release)(void *);
-    void *cache;
-    char err[1024];
+    EmuLib e; /* first: a Lib is run as its EmuLib */
     unsigned (*bf16_bits)(float), (*f16_bits)(float), (*pack_bf16x2)(float, float), (*pack_f16x2)(float, float);
     float (*bf16_float)(unsigned), (*f16_float)(unsigned);
 } Lib;
@@ -139,8 +135,6 @@ static void lib_open(Lib *l)
 {
     memset(l, 0, sizeof *l);
     make_tmpdir();
-    harness_write_text("xtc_cuda_emu.h", cg_embed_emu_h);
-    harness_write_text("rt_cuda_abi.h", cg_embed_rt_cuda_abi_h);
     char *src = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&src, &len);
@@ -150,42 +144,23 @@ static void lib_open(Lib *l)
     ir_graph_free(g);
     fputs(kernels_source, f);
     fclose(f);
-    harness_write_text("mma_test.c", src);
-    free(src);
-    char so[600], cmd[2000];
-    snprintf(so, sizeof so, "%s/mma_test.so", tmpdir);
     /* as the cuda-emu modules are compiled (codegen/cg_cuda.c) */
-    snprintf(cmd, sizeof cmd, "cc -std=gnu11 -O2 -fPIC -shared -fwrapv -fno-strict-aliasing -w -I%s -o %s %s/mma_test.c -lm",
-             tmpdir, so, tmpdir);
-    ck_assert_msg(system(cmd) == 0, "%s failed", cmd);
-    l->dl = dlopen(so, RTLD_NOW | RTLD_LOCAL);
-    ck_assert_msg(l->dl != NULL, "%s", dlerror());
-    l->kernels = dlsym(l->dl, "test_kernels");
-    int32_t (*const *launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **) = dlsym(l->dl, "test_launch");
-    void (*const *release)(void *) = dlsym(l->dl, "test_release");
-    ck_assert(l->kernels && launch && release);
-    l->launch = *launch;
-    l->release = *release;
-    *(void **)&l->bf16_bits = dlsym(l->dl, "t_bf16_bits");
-    *(void **)&l->bf16_float = dlsym(l->dl, "t_bf16_float");
-    *(void **)&l->f16_bits = dlsym(l->dl, "t_f16_bits");
-    *(void **)&l->f16_float = dlsym(l->dl, "t_f16_float");
-    *(void **)&l->pack_bf16x2 = dlsym(l->dl, "t_pack_bf16x2");
-    *(void **)&l->pack_f16x2 = dlsym(l->dl, "t_pack_f16x2");
+    emu_bind(&l->e, emu_build_so("mma_test", src, "-std=gnu11 -O2 -fPIC -shared -fwrapv -fno-strict-aliasing -w"));
+    free(src);
+    *(void **)&l->bf16_bits = dlsym(l->e.dl, "t_bf16_bits");
+    *(void **)&l->bf16_float = dlsym(l->e.dl, "t_bf16_float");
+    *(void **)&l->f16_bits = dlsym(l->e.dl, "t_f16_bits");
+    *(void **)&l->f16_float = dlsym(l->e.dl, "t_f16_float");
+    *(void **)&l->pack_bf16x2 = dlsym(l->e.dl, "t_pack_bf16x2");
+    *(void **)&l->pack_f16x2 = dlsym(l->e.dl, "t_pack_f16x2");
     ck_assert(l->bf16_bits && l->bf16_float && l->f16_bits && l->f16_float && l->pack_bf16x2 && l->pack_f16x2);
 }
 
-static void lib_close(Lib *l)
-{
-    l->release(l->cache);
-    dlclose(l->dl);
-}
+static void lib_close(Lib *l) { emu_close(&l->e); }
 
 static int lib_run(Lib *l, int k, unsigned block, int order, void **args)
 {
-    XtcEmuLaunch launch = {{1, 1, 1}, {block, 1, 1}, order, &l->cache, l->err, sizeof l->err};
-    l->err[0] = 0;
-    return l->launch(&l->kernels[k], &launch, args);
+    return emu_run(&l->e, k, 1, block, order, args);
 }
 
 /* ---- conversions ---- */
@@ -300,7 +275,7 @@ static void run_mma(Lib *l, int f16, int nw, int order, const float *A, const fl
     for (int i = 0; i < nw * 128; i++)
         D[i] = NAN;
     void *args[] = {&A, &B, &C, &D, &f16};
-    ck_assert_msg(lib_run(l, 0, 32u * (unsigned)nw, order, args) == 0, "%s", l->err);
+    ck_assert_msg(lib_run(l, 0, 32u * (unsigned)nw, order, args) == 0, "%s", l->e.err);
 }
 
 START_TEST(test_mma_fragments)
@@ -354,7 +329,7 @@ START_TEST(test_mma_fragments)
         const float *pa = A, *pb = B, *pc = D;
         float *pd = D;
         void *args[] = {&pa, &pb, &pc, &pd, &f16};
-        ck_assert_msg(lib_run(&l, 0, 32u * NW, XTC_EMU_FORWARD, args) == 0, "%s", l.err);
+        ck_assert_msg(lib_run(&l, 0, 32u * NW, XTC_EMU_FORWARD, args) == 0, "%s", l.e.err);
         for (int i = 0; i < NW * 128; i++)
             ck_assert_msg(fabs(D[i] - E[i]) <= bound[i], "%s, in place: D[%d] = %.9g, expected %.9g", type, i,
                           (double)D[i], E[i]);
@@ -363,7 +338,7 @@ START_TEST(test_mma_fragments)
     float *pd = D;
     void *dargs[] = {&pd};
     ck_assert_int_eq(lib_run(&l, 1, 32, XTC_EMU_FORWARD, dargs), -1);
-    ck_assert_msg(strstr(l.err, "exited while") || strstr(l.err, "deadlock"), "%s", l.err);
+    ck_assert_msg(strstr(l.e.err, "exited while") || strstr(l.e.err, "deadlock"), "%s", l.e.err);
     lib_close(&l);
 }
 END_TEST
@@ -635,7 +610,6 @@ START_TEST(test_matmul_forms)
 }
 END_TEST
 
-/* The kernel text: the tensor-core form only when asked, and the f32 form unchanged otherwise. */
 /* What --dtype and --mma give together (cg_mma_resolve through the renderer): 16-bit storage
  * takes the tensor cores of its format by default, off below sm_80; an explicit --mma below
  * sm_80 (on the GPU) or of the other 16-bit format is refused, saying why. */
@@ -689,6 +663,7 @@ START_TEST(test_mma_with_dtype)
 }
 END_TEST
 
+/* The kernel text: the tensor-core form only when asked, and the f32 form unchanged otherwise. */
 START_TEST(test_matmul_source)
 {
     IrGraph *g = new_graph("forms", build_forms);
