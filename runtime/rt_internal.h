@@ -140,6 +140,7 @@ int rt_elf_check(const char *path, char *err, size_t n);
 int rt_cpu_has(const char *name, size_t len);
 int rt_cpu_missing(const char *features, char *missing, size_t n);
 
+/* c + sum k[s] * syms[s], saturated to INT64_MIN / INT64_MAX where it does not fit */
 int64_t rt_dim_eval(const RtDim *d, const int64_t *syms);
 /* Fills syms[s] of every derived symbol from the values of the symbols before it. */
 void rt_derive_syms(const XtcModule *m, int64_t *syms);

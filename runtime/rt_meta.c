@@ -29,10 +29,15 @@ XtcDType rt_dtype_from_name(const char *name)
 
 int64_t rt_dim_eval(const RtDim *d, const int64_t *syms)
 {
-    int64_t v = d->c;
-    for (int s = 0; s < RT_MAXSYM; s++)
-        if (d->k[s])
-            v += d->k[s] * syms[s];
+    int64_t v = d->c, t;
+    for (int s = 0; s < RT_MAXSYM; s++) {
+        if (!d->k[s])
+            continue;
+        /* saturate instead of wrapping: a huge size then fails to allocate, a negative one is
+         * refused, where a wrapped one could look small and plan a buffer too short */
+        if (__builtin_mul_overflow(d->k[s], syms[s], &t) || __builtin_add_overflow(v, t, &v))
+            return (d->k[s] < 0) != (syms[s] < 0) ? INT64_MIN : INT64_MAX;
+    }
     return v;
 }
 

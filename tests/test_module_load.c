@@ -252,6 +252,23 @@ END_TEST
 #endif
 
 /* The metadata reader's limits (rt_meta.c): each refused with its reason, nothing wraps. */
+/* Dimensions at run time saturate rather than wrap (a wrapped size could plan a short buffer). */
+START_TEST(test_dim_eval_saturates)
+{
+    int64_t syms[RT_MAXSYM] = {1024, (int64_t)1 << 40};
+    RtDim d = {.c = -1, .k = {2, 0}};
+    ck_assert_int_eq(rt_dim_eval(&d, syms), 2047);
+    d = (RtDim){.c = 0, .k = {0, (int64_t)1 << 30}};
+    ck_assert_int_eq(rt_dim_eval(&d, syms), INT64_MAX);   /* the product overflows */
+    d = (RtDim){.c = INT64_MAX - 5, .k = {1, 0}};
+    ck_assert_int_eq(rt_dim_eval(&d, syms), INT64_MAX);   /* the sum overflows */
+    d = (RtDim){.c = 0, .k = {0, -((int64_t)1 << 30)}};
+    ck_assert_int_eq(rt_dim_eval(&d, syms), INT64_MIN);   /* negative: refused by the session */
+    d = (RtDim){.c = INT64_MIN + 5, .k = {-1, 0}};
+    ck_assert_int_eq(rt_dim_eval(&d, syms), INT64_MIN);
+}
+END_TEST
+
 START_TEST(test_metadata_limits)
 {
     static const struct {
@@ -297,6 +314,7 @@ int main(void)
     tcase_add_test(tc, test_host_requirements_present);
     tcase_add_test(tc, test_feature_lists);
     tcase_add_test(tc, test_metadata_limits);
+    tcase_add_test(tc, test_dim_eval_saturates);
 #if defined(__x86_64__)
     tcase_add_test(tc, test_module_for_another_cpu);
 #endif
