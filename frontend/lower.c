@@ -40,6 +40,7 @@ typedef struct {
     double qk_scale_init;
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
     int sparse_topk;            /* k, 0 = off */
+    int max_attend_past;        /* the attention window w, 0 = off */
     int entmax15;
     int alibi, alibi_heads, alibi_learned; /* section 7.4: learned slopes (or not causal) */
     int ff_glu, ff_relu_squared, ff_post_act_ln;
@@ -423,6 +424,18 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         dots = add(L, dots, lab(L, alibi_bias(L, S, P, I, J), "layer%d.attn.alibi", layer));
     /* step 12: -FLT_MAX fill (not -inf), so fully masked rows attend uniformly */
     IrNode *neg = cf(L, -FLT_MAX);
+    if (S->max_attend_past) {
+        /* keys further back than the window: query i sits at position i + (J - I) of all J keys
+         * (memory key/values and XL memories included, as in 0.23.0), and key j stays while
+         * (i + J - I) - j <= w, i.e. i + J - I < j + w + 1. Every attention, cross too. One
+         * mask with the padding's (the fills are the same value), which the attention fusion
+         * takes as its mask operand. */
+        IrDim si[2] = {I, C(1)}, sj[2] = {C(1), J};
+        IrNode *qi = ir_reshape(g, ir_arange(g, ir_dim_sub(J, I), I, IR_I64), 2, si);
+        IrNode *kw = ir_reshape(g, ir_arange(g, C(S->max_attend_past + 1), J, IR_I64), 2, sj);
+        IrNode *keep = lab(L, ir_binary(g, IR_LT, qi, kw), "attn_window");
+        input_mask = input_mask ? ir_binary(g, IR_AND, input_mask, keep) : keep;
+    }
     if (input_mask)
         dots = ir_where(g, input_mask, dots, neg);
     if (!cross && S->causal) { /* j > i + (J - I) */
@@ -584,6 +597,8 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
         return stack_error(L, call, "alibi_num_heads (%d) must be at most heads (%d)", S->alibi_heads, S->heads);
     const XtfValue *topk = xtf_arg(call, "attn_sparse_topk");
     S->sparse_topk = topk && topk->kind == XV_INT ? (int)topk->i : 0;
+    const XtfValue *past = xtf_arg(call, "attn_max_attend_past");
+    S->max_attend_past = past && past->kind == XV_INT ? (int)past->i : 0;
     S->entmax15 = xtf_bool(call, "attn_use_entmax15");
     S->ff_glu = xtf_bool(call, "ff_glu");
     S->ff_relu_squared = xtf_bool(call, "ff_relu_squared");

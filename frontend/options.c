@@ -103,7 +103,7 @@ static const XtfOption LAYERS_COMMON[] = {
     {"attn_on_attn",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_zero_init_output",BOOL,   BOOL_(0),    ANY,      NOT_YET},
-    {"attn_max_attend_past", INT,    NONE_,       GE(1),    NOT_YET},
+    {"attn_max_attend_past", INT,    NONE_,       GE(1),    SUPPORTED},
     {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_scale_init_value",NUM,    NONE_,       ANY,      SUPPORTED},
     {"attn_heads",           INT,    INT_(8),     GE(1),    FORBIDDEN,

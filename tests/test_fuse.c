@@ -309,6 +309,37 @@ START_TEST(test_kernel_counts)
 }
 END_TEST
 
+/* max_attend_past: the window joins the padding in the one mask operand the fusion takes, so
+ * the attention still fuses, forward and backward, with or without padding */
+START_TEST(test_window_fuses)
+{
+    static const char *src = "m = TransformerWrapper(num_tokens = 32, max_seq_len = 256,\n"
+                             "    attn_layers = Decoder(dim = 32, depth = 2, heads = 2, attn_dim_head = 16,\n"
+                             "                          attn_max_attend_past = 8))\n";
+    for (int train = 0; train <= 1; train++)
+        for (int mask = 0; mask <= 1; mask++) {
+            XtLowerOpts lo = {.train = train, .mask = mask};
+            IrGraph *g = lower_xtf(NULL, src, &lo, train);
+            ck_assert_ptr_nonnull(g);
+            IrGraph *fused = optimize(g, 0);
+            Plan pf;
+            plan_of(fused, &pf, 0);
+            ck_assert_int_eq(pf.attention, 2);
+            ck_assert_int_eq(pf.attention_grad, train ? 2 : 0);
+            ck_assert_int_eq(pf.softmax, 0);
+            ck_assert_int_eq(pf.nn_buffers, 0);
+            int windowed = 0;
+            for (int i = 0; i < fused->nnodes; i++) {
+                const IrNode *x = fused->nodes[i];
+                windowed += x->op == IR_ATTENTION && x->in[4]->op != IR_CONST;
+            }
+            ck_assert_int_eq(windowed, 2); /* the window is the mask operand */
+            ir_graph_free(fused);
+            ir_graph_free(g);
+        }
+}
+END_TEST
+
 /* ---- memory: the arena at two sequence lengths ---- */
 
 START_TEST(test_arena_linear)
@@ -355,6 +386,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 1200);
     tcase_add_unchecked_fixture(tc, make_tmpdir, remove_tmpdir);
     tcase_add_test(tc, test_kernel_counts);
+    tcase_add_test(tc, test_window_fuses);
     tcase_add_test(tc, test_arena_linear);
     tcase_add_test(tc, test_parity_fused);
     tcase_add_test(tc, test_parity_unfused);

@@ -202,6 +202,15 @@ START_TEST(pia_talking_heads_residual_attn)
 }
 END_TEST
 
+/* a sliding window (max_attend_past): the cached keys older than it are masked in each step as in
+ * the full recomputation, memory key/values too */
+START_TEST(window_mem_kv)
+{
+    check_model(MODEL("dim = 16, depth = 2, heads = 2, attn_dim_head = 8, attn_max_attend_past = 3,"
+                      " attn_num_mem_kv = 2"));
+}
+END_TEST
+
 START_TEST(refusals)
 {
     const char *enc = "m = TransformerWrapper(num_tokens = 64, max_seq_len = 32,"
@@ -226,6 +235,7 @@ int main(void)
     tcase_add_test(tc, rotary);
     tcase_add_test(tc, rel_pos_and_mem_kv);
     tcase_add_test(tc, pia_talking_heads_residual_attn);
+    tcase_add_test(tc, window_mem_kv);
     tcase_add_test(tc, refusals);
     suite_add_tcase(s, tc);
     return harness_run(s, NULL);

@@ -300,6 +300,29 @@ CASES = [
              "Decoder", dim=16, depth=1, heads=2, attn_dim_head=16, cross_attend=True,
              shift_tokens=1, sandwich_norm=True, ff_mult=2)),
          batch=2, seq_len=7, mask_lengths=[7, 4], context_len=5, context_mask_lengths=[5, 2]),
+    dict(name="dec_window_memkv_mask",
+         about="max_attend_past 3 (a sliding window: keys more than 3 positions back masked), "
+               "padded, 2 memory key/values (counted as the oldest keys, so outside the window "
+               "of all but the first queries), residual attention",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12, attn_layers=C(
+             "Decoder", dim=16, depth=2, heads=2, attn_dim_head=16, attn_max_attend_past=3,
+             attn_num_mem_kv=2, residual_attn=True, ff_mult=2)),
+         batch=2, seq_len=9, mask_lengths=[9, 6]),
+    dict(name="enc_cross_window_ctxmask",
+         about="max_attend_past 2 on a bidirectional stack with cross-attention: the future stays "
+               "visible, the window applies to the cross-attention too (queries aligned to the "
+               "end of the context), context_mask",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12, attn_layers=C(
+             "Encoder", dim=16, depth=1, heads=2, attn_dim_head=16, cross_attend=True,
+             attn_max_attend_past=2, ff_mult=2)),
+         batch=2, seq_len=7, mask_lengths=[7, 5], context_len=9, context_mask_lengths=[9, 6]),
+    dict(name="xl_window_rotary",
+         about="Transformer-XL (max_mem_len 5, segments of 6 and 4) with max_attend_past 4: the "
+               "window reaches into the memories, rotary positions",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=8, max_mem_len=5,
+                 attn_layers=C("Decoder", dim=16, depth=2, heads=2, attn_dim_head=32,
+                               rotary_pos_emb=True, attn_max_attend_past=4, ff_mult=2)),
+         batch=2, seq_len=6, seq_len2=4),
 ]
 
 

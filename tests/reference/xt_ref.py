@@ -200,7 +200,8 @@ LAYER_DEFAULTS = dict(
     shift_tokens=0, custom_layers=None, par_ratio=None)
 ATTN_DEFAULTS = dict(dim_head=64, talking_heads=False, head_scale=False, num_mem_kv=0,
                      dropout=0.0, on_attn=False, gate_values=False, qk_norm=False,
-                     scale_init_value=None, sparse_topk=None, use_entmax15=False)
+                     scale_init_value=None, sparse_topk=None, use_entmax15=False,
+                     max_attend_past=None)
 FF_DEFAULTS = dict(mult=4, glu=False, relu_squared=False, post_act_ln=False, dropout=0.0)
 
 
@@ -470,9 +471,14 @@ def attention(P, S, p, x, *, cross, pos, mask=None, context=None, context_mask=N
     if not cross and S.alibi_pos_bias:  # or ALiBi, at the same point (§7.4)
         dots = dots + alibi_bias(S, pos, I, J)
 
-    # 12. masks with -FLT_MAX: padding, then causal j > i + (J - I) (self only)
+    # 12. masks with -FLT_MAX: padding, max_attend_past, then causal j > i + (J - I) (self only)
     if input_mask is not None:
         dots = dots.masked_fill(~input_mask, -FLT_MAX)
+    # ... max_attend_past (0.23.0: on every attention, cross too; keys counted over all J, so
+    # memory key/values and XL memories further back than the window are masked as well) ...
+    if a["max_attend_past"] is not None:
+        dist = torch.arange(J - I, J)[:, None] - torch.arange(J)[None, :]
+        dots = dots.masked_fill(dist > a["max_attend_past"], -FLT_MAX)
     if not cross and S.causal:
         future = torch.arange(J)[None, :] > torch.arange(I)[:, None] + (J - I)
         dots = dots.masked_fill(future, -FLT_MAX)
