@@ -935,6 +935,16 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
                 hiddens[nmem] = NULL;
                 mems_in[nmem++] = ir_input(g, name, IR_F32, 3, ms);
             }
+        /* shift_mem_down = s: layer l reads (and extends) the memories given as mems.<l + s>,
+         * the list rotated as 0.23.0 does with mems[s:] + mems[:s] (so s >= the number of
+         * memories leaves it as it is) */
+        int s = (int)xtf_int(call, "shift_mem_down");
+        if (s > 0 && s < nmem) {
+            IrNode *given[MAX_LAYERS];
+            memcpy(given, mems_in, sizeof *given * (size_t)nmem);
+            for (int l = 0; l < nmem; l++)
+                mems_in[l] = given[(l + s) % nmem];
+        }
         L->mems_in = mems_in;
         L->hiddens = hiddens;
     }

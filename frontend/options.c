@@ -47,7 +47,7 @@ static const XtfOption WRAPPER[] = {
      .accepts = DEC_OR_ENC | XTF_C_BIT(XTF_C_CROSS_ATTENDER)},
     {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED},
     {"max_mem_len",          INT,    INT_(0),     GE(0),    SUPPORTED},
-    {"shift_mem_down",       INT,    INT_(0),     GE(0),    NOT_YET},
+    {"shift_mem_down",       INT,    INT_(0),     GE(0),    SUPPORTED},
     {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
     {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
     {"tie_embedding",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},

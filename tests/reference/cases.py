@@ -316,6 +316,13 @@ CASES = [
              "Encoder", dim=16, depth=1, heads=2, attn_dim_head=16, cross_attend=True,
              attn_max_attend_past=2, ff_mult=2)),
          batch=2, seq_len=7, mask_lengths=[7, 5], context_len=9, context_mask_lengths=[9, 6]),
+    dict(name="xl_shift_mem_down",
+         about="Transformer-XL (max_mem_len 4, segments of 5, 3 and 4) over 3 attention layers with "
+               "shift_mem_down 1: layer l reads and extends the memories given as mems.<l+1> "
+               "(the last layer mems.0)",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=8, max_mem_len=4, shift_mem_down=1,
+                 attn_layers=C("Decoder", dim=16, depth=3, heads=2, attn_dim_head=16, ff_mult=2)),
+         batch=2, seq_len=5, seq_len2=3, seq_len3=4),
     dict(name="xl_window_rotary",
          about="Transformer-XL (max_mem_len 5, segments of 6 and 4) with max_attend_past 4: the "
                "window reaches into the memories, rotary positions",

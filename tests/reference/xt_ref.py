@@ -716,13 +716,16 @@ def run_model(P, call, inp):
     Returns (outputs dict, loss or None)."""
     ctor = call.ctor
     if ctor == "TransformerWrapper":
+        mems = xl_mems(inp)
+        s = call.get("shift_mem_down", 0)
+        if s and mems:  # the list rotated: layer l gets mems.<l + s>, and extends that one
+            mems = mems[s:] + mems[:s]
         logits, _, hiddens = transformer_wrapper(
-            P, call, inp["tokens"], inp.get("mask"), inp.get("context"), inp.get("context_mask"),
-            xl_mems(inp))
+            P, call, inp["tokens"], inp.get("mask"), inp.get("context"), inp.get("context_mask"), mems)
         out = {"logits": logits}
         K = call.get("max_mem_len", 0)
         if K:  # new mems: cat(mems, hiddens)[:, -max_mem_len:], detached (§10)
-            old = xl_mems(inp) or [hdn[:, :0] for hdn in hiddens]
+            old = mems or [hdn[:, :0] for hdn in hiddens]
             for l, (m, hdn) in enumerate(zip(old, hiddens)):
                 out["mems.%d" % l] = torch.cat((m, hdn), dim=1)[:, -K:].detach()
         loss = cross_entropy(logits, inp["targets"]) if "targets" in inp else None
