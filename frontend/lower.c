@@ -548,7 +548,9 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     memset(S, 0, sizeof *S);
     S->call = call;
     int is_cross_attender = strcmp(call->s, "CrossAttender") == 0;
-    S->causal = strcmp(call->s, "Decoder") == 0;
+    /* a CrossAttender may be causal: it matters to its self-attention layers (custom_layers),
+     * token shifting and the ALiBi class, as in 0.23.0 */
+    S->causal = strcmp(call->s, "Decoder") == 0 || (is_cross_attender && xtf_bool(call, "causal"));
     S->cross_attend = xtf_bool(call, "cross_attend") || is_cross_attender;
     S->only_cross = xtf_bool(call, "only_cross") || is_cross_attender;
     S->dim = (int)xtf_int(call, "dim");
@@ -955,7 +957,7 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         Stack S;
         if (!layers || read_stack(L, layers, &S) < 0)
             return -1;
-        if (!S.causal)
+        if (!S.causal || strcmp(layers->s, "Decoder") != 0)
             return stack_error(L, layers, "a KV cache needs a causal Decoder");
         if (L->mask || K > 0 || xtf_int(call, "num_memory_tokens") > 0)
             return stack_error(L, call, "a KV cache together with a mask, max_mem_len or "

@@ -132,7 +132,7 @@ static const XtfOption LAYERS_SELF[] = {
 
 /* CrossAttender: cross-attention only, causality optional. */
 static const XtfOption LAYERS_CROSS[] = {
-    {"causal",               BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"causal",               BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"cross_attend",         BOOL,   BOOL_(1),    ANY,      FORBIDDEN,
      .why = "CrossAttender always cross-attends"},
     {"only_cross",           BOOL,   BOOL_(1),    ANY,      FORBIDDEN,

@@ -224,6 +224,16 @@ START_TEST(refusals)
     ck_assert_ptr_nonnull(strstr(d.text, "a KV cache needs a causal Decoder"));
     xtf_diag_free(&d);
     xtf_free(f);
+    /* a causal CrossAttender is not a decoder either */
+    const char *cross = "m = TransformerWrapper(num_tokens = 64, max_seq_len = 32,"
+                        " attn_layers = CrossAttender(dim = 16, depth = 1, causal = true))\n";
+    xtf_diag_init(&d);
+    f = xtf_parse("t.xtf", cross, strlen(cross), &d);
+    xtf_check(f, &d);
+    ck_assert_ptr_null(xt_lower(f, NULL, &o, &d));
+    ck_assert_ptr_nonnull(strstr(d.text, "a KV cache needs a causal Decoder"));
+    xtf_diag_free(&d);
+    xtf_free(f);
 }
 END_TEST
 

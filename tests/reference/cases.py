@@ -316,6 +316,14 @@ CASES = [
              "Encoder", dim=16, depth=1, heads=2, attn_dim_head=16, cross_attend=True,
              attn_max_attend_past=2, ff_mult=2)),
          batch=2, seq_len=7, mask_lengths=[7, 5], context_len=9, context_mask_lengths=[9, 6]),
+    dict(name="crossattender_causal_custom_shift",
+         about="a causal CrossAttender with custom_layers (a, c, f): its self-attention is causal "
+               "and shift_tokens 1 shifts only forward (a non-causal one shifts both ways), "
+               "context_mask",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12, attn_layers=C(
+             "CrossAttender", dim=16, depth=1, heads=2, attn_dim_head=16, causal=True,
+             custom_layers=("a", "c", "f"), shift_tokens=1, ff_mult=2)),
+         batch=2, seq_len=7, mask_lengths=[7, 4], context_len=5, context_mask_lengths=[5, 3]),
     dict(name="xl_shift_mem_down",
          about="Transformer-XL (max_mem_len 4, segments of 5, 3 and 4) over 3 attention layers with "
                "shift_mem_down 1: layer l reads and extends the memories given as mems.<l+1> "

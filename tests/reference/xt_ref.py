@@ -213,7 +213,8 @@ class Layers:
     def __init__(self, call):
         kw = dict(call.kwargs)
         self.causal = call.ctor == "Decoder"
-        if call.ctor == "CrossAttender":
+        if call.ctor == "CrossAttender":  # may be causal: its 'a' layers, token shifts, ALiBi class
+            self.causal = bool(kw.pop("causal", False))
             kw.update(cross_attend=True, only_cross=True)
         self.dim, self.depth = kw.pop("dim"), kw.pop("depth")
         o, a, f = dict(LAYER_DEFAULTS), dict(ATTN_DEFAULTS), dict(FF_DEFAULTS)
