@@ -67,7 +67,7 @@ typedef struct {
 
 static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,
                      const IrNode *mask, const IrNode *scale, const char *bias_in, const char *mask_in,
-                     const char *scale_in, int causal)
+                     const char *scale_in, int causal, long long window)
 {
     CuGen *gen = k->gen;
     int r = a->r = q->rank;
@@ -94,7 +94,11 @@ static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, con
         len += (size_t)snprintf(a->keep, sizeof a->keep, "%s", at);
     }
     if (causal && len < sizeof a->keep)
-        snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
+        len += (size_t)snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
+    /* a sliding window: masked like the rest (every key is still visited, so that a row with
+     * every key masked attends uniformly to all J of them, as defined) */
+    if (window > 0 && len < sizeof a->keep)
+        snprintf(a->keep + len, sizeof a->keep - len, "%s(j >= i + J - I - %lld)", len ? " && " : "", window);
     if (!a->keep[0])
         snprintf(a->keep, sizeof a->keep, "1");
     if (scale->op == IR_CONST)
@@ -130,7 +134,7 @@ int cg_cuda_attention(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0) < 0)
+    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0, x->ia[2]) < 0)
         return -1;
     int stats = x->ia[1] != 0;
     long long ocols = a.E + stats, accs = (a.E + ATT_BLOCK - 1) / ATT_BLOCK;
@@ -195,7 +199,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[0] != 0) < 0)
+    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[0] != 0, x->ia[1]) < 0)
         return -1;
     int r = a.r;
     char gcols[CU_EXPR];

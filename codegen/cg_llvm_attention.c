@@ -229,13 +229,16 @@ static LLVMValueRef score_row(K *k, const ScoreOp *s, LLVMValueRef boff, LLVMVal
     return off;
 }
 
-/* the score x at column c of a row: x (+ bias), and whether it is kept (mask, causal limit) */
+/* the score x at column c of a row: x (+ bias), and whether it is kept (mask, causal limit lim,
+ * and with a window its lower limit lo: NULL without one) */
 static LLVMValueRef score_at(K *k, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef brow, LLVMValueRef mrow,
-                             LLVMValueRef c, LLVMValueRef lim, LLVMValueRef x, LLVMValueRef *keep)
+                             LLVMValueRef c, LLVMValueRef lo, LLVMValueRef lim, LLVMValueRef x, LLVMValueRef *keep)
 {
     if (bias->present)
         x = f_add(k, x, ld(k, bias->base, bias->sj ? iadd(k, brow, c) : brow));
     *keep = ilt(k, c, lim);
+    if (lo)
+        *keep = LLVMBuildAnd(k->b, *keep, LLVMBuildICmp(k->b, LLVMIntSGE, c, lo, ""), "");
     if (mask->present) {
         LLVMValueRef mv = cg_load(k->f, IR_BOOL, mask->base, mask->sj ? iadd(k, mrow, c) : mrow);
         *keep = LLVMBuildAnd(k->b, *keep, mv, "");
@@ -305,6 +308,7 @@ int cg_attention_impl(CgFn *f)
     if (dims_of(&k, n, &d) < 0)
         return -1;
     int causal = n->ia[0] != 0, stats = n->ia[1] != 0;
+    int64_t window = n->ia[2];
     int D = d.D, E = d.E, nr = k.nr;
     int64_t Eo = E + stats;
     int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
@@ -351,15 +355,17 @@ int cg_attention_impl(CgFn *f)
     cg_for_end(f, &lsc);
     cg_for_end(f, &lsq);
     int plain = !bias.present && !mask.present; /* the common case: no score operand to read */
-    LLVMValueRef jend = d.J;
+    LLVMValueRef jend = d.J, jbeg = ci(&k, 0);
     if (causal) /* the group's last row sees keys j <= g0 + grows - 1 + off */
         jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
+    if (window) /* ... and its first row none below g0 + off - window */
+        jbeg = imax(&k, ci(&k, 0), isub(&k, iadd(&k, g0, off), ci(&k, window)));
     fill(&k, M, ci(&k, GROUP * BR), -INFINITY);
     fill(&k, L, ci(&k, GROUP * BR), 0);
     fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
 
     CgLoop lj;
-    cg_for(f, &lj, ci(&k, 0), ceil_div(&k, jend, BC), "ktile");
+    cg_for(f, &lj, idiv(&k, jbeg, cBC), ceil_div(&k, jend, BC), "ktile");
     LLVMValueRef j0 = imul(&k, lj.iv, cBC);
     LLVMValueRef bc = imin(&k, cBC, isub(&k, jend, j0));
     /* the key tile's K (transposed, nr keys a panel) and V (nr columns a panel), packed once for
@@ -380,7 +386,10 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef sbase = imul(&k, lq.iv, ci(&k, BR)); /* the tile's rows in M, L, O */
     /* under causal, a query tile whose last row sees none of these keys skips them */
     CgIf sees;
-    cg_if(f, &sees, causal ? ilt(&k, j0, iadd(&k, iadd(&k, i0, rows), off)) : LLVMConstInt(k.cg->t_i1, 1, 0));
+    LLVMValueRef seen = causal ? ilt(&k, j0, iadd(&k, iadd(&k, i0, rows), off)) : LLVMConstInt(k.cg->t_i1, 1, 0);
+    if (window) /* ... nor one whose first row's window ends before them */
+        seen = LLVMBuildAnd(k.b, seen, ilt(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), iadd(&k, j0, bc)), "");
+    cg_if(f, &sees, seen);
     /* ... and computes only the keys its last row can see: those past it are masked for every
      * row of the tile, and would only add zeros */
     LLVMValueRef bcq = causal ? imin(&k, bc, isub(&k, iadd(&k, iadd(&k, i0, rows), off), j0)) : bc;
@@ -389,12 +398,17 @@ int cg_attention_impl(CgFn *f)
      * each MR rows compute only the keys their last row sees (tile_keys): under causal the
      * diagonal tile's triangle is then wasted MR rows at a time instead of BR. */
     LLVMValueRef first_lim = isub(&k, iadd(&k, iadd(&k, i0, off), ci(&k, 1)), j0); /* keys row i0 sees */
+    /* with a window, the first key row i0 sees (in the tile; the rows below see from later keys) */
+    LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
     CgLoop lt;
     cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
     LLVMValueRef r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
     LLVMValueRef tile_keys = plain && causal
         ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
-    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, tile_keys, nr), "kpanel");
+    /* ... and, without a bias or a mask, from the panel of the first key its first row sees */
+    LLVMValueRef pstart = plain && window
+        ? idiv(&k, imin(&k, tile_keys, imax(&k, ci(&k, 0), iadd(&k, first_lo, r0))), ci(&k, nr)) : ci(&k, 0);
+    cg_for(f, &lp, pstart, ceil_div(&k, tile_keys, nr), "kpanel");
     p0 = imul(&k, lp.iv, ci(&k, nr));
     micro_tile(&k, qt, cD, r0, rows, mr_t, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0),
                cBC, imin(&k, ci(&k, nr), isub(&k, tile_keys, p0)), 0);
@@ -407,10 +421,13 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef i = iadd(&k, i0, lr.iv);
     LLVMValueRef srow = imul(&k, lr.iv, cBC);
     LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bcq;
+    LLVMValueRef lo = window ? isub(&k, isub(&k, iadd(&k, i, off), ci(&k, window)), j0) : NULL;
     LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
     if (plain) {
-        /* the keys past the causal limit are left out here and given p = 0 below */
-        cg_for(f, &lc, ci(&k, 0), imax(&k, ci(&k, 0), imin(&k, lim, bcq)), "c");
+        /* the keys past the causal limit (and before the window) are left out here and given
+         * p = 0 below */
+        LLVMValueRef mend = imax(&k, ci(&k, 0), imin(&k, lim, bcq));
+        cg_for(f, &lc, lo ? imin(&k, mend, imax(&k, ci(&k, 0), lo)) : ci(&k, 0), mend, "c");
         LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), ld(&k, S, iadd(&k, srow, lc.iv))), mt);
         cg_for_end(f, &lc);
     } else {
@@ -421,7 +438,7 @@ int cg_attention_impl(CgFn *f)
         LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
         LLVMValueRef x = ld(&k, S, si);
         bias2.present = 0;
-        x = score_at(&k, &bias2, &mask, brow, mrow, lc.iv, lim, x, &keep);
+        x = score_at(&k, &bias2, &mask, brow, mrow, lc.iv, lo, lim, x, &keep);
         if (bias.present) {
             LLVMValueRef bv = ld(&k, bias.base, bias.sj ? iadd(&k, brow, lc.iv) : brow);
             x = cg_intrinsic(k.cg, "llvm.fmuladd", k.cg->t_f32, (LLVMValueRef[]){bv, fc(&k, M_LOG2E), x}, 3);
@@ -455,7 +472,15 @@ int cg_attention_impl(CgFn *f)
         st(&k, S, iadd(&k, srow, lc.iv), fc(&k, 0));
         cg_for_end(f, &lc);
     }
-    cg_for(f, &lc, ci(&k, 0), pend, "c");
+    LLVMValueRef pbeg = ci(&k, 0);
+    if (plain && window) { /* p = 0 before the row's window */
+        LLVMValueRef lo_r = isub(&k, isub(&k, iadd(&k, iadd(&k, i0, lr.iv), off), ci(&k, window)), j0);
+        pbeg = imin(&k, pend, imax(&k, ci(&k, 0), lo_r));
+        cg_for(f, &lc, ci(&k, 0), pbeg, "cw");
+        st(&k, S, iadd(&k, srow, lc.iv), fc(&k, 0));
+        cg_for_end(f, &lc);
+    }
+    cg_for(f, &lc, pbeg, pend, "c");
     LLVMValueRef si = iadd(&k, srow, lc.iv);
     LLVMValueRef p = cg_exp2_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
     st(&k, S, si, p);
@@ -479,8 +504,11 @@ int cg_attention_impl(CgFn *f)
     r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
     tile_keys = plain && causal
         ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
+    LLVMValueRef kstart = plain && window /* the keys from the first panel of QK^T above */
+        ? imul(&k, idiv(&k, imin(&k, tile_keys, imax(&k, ci(&k, 0), iadd(&k, first_lo, r0))), ci(&k, nr)), ci(&k, nr)) : ci(&k, 0);
     for (int e0 = 0; e0 < E; e0 += nr)
-        micro_tile(&k, S, cBC, r0, rows, mr_t, tile_keys, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)),
+        micro_tile(&k, ptr(&k, S, kstart), cBC, r0, rows, mr_t, isub(&k, tile_keys, kstart),
+                   ptr(&k, VP, iadd(&k, ci(&k, (int64_t)(e0 / nr) * BC * nr), imul(&k, kstart, ci(&k, nr)))),
                    ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
     cg_for_end(f, &lt);
     cg_if_end(f, &sees);
@@ -558,6 +586,7 @@ int cg_attention_grad_impl(CgFn *f)
     if (dims_of(&k, n, &d) < 0)
         return -1;
     int causal = n->ia[0] != 0, D = d.D, E = d.E, nr = k.nr;
+    int64_t window = n->ia[1];
     int r = q->rank;
     int64_t Eo = E + 1, Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == E ? E : E + 1;
     ScoreOp bias, mask;
@@ -628,12 +657,15 @@ int cg_attention_grad_impl(CgFn *f)
         pack(&k, 0, ptr(&k, KPN, ci(&k, (int64_t)dp * BBC * nr)), kb, cD, j0, bc, ci(&k, dp * nr),
              ci(&k, D - dp * nr < nr ? D - dp * nr : nr));
 
-    /* query tiles that see any key of this tile: i + off >= j0 under causal */
+    /* query tiles that see any key of this tile: i + off >= j0 under causal, and with a window
+     * i + off - window < j0 + bc */
     LLVMValueRef istart = causal ? imin(&k, d.I, imax(&k, ci(&k, 0), isub(&k, j0, off))) : ci(&k, 0);
+    LLVMValueRef iend = window ? imax(&k, istart, imin(&k, d.I, iadd(&k, isub(&k, iadd(&k, j0, bc), off), ci(&k, window))))
+                               : d.I;
     CgLoop lq;
-    cg_for(f, &lq, ci(&k, 0), ceil_div(&k, isub(&k, d.I, istart), BBR), "qtile");
+    cg_for(f, &lq, ci(&k, 0), ceil_div(&k, isub(&k, iend, istart), BBR), "qtile");
     LLVMValueRef i0 = iadd(&k, istart, imul(&k, lq.iv, cBBR));
-    LLVMValueRef rows = imin(&k, cBBR, isub(&k, d.I, i0));
+    LLVMValueRef rows = imin(&k, cBBR, isub(&k, iend, i0));
     LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD)), gt = ptr(&k, gb, imul(&k, i0, cGo));
     /* S = Q K^T, dP = dO V^T, panel by panel */
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
@@ -666,7 +698,8 @@ int cg_attention_grad_impl(CgFn *f)
     LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
     cg_for(f, &lc, ci(&k, 0), bc, "c");
     LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
-    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
+    LLVMValueRef lo = window ? isub(&k, isub(&k, iadd(&k, i, off), ci(&k, window)), j0) : NULL;
+    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lo, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
     keep = LLVMBuildAnd(k.b, keep, notfull, "");
     LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp_finite(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
     LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);

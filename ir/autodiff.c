@@ -413,7 +413,7 @@ static void grad_attention(Ad *A, IrNode *n, IrNode *g)
                            n->label ? n->label : "?");
         return;
     }
-    IrNode *o = n->ia[1] ? n : ir_attention(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[0], 1);
+    IrNode *o = n->ia[1] ? n : ir_attention_window(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[0], 1, n->ia[2]);
     IrNode *b = ir_attention_grad(A->g, o, g);
     int r = q->rank;
     IrDim I = q->shape[r - 2], J = k->shape[r - 2];

@@ -782,6 +782,12 @@ IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream)
 IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
                      int causal, int stats)
 {
+    return ir_attention_window(g, q, k, v, bias, mask, scale, causal, stats, 0);
+}
+
+IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                            int causal, int stats, int64_t window)
+{
     IrNode p = proto_of(IR_ATTENTION);
     p.in[0] = q;
     p.in[1] = k;
@@ -791,6 +797,7 @@ IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, 
     p.in[5] = scale;
     p.ia[0] = causal;
     p.ia[1] = stats;
+    p.ia[2] = window;
     return ir_node(g, &p);
 }
 
@@ -829,5 +836,6 @@ IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout)
     p.in[6] = o->in[4];
     p.in[7] = o->in[5];
     p.ia[0] = o->ia[0];
+    p.ia[1] = o->ia[2];
     return ir_node(g, &p);
 }

@@ -48,6 +48,7 @@ typedef struct {
     const IrFusedArg *q, *k, *v, *bias, *mask, *scale;
     int64_t bst[IR_MAXRANK], mst[IR_MAXRANK], sst[IR_MAXRANK]; /* over [batch.., I, J] */
     int causal;
+    int64_t window; /* 0, or w: keys j < i + J - I - w dropped too */
 } Att;
 
 static void att_init(Att *a, const IrNode *n, const IrFusedArg *q, const IrFusedArg *k, const IrFusedArg *v,
@@ -72,6 +73,7 @@ static void att_init(Att *a, const IrNode *n, const IrFusedArg *q, const IrFused
     bcast_strides(mask, a->r, full, a->mst);
     bcast_strides(scale, a->r, full, a->sst);
     a->causal = n->ia[0] != 0;
+    a->window = n->op == IR_ATTENTION ? n->ia[2] : n->ia[1];
 }
 
 /* offsets of batch index bi in bias, mask and scale */
@@ -110,7 +112,7 @@ static double att_scores(const Att *a, int64_t bi, int64_t i, double *s, char *k
             dot += qi[d] * kb[j * a->D + d];
         double x = dot * scale + a->bias->data[boff + i * a->bst[r - 2] + j * a->bst[r - 1]];
         keep[j] = a->mask->data[moff + i * a->mst[r - 2] + j * a->mst[r - 1]] != 0 &&
-                  !(a->causal && j > i + (a->J - a->I));
+                  !(a->causal && j > i + (a->J - a->I)) && !(a->window && j < i + (a->J - a->I) - a->window);
         s[j] = keep[j] ? x : -(double)FLT_MAX;
         m = j ? fmax_nan(m, s[j]) : s[j];
     }

@@ -180,6 +180,9 @@ IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream);
  * scalar or [.., 1, 1] f32 (ir_const for a number). */
 IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
                      int causal, int stats);
+/* ... with a window w > 0: query i also drops the keys j < i + J - I - w (max_attend_past) */
+IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                            int causal, int stats, int64_t window);
 /* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv. */
 IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout);
 /* A fused program (ir/fused_expr.h) over nin operands, its value broadcast to shape. */

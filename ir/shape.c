@@ -486,6 +486,8 @@ static const char *infer_attention(IrNode *n, char *buf, size_t nb)
         return e;
     if (n->ia[1] != 0 && n->ia[1] != 1)
         return fail(buf, nb, "stats is 0 or 1");
+    if (n->ia[2] < 0)
+        return fail(buf, nb, "window is 0 (none) or a positive number of keys");
     const IrNode *q = n->in[0], *v = n->in[2];
     n->dtype = IR_F32;
     n->rank = q->rank;
@@ -504,7 +506,7 @@ static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
         return e;
     const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->in[3], *dout = n->in[4];
     int r = q->rank;
-    if (o->op != IR_ATTENTION || o->ia[1] != 1 || o->ia[0] != n->ia[0])
+    if (o->op != IR_ATTENTION || o->ia[1] != 1 || o->ia[0] != n->ia[0] || o->ia[2] != n->ia[1])
         return fail(buf, nb, "operand 4 must be the attention (with stats) whose gradient this is");
     for (int i = 0; i < 6; i++)
         if (o->in[i] != x[i])

@@ -34,6 +34,7 @@ enum { ROLE_NONE, ROLE_OUT, ROLE_DQ, ROLE_DK, ROLE_DV };
 typedef struct {
     PassAttention m;
     const IrNode *bias, *mask;  /* the operands as the fused op reads them (expands stripped) */
+    int64_t window;             /* max_attend_past's window taken out of the mask, 0 = none */
     int train;                  /* the backward is fused too */
     const IrNode *gout;         /* dO */
     IrNode *fwd, *bwd;          /* images, built when first needed */
@@ -156,6 +157,18 @@ static int forward_ok(Fusion *fu)
             return 0;
     fu->bias = m->bias ? strip_expand(m->bias) : NULL;
     fu->mask = m->mask ? strip_expand(m->mask) : NULL;
+    /* a sliding window in the mask (alone, or and-ed with the padding) becomes the op's window,
+     * which the kernels use to skip the keys outside it */
+    IrDim I = q->shape[r - 2];
+    fu->window = 0;
+    if (fu->mask && pass_match_window(fu->mask, I, J, &fu->window))
+        fu->mask = NULL;
+    else if (fu->mask && fu->mask->op == IR_AND)
+        for (int side = 0; side < 2; side++)
+            if (pass_match_window(strip_expand(fu->mask->in[side]), I, J, &fu->window)) {
+                fu->mask = strip_expand(fu->mask->in[1 - side]);
+                break;
+            }
     if (fu->bias && (fu->bias->dtype != IR_F32 || !scores_operand_ok(fu->bias, q, J)))
         return 0;
     if (fu->mask && !scores_operand_ok(fu->mask, q, J))
@@ -288,8 +301,8 @@ static IrNode *fused_forward(PassRewriter *rw, Fusion *fu)
     const PassAttention *m = &fu->m;
     IrNode *bias = fu->bias ? rw->map[fu->bias->id] : NULL;
     IrNode *mask = fu->mask ? rw->map[fu->mask->id] : NULL;
-    fu->fwd = ir_attention(g, rw->map[m->q->id], rw->map[m->k->id], rw->map[m->v->id], bias, mask,
-                           rw->map[m->scale->id], m->causal != NULL, fu->train);
+    fu->fwd = ir_attention_window(g, rw->map[m->q->id], rw->map[m->k->id], rw->map[m->v->id], bias, mask,
+                                  rw->map[m->scale->id], m->causal != NULL, fu->train, fu->window);
     return fu->fwd;
 }
 

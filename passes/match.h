@@ -37,6 +37,10 @@ typedef struct {
 /* 1 and *m filled when out is the root of an attention subgraph, else 0. */
 int pass_match_attention(const IrNode *out, PassAttention *m);
 
+/* 1 and *w filled when c is lower.c's sliding-window keep condition over [I, J] (max_attend_past):
+ * lt(arange(J - I, I)[I, 1], arange(w + 1, J)[1, J]), i.e. key j kept while i + J - I - j <= w. */
+int pass_match_window(const IrNode *c, IrDim I, IrDim J, int64_t *w);
+
 /* 1 when every interior node (qk, scores, add, masked, causal, softmax) has exactly one use in
  * uses[] (node id -> live uses), so that fusing removes them all; 0 when one is shared, as the
  * softmax is with its gradient in a training graph, or the scores with the next layer under

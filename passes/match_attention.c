@@ -33,6 +33,19 @@ static int is_causal_cond(const IrNode *c, IrDim I, IrDim J)
            is_position(c->in[1], ir_dim(0), J, ir_dim(1), J);
 }
 
+int pass_match_window(const IrNode *c, IrDim I, IrDim J, int64_t *w)
+{
+    if (c->op != IR_LT || c->dtype != IR_BOOL || c->rank != 2 || !is_position(c->in[0], ir_dim_sub(J, I), I, I, ir_dim(1)))
+        return 0;
+    const IrNode *kw = c->in[1];
+    if (kw->op != IR_RESHAPE || kw->in[0]->op != IR_ARANGE || !ir_dim_is_const(kw->in[0]->d) || kw->in[0]->d.c < 2)
+        return 0;
+    if (!is_position(kw, kw->in[0]->d, J, ir_dim(1), J))
+        return 0;
+    *w = kw->in[0]->d.c - 1;
+    return 1;
+}
+
 /* matmul(q, k, transpose_b=1) * scale, the scale a scalar constant or a tensor */
 static int match_scores(const IrNode *s, PassAttention *m)
 {

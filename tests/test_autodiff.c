@@ -531,6 +531,15 @@ static IrNode *b_attention_stats(Ctx *c)
     return ir_attention(c->g, q, k, v, NULL, NULL, scale, 0, 1);
 }
 
+/* a sliding window of 2 (max_attend_past), causal over J = I + 2 keys, with the logsumexp */
+static IrNode *b_attention_window(Ctx *c)
+{
+    IrDim J = ir_dim_addc(c->N, 2);
+    IrNode *q = par(c, "q", V_SMOOTH, SHAPE(c->B, D(2), c->N, D(3)));
+    IrNode *k = par(c, "k", V_SMOOTH, SHAPE(c->B, D(2), J, D(3))), *v = par(c, "v", V_SMOOTH, SHAPE(c->B, D(2), J, D(3)));
+    return ir_attention_window(c->g, q, k, v, NULL, NULL, ir_const(c->g, 0.6, IR_F32), 1, 1, 2);
+}
+
 static IrNode *b_mm_left2(Ctx *c)
 {
     return ir_matmul(c->g, par(c, "a", V_SMOOTH, SHAPE(D(3), D(4))),
@@ -606,6 +615,7 @@ static const GradCase cases[] = {
     {"XENT", IR_XENT, b_xent, V_SMOOTH, V_SMOOTH},
     {"ATTENTION causal mask bias", IR_ATTENTION, b_attention, V_SMOOTH, V_SMOOTH},
     {"ATTENTION stats, scale per head", IR_ATTENTION, b_attention_stats, V_SMOOTH, V_SMOOTH},
+    {"ATTENTION window", IR_ATTENTION, b_attention_window, V_SMOOTH, V_SMOOTH},
     {"XENT i32", IR_XENT, b_xent_i32, V_SMOOTH, V_SMOOTH},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };

@@ -343,6 +343,17 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrDim ss[] = {ir_dim(1), h, ir_dim(1), ir_dim(1)}; /* cosine similarity: a scale per head */
     IrNode *fm = ir_attention(g, q, k, v, NULL, mask, input(g, "scale", IR_F32, 4, ss), 0, 1);
     out(g, "grad_plain", ir_attention_grad(g, fm, input(g, "dout2", IR_F32, 4, sq)));
+    /* a sliding window (max_attend_past): key tiles and panels before it skipped, the rest
+     * masked per row; plain and causal, not causal with the statistics, a window wider than a
+     * key tile with a bias and a mask, and the gradients (their query tiles after the window
+     * skipped too) */
+    out(g, "window_causal", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 100));
+    out(g, "window_stats", ir_attention_window(g, q, k, v, NULL, NULL, c, 0, 1, 37));
+    IrNode *fw = ir_attention_window(g, q, k, v, bias, mask, c, 1, 1, 300);
+    out(g, "window_masked", fw);
+    out(g, "window_grad", ir_attention_grad(g, fw, input(g, "doutw", IR_F32, 4, sq)));
+    IrNode *fw2 = ir_attention_window(g, q, k, v, NULL, NULL, c, 0, 1, 70);
+    out(g, "window_grad_plain", ir_attention_grad(g, fw2, input(g, "doutw2", IR_F32, 4, sg)));
     IrDim Jc = ir_dim_addc(ir_dim_add(n, n8), 100), h2 = ir_dim(2);
     IrDim sqc[] = {b, h2, n, ir_dim(16)}, skc[] = {b, h2, Jc, ir_dim(16)}, svc[] = {b, h2, Jc, ir_dim(24)};
     IrDim sbc[] = {ir_dim(1), ir_dim(1), Jc}, smc[] = {b, ir_dim(1), ir_dim(1), Jc};

@@ -598,6 +598,15 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrNode *op = ir_attention(g, q, k, vq, NULL, pad, c, 0, 1);
     out(g, "padded", op);
     out(g, "padded_grad", ir_attention_grad(g, op, input(g, "dp", IR_F32, 4, sq)));
+    /* sliding windows (max_attend_past): causal, and not causal with everything else; with one
+     * key fewer than queries, row 0 sees none */
+    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 2));
+    IrNode *owa = ir_attention_window(g, q, k, vq, bias, pad, scale, 0, 1, 3);
+    out(g, "window_all", owa);
+    out(g, "window_grad", ir_attention_grad(g, owa, input(g, "dw", IR_F32, 4, sq)));
+    IrNode *ow0 = ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1);
+    out(g, "window_row0", ow0);
+    out(g, "window_row0_grad", ir_attention_grad(g, ow0, input(g, "dw0", IR_F32, 4, sq)));
     /* heads wider than a block: several output columns per thread */
     IrDim sw[] = {b, ir_dim(1), n, ir_dim(130)}, swk[] = {b, ir_dim(1), J, ir_dim(130)};
     IrNode *qw = input(g, "qw", IR_F32, 4, sw), *kw = input(g, "kw", IR_F32, 4, swk), *vw = input(g, "vw", IR_F32, 4, swk);

@@ -309,8 +309,9 @@ START_TEST(test_kernel_counts)
 }
 END_TEST
 
-/* max_attend_past: the window joins the padding in the one mask operand the fusion takes, so
- * the attention still fuses, forward and backward, with or without padding */
+/* max_attend_past: lower.c puts the window in the padding mask; the fusion takes it out again as
+ * the op's window (which the kernels skip keys with), forward and backward, with or without
+ * padding (then the mask operand is the padding alone) */
 START_TEST(test_window_fuses)
 {
     static const char *src = "m = TransformerWrapper(num_tokens = 32, max_seq_len = 256,\n"
@@ -328,12 +329,18 @@ START_TEST(test_window_fuses)
             ck_assert_int_eq(pf.attention_grad, train ? 2 : 0);
             ck_assert_int_eq(pf.softmax, 0);
             ck_assert_int_eq(pf.nn_buffers, 0);
-            int windowed = 0;
+            int windowed = 0, masked = 0, grads = 0;
             for (int i = 0; i < fused->nnodes; i++) {
                 const IrNode *x = fused->nodes[i];
-                windowed += x->op == IR_ATTENTION && x->in[4]->op != IR_CONST;
+                if (x->op == IR_ATTENTION) {
+                    windowed += x->ia[2] == 8;
+                    masked += x->in[4]->op != IR_CONST;
+                }
+                grads += x->op == IR_ATTENTION_GRAD && x->ia[1] == 8;
             }
-            ck_assert_int_eq(windowed, 2); /* the window is the mask operand */
+            ck_assert_int_eq(windowed, 2);
+            ck_assert_int_eq(masked, mask ? 2 : 0);
+            ck_assert_int_eq(grads, train ? 2 : 0);
             ir_graph_free(fused);
             ir_graph_free(g);
         }
