@@ -213,9 +213,11 @@ static int plan_fits(const XtcModule *m, const ArenaPlan *p, const int64_t *syms
 static int plan_arena(XtcSession *s, const int64_t *syms)
 {
     const XtcModule *m = s->m;
-    int rc = plan_offsets(m, syms, &s->host);
-    if (rc == 0 && s->devplan.elem)
-        rc = plan_offsets(m, syms, &s->devplan);
+    /* the device's plan first: the device sizes its arena from it at every run, whereas the
+     * host plan must stay the one s->arena was allocated for when its planning fails */
+    int rc = s->devplan.elem ? plan_offsets(m, syms, &s->devplan) : 0;
+    if (rc == 0)
+        rc = plan_offsets(m, syms, &s->host);
     if (rc == -1)
         return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
     if (rc < -1)
