@@ -7,8 +7,8 @@
  * alike. Reported per variant: the median time of every kernel (from the runtime's per-step
  * profile, summed over the steps sharing the kernel), the median of their sum, the total's
  * median, minimum and maximum (host wall clock around xtc_session_run), the activation arena's
- * size (xtc_session_peak_bytes: on a GPU, the device memory the plan lays the intermediates out
- * in), and the speed-up of the medians. --json writes the same as one JSON object for scripts
+ * size (xtc_session_peak_bytes: for cuda and cuda-emu the device arena, each intermediate at its
+ * storage size, 2 bytes per element with --dtype bf16 or fp16), and the speed-up of the medians. --json writes the same as one JSON object for scripts
  * (bench/compare.py reads it).
  *
  * Per-kernel times come from the runtime's profile: on the CPU the wall time of each step; for a
@@ -16,7 +16,7 @@
  * time, without the host's launch overhead); for cuda-emu the emulated driver's events, which
  * read the host clock: CPU times of the emulation, useful to test the path, not GPU figures.
  *
- * A variant whose planned arena exceeds --max-gib is not run: its planned size is reported (the
+ * A variant whose planned arena (xtc_module_arena_bytes, the same measure) exceeds --max-gib is not run: its planned size is reported (the
  * unfused program at sequence 16384 needs many GiB for its n x n score tensors). */
 #include <errno.h>
 #include <math.h>
@@ -34,6 +34,7 @@
 
 typedef struct {
     const char *path, *model, *target;
+    const char *dtype;       /* --dtype: storage of cuda and cuda-emu modules, NULL = f32 */
     int64_t batch, seq;
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
@@ -97,12 +98,15 @@ static void usage(void)
            "  --batch B, --seq N   sizes (every sequence-like symbol gets N)\n"
            "  --target T           cpu (default), cuda (a GPU, kernels timed with CUDA events) or\n"
            "                       cuda-emu (the CUDA path emulated on the CPU: not GPU figures)\n"
+           "  --dtype D            cuda, cuda-emu: storage on the device, f32 (default), bf16 or fp16\n"
+           "                       (as xtc compile --dtype; the device arena is planned at that size)\n"
            "  --train              time the training step (loss and every grad.<param>)\n"
            "  --mask               add the padding-mask inputs (all true)\n"
            "  --threads T          worker threads of the cpu target (default 1)\n"
            "  --repeat R           timed runs per variant (default 5); --warmup W (default 1)\n"
            "  --top K              kernels listed per variant (default 12)\n"
-           "  --max-gib G          do not run a variant whose arena would exceed G GiB (default 8);\n"
+           "  --max-gib G          do not run a variant whose arena (for cuda: the device arena)\n"
+           "                       would exceed G GiB (default 8);\n"
            "                       its planned size is still reported\n"
            "  --model NAME         which model of the file (default: the last)\n"
            "  -O0 .. -O3           optimisation level (default -O2)\n"
@@ -167,6 +171,13 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
                 fprintf(stderr, "xtc bench: --max-gib needs a positive number, got '%s'\n", v);
                 return -1;
             }
+        } else if ((v = cli_flag_value(argc, argv, &i, "--dtype"))) {
+            char err[256];
+            if (cg_dtype_parse(v, err, sizeof err) < 0) {
+                fprintf(stderr, "xtc bench: --dtype: %s\n", err);
+                return -1;
+            }
+            o->dtype = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
             o->model = v;
         } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
@@ -192,6 +203,13 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
             fprintf(stderr, "xtc bench: more than one model file\n");
             return -1;
         }
+    }
+    const CgBackend *be = cg_backend_find(o->target);
+    char err[256];
+    if (o->dtype && cg_dtype_parse(o->dtype, err, sizeof err) > 0 && !(be->caps & CG_CAP_HALF)) {
+        fprintf(stderr, "xtc bench: --dtype %s: the %s backend stores in f32 only (use --target cuda or cuda-emu)\n",
+                o->dtype, be->name);
+        return -1;
     }
     if (!o->path || !o->batch || !o->seq) {
         fprintf(stderr, "usage: xtc bench model.xtf --batch B --seq N [--target T] [--train] [--threads T] [--repeat R] "
@@ -270,6 +288,7 @@ static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fu
     CgOptions co = {0};
     co.output = v->so;
     co.target = o->target;
+    co.dtype = o->dtype;
     co.opt_level = o->opt_level;
     co.source_name = o->path;
     CgStats st;
@@ -744,6 +763,8 @@ int cli_bench(int argc, char **argv)
                    "\"target\": ",
                    (long long)o.batch, (long long)o.seq, o.train ? "true" : "false", o.threads, o.repeat, o.warmup);
             json_str(o.target);
+            printf(", \"dtype\": ");
+            json_str(o.dtype ? o.dtype : "f32");
             printf(", \"device\": ");
             json_str(dev);
             printf(", \"kernel_timer\": ");
@@ -765,6 +786,8 @@ int cli_bench(int argc, char **argv)
         } else {
             printf("xtc bench %s: batch %lld, seq %lld, %s, target %s", o.path, (long long)o.batch, (long long)o.seq,
                    o.train ? "training step" : "forward", o.target);
+            if (ti->device_arena)
+                printf(", dtype %s", o.dtype ? o.dtype : "f32");
             if (ti->threaded)
                 printf(", %d thread%s", o.threads, o.threads == 1 ? "" : "s");
             printf(", %d runs after %d warm-up\n", o.repeat, o.warmup);
@@ -782,8 +805,11 @@ int cli_bench(int argc, char **argv)
             if (paired && o.repeat > 1)
                 printf("speed-up of neighbouring runs: median %.2fx, from %.2fx to %.2fx\n", median(pair, o.repeat, 1),
                        min_of(pair, o.repeat), max_of(pair, o.repeat));
-            printf("arena%s: fused %.1f MiB, unfused %.1f MiB%s\n", ti->device_arena ? " (device memory)" : "",
-                   var[0].peak / 1048576.0, var[1].peak / 1048576.0, var[1].ran ? "" : " (planned, not run)");
+            char what[128] = "";
+            if (ti->device_arena)
+                snprintf(what, sizeof what, " (device memory, %s storage)", o.dtype ? o.dtype : "f32");
+            printf("arena%s: fused %.1f MiB, unfused %.1f MiB%s\n", what, var[0].peak / 1048576.0,
+                   var[1].peak / 1048576.0, var[1].ran ? "" : " (planned, not run)");
         }
         free(pair);
     }

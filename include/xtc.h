@@ -168,10 +168,13 @@ int xtc_session_run(XtcSession *s);
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
 
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs
- * not included): its high-water mark, planned from buffer lifetimes. */
+ * not included): its high-water mark, planned from buffer lifetimes. For a CUDA module it is the
+ * device arena, each intermediate at its size on the device (2 bytes per element where the
+ * module stores it in 16 bits, --dtype bf16|fp16); the host then keeps only the outputs, in f32. */
 int64_t xtc_session_peak_bytes(const XtcSession *s);
 /* The arena a session would need for these symbol values (syms[i] for symbol i), planned
- * without allocating it: -1 on bad arguments or when the plan does not fit in memory. */
+ * without allocating it (for a CUDA module the device arena, as above): -1 on bad arguments or
+ * when the plan does not fit in memory. */
 int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms);
 /* Value of symbol i in the last successful run (or the last binding), -1 if unbound. */
 int64_t xtc_session_symbol(const XtcSession *s, int i);

@@ -5,7 +5,7 @@
  *        JIT-compiled by the driver for the device, with the JIT's log in any error) and its
  *        kernels. No driver or no device is an error here, from xtc_session_new.
  * run:   uploads the inputs and weights that changed since the last run (weights: once), lays
- *        the intermediates out in one device arena at the offsets of the session's memory plan,
+ *        the intermediates out in one device arena at the offsets of the session's device plan,
  *        clears one status word per step, runs the module's schedule (every launch on the
  *        stream), copies the outputs back into the host arena and synchronises; then the first
  *        step whose status word is set is the one that met bad values (a token id outside the
@@ -15,14 +15,17 @@
  *        of an accumulating kernel), without the host's launch overhead or the copies.
  * close: frees all of it.
  *
- * The session's host arena is kept as on the CPU (outputs land there), which costs host memory
- * the size of the device arena: simple, and outputs are views like a CPU session's.
+ * The session plans two arenas with one planner (rt_session.c): the device arena, where every
+ * intermediate lives at its device size (cuda_elem_bytes), whose offsets the run receives; and
+ * the host arena, which holds only the outputs, in f32, where they are copied back: outputs
+ * are views like a CPU session's.
  *
  * A module compiled with --dtype bf16 or fp16 keeps f32 buffers in 16 bits on the device
  * (XtcCudaModuleV1.buf_storage): inputs and weights are rounded to it on upload (through a host
  * staging buffer) and outputs widened back to f32 on download, so the session's interface and
- * its host copies (the optimizer's master weights included) stay f32. Intermediates live in the
- * arena at the offsets of the f32 memory plan (a 16-bit buffer uses half its slot). */
+ * its host copies (the optimizer's master weights included) stay f32. Intermediates take 2
+ * bytes per element in the device arena, so its activation memory is about half the f32
+ * module's; the buffers that stay f32 (cg_keeps_f32: the loss ...) take 4. */
 #include "rt_cuda.h"
 #include "rt_alloc.h"
 #include "rt_half.h"
@@ -479,6 +482,15 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
 
 static void cuda_close(RtDevice *d) { close_device(d); }
 
+/* Bytes per element of buffer b on the device (before cuda_open checked the module: as on the
+ * host where its storage table does not cover b). */
+static size_t cuda_elem_bytes(const XtcModule *m, int b)
+{
+    const XtcCudaModuleV1 *cm = m->device_abi;
+    int half = cm->buf_storage && b < cm->nbufs && cm->buf_storage[b] && m->bufs[b].dtype == XTC_F32;
+    return half ? 2 : xtc_dtype_size(m->bufs[b].dtype);
+}
+
 static const char *cuda_device_name(const RtDevice *d) { return d->device_name; }
 
 const RtDeviceOps rt_cuda_device = {
@@ -487,4 +499,5 @@ const RtDeviceOps rt_cuda_device = {
     .run = cuda_run,
     .close = cuda_close,
     .device_name = cuda_device_name,
+    .elem_bytes = cuda_elem_bytes,
 };

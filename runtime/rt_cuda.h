@@ -2,9 +2,10 @@
  *
  *   rt_cuda.c         the device a session runs a CUDA module on: device memory (weights uploaded
  *                     once, inputs when rebound, one arena for the intermediates laid out by the
- *                     session's memory plan), a stream, the launches, outputs copied back, per-step
- *                     status words, profiling with CUDA events (one recorded on the stream before
- *                     every step and one after the last: step s takes elapsed(ev[s], ev[s+1]))
+ *                     session's plan of it, at their device sizes), a stream, the launches,
+ *                     outputs copied back, per-step status words, profiling with CUDA events (one
+ *                     recorded on the stream before every step and one after the last: step s
+ *                     takes elapsed(ev[s], ev[s+1]))
  *   rt_cuda_driver.c  the Driver API of libcuda.so.1, loaded with dlopen
  *   rt_cuda_emu.c     the same API emulated on the CPU for cuda-emu modules: memory is malloc,
  *                     cuLaunchKernel runs the grid through the module's emulator

@@ -99,11 +99,13 @@ struct XtcModule {
 typedef struct RtDevice RtDevice;
 typedef struct {
     void *const *host;         /* per buffer: host memory: the session's copies of inputs and
-                                  weights; temps in the host arena, where outputs come back */
+                                  weights; outputs' places in the host arena, where they come back
+                                  (as the module's dtype: f32 whatever the device stores) */
     const uint8_t *changed;    /* per buffer: input or weight rebound since the last run */
     const int64_t *syms;
-    const size_t *offset;      /* per temp: its offset in the arena (the session's memory plan) */
-    size_t arena_bytes;
+    const size_t *offset;      /* per temp: its offset in the device arena (the session's plan
+                                  of it, each temp at elem_bytes per element) */
+    size_t arena_bytes;        /* the device arena that plan needs */
     double *step_s;            /* profiling: seconds to add to per step (the device's own timer:
                                   CUDA events), or NULL; added only when the run succeeds */
 } RtDeviceRun;
@@ -116,6 +118,9 @@ typedef struct RtDeviceOps {
      * in err -1 (a failure of the device or its driver) or -2 (out of host or device memory). */
     int32_t (*run)(RtDevice *dev, const RtDeviceRun *r, char *err, size_t n);
     void (*close)(RtDevice *dev);
+    /* Bytes per element of buffer buf of m in the device's memory (CUDA: 2 where the module
+     * stores it in 16 bits), by which the session plans the device arena. */
+    size_t (*elem_bytes)(const XtcModule *m, int buf);
     /* The device as its driver names it ("NVIDIA H100 80GB HBM3"), for reports. */
     const char *(*device_name)(const RtDevice *dev);
 } RtDeviceOps;

@@ -6,7 +6,13 @@
  * buffers' lifetimes (the schedule steps that write them first and read them last): two buffers
  * share bytes only when their lifetimes do not overlap. The plan is made for given symbol values
  * (the session's limits, or the sizes seen so far) and redone, growing the arena, when a run
- * needs more. */
+ * needs more.
+ *
+ * A device module (m->device) runs its schedule in the device's memory: its temps are laid out
+ * by the same planner in a device arena, each at its size there (RtDeviceOps.elem_bytes: 2
+ * bytes per element for a CUDA module's 16-bit storage), whose offsets the device receives. The
+ * host arena of such a session holds only the outputs, in f32, where the device copies them
+ * back. */
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "rt_internal.h"
@@ -18,6 +24,14 @@
 #include <time.h>
 
 #define ARENA_ALIGN 64
+
+/* One layout of a module's temps in an arena, made by plan_offsets. */
+typedef struct {
+    size_t *elem;   /* per buffer: bytes per element of a temp in this arena; 0: not in it */
+    size_t *offset; /* per temp: its offset */
+    size_t *bytes;  /* per temp: its planned size (a multiple of ARENA_ALIGN) */
+    size_t total;
+} ArenaPlan;
 
 struct XtcSession {
     const XtcModule *m;
@@ -31,9 +45,11 @@ struct XtcSession {
     void **own;                  /* per input/param/state buffer: our copy */
     int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
     uint8_t *set;                /* per input/param/state: bound yet? */
-    size_t *offset, *bytes;      /* per temp: arena offset and planned size */
+    ArenaPlan host;              /* the temps in the host arena (every temp, or a device's outputs) */
     char *arena;
     size_t arena_bytes;
+    ArenaPlan devplan;           /* a device module's temps in the device arena; elem NULL otherwise */
+    size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
     int outputs_valid;
     struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
@@ -78,11 +94,11 @@ static int by_size_desc(const void *a, const void *b)
     return x->buf - y->buf;
 }
 
-/* Bytes of buffer b at these symbol values; SIZE_MAX when that does not fit (an allocation of
- * it then fails cleanly). */
-static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
+/* Bytes of buffer b at these symbol values, elem bytes per element; SIZE_MAX when that does not
+ * fit (an allocation of it then fails cleanly). */
+static size_t buffer_bytes(const RtBuffer *b, size_t elem, const int64_t *syms)
 {
-    size_t n = xtc_dtype_size(b->dtype);
+    size_t n = elem;
     for (int i = 0; i < b->rank; i++) {
         int64_t d = rt_dim_eval(&b->shape[i], syms);
         if (d <= 0)
@@ -94,10 +110,12 @@ static size_t buffer_bytes(const RtBuffer *b, const int64_t *syms)
 }
 
 /* Greedy best-fit by decreasing size: each buffer goes at the lowest offset where it overlaps
- * no already placed buffer whose lifetime intersects its own. Fills offset[] and bytes[] of the
- * temps and *total; -1 when out of memory, -2 - b when buffer b would not fit at these sizes. */
-static int plan_offsets(const XtcModule *m, const int64_t *syms, size_t *offset, size_t *bytes, size_t *total_out)
+ * no already placed buffer whose lifetime intersects its own. Fills p's offset[] and bytes[] of
+ * the temps, each p->elem[b] bytes per element (one with 0 gets offset 0 and no bytes), and
+ * p->total; -1 when out of memory, -2 - b when buffer b would not fit at these sizes. */
+static int plan_offsets(const XtcModule *m, const int64_t *syms, ArenaPlan *p)
 {
+    size_t *offset = p->offset, *bytes = p->bytes;
     Item *items = rt_malloc(((size_t)m->nbufs + 1) * sizeof *items);
     int *placed = rt_malloc(((size_t)m->nbufs + 1) * sizeof *placed);
     if (!items || !placed) {
@@ -107,8 +125,10 @@ static int plan_offsets(const XtcModule *m, const int64_t *syms, size_t *offset,
     }
     int n = 0, nplaced = 0;
     for (int i = 0; i < m->nbufs; i++)
-        if (m->bufs[i].kind == RT_BUF_TEMP) {
-            size_t b = buffer_bytes(&m->bufs[i], syms);
+        if (m->bufs[i].kind == RT_BUF_TEMP && !p->elem[i]) {
+            offset[i] = bytes[i] = 0;
+        } else if (m->bufs[i].kind == RT_BUF_TEMP) {
+            size_t b = buffer_bytes(&m->bufs[i], p->elem[i], syms);
             if (b == SIZE_MAX) {
                 free(items);
                 free(placed);
@@ -146,20 +166,66 @@ static int plan_offsets(const XtcModule *m, const int64_t *syms, size_t *offset,
     }
     free(items);
     free(placed);
-    *total_out = total;
+    p->total = total;
     return 0;
+}
+
+/* The element sizes of m's temps: in the host arena (host) and, for a device module, in the
+ * device arena (dev, else untouched). A device module's host arena holds only its outputs. */
+static void plan_elem_sizes(const XtcModule *m, size_t *host, size_t *dev)
+{
+    for (int b = 0; b < m->nbufs; b++) {
+        host[b] = m->device ? 0 : xtc_dtype_size(m->bufs[b].dtype);
+        if (m->device)
+            dev[b] = m->device->elem_bytes(m, b);
+    }
+    for (int o = 0; o < m->nouts && m->device; o++)
+        host[m->outs[o].buf] = xtc_dtype_size(m->bufs[m->outs[o].buf].dtype);
+}
+
+/* Allocates a plan's per-buffer arrays; -1 when out of memory (free_plan frees what it took). */
+static int alloc_plan(const XtcModule *m, ArenaPlan *p)
+{
+    size_t nb = (size_t)m->nbufs + 1;
+    p->elem = rt_calloc(nb, sizeof *p->elem);
+    p->offset = rt_calloc(nb, sizeof *p->offset);
+    p->bytes = rt_calloc(nb, sizeof *p->bytes);
+    p->total = 0;
+    return p->elem && p->offset && p->bytes ? 0 : -1;
+}
+
+static void free_plan(ArenaPlan *p)
+{
+    free(p->elem);
+    free(p->offset);
+    free(p->bytes);
+}
+
+/* Whether every temp at these symbol values fits in its planned bytes of plan p. */
+static int plan_fits(const XtcModule *m, const ArenaPlan *p, const int64_t *syms)
+{
+    for (int i = 0; i < m->nbufs; i++)
+        if (m->bufs[i].kind == RT_BUF_TEMP && buffer_bytes(&m->bufs[i], p->elem[i], syms) > p->bytes[i])
+            return 0;
+    return 1;
 }
 
 static int plan_arena(XtcSession *s, const int64_t *syms)
 {
     const XtcModule *m = s->m;
-    size_t total = 0;
-    int rc = plan_offsets(m, syms, s->offset, s->bytes, &total);
+    /* the device's plan first: the device sizes its arena from it at every run, whereas the
+     * host plan must stay the one s->arena was allocated for when its planning fails */
+    int rc = s->devplan.elem ? plan_offsets(m, syms, &s->devplan) : 0;
+    if (rc == 0)
+        rc = plan_offsets(m, syms, &s->host);
     if (rc == -1)
         return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
     if (rc < -1)
         return fail(s, XTC_ERR_MEMORY, "intermediate %%%s would not fit in memory with these sizes",
                     m->bufs[-2 - rc].name);
+    if (s->devplan.total > s->dev_arena_bytes)
+        s->dev_arena_bytes = s->devplan.total;
+    size_t total = s->host.total;
     if (total > s->arena_bytes || !s->arena) {
         free(s->arena);
         s->arena = NULL;
@@ -182,12 +248,16 @@ int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms)
     for (int i = 0; i < m->nsyms; i++)
         v[i] = syms[i];
     rt_derive_syms(m, v);
-    size_t nb = (size_t)m->nbufs + 1;
-    size_t *offset = rt_calloc(nb, sizeof *offset), *bytes = rt_calloc(nb, sizeof *bytes);
-    size_t total = 0;
-    int rc = offset && bytes ? plan_offsets(m, v, offset, bytes, &total) : -1;
-    free(offset);
-    free(bytes);
+    /* the arena the schedule runs in: a device module's device arena */
+    ArenaPlan host, dev;
+    int rc = alloc_plan(m, &host) | alloc_plan(m, &dev);
+    if (rc == 0) {
+        plan_elem_sizes(m, host.elem, dev.elem);
+        rc = plan_offsets(m, v, m->device ? &dev : &host);
+    }
+    size_t total = m->device ? dev.total : host.total;
+    free_plan(&host);
+    free_plan(&dev);
     return rc == 0 ? (int64_t)total : -1;
 }
 
@@ -228,10 +298,10 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     s->own = rt_calloc(nb, sizeof *s->own);
     s->shape = rt_calloc(nb, sizeof *s->shape);
     s->set = rt_calloc(nb, 1);
-    s->offset = rt_calloc(nb, sizeof *s->offset);
-    s->bytes = rt_calloc(nb, sizeof *s->bytes);
-    if (!s->ptr || !s->own || !s->shape || !s->set || !s->offset || !s->bytes)
+    if (!s->ptr || !s->own || !s->shape || !s->set || alloc_plan(m, &s->host) < 0 ||
+        (m->device && alloc_plan(m, &s->devplan) < 0))
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    plan_elem_sizes(m, s->host.elem, s->devplan.elem);
     if (m->device) { /* before the pool: a session whose device fails stays unusable */
         char msg[sizeof s->err];
         int st = (s->changed = rt_calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
@@ -268,8 +338,8 @@ void xtc_session_free(XtcSession *s)
     free(s->ptr);
     free(s->shape);
     free(s->set);
-    free(s->offset);
-    free(s->bytes);
+    free_plan(&s->host);
+    free_plan(&s->devplan);
     free(s->arena);
     free(s->step_s);
     free(s);
@@ -277,7 +347,12 @@ void xtc_session_free(XtcSession *s)
 
 const char *xtc_session_error(const XtcSession *s) { return s ? s->err : "no session"; }
 
-int64_t xtc_session_peak_bytes(const XtcSession *s) { return s ? (int64_t)s->arena_bytes : 0; }
+int64_t xtc_session_peak_bytes(const XtcSession *s)
+{
+    if (!s)
+        return 0;
+    return (int64_t)(s->devplan.elem ? s->dev_arena_bytes : s->arena_bytes);
+}
 
 const char *xtc_session_device(const XtcSession *s)
 {
@@ -863,8 +938,8 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
  * s->ptr. Returns as the module's run does, or -1 with the device's message set. */
 static int32_t device_run(XtcSession *s, const int64_t *syms)
 {
-    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .syms = syms, .offset = s->offset,
-                       .arena_bytes = s->arena_bytes, .step_s = s->step_s};
+    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .syms = syms, .offset = s->devplan.offset,
+                       .arena_bytes = s->devplan.total, .step_s = s->step_s};
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)
@@ -892,7 +967,6 @@ int xtc_session_run(XtcSession *s)
     if (st)
         return st;
     /* temps whose dims go negative would be a model bug (n-1 with n = 0, say) */
-    int grow = 0;
     for (int i = 0; i < m->nbufs; i++) {
         const RtBuffer *b = &m->bufs[i];
         if (b->kind != RT_BUF_TEMP)
@@ -901,23 +975,21 @@ int xtc_session_run(XtcSession *s)
             if (rt_dim_eval(&b->shape[d], syms) < 0)
                 return fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
                             b->dims[d]);
-        if (buffer_bytes(b, syms) > s->bytes[i])
-            grow = 1;
     }
-    if (grow || !s->arena) { /* no arena: the last plan's allocation failed */
+    int fits = plan_fits(m, &s->host, syms) && (!s->devplan.elem || plan_fits(m, &s->devplan, syms));
+    if (!fits || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
         if ((st = plan_arena(s, next)))
             return st;
-        for (int i = 0; i < m->nbufs && !st; i++)
-            if (m->bufs[i].kind == RT_BUF_TEMP && buffer_bytes(&m->bufs[i], syms) > s->bytes[i])
-                st = plan_arena(s, syms); /* a shape that shrinks as a symbol grows */
+        if (!plan_fits(m, &s->host, syms) || (s->devplan.elem && !plan_fits(m, &s->devplan, syms)))
+            st = plan_arena(s, syms); /* a shape that shrinks as a symbol grows */
         if (st)
             return st;
     }
     for (int i = 0; i < m->nbufs; i++)
-        s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->offset[i] : s->own[i];
+        s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);

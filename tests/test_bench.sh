@@ -83,7 +83,7 @@ expect "text: wall-clock kernel times" "^kernel times: wall clock per step" "$tm
 # the CUDA path, emulated
 check "bench --target cuda-emu" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2 --target cuda-emu
 cp "$tmp/out" "$tmp/emu.txt"
-expect "text: target cuda-emu" "target cuda-emu, 2 runs after 1 warm-up" "$tmp/emu.txt"
+expect "text: target cuda-emu" "target cuda-emu, dtype f32, 2 runs after 1 warm-up" "$tmp/emu.txt"
 expect "text: the device is emulated" "^device: emulated \(the xtc CUDA emulator" "$tmp/emu.txt"
 expect "text: emulated CUDA events" "^kernel times: emulated CUDA events \(host clock: not GPU figures\)" "$tmp/emu.txt"
 expect "text: fused total" "^  total [0-9.]+ ms median \(min [0-9.]+, max [0-9.]+, spread [0-9.]+%\), arena [0-9.]+ MiB of device memory" \
@@ -100,7 +100,34 @@ check "bench --target cuda-emu --train --json" "$xtc" bench "$model" --batch 1 -
 cp "$tmp/out" "$tmp/emu_train.json"
 check "its JSON" $py "$tmp/validate.py" "$tmp/emu_train.json" cuda-emu emulated emulated-cuda-events 2
 
+# 16-bit storage: the device arena is planned at 2 bytes per element, about half the f32 one
+# (the same sizes as emu.json); with --max-gib below it, the planned figure is the device's too
+check "bench --target cuda-emu --dtype bf16 --json" "$xtc" bench "$model" --batch 2 --seq 5 --repeat 1 --target cuda-emu \
+  --dtype bf16 --json
+cp "$tmp/out" "$tmp/emu_bf16.json"
+check "its JSON" $py "$tmp/validate.py" "$tmp/emu_bf16.json" cuda-emu emulated emulated-cuda-events 1
+cat > "$tmp/half.py" << 'EOF'
+import json, sys
+f32, half = (json.load(open(p)) for p in sys.argv[1:3])
+if f32["dtype"] != "f32" or half["dtype"] != "bf16":
+    sys.exit("dtype fields %r, %r" % (f32["dtype"], half["dtype"]))
+for v in ("fused", "unfused"):
+    a, b = f32[v]["arena_bytes"], half[v]["arena_bytes"]
+    if not 0 < b <= 0.6 * a:
+        sys.exit("%s: device arena %d bytes with bf16 storage, %d with f32" % (v, b, a))
+    print("%s: device arena %d bytes with f32 storage, %d with bf16 (%.3f)" % (v, a, b, b / a))
+EOF
+check "bf16 halves the device arena" $py "$tmp/half.py" "$tmp/emu.json" "$tmp/emu_bf16.json"
+check "bench --dtype bf16 --max-gib (planned, not run)" "$xtc" bench "$model" --batch 2 --seq 5 --target cuda-emu \
+  --dtype bf16 --max-gib 1e-9
+cp "$tmp/out" "$tmp/emu_bf16.txt"
+expect "text: target and dtype" "target cuda-emu, dtype bf16, " "$tmp/emu_bf16.txt"
+expect "text: not run" "^  not run: the arena would exceed --max-gib 1e-09; planned arena" "$tmp/emu_bf16.txt"
+expect "text: the device arena with its storage" "^arena \(device memory, bf16 storage\): fused [0-9.]+ MiB" "$tmp/emu_bf16.txt"
+
 # misuse
+refuse "--dtype on the cpu" "the cpu backend stores in f32 only" "$xtc" bench "$model" --batch 1 --seq 8 --dtype bf16
+refuse "unknown --dtype" "xtc bench: --dtype: " "$xtc" bench "$model" --batch 1 --seq 8 --target cuda-emu --dtype f64
 refuse "unknown target" "unknown target 'tpu'" "$xtc" bench "$model" --batch 1 --seq 8 --target tpu
 refuse "no target name" "--target needs a value" "$xtc" bench "$model" --batch 1 --seq 8 --target
 

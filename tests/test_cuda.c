@@ -723,6 +723,75 @@ START_TEST(test_case_half)
 }
 END_TEST
 
+/* 16-bit storage halves the device arena: the session plans it with each temp at its device
+ * size (RtDeviceOps.elem_bytes: 2 bytes per element where the module stores it in 16 bits, 4 for
+ * the buffers that stay f32, cg_keeps_f32) while outputs come back to the host as f32. The
+ * matmuls keep nothing in f32; the training block keeps its loss and the embedding's gradient;
+ * the attention case its outputs with the logsumexp column (only planned here: test_case_half
+ * runs it). */
+START_TEST(test_half_arena)
+{
+    static const BuildFn builds[] = {build_matmul, build_train_block, build_attention};
+    static const char *const names[] = {"matmul_arena", "train_block_arena", "attention_arena"};
+    static const int min_kept[] = {0, 2, 3};
+    static const double max_ratio[] = {0.51, 0.53, 0.75};
+    const int64_t syms[2] = {2, 33};
+    char err[1024];
+    for (int c = 0; c < 3; c++) {
+        IrGraph *g0 = new_graph(names[c], builds[c]);
+        PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+        IrGraph *g = pass_run_pipeline(g0, &po, err, sizeof err);
+        ck_assert_msg(g != NULL, "%s: passes: %s", names[c], err);
+        int64_t arena[2] = {0};
+        for (storage = 0; storage < 2; storage++) {
+            XtcModule *m = compile_target(g, names[c], "cuda-emu");
+            arena[storage] = xtc_module_arena_bytes(m, syms);
+            const XtcCudaModuleV1 *cm = m->device_abi;
+            int kept = 0, half_outputs = 0;
+            for (int b = 0; b < m->nbufs; b++) {
+                const RtBuffer *buf = &m->bufs[b];
+                if (buf->kind != RT_BUF_TEMP)
+                    continue;
+                size_t want = buf->dtype == XTC_F32 && cm->buf_storage[b] ? 2 : xtc_dtype_size(buf->dtype);
+                kept += storage && buf->dtype == XTC_F32 && !cm->buf_storage[b];
+                ck_assert_msg(m->device->elem_bytes(m, b) == want, "%s, %s storage: %%%s takes %zu bytes per element "
+                              "on the device, not %zu", names[c], STORAGE_NAME[storage], buf->name,
+                              m->device->elem_bytes(m, b), want);
+            }
+            for (int o = 0; o < m->nouts; o++) {
+                int b = m->outs[o].buf;
+                half_outputs += m->bufs[b].kind == RT_BUF_TEMP && cm->buf_storage[b];
+                if (storage && !strcmp(m->outs[o].name, "loss"))
+                    ck_assert_msg(!cm->buf_storage[b] && m->device->elem_bytes(m, b) == 4, "%s: loss not in f32",
+                                  names[c]);
+            }
+            if (storage) {
+                ck_assert_msg(half_outputs > 0, "%s: no output is a 16-bit temp", names[c]);
+                ck_assert_msg(kept >= min_kept[c], "%s: %d temps kept f32, expected %d", names[c], kept, min_kept[c]);
+            }
+            /* a session's device arena is the plan's; its outputs, 16-bit ones widened on
+             * download into the host arena, match the reference */
+            XtcSession *s = NULL;
+            XtcSessionOptions so = {.max_batch = syms[0], .max_seq = syms[1]};
+            ck_assert_msg(xtc_session_new(m, &so, &s) == XTC_OK, "%s", xtc_session_error(s));
+            ck_assert_int_eq(xtc_session_peak_bytes(s), arena[storage]);
+            xtc_session_free(s);
+            if (storage && c < 2)
+                check_run(g, m, syms, names[c], "forward");
+            xtc_module_free(m);
+        }
+        storage = 0;
+        /* half the bytes of f32, up to each temp's rounding to 64 bytes, plus the f32 buffers */
+        double ratio = (double)arena[1] / (double)arena[0];
+        fprintf(stderr, "test_cuda: %s: device arena at b=2 n=33: f32 %lld bytes, bf16 %lld (%.3f)\n", names[c],
+                (long long)arena[0], (long long)arena[1], ratio);
+        ck_assert_msg(ratio <= max_ratio[c], "%s: the bf16 device arena is %.3f of the f32 one", names[c], ratio);
+        ir_graph_free(g);
+        ir_graph_free(g0);
+    }
+}
+END_TEST
+
 /* symbolic dims that come out as 0: empty outputs launch nothing, empty sums are 0 */
 START_TEST(test_empty_sizes)
 {
@@ -1301,6 +1370,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_no_driver);
     tcase_add_test(tc, test_gpu);
     suite_add_tcase(s, tc);
+    TCase *arena = tcase_create("arena"); /* CK_RUN_CASE=arena runs it alone */
+    tcase_set_timeout(arena, 300);
+    tcase_add_test(arena, test_half_arena);
+    suite_add_tcase(s, arena);
     /* CK_RUN_CASE=profile runs these alone */
     TCase *prof = tcase_create("profile");
     tcase_set_timeout(prof, 300);
