@@ -313,7 +313,7 @@ done:
 const CgBackend cg_cuda_backend = {
     .name = "cuda",
     .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS,
     .supports = cuda_supports,
     .render = cuda_render,
     .compile = compile,
@@ -323,7 +323,7 @@ const CgBackend cg_cuda_backend = {
 const CgBackend cg_cuda_emu_backend = {
     .name = "cuda-emu",
     .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS,
     .supports = cuda_supports,
     .render = emu_render,
     .compile = compile,

@@ -6,7 +6,9 @@
  *   thread: the thread computes its score (q_i . k_j * scale + bias, -FLT_MAX where masked), the
  *   block takes the chunk's maximum and the online-softmax rescaling (running max mx, running
  *   sum l), and every thread then adds the chunk's p_j v_j into the output columns it owns. With
- *   stats the last column is the row's logsumexp mx + log l.
+ *   stats the last column is the row's logsumexp mx + log l. Through head-split views
+ *   (cg_plan.h, CG_VIEW_*) it reads q, k, v as [b, rows, H, width] with row stride H width, and
+ *   writes its result so, as the merge permute's value; the backward never reads through views.
  * attention_grad(q, k, v, o, dout, bias, mask, scale) -> [.., I + 2J, D]: dq, dk, dv stacked
  *   A block per query row (its dq row) or per key row (its dk and dv rows), so that every output
  *   row has one writer: no atomics, the same result on every run. Probabilities come back from
@@ -129,6 +131,22 @@ static void batch_indices(CuKernel *k, const IrNode *q, const char *indent)
         fprintf(f, "%s(void)ix%d;\n", indent, d);
 }
 
+/* Where the [rows, width] matrix of batch index `batch` (flat over the batch dims) of a forward
+ * attention operand or result starts (pointer name), and its row stride (stride): contiguous
+ * [.., rows, width]; or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, H, width]
+ * read or written in place for the node's [b, H, rows, width]: the rows of head `batch % H` are
+ * width elements every H width. */
+static void operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
+                         const char *base, const char *rows, const char *width, const char *stride)
+{
+    if (!view)
+        fprintf(k->f, "        %s%s *%s = %s + batch * %s * %s;\n        const i64 %s = %s;\n", qual, type, name, base,
+                rows, width, stride, width);
+    else
+        fprintf(k->f, "        %s%s *%s = %s + ((batch / H) * %s * H + batch %% H) * %s;\n"
+                      "        const i64 %s = H * %s;\n", qual, type, name, base, rows, width, stride, width);
+}
+
 int cg_cuda_attention(CuKernel *k)
 {
     const IrNode *x = k->node;
@@ -137,6 +155,7 @@ int cg_cuda_attention(CuKernel *k)
     if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0, x->ia[2]) < 0)
         return -1;
     int stats = x->ia[1] != 0;
+    unsigned views = k->k->views;
     long long ocols = a.E + stats, accs = (a.E + ATT_BLOCK - 1) / ATT_BLOCK;
     FILE *f = k->f;
     k->sync = 1;
@@ -144,16 +163,26 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "    __shared__ float qi[%lld]; /* the query row */\n", a.D > 0 ? a.D : 1);
     fprintf(f, "    __shared__ float probs[%d]; /* a chunk of probabilities (before the division by l) */\n", ATT_BLOCK);
     fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a.I, a.J, a.batches);
-    fprintf(f, "    const int D = %lld, E = %lld;\n", a.D, a.E);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
+            a.D, a.E, ocols);
+    if (views) {
+        char h[CU_EXPR];
+        cu_dim(k->gen, q->shape[1], h, sizeof h); /* views exist for rank 4 only */
+        fprintf(f, "    const i64 H = %s; /* heads; in place as [b, rows, H, width]:%s%s%s%s */\n", h,
+                views & CG_VIEW_Q ? " q" : "", views & CG_VIEW_K ? " k" : "", views & CG_VIEW_V ? " v" : "",
+                views & CG_VIEW_OUT ? " out" : "");
+    }
     fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
     batch_indices(k, q, "        ");
-    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
-    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
+    operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        const float scale = %s;\n", a.scale);
-    fprintf(f, "        %s *o = out + row * %lld;\n", cu_mem_type(x), ocols);
+    fprintf(f, "        %s *o = ob + i * os;\n", cu_mem_type(x));
     fprintf(f, "        for (int d = threadIdx.x; d < D; d += blockDim.x)\n");
-    fprintf(f, "            qi[d] = xtc_ld(in0, row * D + d);\n");
+    fprintf(f, "            qi[d] = xtc_ld(qb, i * qs + d);\n");
     fprintf(f, "        __syncthreads();\n");
     fprintf(f, "        float mx = -XTC_INF, lsum = 0.0f, acc[%lld];\n", accs > 0 ? accs : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = 0.0f;\n", accs);
@@ -162,7 +191,7 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "            float score = -XTC_INF;\n");
     fprintf(f, "            if (j < J) {\n");
     fprintf(f, "                float dot = 0.0f;\n");
-    fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * xtc_ld(kb, j * D + d);\n");
+    fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * xtc_ld(kb, j * ks + d);\n");
     fprintf(f, "                score = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a.keep,
             a.bias);
     fprintf(f, "            }\n");
@@ -178,7 +207,7 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "                if (e < E) {\n");
     fprintf(f, "                    float sum = acc[ci] * alpha;\n");
     fprintf(f, "                    for (int jj = 0; jj < nj; jj++)\n");
-    fprintf(f, "                        sum += probs[jj] * xtc_ld(vb, (j0 + jj) * E + e);\n");
+    fprintf(f, "                        sum += probs[jj] * xtc_ld(vb, (j0 + jj) * vs + e);\n");
     fprintf(f, "                    acc[ci] = sum;\n                }\n            }\n        }\n");
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++) {\n", accs);
     fprintf(f, "            const int e = threadIdx.x + %d * ci;\n", ATT_BLOCK);

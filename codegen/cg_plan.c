@@ -177,7 +177,7 @@ static void head_views(const IrGraph *g, const char *needed, unsigned *views, ch
         if (a->op == IR_ATTENTION && a->ia[1] == 0 && uses[a->id] == 1 && !output[a->id]) {
             views[a->id] |= CG_VIEW_OUT;
             elide[i] = 1;
-        } else if (!other[i] && !output[i] && uses[i] > 0) {
+        } else if (!other[i] && !output[i] && uses[i] > 0 && !cg_keeps_f32(a)) {
             for (int j = i + 1; j < nn; j++)
                 for (int k = 0; k < 3 && g->nodes[j]->op == IR_ATTENTION; k++)
                     if (needed[j] && g->nodes[j]->in[k] == pm)

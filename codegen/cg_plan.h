@@ -31,11 +31,15 @@ typedef struct {
     unsigned views;     /* CG_VIEW_*: operands read, or the result written, in place of a permute */
 } CgKernel;
 
-/* Head-split views (cg_plan_build_views with head_views): a permute (0, 2, 1, 3) of rank 4
- * between an attention op and its q, k or v, or after an attention op's result, makes no step.
+/* Head-split views (cg_plan_build_views with head_views, for the backends with CG_CAP_HEAD_VIEWS:
+ * the forward attention kernels of the CPU, cg_llvm_attention.c, and of CUDA, cg_cuda_attention.c,
+ * read and write through them): a permute (0, 2, 1, 3) of rank 4 between an attention op and its
+ * q, k or v, or after an attention op's result, makes no step.
  *  - CG_VIEW_Q/K/V: the permute's every consumer is a forward attention reading it as q, k or v,
- *    and it is not an output: the attention reads the permute's operand, [.., n, h, d], in
- *    place (row stride h d) instead of a [.., h, n, d] copy;
+ *    and it is not an output, and its operand does not stay f32 under 16-bit storage
+ *    (cg_keeps_f32: the attention would read that buffer as the permute's 16-bit type): the
+ *    attention reads the permute's operand, [.., n, h, d], in place (row stride h d) instead
+ *    of a [.., h, n, d] copy;
  *  - CG_VIEW_OUT: the attention (without the statistics column) has that permute as its only
  *    consumer and is not an output: it writes its result as the permute's value, [.., n, h, e],
  *    which the permute's consumers read as a plain buffer.

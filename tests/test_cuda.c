@@ -624,6 +624,60 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     out(g, "grad_plain", ir_attention_grad(g, o2, input(g, "dout2", IR_F32, 4, sd)));
 }
 
+/* heads split and merged around attention (x-transformers' rearranges), which the backend reads
+ * and writes in place (cg_plan.h, CG_VIEW_*): q, k, v as [b, n, h, d] and the result merged back
+ * (every view); a k that is also an output (no view of it) and a merge of a result with the
+ * statistics column (no view of it); a v split from entmax15's rows, which stay f32 under 16-bit
+ * storage (cg_keeps_f32: no view of it either) */
+static void build_heads(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(2);
+    IrDim sxq[] = {b, n, h, ir_dim(8)}, sxk[] = {b, J, h, ir_dim(8)}, sxv[] = {b, J, h, ir_dim(12)};
+    IrDim smask[] = {b, ir_dim(1), ir_dim(1), J};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxv), split);
+    IrNode *c = ir_const(g, 0.35, IR_F32), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+    IrNode *hk2 = ir_permute(g, input(g, "xk2", IR_F32, 4, sxk), split);
+    out(g, "heads_k2", hk2);
+    out(g, "heads_stats", ir_permute(g, ir_attention(g, hq, hk2, hv, NULL, mask, c, 0, 1), split));
+    IrNode *hve = ir_permute(g, ir_entmax15(g, input(g, "xve", IR_F32, 4, sxv)), split);
+    out(g, "heads_f32", ir_attention(g, hq, hk, hve, NULL, NULL, c, 0, 0));
+}
+
+/* The plan the cuda targets render for build_heads has the views: three permute steps left of
+ * seven (heads_k2's split, heads_stats' merge, the entmax15 split), and the attention kernels
+ * read and write through the views decided above. */
+START_TEST(test_head_views)
+{
+    ck_assert_msg(cg_cuda_backend.caps & cg_cuda_emu_backend.caps & CG_CAP_HEAD_VIEWS, "no CG_CAP_HEAD_VIEWS");
+    IrGraph *g = new_graph("heads", build_heads);
+    CgPlan p, plain;
+    char err[512];
+    ck_assert_msg(cg_plan_build_views(g, &p, (cg_cuda_backend.caps & CG_CAP_HEAD_VIEWS) != 0, err, sizeof err) == 0,
+                  "%s", err);
+    ck_assert_msg(cg_plan_build(g, &plain, err, sizeof err) == 0, "%s", err);
+    int permutes = 0, natt = 0;
+    unsigned views[3] = {0};
+    for (int s = 0; s < p.nsteps; s++) {
+        permutes += p.steps[s].node->op == IR_PERMUTE;
+        if (p.steps[s].node->op == IR_ATTENTION && natt < 3)
+            views[natt++] = p.kernels[p.steps[s].kernel].views;
+    }
+    ck_assert_int_eq(permutes, 3);
+    ck_assert_int_eq(p.nsteps, plain.nsteps - 4);
+    ck_assert_int_eq(natt, 3);
+    ck_assert_uint_eq(views[0], CG_VIEW_Q | CG_VIEW_K | CG_VIEW_V | CG_VIEW_OUT); /* heads */
+    ck_assert_uint_eq(views[1], CG_VIEW_Q | CG_VIEW_V);                           /* heads_stats */
+    ck_assert_uint_eq(views[2], CG_VIEW_Q | CG_VIEW_K);                           /* heads_f32 */
+    cg_plan_free(&plain);
+    cg_plan_free(&p);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* ---- backward graphs ---- */
 
 /* layer norm over the last axis, as the front end lowers it */
@@ -700,7 +754,7 @@ typedef struct {
 static const Case cases[] = {
     {"unary", build_unary},   {"binary", build_binary}, {"reduce", build_reduce},           {"move", build_move},
     {"matmul", build_matmul}, {"xent", build_xent},  {"rand", build_rand},     {"train_block", build_train_block}, {"train_ops", build_train_ops},
-    {"attention", build_attention},
+    {"attention", build_attention}, {"heads", build_heads},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -1361,6 +1415,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_every_op_has_a_kernel);
     tcase_add_test(tc, test_every_op_is_tested);
+    tcase_add_test(tc, test_head_views);
     tcase_add_loop_test(tc, test_case, 0, NCASES);
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_empty_sizes);

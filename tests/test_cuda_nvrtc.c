@@ -79,6 +79,7 @@ typedef struct {
     int graphs, refused, kernels;
     int mma;      /* CG_MMA_*: how the matmuls are rendered */
     int only_mma; /* keep only the kernels on tensor cores */
+    int viewed;   /* of the distinct kernels: attention through head-split views (CG_VIEW_*) */
 } KernelSet;
 
 static char *canonical(const char *text, const char *fn)
@@ -104,7 +105,9 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
 {
     char err[1024];
     CgPlan plan;
-    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s: plan: %s", what, err);
+    /* as cg_compile plans for the cuda target: inference attention through head-split views */
+    int views = (cg_cuda_backend.caps & CG_CAP_HEAD_VIEWS) != 0;
+    ck_assert_msg(cg_plan_build_views(g, &plan, views, err, sizeof err) == 0, "%s: plan: %s", what, err);
     CuUnit u;
     CgOptions opt = {.output = "-", .mma = ks->mma};
     ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s: render: %s", what, err);
@@ -124,6 +127,7 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
             ks->text = realloc(ks->text, (size_t)ks->cap * sizeof *ks->text);
             ks->op = realloc(ks->op, (size_t)ks->cap * sizeof *ks->op);
         }
+        ks->viewed += plan.kernels[k].views != 0;
         ks->op[ks->n] = strdup(ir_ops[plan.kernels[k].node->op].name);
         ks->text[ks->n++] = c;
     }
@@ -396,6 +400,8 @@ START_TEST(test_every_kernel_compiles)
             mma_kernels[mma] = add_mma_kernels(&ks, mma);
             ck_assert_int_gt(mma_kernels[mma], 4);
         }
+    /* the models' inference attention reads q, k, v and writes its result through the views */
+    ck_assert_msg(ks.viewed > 0, "no kernel through head-split views among the %d", ks.n);
     double t1 = now_s();
     Chunk sum;
     compile_set(&ks, storage, &sum);
@@ -406,11 +412,11 @@ START_TEST(test_every_kernel_compiles)
                   mma_kernels[CG_MMA_BF16], mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16);
     double t2 = now_s();
     fprintf(stderr,
-            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct, "
-            "and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with --mma=fp16; %d bf16 and %d f16 mma.sync "
-            "in the PTX): all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) and assembled by ptxas for "
-            "sm_80 and sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
-            storage_name[storage], ks.graphs, ks.refused, ks.kernels, plain, mma_kernels[CG_MMA_BF16],
+            "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct (%d "
+            "through head-split views), and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with --mma=fp16; "
+            "%d bf16 and %d f16 mma.sync in the PTX): all %d compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) "
+            "and assembled by ptxas for sm_80 and sm_90 in %.1f s on %d threads (rendering %.1f s)\n",
+            storage_name[storage], ks.graphs, ks.refused, ks.kernels, plain, ks.viewed, mma_kernels[CG_MMA_BF16],
             mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16, ks.n, sum.src_bytes / 1024.0,
             sum.ptx_bytes / 1024.0, t2 - t1, sum.index, t1 - t0);
     free_set(&ks);
