@@ -284,8 +284,9 @@ int cli_init(int argc, char **argv)
                 rc = 1;
                 break;
             }
-            if (rt_init_tensor(t.name, t.rank, t.shape, data, &rng) != 0)
-                fprintf(stderr, "xtc init: no rule for '%s': zeros\n", t.name);
+            int how = rt_init_tensor(t.name, t.rank, t.shape, data, &rng);
+            if (how)
+                fprintf(stderr, "xtc init: '%s': %s\n", t.name, rt_init_note(how));
             if (rt_st_writer_add(w, t.name, RT_F32, t.rank, t.shape, data) != 0)
                 rc = 1;
             free(data);

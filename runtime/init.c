@@ -44,6 +44,37 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
+static void fill_const(float *out, int64_t n, float v)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = v;
+}
+
+static void fill_uniform(float *out, int64_t n, double bound, RtRng *rng)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)((2.0 * rt_rng_uniform(rng) - 1.0) * bound);
+}
+
+static void fill_normal(float *out, int64_t n, double std, RtRng *rng)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (float)(std * rt_rng_normal(rng));
+}
+
+/* "...layers.<i>.1.g": the scalar a Rezero block (use_rezero) multiplies its output by; the
+ * gains of ScaleNorm and RMSNorm (also .g) sit in the norms list, "...layers.<i>.0.<k>.g" */
+static int is_rezero_gain(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 5 || strcmp(name + n - 4, ".1.g") != 0)
+        return 0;
+    size_t k = n - 4; /* the digits of the layer index before ".1.g", then ".layers" */
+    while (k > 0 && name[k - 1] >= '0' && name[k - 1] <= '9')
+        k--;
+    return k < n - 4 && k >= 7 && strncmp(name + k - 7, "layers.", 7) == 0;
+}
+
 /* ALiBi's fixed slope h of `heads` (XT-SEMANTICS.md 7.4; the same rule as frontend/lower.c): for
  * a power of two n, start^(h+1) with start = 2^(-2^-(log2 n - 3)); otherwise the slopes of the
  * power of two p below, then every other slope of 2p */
@@ -55,6 +86,13 @@ static double alibi_slope(int64_t heads, int64_t h)
     int64_t m = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
     double start = pow(2.0, -pow(2.0, -(log2((double)m) - 3)));
     return (float)(start * pow(start, (double)i));
+}
+
+const char *rt_init_note(int rc)
+{
+    return rc < 0 ? "no initialisation rule: zeros"
+                  : "starts at -3, scale_init_value's default (a model setting scale_init_value or "
+                    "qk_norm_attn_seq_len starts there in x-transformers)";
 }
 
 int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out, RtRng *rng)
@@ -77,6 +115,40 @@ int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out,
         double std = rank == 2 ? sqrt(2.0 / (double)shape[1]) : 1.0;
         for (int64_t i = 0; i < n; i++)
             out[i] = (float)(std * rt_rng_normal(rng));
+        return 0;
+    }
+    /* parameters x-transformers 0.23.0 creates with a constant, not by a module's default */
+    if (ends_with(name, ".to_v_gate.weight") || is_rezero_gain(name)) { /* gate_values; use_rezero */
+        fill_const(out, n, 0.0f);
+        return 0;
+    }
+    if (ends_with(name, ".to_v_gate.bias") || ends_with(name, ".head_scale_params") ||
+        ends_with(name, ".residual_scale")) {
+        fill_const(out, n, 1.0f);
+        return 0;
+    }
+    if (ends_with(name, ".scale") && rank == 4) { /* qk_norm's log-temperature: scale_init_value's default */
+        fill_const(out, n, -3.0f);
+        return 1;
+    }
+    /* nn.GRUCell(dim, dim) (gate_residual): every weight and bias U(-1/sqrt(dim), 1/sqrt(dim)) */
+    if ((ends_with(name, ".gru.weight_ih") || ends_with(name, ".gru.weight_hh")) && rank == 2) {
+        fill_uniform(out, n, 1.0 / sqrt((double)shape[1]), rng);
+        return 0;
+    }
+    if ((ends_with(name, ".gru.bias_ih") || ends_with(name, ".gru.bias_hh")) && rank == 1) {
+        fill_uniform(out, n, 1.0 / sqrt((double)(shape[0] / 3 > 0 ? shape[0] / 3 : 1)), rng);
+        return 0;
+    }
+    /* talking heads: a 1x1 Conv2d(h, h) without bias, torch's default U(-1/sqrt(h), 1/sqrt(h)) */
+    if (ends_with(name, "_softmax_talking_heads.weight") && rank == 4) {
+        fill_uniform(out, n, 1.0 / sqrt((double)shape[1]), rng);
+        return 0;
+    }
+    /* ViT's cls token and positions: torch.randn */
+    if ((strcmp(name, "cls_token") == 0 || ends_with(name, ".cls_token") || strcmp(name, "pos_embedding") == 0 ||
+         ends_with(name, ".pos_embedding"))) {
+        fill_normal(out, n, 1.0, rng);
         return 0;
     }
     if (ends_with(name, "emb.weight") || ends_with(name, "relative_attention_bias.weight") ||

@@ -20,7 +20,15 @@ double rt_rng_normal(RtRng *r);    /* N(0, 1) */
  *   *.inv_freq (rotary)         1 / 10000^(2k / (2 * len))
  *   Linear weight [out, in]     U(-1/sqrt(in), 1/sqrt(in)); its bias likewise (torch default)
  *   norm weight / g             1;  norm bias  0
- * Returns 0, or -1 when the name matches no rule (out is then zero-filled). */
+ *   the constants of 0.23.0: to_v_gate weight 0 and bias 1 (gate_values), head_scale_params 1,
+ *   residual_scale 1, a Rezero block's g 0; GRU gating's cell and talking heads torch's default
+ *   U(-1/sqrt(fan_in), ..); ViT's cls_token and pos_embedding N(0, 1)
+ *   qk_norm's log-temperature *.scale [1, h, 1, 1]: -3, scale_init_value's default (returns 1:
+ *   a model with scale_init_value or use_qk_norm_attn's qk_norm_attn_seq_len starts elsewhere)
+ * Returns 0; 1 when the value depends on an option the name does not carry (the default is
+ * used); -1 when the name matches no rule (out is then zero-filled). */
 int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out, RtRng *rng);
+/* What to tell the user about a nonzero return of rt_init_tensor. */
+const char *rt_init_note(int rc);
 
 #endif

@@ -346,6 +346,61 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* Fresh weights (xtc init, xtc train) by x-transformers 0.23.0's rules, from the name: the
+ * constants it sets by hand, GRU gating's and talking heads' torch defaults, ViT's randn; and
+ * the norm gains next to a Rezero gain of the same name's shape */
+static void init_of(const char *name, int rank, const int64_t *shape, float *out, int want_rc)
+{
+    RtRng rng;
+    rt_rng_seed(&rng, 7);
+    ck_assert_msg(rt_init_tensor(name, rank, shape, out, &rng) == want_rc, "%s", name);
+}
+
+START_TEST(test_init_rules)
+{
+    float v[48];
+    int64_t s1[1] = {4}, s2[2] = {12, 4}, s12[1] = {12}, s4[4] = {1, 3, 1, 1}, sh[4] = {3, 3, 1, 1}, sg[1] = {1};
+    init_of("attn_layers.layers.0.1.to_v_gate.weight", 2, s2, v, 0);
+    for (int i = 0; i < 48; i++)
+        ck_assert_float_eq(v[i], 0.0f);
+    init_of("attn_layers.layers.0.1.to_v_gate.bias", 1, s12, v, 0);
+    for (int i = 0; i < 12; i++)
+        ck_assert_float_eq(v[i], 1.0f);
+    init_of("attn_layers.layers.0.1.head_scale_params", 4, s4, v, 0);
+    ck_assert_float_eq(v[2], 1.0f);
+    init_of("attn_layers.layers.1.2.residual_scale", 1, s1, v, 0);
+    ck_assert_float_eq(v[3], 1.0f);
+    init_of("attn_layers.layers.1.1.scale", 4, s4, v, 1); /* scale_init_value's default */
+    ck_assert_float_eq(v[1], -3.0f);
+    init_of("attn_layers.layers.3.1.g", 1, sg, v, 0); /* Rezero */
+    ck_assert_float_eq(v[0], 0.0f);
+    init_of("attn_layers.layers.3.0.0.g", 1, sg, v, 0); /* ScaleNorm */
+    ck_assert_float_eq(v[0], 1.0f);
+    init_of("attn_layers.layers.13.1.g", 1, sg, v, 0);
+    ck_assert_float_eq(v[0], 0.0f);
+    /* uniform within torch's default bound, and not all zero */
+    struct { const char *name; int rank; const int64_t *shape; int n; double bound; } u[] = {
+        {"attn_layers.layers.1.2.gru.weight_ih", 2, s2, 48, 0.5},
+        {"attn_layers.layers.1.2.gru.bias_hh", 1, s12, 12, 0.5},
+        {"attn_layers.layers.0.1.pre_softmax_talking_heads.weight", 4, sh, 9, 1 / sqrt(3.0)},
+    };
+    for (size_t c = 0; c < sizeof u / sizeof u[0]; c++) {
+        init_of(u[c].name, u[c].rank, u[c].shape, v, 0);
+        double mx = 0;
+        for (int i = 0; i < u[c].n; i++)
+            mx = fmax(mx, fabs(v[i]));
+        ck_assert_msg(mx > 0.1 * u[c].bound && mx <= u[c].bound, "%s: max |w| %g, bound %g", u[c].name, mx, u[c].bound);
+    }
+    int64_t sc[3] = {1, 1, 16};
+    init_of("cls_token", 3, sc, v, 0);
+    double ss = 0;
+    for (int i = 0; i < 16; i++)
+        ss += v[i] * v[i];
+    ck_assert_double_gt(ss, 1.0); /* N(0, 1): about 16 */
+    init_of("attn_layers.layers.0.1.unknown_thing", 1, s1, v, -1);
+}
+END_TEST
+
 int main(void)
 {
     Suite *su = suite_create("optim");
@@ -355,6 +410,7 @@ int main(void)
     tcase_add_test(tc, test_adamw_thread_independent);
     tcase_add_test(tc, test_checkpoint_continues);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_init_rules);
     suite_add_tcase(su, tc);
     return harness_run(su, "optim");
 }
