@@ -342,7 +342,7 @@ static int bind_session(const BenchOpts *o, const IrGraph *g, Variant *v)
             float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
             if (!data)
                 return -1;
-            rt_init_tensor(t.name, t.rank, t.shape, data, &rng);
+            rt_init_module_param(v->mod, t.name, t.rank, t.shape, data, &rng);
             int rc = xtc_session_set_weight(v->sess, t.name, t.rank, t.shape, data);
             free(data);
             if (rc != XTC_OK) {

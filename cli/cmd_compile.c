@@ -284,7 +284,7 @@ int cli_init(int argc, char **argv)
                 rc = 1;
                 break;
             }
-            int how = rt_init_tensor(t.name, t.rank, t.shape, data, &rng);
+            int how = rt_init_module_param(m, t.name, t.rank, t.shape, data, &rng);
             if (how)
                 fprintf(stderr, "xtc init: '%s': %s\n", t.name, rt_init_note(how));
             if (rt_st_writer_add(w, t.name, RT_F32, t.rank, t.shape, data) != 0)

@@ -273,7 +273,7 @@ static int init_weights(XtcSession *s, const XtcModule *m, uint64_t seed)
                 fprintf(stderr, "xtc train: out of memory\n");
                 return -1;
             }
-            int how = rt_init_tensor(t.name, t.rank, t.shape, data, &rng);
+            int how = rt_init_module_param(m, t.name, t.rank, t.shape, data, &rng);
             if (how)
                 fprintf(stderr, "xtc train: '%s': %s\n", t.name, rt_init_note(how));
             int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, data);

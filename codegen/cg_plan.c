@@ -409,6 +409,11 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
         put_name(f, a->name);
         fprintf(f, " %d\n", b);
     }
+    for (int i = 0; i < g->ninits; i++) {
+        int b = p->buf_of[g->inits[i].target->id];
+        if (b >= 0)
+            fprintf(f, "init %d %a\n", b, g->inits[i].value);
+    }
     for (int i = 0; i < p->nbufs; i++)
         if (p->range_hi[i]) {
             fprintf(f, "range ");

@@ -37,7 +37,8 @@ typedef struct {
     int rel_pos, rel_buckets, rel_max_distance;
     int pia;                    /* position_infused_attn */
     int use_qk_norm_attn, qk_norm;
-    double qk_scale_init;
+    double qk_scale_init;       /* the log-temperature qk_norm's scale starts at (section 9) */
+    int attn_zero_init, ff_zero_init; /* zero_init_output: to_out, and the FF's last Linear start at 0 */
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
     int sparse_topk;            /* k, 0 = off */
     int max_attend_past;        /* the attention window w, 0 = off */
@@ -121,6 +122,18 @@ static IrNode *linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int
     if (bias)
         y = add(L, y, param1(L, out, prefix, "bias"));
     return y;
+}
+
+/* fresh weights of the Linear at prefix start at zero, weight and bias (x-transformers'
+ * init_zero_, for zero_init_output) */
+static void zero_init_linear(Lx *L, const char *prefix)
+{
+    char name[300];
+    const char *leaf[2] = {"weight", "bias"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(name, sizeof name, "%s%s.%s", L->root, prefix, leaf[i]);
+        ir_init_const(L->g, ir_find_leaf(L->g, IR_PARAM, name), 0.0);
+    }
 }
 
 static IrNode *mean_last(Lx *L, IrNode *x, int d)
@@ -399,6 +412,7 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         k = l2norm(L, k);
         IrDim ss[4] = {C(1), C(h), C(1), C(1)};
         IrNode *s = paramv(L, 0, 4, ss, "%s.scale", p);
+        ir_init_const(g, s, S->qk_scale_init);
         scale = ir_unary(g, IR_RECIP, ir_binary(g, IR_MAX, un(L, IR_EXP, s), cf(L, 1e-2)));
     } else {
         scale = cf(L, pow((double)dh, -0.5));
@@ -472,6 +486,8 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
     } else {
         snprintf(name, sizeof name, "%s.to_out", p);
         out = linear(L, out, name, inner, S->dim, 1);
+        if (S->attn_zero_init) /* zero_init_output: init_zero_(to_out) */
+            zero_init_linear(L, name);
     }
     return lab(L, out, "layer%d.attn.out", layer);
 }
@@ -510,7 +526,10 @@ static IrNode *feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int
     }
     hdn = dropout(L, hdn, S->ff_dropout); /* net.2 */
     snprintf(name, sizeof name, "%s.net.3", p);
-    return lab(L, linear(L, hdn, name, inner, S->dim, 1), "layer%d.ff.out", layer);
+    IrNode *y = linear(L, hdn, name, inner, S->dim, 1);
+    if (S->ff_zero_init) /* zero_init_output: init_zero_(net[-1]) */
+        zero_init_linear(L, name);
+    return lab(L, y, "layer%d.ff.out", layer);
 }
 
 /* GRUCell(input = out, hidden = residual), row blocks r, z, n (section 4) */
@@ -583,8 +602,20 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
         return stack_error(L, call, "position_infused_attn needs an even dim, got %d", S->dim);
     S->use_qk_norm_attn = xtf_bool(call, "use_qk_norm_attn");
     S->qk_norm = xtf_bool(call, "attn_qk_norm") || S->use_qk_norm_attn;
+    /* 0.23.0: use_qk_norm_attn replaces scale_init_value by -log(log2(L^2 - L)) for
+     * qk_norm_attn_seq_len L, or None; None means -3 */
+    const XtfValue *sv = xtf_value(call, S->use_qk_norm_attn ? "qk_norm_attn_seq_len" : "attn_scale_init_value");
+    int have = sv && (sv->kind == XV_INT || sv->kind == XV_FLOAT);
+    double qv = have ? xtf_float(call, S->use_qk_norm_attn ? "qk_norm_attn_seq_len" : "attn_scale_init_value") : 0;
+    S->qk_scale_init = !have ? -3.0 : S->use_qk_norm_attn ? -log(log2(qv * qv - qv)) : qv;
+    int branch_zero = xtf_bool(call, "zero_init_branch_output");
+    S->attn_zero_init = branch_zero || xtf_bool(call, "attn_zero_init_output");
+    S->ff_zero_init = branch_zero || xtf_bool(call, "ff_zero_init_output");
     S->talking_heads = xtf_bool(call, "attn_talking_heads");
     S->on_attn = xtf_bool(call, "attn_on_attn");
+    if (S->on_attn && S->attn_zero_init)
+        return stack_error(L, call, "attn_on_attn together with zero_init_output (or zero_init_branch_output) "
+                                    "is not supported (x-transformers 0.23.0 crashes on it: init_zero_ of a Sequential)");
     S->gate_values = xtf_bool(call, "attn_gate_values");
     S->head_scale = xtf_bool(call, "attn_head_scale");
     S->num_mem_kv = (int)xtf_int(call, "attn_num_mem_kv");

@@ -88,7 +88,7 @@ static const XtfOption LAYERS_COMMON[] = {
     {"sandwich_norm",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"use_qk_norm_attn",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"qk_norm_attn_seq_len", INT,    NONE_,       GE(2),    SUPPORTED},
-    {"zero_init_branch_output", BOOL, BOOL_(0),   ANY,      NOT_YET},
+    {"zero_init_branch_output", BOOL, BOOL_(0),   ANY,      SUPPORTED},
 
     /* Attention(dim, heads = heads, causal = causal, **attn_kwargs) */
     {"attn_dim_head",        INT,    INT_(64),    GE(1),    SUPPORTED},
@@ -102,7 +102,7 @@ static const XtfOption LAYERS_COMMON[] = {
     {"attn_dropout",         NUM,    NUM_(0.0),   PROB,     SUPPORTED},
     {"attn_on_attn",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"attn_zero_init_output",BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"attn_zero_init_output",BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_max_attend_past", INT,    NONE_,       GE(1),    SUPPORTED},
     {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_scale_init_value",NUM,    NONE_,       ANY,      SUPPORTED},
@@ -117,7 +117,7 @@ static const XtfOption LAYERS_COMMON[] = {
     {"ff_relu_squared",      BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"ff_post_act_ln",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"ff_dropout",           NUM,    NUM_(0.0),   PROB,     SUPPORTED},
-    {"ff_zero_init_output",  BOOL,   BOOL_(0),    ANY,      NOT_YET},
+    {"ff_zero_init_output",  BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"ff_dim_out",           INT,    NONE_,       GE(1),    FORBIDDEN,
      .why = "the feed-forward output is added to the residual stream, so its width is 'dim'"},
     END};

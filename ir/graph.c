@@ -272,6 +272,7 @@ void ir_graph_free(IrGraph *g)
     free(g->nodes);
     free(g->outputs);
     free(g->aliases);
+    free(g->inits);
     free(g);
 }
 
@@ -442,6 +443,35 @@ int ir_alias(IrGraph *g, const char *name, IrNode *target)
     g->aliases[g->naliases].name = ir_strdup(g, name);
     g->aliases[g->naliases].target = target;
     g->naliases++;
+    return 0;
+}
+
+int ir_init_const(IrGraph *g, IrNode *p, double value)
+{
+    if (!p)
+        return -1;
+    if (p->op != IR_PARAM) {
+        ir_graph_set_error(g, "init: %%%s is not a param", p->label ? p->label : "?");
+        return -1;
+    }
+    for (int i = 0; i < g->ninits; i++)
+        if (g->inits[i].target == p) {
+            ir_graph_set_error(g, "init: param '%s' has an initial value already", p->s);
+            return -1;
+        }
+    if (g->ninits == g->initcap) {
+        int cap = g->initcap ? g->initcap * 2 : 4;
+        IrInit *a = realloc(g->inits, cap * sizeof *a);
+        if (!a) {
+            ir_graph_set_error(g, "out of memory");
+            return -1;
+        }
+        g->inits = a;
+        g->initcap = cap;
+    }
+    g->inits[g->ninits].target = p;
+    g->inits[g->ninits].value = value;
+    g->ninits++;
     return 0;
 }
 

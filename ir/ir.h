@@ -103,6 +103,14 @@ typedef struct {
     IrNode *target;
 } IrAlias;
 
+/* The value a parameter starts at when xtc initialises fresh weights, where the model fixes it
+ * (x-transformers' zero_init_* options, qk_norm's scale_init_value): the module carries it to
+ * xtc init and xtc train. Nothing at run time reads it. */
+typedef struct {
+    IrNode *target; /* the PARAM */
+    double value;
+} IrInit;
+
 typedef struct IrArena IrArena;
 
 typedef struct IrGraph {
@@ -120,6 +128,8 @@ typedef struct IrGraph {
     int noutputs, outcap;
     IrAlias *aliases;
     int naliases, aliascap;
+    IrInit *inits;
+    int ninits, initcap;
     IrArena *arena;
     struct IrHash *hash;
     char error[512];
@@ -194,6 +204,8 @@ int ir_output(IrGraph *g, const char *name, IrNode *n);
 /* Declares name as another name of the PARAM or BUFFER leaf target. */
 int ir_alias(IrGraph *g, const char *name, IrNode *target);
 const IrAlias *ir_find_alias(const IrGraph *g, const char *name);
+/* Fresh weights of the PARAM p start at the constant value (IrInit); once per parameter. */
+int ir_init_const(IrGraph *g, IrNode *p, double value);
 IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name);
 
 /* Shape inference for one node (ops.def's infer column); NULL or an error message. */

@@ -856,6 +856,22 @@ static int parse_alias(Parser *P)
     return 0;
 }
 
+/* init %param = number ('init' already read) */
+static int parse_init(Parser *P)
+{
+    skip_ws(P);
+    const char *at = P->p;
+    IrNode *n = use_value(P);
+    if (!n || expect(P, '=', "'=' after the parameter") < 0)
+        return -1;
+    double v;
+    if (read_float(P, &v) < 0 || check_eol(P) < 0)
+        return -1;
+    if (ir_init_const(P->g, n, v) < 0)
+        return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
+    return 0;
+}
+
 /* after "name =": dim, or min(dim, cap); the symbols of dim are those declared before name */
 static int parse_derived(Parser *P, const char *at, const char *name)
 {
@@ -966,8 +982,8 @@ static int parse_graph(Parser *P)
         if (c == '%')
             rc = parse_node(P);
         else if (is_alpha(c) && read_ident(P, word, sizeof word, "a statement") == 0 &&
-                 (strcmp(word, "output") == 0 || strcmp(word, "alias") == 0))
-            rc = word[0] == 'o' ? parse_output(P) : parse_alias(P);
+                 (strcmp(word, "output") == 0 || strcmp(word, "alias") == 0 || strcmp(word, "init") == 0))
+            rc = word[0] == 'o' ? parse_output(P) : word[0] == 'a' ? parse_alias(P) : parse_init(P);
         else
             rc = perr(P, at, "expected a node (%%name = op ...), an output or '}', found %s",
                       describe(at, found, sizeof found));

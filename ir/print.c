@@ -246,6 +246,13 @@ static void print_graph(Buf *b, const IrGraph *g)
         put_value(b, g->aliases[i].target);
         put(b, "\n");
     }
+    for (int i = 0; i < g->ninits; i++) {
+        put(b, "  init ");
+        put_value(b, g->inits[i].target);
+        put(b, " = ");
+        put_double(b, g->inits[i].value);
+        put(b, "\n");
+    }
     for (int i = 0; i < g->noutputs; i++) {
         put(b, "  output ");
         put_name(b, g->outputs[i].name);

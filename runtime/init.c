@@ -1,5 +1,6 @@
 /* init.c: seeded fresh weights by x-transformers' rules (see init.h). */
 #include "init.h"
+#include "xtc.h"
 
 #include <math.h>
 #include <string.h>
@@ -86,6 +87,20 @@ static double alibi_slope(int64_t heads, int64_t h)
     int64_t m = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
     double start = pow(2.0, -pow(2.0, -(log2((double)m) - 3)));
     return (float)(start * pow(start, (double)i));
+}
+
+int rt_init_module_param(const struct XtcModule *m, const char *name, int rank, const int64_t *shape, float *out,
+                         RtRng *rng)
+{
+    double v;
+    if (m && xtc_module_param_init(m, name, &v) == 1) {
+        int64_t n = 1;
+        for (int i = 0; i < rank; i++)
+            n *= shape[i];
+        fill_const(out, n, (float)v);
+        return 0;
+    }
+    return rt_init_tensor(name, rank, shape, out, rng);
 }
 
 const char *rt_init_note(int rc)

@@ -31,4 +31,10 @@ int rt_init_tensor(const char *name, int rank, const int64_t *shape, float *out,
 /* What to tell the user about a nonzero return of rt_init_tensor. */
 const char *rt_init_note(int rc);
 
+/* rt_init_tensor, unless module m fixes the parameter's initial value (xtc_module_param_init):
+ * then that constant. The same return values. */
+struct XtcModule;
+int rt_init_module_param(const struct XtcModule *m, const char *name, int rank, const int64_t *shape, float *out,
+                         RtRng *rng);
+
 #endif

@@ -7,6 +7,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,6 +349,19 @@ static int record(Parser *p)
         if (m->bufs[a->buf].kind != RT_BUF_PARAM && m->bufs[a->buf].kind != RT_BUF_STATE)
             return bad(p, "alias '%s' of a buffer that is not a weight", a->name);
         m->naliases++;
+    } else if (strcmp(kind, "init") == 0) {
+        int b = 0;
+        if (need(p, 3) < 0 || parse_index(p, t[1], 0, m->nbufs, &b) < 0)
+            return -1;
+        char *end = NULL;
+        errno = 0;
+        double v = strtod(t[2], &end);
+        if (!*t[2] || *end || errno || !isfinite(v))
+            return bad(p, "bad initial value '%s'", t[2]);
+        if (m->bufs[b].kind != RT_BUF_PARAM || m->bufs[b].has_init)
+            return bad(p, "init of buffer %s, which is not a parameter or has one already", t[1]);
+        m->bufs[b].has_init = 1;
+        m->bufs[b].init = v;
     } else if (strcmp(kind, "range") == 0) {
         if (need(p, 4) < 0 || !name_field(p, t[1]))
             return -1;

@@ -206,6 +206,17 @@ int xtc_module_find(const XtcModule *m, XtcKind kind, const char *name)
     return -1;
 }
 
+int xtc_module_param_init(const XtcModule *m, const char *name, double *value)
+{
+    int i = xtc_module_find(m, XTC_PARAM, name);
+    if (i < 0)
+        return -1;
+    const RtBuffer *b = &m->bufs[m->by_kind[kind_index(XTC_PARAM)][i]];
+    if (b->has_init && value)
+        *value = b->init;
+    return b->has_init;
+}
+
 int xtc_module_num_symbols(const XtcModule *m) { return loaded(m) ? m->nsyms : 0; }
 
 int xtc_module_symbol(const XtcModule *m, int i, const char **name, int64_t *max)
@@ -323,6 +334,9 @@ int xtc_module_describe(const XtcModule *m, FILE *out)
                 if (b->has_range)
                     fprintf(out, "  values in [%lld, %lld)", (long long)b->lo, (long long)b->hi);
             }
+            double v;
+            if (kinds[k] == XTC_PARAM && xtc_module_param_init(m, ti.name, &v) == 1)
+                fprintf(out, "  starts at %.17g", v);
             fputc('\n', out);
         }
     }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ir.h"
 #include "options.h"
 #include "xtf.h"
 #include "xtf_internal.h"
@@ -594,6 +595,8 @@ START_TEST(lowering_refusals)
     } cases[] = {
         {"Decoder(dim = 16, depth = 2, shift_tokens = (1, 0, 1))", "shift_tokens has 3 values for 4 layers (afaf)"},
         {"Encoder(dim = 4, depth = 1, shift_tokens = 2)", "shift_tokens 2 splits dim 4 into 5 chunks"},
+        {"Decoder(dim = 16, depth = 1, attn_on_attn = true, attn_zero_init_output = true)",
+         "attn_on_attn together with zero_init_output"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char src[512];
@@ -606,6 +609,51 @@ START_TEST(lowering_refusals)
         ck_assert_msg(g == NULL, "case %zu lowered", i);
         ck_assert_msg(d.text && strstr(d.text, cases[i].message), "case %zu: expected '%s' in:\n%s", i,
                       cases[i].message, d.text ? d.text : "");
+        xtf_diag_free(&d);
+        xtf_free(f);
+    }
+}
+END_TEST
+
+/* Initial values the model fixes (ir.h IrInit): zero_init_branch_output zeroes to_out and the
+ * feed-forward's last Linear, weight and bias; qk_norm's log-temperature starts at
+ * -log(log2(L^2 - L)) under use_qk_norm_attn, scale_init_value otherwise, -3 by default. */
+START_TEST(initial_values)
+{
+    static const struct {
+        const char *layers;
+        int ninits;
+        const char *name;
+        double value;
+    } cases[] = {
+        {"Decoder(dim = 16, depth = 2, zero_init_branch_output = true)", 8, "attn_layers.layers.3.1.net.3.bias", 0},
+        {"Decoder(dim = 16, depth = 1, attn_zero_init_output = true)", 2, "attn_layers.layers.0.1.to_out.weight", 0},
+        {"Decoder(dim = 16, depth = 1, ff_zero_init_output = true)", 2, "attn_layers.layers.1.1.net.3.weight", 0},
+        {"Decoder(dim = 16, depth = 1, use_qk_norm_attn = true, qk_norm_attn_seq_len = 32)", 1,
+         "attn_layers.layers.0.1.scale", -2.297994202000669},
+        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true, attn_scale_init_value = -1.5)", 1,
+         "attn_layers.layers.0.1.scale", -1.5},
+        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true)", 1, "attn_layers.layers.0.1.scale", -3},
+        {"Decoder(dim = 16, depth = 1)", 0, NULL, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, attn_layers = %s)\n",
+                 cases[i].layers);
+        XtfFile *f = load_ok(src);
+        XtfDiag d;
+        xtf_diag_init(&d);
+        IrGraph *g = xt_lower(f, NULL, NULL, &d);
+        ck_assert_msg(g != NULL, "case %zu: %s", i, d.text ? d.text : "");
+        ck_assert_int_eq(g->ninits, cases[i].ninits);
+        int found = cases[i].name == NULL;
+        for (int k = 0; k < g->ninits; k++)
+            if (cases[i].name && strcmp(g->inits[k].target->s, cases[i].name) == 0) {
+                ck_assert_double_eq_tol(g->inits[k].value, cases[i].value, 1e-12);
+                found = 1;
+            }
+        ck_assert_msg(found, "case %zu: no initial value for %s", i, cases[i].name);
+        ir_graph_free(g);
         xtf_diag_free(&d);
         xtf_free(f);
     }
@@ -812,6 +860,7 @@ static Suite *frontend_suite(void)
     tcase_add_test(tc, deep_nesting);
     tcase_add_test(tc, nul_bytes_and_long_lines);
     tcase_add_test(tc, many_statements);
+    tcase_add_test(tc, initial_values);
     suite_add_tcase(s, tc);
     return s;
 }

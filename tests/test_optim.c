@@ -346,6 +346,46 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* A parameter's fixed initial value (IrInit) survives the IR text and the passes' rewrite, goes
+ * into the module, and rt_init_module_param uses it over the name's rule. */
+START_TEST(test_init_hint)
+{
+    IrGraph *g = build(0);
+    ck_assert_int_eq(ir_init_const(g, ir_find_leaf(g, IR_PARAM, "w"), 0.25), 0);
+    ck_assert_int_lt(ir_init_const(g, ir_find_leaf(g, IR_PARAM, "w"), 0.5), 0); /* once */
+    ck_assert_int_lt(ir_init_const(g, ir_find_leaf(g, IR_INPUT, "x"), 0.5), 0); /* a param */
+    char *text = ir_print_str(g);
+    ck_assert_ptr_nonnull(strstr(text, "init %w = 0.25"));
+    char err[1024];
+    IrGraph *back = ir_parse(text, "hint.ir", err, sizeof err);
+    ck_assert_msg(back != NULL, "%s", err);
+    ck_assert_int_eq(back->ninits, 1);
+    ck_assert_double_eq(back->inits[0].value, 0.25);
+    char path[600];
+    snprintf(path, sizeof path, "%s/hint.so", tmpdir);
+    CgOptions opt = {.output = path, .opt_level = 0};
+    ck_assert_msg(cg_compile(back, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    XtcModule *m = NULL;
+    ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
+    double v = 0;
+    ck_assert_int_eq(xtc_module_param_init(m, "w", &v), 1);
+    ck_assert_double_eq(v, 0.25);
+    ck_assert_int_eq(xtc_module_param_init(m, "layer.b", &v), 0);
+    ck_assert_int_eq(xtc_module_param_init(m, "nope", &v), -1);
+    float w[NW];
+    int64_t ws[2] = {WR, WC};
+    RtRng rng;
+    rt_rng_seed(&rng, 3);
+    ck_assert_int_eq(rt_init_module_param(m, "w", 2, ws, w, &rng), 0);
+    ck_assert_float_eq(w[0], 0.25f);
+    ck_assert_float_eq(w[NW - 1], 0.25f);
+    xtc_module_free(m);
+    free(text);
+    ir_graph_free(back);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* Fresh weights (xtc init, xtc train) by x-transformers 0.23.0's rules, from the name: the
  * constants it sets by hand, GRU gating's and talking heads' torch defaults, ViT's randn; and
  * the norm gains next to a Rezero gain of the same name's shape */
@@ -411,6 +451,7 @@ int main(void)
     tcase_add_test(tc, test_checkpoint_continues);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_init_rules);
+    tcase_add_test(tc, test_init_hint);
     suite_add_tcase(su, tc);
     return harness_run(su, "optim");
 }
