@@ -39,6 +39,7 @@ typedef struct {
     int use_qk_norm_attn, qk_norm;
     double qk_scale_init;       /* the log-temperature qk_norm's scale starts at (section 9) */
     int attn_zero_init, ff_zero_init; /* zero_init_output: to_out, and the FF's last Linear start at 0 */
+    int collab_qk;              /* collab_heads: the width of the shared q and k, 0 = off */
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
     int sparse_topk;            /* k, 0 = off */
     int max_attend_past;        /* the attention window w, 0 = off */
@@ -244,10 +245,10 @@ static IrNode *last_rows(Lx *L, IrNode *table, IrDim m)
 /* Rotary positions (section 7.2) on t[b, h, m, dh], positions L-m .. L-1. */
 static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
 {
-    int rd = S->rotary_dim, half = rd / 2, dh = S->dim_head;
     IrGraph *g = L->g;
     if (!t)
         return NULL;
+    int rd = S->rotary_dim, half = rd / 2, dh = (int)t->shape[t->rank - 1].c; /* collab q, k: qk wide */
     IrNode *cosv = last_rows(L, P->rot_cos, t->shape[2]), *sinv = last_rows(L, P->rot_sin, t->shape[2]);
     IrNode *xr = ir_slice(g, t, -1, C(0), C(rd));
     IrNode *x1 = ir_slice(g, xr, -1, C(0), C(half));
@@ -356,10 +357,25 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         q_in = add(L, x, last_rows(L, P->pia, seq_of(x)));
         k_in = add(L, kv, last_rows(L, P->pia, seq_of(kv)));
     }
-    snprintf(name, sizeof name, "%s.to_q", p);
-    IrNode *q = split_heads(L, lab(L, linear(L, q_in, name, S->dim, inner, 0), "layer%d.attn.q", layer), h, dh);
-    snprintf(name, sizeof name, "%s.to_k", p);
-    IrNode *k = split_heads(L, lab(L, linear(L, k_in, name, S->dim, inner, 0), "layer%d.attn.k", layer), h, dh);
+    IrNode *q, *k;
+    if (S->collab_qk) { /* collab_heads: q and k of width qk shared by the heads, q scaled per head by
+                         * its row of collab_mixing; k broadcast over the heads (after step 6) */
+        int qk = S->collab_qk;
+        snprintf(name, sizeof name, "%s.to_q", p);
+        IrNode *qs = lab(L, linear(L, q_in, name, S->dim, qk, 0), "layer%d.attn.q", layer);
+        snprintf(name, sizeof name, "%s.to_k", p);
+        IrNode *ks = lab(L, linear(L, k_in, name, S->dim, qk, 0), "layer%d.attn.k", layer);
+        IrDim ms[2] = {C(h), C(qk)}, m4[4] = {C(1), C(h), C(1), C(qk)};
+        IrDim q4[4] = {L->B, C(1), seq_of(qs), C(qk)}, k4[4] = {L->B, C(1), seq_of(ks), C(qk)};
+        IrNode *mix = ir_reshape(g, paramv(L, 0, 2, ms, "%s.collab_mixing", p), 4, m4);
+        q = qs ? mul(L, ir_reshape(g, qs, 4, q4), mix) : NULL;
+        k = ks ? ir_reshape(g, ks, 4, k4) : NULL;
+    } else {
+        snprintf(name, sizeof name, "%s.to_q", p);
+        q = split_heads(L, lab(L, linear(L, q_in, name, S->dim, inner, 0), "layer%d.attn.q", layer), h, dh);
+        snprintf(name, sizeof name, "%s.to_k", p);
+        k = split_heads(L, lab(L, linear(L, k_in, name, S->dim, inner, 0), "layer%d.attn.k", layer), h, dh);
+    }
     snprintf(name, sizeof name, "%s.to_v", p);
     IrNode *v = split_heads(L, lab(L, linear(L, kv, name, S->dim, inner, 0), "layer%d.attn.v", layer), h, dh);
 
@@ -404,6 +420,10 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
         if (!k)
             return NULL;
         J = k->shape[2];
+    }
+    if (S->collab_qk) {
+        IrDim ks[4] = {L->B, C(h), J, C(S->collab_qk)};
+        k = ir_expand(g, k, 4, ks);
     }
     /* steps 7-8: scaled logits, or cosine similarity with a learned temperature */
     IrNode *scale;
@@ -613,6 +633,19 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->ff_zero_init = branch_zero || xtf_bool(call, "ff_zero_init_output");
     S->talking_heads = xtf_bool(call, "attn_talking_heads");
     S->on_attn = xtf_bool(call, "attn_on_attn");
+    if (xtf_bool(call, "attn_collab_heads")) {
+        /* 0.23.0: int(collab_compression * heads * dim_head) */
+        S->collab_qk = (int)(xtf_float(call, "attn_collab_compression") * (double)(S->heads * S->dim_head));
+        if (S->collab_qk < 1)
+            return stack_error(L, call, "attn_collab_compression leaves q and k no width (%g x %d heads x %d)",
+                               xtf_float(call, "attn_collab_compression"), S->heads, S->dim_head);
+        if (xtf_int(call, "attn_num_mem_kv") > 0)
+            return stack_error(L, call, "attn_collab_heads together with attn_num_mem_kv is not supported "
+                                        "(x-transformers 0.23.0 crashes on it: one k for all heads, memory keys per head)");
+        if (S->rotary && S->rotary_dim > S->collab_qk)
+            return stack_error(L, call, "attn_collab_heads leaves q and k %d wide, less than the rotary dimension %d "
+                                        "(x-transformers 0.23.0 crashes on it)", S->collab_qk, S->rotary_dim);
+    }
     if (S->on_attn && S->attn_zero_init)
         return stack_error(L, call, "attn_on_attn together with zero_init_output (or zero_init_branch_output) "
                                     "is not supported (x-transformers 0.23.0 crashes on it: init_zero_ of a Sequential)");
@@ -990,6 +1023,8 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
             return -1;
         if (!S.causal || strcmp(layers->s, "Decoder") != 0)
             return stack_error(L, layers, "a KV cache needs a causal Decoder");
+        if (S.collab_qk)
+            return stack_error(L, layers, "a KV cache together with attn_collab_heads is not supported yet");
         if (L->mask || K > 0 || xtf_int(call, "num_memory_tokens") > 0)
             return stack_error(L, call, "a KV cache together with a mask, max_mem_len or "
                                         "num_memory_tokens is not supported yet");

@@ -224,6 +224,16 @@ START_TEST(refusals)
     ck_assert_ptr_nonnull(strstr(d.text, "a KV cache needs a causal Decoder"));
     xtf_diag_free(&d);
     xtf_free(f);
+    /* collaborative heads share one k, which the cache (per head) does not hold */
+    const char *collab = "m = TransformerWrapper(num_tokens = 64, max_seq_len = 32,"
+                         " attn_layers = Decoder(dim = 16, depth = 1, attn_collab_heads = true))\n";
+    xtf_diag_init(&d);
+    f = xtf_parse("t.xtf", collab, strlen(collab), &d);
+    xtf_check(f, &d);
+    ck_assert_ptr_null(xt_lower(f, NULL, &o, &d));
+    ck_assert_ptr_nonnull(strstr(d.text, "attn_collab_heads is not supported yet"));
+    xtf_diag_free(&d);
+    xtf_free(f);
     /* a causal CrossAttender is not a decoder either */
     const char *cross = "m = TransformerWrapper(num_tokens = 64, max_seq_len = 32,"
                         " attn_layers = CrossAttender(dim = 16, depth = 1, causal = true))\n";

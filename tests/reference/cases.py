@@ -324,6 +324,22 @@ CASES = [
              "CrossAttender", dim=16, depth=1, heads=2, attn_dim_head=16, causal=True,
              custom_layers=("a", "c", "f"), shift_tokens=1, ff_mult=2)),
          batch=2, seq_len=7, mask_lengths=[7, 4], context_len=5, context_mask_lengths=[5, 3]),
+    dict(name="dec_collab_heads_rotary_qknorm_mask",
+         about="collaborative heads (attn_collab_heads: q and k int(0.5 x 2 x 32) = 32 wide, shared by "
+               "the heads, q scaled per head by collab_mixing), rotary over all 32 of them, qk_norm, "
+               "padded, talking heads",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12, attn_layers=C(
+             "Decoder", dim=16, depth=2, heads=2, attn_dim_head=32, attn_collab_heads=True,
+             attn_collab_compression=0.5, rotary_pos_emb=True, attn_qk_norm=True,
+             attn_talking_heads=True, ff_mult=2)),
+         batch=2, seq_len=9, mask_lengths=[9, 6]),
+    dict(name="enc_cross_collab_default",
+         about="collaborative heads at the default compression 0.3 (q and k int(0.3 x 3 x 16) = 14 "
+               "wide, less than dim_head) on self- and cross-attention, context_mask",
+         model=C("TransformerWrapper", num_tokens=40, max_seq_len=12, attn_layers=C(
+             "Encoder", dim=24, depth=1, heads=3, attn_dim_head=16, cross_attend=True,
+             attn_collab_heads=True, ff_mult=2)),
+         batch=2, seq_len=7, mask_lengths=[7, 4], context_len=6, context_mask_lengths=[6, 3]),
     dict(name="xl_shift_mem_down",
          about="Transformer-XL (max_mem_len 4, segments of 5, 3 and 4) over 3 attention layers with "
                "shift_mem_down 1: layer l reads and extends the memories given as mems.<l+1> "

@@ -201,7 +201,7 @@ LAYER_DEFAULTS = dict(
 ATTN_DEFAULTS = dict(dim_head=64, talking_heads=False, head_scale=False, num_mem_kv=0,
                      dropout=0.0, on_attn=False, gate_values=False, qk_norm=False,
                      scale_init_value=None, sparse_topk=None, use_entmax15=False,
-                     max_attend_past=None)
+                     max_attend_past=None, collab_heads=False, collab_compression=0.3)
 FF_DEFAULTS = dict(mult=4, glu=False, relu_squared=False, post_act_ln=False, dropout=0.0)
 
 
@@ -412,8 +412,14 @@ def attention(P, S, p, x, *, cross, pos, mask=None, context=None, context_mask=N
     def heads(t):
         return t.reshape(b, t.shape[1], h, dh).transpose(1, 2)
 
-    q = heads(linear(P, p + ".to_q", q_in, inner, bias=False))
-    k = heads(linear(P, p + ".to_k", k_in, inner, bias=False))
+    if a["collab_heads"]:  # collaborative heads: q and k shared, int(compression h dh) wide;
+        qk = int(a["collab_compression"] * inner)  # each head scales q by its mixing row
+        mix = P(p + ".collab_mixing", (h, qk), normal(0.0, 1.0))
+        q = torch.einsum("bid,hd->bhid", linear(P, p + ".to_q", q_in, qk, bias=False), mix)
+        k = linear(P, p + ".to_k", k_in, qk, bias=False)[:, None]  # one k for every head
+    else:
+        q = heads(linear(P, p + ".to_q", q_in, inner, bias=False))
+        k = heads(linear(P, p + ".to_k", k_in, inner, bias=False))
     v = heads(linear(P, p + ".to_v", kv, inner, bias=False))
 
     # 4. rotary on q, k AND v (self only)
@@ -440,6 +446,9 @@ def attention(P, S, p, x, *, cross, pos, mask=None, context=None, context_mask=N
         if input_mask is not None:
             pad = torch.ones(b, 1, n, M, dtype=torch.bool)
             input_mask = torch.cat((pad, input_mask), dim=-1)
+
+    if a["collab_heads"]:  # after the memory key/values (which 0.23.0 cannot combine with it)
+        k = k.expand(-1, h, -1, -1)
 
     # 7. qk_norm: l2-normalised q and k, learned per-head log-temperature (§9)
     if S.qk_norm:
