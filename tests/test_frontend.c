@@ -595,6 +595,19 @@ static void parse_and_check(const char *src, size_t len)
     xtf_diag_free(&d);
 }
 
+/* A TransformerWrapper around the layers (a constructor call), checked and lowered: the graph, or
+ * NULL with the messages in d (which the caller frees). */
+static IrGraph *lower_layers(const char *layers, XtfDiag *d)
+{
+    char src[512];
+    snprintf(src, sizeof src, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, attn_layers = %s)\n", layers);
+    XtfFile *f = load_ok(src);
+    xtf_diag_init(d);
+    IrGraph *g = xt_lower(f, NULL, NULL, d);
+    xtf_free(f);
+    return g;
+}
+
 /* What the lowering refuses with a message where x-transformers 0.23.0 would build another
  * model or crash: a shift_tokens tuple that is not one per layer (zip() would drop layers), more
  * shift chunks than features (split(0)). */
@@ -615,18 +628,12 @@ START_TEST(lowering_refusals)
          "leaves q and k no width"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char src[512];
-        snprintf(src, sizeof src, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, attn_layers = %s)\n",
-                 cases[i].layers);
-        XtfFile *f = load_ok(src);
         XtfDiag d;
-        xtf_diag_init(&d);
-        struct IrGraph *g = xt_lower(f, NULL, NULL, &d);
+        IrGraph *g = lower_layers(cases[i].layers, &d);
         ck_assert_msg(g == NULL, "case %zu lowered", i);
         ck_assert_msg(d.text && strstr(d.text, cases[i].message), "case %zu: expected '%s' in:\n%s", i,
                       cases[i].message, d.text ? d.text : "");
         xtf_diag_free(&d);
-        xtf_free(f);
     }
 }
 END_TEST
@@ -653,13 +660,8 @@ START_TEST(initial_values)
         {"Decoder(dim = 16, depth = 1)", 0, NULL, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char src[512];
-        snprintf(src, sizeof src, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, attn_layers = %s)\n",
-                 cases[i].layers);
-        XtfFile *f = load_ok(src);
         XtfDiag d;
-        xtf_diag_init(&d);
-        IrGraph *g = xt_lower(f, NULL, NULL, &d);
+        IrGraph *g = lower_layers(cases[i].layers, &d);
         ck_assert_msg(g != NULL, "case %zu: %s", i, d.text ? d.text : "");
         ck_assert_int_eq(g->ninits, cases[i].ninits);
         int found = cases[i].name == NULL;
@@ -671,7 +673,6 @@ START_TEST(initial_values)
         ck_assert_msg(found, "case %zu: no initial value for %s", i, cases[i].name);
         ir_graph_free(g);
         xtf_diag_free(&d);
-        xtf_free(f);
     }
 }
 END_TEST
