@@ -630,7 +630,7 @@ START_TEST(test_gradcheck)
     make_data(&c, gf);
     IrGraph *gd = build_case(&c, cs);
     char err[512];
-    IrGradOpts opts = {"f", 0};
+    IrGradOpts opts = {.loss = "f"};
     ck_assert_msg(ir_autodiff(gd, &opts, err, sizeof err) == 0, "%s: %s", cs->name, err);
     check_roundtrip(gd);
     double worst;
@@ -678,7 +678,7 @@ static double *grad_of(Ctx *c, IrNode *y, const char *name)
     ir_output(g, "f", ir_reshape(g, f, 0, NULL));
     char err[512];
     ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) != 0, "no output 'loss' should fail");
-    IrGradOpts o = {"f", 0};
+    IrGradOpts o = {.loss = "f"};
     ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s", err);
     check_roundtrip(g);
     IrHostTensor *outs = calloc((size_t)g->noutputs, sizeof *outs);
@@ -795,7 +795,7 @@ START_TEST(test_seed_outputs)
     }
     make_data(&c, gf);
     char err[512];
-    IrGradOpts o = {NULL, 1};
+    IrGradOpts o = {.seed_outputs = 1};
     ck_assert_msg(ir_autodiff(gd, &o, err, sizeof err) == 0, "%s", err);
     check_roundtrip(gd);
     ck_assert_ptr_nonnull(ir_find_leaf(gd, IR_INPUT, "grad.y"));
@@ -846,7 +846,7 @@ START_TEST(test_errors)
     IrNode *w = ir_param(g, "w", SHAPE(D(3)));
     ir_output(g, "vec", ir_unary(g, IR_EXP, w));
     ir_output(g, "count", ir_arange(g, D(0), D(3), IR_I64));
-    IrGradOpts missing = {"loss", 0}, vec = {"vec", 0}, ints_ = {"count", 0}, none = {NULL, 0};
+    IrGradOpts missing = {.loss = "loss"}, vec = {.loss = "vec"}, ints_ = {.loss = "count"}, none = {.loss = NULL};
     ck_assert_int_eq(ir_autodiff(g, &missing, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "no output named 'loss'"), "%s", err);
     ck_assert_int_eq(ir_autodiff(g, &vec, err, sizeof err), -1);
@@ -1056,7 +1056,7 @@ START_TEST(test_parity_grads)
         printf("parity %-22s refused by the language (not supported yet)\n", name);
     } else {
         int nfwd = g->nnodes;
-        IrGradOpts o = {has_output(g, "loss") ? "loss" : NULL, 1};
+        IrGradOpts o = {.loss = has_output(g, "loss") ? "loss" : NULL, .seed_outputs = 1};
         ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s: %s", name, err);
         check_roundtrip(g);
 
