@@ -298,7 +298,7 @@ typedef struct {
 } XtcRunOptions;
 
 /* Loads module_path, weights from weights_path, every input from input_path (one tensor per
- * module input, by name), runs once and writes every output to output_path (safetensors, with
+ * module input, by name; XTC_LOSS_SCALE_INPUT may be left out, the session binds it), runs once and writes every output to output_path (safetensors, with
  * dtypes F32 / I32 / I64 / BOOL). What `xtc run` does. On failure returns a status and writes a
  * one-line message into err. */
 int xtc_run_files(const char *module_path, const char *weights_path, const char *input_path,
