@@ -601,7 +601,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
            done_steps, total, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
            o->ckpt ? o->ckpt : "");
     if (scaled)
-        printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (gradients overflowed fp16)\n",
+        printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (their fp16 gradients overflowed)\n",
                xtc_session_loss_scale(M.train), skipped, last);
     rc = 0;
 done:

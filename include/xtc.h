@@ -259,8 +259,9 @@ double xtc_session_grad_norm(const XtcSession *s);
  *    "xtc.loss_scale", "xtc.loss_scale.good_steps"); xtc_session_load_checkpoint with optimizer
  *    != 0 restores them when the file has them. */
 #define XTC_LOSS_SCALE_INPUT "loss_scale"
-/* Sets S (1 <= scale <= 2^64) and, if growth_interval > 0, the growth interval; restarts the
- * count of good steps; the session binds S again from the next run on. */
+/* Sets S (1 <= scale <= 2^64, else XTC_ERR_RANGE) and, if growth_interval > 0, the growth
+ * interval; restarts the count of good steps; the session binds S again from the next run on,
+ * over a value the caller bound. No effect on a module without loss scaling. */
 int xtc_session_set_loss_scale(XtcSession *s, double scale, int64_t growth_interval);
 /* S, the scale the session binds for the next run (1 for a module without loss scaling). */
 double xtc_session_loss_scale(const XtcSession *s);

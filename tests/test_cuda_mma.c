@@ -29,7 +29,12 @@
  *                included) in bf16 within 3e-2 of each tensor's max|ref|. The same bounds with
  *                16-bit storage too (--dtype bf16 and fp16, tensor cores by default), training
  *                in bf16 within 5e-2. Observed errors are printed; they are 2 to 7 times below
- *                these bounds (1.8 to 2.4 for bf16 storage training). */
+ *                these bounds (1.8 to 2.4 for bf16 storage training).
+ *   loss_scale   fp16 training with dynamic loss scaling (IrGradOpts.loss_scale, the session's
+ *                XTC_LOSS_SCALE_INPUT): a small decoder's gradients, divided back by the
+ *                session, within 10 u of each tensor's max|ref| of the f64 interpreter's, where
+ *                with the scale bound to 1 the smallest (about 1e-7) is far off; an overflowing
+ *                scale skips the step and halves, good steps double it, checkpoints keep it. */
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "ir.h"
@@ -728,9 +733,10 @@ static IrGraph *lower_model(const char *path, int train)
 
 /* tiny_gpt's forward, or its loss and every gradient (train), with and without tensor cores;
  * each output tensor within rtol of its own largest value (1e-7 absolute: the smallest
- * gradients are about 1e-7). Training in fp16 is left out: without loss scaling, gradients
- * below fp16's normal range (6.1e-5) lose their precision; its q/k weight gradients, about
- * 1e-7, come out up to 60% off. bf16 has f32's range. */
+ * gradients are about 1e-7). Training in fp16 is left out here (this graph is differentiated
+ * without loss scaling, under which gradients below fp16's normal range, 6.1e-5, such as its
+ * q/k weight gradients of about 1e-7, come out up to 60% off); the loss_scale case checks fp16
+ * training with scaling on a smaller decoder. bf16 has f32's range. */
 static void check_model(int train)
 {
     const char *mode = train ? "loss and gradients" : "forward";
