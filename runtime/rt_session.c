@@ -280,6 +280,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     if (!m || !m->abi)
         return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
     s->m = m;
+    s->scaler.buf = -1; /* until scaler_init finds the loss-scale input */
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
