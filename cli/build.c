@@ -26,7 +26,8 @@ IrGraph *cli_build_graph(const XtfFile *f, const CliBuild *b)
     char err[1024];
     if (b->grads) {
         int loss = has_output(g, "loss");
-        IrGradOpts go = {.loss = loss ? "loss" : NULL, .seed_outputs = !loss};
+        IrGradOpts go = {.loss = loss ? "loss" : NULL, .seed_outputs = !loss,
+                         .loss_scale = cg_loss_scale_input(b->cg.dtype)};
         if (ir_autodiff(g, &go, err, sizeof err) != 0) {
             fprintf(stderr, "xtc: %s: cannot differentiate: %s\n", f->path, err);
             ir_graph_free(g);

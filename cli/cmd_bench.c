@@ -240,6 +240,7 @@ static IrGraph *build_graph(const BenchOpts *o)
         has_loss |= !strcmp(g->outputs[i].name, "loss");
     if (!has_loss)
         go = (IrGradOpts){.loss = NULL, .seed_outputs = 1};
+    go.loss_scale = cg_loss_scale_input(o->dtype);
     char err[1024];
     if (ir_autodiff(g, &go, err, sizeof err) != 0) {
         fprintf(stderr, "xtc bench: %s\n", err);
@@ -356,6 +357,8 @@ static int bind_session(const BenchOpts *o, const IrGraph *g, Variant *v)
     for (int i = 0; i < xtc_module_count(v->mod, XTC_INPUT); i++) {
         XtcTensorInfo t;
         xtc_module_tensor(v->mod, XTC_INPUT, i, &t);
+        if (!strcmp(t.name, XTC_LOSS_SCALE_INPUT))
+            continue; /* the session binds its loss scale */
         int64_t shape[XTC_MAX_RANK], n = 1;
         for (int d = 0; d < t.rank; d++) {
             shape[d] = eval_dim(v->mod, t.dims[d], syms);

@@ -176,6 +176,7 @@ int cli_compile(int argc, char **argv)
             has_loss |= !strcmp(g->outputs[i].name, "loss");
         if (!has_loss) /* no built-in loss: the caller supplies grad.<output> */
             go = (IrGradOpts){.loss = NULL, .seed_outputs = 1};
+        go.loss_scale = cg_loss_scale_input(co.dtype); /* fp16: the session scales the loss */
         if (ir_autodiff(g, &go, err, sizeof err) != 0) {
             fprintf(stderr, "xtc compile: %s\n", err);
             ir_graph_free(g);

@@ -83,7 +83,7 @@ int cli_ir(int argc, char **argv)
     if (!g)
         return 1;
     /* the loss when the model has one, else every output seeded by an input grad.<output> */
-    IrGradOpts grad = {NULL, 1};
+    IrGradOpts grad = {.seed_outputs = 1};
     for (int i = 0; i < g->noutputs; i++)
         if (!strcmp(g->outputs[i].name, "loss"))
             grad.loss = "loss";

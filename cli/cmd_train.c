@@ -166,7 +166,8 @@ static int check_lm_module(const XtcModule *m, const char *path, int need_grads,
     for (int i = 0; i < xtc_module_count(m, XTC_INPUT); i++) {
         XtcTensorInfo t;
         xtc_module_tensor(m, XTC_INPUT, i, &t);
-        if (strcmp(t.name, "tokens") && strcmp(t.name, "targets") && strcmp(t.name, "dropout_seed")) {
+        if (strcmp(t.name, "tokens") && strcmp(t.name, "targets") && strcmp(t.name, "dropout_seed") &&
+            strcmp(t.name, XTC_LOSS_SCALE_INPUT)) { /* the session binds the loss scale (fp16) */
             fprintf(stderr, "xtc train: %s: input '%s' is not something a text provides (inputs: tokens, "
                             "targets)\n", path, t.name);
             return -1;
@@ -377,12 +378,15 @@ typedef struct {
     int64_t batch, seq;
 } DataId;
 
+/* step counts the schedule's steps; skipped those of them that loss scaling skipped (the
+ * optimizer's step count is step - skipped) */
 static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const DataId *id, const CliTrainOpts *o,
-                     int64_t step)
+                     int64_t step, int64_t skipped)
 {
-    char v[8][64];
-    const char *keys[8] = {"xtc.train.step", "xtc.train.rng", "xtc.train.seed", "xtc.train.data_bytes",
-                           "xtc.train.data_hash", "xtc.train.batch", "xtc.train.seq", "xtc.train.steps"};
+    char v[9][64];
+    const char *keys[9] = {"xtc.train.step", "xtc.train.rng", "xtc.train.seed", "xtc.train.data_bytes",
+                           "xtc.train.data_hash", "xtc.train.batch", "xtc.train.seq", "xtc.train.steps",
+                           "xtc.train.skipped"};
     snprintf(v[0], sizeof v[0], "%" PRId64, step);
     snprintf(v[1], sizeof v[1], "%016" PRIx64 ":%016" PRIx64, rng->s[0], rng->s[1]);
     snprintf(v[2], sizeof v[2], "%" PRIu64, o->seed);
@@ -391,10 +395,11 @@ static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const Da
     snprintf(v[5], sizeof v[5], "%" PRId64, id->batch);
     snprintf(v[6], sizeof v[6], "%" PRId64, id->seq);
     snprintf(v[7], sizeof v[7], "%" PRId64, o->steps);
-    const char *vals[8];
-    for (int i = 0; i < 8; i++)
+    snprintf(v[8], sizeof v[8], "%" PRId64, skipped);
+    const char *vals[9];
+    for (int i = 0; i < 9; i++)
         vals[i] = v[i];
-    if (xtc_session_save_checkpoint(s, path, keys, vals, 8) != XTC_OK) {
+    if (xtc_session_save_checkpoint(s, path, keys, vals, 9) != XTC_OK) {
         fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
         return -1;
     }
@@ -402,7 +407,7 @@ static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const Da
 }
 
 /* Reads the run's state from a checkpoint's metadata (weights and optimizer are loaded apart). */
-static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *step)
+static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *step, int64_t *skipped)
 {
     RtStFile *f;
     char err[512];
@@ -413,6 +418,8 @@ static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *
     const char *st = rt_st_metadata(f, "xtc.train.step"), *r = rt_st_metadata(f, "xtc.train.rng");
     const char *bytes = rt_st_metadata(f, "xtc.train.data_bytes"), *hash = rt_st_metadata(f, "xtc.train.data_hash");
     const char *batch = rt_st_metadata(f, "xtc.train.batch"), *seq = rt_st_metadata(f, "xtc.train.seq");
+    const char *skip = rt_st_metadata(f, "xtc.train.skipped");
+    *skipped = skip ? strtoll(skip, NULL, 10) : 0;
     int rc = -1;
     if (!st || !r || !bytes || !hash || sscanf(st, "%" SCNd64, step) != 1 ||
         sscanf(r, "%" SCNx64 ":%" SCNx64, &rng->s[0], &rng->s[1]) != 2) {
@@ -469,15 +476,15 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     DataId id = {.hash = fnv1a(data, len), .bytes = len, .batch = o->batch, .seq = seq};
     RtRng rng;
     rt_rng_seed(&rng, o->seed ^ 0x5ca1ab1edull);
-    int64_t start = 0;
+    int64_t start = 0, skipped = 0; /* steps skipped by loss scaling (fp16 modules) */
     if (o->resume) {
-        if (resume_meta(o->resume, &rng, &id, &start) != 0)
+        if (resume_meta(o->resume, &rng, &id, &start, &skipped) != 0)
             goto done;
         if (xtc_session_load_checkpoint(M.train, o->resume, 1) != XTC_OK) {
             fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
             goto done;
         }
-        if (xtc_session_step_count(M.train) != start) {
+        if (xtc_session_step_count(M.train) + skipped != start) {
             fprintf(stderr, "xtc train: %s: optimizer state for step %" PRId64 ", run state for step %" PRId64
                             "\n", o->resume, xtc_session_step_count(M.train), start);
             goto done;
@@ -522,6 +529,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     XtcAdamW opt = {.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = (float)o->eps,
                     .weight_decay = (float)o->weight_decay, .max_grad_norm = (float)o->clip};
     double t_begin = now_s(), step_time = 0, loss_sum = 0, val_loss = NAN;
+    int scaled = xtc_module_find(M.train_mod, XTC_INPUT, XTC_LOSS_SCALE_INPUT) >= 0;
     int64_t loss_n = 0, done_steps = 0;
     int64_t step;
     for (step = start + 1; step <= last; step++) {
@@ -548,6 +556,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
             goto done;
         }
+        skipped += xtc_session_step_skipped(M.train);
         double dt = now_s() - t0;
         step_time = done_steps ? 0.9 * step_time + 0.1 * dt : dt;
         done_steps++;
@@ -568,14 +577,17 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
                 goto done;
             if (tty)
                 fprintf(stderr, "\r%*s\r", 78, "");
-            printf("step %5" PRId64 "  train loss %.4f  val loss %.4f (%.3f bits/byte)  %.0f tok/s\n", step,
+            printf("step %5" PRId64 "  train loss %.4f  val loss %.4f (%.3f bits/byte)  %.0f tok/s", step,
                    loss_sum / loss_n, val_loss, val_loss / M_LN2, tps);
+            if (scaled)
+                printf("  loss scale %g, %" PRId64 " skipped", xtc_session_loss_scale(M.train), skipped);
+            printf("\n");
             fflush(stdout);
             loss_sum = 0;
             loss_n = 0;
         }
         int ckpt_now = o->ckpt && (is_val || interrupted || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
-        if (ckpt_now && save_ckpt(M.train, o->ckpt, &rng, &id, o, step) != 0)
+        if (ckpt_now && save_ckpt(M.train, o->ckpt, &rng, &id, o, step, skipped) != 0)
             goto done;
         if (interrupted) {
             printf("interrupted after step %" PRId64 "%s%s\n", step, o->ckpt ? "; continue with --resume " : "",
@@ -589,6 +601,9 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     printf("done: %" PRId64 " steps in %s; val loss %.4f = %.3f bits/byte (unigram entropy %.3f bits/byte)%s%s\n",
            done_steps, total, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
            o->ckpt ? o->ckpt : "");
+    if (scaled)
+        printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (their fp16 gradients overflowed)\n",
+               xtc_session_loss_scale(M.train), skipped, last);
     rc = 0;
 done:
     if (handler)

@@ -60,6 +60,7 @@ int cg_keeps_f32(const IrNode *n)
     case IR_GATHER_GRAD:
     case IR_ENTMAX15:
     case IR_RAND: return 1;
+    case IR_INPUT: return n->rank == 0; /* a scalar: the loss scale (2^16 is past fp16's 65504) */
     case IR_ATTENTION: return n->ia[1] != 0;
     default: return 0;
     }

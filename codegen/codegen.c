@@ -107,6 +107,12 @@ int cg_dtype_parse(const char *dtype, char *err, size_t n)
     return -1;
 }
 
+const char *cg_loss_scale_input(const char *dtype)
+{
+    char err[128];
+    return cg_dtype_parse(dtype, err, sizeof err) == 2 ? IR_LOSS_SCALE_INPUT : NULL;
+}
+
 int cg_mma_parse(const char *name)
 {
     if (!name)

@@ -101,6 +101,10 @@ extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cg_cuda.
 /* CgOptions.dtype as a storage format: 0 = f32 (NULL, "" or "f32"), 1 = bf16, 2 = fp16; -1 with
  * a message naming the accepted values. */
 int cg_dtype_parse(const char *dtype, char *err, size_t n);
+/* IrGradOpts.loss_scale for a training graph to be compiled with storage dtype: fp16, whose
+ * smallest normal value is 6.1e-5, gets the loss-scale input (IR_LOSS_SCALE_INPUT) that the
+ * runtime manages; f32 and bf16 (f32's range) get none (NULL), nor does an unknown dtype. */
+const char *cg_loss_scale_input(const char *dtype);
 
 /* A GPU architecture for CgOptions.cuda_arch: "sm_80", "compute_80" or "80" -> 80; -1 with a
  * message when it is none of these (codegen/cg_cuda_nvrtc.c). */

@@ -212,7 +212,7 @@ int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
 /* ---- training (runtime/rt_optim.c) ---- */
 
 /* A training module (xtc compile --train) has outputs "loss" and "grad.<name>" for every
- * parameter. After a successful xtc_session_run, xtc_session_step applies one AdamW step to every
+ * parameter (with --dtype fp16 also the input XTC_LOSS_SCALE_INPUT, below). After a successful xtc_session_run, xtc_session_step applies one AdamW step to every
  * parameter from those gradients, in native code, split over the session's threads:
  *
  *     g = grad * min(1, max_grad_norm / (||grad||_global + 1e-6))   (if max_grad_norm > 0)
@@ -243,6 +243,35 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt);
  * any). */
 int64_t xtc_session_step_count(const XtcSession *s);
 double xtc_session_grad_norm(const XtcSession *s);
+
+/* Dynamic loss scaling (PyTorch's GradScaler, built into the session). A training module
+ * compiled with --dtype fp16 (whose smallest normal value is 6.1e-5) has one more input, the
+ * scalar f32 XTC_LOSS_SCALE_INPUT: the backward pass starts from the loss's gradient S instead of
+ * 1 (a module seeded by grad.<output> inputs multiplies them by S), so every gradient is computed
+ * S times larger, above fp16's subnormals. f32 and bf16 modules have no such input and none of
+ * this applies (xtc_session_loss_scale is 1, no step is skipped).
+ *  - Before each xtc_session_run the session binds S itself, unless the caller bound the input
+ *    with xtc_session_set_input: the caller's value (positive and finite, else XTC_ERR_RANGE)
+ *    then wins, for every run, until xtc_session_set_loss_scale hands it back to the session.
+ *  - After the run every grad.<param> output is divided by the value the run used, so callers
+ *    and the optimizer see true gradients; if one of them is not finite (inf or NaN) the run
+ *    has overflowed.
+ *  - xtc_session_step after an overflowed run skips the update (parameters, moments and step
+ *    count unchanged; xtc_session_step_skipped is 1) and halves S; after growth_interval
+ *    consecutive steps taken it doubles S. S starts at 2^16, never falls below 1 (a model whose
+ *    gradients overflow even then skips every step) nor rises above 2^64; growth interval 2000.
+ *  - Checkpoints hold S and the steps counted towards the next doubling (metadata
+ *    "xtc.loss_scale", "xtc.loss_scale.good_steps"); xtc_session_load_checkpoint with optimizer
+ *    != 0 restores them when the file has them. */
+#define XTC_LOSS_SCALE_INPUT "loss_scale"
+/* Sets S (1 <= scale <= 2^64, else XTC_ERR_RANGE) and, if growth_interval > 0, the growth
+ * interval; restarts the count of good steps; the session binds S again from the next run on,
+ * over a value the caller bound. No effect on a module without loss scaling. */
+int xtc_session_set_loss_scale(XtcSession *s, double scale, int64_t growth_interval);
+/* S, the scale the session binds for the next run (1 for a module without loss scaling). */
+double xtc_session_loss_scale(const XtcSession *s);
+/* 1 if the last xtc_session_step skipped its update because the gradients overflowed. */
+int xtc_session_step_skipped(const XtcSession *s);
 
 /* A view of the current value of a parameter or state buffer (valid until the weight is set
  * again or the session is freed). */
@@ -275,7 +304,7 @@ typedef struct {
 } XtcRunOptions;
 
 /* Loads module_path, weights from weights_path, every input from input_path (one tensor per
- * module input, by name), runs once and writes every output to output_path (safetensors, with
+ * module input, by name; XTC_LOSS_SCALE_INPUT may be left out, the session binds it), runs once and writes every output to output_path (safetensors, with
  * dtypes F32 / I32 / I64 / BOOL). What `xtc run` does. On failure returns a status and writes a
  * one-line message into err. */
 int xtc_run_files(const char *module_path, const char *weights_path, const char *input_path,

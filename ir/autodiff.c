@@ -12,7 +12,7 @@
  *      an int) get none because of their dtype, and comparisons and logic, whose results are
  *      bool, stop the gradient by the table (NOGRAD).
  *   2. Seed the loss with 1 (or each output O with the input grad.O, as PyTorch's
- *      y.backward(g)), then walk the forward nodes in reverse topological order. When the walk
+ *      y.backward(g)), times the scalar input loss_scale when one is asked for, then walk the forward nodes in reverse topological order. When the walk
  *      reaches a node its gradient is complete: it is labelled grad.<label> and handed to the
  *      op's rule, which builds a contribution for each operand that needs one.
  *   3. accum() is the one place where a contribution is reduced back from its broadcast shape
@@ -536,6 +536,14 @@ static void mark_needs(Ad *A)
 static int seed(Ad *A, const IrGradOpts *o, char *err, size_t n)
 {
     IrGraph *g = A->g;
+    IrNode *scale = NULL; /* the loss scale S, a scalar input, or NULL for 1 */
+    if (o->loss_scale) {
+        for (int i = 0; i < A->nfwd; i++)
+            if (g->nodes[i]->op == IR_INPUT && strcmp(g->nodes[i]->s, o->loss_scale) == 0)
+                return fail(err, n, "autodiff: the model already has an input named '%s', the name of the loss scale",
+                            o->loss_scale);
+        scale = ir_input(g, o->loss_scale, IR_F32, 0, NULL);
+    }
     if (o->loss) {
         for (int i = 0; i < g->noutputs; i++) {
             const IrOutput *out = &g->outputs[i];
@@ -544,7 +552,7 @@ static int seed(Ad *A, const IrGradOpts *o, char *err, size_t n)
             if (out->node->dtype != IR_F32 || out->node->rank != 0)
                 return fail(err, n, "autodiff: output '%s' is %s of rank %d, not a scalar f32", o->loss,
                             ir_dtype_name(out->node->dtype), out->node->rank);
-            accum(A, out->node, cst(A, 1));
+            accum(A, out->node, scale ? scale : cst(A, 1));
             return 0;
         }
         return fail(err, n, "autodiff: the graph has no output named '%s'", o->loss);
@@ -558,7 +566,8 @@ static int seed(Ad *A, const IrGradOpts *o, char *err, size_t n)
             continue;
         char name[300];
         snprintf(name, sizeof name, "grad.%s", out->name);
-        accum(A, out->node, ir_input(g, name, IR_F32, out->node->rank, out->node->shape));
+        IrNode *dout = ir_input(g, name, IR_F32, out->node->rank, out->node->shape);
+        accum(A, out->node, scale ? mul(A, dout, scale) : dout);
     }
     return 0;
 }
@@ -626,7 +635,7 @@ int ir_autodiff(IrGraph *g, const IrGradOpts *o, char *err, size_t n)
         n = sizeof sink;
     }
     err[0] = 0;
-    static const IrGradOpts by_default = {"loss", 0};
+    static const IrGradOpts by_default = {.loss = "loss"};
     if (!o)
         o = &by_default;
     if (ir_graph_error(g))

@@ -262,7 +262,17 @@ typedef struct {
     int seed_outputs;   /* when loss is NULL: for every f32 output O, add an input "grad.O" of O's
                            type (the caller's dL/dO, as PyTorch's y.backward(g)) and differentiate
                            sum(O * grad.O) */
+    const char *loss_scale; /* NULL, or the name of a scalar f32 input S (IR_LOSS_SCALE_INPUT) added
+                               to the graph and multiplied into the seed: the loss is seeded with S
+                               instead of 1 (each grad.O by grad.O * S), so every gradient comes out
+                               S times too large (dynamic loss scaling for fp16 storage; the runtime
+                               divides the grad.<param> outputs by S). The forward graph must not
+                               have an input of that name already */
 } IrGradOpts;
+
+/* The name the compile paths give IrGradOpts.loss_scale (for --train with --dtype fp16), which
+ * the runtime recognises in a training module (include/xtc.h, XTC_LOSS_SCALE_INPUT). */
+#define IR_LOSS_SCALE_INPUT "loss_scale"
 
 /* Appends the backward graph to g and one output "grad.<param name>" per PARAM leaf (every
  * parameter, in node order; a parameter the loss does not depend on gets zeros of its shape).

@@ -106,6 +106,8 @@ int xtc_run_files(const char *module_path, const char *weights_path, const char 
         XtcTensorInfo info;
         xtc_module_tensor(m, XTC_INPUT, i, &info);
         const RtStTensor *t = rt_st_find(in, info.name);
+        if (!t && !strcmp(info.name, XTC_LOSS_SCALE_INPUT) && info.rank == 0)
+            continue; /* an fp16 training module's loss scale: the session binds it */
         if (!t) {
             rt_set_error(err, errlen, "%s: the model's input '%s' is missing", input_path, info.name);
             st = XTC_ERR_NAME;

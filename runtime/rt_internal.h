@@ -165,6 +165,21 @@ void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
  * successful run (NULL otherwise); the pool; the module; the slot holding the optimizer state
  * (freed with the session by rt_optim_free); setting the session's error (returns status). */
 struct RtOptim;
+/* Dynamic loss scaling of a session whose module has the scalar input XTC_LOSS_SCALE_INPUT (fp16
+ * training modules; include/xtc.h): the session binds scale before each run unless the caller
+ * bound the input (by_caller), divides the grad.<param> outputs by the value the run used and
+ * notes a non-finite one (overflow); xtc_session_step (rt_optim.c) skips its update after an
+ * overflow and moves scale. */
+typedef struct {
+    int buf;            /* the loss-scale input's buffer; -1: the module has no loss scaling */
+    int by_caller;      /* the caller bound the input: runs use its value, not scale */
+    double scale;       /* S, bound before each run */
+    int64_t interval;   /* good steps after which S doubles */
+    int64_t good;       /* consecutive steps taken since S last changed */
+    int overflow;       /* the last successful run gave a non-finite gradient */
+    int skipped;        /* the last xtc_session_step skipped its update */
+} RtScaler;
+RtScaler *rt_session_scaler(XtcSession *s);
 void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape);
 void *rt_session_output(XtcSession *s, int out);
 /* rt_session_adopt takes ownership of data (f32, the buffer's constant shape, already checked) as

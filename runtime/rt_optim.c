@@ -246,6 +246,22 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
         free(g);
         return st;
     }
+    RtScaler *sc = rt_session_scaler(s);
+    if (sc->buf >= 0) {
+        sc->skipped = sc->overflow;
+        if (sc->overflow) { /* gradients of a too large scale: no update, a smaller scale */
+            sc->scale = sc->scale / 2 >= 1 ? sc->scale / 2 : 1;
+            sc->good = 0;
+            free(p);
+            free(g);
+            return XTC_OK;
+        }
+        if (++sc->good >= sc->interval) {
+            if (sc->scale * 2 <= 0x1p64)
+                sc->scale *= 2;
+            sc->good = 0;
+        }
+    }
     StepCtx c = {.o = o, .p = p, .g = g};
     RtPool *pool = rt_session_pool(s);
     rt_pool_parallel_for(pool, norm_task, &c, o->nblocks);
@@ -415,6 +431,14 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         rt_st_writer_meta(w, "xtc.model", m->name ? m->name : "");
         snprintf(num, sizeof num, "%" PRId64, o ? o->step : (int64_t)0);
         rt_st_writer_meta(w, "xtc.optim.step", num);
+        RtScaler *sc = rt_session_scaler(s);
+        if (sc->buf >= 0) { /* loss scaling: S and the good steps towards doubling it */
+            char scale[40], good[32];
+            snprintf(scale, sizeof scale, "%.17g", sc->scale);
+            snprintf(good, sizeof good, "%" PRId64, sc->good);
+            rt_st_writer_meta(w, "xtc.loss_scale", scale);
+            rt_st_writer_meta(w, "xtc.loss_scale.good_steps", good);
+        }
         for (int i = 0; i < nmeta; i++)
             rt_st_writer_meta(w, keys[i], values[i]);
         char msg[512];
@@ -492,6 +516,20 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     int with_optim = !st && optimizer && noptim > 0;
     if (with_optim && (!step_text || *end || step <= 0))
         st = failf(s, XTC_ERR_FORMAT, "%s: optimizer state without a valid xtc.optim.step", path);
+    /* loss scaling's state, when the file has it (restored with the optimizer) */
+    const char *scale_text = rt_st_metadata(f, "xtc.loss_scale");
+    const char *good_text = rt_st_metadata(f, "xtc.loss_scale.good_steps");
+    double scale = 0;
+    long long good = 0;
+    int with_scale = !st && optimizer && scale_text && good_text && rt_session_scaler(s)->buf >= 0;
+    if (with_scale) {
+        char *e1 = NULL, *e2 = NULL;
+        scale = strtod(scale_text, &e1);
+        good = strtoll(good_text, &e2, 10);
+        if (*e1 || *e2 || !(scale >= 1 && scale <= 0x1p64) || good < 0)
+            st = failf(s, XTC_ERR_FORMAT, "%s: bad loss-scale state (xtc.loss_scale %s, good steps %s)", path,
+                       scale_text, good_text);
+    }
     float **w = rt_calloc((size_t)nw + 1, sizeof *w), **mv = rt_calloc((size_t)np + 1, sizeof *mv),
           **vv = rt_calloc((size_t)np + 1, sizeof *vv);
     if (!w || !mv || !vv)
@@ -535,6 +573,11 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
             struct RtOptim **slot = rt_session_optim(s);
             rt_optim_free(*slot);
             *slot = NULL;
+        }
+        if (!st && with_scale) {
+            RtScaler *sc = rt_session_scaler(s);
+            sc->scale = scale;
+            sc->good = good;
         }
     }
     for (int i = 0; w && i < nw; i++)

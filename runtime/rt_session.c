@@ -18,6 +18,7 @@
 #include "rt_internal.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,9 @@ struct XtcSession {
     size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
     int outputs_valid;
     struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
+    RtScaler scaler;             /* loss scaling (fp16 training modules), scaler.buf -1 otherwise */
+    int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
+    int nunscale;
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
     uint8_t *changed;            /* device: per buffer, rebound since the last run */
     /* profiling */
@@ -70,6 +74,8 @@ static int fail(XtcSession *s, int status, const char *fmt, ...)
     va_end(ap);
     return status;
 }
+
+static int scaler_init(XtcSession *s);
 
 static int64_t sym_bound(const XtcSession *s, int sym)
 {
@@ -274,6 +280,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     if (!m || !m->abi)
         return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
     s->m = m;
+    s->scaler.buf = -1; /* until scaler_init finds the loss-scale input */
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
@@ -302,6 +309,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         (m->device && alloc_plan(m, &s->devplan) < 0))
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     plan_elem_sizes(m, s->host.elem, s->devplan.elem);
+    if (scaler_init(s) < 0)
+        return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     if (m->device) { /* before the pool: a session whose device fails stays unusable */
         char msg[sizeof s->err];
         int st = (s->changed = rt_calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
@@ -342,6 +351,7 @@ void xtc_session_free(XtcSession *s)
     free_plan(&s->devplan);
     free(s->arena);
     free(s->step_s);
+    free(s->unscale);
     free(s);
 }
 
@@ -708,6 +718,8 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     if (buf->dtype == XTC_F32 && n)
         memcpy(copy, data, (size_t)n * esize);
     bind_buffer(s, b, copy, rank, shape);
+    if (b == s->scaler.buf)
+        s->scaler.by_caller = 1; /* until xtc_session_set_loss_scale */
     return XTC_OK;
 }
 
@@ -949,12 +961,124 @@ static int32_t device_run(XtcSession *s, const int64_t *syms)
     return r;
 }
 
+/* ---- loss scaling (see RtScaler) ---- */
+
+/* Finds the loss-scale input of a training module and the buffers of its grad.<param> outputs
+ * (tied names share one; each is divided once). 0, or -1 when out of memory. */
+static int scaler_init(XtcSession *s)
+{
+    const XtcModule *m = s->m;
+    RtScaler *sc = &s->scaler;
+    sc->buf = -1;
+    sc->scale = 65536;
+    sc->interval = 2000;
+    int b = -1;
+    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT] && b < 0; i++) {
+        int k = m->by_kind[RT_BUF_INPUT][i];
+        if (strcmp(m->bufs[k].name, XTC_LOSS_SCALE_INPUT) == 0 && m->bufs[k].rank == 0 &&
+            m->bufs[k].dtype == XTC_F32)
+            b = k;
+    }
+    if (b < 0)
+        return 0;
+    s->unscale = rt_calloc((size_t)m->nouts + 1, sizeof *s->unscale);
+    if (!s->unscale)
+        return -1;
+    for (int o = 0; o < m->nouts; o++) {
+        int ob = m->outs[o].buf, seen = 0;
+        if (strncmp(m->outs[o].name, "grad.", 5) != 0 || m->outs[o].dtype != XTC_F32 ||
+            m->bufs[ob].kind != RT_BUF_TEMP)
+            continue;
+        for (int k = 0; k < s->nunscale; k++)
+            seen |= s->unscale[k] == ob;
+        if (!seen)
+            s->unscale[s->nunscale++] = ob;
+    }
+    if (s->nunscale)
+        sc->buf = b;
+    return 0;
+}
+
+/* Before a run: binds S unless the caller bound the input. */
+static int scaler_bind(XtcSession *s)
+{
+    RtScaler *sc = &s->scaler;
+    int b = sc->buf;
+    if (b < 0 || sc->by_caller)
+        return XTC_OK;
+    if (!s->set[b]) {
+        float *v = rt_malloc(sizeof *v);
+        if (!v)
+            return fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", XTC_LOSS_SCALE_INPUT);
+        bind_buffer(s, b, v, 0, NULL);
+    }
+    *(float *)s->own[b] = (float)sc->scale;
+    if (s->changed)
+        s->changed[b] = 1;
+    return XTC_OK;
+}
+
+/* After a successful run: the gradients divided by the scale the run used, and whether one of
+ * them is not finite. */
+static void scaler_unscale(XtcSession *s)
+{
+    RtScaler *sc = &s->scaler;
+    if (sc->buf < 0)
+        return;
+    const float used = *(const float *)s->own[sc->buf];
+    int overflow = 0;
+    for (int k = 0; k < s->nunscale; k++) {
+        const RtBuffer *b = &s->m->bufs[s->unscale[k]];
+        float *g = s->ptr[s->unscale[k]];
+        int64_t n = rt_numel(b->shape, b->rank, s->syms);
+        for (int64_t i = 0; i < n; i++) {
+            g[i] /= used;
+            overflow |= !isfinite(g[i]);
+        }
+    }
+    sc->overflow = overflow;
+}
+
+int xtc_session_set_loss_scale(XtcSession *s, double scale, int64_t growth_interval)
+{
+    if (!ready(s, "xtc_session_set_loss_scale"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!(scale >= 1 && scale <= 0x1p64) || growth_interval < 0)
+        return fail(s, XTC_ERR_RANGE, "xtc_session_set_loss_scale: scale %g outside [1, 2^64] or a negative "
+                    "growth interval", scale);
+    RtScaler *sc = &s->scaler;
+    sc->scale = scale;
+    if (growth_interval > 0)
+        sc->interval = growth_interval;
+    sc->good = 0;
+    sc->by_caller = 0;
+    return XTC_OK;
+}
+
+double xtc_session_loss_scale(const XtcSession *s)
+{
+    return s && s->m && s->scaler.buf >= 0 ? s->scaler.scale : 1;
+}
+
+int xtc_session_step_skipped(const XtcSession *s) { return s && s->m ? s->scaler.skipped : 0; }
+
+RtScaler *rt_session_scaler(XtcSession *s) { return &s->scaler; }
+
 int xtc_session_run(XtcSession *s)
 {
     if (!ready(s, "xtc_session_run"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     const XtcModule *m = s->m;
     s->outputs_valid = 0;
+    int st = scaler_bind(s);
+    if (st)
+        return st;
+    if (s->scaler.buf >= 0 && s->set[s->scaler.buf]) {
+        float used = *(const float *)s->own[s->scaler.buf];
+        if (!(used > 0) || !isfinite(used))
+            return fail(s, XTC_ERR_RANGE, "input '%s' is %g: a loss scale must be positive and finite",
+                        XTC_LOSS_SCALE_INPUT, (double)used);
+    }
     for (int k = RT_BUF_INPUT; k <= RT_BUF_STATE; k++)
         for (int i = 0; i < m->nby_kind[k]; i++) {
             int b = m->by_kind[k][i];
@@ -963,8 +1087,7 @@ int xtc_session_run(XtcSession *s)
                             m->bufs[b].name);
         }
     int64_t syms[RT_MAXSYM];
-    int st = bind_symbols(s, syms);
-    if (st)
+    if ((st = bind_symbols(s, syms)))
         return st;
     /* temps whose dims go negative would be a model bug (n-1 with n = 0, say) */
     for (int i = 0; i < m->nbufs; i++) {
@@ -999,6 +1122,7 @@ int xtc_session_run(XtcSession *s)
         return run_failure(s, r);
     if (s->step_s)
         s->profiled_runs++;
+    scaler_unscale(s);
     s->outputs_valid = 1;
     return XTC_OK;
 }

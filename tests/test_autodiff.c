@@ -630,7 +630,7 @@ START_TEST(test_gradcheck)
     make_data(&c, gf);
     IrGraph *gd = build_case(&c, cs);
     char err[512];
-    IrGradOpts opts = {"f", 0};
+    IrGradOpts opts = {.loss = "f"};
     ck_assert_msg(ir_autodiff(gd, &opts, err, sizeof err) == 0, "%s: %s", cs->name, err);
     check_roundtrip(gd);
     double worst;
@@ -678,7 +678,7 @@ static double *grad_of(Ctx *c, IrNode *y, const char *name)
     ir_output(g, "f", ir_reshape(g, f, 0, NULL));
     char err[512];
     ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) != 0, "no output 'loss' should fail");
-    IrGradOpts o = {"f", 0};
+    IrGradOpts o = {.loss = "f"};
     ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s", err);
     check_roundtrip(g);
     IrHostTensor *outs = calloc((size_t)g->noutputs, sizeof *outs);
@@ -795,7 +795,7 @@ START_TEST(test_seed_outputs)
     }
     make_data(&c, gf);
     char err[512];
-    IrGradOpts o = {NULL, 1};
+    IrGradOpts o = {.seed_outputs = 1};
     ck_assert_msg(ir_autodiff(gd, &o, err, sizeof err) == 0, "%s", err);
     check_roundtrip(gd);
     ck_assert_ptr_nonnull(ir_find_leaf(gd, IR_INPUT, "grad.y"));
@@ -811,6 +811,61 @@ START_TEST(test_seed_outputs)
     ir_graph_free(gf);
     ir_graph_free(gd);
     free_data(&c);
+}
+END_TEST
+
+/* IrGradOpts.loss_scale: loss = sum(w * x) seeded with the input S gives grad.w = S x; each
+ * caller-supplied grad.y is multiplied by S (grad.w = S grad.y x); a forward graph that already
+ * has an input of that name is refused. */
+static int scale_bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
+{
+    static float w[3] = {1, 2, 3}, x[3] = {0.5f, -1, 4}, gy[3] = {1, 10, 100}, scale = 8;
+    (void)ctx;
+    memset(out, 0, sizeof *out);
+    out->dtype = IR_F32;
+    out->rank = leaf->rank;
+    if (leaf->rank)
+        out->shape[0] = 3;
+    out->data = !strcmp(leaf->s, "w") ? (void *)w : !strcmp(leaf->s, "x") ? (void *)x
+              : !strcmp(leaf->s, "grad.y") ? (void *)gy : !strcmp(leaf->s, "loss_scale") ? (void *)&scale : NULL;
+    return out->data ? 0 : -1;
+}
+
+START_TEST(test_loss_scale)
+{
+    static const float x[3] = {0.5f, -1, 4}, gy[3] = {1, 10, 100};
+    char err[512];
+    for (int seeded = 0; seeded < 2; seeded++) {
+        IrGraph *g = ir_graph_new("scaled");
+        IrNode *w = ir_param(g, "w", SHAPE(D(3)));
+        IrNode *y = ir_binary(g, IR_MUL, w, ir_input(g, "x", IR_F32, SHAPE(D(3))));
+        if (seeded)
+            ir_output(g, "y", y);
+        else
+            ir_output(g, "loss", ir_reshape(g, ir_reduce(g, IR_SUM, y, 0), 0, NULL));
+        IrGradOpts o = {.loss = seeded ? NULL : "loss", .seed_outputs = seeded, .loss_scale = IR_LOSS_SCALE_INPUT};
+        ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s", err);
+        const IrNode *s = ir_find_leaf(g, IR_INPUT, IR_LOSS_SCALE_INPUT);
+        ck_assert_ptr_nonnull(s);
+        ck_assert_int_eq(s->rank, 0);
+        ck_assert_int_eq(s->dtype, IR_F32);
+        check_roundtrip(g);
+        IrHostTensor outs[2];
+        ck_assert_msg(ir_interp(g, scale_bind, NULL, outs, err, sizeof err) == 0, "%s", err);
+        ck_assert_str_eq(g->outputs[1].name, "grad.w");
+        for (int i = 0; i < 3; i++)
+            ck_assert_float_eq(((float *)outs[1].data)[i], 8 * x[i] * (seeded ? gy[i] : 1));
+        for (int i = 0; i < 2; i++)
+            ir_host_free(&outs[i]);
+        ir_graph_free(g);
+    }
+    IrGraph *g = ir_graph_new("taken");
+    IrNode *w = ir_param(g, "w", 0, NULL);
+    ir_output(g, "loss", ir_binary(g, IR_MUL, w, ir_input(g, IR_LOSS_SCALE_INPUT, IR_F32, 0, NULL)));
+    IrGradOpts o = {.loss = "loss", .loss_scale = IR_LOSS_SCALE_INPUT};
+    ck_assert_int_eq(ir_autodiff(g, &o, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "already has an input named 'loss_scale'"), "%s", err);
+    ir_graph_free(g);
 }
 END_TEST
 
@@ -846,7 +901,7 @@ START_TEST(test_errors)
     IrNode *w = ir_param(g, "w", SHAPE(D(3)));
     ir_output(g, "vec", ir_unary(g, IR_EXP, w));
     ir_output(g, "count", ir_arange(g, D(0), D(3), IR_I64));
-    IrGradOpts missing = {"loss", 0}, vec = {"vec", 0}, ints_ = {"count", 0}, none = {NULL, 0};
+    IrGradOpts missing = {.loss = "loss"}, vec = {.loss = "vec"}, ints_ = {.loss = "count"}, none = {.loss = NULL};
     ck_assert_int_eq(ir_autodiff(g, &missing, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "no output named 'loss'"), "%s", err);
     ck_assert_int_eq(ir_autodiff(g, &vec, err, sizeof err), -1);
@@ -1056,7 +1111,7 @@ START_TEST(test_parity_grads)
         printf("parity %-22s refused by the language (not supported yet)\n", name);
     } else {
         int nfwd = g->nnodes;
-        IrGradOpts o = {has_output(g, "loss") ? "loss" : NULL, 1};
+        IrGradOpts o = {.loss = has_output(g, "loss") ? "loss" : NULL, .seed_outputs = 1};
         ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s: %s", name, err);
         check_roundtrip(g);
 
@@ -1128,6 +1183,7 @@ static Suite *autodiff_suite(void)
     tcase_add_loop_test(tc, test_gradcheck, 0, NCASES);
     tcase_add_test(tc, test_tie_rules);
     tcase_add_test(tc, test_seed_outputs);
+    tcase_add_test(tc, test_loss_scale);
     tcase_add_test(tc, test_labels);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);

@@ -22,6 +22,7 @@ case=$parity/rotary_pos_emb
 check "compile --train" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/m.so" --train
 check "info" "$xtc" info "$tmp/m.so"
 grep -q "attn_layers.rotary_pos_emb.inv_freq" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info lists the buffers"; }
+! grep -q "loss_scale" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL an f32 training module has no loss scale"; }
 check "info --source" "$xtc" info "$tmp/m.so" --source
 grep -q "rotary_pos_emb = true" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL the module embeds its source"; }
 check "compile transformer_xl" "$xtc" compile "$src/models/transformer_xl.xtf" -O0 -o "$tmp/xl.so"
@@ -54,12 +55,26 @@ check "info of a bf16 module" "$xtc" info "$tmp/bf16.so"
 grep -q "option dtype = bf16" "$tmp/out" && grep -q "option arch = sm_90" "$tmp/out" &&
   grep -q "option mma = bf16" "$tmp/out" && grep -q "tensor cores: operands in bf16" "$tmp/bf16.cu" ||
   { fail=$((fail + 1)); echo "FAIL info shows the dtype, the arch and the tensor cores --dtype bf16 implies"; }
+! grep -q "loss_scale" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL a bf16 training module has no loss scale"; }
 check "run the bf16 module --grads" "$xtc" run "$tmp/bf16.so" --weights "$case/weights.safetensors" \
   --input "$case/inputs.safetensors" --output "$tmp/bf16.safetensors" --grads
 check "bf16 logits and loss match x-transformers within 5 x 2^-8" $py "$parity/compare.py" "$case" \
   "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.0195 --skip '^grad\.'
 check "bf16 gradients match x-transformers within 10 x 2^-8" $py "$parity/compare.py" "$case" \
   "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.039 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+# fp16 training: the module has the loss-scale input, which xtc run leaves to the session (2^16,
+# the gradients divided by it on the host): within 5 and 10 units of fp16's roundoff (2^-11)
+check "compile --train --dtype fp16" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/fp16.so" \
+  --train --target cuda-emu --dtype fp16
+check "info of an fp16 training module" "$xtc" info "$tmp/fp16.so"
+grep -q "^  loss_scale  *f32  \[\]" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL an fp16 training module has the scalar input loss_scale"; }
+check "run the fp16 module --grads" "$xtc" run "$tmp/fp16.so" --weights "$case/weights.safetensors" \
+  --input "$case/inputs.safetensors" --output "$tmp/fp16.safetensors" --grads
+check "fp16 logits and loss match x-transformers within 5 x 2^-11" $py "$parity/compare.py" "$case" \
+  "$tmp/fp16.safetensors" --atol 1e-4 --rtol 0.00244 --skip '^grad\.'
+check "fp16 gradients match x-transformers within 10 x 2^-11" $py "$parity/compare.py" "$case" \
+  "$tmp/fp16.safetensors" --atol 1e-4 --rtol 0.0049 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
 refuse "--dtype on the cpu" "computes and stores in f32 only" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
   --dtype bf16
 refuse "unknown --dtype" "unknown dtype 'f64'" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \

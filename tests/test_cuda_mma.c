@@ -29,7 +29,12 @@
  *                included) in bf16 within 3e-2 of each tensor's max|ref|. The same bounds with
  *                16-bit storage too (--dtype bf16 and fp16, tensor cores by default), training
  *                in bf16 within 5e-2. Observed errors are printed; they are 2 to 7 times below
- *                these bounds (1.8 to 2.4 for bf16 storage training). */
+ *                these bounds (1.8 to 2.4 for bf16 storage training).
+ *   loss_scale   fp16 training with dynamic loss scaling (IrGradOpts.loss_scale, the session's
+ *                XTC_LOSS_SCALE_INPUT): a small decoder's gradients, divided back by the
+ *                session, within 10 u of each tensor's max|ref| of the f64 interpreter's, where
+ *                with the scale bound to 1 the smallest (about 1e-7) is far off; an overflowing
+ *                scale skips the step and halves, good steps double it, checkpoints keep it. */
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "ir.h"
@@ -728,9 +733,10 @@ static IrGraph *lower_model(const char *path, int train)
 
 /* tiny_gpt's forward, or its loss and every gradient (train), with and without tensor cores;
  * each output tensor within rtol of its own largest value (1e-7 absolute: the smallest
- * gradients are about 1e-7). Training in fp16 is left out: without loss scaling, gradients
- * below fp16's normal range (6.1e-5) lose their precision; its q/k weight gradients, about
- * 1e-7, come out up to 60% off. bf16 has f32's range. */
+ * gradients are about 1e-7). Training in fp16 is left out here (this graph is differentiated
+ * without loss scaling, under which gradients below fp16's normal range, 6.1e-5, such as its
+ * q/k weight gradients of about 1e-7, come out up to 60% off); the loss_scale case checks fp16
+ * training with scaling on a smaller decoder. bf16 has f32's range. */
 static void check_model(int train)
 {
     const char *mode = train ? "loss and gradients" : "forward";
@@ -810,6 +816,206 @@ START_TEST(test_model_train)
 }
 END_TEST
 
+/* ---- loss scaling (fp16 training; include/xtc.h, XTC_LOSS_SCALE_INPUT) ---- */
+
+/* A small decoder, as xtc compile --train --dtype fp16 builds it: seeded by the loss-scale input. */
+static IrGraph *lower_scaled(void)
+{
+    static const char src[] = "tiny = TransformerWrapper(num_tokens = 37, max_seq_len = 16,\n"
+                              "    attn_layers = Decoder(dim = 32, depth = 1, heads = 2))\n";
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = xtf_parse("tiny.xtf", src, strlen(src), &d);
+    ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
+    XtLowerOpts lo = {.train = 1};
+    IrGraph *g = xt_lower(f, NULL, &lo, &d);
+    ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
+    xtf_diag_free(&d);
+    xtf_free(f);
+    char err[1024];
+    IrGradOpts go = {.loss = "loss", .loss_scale = cg_loss_scale_input("fp16")};
+    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
+    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "passes: %s", err);
+    ir_graph_free(g);
+    return h;
+}
+
+/* A session of m with every leaf of bd bound but the loss scale (which the session binds). */
+static XtcSession *session_unscaled_inputs(XtcModule *m, const Binding *bd)
+{
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "session: %s", xtc_session_error(s));
+    for (int i = 0; i < bd->n; i++)
+        if (strcmp(bd->leaf[i]->s, XTC_LOSS_SCALE_INPUT) != 0)
+            ck_assert_msg(bind_leaf(s, bd, i) == XTC_OK, "binding '%s': %s", bd->leaf[i]->s, xtc_session_error(s));
+    return s;
+}
+
+/* max|got - ref| / max|ref| of output o */
+static double rel_error(XtcSession *s, const IrGraph *g, const IrHostTensor *ref, int o, double *maxref)
+{
+    XtcTensor t;
+    ck_assert_msg(xtc_session_get_output(s, g->outputs[o].name, &t) == XTC_OK, "%s", xtc_session_error(s));
+    int64_t numel = ir_host_numel(&ref[o]);
+    const float *a = t.data, *e = ref[o].data;
+    double maxabs = 0, maxerr = 0;
+    for (int64_t i = 0; i < numel; i++) {
+        maxabs = fmax(maxabs, fabs(e[i]));
+        maxerr = fmax(maxerr, fabs((double)a[i] - e[i]));
+    }
+    *maxref = maxabs;
+    return maxabs > 0 ? maxerr / maxabs : maxerr;
+}
+
+/* With the session's loss scale (2^16) every gradient of an fp16 module is within fp16's
+ * gradient tolerance (10 u of its tensor's max|ref|) of the f64 interpreter's on the same
+ * rounded weights; bound to 1 by the caller (no scaling) the smallest gradient tensor, below
+ * fp16's normal range, is far off. */
+START_TEST(test_loss_scale_accuracy)
+{
+    ck_assert_ptr_null(cg_loss_scale_input(NULL));
+    ck_assert_ptr_null(cg_loss_scale_input("f32"));
+    ck_assert_ptr_null(cg_loss_scale_input("bf16"));
+    ck_assert_str_eq(cg_loss_scale_input("fp16"), XTC_LOSS_SCALE_INPUT);
+    IrGraph *g = lower_scaled();
+    int64_t syms[IR_MAXSYM] = {0};
+    for (int k = 0; k < g->nsyms; k++)
+        syms[k] = k == 0 ? 2 : 13;
+    storage = 2;
+    RefBinding rb;
+    bind_rounded(&rb, g, syms, 0.05, NULL, NULL, 0);
+    const IrNode *ls = ir_find_leaf(g, IR_INPUT, XTC_LOSS_SCALE_INPUT);
+    ck_assert_ptr_nonnull(ls);
+    *(float *)rb.ref[bind_index(&rb.b, ls)].data = 1; /* the reference: true gradients */
+    IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, NULL);
+    XtcModule *m = compile_mma(g, "loss_scale", CG_MMA_AUTO);
+    ck_assert_int_ge(xtc_module_find(m, XTC_INPUT, XTC_LOSS_SCALE_INPUT), 0);
+
+    XtcSession *scaled = session_unscaled_inputs(m, &rb.b);
+    ck_assert_int_eq(xtc_session_run(scaled), XTC_OK);
+    ck_assert(xtc_session_loss_scale(scaled) == 65536);
+    XtcSession *plain = session_unscaled_inputs(m, &rb.b);
+    float one = 1;
+    ck_assert_int_eq(xtc_session_set_input(plain, XTC_LOSS_SCALE_INPUT, XTC_F32, 0, NULL, &one), XTC_OK);
+    ck_assert_msg(xtc_session_run(plain) == XTC_OK, "%s", xtc_session_error(plain));
+    ck_assert(xtc_session_loss_scale(plain) == 65536); /* the session's S; the caller's 1 won */
+
+    const double u = 0x1p-11, tol = 10 * u;
+    int smallest = -1;
+    double smallest_max = INFINITY, worst = 0;
+    for (int o = 0; o < g->noutputs; o++) {
+        double maxref, e = rel_error(scaled, g, ref, o, &maxref);
+        int grad = strncmp(g->outputs[o].name, "grad.", 5) == 0;
+        double bound = grad ? tol : 5 * u + 1e-4 / fmax(maxref, 1e-30);
+        ck_assert_msg(e <= bound, "output '%s' (max|ref| %.3g): relative error %.3g with loss scaling, bound %.3g",
+                      g->outputs[o].name, maxref, e, bound);
+        if (grad) {
+            worst = fmax(worst, e);
+            if (maxref > 0 && maxref < smallest_max) {
+                smallest_max = maxref;
+                smallest = o;
+            }
+        }
+    }
+    ck_assert_int_ge(smallest, 0);
+    ck_assert_msg(smallest_max < 6.1e-5, "the smallest gradient tensor ('%s', max %.3g) is not below fp16's normal range",
+                  g->outputs[smallest].name, smallest_max);
+    double maxref, e_scaled = rel_error(scaled, g, ref, smallest, &maxref);
+    double e_plain = rel_error(plain, g, ref, smallest, &maxref);
+    fprintf(stderr, "test_cuda_mma: fp16 training, smallest gradient '%s' (max|ref| %.2g): relative error %.2g with "
+                    "loss scaling (worst gradient %.2g), %.2g without; tolerance %.2g\n", g->outputs[smallest].name,
+            smallest_max, e_scaled, worst, e_plain, tol);
+    ck_assert_msg(e_plain > 10 * tol && e_plain > 20 * e_scaled, "without scaling '%s' is only %.3g off (scaled %.3g)",
+                  g->outputs[smallest].name, e_plain, e_scaled);
+    /* handing the input back: the session binds S again */
+    ck_assert_int_eq(xtc_session_set_loss_scale(plain, 65536, 0), XTC_OK);
+    ck_assert_int_eq(xtc_session_run(plain), XTC_OK);
+    ck_assert_double_le(rel_error(plain, g, ref, smallest, &maxref), tol);
+    ck_assert_int_eq(xtc_session_set_loss_scale(plain, 0.5, 0), XTC_ERR_RANGE);
+    float bad = -2;
+    ck_assert_int_eq(xtc_session_set_input(plain, XTC_LOSS_SCALE_INPUT, XTC_F32, 0, NULL, &bad), XTC_OK);
+    ck_assert_int_eq(xtc_session_run(plain), XTC_ERR_RANGE);
+    xtc_session_free(plain);
+    xtc_session_free(scaled);
+    xtc_module_free(m);
+    free_outputs(g, ref);
+    bind_rounded_free(&rb);
+    ir_graph_free(g);
+    storage = 0;
+}
+END_TEST
+
+/* A scale so large that the fp16 gradients overflow: the step is skipped (weights, step count
+ * unchanged) and S halves; with a growth interval of 2, two good steps double S; checkpoints
+ * keep S and the count towards the next doubling. */
+START_TEST(test_loss_scale_overflow)
+{
+    IrGraph *g = lower_scaled();
+    int64_t syms[IR_MAXSYM] = {0};
+    for (int k = 0; k < g->nsyms; k++)
+        syms[k] = k == 0 ? 2 : 13;
+    storage = 2;
+    RefBinding rb;
+    bind_rounded(&rb, g, syms, 0.05, NULL, NULL, 0);
+    XtcModule *m = compile_mma(g, "loss_scale", CG_MMA_AUTO);
+    XtcSession *s = session_unscaled_inputs(m, &rb.b);
+    XtcAdamW opt = xtc_adamw_defaults();
+    XtcTensorInfo pi;
+    ck_assert_int_eq(xtc_module_tensor(m, XTC_PARAM, 0, &pi), XTC_OK);
+    XtcTensor w;
+    ck_assert_int_eq(xtc_session_get_weight(s, pi.name, &w), XTC_OK);
+    int64_t numel = 1;
+    for (int d = 0; d < w.rank; d++)
+        numel *= w.shape[d];
+    float *before = malloc((size_t)numel * sizeof *before);
+    memcpy(before, w.data, (size_t)numel * sizeof *before);
+
+    ck_assert_int_eq(xtc_session_set_loss_scale(s, 0x1p40, 2), XTC_OK);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    ck_assert_int_eq(xtc_session_step(s, &opt), XTC_OK);
+    ck_assert_int_eq(xtc_session_step_skipped(s), 1);
+    ck_assert_int_eq(xtc_session_step_count(s), 0);
+    ck_assert(xtc_session_loss_scale(s) == 0x1p39);
+    ck_assert_int_eq(xtc_session_get_weight(s, pi.name, &w), XTC_OK);
+    ck_assert_int_eq(memcmp(before, w.data, (size_t)numel * sizeof *before), 0);
+
+    ck_assert_int_eq(xtc_session_set_loss_scale(s, 1024, 2), XTC_OK);
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+        ck_assert_int_eq(xtc_session_step(s, &opt), XTC_OK);
+        ck_assert_int_eq(xtc_session_step_skipped(s), 0);
+    }
+    ck_assert_int_eq(xtc_session_step_count(s), 3);
+    ck_assert(xtc_session_loss_scale(s) == 2048); /* doubled after two steps, one counted since */
+    ck_assert_int_eq(xtc_session_get_weight(s, pi.name, &w), XTC_OK);
+    ck_assert_int_ne(memcmp(before, w.data, (size_t)numel * sizeof *before), 0);
+
+    char path[600];
+    snprintf(path, sizeof path, "%s/loss_scale.ckpt.safetensors", tmpdir);
+    ck_assert_msg(xtc_session_save_checkpoint(s, path, NULL, NULL, 0) == XTC_OK, "%s", xtc_session_error(s));
+    XtcSession *t = session_unscaled_inputs(m, &rb.b);
+    ck_assert(xtc_session_loss_scale(t) == 65536);
+    ck_assert_msg(xtc_session_load_checkpoint(t, path, 1) == XTC_OK, "%s", xtc_session_error(t));
+    ck_assert(xtc_session_loss_scale(t) == 2048);
+    ck_assert_int_eq(xtc_session_step_count(t), 3);
+    ck_assert_int_eq(xtc_session_set_loss_scale(t, 2048, 2), XTC_OK); /* restarts the count */
+    ck_assert_msg(xtc_session_load_checkpoint(t, path, 1) == XTC_OK, "%s", xtc_session_error(t));
+    ck_assert_int_eq(xtc_session_run(t), XTC_OK);
+    ck_assert_int_eq(xtc_session_step(t, &opt), XTC_OK);
+    ck_assert(xtc_session_loss_scale(t) == 4096); /* the restored count: one more good step doubles */
+    xtc_session_free(t);
+    unlink(path);
+    free(before);
+    xtc_session_free(s);
+    xtc_module_free(m);
+    bind_rounded_free(&rb);
+    ir_graph_free(g);
+    storage = 0;
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_mma");
@@ -822,6 +1028,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_model);
     tcase_add_test(tc, test_model_train);
     suite_add_tcase(s, tc);
+    TCase *ls = tcase_create("loss_scale");
+    tcase_add_test(ls, test_loss_scale_accuracy);
+    tcase_add_test(ls, test_loss_scale_overflow);
+    suite_add_tcase(s, ls);
     return s;
 }
 

@@ -190,7 +190,7 @@ static void add_model(KernelSet *ks, XtfFile *f, const char *model, const char *
     int has_loss = 0;
     for (int o = 0; o < g->noutputs; o++)
         has_loss |= strcmp(g->outputs[o].name, "loss") == 0;
-    IrGradOpts go = {has_loss ? "loss" : NULL, !has_loss};
+    IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
     char err[512];
     ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s: autodiff: %s", what, err);
     add_lowered(ks, g, what);

@@ -180,7 +180,7 @@ static void check_model_file(const char *path, ModelStats *st)
     int has_loss = 0;
     for (int o = 0; o < g->noutputs; o++)
         has_loss |= strcmp(g->outputs[o].name, "loss") == 0;
-    IrGradOpts go = {has_loss ? "loss" : NULL, !has_loss};
+    IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
     char err[512];
     if (ir_autodiff(g, &go, err, sizeof err) == 0) {
         snprintf(what, sizeof what, "%s --train%s +grad", base, t == &train_mask ? " --mask" : "");
