@@ -842,6 +842,17 @@ static IrGraph *lower_scaled(void)
     return h;
 }
 
+/* ... at b = 2, n = 13, with fp16 storage and inputs and weights drawn in [-0.05, 0.05] */
+static IrGraph *lower_scaled_bound(int64_t *syms, RefBinding *rb)
+{
+    IrGraph *g = lower_scaled();
+    for (int k = 0; k < g->nsyms; k++)
+        syms[k] = k == 0 ? 2 : 13;
+    storage = 2;
+    bind_rounded(rb, g, syms, 0.05, NULL, NULL, 0);
+    return g;
+}
+
 /* A session of m with every leaf of bd bound but the loss scale (which the session binds). */
 static XtcSession *session_unscaled_inputs(XtcModule *m, const Binding *bd)
 {
@@ -879,13 +890,9 @@ START_TEST(test_loss_scale_accuracy)
     ck_assert_ptr_null(cg_loss_scale_input("f32"));
     ck_assert_ptr_null(cg_loss_scale_input("bf16"));
     ck_assert_str_eq(cg_loss_scale_input("fp16"), XTC_LOSS_SCALE_INPUT);
-    IrGraph *g = lower_scaled();
     int64_t syms[IR_MAXSYM] = {0};
-    for (int k = 0; k < g->nsyms; k++)
-        syms[k] = k == 0 ? 2 : 13;
-    storage = 2;
     RefBinding rb;
-    bind_rounded(&rb, g, syms, 0.05, NULL, NULL, 0);
+    IrGraph *g = lower_scaled_bound(syms, &rb);
     const IrNode *ls = ir_find_leaf(g, IR_INPUT, XTC_LOSS_SCALE_INPUT);
     ck_assert_ptr_nonnull(ls);
     *(float *)rb.ref[bind_index(&rb.b, ls)].data = 1; /* the reference: true gradients */
@@ -952,13 +959,9 @@ END_TEST
  * keep S and the count towards the next doubling. */
 START_TEST(test_loss_scale_overflow)
 {
-    IrGraph *g = lower_scaled();
     int64_t syms[IR_MAXSYM] = {0};
-    for (int k = 0; k < g->nsyms; k++)
-        syms[k] = k == 0 ? 2 : 13;
-    storage = 2;
     RefBinding rb;
-    bind_rounded(&rb, g, syms, 0.05, NULL, NULL, 0);
+    IrGraph *g = lower_scaled_bound(syms, &rb);
     XtcModule *m = compile_mma(g, "loss_scale", CG_MMA_AUTO);
     XtcSession *s = session_unscaled_inputs(m, &rb.b);
     XtcAdamW opt = xtc_adamw_defaults();
