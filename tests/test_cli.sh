@@ -44,6 +44,17 @@ grep -q "predicted next" "$tmp/out" && [ "$(grep -c '^ *[0-9]' "$tmp/out")" -eq 
 check "demo" "$xtc" demo --inference --prompt "hello"
 grep -q "check .*: ok" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL demo agrees with the interpreter"; }
 
+# half_parity DTYPE U ATOL RTOL5 RTOL10: run $tmp/DTYPE.so with --grads on the parity case; logits
+# and loss within 5 units of the format's roundoff U (RTOL5), gradients within 10 (RTOL10)
+half_parity() {
+  check "run the $1 module --grads" "$xtc" run "$tmp/$1.so" --weights "$case/weights.safetensors" \
+    --input "$case/inputs.safetensors" --output "$tmp/$1.safetensors" --grads
+  check "$1 logits and loss match x-transformers within 5 x $2" $py "$parity/compare.py" "$case" \
+    "$tmp/$1.safetensors" --atol "$3" --rtol "$4" --skip '^grad\.'
+  check "$1 gradients match x-transformers within 10 x $2" $py "$parity/compare.py" "$case" \
+    "$tmp/$1.safetensors" --atol "$3" --rtol "$5" --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+}
+
 # CUDA through the emulator: bf16 storage (and so, by default, the matmuls on bf16 tensor cores),
 # the arch and the CUDA C written out; logits and loss within 5 units of bf16's roundoff (2^-8)
 # of x-transformers' numbers, gradients within 10
@@ -56,12 +67,7 @@ grep -q "option dtype = bf16" "$tmp/out" && grep -q "option arch = sm_90" "$tmp/
   grep -q "option mma = bf16" "$tmp/out" && grep -q "tensor cores: operands in bf16" "$tmp/bf16.cu" ||
   { fail=$((fail + 1)); echo "FAIL info shows the dtype, the arch and the tensor cores --dtype bf16 implies"; }
 ! grep -q "loss_scale" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL a bf16 training module has no loss scale"; }
-check "run the bf16 module --grads" "$xtc" run "$tmp/bf16.so" --weights "$case/weights.safetensors" \
-  --input "$case/inputs.safetensors" --output "$tmp/bf16.safetensors" --grads
-check "bf16 logits and loss match x-transformers within 5 x 2^-8" $py "$parity/compare.py" "$case" \
-  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.0195 --skip '^grad\.'
-check "bf16 gradients match x-transformers within 10 x 2^-8" $py "$parity/compare.py" "$case" \
-  "$tmp/bf16.safetensors" --atol 1e-3 --rtol 0.039 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+half_parity bf16 2^-8 1e-3 0.0195 0.039
 # fp16 training: the module has the loss-scale input, which xtc run leaves to the session (2^16,
 # the gradients divided by it on the host): within 5 and 10 units of fp16's roundoff (2^-11)
 check "compile --train --dtype fp16" "$xtc" compile "$src/tests/parity/rotary_pos_emb.xtf" -o "$tmp/fp16.so" \
@@ -69,12 +75,7 @@ check "compile --train --dtype fp16" "$xtc" compile "$src/tests/parity/rotary_po
 check "info of an fp16 training module" "$xtc" info "$tmp/fp16.so"
 grep -q "^  loss_scale  *f32  \[\]" "$tmp/out" ||
   { fail=$((fail + 1)); echo "FAIL an fp16 training module has the scalar input loss_scale"; }
-check "run the fp16 module --grads" "$xtc" run "$tmp/fp16.so" --weights "$case/weights.safetensors" \
-  --input "$case/inputs.safetensors" --output "$tmp/fp16.safetensors" --grads
-check "fp16 logits and loss match x-transformers within 5 x 2^-11" $py "$parity/compare.py" "$case" \
-  "$tmp/fp16.safetensors" --atol 1e-4 --rtol 0.00244 --skip '^grad\.'
-check "fp16 gradients match x-transformers within 10 x 2^-11" $py "$parity/compare.py" "$case" \
-  "$tmp/fp16.safetensors" --atol 1e-4 --rtol 0.0049 --skip '^grad\.logits$' --skip '^logits$' --skip '^loss$'
+half_parity fp16 2^-11 1e-4 0.00244 0.0049
 refuse "--dtype on the cpu" "computes and stores in f32 only" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
   --dtype bf16
 refuse "unknown --dtype" "unknown dtype 'f64'" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
