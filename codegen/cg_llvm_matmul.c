@@ -27,7 +27,9 @@
  * micro-kernel functions are generated once per module and shared by every matmul kernel.
  *
  * Tiny outputs (a constant n below VW) use the plain path: one item per output row, inner loop
- * over contiguous memory, left to LLVM's vectoriser. */
+ * over contiguous memory, left to LLVM's vectoriser. A few rows against a transposed B (batch x
+ * m <= GEMV_ROWS: decoding one token with a KV cache) take the matrix-vector path, chosen at run
+ * time: dot products over contiguous rows of B, which read each weight once (gemv_case). */
 #include "cg_llvm.h"
 
 #include <string.h>
@@ -35,6 +37,8 @@
 #define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
 #define MIN_ITEMS 4  /* work items wanted before rows are split too */
 #define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
+#define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
+#define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
 
 typedef struct {
     LLVMValueRef m, n, k, batch;
@@ -81,6 +85,17 @@ static LLVMValueRef rows_per_block(CgFn *f, const MmDims *d, LLVMValueRef ngrp)
     return cg_max_i64(f, rows, cg_i64(cg, mr));
 }
 
+/* The matrix-vector path: batch x m <= GEMV_ROWS (one token per sequence, as in KV-cache
+ * decoding) with B stored [n, k] (every weight). Packing B for a 12-row micro-kernel that
+ * would compute one real row made such a step cost several times the time it takes to read the
+ * weights once; here each output is a dot product of an A row with a contiguous B row, so the
+ * weights stream from memory once, at the bandwidth the cores get. */
+static LLVMValueRef gemv_case(CgFn *f, const MmDims *d)
+{
+    LLVMBuilderRef b = f->cg->b;
+    return LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildMul(b, d->batch, d->m, ""), cg_i64(f->cg, GEMV_ROWS), "gemv");
+}
+
 void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     Cg *cg = f->cg;
@@ -96,6 +111,8 @@ void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     LLVMValueRef rows = rows_per_block(f, &d, ngrp);
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     *items = LLVMBuildMul(b, d.batch, LLVMBuildMul(b, nmb, ngrp, ""), "items");
+    if (f->node->ia[0]) /* B transposed: a few rows go the matrix-vector path */
+        *items = LLVMBuildSelect(b, gemv_case(f, &d), LLVMBuildMul(b, d.batch, ceil_div(cg, d.n, GEMV_COLS), ""), *items, "");
 }
 
 /* Element offset of batch index bi (a flat index over the output's batch dims) in operand x,
@@ -156,6 +173,45 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
         epi->fn(f, epi->ctx, bi, i, LLVMBuildAdd(b, i, cg_i64(cg, 1), ""), cg_i64(cg, 0), d.n);
     cg_for_end(f, &l);
     return 0;
+}
+
+/* ---- the matrix-vector path (gemv_case) ---- */
+
+/* Items [lo, hi) of batch x ceil(n / GEMV_COLS), column block major (the items of one block of
+ * B rows are neighbours, so a broadcast B is read once): C[bi, i, j] = A[bi, i, :] . B[bi, j, :]
+ * for every i < m and j of the block, each a reassociable sum the vectoriser widens. */
+static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    const IrNode *n = f->node;
+    LLVMValueRef mk = LLVMBuildMul(b, d->m, d->k, ""), kn = LLVMBuildMul(b, d->k, d->n, ""), mn = LLVMBuildMul(b, d->m, d->n, "");
+    unsigned fm = LLVMFastMathAllowContract | LLVMFastMathAllowReassoc;
+    CgLoop li, lj, lr, lp;
+    cg_for(f, &li, f->lo, f->hi, "item");
+    LLVMValueRef bi = LLVMBuildSRem(b, li.iv, d->batch, "");
+    LLVMValueRef j0 = LLVMBuildMul(b, LLVMBuildSDiv(b, li.iv, d->batch, ""), cg_i64(cg, GEMV_COLS), "");
+    LLVMValueRef j1 = cg_min_i64(f, d->n, LLVMBuildAdd(b, j0, cg_i64(cg, GEMV_COLS), ""));
+    LLVMValueRef abase = batch_offset(f, n->in[0], bi, mk), bbase = batch_offset(f, n->in[1], bi, kn);
+    LLVMValueRef cbase = LLVMBuildMul(b, bi, mn, "");
+    cg_for(f, &lj, j0, j1, "j");
+    LLVMValueRef brow = LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), "");
+    cg_for(f, &lr, cg_i64(cg, 0), d->m, "i");
+    LLVMValueRef arow = LLVMBuildAdd(b, abase, LLVMBuildMul(b, lr.iv, d->k, ""), "");
+    LLVMValueRef acc = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
+    cg_for(f, &lp, cg_i64(cg, 0), d->k, "p");
+    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow, lp.iv, ""));
+    LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, brow, lp.iv, ""));
+    LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, bv, ""), fm);
+    LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc), prod, ""), fm), acc);
+    cg_for_end(f, &lp);
+    LLVMValueRef at = LLVMBuildAdd(b, cbase, LLVMBuildAdd(b, LLVMBuildMul(b, lr.iv, d->n, ""), lj.iv, ""), "");
+    cg_store(f, IR_F32, f->out, at, cg_get(f, cg->t_f32, acc));
+    cg_for_end(f, &lr);
+    cg_for_end(f, &lj);
+    if (epi) /* the block's columns of every row are final */
+        epi->fn(f, epi->ctx, bi, cg_i64(cg, 0), d->m, j0, j1);
+    cg_for_end(f, &li);
 }
 
 /* ---- helpers generated once per module ---- */
@@ -423,6 +479,14 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
 
     MmDims d;
     mm_dims(f, &d);
+    CgIf small;
+    if (tb) { /* the matrix-vector path, else (to the end) the blocked one */
+        LLVMValueRef gemv = gemv_case(f, &d);
+        cg_if(f, &small, gemv);
+        gemv_items(f, epi, &d);
+        cg_if_end(f, &small);
+        cg_if(f, &small, LLVMBuildNot(b, gemv, ""));
+    }
     LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, ""), mn = LLVMBuildMul(b, d.m, d.n, "");
     LLVMValueRef ngrp = ceil_div(cg, d.n, col_block(cg));
     LLVMValueRef rows = rows_per_block(f, &d, ngrp);
@@ -493,6 +557,8 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     cg_for_end(f, &lm);
     cg_for_end(f, &lk);
     cg_for_end(f, &li);
+    if (tb)
+        cg_if_end(f, &small);
     return 0;
 }
 

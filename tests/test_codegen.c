@@ -271,6 +271,13 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "tall_t", ir_matmul(g, tall, input(g, "tall3", IR_F32, 2, st3), 1));
     IrDim one[] = {ir_dim(1), ir_dim(1)};
     out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
+    /* the matrix-vector path (batch x m <= 4, B transposed): a weight shared by 2 one-row
+     * items, k past KC and not a multiple of the vector width, 37 columns (2 blocks and a part);
+     * and one B per batch index (3 one-row items, as attention scores of one query) */
+    IrDim sg[] = {ir_dim(2), ir_dim(1), ir_dim(300)}, sgw[] = {ir_dim(37), ir_dim(300)};
+    out(g, "gemv_t", ir_matmul(g, input(g, "gv", IR_F32, 3, sg), input(g, "gvw", IR_F32, 2, sgw), 1));
+    IrDim sgq[] = {ir_dim(3), ir_dim(1), ir_dim(40)}, sgk[] = {ir_dim(3), ir_dim(21), ir_dim(40)};
+    out(g, "gemv_batched_t", ir_matmul(g, input(g, "gq", IR_F32, 3, sgq), input(g, "gk", IR_F32, 3, sgk), 1));
 }
 
 /* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
@@ -415,6 +422,10 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
     IrDim sto[] = {ir_dim(4), ir_dim(200), ir_dim(40)};
     IrNode *tl[3] = {input(g, "tallx", IR_F32, 3, stall), input(g, "tallw", IR_F32, 2, stw), input(g, "tallb", IR_F32, 1, stb)};
     out(g, "tall_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, tl, 3, sto));
+    /* an epilogue on the matrix-vector path: 2 rows, 130 columns (9 blocks of 16, the last 2) */
+    IrDim sgx[] = {ir_dim(1), ir_dim(2), ir_dim(33)}, sgo[] = {ir_dim(1), ir_dim(2), ir_dim(130)};
+    IrNode *gv[3] = {input(g, "gemvx", IR_F32, 3, sgx), mm[1], lb[1]};
+    out(g, "gemv_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, gv, 3, sgo));
     IrDim sq[] = {b, ir_dim(2), n, ir_dim(7)}, sk[] = {b, ir_dim(2), ir_dim(9), ir_dim(7)}, so[] = {b, ir_dim(2), n, ir_dim(9)};
     IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
     IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
