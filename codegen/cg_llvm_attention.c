@@ -21,6 +21,9 @@
  * score pass is only each row's maximum over the keys it sees, the probability pass writes
  * zeros past them, and each MR rows of a query tile multiply only up to the keys their last row
  * sees, so that the causal diagonal wastes an MR-row triangle, not a BR-row one.
+ * A work item of at most FEW_ROWS query rows without a bias or a mask (decoding with a KV cache:
+ * one query against the whole cache) computes the two tile products as dot products and sums of
+ * v rows read in place: packing K and V for micro-kernel tiles with one real row cost 4 times more.
  * A row with every key masked attends uniformly to all J keys (the -FLT_MAX fill does that in the
  * unfused graph): its m stays -FLT_MAX, and it gets the mean of v instead (keys skipped under
  * causal would otherwise be missing from that mean); its logsumexp is -FLT_MAX.
@@ -47,6 +50,8 @@
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
 #define MAX_HEAD 256 /* D and E: constants up to this (the stack tiles are sized by them) */
+#define FEW_ROWS 4  /* forward: a work item of at most this many query rows (decoding) and no
+                     * bias or mask reads K and V in place instead of packing them */
 
 /* ---- small builders ---- */
 
@@ -276,6 +281,58 @@ static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValue
 
 /* ---- forward ---- */
 
+/* The keys [cb, ce) of the tile that row r of a query tile sees, of bcq computed: under causal
+ * up to first_lim + r (first_lim: the keys the tile's first row sees), with a window from
+ * first_lo + r. Only without a bias or a mask, where unseen keys need no score. */
+static void row_keys(K *k, LLVMValueRef r, LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal,
+                     LLVMValueRef *cb, LLVMValueRef *ce)
+{
+    *ce = causal ? imax(k, ci(k, 0), imin(k, bcq, iadd(k, first_lim, r))) : bcq;
+    *cb = first_lo ? imin(k, *ce, imax(k, ci(k, 0), iadd(k, first_lo, r))) : ci(k, 0);
+}
+
+/* S[r, c] = q'_r . k_(j0 + c) for the keys row r sees, the key rows read in place (stride ks) */
+static void few_scores(K *k, LLVMValueRef qt, LLVMValueRef rows, LLVMValueRef kb, LLVMValueRef ks, LLVMValueRef j0,
+                       LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int D, LLVMValueRef S)
+{
+    CgFn *f = k->f;
+    CgLoop lr, lc, ld_;
+    cg_for(f, &lr, ci(k, 0), rows, "frow");
+    LLVMValueRef cb, ce;
+    row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
+    LLVMValueRef qrow = imul(k, lr.iv, ci(k, D)), srow = imul(k, lr.iv, ci(k, BC));
+    cg_for(f, &lc, cb, ce, "fkey");
+    LLVMValueRef krow = imul(k, iadd(k, j0, lc.iv), ks);
+    LLVMValueRef acc = cg_var(f, k->cg->t_f32, fc(k, 0), "dot");
+    cg_for(f, &ld_, ci(k, 0), ci(k, D), "fd");
+    fsum_into(k, acc, f_mul(k, ld(k, qt, iadd(k, qrow, ld_.iv)), ld(k, kb, iadd(k, krow, ld_.iv))));
+    cg_for_end(f, &ld_);
+    st(k, S, iadd(k, srow, lc.iv), fget(k, acc));
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lr);
+}
+
+/* O[r, :] += sum over the keys row r sees of P[r, c] v_(j0 + c), the value rows read in place */
+static void few_pv(K *k, LLVMValueRef rows, LLVMValueRef vb, LLVMValueRef vs, LLVMValueRef j0, LLVMValueRef bcq,
+                   LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int E, LLVMValueRef S, LLVMValueRef O)
+{
+    CgFn *f = k->f;
+    CgLoop lr, lc, le;
+    cg_for(f, &lr, ci(k, 0), rows, "frow");
+    LLVMValueRef cb, ce;
+    row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
+    LLVMValueRef orow = imul(k, lr.iv, ci(k, E)), srow = imul(k, lr.iv, ci(k, BC));
+    cg_for(f, &lc, cb, ce, "fkey");
+    LLVMValueRef p = ld(k, S, iadd(k, srow, lc.iv)), vrow = imul(k, iadd(k, j0, lc.iv), vs);
+    cg_for(f, &le, ci(k, 0), ci(k, E), "fe");
+    LLVMValueRef oi = iadd(k, orow, le.iv);
+    LLVMValueRef v = cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, ld(k, vb, iadd(k, vrow, le.iv)), ld(k, O, oi)}, 3);
+    st(k, O, oi, v);
+    cg_for_end(f, &le);
+    cg_for_end(f, &lc);
+    cg_for_end(f, &lr);
+}
+
 /* Query tiles per forward work item: 8 (each packed key tile serves 384 query rows) with heads up
  * to 128, 4 with larger ones, which keeps the item's stack tiles (q scaled and the output rows,
  * GROUP BR D floats each) under about 1 MiB at the largest head, MAX_HEAD. */
@@ -364,12 +421,19 @@ int cg_attention_impl(CgFn *f)
     fill(&k, L, ci(&k, GROUP * BR), 0);
     fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
 
+    /* a few rows (one token per call with a KV cache): the tile products read K and V in place,
+     * each row's scores dot products and its output a sum of v rows, instead of packing every
+     * key tile for micro-kernel tiles of which one row is real (few_scores, few_pv) */
+    LLVMValueRef few = plain ? LLVMBuildICmp(k.b, LLVMIntSLE, grows, ci(&k, FEW_ROWS), "few") : LLVMConstInt(k.cg->t_i1, 0, 0);
+    CgIf cfew;
+
     CgLoop lj;
     cg_for(f, &lj, idiv(&k, jbeg, cBC), ceil_div(&k, jend, BC), "ktile");
     LLVMValueRef j0 = imul(&k, lj.iv, cBC);
     LLVMValueRef bc = imin(&k, cBC, isub(&k, jend, j0));
     /* the key tile's K (transposed, nr keys a panel) and V (nr columns a panel), packed once for
      * every query tile of the group */
+    cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     CgLoop lp;
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
     LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
@@ -379,6 +443,7 @@ int cg_attention_impl(CgFn *f)
     for (int e0 = 0; e0 < E; e0 += nr)
         pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
              ci(&k, E - e0 < nr ? E - e0 : nr));
+    cg_if_end(f, &cfew);
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
     LLVMValueRef i0 = iadd(&k, g0, imul(&k, lq.iv, ci(&k, BR)));
@@ -400,6 +465,12 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef first_lim = isub(&k, iadd(&k, iadd(&k, i0, off), ci(&k, 1)), j0); /* keys row i0 sees */
     /* with a window, the first key row i0 sees (in the tile; the rows below see from later keys) */
     LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
+    if (plain) {
+        cg_if(f, &cfew, few);
+        few_scores(&k, qt, rows, kb, ks, j0, bcq, first_lim, first_lo, causal, D, S);
+        cg_if_end(f, &cfew);
+        cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
+    }
     CgLoop lt;
     cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
     LLVMValueRef r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
@@ -414,6 +485,8 @@ int cg_attention_impl(CgFn *f)
                cBC, imin(&k, ci(&k, nr), isub(&k, tile_keys, p0)), 0);
     cg_for_end(f, &lp);
     cg_for_end(f, &lt);
+    if (plain)
+        cg_if_end(f, &cfew);
     /* the online softmax: each row's maximum in the tile (and, with a bias or a mask, the
      * scores: S + bias log2(e), -FLT_MAX where masked), ... */
     CgLoop lr, lc;
@@ -500,6 +573,12 @@ int cg_attention_impl(CgFn *f)
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
+    if (plain) {
+        cg_if(f, &cfew, few);
+        few_pv(&k, rows, vb, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
+        cg_if_end(f, &cfew);
+        cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
+    }
     cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
     r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
     tile_keys = plain && causal
@@ -511,6 +590,8 @@ int cg_attention_impl(CgFn *f)
                    ptr(&k, VP, iadd(&k, ci(&k, (int64_t)(e0 / nr) * BC * nr), imul(&k, kstart, ci(&k, nr)))),
                    ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
     cg_for_end(f, &lt);
+    if (plain)
+        cg_if_end(f, &cfew);
     cg_if_end(f, &sees);
     cg_for_end(f, &lq);
     cg_for_end(f, &lj);

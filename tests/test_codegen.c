@@ -385,6 +385,19 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrNode *fe = ir_attention(g, qe, ke, input(g, "ve", IR_F32, 4, se), NULL, NULL, ir_const(g, 0.3, IR_F32), 1, 1);
     out(g, "self_n", fe);
     out(g, "self_n_grad", ir_attention_grad(g, fe, input(g, "doute", IR_F32, 4, se)));
+    /* decoding (at most 4 query rows, no bias or mask: K and V read in place, not packed), over
+     * more keys than a key tile (BC = 256): one row seeing every key; 3 rows under causal with a
+     * window reaching back across a tile boundary, with the statistics; 2 rows through head-split
+     * views, not causal */
+    IrDim Jd = ir_dim_addc(n16, 300), one = ir_dim(1), three = ir_dim(3);
+    IrDim sd1[] = {b, h, one, hd}, sd3[] = {b, h, three, hd}, sdk[] = {b, h, Jd, hd};
+    IrNode *dk = input(g, "dk", IR_F32, 4, sdk), *dv = input(g, "dv", IR_F32, 4, sdk);
+    out(g, "decode", ir_attention(g, input(g, "dq1", IR_F32, 4, sd1), dk, dv, NULL, NULL, c, 1, 0));
+    out(g, "decode_window", ir_attention_window(g, input(g, "dq3", IR_F32, 4, sd3), dk, dv, NULL, NULL, c, 1, 1, 270));
+    IrDim sxq2[] = {b, ir_dim(2), h, hd}, sxkd[] = {b, Jd, h, hd};
+    IrNode *dq2 = ir_permute(g, input(g, "dxq", IR_F32, 4, sxq2), split);
+    IrNode *dk2 = ir_permute(g, input(g, "dxk", IR_F32, 4, sxkd), split), *dv2 = ir_permute(g, input(g, "dxv", IR_F32, 4, sxkd), split);
+    out(g, "decode_heads", ir_permute(g, ir_attention(g, dq2, dk2, dv2, NULL, NULL, c, 0, 0), split));
 }
 
 /* The fused op (passes/fuse_elementwise.c makes it): row programs (a LayerNorm, a softmax with
