@@ -291,44 +291,32 @@ static void row_keys(K *k, LLVMValueRef r, LLVMValueRef bcq, LLVMValueRef first_
     *cb = first_lo ? imin(k, *ce, imax(k, ci(k, 0), iadd(k, first_lo, r))) : ci(k, 0);
 }
 
-/* S[r, c] = q'_r . k_(j0 + c) for the keys row r sees, the key rows read in place (stride ks) */
-static void few_scores(K *k, LLVMValueRef qt, LLVMValueRef rows, LLVMValueRef kb, LLVMValueRef ks, LLVMValueRef j0,
-                       LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int D, LLVMValueRef S)
-{
-    CgFn *f = k->f;
-    CgLoop lr, lc, ld_;
-    cg_for(f, &lr, ci(k, 0), rows, "frow");
-    LLVMValueRef cb, ce;
-    row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
-    LLVMValueRef qrow = imul(k, lr.iv, ci(k, D)), srow = imul(k, lr.iv, ci(k, BC));
-    cg_for(f, &lc, cb, ce, "fkey");
-    LLVMValueRef krow = imul(k, iadd(k, j0, lc.iv), ks);
-    LLVMValueRef acc = cg_var(f, k->cg->t_f32, fc(k, 0), "dot");
-    cg_for(f, &ld_, ci(k, 0), ci(k, D), "fd");
-    fsum_into(k, acc, f_mul(k, ld(k, qt, iadd(k, qrow, ld_.iv)), ld(k, kb, iadd(k, krow, ld_.iv))));
-    cg_for_end(f, &ld_);
-    st(k, S, iadd(k, srow, lc.iv), fget(k, acc));
-    cg_for_end(f, &lc);
-    cg_for_end(f, &lr);
-}
-
-/* O[r, :] += sum over the keys row r sees of P[r, c] v_(j0 + c), the value rows read in place */
-static void few_pv(K *k, LLVMValueRef rows, LLVMValueRef vb, LLVMValueRef vs, LLVMValueRef j0, LLVMValueRef bcq,
-                   LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int E, LLVMValueRef S, LLVMValueRef O)
+/* The tile products of a few rows (FEW_ROWS) over the keys each row r sees, the key or value
+ * rows x_(j0 + c) read in place (row stride xs); Y holds rows of `width` floats:
+ *   scores (output 0): S[r, c] = Y_r . x_(j0 + c), Y = the scaled q rows;
+ *   output (1):        Y_r += P[r, c] x_(j0 + c), Y = the rows of O. */
+static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, LLVMValueRef xs, LLVMValueRef j0,
+                     LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int width,
+                     LLVMValueRef S, LLVMValueRef Y)
 {
     CgFn *f = k->f;
     CgLoop lr, lc, le;
     cg_for(f, &lr, ci(k, 0), rows, "frow");
     LLVMValueRef cb, ce;
     row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
-    LLVMValueRef orow = imul(k, lr.iv, ci(k, E)), srow = imul(k, lr.iv, ci(k, BC));
+    LLVMValueRef yrow = imul(k, lr.iv, ci(k, width)), srow = imul(k, lr.iv, ci(k, BC));
     cg_for(f, &lc, cb, ce, "fkey");
-    LLVMValueRef p = ld(k, S, iadd(k, srow, lc.iv)), vrow = imul(k, iadd(k, j0, lc.iv), vs);
-    cg_for(f, &le, ci(k, 0), ci(k, E), "fe");
-    LLVMValueRef oi = iadd(k, orow, le.iv);
-    LLVMValueRef v = cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, ld(k, vb, iadd(k, vrow, le.iv)), ld(k, O, oi)}, 3);
-    st(k, O, oi, v);
+    LLVMValueRef xrow = imul(k, iadd(k, j0, lc.iv), xs), si = iadd(k, srow, lc.iv);
+    LLVMValueRef acc = output ? NULL : cg_var(f, k->cg->t_f32, fc(k, 0), "dot"), p = output ? ld(k, S, si) : NULL;
+    cg_for(f, &le, ci(k, 0), ci(k, width), "fe");
+    LLVMValueRef yi = iadd(k, yrow, le.iv), x = ld(k, xb, iadd(k, xrow, le.iv));
+    if (output)
+        st(k, Y, yi, cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, x, ld(k, Y, yi)}, 3));
+    else
+        fsum_into(k, acc, f_mul(k, ld(k, Y, yi), x));
     cg_for_end(f, &le);
+    if (!output)
+        st(k, S, si, fget(k, acc));
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
 }
@@ -423,7 +411,7 @@ int cg_attention_impl(CgFn *f)
 
     /* a few rows (one token per call with a KV cache): the tile products read K and V in place,
      * each row's scores dot products and its output a sum of v rows, instead of packing every
-     * key tile for micro-kernel tiles of which one row is real (few_scores, few_pv) */
+     * key tile for micro-kernel tiles of which one row is real (few_rows) */
     LLVMValueRef few = plain ? LLVMBuildICmp(k.b, LLVMIntSLE, grows, ci(&k, FEW_ROWS), "few") : LLVMConstInt(k.cg->t_i1, 0, 0);
     CgIf cfew;
 
@@ -467,7 +455,7 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
     if (plain) {
         cg_if(f, &cfew, few);
-        few_scores(&k, qt, rows, kb, ks, j0, bcq, first_lim, first_lo, causal, D, S);
+        few_rows(&k, 0, rows, kb, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -575,7 +563,7 @@ int cg_attention_impl(CgFn *f)
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
-        few_pv(&k, rows, vb, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
+        few_rows(&k, 1, rows, vb, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
