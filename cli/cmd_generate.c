@@ -234,29 +234,23 @@ fail:
     return -1;
 }
 
-/* The caches this call produced become the next call's (views first: setting an input
- * invalidates the outputs, not their memory). */
+/* The caches this call produced become the next call's (without a copy after the first) */
 static int carry_caches(Gen *G)
 {
-    XtcTensor t[MAX_CACHE];
     for (int c = 0; c < G->ncache; c++)
-        if (xtc_session_get_output(G->s, G->names[c], &t[c]))
-            goto fail;
-    for (int c = 0; c < G->ncache; c++)
-        if (xtc_session_set_input(G->s, G->names[c], XTC_F32, 4, t[c].shape, t[c].data))
-            goto fail;
+        if (xtc_session_carry(G->s, G->names[c], G->names[c])) {
+            fprintf(stderr, "xtc generate: %s\n", xtc_session_error(G->s));
+            return -1;
+        }
     return 0;
-fail:
-    fprintf(stderr, "xtc generate: %s\n", xtc_session_error(G->s));
-    return -1;
 }
 
 int cli_generate_run(const XtfFile *f, const char *model, const char *module_path, const CliGenOpts *o)
 {
 #ifdef __GLIBC__
-    /* every token hands the caches (megabytes at long contexts) back as inputs, which the runtime
-     * copies into fresh allocations: keep those in the heap rather than in new mappings, whose
-     * pages would fault in again for every token */
+    /* the caches (megabytes at long contexts) grow every token: keep their allocations (the first
+     * carry's copy, a spare outgrown every quarter) in the heap rather than in new mappings,
+     * whose pages would fault in again */
     mallopt(M_MMAP_THRESHOLD, 256 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
 #endif

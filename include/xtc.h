@@ -172,6 +172,14 @@ int xtc_session_run(XtcSession *s);
 /* A view of an output after a successful run (see XtcTensor for its lifetime). */
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
 
+/* Makes an output of the last successful run the value of an input for the next run: a state
+ * the model hands to its next call, as a KV cache (cache.<l>.k out -> cache.<l>.k in). Same
+ * checks as xtc_session_set_input with the output's dtype and shape. The first carry of an
+ * output copies it; from then on the session writes that output outside its arena and each
+ * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies). The
+ * outputs stay readable until the next run or input change. */
+int xtc_session_carry(XtcSession *s, const char *output, const char *input);
+
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs
  * not included): its high-water mark, planned from buffer lifetimes. For a CUDA module it is the
  * device arena, each intermediate at its size on the device (2 bytes per element where the

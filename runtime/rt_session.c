@@ -58,6 +58,11 @@ struct XtcSession {
     int nunscale;
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
     uint8_t *changed;            /* device: per buffer, rebound since the last run */
+    /* xtc_session_carry (NULL until its first use): per buffer, */
+    uint8_t *carried;            /* a temp output carried into an input: written outside the arena */
+    void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
+    size_t *spare_cap;
+    size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
     /* profiling */
     double *step_s;              /* per step: seconds over the profiled runs */
     int profiled_runs;
@@ -340,6 +345,13 @@ void xtc_session_free(XtcSession *s)
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
+    if (s->spare)
+        for (int i = 0; i < s->m->nbufs; i++)
+            free(s->spare[i]);
+    free(s->spare);
+    free(s->spare_cap);
+    free(s->own_cap);
+    free(s->carried);
     if (s->own)
         for (int i = 0; i < s->m->nbufs; i++)
             free(s->own[i]);
@@ -514,6 +526,8 @@ static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_
 {
     free(s->own[b]);
     s->own[b] = data;
+    if (s->own_cap)
+        s->own_cap[b] = 0;
     s->set[b] = 1;
     if (s->changed)
         s->changed[b] = 1;
@@ -1066,6 +1080,98 @@ int xtc_session_step_skipped(const XtcSession *s) { return s && s->m ? s->scaler
 
 RtScaler *rt_session_scaler(XtcSession *s) { return &s->scaler; }
 
+/* ---- carrying outputs into inputs (KV caches) ---- */
+
+/* The outputs carried by xtc_session_carry are written to their spare memory, not the arena, so
+ * that the next carry hands that memory to the input without copying (host modules). */
+static int place_carried(XtcSession *s, const int64_t *syms)
+{
+    if (!s->carried)
+        return XTC_OK;
+    for (int i = 0; i < s->m->nbufs; i++) {
+        if (!s->carried[i])
+            continue;
+        size_t need = buffer_bytes(&s->m->bufs[i], s->host.elem[i], syms);
+        if (need > s->spare_cap[i]) { /* a cache grows by a row a call: room for a quarter more */
+            size_t cap = need + need / 4 + 64;
+            free(s->spare[i]);
+            s->spare[i] = rt_malloc(cap);
+            s->spare_cap[i] = s->spare[i] ? cap : 0;
+            if (!s->spare[i]) {
+                const char *name = s->m->bufs[i].name;
+                for (int o = 0; o < s->m->nouts; o++)
+                    if (s->m->outs[o].buf == i)
+                        name = s->m->outs[o].name;
+                return fail(s, XTC_ERR_MEMORY, "out of memory for output '%s'", name);
+            }
+        }
+        s->ptr[i] = s->spare[i];
+    }
+    return XTC_OK;
+}
+
+int xtc_session_carry(XtcSession *s, const char *output, const char *input)
+{
+    if (!ready(s, "xtc_session_carry"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!output || !input)
+        return fail(s, XTC_ERR_ARG, "xtc_session_carry: bad arguments");
+    const XtcModule *m = s->m;
+    int oi = -1;
+    for (int i = 0; i < m->nouts && oi < 0; i++)
+        if (!strcmp(m->outs[i].name, output))
+            oi = i;
+    if (oi < 0)
+        return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", output);
+    int ib = find_buffer(m, RT_BUF_INPUT, input);
+    if (ib < 0)
+        return fail(s, XTC_ERR_NAME, "the model has no input named '%s'", input);
+    XtcTensor t;
+    int st = xtc_session_get_output(s, output, &t);
+    if (st)
+        return st;
+    const RtBuffer *in = &m->bufs[ib];
+    if (t.dtype != in->dtype)
+        return fail(s, XTC_ERR_SHAPE, "carrying output '%s' (%s) into input '%s' (%s)", output,
+                    xtc_dtype_name(t.dtype), input, xtc_dtype_name(in->dtype));
+    if ((st = check_shape(s, in, "input", t.rank, t.shape)))
+        return st;
+    int ob = m->outs[oi].buf;
+    if (s->carried && s->carried[ob] && s->ptr[ob] == s->spare[ob]) {
+        /* the output's memory becomes the input's, the input's old memory the next spare */
+        void *old = s->own[ib];
+        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : (size_t)numel_of(in->rank, s->shape[ib]) * xtc_dtype_size(in->dtype);
+        size_t cap = s->spare_cap[ob];
+        s->own[ib] = NULL;
+        bind_buffer(s, ib, s->spare[ob], t.rank, t.shape);
+        s->own_cap[ib] = cap;
+        s->spare[ob] = old;
+        s->spare_cap[ob] = old ? oldcap : 0;
+        s->outputs_valid = 1; /* the other outputs are untouched, this one is the input's value now */
+        return XTC_OK;
+    }
+    /* the first time (or a device module, or an output that is not an activation): a copy */
+    if ((st = xtc_session_set_input(s, input, t.dtype, t.rank, t.shape, t.data)))
+        return st;
+    s->outputs_valid = 1;
+    if (s->dev || m->bufs[ob].kind != RT_BUF_TEMP)
+        return XTC_OK;
+    if (!s->carried) { /* without these the carries stay copies: still correct */
+        size_t nb = (size_t)m->nbufs;
+        s->carried = rt_calloc(nb, 1);
+        s->spare = rt_calloc(nb, sizeof *s->spare);
+        s->spare_cap = rt_calloc(nb, sizeof *s->spare_cap);
+        s->own_cap = rt_calloc(nb, sizeof *s->own_cap);
+        if (!s->carried || !s->spare || !s->spare_cap || !s->own_cap) {
+            free(s->carried), free(s->spare), free(s->spare_cap), free(s->own_cap);
+            s->carried = NULL, s->spare = NULL, s->spare_cap = s->own_cap = NULL;
+            return XTC_OK;
+        }
+    }
+    s->carried[ob] = 1;
+    return XTC_OK;
+}
+
 int xtc_session_run(XtcSession *s)
 {
     if (!ready(s, "xtc_session_run"))
@@ -1115,6 +1221,8 @@ int xtc_session_run(XtcSession *s)
     }
     for (int i = 0; i < m->nbufs; i++)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
+    if ((st = place_carried(s, syms)))
+        return st;
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);

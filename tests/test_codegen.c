@@ -11,6 +11,7 @@
  * some case does), and give it a row in codegen/cg_llvm_ops.c. */
 #include "codegen.h"
 #include "ir.h"
+#include "rt_alloc.h"
 #include "rt_internal.h"
 #include "safetensors.h"
 #include "xtc.h"
@@ -642,6 +643,69 @@ START_TEST(test_derived_symbols)
 }
 END_TEST
 
+/* xtc_session_carry: a state that grows by a row per call (as a KV cache does) handed from an
+ * output to an input, the first time by a copy and then as the output's own memory; the other
+ * outputs stay readable after a carry; and the refusals. */
+START_TEST(test_carry)
+{
+    IrGraph *g = ir_graph_new("carry");
+    IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
+    IrDim ss[] = {n, ir_dim(3)}, sx[] = {ir_dim(1), ir_dim(3)};
+    IrNode *next = ir_concat(g, input(g, "state", IR_F32, 2, ss), input(g, "x", IR_F32, 2, sx), 0);
+    out(g, "next", next);
+    out(g, "twice", ir_binary(g, IR_ADD, next, next));
+    out(g, "negative", ir_binary(g, IR_LT, next, ir_const(g, 0, IR_F32)));
+    XtcModule *m = compile_load(g, "carry", NULL);
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    float state[17 * 3] = {1, 2, 3};
+    int64_t rows = 1, sh[2] = {1, 3}, xs[2] = {1, 3};
+    ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 2, sh, state), XTC_OK);
+    ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_ERR_STATE); /* no run yet */
+    for (int t = 0; t < 6; t++) {
+        float x[3] = {(float)t, t + 0.5f, -(float)t};
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, xs, x), XTC_OK);
+        if (t == 1) /* the first run writing the output outside the arena: its allocation fails */
+            rt_fault_fail_after(0);
+        int st = xtc_session_run(s);
+        rt_fault_fail_after(-1);
+        if (t == 1) {
+            ck_assert_int_eq(st, XTC_ERR_MEMORY);
+            ck_assert_msg(strstr(xtc_session_error(s), "out of memory for output 'next'"), "%s", xtc_session_error(s));
+            st = xtc_session_run(s);
+        }
+        ck_assert_msg(st == XTC_OK, "%s", xtc_session_error(s));
+        memcpy(state + rows * 3, x, sizeof x);
+        rows++;
+        ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+        XtcTensor tw, nx;
+        ck_assert_int_eq(xtc_session_get_output(s, "twice", &tw), XTC_OK);
+        ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
+        ck_assert_int_eq(tw.shape[0], rows);
+        for (int64_t i = 0; i < rows * 3; i++) {
+            ck_assert_msg(((const float *)nx.data)[i] == state[i], "call %d: next[%lld]", t, (long long)i);
+            ck_assert_msg(((const float *)tw.data)[i] == 2 * state[i], "call %d: twice[%lld]", t, (long long)i);
+        }
+    }
+    /* the carried state is the input: one more call sees all 7 rows */
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    XtcTensor nx;
+    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
+    ck_assert_int_eq(nx.shape[0], rows + 1);
+    for (int64_t i = 0; i < rows * 3; i++)
+        ck_assert_msg(((const float *)nx.data)[i] == state[i], "last call: next[%lld]", (long long)i);
+    ck_assert_int_eq(xtc_session_carry(s, "nope", "state"), XTC_ERR_NAME);
+    ck_assert_int_eq(xtc_session_carry(s, "next", "nope"), XTC_ERR_NAME);
+    ck_assert_int_eq(xtc_session_carry(s, "next", "x"), XTC_ERR_SHAPE); /* 8 rows for [1, 3] */
+    ck_assert_msg(strstr(xtc_session_error(s), "input 'x'"), "%s", xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_carry(s, "negative", "state"), XTC_ERR_SHAPE); /* bool into f32 */
+    ck_assert_msg(strstr(xtc_session_error(s), "bool"), "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    xtc_module_free(m);
+    ir_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_kernel_dedup)
 {
     IrGraph *g = new_graph("layers", build_layers);
@@ -1118,6 +1182,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_no_kernels);
     tcase_add_test(tc, test_kernel_dedup);
     tcase_add_test(tc, test_derived_symbols);
+    tcase_add_test(tc, test_carry);
     tcase_add_test(tc, test_runtime_errors);
     tcase_add_test(tc, test_weights_and_files);
     tcase_add_test(tc, test_pool_stress);
