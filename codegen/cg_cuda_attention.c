@@ -18,8 +18,11 @@
  *     ds_ij = p_ij (dout_i . v_j - D_i + dlse_i) * scale, 0 where masked
  *     dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
  *
- * The head sizes D and E must be constants (they size shared memory). A bias that is the
- * constant 0, a mask that is the constant true and a constant scale are folded into the code. */
+ * Without a mask operand, the causal and window limits bound the loops (key_range,
+ * query_ranges): a causal row visits keys up to its limit, not all J (half the work of causal
+ * self-attention). The head sizes D and E must be constants (they size shared memory). A bias
+ * that is the constant 0, a mask that is the constant true and a constant scale are folded into
+ * the code. */
 #include "cg_cuda.h"
 
 #include <string.h>
@@ -62,6 +65,9 @@ static void operand_at(CuKernel *k, const IrNode *x, int r, const char *base, ch
 
 typedef struct {
     int r;
+    int limits;         /* no mask operand and a causal or window limit: loops skip unseen keys */
+    int causal;
+    long long window;
     long long D, E;
     char I[CU_EXPR], J[CU_EXPR], batches[CU_EXPR];
     char bias[1100], keep[2200], scale[1024];
@@ -91,14 +97,17 @@ static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, con
     }
     size_t len = 0;
     a->keep[0] = 0;
+    a->causal = causal;
+    a->window = window;
+    a->limits = mask->op == IR_CONST && mask->f != 0 && (causal || window > 0);
     if (!(mask->op == IR_CONST && mask->f != 0)) {
         operand_at(k, mask, r, mask_in, at, sizeof at);
         len += (size_t)snprintf(a->keep, sizeof a->keep, "%s", at);
     }
     if (causal && len < sizeof a->keep)
         len += (size_t)snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
-    /* a sliding window: masked like the rest (every key is still visited, so that a row with
-     * every key masked attends uniformly to all J of them, as defined) */
+    /* a sliding window: masked like the rest (and, without a mask operand, its keys skipped:
+     * key_range, query_ranges) */
     if (window > 0 && len < sizeof a->keep)
         snprintf(a->keep + len, sizeof a->keep - len, "%s(j >= i + J - I - %lld)", len ? " && " : "", window);
     if (!a->keep[0])
@@ -108,6 +117,39 @@ static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, con
     else
         operand_at(k, scale, r, scale_in, a->scale, sizeof a->scale);
     return 0;
+}
+
+/* The keys [jb, je) query row i visits: all J, or without a mask operand only those within its
+ * causal and window limits (the others have p = 0 exactly). A row that sees no key (i + J - I < 0
+ * under causal) visits all J: it attends uniformly to them, as defined. */
+static void key_range(CuKernel *k, const Att *a, const char *indent)
+{
+    FILE *f = k->f;
+    fprintf(f, "%si64 jb = 0, je = J;\n", indent);
+    if (!a->limits)
+        return;
+    fprintf(f, "%s%s{ /* the keys row i sees */\n", indent, a->causal ? "if (i + J - I >= 0) " : "");
+    if (a->causal)
+        fprintf(f, "%s    je = i + J - I + 1 < J ? i + J - I + 1 : J;\n", indent);
+    if (a->window > 0)
+        fprintf(f, "%s    jb = i + J - I - %lld > 0 ? i + J - I - %lld : 0;\n", indent, a->window, a->window);
+    fprintf(f, "%s}\n", indent);
+}
+
+/* The query rows key j gets gradient from: [0, fm), the rows that see no key (they attend to all
+ * J uniformly), and [ib, ie), those whose causal and window limits keep key j; [0, 0) and
+ * [0, I) with a mask operand or no limit. */
+static void query_ranges(CuKernel *k, const Att *a, const char *indent)
+{
+    FILE *f = k->f;
+    fprintf(f, "%si64 fm = 0, ib = 0, ie = I;\n", indent);
+    if (!a->limits)
+        return;
+    if (a->causal)
+        fprintf(f, "%sfm = I - J > 0 ? (I - J < I ? I - J : I) : 0;\n%sib = j - (J - I) > fm ? j - (J - I) : fm;\n",
+                indent, indent);
+    if (a->window > 0)
+        fprintf(f, "%sie = j - (J - I) + %lld + 1 < I ? j - (J - I) + %lld + 1 : I;\n", indent, a->window, a->window);
 }
 
 /* the batch index split into the batch dims ix0, ix1, ... (bias, mask and scale broadcast) */
@@ -186,10 +228,11 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "        __syncthreads();\n");
     fprintf(f, "        float mx = -XTC_INF, lsum = 0.0f, acc[%lld];\n", accs > 0 ? accs : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = 0.0f;\n", accs);
-    fprintf(f, "        for (i64 j0 = 0; j0 < J; j0 += %d) {\n", ATT_BLOCK);
+    key_range(k, &a, "        ");
+    fprintf(f, "        for (i64 j0 = jb; j0 < je; j0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "            const i64 j = j0 + threadIdx.x;\n");
     fprintf(f, "            float score = -XTC_INF;\n");
-    fprintf(f, "            if (j < J) {\n");
+    fprintf(f, "            if (j < je) {\n");
     fprintf(f, "                float dot = 0.0f;\n");
     fprintf(f, "                for (int d = 0; d < D; d++)\n                    dot += qi[d] * xtc_ld(kb, j * ks + d);\n");
     fprintf(f, "                score = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a.keep,
@@ -197,11 +240,11 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "            }\n");
     fprintf(f, "            /* online softmax: rescale what was summed so far to the new maximum */\n");
     fprintf(f, "            const float m_new = xtc_fmax(mx, xtc_block_max(score));\n");
-    fprintf(f, "            const float alpha = expf(mx - m_new), pj = j < J ? expf(score - m_new) : 0.0f;\n");
+    fprintf(f, "            const float alpha = expf(mx - m_new), pj = j < je ? expf(score - m_new) : 0.0f;\n");
     fprintf(f, "            probs[threadIdx.x] = pj; /* the block_max above separates this from the last chunk's reads */\n");
     fprintf(f, "            lsum = lsum * alpha + xtc_block_sum(pj); /* which also makes p[] visible */\n");
     fprintf(f, "            mx = m_new;\n");
-    fprintf(f, "            const int nj = J - j0 < %d ? (int)(J - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "            const int nj = je - j0 < %d ? (int)(je - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
     fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accs);
     fprintf(f, "                const int e = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                if (e < E) {\n");
@@ -265,10 +308,11 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
     fprintf(f, "            dsum = xtc_block_sum(dsum); /* also makes row_a, row_b visible */\n");
     fprintf(f, "            const float lse = xtc_ld(ob, i * OC + E), dlse = GC > E ? xtc_ld(gb, i * GC + E) : 0.0f;\n");
-    fprintf(f, "            for (i64 j0 = 0; j0 < J; j0 += %d) {\n", ATT_BLOCK);
+    key_range(k, &a, "            ");
+    fprintf(f, "            for (i64 j0 = jb; j0 < je; j0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 j = j0 + threadIdx.x;\n");
     fprintf(f, "                float ds = 0.0f;\n");
-    fprintf(f, "                if (j < J) {\n");
+    fprintf(f, "                if (j < je) {\n");
     fprintf(f, "                    float dot = 0.0f, dp = 0.0f;\n");
     fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
     fprintf(f, "                        dot += row_a[d] * xtc_ld(kb, j * D + d);\n");
@@ -279,7 +323,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                }\n");
     fprintf(f, "                w1[threadIdx.x] = ds;\n");
     fprintf(f, "                __syncthreads();\n");
-    fprintf(f, "                const int nj = J - j0 < %d ? (int)(J - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "                const int nj = je - j0 < %d ? (int)(je - j0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
     fprintf(f, "                for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                    if (d < D)\n");
@@ -296,10 +340,12 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(kb, j * D + d);\n                row_b[d] = xtc_ld(vb, j * E + d);\n            }\n");
     fprintf(f, "            __syncthreads();\n");
-    fprintf(f, "            for (i64 i0 = 0; i0 < I; i0 += %d) {\n", ATT_BLOCK);
+    query_ranges(k, &a, "            ");
+    fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
+    fprintf(f, "            for (i64 i0 = seg ? ib : 0, ihi = seg ? ie : fm; i0 < ihi; i0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");
     fprintf(f, "                float ds = 0.0f, pij = 0.0f;\n");
-    fprintf(f, "                if (i < I) {\n");
+    fprintf(f, "                if (i < ihi) {\n");
     fprintf(f, "                    float dot = 0.0f, dp = 0.0f, dsum = 0.0f;\n");
     fprintf(f, "                    for (int d = 0; d < D; d++) {\n");
     fprintf(f, "                        dot += xtc_ld(qb, i * D + d) * row_a[d];\n");
@@ -312,7 +358,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                }\n");
     fprintf(f, "                w1[threadIdx.x] = ds;\n                w2[threadIdx.x] = pij;\n");
     fprintf(f, "                __syncthreads();\n");
-    fprintf(f, "                const int ni = I - i0 < %d ? (int)(I - i0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
+    fprintf(f, "                const int ni = ihi - i0 < %d ? (int)(ihi - i0) : %d;\n", ATT_BLOCK, ATT_BLOCK);
     fprintf(f, "                for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                    const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                    if (d < D)\n");
