@@ -336,6 +336,14 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     return plan_arena(s, init);
 }
 
+/* frees the n blocks of a (NULL ones too) and a itself */
+static void free_each(void **a, int n)
+{
+    for (int i = 0; a && i < n; i++)
+        free(a[i]);
+    free(a);
+}
+
 void xtc_session_free(XtcSession *s)
 {
     if (!s)
@@ -345,17 +353,11 @@ void xtc_session_free(XtcSession *s)
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
-    if (s->spare)
-        for (int i = 0; i < s->m->nbufs; i++)
-            free(s->spare[i]);
-    free(s->spare);
+    free_each(s->spare, s->m->nbufs);
     free(s->spare_cap);
     free(s->own_cap);
     free(s->carried);
-    if (s->own)
-        for (int i = 0; i < s->m->nbufs; i++)
-            free(s->own[i]);
-    free(s->own);
+    free_each(s->own, s->m->nbufs);
     free(s->ptr);
     free(s->shape);
     free(s->set);
