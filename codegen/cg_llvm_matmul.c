@@ -39,6 +39,7 @@
 #define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
 #define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
 #define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
+#define GEMV_UNROLL 4 /* ... computed this many at a time */
 
 typedef struct {
     LLVMValueRef m, n, k, batch;
@@ -177,38 +178,60 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
 
 /* ---- the matrix-vector path (gemv_case) ---- */
 
+/* C[i, j .. j + nj) for nj = GEMV_UNROLL or 1 consecutive columns: nj dot products of A row i with
+ * B rows j.. in one loop over k, so that the vectoriser keeps nj independent accumulators (one
+ * alone is a chain of dependent fused multiply-adds, latency-bound). */
+static void gemv_dots(CgFn *f, LLVMValueRef arow, LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef at, int nj)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    unsigned fm = LLVMFastMathAllowContract | LLVMFastMathAllowReassoc;
+    LLVMValueRef acc[GEMV_UNROLL];
+    for (int t = 0; t < nj; t++)
+        acc[t] = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
+    CgLoop lp;
+    cg_for(f, &lp, cg_i64(cg, 0), k, "p");
+    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow, lp.iv, ""));
+    for (int t = 0; t < nj; t++) {
+        LLVMValueRef bidx = LLVMBuildAdd(b, LLVMBuildAdd(b, brow0, LLVMBuildMul(b, cg_i64(cg, t), k, ""), ""), lp.iv, "");
+        LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, cg_load(f, IR_F32, f->in[1], bidx), ""), fm);
+        LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc[t]), prod, ""), fm), acc[t]);
+    }
+    cg_for_end(f, &lp);
+    for (int t = 0; t < nj; t++)
+        cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, at, cg_i64(cg, t), ""), cg_get(f, cg->t_f32, acc[t]));
+}
+
 /* Items [lo, hi) of batch x ceil(n / GEMV_COLS), column block major (the items of one block of
  * B rows are neighbours, so a broadcast B is read once): C[bi, i, j] = A[bi, i, :] . B[bi, j, :]
- * for every i < m and j of the block, each a reassociable sum the vectoriser widens. */
+ * for every i < m and j of the block, GEMV_UNROLL columns at a time, each a reassociable sum the
+ * vectoriser widens. */
 static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
     LLVMValueRef mk = LLVMBuildMul(b, d->m, d->k, ""), kn = LLVMBuildMul(b, d->k, d->n, ""), mn = LLVMBuildMul(b, d->m, d->n, "");
-    unsigned fm = LLVMFastMathAllowContract | LLVMFastMathAllowReassoc;
-    CgLoop li, lj, lr, lp;
+    CgLoop li, lj, lr;
     cg_for(f, &li, f->lo, f->hi, "item");
     LLVMValueRef bi = LLVMBuildSRem(b, li.iv, d->batch, "");
     LLVMValueRef j0 = LLVMBuildMul(b, LLVMBuildSDiv(b, li.iv, d->batch, ""), cg_i64(cg, GEMV_COLS), "");
     LLVMValueRef j1 = cg_min_i64(f, d->n, LLVMBuildAdd(b, j0, cg_i64(cg, GEMV_COLS), ""));
+    LLVMValueRef jfull = LLVMBuildAdd(b, j0, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, j1, j0, ""), cg_i64(cg, GEMV_UNROLL), ""),
+                                                       cg_i64(cg, GEMV_UNROLL), ""), "");
     LLVMValueRef abase = batch_offset(f, n->in[0], bi, mk), bbase = batch_offset(f, n->in[1], bi, kn);
     LLVMValueRef cbase = LLVMBuildMul(b, bi, mn, "");
-    cg_for(f, &lj, j0, j1, "j");
-    LLVMValueRef brow = LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), "");
     cg_for(f, &lr, cg_i64(cg, 0), d->m, "i");
     LLVMValueRef arow = LLVMBuildAdd(b, abase, LLVMBuildMul(b, lr.iv, d->k, ""), "");
-    LLVMValueRef acc = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
-    cg_for(f, &lp, cg_i64(cg, 0), d->k, "p");
-    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow, lp.iv, ""));
-    LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, brow, lp.iv, ""));
-    LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, bv, ""), fm);
-    LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc), prod, ""), fm), acc);
-    cg_for_end(f, &lp);
-    LLVMValueRef at = LLVMBuildAdd(b, cbase, LLVMBuildAdd(b, LLVMBuildMul(b, lr.iv, d->n, ""), lj.iv, ""), "");
-    cg_store(f, IR_F32, f->out, at, cg_get(f, cg->t_f32, acc));
-    cg_for_end(f, &lr);
+    LLVMValueRef crow = LLVMBuildAdd(b, cbase, LLVMBuildMul(b, lr.iv, d->n, ""), "");
+    cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
+    LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
+    gemv_dots(f, arow, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, j, d->k, ""), ""), d->k, LLVMBuildAdd(b, crow, j, ""), GEMV_UNROLL);
     cg_for_end(f, &lj);
+    cg_for(f, &lj, jfull, j1, "j");
+    gemv_dots(f, arow, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, LLVMBuildAdd(b, crow, lj.iv, ""), 1);
+    cg_for_end(f, &lj);
+    cg_for_end(f, &lr);
     if (epi) /* the block's columns of every row are final */
         epi->fn(f, epi->ctx, bi, cg_i64(cg, 0), d->m, j0, j1);
     cg_for_end(f, &li);
