@@ -177,7 +177,8 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
  * checks as xtc_session_set_input with the output's dtype and shape. The first carry of an
  * output copies it; from then on the session writes that output outside its arena and each
  * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies). The
- * outputs stay readable until the next run or input change. */
+ * outputs stay readable until the next run or input change, except after the same output is
+ * carried twice without a run between (XTC_ERR_STATE then, until the next run). */
 int xtc_session_carry(XtcSession *s, const char *output, const char *input);
 
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs

@@ -1084,6 +1084,24 @@ RtScaler *rt_session_scaler(XtcSession *s) { return &s->scaler; }
 
 /* ---- carrying outputs into inputs (KV caches) ---- */
 
+/* the index of the output named name, or -1 */
+static int find_output(const XtcModule *m, const char *name)
+{
+    for (int i = 0; i < m->nouts; i++)
+        if (!strcmp(m->outs[i].name, name))
+            return i;
+    return -1;
+}
+
+/* whether an output of the last run lies in memory p */
+static int output_in(const XtcSession *s, const void *p)
+{
+    for (int o = 0; p && o < s->m->nouts; o++)
+        if (s->ptr[s->m->outs[o].buf] == p)
+            return 1;
+    return 0;
+}
+
 /* The outputs carried by xtc_session_carry are written to their spare memory, not the arena, so
  * that the next carry hands that memory to the input without copying (host modules). */
 static int place_carried(XtcSession *s, const int64_t *syms)
@@ -1119,10 +1137,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (!output || !input)
         return fail(s, XTC_ERR_ARG, "xtc_session_carry: bad arguments");
     const XtcModule *m = s->m;
-    int oi = -1;
-    for (int i = 0; i < m->nouts && oi < 0; i++)
-        if (!strcmp(m->outs[i].name, output))
-            oi = i;
+    int oi = find_output(m, output);
     if (oi < 0)
         return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", output);
     int ib = find_buffer(m, RT_BUF_INPUT, input);
@@ -1152,10 +1167,13 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
         s->outputs_valid = 1; /* the other outputs are untouched, this one is the input's value now */
         return XTC_OK;
     }
-    /* the first time (or a device module, or an output that is not an activation): a copy */
+    /* the first time (or a device module, or an output that is not an activation): a copy. The
+     * outputs stay readable unless one of them was in the input's memory, which this frees (the
+     * same output carried twice without a run between). */
+    int kept = !output_in(s, s->own[ib]);
     if ((st = xtc_session_set_input(s, input, t.dtype, t.rank, t.shape, t.data)))
         return st;
-    s->outputs_valid = 1;
+    s->outputs_valid = kept;
     if (s->dev || m->bufs[ob].kind != RT_BUF_TEMP)
         return XTC_OK;
     if (!s->carried) { /* without these the carries stay copies: still correct */
@@ -1245,22 +1263,19 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     if (!name || !out)
         return fail(s, XTC_ERR_ARG, "xtc_session_get_output: bad arguments");
-    const XtcModule *m = s->m;
-    for (int i = 0; i < m->nouts; i++) {
-        const RtOutput *o = &m->outs[i];
-        if (strcmp(o->name, name) != 0)
-            continue;
-        if (!s->outputs_valid)
-            return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
-        memset(out, 0, sizeof *out);
-        out->dtype = o->dtype;
-        out->rank = o->rank;
-        for (int d = 0; d < o->rank; d++)
-            out->shape[d] = rt_dim_eval(&o->shape[d], s->syms);
-        out->data = s->ptr[o->buf];
-        return XTC_OK;
-    }
-    return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
+    int i = find_output(s->m, name);
+    if (i < 0)
+        return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
+    const RtOutput *o = &s->m->outs[i];
+    if (!s->outputs_valid)
+        return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+    memset(out, 0, sizeof *out);
+    out->dtype = o->dtype;
+    out->rank = o->rank;
+    for (int d = 0; d < o->rank; d++)
+        out->shape[d] = rt_dim_eval(&o->shape[d], s->syms);
+    out->data = s->ptr[o->buf];
+    return XTC_OK;
 }
 
 /* ---- for the optimizer (rt_optim.c; see rt_internal.h) ---- */

@@ -694,6 +694,16 @@ START_TEST(test_carry)
     ck_assert_int_eq(nx.shape[0], rows + 1);
     for (int64_t i = 0; i < rows * 3; i++)
         ck_assert_msg(((const float *)nx.data)[i] == state[i], "last call: next[%lld]", (long long)i);
+    /* the same output carried twice without a run between: the second is a copy that frees the
+     * memory the output was in, so the outputs are unreadable (not a dangling view) until a run */
+    ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+    ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_ERR_STATE);
+    ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
+    ck_assert_int_eq(nx.shape[0], rows + 2);
+    for (int64_t i = 0; i < rows * 3; i++)
+        ck_assert_msg(((const float *)nx.data)[i] == state[i], "after two carries: next[%lld]", (long long)i);
     ck_assert_int_eq(xtc_session_carry(s, "nope", "state"), XTC_ERR_NAME);
     ck_assert_int_eq(xtc_session_carry(s, "next", "nope"), XTC_ERR_NAME);
     ck_assert_int_eq(xtc_session_carry(s, "next", "x"), XTC_ERR_SHAPE); /* 8 rows for [1, 3] */
