@@ -1,7 +1,7 @@
 /* cmd_generate.c: `xtc generate`: sampling bytes from a trained language model with a KV cache.
  *
  * The model is compiled in its incremental-decoding form (xt_lower with .kv_cache: inputs
- * cache.<l>.k/.v [b, heads, c, dim_head] of the keys and values so far, outputs the same with
+ * cache.<l>.k/.v [b, c, heads, dim_head] of the keys and values so far, outputs the same with
  * this call's appended, positions continuing after c). The prompt goes through in one call with
  * an empty cache; every further call feeds one token and the caches of the previous call, so a
  * new token costs time linear in the context instead of a forward pass over all of it. When the
@@ -63,7 +63,7 @@ static int inspect(Gen *G, const char *path)
         xtc_module_tensor(m, XTC_INPUT, i, &t);
         if (!strncmp(t.name, "cache.", 6) && t.rank == 4 && G->ncache < MAX_CACHE) {
             snprintf(G->names[G->ncache], sizeof G->names[0], "%s", t.name);
-            G->heads[G->ncache] = t.shape[1];
+            G->heads[G->ncache] = t.shape[2];
             G->dim_head[G->ncache] = t.shape[3];
             G->ncache++;
         } else if (strcmp(t.name, "tokens")) {
@@ -220,7 +220,7 @@ static int run_tokens(Gen *G, const int64_t *ctx, int64_t from, int64_t to, int 
     int64_t shape[2] = {1, to - from};
     if (G->kv && fresh_cache) {
         for (int c = 0; c < G->ncache; c++) {
-            int64_t cs[4] = {1, G->heads[c], 0, G->dim_head[c]};
+            int64_t cs[4] = {1, 0, G->heads[c], G->dim_head[c]};
             float dummy = 0;
             if (xtc_session_set_input(G->s, G->names[c], XTC_F32, 4, cs, &dummy))
                 goto fail;

@@ -608,7 +608,14 @@ static int impl_concat(CgFn *f)
     CgLoop l;
     cg_for(f, &l, f->lo, f->hi, "o");
     LLVMValueRef obase = LLVMBuildMul(b, l.iv, row, "");
+    /* the result in place over the first operand (a KV cache that grows at its end: the session
+     * places it so, rt_session.c appends_to): its first part is already there */
+    LLVMValueRef same = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, f->out, f->in[0], ""),
+                                     LLVMBuildICmp(b, LLVMIntEQ, l.iv, cg_i64(f->cg, 0), ""), "inplace");
+    CgIf copy;
+    cg_if(f, &copy, LLVMBuildNot(b, same, ""));
     copy_run(f, f->out, obase, f->in[0], LLVMBuildMul(b, l.iv, la, ""), la);
+    cg_if_end(f, &copy);
     copy_run(f, f->out, LLVMBuildAdd(b, obase, la, ""), f->in[1], LLVMBuildMul(b, l.iv, lb, ""), lb);
     cg_for_end(f, &l);
     return 0;

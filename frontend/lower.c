@@ -66,7 +66,7 @@ typedef struct {
     IrNode *context_mask; /* bool[b, m] or NULL */
     IrNode **mems_in;     /* Transformer-XL: one f32[b, p, dim] per self-attention layer */
     IrNode **hiddens;     /* ... and each such layer's input, filled by attention_layers */
-    IrNode **cache_k, **cache_v; /* KV cache: f32[b, h, c, dh] per self-attention layer, in */
+    IrNode **cache_k, **cache_v; /* KV cache: f32[b, c, h, dh] per self-attention layer, in */
     IrNode **new_k, **new_v;     /* ... and out (cache + this call's keys/values) */
     IrDim pos_offset;     /* position of the first token (the cache length) */
     int cur_attn;         /* index of the self-attention layer being built */
@@ -387,8 +387,13 @@ static IrNode *attention(Lx *L, const Stack *S, IrNode *x, const char *p, int la
     if (!q || !k || !v)
         return NULL;
     if (!cross && L->cache_k) { /* decoding: earlier keys/values (rotated) come from the cache */
-        k = L->new_k[L->cur_attn] = ir_concat(g, L->cache_k[L->cur_attn], k, 2);
-        v = L->new_v[L->cur_attn] = ir_concat(g, L->cache_v[L->cur_attn], v, 2);
+        /* caches are position-major, [b, c, h, dh]: with one sequence, the new positions go at the
+         * end of its memory, which the session then writes in place (rt_session.c appends_to) */
+        static const int perm[4] = {0, 2, 1, 3};
+        k = L->new_k[L->cur_attn] = ir_concat(g, L->cache_k[L->cur_attn], ir_permute(g, k, perm), 1);
+        v = L->new_v[L->cur_attn] = ir_concat(g, L->cache_v[L->cur_attn], ir_permute(g, v, perm), 1);
+        k = ir_permute(g, k, perm);
+        v = ir_permute(g, v, perm);
         if (!k || !v)
             return NULL;
     }
@@ -1031,7 +1036,7 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         IrDim c;
         if (add_sym(L, "c", xtf_int(call, "max_seq_len"), &c) < 0)
             return -1;
-        IrDim cs[4] = {L->B, C(S.heads), c, C(S.dim_head)};
+        IrDim cs[4] = {L->B, c, C(S.heads), C(S.dim_head)};
         char name[48];
         for (int i = 0; i < S.ntypes; i++)
             if (S.types[i] == 'a') {

@@ -176,9 +176,13 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
  * the model hands to its next call, as a KV cache (cache.<l>.k out -> cache.<l>.k in). Same
  * checks as xtc_session_set_input with the output's dtype and shape. The first carry of an
  * output copies it; from then on the session writes that output outside its arena and each
- * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies). The
- * outputs stay readable until the next run or input change, except after the same output is
- * carried twice without a run between (XTC_ERR_STATE then, until the next run). */
+ * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies). An
+ * output that is the input with rows appended along an axis preceded only by dimensions of size
+ * 1 (a KV cache of one sequence, [1, positions, heads, dim_head]) is written in place, after the
+ * input's values, while the memory has room (it grows by a quarter when not): a call then writes
+ * only the new rows. The outputs stay readable until the next run or input change, unless the
+ * carry replaces the memory an output of the last run is in (XTC_ERR_STATE then, until the next
+ * run). */
 int xtc_session_carry(XtcSession *s, const char *output, const char *input);
 
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs

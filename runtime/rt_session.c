@@ -59,7 +59,8 @@ struct XtcSession {
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
     uint8_t *changed;            /* device: per buffer, rebound since the last run */
     /* xtc_session_carry (NULL until its first use): per buffer, */
-    uint8_t *carried;            /* a temp output carried into an input: written outside the arena */
+    int *carried;                /* a temp output carried into an input (1 + that input's buffer, 0:
+                                    not carried): written outside the arena, ... */
     void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
     size_t *spare_cap;
     size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
@@ -1102,8 +1103,34 @@ static int output_in(const XtcSession *s, const void *p)
     return 0;
 }
 
+/* Whether output buffer ob is the concatenation of input buffer ib and more, along an axis that
+ * only dimensions of size 1 precede: ib's value is then the first bytes of ob's, and a run may
+ * write ob in place over ib's memory (the concat kernel skips copying its first operand onto
+ * itself), as a KV cache grows by the new positions at its end. */
+static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    const RtStep *st = NULL;
+    for (int i = 0; i < m->nsteps && !st; i++)
+        if (m->steps[i].out == ob)
+            st = &m->steps[i];
+    if (!st || strcmp(st->op, "concat") || st->in[0] != ib)
+        return 0;
+    const RtBuffer *o = &m->bufs[ob];
+    for (int d = 0; d < o->rank; d++) {
+        int64_t size = rt_dim_eval(&o->shape[d], syms);
+        if (size != s->shape[ib][d]) /* the concat axis: all before it are 1 */
+            return 1;
+        if (size != 1)
+            return 0;
+    }
+    return 1;
+}
+
 /* The outputs carried by xtc_session_carry are written to their spare memory, not the arena, so
- * that the next carry hands that memory to the input without copying (host modules). */
+ * that the next carry hands that memory to the input without copying (host modules); an output
+ * that appends to the input it was carried into is written in place over that input's memory
+ * when it has room (appends_to). */
 static int place_carried(XtcSession *s, const int64_t *syms)
 {
     if (!s->carried)
@@ -1112,6 +1139,11 @@ static int place_carried(XtcSession *s, const int64_t *syms)
         if (!s->carried[i])
             continue;
         size_t need = buffer_bytes(&s->m->bufs[i], s->host.elem[i], syms);
+        int ib = s->carried[i] - 1;
+        if (s->own[ib] && s->own_cap[ib] >= need && appends_to(s, i, ib, syms)) {
+            s->ptr[i] = s->own[ib];
+            continue;
+        }
         if (need > s->spare_cap[i]) { /* a cache grows by a row a call: room for a quarter more */
             size_t cap = need + need / 4 + 64;
             free(s->spare[i]);
@@ -1154,6 +1186,15 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if ((st = check_shape(s, in, "input", t.rank, t.shape)))
         return st;
     int ob = m->outs[oi].buf;
+    if (s->carried && s->carried[ob] == ib + 1 && s->ptr[ob] == s->own[ib]) {
+        /* written in place over the input (place_carried): the input only grows */
+        for (int d = 0; d < t.rank; d++)
+            s->shape[ib][d] = t.shape[d];
+        if (s->changed)
+            s->changed[ib] = 1;
+        s->outputs_valid = 1;
+        return XTC_OK;
+    }
     if (s->carried && s->carried[ob] && s->ptr[ob] == s->spare[ob]) {
         /* the output's memory becomes the input's, the input's old memory the next spare */
         void *old = s->own[ib];
@@ -1178,7 +1219,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
         return XTC_OK;
     if (!s->carried) { /* without these the carries stay copies: still correct */
         size_t nb = (size_t)m->nbufs;
-        s->carried = rt_calloc(nb, 1);
+        s->carried = rt_calloc(nb, sizeof *s->carried);
         s->spare = rt_calloc(nb, sizeof *s->spare);
         s->spare_cap = rt_calloc(nb, sizeof *s->spare_cap);
         s->own_cap = rt_calloc(nb, sizeof *s->own_cap);
@@ -1188,7 +1229,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
             return XTC_OK;
         }
     }
-    s->carried[ob] = 1;
+    s->carried[ob] = ib + 1;
     return XTC_OK;
 }
 

@@ -129,8 +129,8 @@ static void check_model(const char *src)
         if (n->op == IR_INPUT && !strncmp(n->s, "cache.", 6)) {
             b.cache_names[b.ncache] = n->s;
             b.cache_shape[b.ncache][0] = 1;
-            b.cache_shape[b.ncache][1] = n->shape[1].c;
-            b.cache_shape[b.ncache][2] = 0;
+            b.cache_shape[b.ncache][1] = 0; /* [b, c, h, dh]: positions second */
+            b.cache_shape[b.ncache][2] = n->shape[2].c;
             b.cache_shape[b.ncache][3] = n->shape[3].c;
             b.cache[b.ncache++] = NULL;
         }
@@ -159,7 +159,7 @@ static void check_model(const char *src)
                 if (!strcmp(step->outputs[o].name, b.cache_names[c])) {
                     b.cache[c] = outs[o].data;
                     outs[o].data = NULL;
-                    b.cache_shape[c][2] = outs[o].shape[2];
+                    b.cache_shape[c][1] = outs[o].shape[1];
                 }
         }
         for (int o = 0; o < step->noutputs; o++)
