@@ -29,7 +29,8 @@
  * Tiny outputs (a constant n below VW) use the plain path: one item per output row, inner loop
  * over contiguous memory, left to LLVM's vectoriser. A few rows against a transposed B (batch x
  * m <= GEMV_ROWS: decoding one token with a KV cache) take the matrix-vector path, chosen at run
- * time: dot products over contiguous rows of B, which read each weight once (gemv_case). */
+ * time: dot products over contiguous rows of B, which read each weight once, for all the rows
+ * of A at once (gemv_case, gemv_items). */
 #include "cg_llvm.h"
 
 #include <string.h>
@@ -97,6 +98,8 @@ static LLVMValueRef gemv_case(CgFn *f, const MmDims *d)
     return LLVMBuildICmp(b, LLVMIntSLE, LLVMBuildMul(b, d->batch, d->m, ""), cg_i64(f->cg, GEMV_ROWS), "gemv");
 }
 
+static LLVMValueRef gemv_item_count(CgFn *f, const MmDims *d);
+
 void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     Cg *cg = f->cg;
@@ -113,7 +116,7 @@ void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     *items = LLVMBuildMul(b, d.batch, LLVMBuildMul(b, nmb, ngrp, ""), "items");
     if (f->node->ia[0]) /* B transposed: a few rows go the matrix-vector path */
-        *items = LLVMBuildSelect(b, gemv_case(f, &d), LLVMBuildMul(b, d.batch, ceil_div(cg, d.n, GEMV_COLS), ""), *items, "");
+        *items = LLVMBuildSelect(b, gemv_case(f, &d), gemv_item_count(f, &d), *items, "");
 }
 
 /* Element offset of batch index bi (a flat index over the output's batch dims) in operand x,
@@ -178,62 +181,109 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
 
 /* ---- the matrix-vector path (gemv_case) ---- */
 
-/* C[i, j .. j + nj) for nj = GEMV_UNROLL or 1 consecutive columns: nj dot products of A row i with
- * B rows j.. in one loop over k, so that the vectoriser keeps nj independent accumulators (one
- * alone is a chain of dependent fused multiply-adds, latency-bound). */
-static void gemv_dots(CgFn *f, LLVMValueRef arow, LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef at, int nj)
+/* Whether B is one matrix for every batch index (a weight): the matrix-vector path then computes
+ * all batch x m rows of A against each block of B rows in one work item. */
+static int b_broadcast(const IrNode *n)
+{
+    const IrNode *x = n->in[1];
+    for (int d = 0; d < x->rank - 2; d++)
+        if (!ir_dim_is_one(x->shape[d]))
+            return 0;
+    return 1;
+}
+
+/* C[row r, j .. j + nj) for the nr rows of A at arow[r] (C rows at crow[r]) and nj = GEMV_UNROLL
+ * or 1 consecutive B rows from brow0: nr x nj dot products in one loop over k, so that each
+ * element of B is loaded once for all the rows and the vectoriser keeps nr x nj independent
+ * accumulators (one alone is a chain of dependent fused multiply-adds, latency-bound). */
+static void gemv_dots(CgFn *f, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr, LLVMValueRef brow0,
+                      LLVMValueRef k, LLVMValueRef j, int nj)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     unsigned fm = LLVMFastMathAllowContract | LLVMFastMathAllowReassoc;
-    LLVMValueRef acc[GEMV_UNROLL];
-    for (int t = 0; t < nj; t++)
-        acc[t] = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
+    LLVMValueRef acc[GEMV_ROWS][GEMV_UNROLL];
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nj; t++)
+            acc[r][t] = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
     CgLoop lp;
     cg_for(f, &lp, cg_i64(cg, 0), k, "p");
-    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow, lp.iv, ""));
+    LLVMValueRef bv[GEMV_UNROLL], av[GEMV_ROWS];
     for (int t = 0; t < nj; t++) {
         LLVMValueRef bidx = LLVMBuildAdd(b, LLVMBuildAdd(b, brow0, LLVMBuildMul(b, cg_i64(cg, t), k, ""), ""), lp.iv, "");
-        LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, cg_load(f, IR_F32, f->in[1], bidx), ""), fm);
-        LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc[t]), prod, ""), fm), acc[t]);
+        bv[t] = cg_load(f, IR_F32, f->in[1], bidx);
     }
+    for (int r = 0; r < nr; r++)
+        av[r] = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow[r], lp.iv, ""));
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nj; t++) {
+            LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av[r], bv[t], ""), fm);
+            LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc[r][t]), prod, ""), fm), acc[r][t]);
+        }
     cg_for_end(f, &lp);
-    for (int t = 0; t < nj; t++)
-        cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, at, cg_i64(cg, t), ""), cg_get(f, cg->t_f32, acc[t]));
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nj; t++)
+            cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, crow[r], LLVMBuildAdd(b, j, cg_i64(cg, t), ""), ""),
+                     cg_get(f, cg->t_f32, acc[r][t]));
 }
 
-/* Items [lo, hi) of batch x ceil(n / GEMV_COLS), column block major (the items of one block of
- * B rows are neighbours, so a broadcast B is read once): C[bi, i, j] = A[bi, i, :] . B[bi, j, :]
- * for every i < m and j of the block, GEMV_UNROLL columns at a time, each a reassociable sum the
- * vectoriser widens. */
+/* Work items of the matrix-vector path: one per block of GEMV_COLS B rows (times the batch when
+ * B differs per batch index). */
+static LLVMValueRef gemv_item_count(CgFn *f, const MmDims *d)
+{
+    LLVMBuilderRef b = f->cg->b;
+    LLVMValueRef blocks = ceil_div(f->cg, d->n, GEMV_COLS);
+    return b_broadcast(f->node) ? blocks : LLVMBuildMul(b, d->batch, blocks, "");
+}
+
+/* Items [lo, hi): C[bi, i, j] = A[bi, i, :] . B[bi, j, :] for the item's block of B rows j and
+ * its rows of A: every (bi, i) when B is a weight (batch x m <= GEMV_ROWS rows, each B element
+ * loaded once for all of them), else the m rows of one batch index (items column block major, so
+ * that neighbouring items share their B rows). GEMV_UNROLL columns at a time; the code is
+ * generated for each row count up to GEMV_ROWS and chosen at run time. */
 static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
+    int shared = b_broadcast(n);
     LLVMValueRef mk = LLVMBuildMul(b, d->m, d->k, ""), kn = LLVMBuildMul(b, d->k, d->n, ""), mn = LLVMBuildMul(b, d->m, d->n, "");
-    CgLoop li, lj, lr;
+    LLVMValueRef nbi = shared ? d->batch : cg_i64(cg, 1); /* batch indices in an item */
+    LLVMValueRef rows = LLVMBuildMul(b, nbi, d->m, "rows");
+    CgLoop li, lj;
     cg_for(f, &li, f->lo, f->hi, "item");
-    LLVMValueRef bi = LLVMBuildSRem(b, li.iv, d->batch, "");
-    LLVMValueRef j0 = LLVMBuildMul(b, LLVMBuildSDiv(b, li.iv, d->batch, ""), cg_i64(cg, GEMV_COLS), "");
+    LLVMValueRef bi0 = shared ? cg_i64(cg, 0) : LLVMBuildSRem(b, li.iv, d->batch, "");
+    LLVMValueRef blk = shared ? li.iv : LLVMBuildSDiv(b, li.iv, d->batch, "");
+    LLVMValueRef j0 = LLVMBuildMul(b, blk, cg_i64(cg, GEMV_COLS), "");
     LLVMValueRef j1 = cg_min_i64(f, d->n, LLVMBuildAdd(b, j0, cg_i64(cg, GEMV_COLS), ""));
     LLVMValueRef jfull = LLVMBuildAdd(b, j0, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, j1, j0, ""), cg_i64(cg, GEMV_UNROLL), ""),
                                                        cg_i64(cg, GEMV_UNROLL), ""), "");
-    LLVMValueRef abase = batch_offset(f, n->in[0], bi, mk), bbase = batch_offset(f, n->in[1], bi, kn);
-    LLVMValueRef cbase = LLVMBuildMul(b, bi, mn, "");
-    cg_for(f, &lr, cg_i64(cg, 0), d->m, "i");
-    LLVMValueRef arow = LLVMBuildAdd(b, abase, LLVMBuildMul(b, lr.iv, d->k, ""), "");
-    LLVMValueRef crow = LLVMBuildAdd(b, cbase, LLVMBuildMul(b, lr.iv, d->n, ""), "");
-    cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
-    LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
-    gemv_dots(f, arow, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, j, d->k, ""), ""), d->k, LLVMBuildAdd(b, crow, j, ""), GEMV_UNROLL);
-    cg_for_end(f, &lj);
-    cg_for(f, &lj, jfull, j1, "j");
-    gemv_dots(f, arow, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, LLVMBuildAdd(b, crow, lj.iv, ""), 1);
-    cg_for_end(f, &lj);
-    cg_for_end(f, &lr);
-    if (epi) /* the block's columns of every row are final */
-        epi->fn(f, epi->ctx, bi, cg_i64(cg, 0), d->m, j0, j1);
+    LLVMValueRef bbase = batch_offset(f, n->in[1], bi0, kn);
+    for (int nr = 1; nr <= GEMV_ROWS; nr++) {
+        CgIf is;
+        cg_if(f, &is, LLVMBuildICmp(b, LLVMIntEQ, rows, cg_i64(cg, nr), ""));
+        LLVMValueRef arow[GEMV_ROWS], crow[GEMV_ROWS];
+        for (int r = 0; r < nr; r++) { /* row r of the item: batch index bi0 + r / m, row r % m */
+            LLVMValueRef bi = LLVMBuildAdd(b, bi0, LLVMBuildSDiv(b, cg_i64(cg, r), d->m, ""), "");
+            LLVMValueRef i = LLVMBuildSRem(b, cg_i64(cg, r), d->m, "");
+            arow[r] = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
+            crow[r] = LLVMBuildAdd(b, LLVMBuildMul(b, bi, mn, ""), LLVMBuildMul(b, i, d->n, ""), "");
+        }
+        cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
+        LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
+        gemv_dots(f, arow, crow, nr, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
+        cg_for_end(f, &lj);
+        cg_for(f, &lj, jfull, j1, "j");
+        gemv_dots(f, arow, crow, nr, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
+        cg_for_end(f, &lj);
+        cg_if_end(f, &is);
+    }
+    if (epi) { /* the block's columns of every row are final */
+        CgLoop lb;
+        cg_for(f, &lb, cg_i64(cg, 0), nbi, "ebi");
+        epi->fn(f, epi->ctx, LLVMBuildAdd(b, bi0, lb.iv, ""), cg_i64(cg, 0), d->m, j0, j1);
+        cg_for_end(f, &lb);
+    }
     cg_for_end(f, &li);
 }
 

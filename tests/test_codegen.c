@@ -279,6 +279,14 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "gemv_t", ir_matmul(g, input(g, "gv", IR_F32, 3, sg), input(g, "gvw", IR_F32, 2, sgw), 1));
     IrDim sgq[] = {ir_dim(3), ir_dim(1), ir_dim(40)}, sgk[] = {ir_dim(3), ir_dim(21), ir_dim(40)};
     out(g, "gemv_batched_t", ir_matmul(g, input(g, "gq", IR_F32, 3, sgq), input(g, "gk", IR_F32, 3, sgk), 1));
+    /* 4 rows (2 batch indices of 2) against one weight, each weight element loaded once for all
+     * of them; 3 rows of one batch index; 2 rows per batch index against its own B */
+    IrDim sg4[] = {ir_dim(2), ir_dim(2), ir_dim(70)}, sg4w[] = {ir_dim(37), ir_dim(70)};
+    out(g, "gemv4_t", ir_matmul(g, input(g, "gv4", IR_F32, 3, sg4), input(g, "gv4w", IR_F32, 2, sg4w), 1));
+    IrDim sg3[] = {ir_dim(1), ir_dim(3), ir_dim(300)};
+    out(g, "gemv3_t", ir_matmul(g, input(g, "gv3", IR_F32, 3, sg3), input(g, "gvw", IR_F32, 2, sgw), 1));
+    IrDim sgq2[] = {ir_dim(2), ir_dim(2), ir_dim(40)}, sgk2[] = {ir_dim(2), ir_dim(21), ir_dim(40)};
+    out(g, "gemv_batched2_t", ir_matmul(g, input(g, "gq2", IR_F32, 3, sgq2), input(g, "gk2", IR_F32, 3, sgk2), 1));
 }
 
 /* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
@@ -440,6 +448,10 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
     IrDim sgx[] = {ir_dim(1), ir_dim(2), ir_dim(33)}, sgo[] = {ir_dim(1), ir_dim(2), ir_dim(130)};
     IrNode *gv[3] = {input(g, "gemvx", IR_F32, 3, sgx), mm[1], lb[1]};
     out(g, "gemv_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, gv, 3, sgo));
+    /* ... and over 3 batch indices of one row each, in one work item */
+    IrDim sgx3[] = {ir_dim(3), ir_dim(1), ir_dim(33)}, sgo3[] = {ir_dim(3), ir_dim(1), ir_dim(130)};
+    IrNode *gv3[3] = {input(g, "gemvx3", IR_F32, 3, sgx3), mm[1], lb[1]};
+    out(g, "gemv_batch_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, gv3, 3, sgo3));
     IrDim sq[] = {b, ir_dim(2), n, ir_dim(7)}, sk[] = {b, ir_dim(2), ir_dim(9), ir_dim(7)}, so[] = {b, ir_dim(2), n, ir_dim(9)};
     IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
     IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
