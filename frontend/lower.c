@@ -765,6 +765,15 @@ static int read_stack(Lx *L, const XtfValue *call, Stack *S)
     return 0;
 }
 
+/* The attn_layers of a wrapper call, read into *S: 0, or -1 with the error reported. */
+static int wrapper_stack(Lx *L, const XtfValue *call, Stack *S)
+{
+    const XtfValue *layers = xtf_callv(call, "attn_layers");
+    if (!layers)
+        return stack_error(L, call, "%s needs attn_layers", call->s);
+    return read_stack(L, layers, S) < 0 ? -1 : 0;
+}
+
 /* AttentionLayers forward (section 4) on x[b, n, dim]. hiddens/nh collect each 'a' layer's
  * input (Transformer-XL memories) when non-NULL. */
 static IrNode *attention_layers(Lx *L, const Stack *S, IrNode *x)
@@ -897,13 +906,8 @@ static int add_sym(Lx *L, const char *name, int64_t max, IrDim *out)
 static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, IrNode **hidden)
 {
     IrGraph *g = L->g;
-    const XtfValue *layers = xtf_callv(call, "attn_layers");
-    if (!layers) {
-        stack_error(L, call, "%s needs attn_layers", call->s);
-        return NULL;
-    }
     Stack S;
-    if (read_stack(L, layers, &S) < 0)
+    if (wrapper_stack(L, call, &S) < 0)
         return NULL;
     int V = (int)xtf_int(call, "num_tokens");
     int maxlen = (int)xtf_int(call, "max_seq_len");
@@ -1089,13 +1093,8 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
 static IrNode *continuous_forward(Lx *L, const XtfValue *call, IrNode *x, IrNode **emb)
 {
     IrGraph *g = L->g;
-    const XtfValue *layers = xtf_callv(call, "attn_layers");
     Stack S;
-    if (!layers) {
-        stack_error(L, call, "%s needs attn_layers", call->s);
-        return NULL;
-    }
-    if (read_stack(L, layers, &S) < 0)
+    if (wrapper_stack(L, call, &S) < 0)
         return NULL;
     int maxlen = (int)xtf_int(call, "max_seq_len");
     const XtfValue *di = xtf_arg(call, "dim_in"), *dout = xtf_arg(call, "dim_out");
@@ -1145,14 +1144,9 @@ static int lower_continuous(Lx *L, const XtfValue *call)
 static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **emb)
 {
     IrGraph *g = L->g;
-    const XtfValue *layers = xtf_callv(call, "attn_layers");
     Stack S;
     *emb = NULL;
-    if (!layers) {
-        stack_error(L, call, "%s needs attn_layers", call->s);
-        return NULL;
-    }
-    if (read_stack(L, layers, &S) < 0)
+    if (wrapper_stack(L, call, &S) < 0)
         return NULL;
     int img = (int)xtf_int(call, "image_size"), ps = (int)xtf_int(call, "patch_size");
     if (img % ps) {
