@@ -1111,9 +1111,12 @@ static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms)
 {
     const XtcModule *m = s->m;
     const RtStep *st = NULL;
-    for (int i = 0; i < m->nsteps && !st; i++)
-        if (m->steps[i].out == ob)
+    for (int i = 0; i < m->nsteps; i++)
+        if (m->steps[i].out == ob) {
+            if (st) /* written by two steps: not just the concatenation */
+                return 0;
             st = &m->steps[i];
+        }
     if (!st || strcmp(st->op, "concat") || st->in[0] != ib)
         return 0;
     const RtBuffer *o = &m->bufs[ob];
