@@ -658,6 +658,16 @@ END_TEST
 /* xtc_session_carry: a state that grows by a row per call (as a KV cache does) handed from an
  * output to an input, the first time by a copy and then as the output's own memory; the other
  * outputs stay readable after a carry; and the refusals. */
+/* The output "next" of test_carry: rows_out rows, the first `rows` of them state's. */
+static void expect_next(XtcSession *s, int64_t rows_out, const float *state, int64_t rows, const char *when)
+{
+    XtcTensor nx;
+    ck_assert_msg(xtc_session_get_output(s, "next", &nx) == XTC_OK, "%s: %s", when, xtc_session_error(s));
+    ck_assert_int_eq(nx.shape[0], rows_out);
+    for (int64_t i = 0; i < rows * 3; i++)
+        ck_assert_msg(((const float *)nx.data)[i] == state[i], "%s: next[%lld]", when, (long long)i);
+}
+
 START_TEST(test_carry)
 {
     IrGraph *g = ir_graph_new("carry");
@@ -701,22 +711,14 @@ START_TEST(test_carry)
     }
     /* the carried state is the input: one more call sees all 7 rows */
     ck_assert_int_eq(xtc_session_run(s), XTC_OK);
-    XtcTensor nx;
-    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
-    ck_assert_int_eq(nx.shape[0], rows + 1);
-    for (int64_t i = 0; i < rows * 3; i++)
-        ck_assert_msg(((const float *)nx.data)[i] == state[i], "last call: next[%lld]", (long long)i);
+    expect_next(s, rows + 1, state, rows, "last call");
     /* the same output carried twice without a run between: it is in the input's memory (in
      * place, or handed over by the first carry), so the second changes nothing */
     ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
     ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
-    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
-    ck_assert_int_eq(nx.shape[0], rows + 1);
+    expect_next(s, rows + 1, state, rows, "carried twice");
     ck_assert_int_eq(xtc_session_run(s), XTC_OK);
-    ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
-    ck_assert_int_eq(nx.shape[0], rows + 2);
-    for (int64_t i = 0; i < rows * 3; i++)
-        ck_assert_msg(((const float *)nx.data)[i] == state[i], "after two carries: next[%lld]", (long long)i);
+    expect_next(s, rows + 2, state, rows, "after two carries");
     ck_assert_int_eq(xtc_session_carry(s, "nope", "state"), XTC_ERR_NAME);
     ck_assert_int_eq(xtc_session_carry(s, "next", "nope"), XTC_ERR_NAME);
     ck_assert_int_eq(xtc_session_carry(s, "next", "x"), XTC_ERR_SHAPE); /* 8 rows for [1, 3] */
