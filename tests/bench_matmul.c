@@ -3,9 +3,13 @@
  * (plain and with B transposed), each with 1 and 2 threads, medians of repeated runs.
  * bench_matmul --attention H N D ...: the fused causal attention of H heads, N queries and keys,
  * head size D (the FLOPs counted are the 4 N^2 D H / 2 of the causal half).
+ * bench_matmul --epilogue M K N ...: a feed-forward projection, gelu(A W^T + bias) with W [N, K],
+ * compiled fused (the bias and GELU as the matmul's epilogue) and unfused (three kernels), and
+ * the unfused / fused ratio: what the epilogue fusion saves on one layer's worth of work.
  * With 1 thread the work runs on the calling thread, and the thread's CPU time is reported too:
  * it is what the kernel costs even when other processes share the cores. */
 #include "codegen.h"
+#include "passes.h"
 #include "xtc.h"
 
 #include <math.h>
@@ -209,6 +213,102 @@ static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
     return 0;
 }
 
+/* The reference for bench_epilogue: gelu(A W^T + bias) at row i, column j, in double. */
+static double ff_ref(const float *A, const float *W, const float *B, int64_t k, int64_t i, int64_t j)
+{
+    double x = B[j];
+    for (int64_t p = 0; p < k; p++)
+        x += (double)A[i * k + p] * (double)W[j * k + p];
+    return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+}
+
+/* gelu(A W^T + bias), A [m, k], W [n, k]: the fused program (the bias and GELU applied by the
+ * matmul kernel, as the passes fuse them) and the unfused one (passes without fusions: three
+ * kernels), with 1 and 2 threads. Their runs alternate, so that both see the same machine, and
+ * each reports its median; the outputs are checked against a double-precision reference. */
+static int bench_epilogue(int64_t m, int64_t k, int64_t n, const char *dir)
+{
+    IrGraph *g = ir_graph_new("bench");
+    IrDim sa[] = {ir_dim(m), ir_dim(k)}, sw[] = {ir_dim(n), ir_dim(k)}, sb[] = {ir_dim(n)};
+    IrNode *a = ir_input(g, "a", IR_F32, 2, sa), *w = ir_param(g, "w", 2, sw), *bias = ir_param(g, "bias", 1, sb);
+    ir_output(g, "c", ir_unary(g, IR_GELU, ir_binary(g, IR_ADD, ir_matmul(g, a, w, 1), bias)));
+    float *A = malloc((size_t)(m * k) * 4), *W = malloc((size_t)(n * k) * 4), *B = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < m * k; i++)
+        A[i] = (float)((i * 7) % 13) * 0.02f - 0.1f;
+    for (int64_t i = 0; i < n * k; i++)
+        W[i] = (float)((i * 5) % 11) * 0.01f - 0.05f;
+    for (int64_t i = 0; i < n; i++)
+        B[i] = (float)(i % 7) * 0.1f - 0.3f;
+    XtcModule *mod[2] = {NULL, NULL}; /* [0] unfused, [1] fused */
+    char path[2][600];
+    int rc = 0;
+    for (int fuse = 0; fuse < 2 && !rc; fuse++) {
+        char err[1024];
+        PassOptions po = {.no_fuse = !fuse};
+        IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
+        if (!opt) {
+            fprintf(stderr, "%s\n", err);
+            rc = 1;
+            break;
+        }
+        snprintf(path[fuse], sizeof path[fuse], "%s/ff_%d.so", dir, fuse);
+        mod[fuse] = compile_and_load(opt, path[fuse]);
+        ir_graph_free(opt);
+        rc = !mod[fuse];
+    }
+    double flop = 2.0 * (double)m * (double)n * (double)k;
+    for (int threads = 1; threads <= 2 && !rc; threads++) {
+        XtcSession *s[2];
+        double t[2][21];
+        for (int v = 0; v < 2; v++) {
+            xtc_session_new(mod[v], &(XtcSessionOptions){.threads = threads}, &s[v]);
+            xtc_session_set_input(s[v], "a", XTC_F32, 2, (int64_t[]){m, k}, A);
+            xtc_session_set_weight(s[v], "w", 2, (int64_t[]){n, k}, W);
+            xtc_session_set_weight(s[v], "bias", 1, (int64_t[]){n}, B);
+            if (xtc_session_run(s[v])) { /* warm up */
+                fprintf(stderr, "%s\n", xtc_session_error(s[v]));
+                rc = 1;
+            }
+        }
+        for (int r = 0; r < 21 && !rc; r++)
+            for (int v = 0; v < 2; v++) {
+                double t0 = now_s();
+                xtc_session_run(s[v]);
+                t[v][r] = now_s() - t0;
+            }
+        for (int v = 0; v < 2 && !rc; v++) {
+            XtcTensor c;
+            xtc_session_get_output(s[v], "c", &c);
+            for (int probe = 0; probe < 64 && !rc; probe++) {
+                int64_t i = (probe * 7919) % m, j = (probe * 104729) % n;
+                double ref = ff_ref(A, W, B, k, i, j), got = ((const float *)c.data)[i * n + j];
+                if (fabs(got - ref) > 1e-3 * (1 + fabs(ref))) {
+                    fprintf(stderr, "%s: wrong result at [%lld, %lld]: %g, expected %g\n", v ? "fused" : "unfused",
+                            (long long)i, (long long)j, got, ref);
+                    rc = 1;
+                }
+            }
+            qsort(t[v], 21, sizeof t[v][0], cmp_double);
+        }
+        if (!rc)
+            printf("gelu([%lldx%lld]x[%lldx%lld]^T + bias)  threads %d  fused %8.3f ms %7.1f GFLOP/s  unfused %8.3f ms"
+                   "  unfused/fused %.2fx\n", (long long)m, (long long)k, (long long)k, (long long)n, threads,
+                   t[1][10] * 1e3, flop / t[1][10] * 1e-9, t[0][10] * 1e3, t[0][10] / t[1][10]);
+        xtc_session_free(s[0]);
+        xtc_session_free(s[1]);
+    }
+    for (int v = 0; v < 2; v++)
+        if (mod[v]) {
+            xtc_module_free(mod[v]);
+            unlink(path[v]);
+        }
+    free(A);
+    free(W);
+    free(B);
+    ir_graph_free(g);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/xtc-bench-XXXXXX";
@@ -218,6 +318,9 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "--attention")) {
         for (int i = 2; i + 2 < argc; i += 3)
             rc |= bench_attention(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
+    } else if (argc >= 5 && !strcmp(argv[1], "--epilogue")) {
+        for (int i = 2; i + 2 < argc; i += 3)
+            rc |= bench_epilogue(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
     } else if (argc >= 4) {
         for (int i = 1; i + 2 < argc; i += 3)
             rc |= bench(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), 0, dir);
