@@ -9,10 +9,16 @@
  *        clears one status word per step, runs the module's schedule (every launch on the
  *        stream), copies the outputs back into the host arena and synchronises; then the first
  *        step whose status word is set is the one that met bad values (a token id outside the
- *        vocabulary ...). With profiling on, a CUDA event is recorded on the stream before every
+ *        vocabulary ...). An output carried on the device (carry below) stays there: fetch
+ *        copies it back when the session's caller reads it. With profiling on, a CUDA event is recorded on the stream before every
  *        step and one after the last; after the synchronisation, step s gets the time between
  *        events s and s+1 (cuEventElapsedTime): the device's time for its launch (and the memset
  *        of an accumulating kernel), without the host's launch overhead or the copies.
+ * carry: xtc_session_carry's copy of an output into an input, device to device: the input's
+ *        device copy becomes the output's value and is not uploaded again, so a KV cache never
+ *        crosses the bus while decoding (it did twice per token: down with the outputs, up as the
+ *        changed input). Its memory is allocated a quarter larger than the value, so that a
+ *        cache growing by a token a call is reallocated only now and then.
  * close: frees all of it.
  *
  * The session plans two arenas with one planner (rt_session.c): the device arena, where every
@@ -330,8 +336,10 @@ static int upload(RtDevice *d, int b, const void *host, size_t bytes, int change
     int storage = d->cm->buf_storage[b];
     size_t want = bytes ? bytes : 1;
     if (!d->dbuf[b] || d->dbytes[b] < want) {
-        if (d->dbuf[b])
+        if (d->dbuf[b]) {
+            drv->StreamSynchronize(d->stream); /* a carry's copy into it may be queued */
             drv->MemFree(d->dbuf[b]);
+        }
         d->dbuf[b] = 0;
         d->dbytes[b] = 0;
         if ((r = drv->MemAlloc(&d->dbuf[b], want)) != CUDA_SUCCESS) {
@@ -364,6 +372,12 @@ static int upload(RtDevice *d, int b, const void *host, size_t bytes, int change
     return 0;
 }
 
+/* whether the run copies output buffer b back to the host: an intermediate not left on the device */
+static int downloads(const XtcModule *m, const RtDeviceRun *run, int b)
+{
+    return m->bufs[b].kind == RT_BUF_TEMP && !(run->lazy && run->lazy[b]);
+}
+
 static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n)
 {
     const XtcModule *m = d->m;
@@ -378,8 +392,10 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
             return up;
     }
     if (run->arena_bytes > d->arena_bytes || !d->arena) {
-        if (d->arena)
+        if (d->arena) {
+            drv->StreamSynchronize(d->stream); /* a carry's copy out of it may be queued */
             drv->MemFree(d->arena);
+        }
         d->arena = 0;
         d->arena_bytes = 0;
         size_t want = run->arena_bytes ? run->arena_bytes : 1;
@@ -427,7 +443,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     size_t staged = 0;
     for (int o = 0; o < m->nouts; o++) {
         int b = m->outs[o].buf;
-        if (m->bufs[b].kind == RT_BUF_TEMP && d->cm->buf_storage[b])
+        if (downloads(m, run, b) && d->cm->buf_storage[b])
             staged += buffer_bytes(d, b, run->syms);
     }
     int rs = stage_reserve(d, staged, err, n);
@@ -436,7 +452,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     staged = 0;
     for (int o = 0; o < m->nouts; o++) {
         int b = m->outs[o].buf;
-        if (m->bufs[b].kind != RT_BUF_TEMP)
+        if (!downloads(m, run, b))
             continue;
         size_t bytes = buffer_bytes(d, b, run->syms);
         void *dst = d->cm->buf_storage[b] ? (char *)d->stage + staged : run->host[b];
@@ -452,7 +468,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     staged = 0;
     for (int o = 0; o < m->nouts; o++) {
         int b = m->outs[o].buf, storage = d->cm->buf_storage[b];
-        if (m->bufs[b].kind != RT_BUF_TEMP || !storage)
+        if (!downloads(m, run, b) || !storage)
             continue;
         size_t bytes = buffer_bytes(d, b, run->syms);
         const uint16_t *src = (const uint16_t *)((char *)d->stage + staged);
@@ -480,6 +496,65 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     return 0;
 }
 
+static int cuda_carry(RtDevice *d, int from, size_t off, int to, const int64_t *syms, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    if (d->cm->buf_storage[from] != d->cm->buf_storage[to] || !d->arena)
+        return 1;
+    size_t bytes = buffer_bytes(d, from, syms);
+    CUresult r;
+    if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "cannot make the CUDA context current", err, n);
+    if (!d->dbuf[to] || d->dbytes[to] < bytes) {
+        size_t cap = bytes + bytes / 4 + 256;
+        if (d->dbuf[to]) {
+            drv->StreamSynchronize(d->stream);
+            drv->MemFree(d->dbuf[to]);
+        }
+        d->dbuf[to] = 0;
+        d->dbytes[to] = 0;
+        if ((r = drv->MemAlloc(&d->dbuf[to], cap)) != CUDA_SUCCESS) {
+            char what[300];
+            snprintf(what, sizeof what, "allocating %zu bytes of device memory for '%s'", cap, d->m->bufs[to].name);
+            return cu_fail(d, r, what, err, n);
+        }
+        d->dbytes[to] = cap;
+    }
+    if (bytes && (r = drv->MemcpyDtoDAsync(d->dbuf[to], d->arena + off, bytes, d->stream)) != CUDA_SUCCESS) {
+        char what[300];
+        snprintf(what, sizeof what, "copying '%s' into '%s' on the device", d->m->bufs[from].name, d->m->bufs[to].name);
+        return cu_fail(d, r, what, err, n);
+    }
+    return 0;
+}
+
+static int cuda_fetch(RtDevice *d, int b, size_t off, void *host, const int64_t *syms, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    size_t bytes = buffer_bytes(d, b, syms);
+    int storage = d->cm->buf_storage[b];
+    if (!bytes)
+        return 0;
+    CUresult r;
+    if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "cannot make the CUDA context current", err, n);
+    int rs = storage ? stage_reserve(d, bytes, err, n) : 0;
+    if (rs < 0)
+        return rs;
+    char what[300];
+    snprintf(what, sizeof what, "copying '%s' from the device", d->m->bufs[b].name);
+    if ((r = drv->MemcpyDtoHAsync(storage ? d->stage : host, d->arena + off, bytes, d->stream)) != CUDA_SUCCESS ||
+        (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
+        return cu_fail(d, r, what, err, n);
+    if (storage) {
+        const uint16_t *src = d->stage;
+        float *dst = host;
+        for (size_t i = 0; i < bytes / 2; i++)
+            dst[i] = rt_half_to_f32(storage, src[i]);
+    }
+    return 0;
+}
+
 static void cuda_close(RtDevice *d) { close_device(d); }
 
 /* Bytes per element of buffer b on the device (before cuda_open checked the module: as on the
@@ -500,4 +575,6 @@ const RtDeviceOps rt_cuda_device = {
     .close = cuda_close,
     .device_name = cuda_device_name,
     .elem_bytes = cuda_elem_bytes,
+    .carry = cuda_carry,
+    .fetch = cuda_fetch,
 };

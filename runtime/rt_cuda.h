@@ -64,6 +64,7 @@ typedef struct RtCuDriver {
     CUresult (*MemFree)(CUdeviceptr ptr);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream);
     CUresult (*MemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
+    CUresult (*MemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
     CUresult (*ModuleLoadDataEx)(CUmodule *mod, const void *image, unsigned nopts, int *opts, void **values);
     CUresult (*ModuleUnload)(CUmodule mod);
@@ -87,6 +88,9 @@ int rt_cu_driver_load(RtCuDriver *d, char *err, size_t n);
 /* rt_cuda_emu.c: fills d with the emulated driver. Threads of a launch run in the order
  * $XTC_CUDA_EMU_ORDER names: forward (default), reverse or shuffled. */
 void rt_cu_emulator(RtCuDriver *d);
+/* The bytes the emulator has copied, process-wide, since it started: host to device, device to
+ * host and device to device (a diagnostic: what a session moves across the bus per run). */
+void rt_cu_emu_traffic(uint64_t bytes[3]);
 
 /* "CUDA_ERROR_... (text)" for an error code of d. */
 const char *rt_cu_error_text(const RtCuDriver *d, CUresult r, char *buf, size_t n);

@@ -61,6 +61,7 @@ int rt_cu_driver_load(RtCuDriver *d, char *err, size_t n)
     *(void **)&d->MemFree = sym(dl, "cuMemFree_v2", &missing);
     *(void **)&d->MemcpyHtoDAsync = sym(dl, "cuMemcpyHtoDAsync_v2", &missing);
     *(void **)&d->MemcpyDtoHAsync = sym(dl, "cuMemcpyDtoHAsync_v2", &missing);
+    *(void **)&d->MemcpyDtoDAsync = sym(dl, "cuMemcpyDtoDAsync_v2", &missing);
     *(void **)&d->MemsetD8Async = sym(dl, "cuMemsetD8Async", &missing);
     *(void **)&d->ModuleLoadDataEx = sym(dl, "cuModuleLoadDataEx", &missing);
     *(void **)&d->ModuleUnload = sym(dl, "cuModuleUnload", &missing);

@@ -14,13 +14,23 @@
  *                 CPU time of the emulated work between them, not a GPU figure. As with the
  *                 driver, the time to or from an event never recorded is CUDA_ERROR_INVALID_HANDLE
  *
- * Every object is allocated per call: no global state, several sessions in several threads. */
+ * Every object is allocated per call: no global state, several sessions in several threads; but
+ * for the counts of bytes copied each way (rt_cu_emu_traffic), which tests read. */
 #include "rt_cuda.h"
 #include "rt_alloc.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+static atomic_ullong traffic[3]; /* host to device, device to host, device to device */
+
+void rt_cu_emu_traffic(uint64_t bytes[3])
+{
+    for (int i = 0; i < 3; i++)
+        bytes[i] = atomic_load(&traffic[i]);
+}
 
 typedef struct EmuModule EmuModule;
 
@@ -134,6 +144,7 @@ static CUresult emu_htod(CUdeviceptr dst, const void *src, size_t bytes, CUstrea
     (void)s;
     if (bytes)
         memcpy((void *)(uintptr_t)dst, src, bytes);
+    atomic_fetch_add(&traffic[0], bytes);
     return CUDA_SUCCESS;
 }
 
@@ -142,6 +153,16 @@ static CUresult emu_dtoh(void *dst, CUdeviceptr src, size_t bytes, CUstream s)
     (void)s;
     if (bytes)
         memcpy(dst, (const void *)(uintptr_t)src, bytes);
+    atomic_fetch_add(&traffic[1], bytes);
+    return CUDA_SUCCESS;
+}
+
+static CUresult emu_dtod(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream s)
+{
+    (void)s;
+    if (bytes)
+        memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes);
+    atomic_fetch_add(&traffic[2], bytes);
     return CUDA_SUCCESS;
 }
 
@@ -316,6 +337,7 @@ void rt_cu_emulator(RtCuDriver *d)
     d->MemFree = emu_free;
     d->MemcpyHtoDAsync = emu_htod;
     d->MemcpyDtoHAsync = emu_dtoh;
+    d->MemcpyDtoDAsync = emu_dtod;
     d->MemsetD8Async = emu_memset;
     d->ModuleLoadDataEx = emu_load;
     d->ModuleUnload = emu_unload;

@@ -64,6 +64,9 @@ struct XtcSession {
     void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
     size_t *spare_cap;
     size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
+    /* a device module's carries (device_carry; NULL until the first): per buffer, */
+    uint8_t *lazy;               /* an output carried on the device: left there by the runs, ... */
+    uint8_t *fetched;            /* ... and copied to the host when read after the last run */
     /* profiling */
     double *step_s;              /* per step: seconds over the profiled runs */
     int profiled_runs;
@@ -358,6 +361,8 @@ void xtc_session_free(XtcSession *s)
     free(s->spare_cap);
     free(s->own_cap);
     free(s->carried);
+    free(s->lazy);
+    free(s->fetched);
     free_each(s->own, s->m->nbufs);
     free(s->ptr);
     free(s->shape);
@@ -969,14 +974,16 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
  * s->ptr. Returns as the module's run does, or -1 with the device's message set. */
 static int32_t device_run(XtcSession *s, const int64_t *syms)
 {
-    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .syms = syms, .offset = s->devplan.offset,
-                       .arena_bytes = s->devplan.total, .step_s = s->step_s};
+    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .lazy = s->lazy, .syms = syms,
+                       .offset = s->devplan.offset, .arena_bytes = s->devplan.total, .step_s = s->step_s};
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)
         fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     else
         memset(s->changed, 0, (size_t)s->m->nbufs);
+    if (s->fetched)
+        memset(s->fetched, 0, (size_t)s->m->nbufs);
     return r;
 }
 
@@ -1165,6 +1172,51 @@ static int place_carried(XtcSession *s, const int64_t *syms)
     return XTC_OK;
 }
 
+/* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):
+ * XTC_OK, an error status, or -1 when the device cannot (then the carry copies through the host).
+ * For f32 outputs of the arena into f32 inputs (no index inputs, whose values are range-checked
+ * on the host), and not in fp16 training (the loss scaler reads gradient outputs on the host). */
+static int device_carry(XtcSession *s, int oi, int ib)
+{
+    const XtcModule *m = s->m;
+    const RtOutput *o = &m->outs[oi];
+    const RtBuffer *in = &m->bufs[ib];
+    if (!s->dev || !m->device->carry || !s->outputs_valid || m->bufs[o->buf].kind != RT_BUF_TEMP ||
+        o->dtype != XTC_F32 || in->dtype != XTC_F32 || s->scaler.buf >= 0)
+        return -1;
+    int64_t shape[XTC_MAX_RANK];
+    for (int d = 0; d < o->rank; d++)
+        shape[d] = rt_dim_eval(&o->shape[d], s->syms);
+    int st = check_shape(s, in, "input", o->rank, shape);
+    if (st)
+        return st;
+    if (!s->lazy) {
+        s->lazy = rt_calloc((size_t)m->nbufs, 1);
+        s->fetched = rt_calloc((size_t)m->nbufs, 1);
+        if (!s->lazy || !s->fetched) {
+            free(s->lazy), free(s->fetched);
+            s->lazy = s->fetched = NULL;
+            return -1;
+        }
+    }
+    int ob = o->buf;
+    char msg[sizeof s->err];
+    int r = m->device->carry(s->dev, ob, s->devplan.offset[ob], ib, s->syms, msg, sizeof msg);
+    if (r > 0)
+        return -1;
+    if (r < 0)
+        return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "carrying output '%s' into input '%s': %s", o->name,
+                    in->name, msg);
+    /* the input's value is its device copy now (the host one is stale, and not uploaded again
+     * until the input is set) */
+    s->set[ib] = 1;
+    s->changed[ib] = 0;
+    for (int d = 0; d < o->rank; d++)
+        s->shape[ib][d] = shape[d];
+    s->lazy[ob] = 1;
+    return XTC_OK;
+}
+
 int xtc_session_carry(XtcSession *s, const char *output, const char *input)
 {
     if (!ready(s, "xtc_session_carry"))
@@ -1178,8 +1230,11 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     int ib = find_buffer(m, RT_BUF_INPUT, input);
     if (ib < 0)
         return fail(s, XTC_ERR_NAME, "the model has no input named '%s'", input);
+    int st = device_carry(s, oi, ib);
+    if (st >= 0)
+        return st;
     XtcTensor t;
-    int st = xtc_session_get_output(s, output, &t);
+    st = xtc_session_get_output(s, output, &t);
     if (st)
         return st;
     const RtBuffer *in = &m->bufs[ib];
@@ -1301,6 +1356,20 @@ int xtc_session_run(XtcSession *s)
     return XTC_OK;
 }
 
+/* The host copy of output buffer b of the last run: copied from the device first when the run
+ * left it there (an output carried on the device). */
+static int output_on_host(XtcSession *s, int b, const char *name)
+{
+    if (!s->lazy || !s->lazy[b] || s->fetched[b])
+        return XTC_OK;
+    char msg[sizeof s->err];
+    int r = s->m->device->fetch(s->dev, b, s->devplan.offset[b], s->ptr[b], s->syms, msg, sizeof msg);
+    if (r < 0)
+        return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
+    s->fetched[b] = 1;
+    return XTC_OK;
+}
+
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
 {
     if (!ready(s, "xtc_session_get_output"))
@@ -1313,6 +1382,9 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
     const RtOutput *o = &s->m->outs[i];
     if (!s->outputs_valid)
         return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+    int st = output_on_host(s, o->buf, name);
+    if (st)
+        return st;
     memset(out, 0, sizeof *out);
     out->dtype = o->dtype;
     out->rank = o->rank;
@@ -1339,7 +1411,8 @@ void *rt_session_output(XtcSession *s, int out)
 {
     if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
         return NULL;
-    return s->ptr[s->m->outs[out].buf];
+    const RtOutput *o = &s->m->outs[out];
+    return output_on_host(s, o->buf, o->name) ? NULL : s->ptr[o->buf];
 }
 
 void rt_session_adopt(XtcSession *s, int buf, float *data)

@@ -1202,8 +1202,8 @@ static void build_fake_driver(const char *name, int init, const char *skip, cons
         "cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName", "cuDeviceGetAttribute",
         "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuCtxSetCurrent", "cuStreamCreate",
         "cuStreamDestroy_v2", "cuStreamSynchronize", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2",
-        "cuMemcpyDtoHAsync_v2", "cuMemsetD8Async", "cuModuleLoadDataEx", "cuModuleUnload", "cuModuleGetFunction",
-        "cuLaunchKernel", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord", "cuEventSynchronize",
+        "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2", "cuMemsetD8Async", "cuModuleLoadDataEx", "cuModuleUnload",
+        "cuModuleGetFunction", "cuLaunchKernel", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord", "cuEventSynchronize",
         "cuEventElapsedTime", "cuGetErrorString", NULL};
     char src[8192];
     size_t len = (size_t)snprintf(src, sizeof src,

@@ -3,7 +3,8 @@
  * empty cache, then one token per call, for models whose attention depends on positions in
  * every way the lowering supports (absolute, rotary, T5 buckets, PIA, memory key/values).
  * The same decoding through compiled modules, CPU and emulated CUDA, with the caches carried
- * from call to call by xtc_session_carry (on the CPU appended in place), gives those logits too. */
+ * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
+ * without crossing the bus), gives those logits and, after the last call, those caches too. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include "init.h"
 #include "ir.h"
 #include "passes.h"
+#include "rt_cuda.h"
 #include "xtc.h"
 #include "xtf.h"
 
@@ -153,12 +155,26 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     const void *where[MAXT] = {0};
     int calls = 0, stayed = 0;
     double worst = 0;
+    uint64_t first[3] = {0}; /* emulated CUDA: the bytes copied each way by the second call */
     for (int pos = 0; pos < T; calls++) {
         int64_t n = pos == 0 ? PROMPT : 1;
+        uint64_t t0[3], t1[3];
+        rt_cu_emu_traffic(t0);
         ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, n}, tok + pos), XTC_OK);
         ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s at %d: %s", target, pos, xtc_session_error(s));
         XtcTensor lg;
         ck_assert_int_eq(xtc_session_get_output(s, "logits", &lg), XTC_OK);
+        rt_cu_emu_traffic(t1);
+        if (!cpu && calls == 1)
+            for (int k = 0; k < 2; k++)
+                first[k] = t1[k] - t0[k];
+        /* one token a call: the caches stay on the device (carried there), so what crosses the
+         * bus (the token up, the logits and status words down) does not grow with them */
+        if (!cpu && calls > 1)
+            for (int k = 0; k < 2; k++)
+                ck_assert_msg(t1[k] - t0[k] == first[k], "%s at %d: %llu bytes %s, %llu in the second call", target,
+                              pos, (unsigned long long)(t1[k] - t0[k]), k ? "to the host" : "to the device",
+                              (unsigned long long)first[k]);
         for (int64_t t = 0; t < n; t++)
             for (int64_t v = 0; v < V; v++) {
                 double e = fabs((double)((const float *)lg.data)[t * V + v] - rf[(pos + t) * V + v]);
@@ -170,6 +186,10 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
             ck_assert_int_eq(ct.shape[1], pos + n);
             stayed += calls > 0 && ct.data == where[c];
             where[c] = ct.data;
+            if (pos + n == T) /* the last call: the caches of the interpreter's decoding */
+                for (int64_t i = 0; i < T * ct.shape[2] * ct.shape[3]; i++)
+                    ck_assert_msg(fabs(((const float *)ct.data)[i] - w->cache[c][i]) < 1e-4, "%s: %s[%lld] %g, expected %g",
+                                  target, w->cache_names[c], (long long)i, ((const float *)ct.data)[i], w->cache[c][i]);
         }
         for (int c = 0; c < w->ncache; c++)
             ck_assert_msg(xtc_session_carry(s, w->cache_names[c], w->cache_names[c]) == XTC_OK, "%s",
