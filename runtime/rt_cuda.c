@@ -327,6 +327,29 @@ static int stage_reserve(RtDevice *d, size_t bytes, char *err, size_t n)
     return 0;
 }
 
+/* Device memory of at least want bytes for bound buffer b: cap bytes when it must be allocated.
+ * 1 when it was (its old contents are gone), 0 when it had room, or -1 / -2 as cu_fail. */
+static int device_buffer(RtDevice *d, int b, size_t want, size_t cap, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    if (d->dbuf[b] && d->dbytes[b] >= want)
+        return 0;
+    if (d->dbuf[b]) {
+        drv->StreamSynchronize(d->stream); /* a carry's copy into it may be queued */
+        drv->MemFree(d->dbuf[b]);
+    }
+    d->dbuf[b] = 0;
+    d->dbytes[b] = 0;
+    CUresult r = drv->MemAlloc(&d->dbuf[b], cap);
+    if (r != CUDA_SUCCESS) {
+        char what[300];
+        snprintf(what, sizeof what, "allocating %zu bytes of device memory for '%s'", cap, d->m->bufs[b].name);
+        return cu_fail(d, r, what, err, n);
+    }
+    d->dbytes[b] = cap;
+    return 1;
+}
+
 /* Device memory for bound buffer b of `bytes`; uploaded when new or changed (rounded to 16 bits
  * first where the module stores it so). */
 static int upload(RtDevice *d, int b, const void *host, size_t bytes, int changed, char *err, size_t n)
@@ -335,21 +358,10 @@ static int upload(RtDevice *d, int b, const void *host, size_t bytes, int change
     CUresult r;
     int storage = d->cm->buf_storage[b];
     size_t want = bytes ? bytes : 1;
-    if (!d->dbuf[b] || d->dbytes[b] < want) {
-        if (d->dbuf[b]) {
-            drv->StreamSynchronize(d->stream); /* a carry's copy into it may be queued */
-            drv->MemFree(d->dbuf[b]);
-        }
-        d->dbuf[b] = 0;
-        d->dbytes[b] = 0;
-        if ((r = drv->MemAlloc(&d->dbuf[b], want)) != CUDA_SUCCESS) {
-            char what[300];
-            snprintf(what, sizeof what, "allocating %zu bytes of device memory for '%s'", want, d->m->bufs[b].name);
-            return cu_fail(d, r, what, err, n);
-        }
-        d->dbytes[b] = want;
-        changed = 1;
-    }
+    int fresh = device_buffer(d, b, want, want, err, n);
+    if (fresh < 0)
+        return fresh;
+    changed |= fresh;
     if (!changed || !bytes)
         return 0;
     if (storage) {
@@ -505,21 +517,9 @@ static int cuda_carry(RtDevice *d, int from, size_t off, int to, const int64_t *
     CUresult r;
     if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
         return cu_fail(d, r, "cannot make the CUDA context current", err, n);
-    if (!d->dbuf[to] || d->dbytes[to] < bytes) {
-        size_t cap = bytes + bytes / 4 + 256;
-        if (d->dbuf[to]) {
-            drv->StreamSynchronize(d->stream);
-            drv->MemFree(d->dbuf[to]);
-        }
-        d->dbuf[to] = 0;
-        d->dbytes[to] = 0;
-        if ((r = drv->MemAlloc(&d->dbuf[to], cap)) != CUDA_SUCCESS) {
-            char what[300];
-            snprintf(what, sizeof what, "allocating %zu bytes of device memory for '%s'", cap, d->m->bufs[to].name);
-            return cu_fail(d, r, what, err, n);
-        }
-        d->dbytes[to] = cap;
-    }
+    int fresh = device_buffer(d, to, bytes ? bytes : 1, bytes + bytes / 4 + 256, err, n);
+    if (fresh < 0)
+        return fresh;
     if (bytes && (r = drv->MemcpyDtoDAsync(d->dbuf[to], d->arena + off, bytes, d->stream)) != CUDA_SUCCESS) {
         char what[300];
         snprintf(what, sizeof what, "copying '%s' into '%s' on the device", d->m->bufs[from].name, d->m->bufs[to].name);
