@@ -847,6 +847,75 @@ START_TEST(test_half_arena)
 END_TEST
 
 /* symbolic dims that come out as 0: empty outputs launch nothing, empty sums are 0 */
+/* the values of output "next" after a run: the rows of state, each 3 floats */
+static void expect_rows(XtcSession *s, const float *state, int64_t rows, const char *when)
+{
+    XtcTensor nx, tw;
+    ck_assert_msg(xtc_session_get_output(s, "next", &nx) == XTC_OK, "%s: %s", when, xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_get_output(s, "twice", &tw), XTC_OK);
+    ck_assert_int_eq(nx.shape[0], rows);
+    for (int64_t i = 0; i < rows * 3; i++) {
+        ck_assert_msg(((const float *)nx.data)[i] == state[i], "%s, %s: next[%lld] %g, expected %g", STORAGE_NAME[storage],
+                      when, (long long)i, ((const float *)nx.data)[i], state[i]);
+        ck_assert_msg(((const float *)tw.data)[i] == 2 * state[i], "%s: twice[%lld]", when, (long long)i);
+    }
+}
+
+/* xtc_session_carry on the device (emulated): the carried output becomes the input there, is not
+ * uploaded again (only x crosses to the device per call), and reads back right when asked for;
+ * an input set from the host after a carry is uploaded; a carry repeated without a run changes
+ * nothing. f32 and bf16 storage (the values are exact in both). */
+START_TEST(test_device_carry)
+{
+    for (storage = 0; storage < 2; storage++) {
+        IrGraph *g = ir_graph_new("carry");
+        IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
+        IrDim ss[] = {n, ir_dim(3)}, sx[] = {ir_dim(1), ir_dim(3)};
+        IrNode *next = ir_concat(g, input(g, "state", IR_F32, 2, ss), input(g, "x", IR_F32, 2, sx), 0);
+        out(g, "next", next);
+        out(g, "twice", ir_binary(g, IR_ADD, next, next));
+        XtcModule *m = compile_target(g, "carry", "cuda-emu");
+        XtcSession *s = NULL;
+        ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+        float state[17 * 3] = {1, 2, 3};
+        int64_t rows = 1, sh[2] = {1, 3}, xs[2] = {1, 3};
+        ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 2, sh, state), XTC_OK);
+        for (int t = 0; t < 6; t++) {
+            float x[3] = {(float)t, t + 0.5f, -(float)t};
+            uint64_t t0[3], t1[3];
+            rt_cu_emu_traffic(t0);
+            ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, xs, x), XTC_OK);
+            ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+            rt_cu_emu_traffic(t1);
+            if (t >= 2) /* the state stays on the device: only x goes up (2 bytes a value in bf16) */
+                ck_assert_msg(t1[0] - t0[0] == (storage ? 6u : 12u), "call %d: %llu bytes to the device", t,
+                              (unsigned long long)(t1[0] - t0[0]));
+            memcpy(state + rows * 3, x, sizeof x);
+            rows++;
+            ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+            expect_rows(s, state, rows, "after the carry");
+        }
+        ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK); /* twice: no change */
+        float x[3] = {7, 8, 9};
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, xs, x), XTC_OK);
+        ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+        memcpy(state + rows * 3, x, sizeof x);
+        expect_rows(s, state, rows + 1, "carried twice");
+        /* the input set from the host after a carry: its new value is uploaded */
+        ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+        float fresh[2 * 3] = {-1, -2, -3, -4, -5, -6};
+        ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 2, (int64_t[]){2, 3}, fresh), XTC_OK);
+        ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+        float want[3 * 3] = {-1, -2, -3, -4, -5, -6, 7, 8, 9};
+        expect_rows(s, want, 3, "set after the carry");
+        xtc_session_free(s);
+        xtc_module_free(m);
+        ir_graph_free(g);
+    }
+    storage = 0;
+}
+END_TEST
+
 START_TEST(test_empty_sizes)
 {
     static const int64_t empty[2][2] = {{2, 0}, {0, 3}};
@@ -1419,6 +1488,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_case, 0, NCASES);
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_empty_sizes);
+    tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_emulator);
     tcase_add_test(tc, test_emulator_ucontext);
     tcase_add_test(tc, test_bad_values);
