@@ -46,6 +46,17 @@ typedef struct {
 
 extern const IrOpInfo ir_ops[IR_NUM_OPS];
 IrOp ir_op_lookup(const char *name); /* IR_NUM_OPS if unknown */
+
+/* Walks an ops.def attribute signature such as "i:axis d:start" (IrOpInfo.attrs), for the
+ * printer and the parser: each ir_sig_next() yields one attribute's kind and name, and ik is the
+ * index in ia[] of the current one when it is an i-attribute. Start with {attrs, 0, "", 0}. */
+typedef struct {
+    const char *p;
+    char kind;
+    char name[32];
+    int ik;
+} IrSigIter;
+int ir_sig_next(IrSigIter *it); /* 0 past the last attribute */
 /* Whether op takes nin operands: its arity, or 1 to IR_MAXIN where ops.def says -1 (fused). */
 static inline int ir_arity_ok(int arity, int nin) { return arity < 0 ? nin >= 1 && nin <= IR_MAXIN : nin == arity; }
 

@@ -558,34 +558,7 @@ static IrNode *use_value(Parser *P)
     return s->node;
 }
 
-/* ---- op signatures (the same walk as in print.c) ---- */
-
-typedef struct {
-    const char *p;
-    char kind;
-    char name[32];
-    int ik; /* index in ia[] of the current attribute when it is an i-attribute */
-} SigIter;
-
-static int sig_next(SigIter *it)
-{
-    while (*it->p == ' ')
-        it->p++;
-    if (!*it->p)
-        return 0;
-    if (it->kind == 'i')
-        it->ik++;
-    it->kind = it->p[0];
-    it->p += it->p[1] == ':' ? 2 : 1;
-    size_t k = 0;
-    while (*it->p && *it->p != ' ') {
-        if (k + 1 < sizeof it->name)
-            it->name[k++] = *it->p;
-        it->p++;
-    }
-    it->name[k] = 0;
-    return 1;
-}
+/* ---- op signatures (ir_sig_next, print.c) ---- */
 
 static int is_keyed(char kind) { return kind != 's' && kind != 'f'; }
 
@@ -667,8 +640,8 @@ static int read_keyed_attrs(Parser *P, const IrOpInfo *info, IrNode *proto)
 {
     int given[16] = {0}, nkeyed = 0;
     char list[160] = "";
-    SigIter it = {info->attrs, 0, "", 0};
-    while (sig_next(&it))
+    IrSigIter it = {info->attrs, 0, "", 0};
+    while (ir_sig_next(&it))
         if (is_keyed(it.kind)) {
             size_t len = strlen(list);
             snprintf(list + len, sizeof list - len, "%s%s", nkeyed++ ? ", " : "", it.name);
@@ -684,8 +657,8 @@ static int read_keyed_attrs(Parser *P, const IrOpInfo *info, IrNode *proto)
             if (read_ident(P, name, sizeof name, "an attribute name") < 0)
                 return -1;
             int idx = 0, found = 0;
-            it = (SigIter){info->attrs, 0, "", 0};
-            while (!found && sig_next(&it))
+            it = (IrSigIter){info->attrs, 0, "", 0};
+            while (!found && ir_sig_next(&it))
                 if (is_keyed(it.kind) && !(found = strcmp(it.name, name) == 0))
                     idx++;
             if (!found)
@@ -713,8 +686,8 @@ static int read_keyed_attrs(Parser *P, const IrOpInfo *info, IrNode *proto)
         if (expect(P, ']', "',' or ']' after the attribute") < 0)
             return -1;
     }
-    it = (SigIter){info->attrs, 0, "", 0};
-    for (int idx = 0; sig_next(&it);)
+    it = (IrSigIter){info->attrs, 0, "", 0};
+    for (int idx = 0; ir_sig_next(&it);)
         if (is_keyed(it.kind) && !given[idx++])
             return perr(P, open, "%s needs the attribute '%s' (its attributes: %s)", info->name,
                         it.name, list);
@@ -747,8 +720,8 @@ static int parse_node(Parser *P)
     memset(&proto, 0, sizeof proto);
     proto.op = op;
 
-    SigIter it = {info->attrs, 0, "", 0};
-    while (sig_next(&it)) {
+    IrSigIter it = {info->attrs, 0, "", 0};
+    while (ir_sig_next(&it)) {
         if (it.kind == 's') {
             if (peek(P) != '"')
                 return perr(P, P->p, "%s takes its %s as a quoted string, found %s", info->name, it.name,

@@ -135,16 +135,8 @@ static void put_double(Buf *b, double v)
     put(b, "%s", s);
 }
 
-/* Walks an ops.def signature such as "i:axis d:start": each sig_next() yields one attribute's
- * kind and name; ik is the index in ia[] of the current one when it is an i-attribute. */
-typedef struct {
-    const char *p;
-    char kind;
-    char name[32];
-    int ik;
-} SigIter;
-
-static int sig_next(SigIter *it)
+/* the attribute-signature walk of ir.h, shared with the parser */
+int ir_sig_next(IrSigIter *it)
 {
     while (*it->p == ' ')
         it->p++;
@@ -172,8 +164,8 @@ static void put_node(Buf *b, const IrGraph *g, const IrNode *n)
     put(b, " = %s", info->name);
 
     /* bare attributes: strings and floats */
-    SigIter it = {info->attrs, 0, "", 0};
-    while (sig_next(&it)) {
+    IrSigIter it = {info->attrs, 0, "", 0};
+    while (ir_sig_next(&it)) {
         if (it.kind == 's') {
             put(b, " ");
             put_quoted(b, n->s ? n->s : "");
@@ -190,8 +182,8 @@ static void put_node(Buf *b, const IrGraph *g, const IrNode *n)
 
     /* keyed attributes */
     int nkeyed = 0;
-    it = (SigIter){info->attrs, 0, "", 0};
-    while (sig_next(&it)) {
+    it = (IrSigIter){info->attrs, 0, "", 0};
+    while (ir_sig_next(&it)) {
         if (it.kind == 's' || it.kind == 'f')
             continue;
         put(b, nkeyed++ ? ", %s=" : " [%s=", it.name);
