@@ -1204,9 +1204,11 @@ static int device_carry(XtcSession *s, int oi, int ib)
     int r = m->device->carry(s->dev, ob, s->devplan.offset[ob], ib, s->syms, msg, sizeof msg);
     if (r > 0)
         return -1;
-    if (r < 0)
+    if (r < 0) { /* the input's device copy may be gone, and its host copy is stale: unset */
+        s->set[ib] = 0;
         return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "carrying output '%s' into input '%s': %s", o->name,
                     in->name, msg);
+    }
     /* the input's value is its device copy now (the host one is stale, and not uploaded again
      * until the input is set) */
     s->set[ib] = 1;

@@ -25,6 +25,7 @@
 #include "codegen.h"
 #include "ir.h"
 #include "passes.h"
+#include "rt_alloc.h"
 #include "rt_cuda.h"
 #include "rt_cuda_abi.h"
 #include "rt_half.h"
@@ -864,7 +865,8 @@ static void expect_rows(XtcSession *s, const float *state, int64_t rows, const c
 /* xtc_session_carry on the device (emulated): the carried output becomes the input there, is not
  * uploaded again (only x crosses to the device per call), and reads back right when asked for;
  * an input set from the host after a carry is uploaded; a carry repeated without a run changes
- * nothing. f32 and bf16 storage (the values are exact in both). */
+ * nothing; one that fails for memory leaves the input unset. f32 and bf16 storage (the values
+ * are exact in both). */
 START_TEST(test_device_carry)
 {
     for (storage = 0; storage < 2; storage++) {
@@ -909,6 +911,27 @@ START_TEST(test_device_carry)
         float want[3 * 3] = {-1, -2, -3, -4, -5, -6, 7, 8, 9};
         expect_rows(s, want, 3, "set after the carry");
         xtc_session_free(s);
+        /* a carry whose device memory cannot be allocated (the input's, uploaded at its size,
+         * must grow) fails, and leaves the input unset rather than stale; the carry's other
+         * allocations fail into a copy through the host or its own message */
+        int device_failed = 0;
+        for (long k = 0; k < 8 && !device_failed; k++) {
+            ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 2, sh, state), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, xs, x), XTC_OK);
+            ck_assert_int_eq(xtc_session_run(s), XTC_OK);
+            rt_fault_fail_after(k);
+            int st = xtc_session_carry(s, "next", "state");
+            rt_fault_fail_after(-1);
+            ck_assert_msg(st == XTC_OK || st == XTC_ERR_MEMORY, "%s", xtc_session_error(s));
+            if (st == XTC_ERR_MEMORY && strstr(xtc_session_error(s), "device memory")) {
+                ck_assert_int_eq(xtc_session_run(s), XTC_ERR_STATE);
+                ck_assert_msg(strstr(xtc_session_error(s), "input 'state' is not set"), "%s", xtc_session_error(s));
+                device_failed = 1;
+            }
+            xtc_session_free(s);
+        }
+        ck_assert_msg(device_failed, "no carry failed for device memory");
         xtc_module_free(m);
         ir_graph_free(g);
     }

@@ -29,20 +29,21 @@ static const char tiny_glu_src[] =
     "glu = TransformerWrapper(num_tokens = 37, max_seq_len = 16,\n"
     "    attn_layers = Decoder(dim = 16, depth = 2, heads = 2, ff_glu = true, rotary_pos_emb = true))\n";
 
-/* Compiles src into a training module at path for target ("cpu", "cuda-emu"). */
-static void tiny_compile(const char *src, const char *path, const char *target)
+/* Compiles src at path for target ("cpu", "cuda-emu"): a training module, or with kv_cache the
+ * incremental-decoding form (cache.<l>.k/.v in and out). */
+static void tiny_compile_form(const char *src, const char *path, const char *target, int kv_cache)
 {
     XtfDiag d;
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse("tiny.xtf", src, strlen(src), &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
-    XtLowerOpts lo = {.train = 1};
+    XtLowerOpts lo = {.train = !kv_cache, .kv_cache = kv_cache};
     IrGraph *g = xt_lower(f, NULL, &lo, &d);
     ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
     xtf_diag_free(&d);
     char err[1024];
     IrGradOpts go = {.loss = "loss"};
-    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
+    ck_assert_msg(kv_cache || ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
     const CgBackend *be = cg_backend_find(target);
     ck_assert_ptr_nonnull(be);
     PassOptions po = {.verify_each = 1, .supports = be->supports};
@@ -54,6 +55,8 @@ static void tiny_compile(const char *src, const char *path, const char *target)
     ir_graph_free(h);
     xtf_free(f);
 }
+
+static void tiny_compile(const char *src, const char *path, const char *target) { tiny_compile_form(src, path, target, 0); }
 
 /* Writes x-transformers' initial values of every parameter and buffer of the module at
  * module_path to weights_path. */
