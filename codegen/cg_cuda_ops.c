@@ -354,7 +354,9 @@ static int emit_copy(CuKernel *k)
     return 0;
 }
 
-/* concat: out[outer, la + lb, inner] from a[outer, la, inner] and b[outer, lb, inner] */
+/* concat: out[outer, la + lb, inner] from a[outer, la, inner] and b[outer, lb, inner]. With
+ * outer 1 and out the memory of a (a KV cache appended in place: the runtime places the output
+ * there, RtDeviceRun.place), a is already where it belongs and only b is written. */
 static int emit_concat(CuKernel *k)
 {
     const IrNode *x = k->node;
@@ -369,7 +371,8 @@ static int emit_concat(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(f, "    const i64 outer = %s, inner = %s, la = %s, lb = %s;\n", outer, inner, la, lb);
     fprintf(f, "    const i64 total = outer * (la + lb) * inner;\n");
-    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
+    fprintf(f, "    const i64 first = outer == 1 && (const void *)out == (const void *)in0 ? la * inner : 0;\n");
+    fprintf(f, "    for (i64 i = first + xtc_global_id(); i < total; i += xtc_global_size()) {\n");
     fprintf(f, "        const i64 r = i %% inner, j = i / inner %% (la + lb), o = i / inner / (la + lb);\n");
     char la_load[64], lb_load[64], value[160], store[256];
     cu_load(x->in[0], "in0", "(o * la + j) * inner + r", la_load, sizeof la_load);

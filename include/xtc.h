@@ -179,7 +179,8 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
  * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies in device
  * memory: the input is not uploaded again, and later runs leave that output on the device,
  * copying it to the host only when xtc_session_get_output reads it; if that copy fails, the
- * input is left unset). An
+ * input is left unset; an output appending to its input, as below, is written in place there
+ * too). An
  * output that is the input with rows appended along an axis preceded only by dimensions of size
  * 1 (a KV cache of one sequence, [1, positions, heads, dim_head]) is written in place, after the
  * input's values, while the memory has room (it grows by a quarter when not): a call then writes

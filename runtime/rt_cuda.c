@@ -17,8 +17,10 @@
  * carry: xtc_session_carry's copy of an output into an input, device to device: the input's
  *        device copy becomes the output's value and is not uploaded again, so a KV cache never
  *        crosses the bus while decoding (it did twice per token: down with the outputs, up as the
- *        changed input). Its memory is allocated a quarter larger than the value, so that a
- *        cache growing by a token a call is reallocated only now and then.
+ *        changed input). Its memory is allocated a quarter larger than the value, so that the
+ *        next runs can write a cache growing by a token a call in place over it (the session's
+ *        RtDeviceRun.place; the concat kernel skips the rows already there), and the carry
+ *        then copies nothing; it is reallocated only when the cache outgrows it.
  * close: frees all of it.
  *
  * The session plans two arenas with one planner (rt_session.c): the device arena, where every
@@ -418,9 +420,14 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         }
         d->arena_bytes = run->arena_bytes;
     }
-    for (int b = 0; b < m->nbufs; b++)
+    for (int b = 0; b < m->nbufs; b++) {
         d->dptr[b] = m->bufs[b].kind == RT_BUF_TEMP ? (void *)(uintptr_t)(d->arena + run->offset[b])
                                                    : (void *)(uintptr_t)d->dbuf[b];
+        int to = run->place ? run->place[b] - 1 : -1; /* an output appending to input `to` */
+        if (to >= 0 && d->cm->buf_storage[b] == d->cm->buf_storage[to] && d->dbuf[to] &&
+            d->dbytes[to] >= buffer_bytes(d, b, run->syms))
+            d->dptr[b] = (void *)(uintptr_t)d->dbuf[to];
+    }
     size_t status_bytes = ((size_t)m->nsteps + 1) * sizeof(int32_t);
     if ((r = drv->MemsetD8Async(d->status, 0, status_bytes, d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, "clearing the status words", err, n);
@@ -470,7 +477,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         void *dst = d->cm->buf_storage[b] ? (char *)d->stage + staged : run->host[b];
         if (d->cm->buf_storage[b])
             staged += bytes;
-        if (bytes && (r = drv->MemcpyDtoHAsync(dst, d->arena + run->offset[b], bytes, d->stream)) != CUDA_SUCCESS)
+        if (bytes && (r = drv->MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)d->dptr[b], bytes, d->stream)) != CUDA_SUCCESS)
             return cu_fail(d, r, "copying an output from the device", err, n);
     }
     if ((r = drv->MemcpyDtoHAsync(d->host_status, d->status, status_bytes, d->stream)) != CUDA_SUCCESS)
@@ -508,11 +515,14 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
     return 0;
 }
 
-static int cuda_carry(RtDevice *d, int from, size_t off, int to, const int64_t *syms, char *err, size_t n)
+static int cuda_carry(RtDevice *d, int from, int to, const int64_t *syms, char *err, size_t n)
 {
     const RtCuDriver *drv = &d->drv;
-    if (d->cm->buf_storage[from] != d->cm->buf_storage[to] || !d->arena)
+    if (d->cm->buf_storage[from] != d->cm->buf_storage[to] || !d->dptr[from])
         return 1;
+    CUdeviceptr src = (CUdeviceptr)(uintptr_t)d->dptr[from];
+    if (d->dbuf[to] && src == d->dbuf[to]) /* written in place over the input by the run */
+        return 0;
     size_t bytes = buffer_bytes(d, from, syms);
     CUresult r;
     if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
@@ -520,7 +530,7 @@ static int cuda_carry(RtDevice *d, int from, size_t off, int to, const int64_t *
     int fresh = device_buffer(d, to, bytes ? bytes : 1, bytes + bytes / 4 + 256, err, n);
     if (fresh < 0)
         return fresh;
-    if (bytes && (r = drv->MemcpyDtoDAsync(d->dbuf[to], d->arena + off, bytes, d->stream)) != CUDA_SUCCESS) {
+    if (bytes && (r = drv->MemcpyDtoDAsync(d->dbuf[to], src, bytes, d->stream)) != CUDA_SUCCESS) {
         char what[300];
         snprintf(what, sizeof what, "copying '%s' into '%s' on the device", d->m->bufs[from].name, d->m->bufs[to].name);
         return cu_fail(d, r, what, err, n);
@@ -528,7 +538,7 @@ static int cuda_carry(RtDevice *d, int from, size_t off, int to, const int64_t *
     return 0;
 }
 
-static int cuda_fetch(RtDevice *d, int b, size_t off, void *host, const int64_t *syms, char *err, size_t n)
+static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char *err, size_t n)
 {
     const RtCuDriver *drv = &d->drv;
     size_t bytes = buffer_bytes(d, b, syms);
@@ -543,7 +553,8 @@ static int cuda_fetch(RtDevice *d, int b, size_t off, void *host, const int64_t 
         return rs;
     char what[300];
     snprintf(what, sizeof what, "copying '%s' from the device", d->m->bufs[b].name);
-    if ((r = drv->MemcpyDtoHAsync(storage ? d->stage : host, d->arena + off, bytes, d->stream)) != CUDA_SUCCESS ||
+    if ((r = drv->MemcpyDtoHAsync(storage ? d->stage : host, (CUdeviceptr)(uintptr_t)d->dptr[b], bytes, d->stream)) !=
+            CUDA_SUCCESS ||
         (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, what, err, n);
     if (storage) {

@@ -106,6 +106,9 @@ typedef struct {
     const uint8_t *changed;    /* per buffer: input or weight rebound since the last run */
     const uint8_t *lazy;       /* per buffer, or NULL: an output not to copy back after the run
                                   (one carried on the device: fetch copies it when it is read) */
+    const int *place;          /* per buffer, or NULL: 1 + the input whose device memory an output
+                                  appending to it is written over, where that has room (the
+                                  concat kernel then writes only the new rows); 0: the arena */
     const int64_t *syms;
     const size_t *offset;      /* per temp: its offset in the device arena (the session's plan
                                   of it, each temp at elem_bytes per element) */
@@ -122,16 +125,15 @@ typedef struct RtDeviceOps {
      * in err -1 (a failure of the device or its driver) or -2 (out of host or device memory). */
     int32_t (*run)(RtDevice *dev, const RtDeviceRun *r, char *err, size_t n);
     void (*close)(RtDevice *dev);
-    /* xtc_session_carry on the device: the value of output buffer `from` of the last run (at
-     * offset `off` in the device arena, its shape from syms) becomes the device copy of input
-     * buffer `to`, by a copy in device memory queued before the next run: 0; 1 when it cannot (the
-     * two are stored in different types); -1 or -2 as run, with a message in err. The input's
-     * host copy is left as it was: the device one is the value. */
-    int (*carry)(RtDevice *dev, int from, size_t off, int to, const int64_t *syms, char *err, size_t n);
-    /* Copies output buffer b of the last run (at offset off in the device arena, its shape from
-     * syms) into host (f32): the outputs the run left on the device (RtDeviceRun.lazy). 0, or -1
-     * or -2 with a message in err. */
-    int (*fetch)(RtDevice *dev, int b, size_t off, void *host, const int64_t *syms, char *err, size_t n);
+    /* xtc_session_carry on the device: the value of output buffer `from` of the last run (its
+     * shape from syms) becomes the device copy of input buffer `to`, by a copy in device memory
+     * queued before the next run, or none when the run wrote it there (RtDeviceRun.place): 0; 1
+     * when it cannot (the two are stored in different types); -1 or -2 as run, with a message in
+     * err. The input's host copy is left as it was: the device one is the value. */
+    int (*carry)(RtDevice *dev, int from, int to, const int64_t *syms, char *err, size_t n);
+    /* Copies output buffer b of the last run (its shape from syms) into host (f32): the outputs
+     * the run left on the device (RtDeviceRun.lazy). 0, or -1 or -2 with a message in err. */
+    int (*fetch)(RtDevice *dev, int b, void *host, const int64_t *syms, char *err, size_t n);
     /* Bytes per element of buffer buf of m in the device's memory (CUDA: 2 where the module
      * stores it in 16 bits), by which the session plans the device arena. */
     size_t (*elem_bytes)(const XtcModule *m, int buf);

@@ -67,6 +67,8 @@ struct XtcSession {
     /* a device module's carries (device_carry; NULL until the first): per buffer, */
     uint8_t *lazy;               /* an output carried on the device: left there by the runs, ... */
     uint8_t *fetched;            /* ... and copied to the host when read after the last run */
+    int *into;                   /* the input it was carried into (1 + its buffer, 0: none) */
+    int *place;                  /* for the next run: 1 + the input it appends to (appends_to) */
     /* profiling */
     double *step_s;              /* per step: seconds over the profiled runs */
     int profiled_runs;
@@ -363,6 +365,8 @@ void xtc_session_free(XtcSession *s)
     free(s->carried);
     free(s->lazy);
     free(s->fetched);
+    free(s->into);
+    free(s->place);
     free_each(s->own, s->m->nbufs);
     free(s->ptr);
     free(s->shape);
@@ -970,11 +974,20 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
     return XTC_OK;
 }
 
+static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
+
 /* A device module's schedule runs on its device (rt_cuda.c), which copies the outputs back into
- * s->ptr. Returns as the module's run does, or -1 with the device's message set. */
+ * s->ptr (but those carried on the device, which it writes over their inputs where they append
+ * to them). Returns as the module's run does, or -1 with the device's message set. */
 static int32_t device_run(XtcSession *s, const int64_t *syms)
 {
-    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .lazy = s->lazy, .syms = syms,
+    for (int b = 0; s->into && b < s->m->nbufs; b++) { /* carried outputs appending to their input */
+        s->place[b] = s->into[b] && appends_to(s, b, s->into[b] - 1, syms) ? s->into[b] : 0;
+        for (int e = 0; e < b && s->place[b]; e++) /* one output per input's memory */
+            if (s->place[e] == s->place[b])
+                s->place[b] = 0;
+    }
+    RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .lazy = s->lazy, .place = s->place, .syms = syms,
                        .offset = s->devplan.offset, .arena_bytes = s->devplan.total, .step_s = s->step_s};
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
@@ -1149,8 +1162,10 @@ static int place_carried(XtcSession *s, const int64_t *syms)
         if (!s->carried[i])
             continue;
         size_t need = buffer_bytes(&s->m->bufs[i], s->host.elem[i], syms);
-        int ib = s->carried[i] - 1;
-        if (s->own[ib] && s->own_cap[ib] >= need && appends_to(s, i, ib, syms)) {
+        int ib = s->carried[i] - 1, taken = 0;
+        for (int e = 0; e < i; e++) /* one output per input's memory */
+            taken |= s->carried[e] && s->ptr[e] == s->own[ib];
+        if (s->own[ib] && s->own_cap[ib] >= need && !taken && appends_to(s, i, ib, syms)) {
             s->ptr[i] = s->own[ib];
             continue;
         }
@@ -1191,17 +1206,21 @@ static int device_carry(XtcSession *s, int oi, int ib)
     if (st)
         return st;
     if (!s->lazy) {
-        s->lazy = rt_calloc((size_t)m->nbufs, 1);
-        s->fetched = rt_calloc((size_t)m->nbufs, 1);
-        if (!s->lazy || !s->fetched) {
-            free(s->lazy), free(s->fetched);
+        size_t nb = (size_t)m->nbufs;
+        s->lazy = rt_calloc(nb, 1);
+        s->fetched = rt_calloc(nb, 1);
+        s->into = rt_calloc(nb, sizeof *s->into);
+        s->place = rt_calloc(nb, sizeof *s->place);
+        if (!s->lazy || !s->fetched || !s->into || !s->place) {
+            free(s->lazy), free(s->fetched), free(s->into), free(s->place);
             s->lazy = s->fetched = NULL;
+            s->into = s->place = NULL;
             return -1;
         }
     }
     int ob = o->buf;
     char msg[sizeof s->err];
-    int r = m->device->carry(s->dev, ob, s->devplan.offset[ob], ib, s->syms, msg, sizeof msg);
+    int r = m->device->carry(s->dev, ob, ib, s->syms, msg, sizeof msg);
     if (r > 0)
         return -1;
     if (r < 0) { /* the input's device copy may be gone, and its host copy is stale: unset */
@@ -1216,6 +1235,7 @@ static int device_carry(XtcSession *s, int oi, int ib)
     for (int d = 0; d < o->rank; d++)
         s->shape[ib][d] = shape[d];
     s->lazy[ob] = 1;
+    s->into[ob] = ib + 1;
     return XTC_OK;
 }
 
@@ -1365,7 +1385,7 @@ static int output_on_host(XtcSession *s, int b, const char *name)
     if (!s->lazy || !s->lazy[b] || s->fetched[b])
         return XTC_OK;
     char msg[sizeof s->err];
-    int r = s->m->device->fetch(s->dev, b, s->devplan.offset[b], s->ptr[b], s->syms, msg, sizeof msg);
+    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, msg, sizeof msg);
     if (r < 0)
         return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
     s->fetched[b] = 1;

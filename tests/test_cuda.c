@@ -882,6 +882,7 @@ START_TEST(test_device_carry)
         float state[17 * 3] = {1, 2, 3};
         int64_t rows = 1, sh[2] = {1, 3}, xs[2] = {1, 3};
         ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 2, sh, state), XTC_OK);
+        int in_place = 0;
         for (int t = 0; t < 6; t++) {
             float x[3] = {(float)t, t + 0.5f, -(float)t};
             uint64_t t0[3], t1[3];
@@ -894,9 +895,15 @@ START_TEST(test_device_carry)
                               (unsigned long long)(t1[0] - t0[0]));
             memcpy(state + rows * 3, x, sizeof x);
             rows++;
+            rt_cu_emu_traffic(t0);
             ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+            rt_cu_emu_traffic(t1);
+            in_place += t1[2] == t0[2]; /* the run appended x over the state's memory: no copy */
             expect_rows(s, state, rows, "after the carry");
         }
+        /* the first carry copies (the state was uploaded at its size), then the runs append in
+         * place but for those that outgrow the room (a quarter more, and 256 bytes) */
+        ck_assert_msg(in_place >= 4, "%s: %d carries of 6 without a copy", STORAGE_NAME[storage], in_place);
         ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK); /* twice: no change */
         float x[3] = {7, 8, 9};
         ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, xs, x), XTC_OK);
@@ -936,6 +943,38 @@ START_TEST(test_device_carry)
         ir_graph_free(g);
     }
     storage = 0;
+    /* rows appended behind a leading dimension of 2: never written over the input (the old
+     * rows of the second half would move), so the values stay right call after call */
+    IrGraph *g = ir_graph_new("carry2");
+    IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
+    IrDim ss[] = {ir_dim(2), n, ir_dim(3)}, sx[] = {ir_dim(2), ir_dim(1), ir_dim(3)};
+    out(g, "next", ir_concat(g, input(g, "state", IR_F32, 3, ss), input(g, "x", IR_F32, 3, sx), 1));
+    XtcModule *m = compile_target(g, "carry2", "cuda-emu");
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    float st0[2 * 3] = {1, 2, 3, 4, 5, 6};
+    ck_assert_int_eq(xtc_session_set_input(s, "state", XTC_F32, 3, (int64_t[]){2, 1, 3}, st0), XTC_OK);
+    for (int t = 0; t < 8; t++) {
+        float x[2 * 3];
+        for (int i = 0; i < 6; i++)
+            x[i] = (float)(10 * (t + 1) + i);
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 3, (int64_t[]){2, 1, 3}, x), XTC_OK);
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+        ck_assert_int_eq(xtc_session_carry(s, "next", "state"), XTC_OK);
+        XtcTensor nx;
+        ck_assert_int_eq(xtc_session_get_output(s, "next", &nx), XTC_OK);
+        ck_assert_int_eq(nx.shape[1], t + 2);
+        for (int b = 0; b < 2; b++)
+            for (int r = 0; r < t + 2; r++)
+                for (int c = 0; c < 3; c++) {
+                    float want = r == 0 ? st0[b * 3 + c] : (float)(10 * r + b * 3 + c);
+                    ck_assert_msg(((const float *)nx.data)[(b * (t + 2) + r) * 3 + c] == want, "call %d: [%d, %d, %d]", t,
+                                  b, r, c);
+                }
+    }
+    xtc_session_free(s);
+    xtc_module_free(m);
+    ir_graph_free(g);
 }
 END_TEST
 
