@@ -92,7 +92,8 @@ static int met(Outcome *p, const char *call, int st, int expect, const char *msg
         }                                                                                         \
     } while (0)
 
-static void life_cycle(const char *module_path, int threads, Outcome *p)
+/* Loads the module and creates a session on it with that many threads, each retried once. */
+static XtcSession *open_session(const char *module_path, int threads, Outcome *p, XtcModule **mp)
 {
     memset(p, 0, sizeof *p);
     XtcModule *m = NULL;
@@ -110,6 +111,15 @@ static void life_cycle(const char *module_path, int threads, Outcome *p)
         st = xtc_session_new(m, &so, &s);
     }
     ck_assert_msg(st == XTC_OK, "%s", xtc_session_error(s));
+    *mp = m;
+    return s;
+}
+
+static void life_cycle(const char *module_path, int threads, Outcome *p)
+{
+    XtcModule *m;
+    XtcSession *s = open_session(module_path, threads, p, &m);
+    int st;
 
     int64_t tokens[B * N], targets[B * N], shape[2] = {B, N};
     tiny_batch(tokens, targets, B, N, 11);
@@ -203,21 +213,8 @@ END_TEST
  * of every call's logits and of the caches after the last. */
 static void decode_cycle(const char *module_path, Outcome *p)
 {
-    memset(p, 0, sizeof *p);
-    XtcModule *m = NULL;
-    int st = xtc_module_load(module_path, &m);
-    if (met(p, "xtc_module_load", st, XTC_ERR_MEMORY, m ? xtc_module_error(m) : "out of memory (no module)")) {
-        xtc_module_free(m);
-        st = xtc_module_load(module_path, &m);
-    }
-    ck_assert_msg(st == XTC_OK, "%s", xtc_module_error(m));
-    XtcSession *s = NULL;
-    st = xtc_session_new(m, &(XtcSessionOptions){.threads = 1}, &s);
-    if (met(p, "xtc_session_new", st, XTC_ERR_MEMORY, s ? xtc_session_error(s) : "out of memory (no session)")) {
-        xtc_session_free(s);
-        st = xtc_session_new(m, &(XtcSessionOptions){.threads = 1}, &s);
-    }
-    ck_assert_msg(st == XTC_OK, "%s", xtc_session_error(s));
+    XtcModule *m;
+    XtcSession *s = open_session(module_path, 1, p, &m);
     CALL(p, s, xtc_session_load_weights(s, kv_weights_path));
     const char *caches[8];
     int ncache = 0;
