@@ -42,6 +42,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "harness.h"
 #define HARNESS_MAXLEAF 96
 #include "harness_bind.h"
@@ -322,14 +323,16 @@ static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2
 
 /* The case as built, then after the pass pipeline as xtc compile --target cuda runs it: its
  * fusions (fused elementwise programs, fused attention) checked against the interpreter too. */
-static void run_case(const char *name, BuildFn build)
+/* The case's graph and its fused form (when the pipeline fuses anything), compiled for target
+ * ("cuda-emu", or "cuda" on a GPU), against the interpreter at every size. */
+static void run_case(const char *name, BuildFn build, const char *target)
 {
     IrGraph *g = new_graph(name, build);
-    XtcModule *m = compile_target(g, name, "cuda-emu");
+    XtcModule *m = compile_target(g, name, target);
     for (int k = 0; k < NSIZES; k++)
         check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
     xtc_module_free(m);
-    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+    PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
     char err[1024], fname[128];
     IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
     ck_assert_msg(h != NULL, "%s: passes: %s", name, err);
@@ -338,7 +341,7 @@ static void run_case(const char *name, BuildFn build)
         fused += h->nodes[i]->op == IR_FUSED || h->nodes[i]->op == IR_ATTENTION || h->nodes[i]->op == IR_ATTENTION_GRAD;
     if (fused) {
         snprintf(fname, sizeof fname, "%s_fused", name);
-        m = compile_target(h, fname, "cuda-emu");
+        m = compile_target(h, fname, target);
         for (int k = 0; k < NSIZES; k++)
             check_run(h, m, SIZES[k], fname, ORDERS[(k + 1) % 3]);
         xtc_module_free(m);
@@ -761,7 +764,7 @@ static const Case cases[] = {
 
 START_TEST(test_case)
 {
-    run_case(cases[_i].name, cases[_i].build);
+    run_case(cases[_i].name, cases[_i].build, "cuda-emu");
 }
 END_TEST
 
@@ -771,7 +774,7 @@ START_TEST(test_case_half)
     const Case *c = &cases[_i % NCASES];
     storage = 1 + _i / NCASES;
     worst_err[storage] = 0;
-    run_case(c->name, c->build);
+    run_case(c->name, c->build, "cuda-emu");
     fprintf(stderr, "test_cuda: %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
             STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
     storage = 0;
@@ -1505,37 +1508,18 @@ START_TEST(test_profile_events)
 }
 END_TEST
 
-/* On a machine with a GPU: the same cases on the device, through libcuda.so.1. */
+/* On a machine with a GPU: every case (_i % NCASES) and its fused form on the device, through
+ * libcuda.so.1, with f32, bf16 and fp16 storage (_i / NCASES). */
 START_TEST(test_gpu)
 {
-    char why[1200] = "";
-    void *dl = dlopen(getenv("XTC_LIBCUDA") ? getenv("XTC_LIBCUDA") : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    int count = 0;
-    if (!dl) {
-        snprintf(why, sizeof why, "no CUDA driver (%s)", dlerror());
-    } else {
-        int (*init)(unsigned) = (int (*)(unsigned))dlsym(dl, "cuInit");
-        int (*get_count)(int *) = (int (*)(int *))dlsym(dl, "cuDeviceGetCount");
-        if (!init || !get_count || init(0) != 0 || get_count(&count) != 0 || count == 0)
-            snprintf(why, sizeof why, "the CUDA driver reports no device");
-    }
-    if (!cg_nvrtc_available(NULL, 0, why[0] ? NULL : why, sizeof why) && !why[0])
-        snprintf(why, sizeof why, "no NVRTC");
-    if (why[0]) {
-        fprintf(stderr, "test_cuda: GPU runs SKIPPED: %s; the kernels were checked through the emulator\n", why);
-        return;
-    }
-    for (storage = 0; storage < 3; storage++) /* f32, bf16, fp16 storage */
-        for (int c = 0; c < NCASES; c++) {
-            IrGraph *g = new_graph(cases[c].name, cases[c].build);
-            XtcModule *m = compile_target(g, cases[c].name, "cuda");
-            for (int k = 0; k < NSIZES; k++)
-                check_run(g, m, SIZES[k], cases[c].name, "forward");
-            xtc_module_free(m);
-            ir_graph_free(g);
-        }
+    const Case *c = &cases[_i % NCASES];
+    storage = _i / NCASES;
+    worst_err[storage] = 0;
+    run_case(c->name, c->build, "cuda");
+    if (storage)
+        fprintf(stderr, "test_cuda: on the GPU, %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
+                STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
     storage = 0;
-    fprintf(stderr, "test_cuda: %d cases ran on the GPU, with f32, bf16 and fp16 storage\n", NCASES);
 }
 END_TEST
 
@@ -1555,8 +1539,17 @@ static Suite *suite(void)
     tcase_add_test(tc, test_emulator_ucontext);
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_no_driver);
-    tcase_add_test(tc, test_gpu);
     suite_add_tcase(s, tc);
+    char why[1200];
+    if (gpu_present(why, sizeof why)) { /* on a machine with a GPU; CK_RUN_CASE=gpu runs it alone */
+        TCase *gpu = tcase_create("gpu");
+        tcase_set_timeout(gpu, 900);
+        tcase_add_loop_test(gpu, test_gpu, 0, 3 * NCASES);
+        suite_add_tcase(s, gpu);
+    } else {
+        fprintf(stderr, "test_cuda: GPU runs SKIPPED (not counted): %s; the kernels were checked through the emulator\n",
+                why);
+    }
     TCase *arena = tcase_create("arena"); /* CK_RUN_CASE=arena runs it alone */
     tcase_set_timeout(arena, 300);
     tcase_add_test(arena, test_half_arena);

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpu.h"
 #include "harness.h"
 
 static char *case_names[64];
@@ -219,7 +220,7 @@ static int has_output(const IrGraph *g, const char *name)
     return 0;
 }
 
-static void run_parity_case(const char *name, const Tolerance *tol)
+static void run_parity_case(const char *name, const Tolerance *tol, const char *target)
 {
     char dir[600], xtf[600], path[700], err[2048];
     snprintf(dir, sizeof dir, "%s/parity/%s", XTC_SHARED_DIR, name);
@@ -253,12 +254,12 @@ static void run_parity_case(const char *name, const Tolerance *tol)
     xtf_diag_free(&d);
     IrGradOpts go = {.loss = has_output(g, "loss") ? "loss" : NULL, .seed_outputs = !has_output(g, "loss")};
     ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s: autodiff: %s", name, err);
-    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+    PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
     IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
     ck_assert_msg(h != NULL, "%s: passes: %s", name, err);
     ir_graph_free(g);
-    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, tol->dtype);
-    CgOptions opt = {.output = path, .target = "cuda-emu", .opt_level = 2, .source = f->src, .source_name = xtf,
+    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, tol->dtype, target);
+    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = f->src, .source_name = xtf,
                      .dtype = tol->dtype};
     CgStats stats;
     ck_assert_msg(cg_compile(h, &opt, &stats, err, sizeof err) == 0, "%s: %s", name, err);
@@ -335,9 +336,9 @@ static void run_parity_case(const char *name, const Tolerance *tol)
     double worst, worst_rel[2];
     int graded = grade(dir, res, seeded, tol, &worst, worst_rel, msg, sizeof msg);
     ck_assert_msg(graded > 0, "%s: nothing to grade", name);
-    ck_assert_msg(!msg[0], "%s (%s storage): differs from x-transformers:%s", name, tol->dtype, msg);
-    fprintf(stderr, "ok      %-24s %-4s %3d tensors, worst max_abs_err %.3e, relative to max|e|: outputs %.2e, "
-                    "gradients %.2e (%d kernels, %d steps)\n", name, tol->dtype, graded, worst, worst_rel[0],
+    ck_assert_msg(!msg[0], "%s (%s storage, %s): differs from x-transformers:%s", name, tol->dtype, target, msg);
+    fprintf(stderr, "ok      %-24s %-4s %-8s %3d tensors, worst max_abs_err %.3e, relative to max|e|: outputs %.2e, "
+                    "gradients %.2e (%d kernels, %d steps)\n", name, tol->dtype, target, graded, worst, worst_rel[0],
             worst_rel[1], stats.nkernels, stats.nsteps);
     for (int i = 0; i < res->n; i++)
         free(res->r[i].data);
@@ -351,14 +352,25 @@ static void run_parity_case(const char *name, const Tolerance *tol)
 
 START_TEST(test_parity_case)
 {
-    run_parity_case(case_names[_i], &F32_TOL);
+    run_parity_case(case_names[_i], &F32_TOL, "cuda-emu");
 }
 END_TEST
 
 /* the subset again with bf16 (_i < NHALF) and fp16 storage */
 START_TEST(test_parity_half)
 {
-    run_parity_case(HALF_CASES[_i % NHALF], &HALF_TOL[_i / NHALF]);
+    run_parity_case(HALF_CASES[_i % NHALF], &HALF_TOL[_i / NHALF], "cuda-emu");
+}
+END_TEST
+
+/* On a machine with a GPU: every case in f32 (_i < ncases), then the subset in bf16 and fp16, on
+ * the device through libcuda.so.1, graded alike. */
+START_TEST(test_parity_gpu)
+{
+    if (_i < ncases)
+        run_parity_case(case_names[_i], &F32_TOL, "cuda");
+    else
+        run_parity_case(HALF_CASES[(_i - ncases) % NHALF], &HALF_TOL[(_i - ncases) / NHALF], "cuda");
 }
 END_TEST
 
@@ -400,6 +412,15 @@ static Suite *suite(void)
     tcase_set_timeout(half, 900);
     tcase_add_loop_test(half, test_parity_half, 0, 2 * NHALF);
     suite_add_tcase(s, half);
+    char why[1200];
+    if (gpu_present(why, sizeof why)) { /* on a machine with a GPU; CK_RUN_CASE=gpu runs these alone */
+        TCase *gpu = tcase_create("gpu");
+        tcase_set_timeout(gpu, 900);
+        tcase_add_loop_test(gpu, test_parity_gpu, 0, ncases + 2 * NHALF);
+        suite_add_tcase(s, gpu);
+    } else {
+        fprintf(stderr, "parity on the GPU SKIPPED (not counted): %s; the cases ran through the emulator\n", why);
+    }
     return s;
 }
 

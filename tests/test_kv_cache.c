@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "gpu.h"
 #include "harness.h"
 #include "init.h"
 #include "ir.h"
@@ -109,7 +110,7 @@ static void make_weights(const IrGraph *g, Bind *b)
     }
 }
 
-/* Decodes tok[0, T) with the step graph compiled for target ("cpu" or "cuda-emu"), as `xtc
+/* Decodes tok[0, T) with the step graph compiled for target ("cpu", "cuda-emu", "cuda"), as `xtc
  * generate` does: the prompt (PROMPT tokens) on empty caches, then a token per call, each call's
  * caches carried into the next. Returns the largest difference from the reference logits ref
  * [1, T, V]; the CPU's caches must have stayed in place for most calls. */
@@ -117,8 +118,8 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
                               const IrHostTensor *ref, const char *target)
 {
     char err[1024], path[600];
-    int cpu = !strcmp(target, "cpu");
-    PassOptions po = {.verify_each = 1, .supports = cpu ? cg_llvm_backend.supports : cg_cuda_emu_backend.supports};
+    int cpu = !strcmp(target, "cpu"), emu = !strcmp(target, "cuda-emu");
+    PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
     IrGraph *h = pass_run_pipeline((IrGraph *)step, &po, err, sizeof err);
     ck_assert_msg(h != NULL, "passes: %s", err);
     harness_make_tmpdir("kv_cache");
@@ -165,12 +166,12 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
         XtcTensor lg;
         ck_assert_int_eq(xtc_session_get_output(s, "logits", &lg), XTC_OK);
         rt_cu_emu_traffic(t1);
-        if (!cpu && calls == 1)
+        if (emu && calls == 1)
             for (int k = 0; k < 2; k++)
                 first[k] = t1[k] - t0[k];
         /* one token a call: the caches stay on the device (carried there), so what crosses the
          * bus (the token up, the logits and status words down) does not grow with them */
-        if (!cpu && calls > 1)
+        if (emu && calls > 1)
             for (int k = 0; k < 2; k++)
                 ck_assert_msg(t1[k] - t0[k] == first[k], "%s at %d: %llu bytes %s, %llu in the second call", target,
                               pos, (unsigned long long)(t1[k] - t0[k]), k ? "to the host" : "to the device",
@@ -205,7 +206,7 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
               * other call) */
         ck_assert_msg(stayed >= 2 * w->ncache, "%s: caches in place %d times of %d", target, stayed,
                       w->ncache * (calls - 1));
-    else /* on the device the carries copy nothing once the runs append over the caches */
+    else if (emu) /* on the device the carries copy nothing once the runs append over the caches */
         ck_assert_msg(copyless >= 3, "%s: %d of %d calls' carries copied nothing", target, copyless, calls);
     xtc_session_free(s);
     xtc_module_free(m);
@@ -277,8 +278,9 @@ static void check_model(const char *src)
         pos += n;
     }
     ck_assert_msg(worst < 1e-4, "cached decoding differs from recomputation by %g", worst);
-    static const char *targets[] = {"cpu", "cuda-emu"};
-    for (int t = 0; t < 2; t++) {
+    static const char *targets[] = {"cpu", "cuda-emu", "cuda"}; /* "cuda" on a machine with a GPU */
+    char why[1200];
+    for (int t = 0; t < 2 + gpu_present(why, sizeof why); t++) {
         double e = decode_compiled(step, &b, tok, T, PROMPT, &ref, targets[t]);
         ck_assert_msg(e < 1e-4, "%s: cached decoding differs from recomputation by %g", targets[t], e);
     }
