@@ -105,6 +105,9 @@ int cg_cuda_fused(CuKernel *k);        /* cg_cuda_fused.c */
 
 int cu_error(CuGen *gen, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cu_gen_init(CuGen *gen, const CgPlan *plan);
+/* Whether a symbol called name must be renamed in the generated code (a word of C or CUDA, or a
+ * name the kernels declare). */
+int cu_name_reserved(const char *name);
 /* The text that opens every generated source: types, macros and device helpers. */
 void cu_prelude(FILE *f, const IrGraph *g, int nkernels, int storage);
 /* The storage type of x's buffer (xtc_fs, the prelude's floating-point storage, or float where

@@ -189,6 +189,156 @@ static void operand_rows(CuKernel *k, unsigned view, const char *qual, const cha
                       "        const i64 %s = H * %s;\n", qual, type, name, base, rows, width, stride, width);
 }
 
+/* The tiled forward kernel's tile: BR query rows by BC keys, with the query tile, the key and
+ * value tiles and the probabilities in static shared memory (48 KiB at most), four rows and
+ * columns of scores at most per thread; 0 when no tile fits (D or E too large): the row kernel. */
+static int att_tile(long long D, long long E, int *br, int *bc)
+{
+    static const int cand[][2] = {{64, 32}, {32, 32}, {32, 16}, {16, 16}};
+    long long en = (E + 7) / 8;
+    for (size_t c = 0; c < sizeof cand / sizeof cand[0]; c++) {
+        long long r = cand[c][0], b = cand[c][1];
+        long long floats = r * (D + 1) + b * (D + 1) + b * E + r * (b + 1);
+        if (D >= 1 && E >= 1 && en <= 16 && (r / 16) * en <= 64 && floats * 4 <= 48 * 1024) {
+            *br = (int)r;
+            *bc = (int)b;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* attention as FlashAttention tiles it: a block of 128 threads (8 x 16) per BR query rows, the
+ * keys by tiles of BC through shared memory. Thread (tx, ty) owns rows ty + 16 r and score
+ * columns tx + 8 c of the tile, and output columns tx + 8 e; a row's eight threads are
+ * neighbouring lanes of one warp, which reduce its maximum and sum with shuffles. Each row keeps
+ * its own key range (causal and window limits; a key outside it scores -inf, weight 0, exactly
+ * as if not visited), the tile visits the union of its rows' ranges. */
+static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc)
+{
+    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2];
+    unsigned views = k->k->views;
+    int rm = br / 16, cn = bc / 8;
+    long long en = (a->E + 7) / 8;
+    FILE *f = k->f;
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    __shared__ float Qs[%d][%lld + 1], Ks[%d][%lld + 1]; /* the query tile, a key tile */\n", br, a->D,
+            bc, a->D);
+    fprintf(f, "    __shared__ float Vs[%d][%lld], Ps[%d][%d + 1]; /* a value tile, its probabilities */\n", bc, a->E,
+            br, bc);
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
+            a->D, a->E, a->E + stats);
+    fprintf(f, "    const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;\n");
+    if (views) {
+        char h[CU_EXPR];
+        cu_dim(k->gen, q->shape[1], h, sizeof h); /* views exist for rank 4 only */
+        fprintf(f, "    const i64 H = %s; /* heads; in place as [b, rows, H, width]:%s%s%s%s */\n", h,
+                views & CG_VIEW_Q ? " q" : "", views & CG_VIEW_K ? " k" : "", views & CG_VIEW_V ? " v" : "",
+                views & CG_VIEW_OUT ? " out" : "");
+    }
+    fprintf(f, "    const i64 tiles = (I + %d) / %d;\n", br - 1, br);
+    fprintf(f, "    for (i64 tile = blockIdx.x; tile < batches * tiles; tile += gridDim.x) {\n");
+    fprintf(f, "        const i64 batch = tile / tiles, i0 = tile %% tiles * %d;\n", br);
+    batch_indices(k, q, "        ");
+    operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    fprintf(f, "        for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", br);
+    fprintf(f, "            const int r = t / D, d = t %% D;\n");
+    fprintf(f, "            Qs[r][d] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
+    fprintf(f, "        i64 rjb[%d], rje[%d]; /* each row's keys */\n", rm, rm);
+    fprintf(f, "        float mx[%d], lsum[%d], acc[%d][%lld];\n", rm, rm, rm, en);
+    fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "            const i64 i = i0 + ty + 16 * r;\n");
+    key_range(k, a, "            ");
+    fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
+    fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
+    fprintf(f, "            for (int e = 0; e < %lld; e++)\n                acc[r][e] = 0.0f;\n        }\n", en);
+    fprintf(f, "        i64 tjb, tje; /* the keys of the tile's rows: those of its first and last rows bound them */\n");
+    fprintf(f, "        {\n            const i64 i = i0;\n");
+    key_range(k, a, "            ");
+    fprintf(f, "            tjb = jb;\n            tje = je;\n        }\n");
+    fprintf(f, "        {\n            const i64 i = (i0 + %d < I ? i0 + %d : I) - 1;\n", br, br);
+    key_range(k, a, "            ");
+    fprintf(f, "            tjb = jb < tjb ? jb : tjb;\n            tje = je > tje ? je : tje;\n        }\n");
+    fprintf(f, "        __syncthreads(); /* Qs */\n");
+    fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", bc);
+    fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", bc);
+    fprintf(f, "                const int c = t / D, d = t %% D;\n");
+    fprintf(f, "                Ks[c][d] = j0 + c < tje ? xtc_ld(kb, (j0 + c) * ks + d) : 0.0f;\n            }\n");
+    fprintf(f, "            for (int t = threadIdx.x; t < %d * E; t += blockDim.x) {\n", bc);
+    fprintf(f, "                const int c = t / E, e = t %% E;\n");
+    fprintf(f, "                Vs[c][e] = j0 + c < tje ? xtc_ld(vb, (j0 + c) * vs + e) : 0.0f;\n            }\n");
+    fprintf(f, "            __syncthreads(); /* Ks, Vs */\n");
+    fprintf(f, "            float s[%d][%d];\n", rm, cn);
+    fprintf(f, "            for (int r = 0; r < %d; r++)\n                for (int c = 0; c < %d; c++)\n"
+               "                    s[r][c] = 0.0f;\n", rm, cn);
+    fprintf(f, "            for (int d = 0; d < D; d++) {\n");
+    fprintf(f, "                float qv[%d], kv[%d];\n", rm, cn);
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    qv[r] = Qs[ty + 16 * r][d];\n", rm);
+    fprintf(f, "                for (int c = 0; c < %d; c++)\n                    kv[c] = Ks[tx + 8 * c][d];\n", cn);
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
+               "                        s[r][c] += qv[r] * kv[c];\n            }\n", rm, cn);
+    fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "                float rmax = -XTC_INF;\n");
+    fprintf(f, "                for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                    const i64 j = j0 + tx + 8 * c;\n");
+    fprintf(f, "                    float sc = -XTC_INF; /* outside the row's keys: weight 0 */\n");
+    fprintf(f, "                    if (j >= rjb[r] && j < rje[r]) {\n");
+    fprintf(f, "                        const float scale = %s;\n", a->scale);
+    fprintf(f, "                        sc = %s ? s[r][c] * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n",
+            a->keep, a->bias);
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    s[r][c] = sc;\n                    rmax = xtc_fmax(rmax, sc);\n                }\n");
+    fprintf(f, "                for (int o = 1; o < 8; o <<= 1) /* the row's eight lanes */\n");
+    fprintf(f, "                    rmax = xtc_fmax(rmax, __shfl_xor_sync(0xffffffffu, rmax, o));\n");
+    fprintf(f, "                /* online softmax: rescale what was summed so far to the new maximum */\n");
+    fprintf(f, "                const float m_new = xtc_fmax(mx[r], rmax);\n");
+    fprintf(f, "                const float alpha = m_new == -XTC_INF ? 1.0f : expf(mx[r] - m_new);\n");
+    fprintf(f, "                float psum = 0.0f;\n");
+    fprintf(f, "                for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                    const float p = s[r][c] == -XTC_INF ? 0.0f : expf(s[r][c] - m_new);\n");
+    fprintf(f, "                    Ps[ty + 16 * r][tx + 8 * c] = p;\n                    psum += p;\n                }\n");
+    fprintf(f, "                for (int o = 1; o < 8; o <<= 1)\n");
+    fprintf(f, "                    psum += __shfl_xor_sync(0xffffffffu, psum, o);\n");
+    fprintf(f, "                lsum[r] = lsum[r] * alpha + psum;\n                mx[r] = m_new;\n");
+    fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] *= alpha;\n", en);
+    fprintf(f, "                (void)i;\n            }\n");
+    fprintf(f, "            __syncthreads(); /* Ps */\n");
+    fprintf(f, "            for (int c = 0; c < %d; c++) {\n", bc);
+    fprintf(f, "                float vv[%lld];\n", en);
+    fprintf(f, "                for (int e = 0; e < %lld; e++)\n", en);
+    fprintf(f, "                    vv[e] = tx + 8 * e < E ? Vs[c][tx + 8 * e] : 0.0f;\n");
+    fprintf(f, "                for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                    const float p = Ps[ty + 16 * r][c];\n");
+    fprintf(f, "                    for (int e = 0; e < %lld; e++)\n                        acc[r][e] += p * vv[e];\n", en);
+    fprintf(f, "                }\n            }\n");
+    fprintf(f, "            __syncthreads(); /* before the next tile replaces Ks, Vs, Ps */\n");
+    fprintf(f, "        }\n");
+    fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "            const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "            if (i >= I)\n                continue;\n");
+    fprintf(f, "            %s *o = ob + i * os;\n", cu_mem_type(x));
+    fprintf(f, "            for (int e = 0; e < %lld; e++)\n", en);
+    fprintf(f, "                if (tx + 8 * e < E)\n");
+    fprintf(f, "                    xtc_st(o, tx + 8 * e, J > 0 ? acc[r][e] / lsum[r] : 0.0f);\n");
+    if (stats)
+        fprintf(f, "            if (tx == 0)\n                xtc_st(o, E, J > 0 ? mx[r] + logf(lsum[r]) : -XTC_INF); /* the logsumexp */\n");
+    fprintf(f, "        }\n");
+    fprintf(f, "        __syncthreads(); /* before the next tile replaces Qs */\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char tiles[CU_EXPR], rows[3 * CU_EXPR];
+    cu_ceil_div(a->I, br, tiles, sizeof tiles);
+    snprintf(rows, sizeof rows, "%s%s%s * %s%s%s", po(a->batches), a->batches, pc(a->batches), po(tiles), tiles,
+             pc(tiles));
+    cu_geom_rows(k, rows, 128);
+}
+
 int cg_cuda_attention(CuKernel *k)
 {
     const IrNode *x = k->node;
@@ -196,7 +346,11 @@ int cg_cuda_attention(CuKernel *k)
     Att a;
     if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0, x->ia[2]) < 0)
         return -1;
-    int stats = x->ia[1] != 0;
+    int stats = x->ia[1] != 0, br, bc;
+    if (att_tile(a.D, a.E, &br, &bc)) {
+        attention_tiled(k, &a, stats, br, bc);
+        return 0;
+    }
     unsigned views = k->k->views;
     long long ocols = a.E + stats, accs = (a.E + ATT_BLOCK - 1) / ATT_BLOCK;
     FILE *f = k->f;

@@ -20,7 +20,8 @@ int cu_error(CuGen *gen, const char *fmt, ...)
 }
 
 /* Names a symbol may not take in the generated code: C, C++ and CUDA words, and the locals and
- * parameters the kernels and the host code use. A symbol with such a name becomes sym_NAME. */
+ * parameters the kernels and the host code use (test_cuda checks that every local the kernels
+ * declare is here). A symbol with such a name becomes symN_NAME. */
 static const char *const reserved[] = {
     "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
     "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
@@ -39,7 +40,25 @@ static const char *const reserved[] = {
     "sum_sq", "rank", "I", "J", "D", "E", "OC", "GC", "qi", "probs", "lsum", "score", "dot", "m_new", "alpha",
     "pj", "nj", "ni", "ci", "ii", "jj", "acc2", "row_a", "row_b", "w1", "w2", "blk", "dq", "dk", "dv", "dsum",
     "lse", "dlse", "ds", "pij", "kb", "vb", "qb", "ob", "gb", "scale", "keep", "L", "Lout", "mm", "g", "t", "wm", "wn",
-    "kp", "af", "bf", "rw", "gr", "gk", "lo", "hi", NULL};
+    "kp", "af", "bf", "rw", "gr", "gk", "lo", "hi", "a", "c", "d", "p", "s", "H", "Qs", "Ks", "Vs", "Ps", "dp",
+    "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
+    "qv", "vv", "psum", "rmax", "sc", "seg", "z", NULL};
+/* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
+static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
+                                                "size", "x", "sym", NULL};
+
+int cu_name_reserved(const char *name)
+{
+    for (int r = 0; reserved[r]; r++)
+        if (strcmp(reserved[r], name) == 0)
+            return 1;
+    for (int r = 0; reserved_numbered[r]; r++) {
+        size_t len = strlen(reserved_numbered[r]);
+        if (strncmp(name, reserved_numbered[r], len) == 0 && name[len] && strspn(name + len, "0123456789") == strlen(name + len))
+            return 1;
+    }
+    return strncmp(name, "xtc_", 4) == 0 || strncmp(name, "XTC_", 4) == 0 || strncmp(name, "__", 2) == 0;
+}
 
 void cu_gen_init(CuGen *gen, const CgPlan *plan)
 {
@@ -48,11 +67,7 @@ void cu_gen_init(CuGen *gen, const CgPlan *plan)
     gen->g = plan->g;
     for (int s = 0; s < gen->g->nsyms; s++) {
         const char *name = gen->g->sym_name[s];
-        int clash = strncmp(name, "xtc_", 4) == 0 || strncmp(name, "XTC_", 4) == 0 || strncmp(name, "__", 2) == 0 ||
-                    strlen(name) > 30;
-        for (int r = 0; reserved[r] && !clash; r++)
-            clash = strcmp(reserved[r], name) == 0;
-        if (clash)
+        if (cu_name_reserved(name) || strlen(name) > 30)
             snprintf(gen->sym[s], sizeof gen->sym[s], "sym%d_%.20s", s, name);
         else
             snprintf(gen->sym[s], sizeof gen->sym[s], "%s", name);

@@ -1523,6 +1523,138 @@ START_TEST(test_gpu)
 }
 END_TEST
 
+/* ---- the names the kernels declare ---- */
+
+static int is_ident_start(char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+static int is_ident(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
+
+/* The next token of text at *p (an identifier or one character, comments skipped) into tok. */
+static int next_token(const char **p, char *tok, size_t n)
+{
+    const char *s = *p;
+    for (;;) {
+        while (*s == ' ' || *s == '\n' || *s == '\t')
+            s++;
+        if (s[0] == '/' && s[1] == '*') {
+            const char *e = strstr(s + 2, "*/");
+            s = e ? e + 2 : s + strlen(s);
+        } else if (s[0] == '/' && s[1] == '/') {
+            s += strcspn(s, "\n");
+        } else {
+            break;
+        }
+    }
+    if (!*s)
+        return 0;
+    size_t len = 1;
+    if (is_ident_start(*s))
+        while (is_ident(s[len]))
+            len++;
+    snprintf(tok, n, "%.*s", (int)len, s);
+    *p = s + len;
+    return 1;
+}
+
+static int is_type(const char *t)
+{
+    static const char *const types[] = {"int", "i64", "float", "unsigned", "u8", "xtc_fs", "double", "short", "long",
+                                        "char", "uint32_t", "uint64_t", "int64_t", NULL};
+    for (int i = 0; types[i]; i++)
+        if (!strcmp(types[i], t))
+            return 1;
+    return 0;
+}
+
+/* Every name a kernel of text declares (after a type: the first declarator and those after commas
+ * at the same depth) must be one cu_name_reserved knows, or a symbol of g (the kernels' parameters):
+ * else a symbol of that name would be shadowed by the local. */
+static void check_declared_names(const IrGraph *g, const char *text, const char *what)
+{
+    char tok[128], names[256][32];
+    int ntok = 0;
+    static char toks[1 << 16][128];
+    const char *p = strstr(text, "XTC_KERNEL");
+    ck_assert_msg(p != NULL, "%s: no kernel", what);
+    while (ntok < (1 << 16) && next_token(&p, tok, sizeof tok))
+        snprintf(toks[ntok++], sizeof toks[0], "%s", tok);
+    int nnames = 0;
+    for (int i = 0; i < ntok; i++) {
+        if (!is_type(toks[i]))
+            continue;
+        int j = i + 1;
+        while (j < ntok && (is_type(toks[j]) || !strcmp(toks[j], "*") || !strcmp(toks[j], "const") ||
+                            !strcmp(toks[j], "__restrict__")))
+            j++;
+        if (j >= ntok || !is_ident_start(toks[j][0]))
+            continue;
+        if (nnames < 256)
+            snprintf(names[nnames++], sizeof names[0], "%s", toks[j]);
+        for (int k = j + 1, depth = 0; k < ntok; k++) { /* the other declarators of the declaration */
+            const char *t = toks[k];
+            if (strchr("([{", t[0]) && !t[1]) {
+                depth++;
+            } else if (strchr(")]}", t[0]) && !t[1]) {
+                if (depth-- == 0)
+                    break;
+            } else if (depth == 0 && (!strcmp(t, ";"))) {
+                break;
+            } else if (depth == 0 && !strcmp(t, ",")) {
+                int m = k + 1;
+                while (m < ntok && !strcmp(toks[m], "*"))
+                    m++;
+                if (m >= ntok || is_type(toks[m]) || !strcmp(toks[m], "const"))
+                    break; /* the next parameter */
+                if (nnames < 256 && is_ident_start(toks[m][0]))
+                    snprintf(names[nnames++], sizeof names[0], "%s", toks[m]);
+            }
+        }
+        i = j;
+    }
+    for (int i = 0; i < nnames; i++) {
+        int sym = 0;
+        for (int s = 0; s < g->nsyms; s++)
+            sym |= !strcmp(g->sym_name[s], names[i]);
+        ck_assert_msg(sym || cu_name_reserved(names[i]),
+                      "%s: a kernel declares '%s', which cu_name_reserved does not know: a symbol of that name "
+                      "would be shadowed", what, names[i]);
+    }
+    ck_assert_msg(nnames > 0, "%s: no declaration found", what);
+}
+
+/* Every kernel of every case, plain and through the pass pipeline (fused), f32 and bf16 storage
+ * with tensor cores: the locals it declares are reserved names. */
+START_TEST(test_declared_names_reserved)
+{
+    char err[1024];
+    for (int c = 0; c < NCASES; c++)
+        for (int fused = 0; fused < 2; fused++) {
+            IrGraph *g = new_graph(cases[c].name, cases[c].build), *h = g;
+            if (fused) {
+                PassOptions po = {.verify_each = 1, .supports = cg_cuda_backend.supports};
+                h = pass_run_pipeline(g, &po, err, sizeof err);
+                ck_assert_msg(h != NULL, "%s", err);
+            }
+            CgPlan plan;
+            ck_assert_msg(cg_plan_build_views(h, &plan, 1, err, sizeof err) == 0, "%s", err);
+            for (int st = 0; st < 2; st++) {
+                CgOptions opt = {.output = "-", .dtype = st ? "bf16" : NULL};
+                CuUnit u;
+                ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+                for (int k = 0; k < u.nkernels; k++)
+                    check_declared_names(h, u.kernel_text[k], cases[c].name);
+                cg_cuda_unit_free(&u);
+            }
+            cg_plan_free(&plan);
+            if (h != g)
+                ir_graph_free(h);
+            ir_graph_free(g);
+        }
+    /* and the reserved names include the numbered families */
+    ck_assert(cu_name_reserved("t12") && cu_name_reserved("red3") && cu_name_reserved("c") && !cu_name_reserved("n") &&
+              !cu_name_reserved("batch_size") && !cu_name_reserved("t1x"));
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -1530,6 +1662,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_every_op_has_a_kernel);
     tcase_add_test(tc, test_every_op_is_tested);
+    tcase_add_test(tc, test_declared_names_reserved);
     tcase_add_test(tc, test_head_views);
     tcase_add_loop_test(tc, test_case, 0, NCASES);
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
