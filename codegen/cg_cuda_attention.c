@@ -2,19 +2,23 @@
  * them) as CUDA kernels that never store the [I, J] score matrix.
  *
  * attention(q[.., I, D], k[.., J, D], v[.., J, E], bias, mask, scale) -> [.., I, E (+1)]
- *   A block of ATT_BLOCK threads per query row. Keys go by in chunks of ATT_BLOCK, one per
- *   thread: the thread computes its score (q_i . k_j * scale + bias, -FLT_MAX where masked), the
- *   block takes the chunk's maximum and the online-softmax rescaling (running max mx, running
- *   sum l), and every thread then adds the chunk's p_j v_j into the output columns it owns. With
- *   stats the last column is the row's logsumexp mx + log l. Through head-split views
- *   (cg_plan.h, CG_VIEW_*) it reads q, k, v as [b, rows, H, width] with row stride H width, and
- *   writes its result so, as the merge permute's value; the backward never reads through views.
+ *   Tiled as FlashAttention does (attention_tiled): a block of 128 threads per 64 query rows
+ *   (fewer for wide heads), the keys and values by tiles of 32 through shared memory, the
+ *   scores and the probabilities-times-values products as small register tiles per thread,
+ *   the online softmax (running max mx, running sum l) per row, reduced across the row's lanes
+ *   with shuffles. With stats the last column is the row's logsumexp mx + log l. Through
+ *   head-split views (cg_plan.h, CG_VIEW_*) it reads q, k, v as [b, rows, H, width] with row
+ *   stride H width, and writes its result so, as the merge permute's value; the backward never
+ *   reads through views. Head sizes whose tiles do not fit 48 KiB of shared memory take the row
+ *   kernel: a block per query row, the keys in chunks of one per thread.
  * attention_grad(q, k, v, o, dout, bias, mask, scale) -> [.., I + 2J, D]: dq, dk, dv stacked
- *   A block per query row (its dq row) or per key row (its dk and dv rows), so that every output
- *   row has one writer: no atomics, the same result on every run. Probabilities come back from
- *   the forward output's logsumexp (o's last column), p_ij = exp(s_ij - lse_i) (1 / J in a row
- *   whose every score was masked, where the logsumexp rounds to -FLT_MAX), and the softmax
- *   term from D_i = dout_i . o_i (flash attention's identity sum_j p_ij dp_ij = dout_i . o_i):
+ *   Blocks of query rows (their dq rows) and blocks of keys (their dk and dv rows), so that
+ *   every output row has one writer: no atomics, the same result on every run; tiled
+ *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row. The
+ *   probabilities come back from the forward output's logsumexp (o's last column),
+ *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
+ *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's
+ *   identity sum_j p_ij dp_ij = dout_i . o_i):
  *     ds_ij = p_ij (dout_i . v_j - D_i + dlse_i) * scale, 0 where masked
  *     dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
  *
@@ -420,6 +424,227 @@ int cg_cuda_attention(CuKernel *k)
     return 0;
 }
 
+/* The tiled backward's tile: T query rows and T keys, 128 threads; 0 when the shared memory of
+ * either half (below) does not fit 48 KiB or D > 128: the row kernel. */
+static int att_grad_tile(long long D)
+{
+    for (int t = 32; t >= 16; t /= 2) {
+        long long dq = 4LL * t * (D + 1) + (long long)t * (t + 1), dkv = 4LL * t * (D + 1) + 2LL * t * (t + 1) + 3 * t;
+        if (D >= 1 && D <= 128 && (dq > dkv ? dq : dkv) * 4 <= 48 * 1024)
+            return t;
+    }
+    return 0;
+}
+
+/* Loads rows [base, base + T) of a [.., rows, width] operand (zero from lim on) into shared dst
+ * with row stride D + 1. */
+static void load_tile(CuKernel *k, const char *dst, const char *src, const char *base, const char *lim,
+                      const char *width, int t, const char *indent)
+{
+    fprintf(k->f, "%sfor (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", indent, t);
+    fprintf(k->f, "%s    const int r = t / D, d = t %% D;\n", indent);
+    fprintf(k->f, "%s    %s[r * (D + 1) + d] = %s + r < %s ? xtc_ld(%s, (%s + r) * %s + d) : 0.0f;\n%s}\n", indent, dst,
+            base, lim, src, base, width, indent);
+}
+
+/* attention_grad tiled: blocks [0, QT) of a batch take T query rows each (their dq), blocks
+ * [QT, QT + KT) T keys each (their dk, dv), so that each output row still has one writer. Both
+ * recompute p and ds tile by tile in shared memory: the dq half streams key and value tiles past
+ * its queries and output gradients, the dk/dv half query, output-gradient and statistics tiles
+ * past its keys and values. Thread (tx, ty) owns rows ty + 16 r and columns tx + 8 c of each
+ * T x T tile of scores, and columns tx + 8 e of its accumulators. Whether query i sees key j is
+ * decided element by element from i's key range, so both halves skip and keep the same pairs. */
+static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, int t)
+{
+    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
+    int rm = t / 16, cn = t / 8;
+    long long dn = (a->D + 7) / 8;
+    long long smem = 4LL * t * (a->D + 1) + 2LL * t * (t + 1) + 3 * t;
+    FILE *f = k->f;
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    __shared__ float sm[%lld]; /* the tiles of either half */\n", smem);
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld, GC = %s; /* o has E + 1 columns, dout E or E + 1 */\n",
+            a->D, a->E, a->E + 1, gcols);
+    fprintf(f, "    const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;\n");
+    fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", t - 1, t, t - 1, t);
+    fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
+    fprintf(f, "        const i64 batch = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
+    batch_indices(k, q, "        ");
+    fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
+    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
+    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
+    fprintf(f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
+    fprintf(f, "        const %s *gb = in4 + batch * I * GC;\n", cu_mem_type(dout));
+    fprintf(f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
+    fprintf(f, "        float *const Qs = sm, *const Gs = Qs + %d * (D + 1), *const Ks = Gs + %d * (D + 1);\n", t, t);
+    fprintf(f, "        float *const Vs = Ks + %d * (D + 1), *const Ps = Vs + %d * (D + 1), *const Ss = Ps + %d * %d;\n",
+            t, t, t, t + 1);
+    fprintf(f, "        float *const Ls = Ss + %d * %d; /* per query row of the tile: lse, dlse - D_i, and a spare */\n",
+            t, t + 1);
+    /* ---- dq ---- */
+    fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j for T query rows */\n");
+    fprintf(f, "            const i64 i0 = tile * %d;\n", t);
+    load_tile(k, "Qs", "qb", "i0", "I", "D", t, "            ");
+    fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", t);
+    fprintf(f, "                const int r = t / D, d = t %% D;\n");
+    fprintf(f, "                Gs[r * (D + 1) + d] = i0 + r < I ? xtc_ld(gb, (i0 + r) * GC + d) : 0.0f;\n            }\n");
+    fprintf(f, "            i64 rjb[%d], rje[%d];\n", rm, rm);
+    fprintf(f, "            float lse[%d], dl[%d], acc[%d][%lld];\n", rm, rm, rm, dn);
+    fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                const i64 i = i0 + ty + 16 * r;\n");
+    key_range(k, a, "                ");
+    fprintf(f, "                rjb[r] = i < I ? jb : 0;\n                rje[r] = i < I ? je : 0;\n");
+    fprintf(f, "                float dsum = 0.0f; /* D_i = dout_i . o_i, over the row's eight lanes */\n");
+    fprintf(f, "                for (int e = tx; e < E && i < I; e += 8)\n");
+    fprintf(f, "                    dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
+    fprintf(f, "                for (int o = 1; o < 8; o <<= 1)\n");
+    fprintf(f, "                    dsum += __shfl_xor_sync(0xffffffffu, dsum, o);\n");
+    fprintf(f, "                lse[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
+    fprintf(f, "                dl[r] = (i < I && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n");
+    fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] = 0.0f;\n            }\n", dn);
+    fprintf(f, "            i64 tjb, tje; /* the keys of the tile's rows */\n");
+    fprintf(f, "            {\n                const i64 i = i0;\n");
+    key_range(k, a, "                ");
+    fprintf(f, "                tjb = jb;\n                tje = je;\n            }\n");
+    fprintf(f, "            {\n                const i64 i = (i0 + %d < I ? i0 + %d : I) - 1;\n", t, t);
+    key_range(k, a, "                ");
+    fprintf(f, "                tjb = jb < tjb ? jb : tjb;\n                tje = je > tje ? je : tje;\n            }\n");
+    fprintf(f, "            __syncthreads(); /* Qs, Gs */\n");
+    fprintf(f, "            for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", t);
+    load_tile(k, "Ks", "kb", "j0", "tje", "D", t, "                ");
+    load_tile(k, "Vs", "vb", "j0", "tje", "E", t, "                ");
+    fprintf(f, "                __syncthreads(); /* Ks, Vs */\n");
+    fprintf(f, "                float s[%d][%d], dp[%d][%d];\n", rm, cn, rm, cn);
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
+               "                        s[r][c] = dp[r][c] = 0.0f;\n", rm, cn);
+    fprintf(f, "                for (int d = 0; d < D; d++)\n");
+    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                        const float qv = Qs[(ty + 16 * r) * (D + 1) + d], gv = Gs[(ty + 16 * r) * (D + 1) + d];\n");
+    fprintf(f, "                        for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                            s[r][c] += qv * Ks[(tx + 8 * c) * (D + 1) + d];\n");
+    fprintf(f, "                            dp[r][c] += gv * Vs[(tx + 8 * c) * (D + 1) + d];\n");
+    fprintf(f, "                        }\n                    }\n");
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n", rm);
+    fprintf(f, "                    for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                        const i64 i = i0 + ty + 16 * r, j = j0 + tx + 8 * c;\n");
+    fprintf(f, "                        float ds = 0.0f;\n");
+    fprintf(f, "                        if (j >= rjb[r] && j < rje[r]) {\n");
+    fprintf(f, "                            const float scale = %s;\n", a->scale);
+    fprintf(f, "                            const int keep = %s;\n", a->keep);
+    fprintf(f, "                            const float pij = xtc_prob(keep ? s[r][c] * scale%s : -3.40282347e+38f, lse[r], J);\n",
+            a->bias);
+    fprintf(f, "                            ds = keep ? pij * (dp[r][c] + dl[r]) * scale : 0.0f;\n");
+    fprintf(f, "                        }\n");
+    fprintf(f, "                        Ss[(ty + 16 * r) * %d + tx + 8 * c] = ds;\n", t + 1);
+    fprintf(f, "                    }\n");
+    fprintf(f, "                __syncthreads(); /* Ss */\n");
+    fprintf(f, "                for (int c = 0; c < %d; c++) {\n", t);
+    fprintf(f, "                    float kv[%lld];\n", dn);
+    fprintf(f, "                    for (int e = 0; e < %lld; e++)\n", dn);
+    fprintf(f, "                        kv[e] = tx + 8 * e < D ? Ks[c * (D + 1) + tx + 8 * e] : 0.0f;\n");
+    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                        const float w = Ss[(ty + 16 * r) * %d + c];\n", t + 1);
+    fprintf(f, "                        for (int e = 0; e < %lld; e++)\n                            acc[r][e] += w * kv[e];\n", dn);
+    fprintf(f, "                    }\n                }\n");
+    fprintf(f, "                __syncthreads(); /* before the next tile replaces Ks, Vs, Ss */\n");
+    fprintf(f, "            }\n");
+    fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "                for (int e = 0; e < %lld; e++)\n", dn);
+    fprintf(f, "                    if (i < I && tx + 8 * e < D)\n");
+    fprintf(f, "                        xtc_st(dq, i * D + tx + 8 * e, acc[r][e]);\n            }\n");
+    /* ---- dk, dv ---- */
+    fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i for T keys */\n");
+    fprintf(f, "            const i64 jt0 = (tile - qtiles) * %d;\n", t);
+    load_tile(k, "Ks", "kb", "jt0", "J", "D", t, "            ");
+    load_tile(k, "Vs", "vb", "jt0", "J", "E", t, "            ");
+    fprintf(f, "            float acc[%d][%lld], acc2[%d][%lld];\n", rm, dn, rm, dn);
+    fprintf(f, "            for (int r = 0; r < %d; r++)\n                for (int e = 0; e < %lld; e++)\n"
+               "                    acc[r][e] = acc2[r][e] = 0.0f;\n", rm, dn);
+    fprintf(f, "            i64 fmq, tib, tie; /* the query rows of the tile's keys: [0, fmq) and [tib, tie) */\n");
+    fprintf(f, "            {\n                const i64 j = jt0;\n");
+    query_ranges(k, a, "                ");
+    fprintf(f, "                fmq = fm; /* the same for every key */\n                tib = ib;\n                (void)ie;\n            }\n");
+    fprintf(f, "            {\n                const i64 j = (jt0 + %d < J ? jt0 + %d : J) - 1;\n", t, t);
+    query_ranges(k, a, "                ");
+    fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
+    fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
+    fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", t);
+    load_tile(k, "Qs", "qb", "i0", "ihi", "D", t, "                ");
+    fprintf(f, "                for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", t);
+    fprintf(f, "                    const int r = t / D, d = t %% D;\n");
+    fprintf(f, "                    Gs[r * (D + 1) + d] = i0 + r < ihi ? xtc_ld(gb, (i0 + r) * GC + d) : 0.0f;\n                }\n");
+    fprintf(f, "                for (int rr = ty; rr < %d; rr += 16) { /* each query row's lse and dlse - D_i */\n", t);
+    fprintf(f, "                    const i64 i = i0 + rr;\n");
+    fprintf(f, "                    float dsum = 0.0f;\n");
+    fprintf(f, "                    for (int e = tx; e < E && i < ihi; e += 8)\n");
+    fprintf(f, "                        dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
+    fprintf(f, "                    for (int o = 1; o < 8; o <<= 1)\n");
+    fprintf(f, "                        dsum += __shfl_xor_sync(0xffffffffu, dsum, o);\n");
+    fprintf(f, "                    if (tx == 0) {\n");
+    fprintf(f, "                        Ls[rr] = i < ihi ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
+    fprintf(f, "                        Ls[%d + rr] = (i < ihi && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n", t);
+    fprintf(f, "                    }\n                }\n");
+    fprintf(f, "                __syncthreads(); /* Qs, Gs, Ls */\n");
+    fprintf(f, "                float s[%d][%d], dp[%d][%d]; /* [key][query] */\n", rm, cn, rm, cn);
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
+               "                        s[r][c] = dp[r][c] = 0.0f;\n", rm, cn);
+    fprintf(f, "                for (int d = 0; d < D; d++)\n");
+    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                        const float kv = Ks[(ty + 16 * r) * (D + 1) + d], vv = Vs[(ty + 16 * r) * (D + 1) + d];\n");
+    fprintf(f, "                        for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                            s[r][c] += kv * Qs[(tx + 8 * c) * (D + 1) + d];\n");
+    fprintf(f, "                            dp[r][c] += vv * Gs[(tx + 8 * c) * (D + 1) + d];\n");
+    fprintf(f, "                        }\n                    }\n");
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n", rm);
+    fprintf(f, "                    for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                        const i64 j = jt0 + ty + 16 * r, i = i0 + tx + 8 * c;\n");
+    fprintf(f, "                        float ds = 0.0f, pij = 0.0f;\n");
+    fprintf(f, "                        if (i < ihi && j < J) {\n");
+    key_range(k, a, "                            ");
+    fprintf(f, "                            if (j >= jb && j < je) {\n");
+    fprintf(f, "                                const float scale = %s;\n", a->scale);
+    fprintf(f, "                                const int keep = %s;\n", a->keep);
+    fprintf(f, "                                pij = xtc_prob(keep ? s[r][c] * scale%s : -3.40282347e+38f, Ls[tx + 8 * c], J);\n",
+            a->bias);
+    fprintf(f, "                                ds = keep ? pij * (dp[r][c] + Ls[%d + tx + 8 * c]) * scale : 0.0f;\n", t);
+    fprintf(f, "                            }\n                        }\n");
+    fprintf(f, "                        Ps[(ty + 16 * r) * %d + tx + 8 * c] = pij;\n", t + 1);
+    fprintf(f, "                        Ss[(ty + 16 * r) * %d + tx + 8 * c] = ds;\n", t + 1);
+    fprintf(f, "                    }\n");
+    fprintf(f, "                __syncthreads(); /* Ps, Ss */\n");
+    fprintf(f, "                for (int c = 0; c < %d; c++) {\n", t);
+    fprintf(f, "                    float qv[%lld], gv[%lld];\n", dn, dn);
+    fprintf(f, "                    for (int e = 0; e < %lld; e++) {\n", dn);
+    fprintf(f, "                        qv[e] = tx + 8 * e < D ? Qs[c * (D + 1) + tx + 8 * e] : 0.0f;\n");
+    fprintf(f, "                        gv[e] = tx + 8 * e < D ? Gs[c * (D + 1) + tx + 8 * e] : 0.0f;\n                    }\n");
+    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                        const float w = Ss[(ty + 16 * r) * %d + c], p = Ps[(ty + 16 * r) * %d + c];\n",
+            t + 1, t + 1);
+    fprintf(f, "                        for (int e = 0; e < %lld; e++) {\n", dn);
+    fprintf(f, "                            acc[r][e] += w * qv[e];\n                            acc2[r][e] += p * gv[e];\n");
+    fprintf(f, "                        }\n                    }\n                }\n");
+    fprintf(f, "                __syncthreads(); /* before the next tile replaces Qs, Gs, Ls, Ps, Ss */\n");
+    fprintf(f, "            }\n");
+    fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                const i64 j = jt0 + ty + 16 * r;\n");
+    fprintf(f, "                for (int e = 0; e < %lld; e++)\n", dn);
+    fprintf(f, "                    if (j < J && tx + 8 * e < D) {\n");
+    fprintf(f, "                        xtc_st(dk, j * D + tx + 8 * e, acc[r][e]);\n");
+    fprintf(f, "                        xtc_st(dv, j * D + tx + 8 * e, acc2[r][e]);\n                    }\n            }\n");
+    fprintf(f, "        }\n");
+    fprintf(f, "        __syncthreads(); /* before the next block's tiles */\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char qt[CU_EXPR], kt[CU_EXPR], rows[4 * CU_EXPR];
+    cu_ceil_div(a->I, t, qt, sizeof qt);
+    cu_ceil_div(a->J, t, kt, sizeof kt);
+    snprintf(rows, sizeof rows, "%s%s%s * (%s + %s)", po(a->batches), a->batches, pc(a->batches), qt, kt);
+    cu_geom_rows(k, rows, 128);
+}
+
 int cg_cuda_attention_grad(CuKernel *k)
 {
     const IrNode *x = k->node;
@@ -430,6 +655,11 @@ int cg_cuda_attention_grad(CuKernel *k)
     int r = a.r;
     char gcols[CU_EXPR];
     cu_dim(k->gen, dout->shape[r - 1], gcols, sizeof gcols);
+    int t = att_grad_tile(a.D);
+    if (t) {
+        attention_grad_tiled(k, &a, gcols, t);
+        return 0;
+    }
     long long accd = (a.D + ATT_BLOCK - 1) / ATT_BLOCK;
     FILE *f = k->f;
     k->sync = 1;

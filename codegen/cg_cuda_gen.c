@@ -42,7 +42,8 @@ static const char *const reserved[] = {
     "lse", "dlse", "ds", "pij", "kb", "vb", "qb", "ob", "gb", "scale", "keep", "L", "Lout", "mm", "g", "t", "wm", "wn",
     "kp", "af", "bf", "rw", "gr", "gk", "lo", "hi", "a", "c", "d", "p", "s", "H", "Qs", "Ks", "Vs", "Ps", "dp",
     "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
-    "qv", "vv", "psum", "rmax", "sc", "seg", "z", NULL};
+    "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
+    "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", NULL};

@@ -618,6 +618,12 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     out(g, "wide", ow);
     IrDim sdw[] = {b, ir_dim(1), n, ir_dim(131)};
     out(g, "wide_grad", ir_attention_grad(g, ow, input(g, "dwide", IR_F32, 4, sdw)));
+    /* head size 40: tiled, with five of each thread's accumulators per row (the tiles above hold one) */
+    IrDim s40[] = {b, ir_dim(1), n, ir_dim(40)}, s40k[] = {b, ir_dim(1), J, ir_dim(40)}, s40d[] = {b, ir_dim(1), n, ir_dim(41)};
+    IrNode *q40 = input(g, "q40", IR_F32, 4, s40), *k40 = input(g, "k40", IR_F32, 4, s40k);
+    IrNode *o40 = ir_attention(g, q40, k40, input(g, "v40", IR_F32, 4, s40k), NULL, NULL, ir_const(g, 0.15, IR_F32), 1, 1);
+    out(g, "head40", o40);
+    out(g, "head40_grad", ir_attention_grad(g, o40, input(g, "d40", IR_F32, 4, s40d)));
     /* gradients: dout with and without the logsumexp column */
     IrDim svd[] = {b, ir_dim(2), J, ir_dim(8)}, sd[] = {b, ir_dim(2), n, ir_dim(8)}, sd1[] = {b, ir_dim(2), n, ir_dim(9)};
     IrNode *vd = input(g, "vd", IR_F32, 4, svd);
