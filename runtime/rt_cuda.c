@@ -490,10 +490,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         if (!downloads(m, run, b) || !storage)
             continue;
         size_t bytes = buffer_bytes(d, b, run->syms);
-        const uint16_t *src = (const uint16_t *)((char *)d->stage + staged);
-        float *dst = run->host[b];
-        for (size_t i = 0; i < bytes / 2; i++)
-            dst[i] = rt_half_to_f32(storage, src[i]);
+        rt_half_widen(storage, (const uint16_t *)((char *)d->stage + staged), run->host[b], bytes / 2);
         staged += bytes;
     }
     for (int s = 0; s < m->nsteps; s++)
@@ -557,12 +554,8 @@ static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char 
             CUDA_SUCCESS ||
         (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, what, err, n);
-    if (storage) {
-        const uint16_t *src = d->stage;
-        float *dst = host;
-        for (size_t i = 0; i < bytes / 2; i++)
-            dst[i] = rt_half_to_f32(storage, src[i]);
-    }
+    if (storage)
+        rt_half_widen(storage, d->stage, host, bytes / 2);
     return 0;
 }
 

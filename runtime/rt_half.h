@@ -75,6 +75,20 @@ static inline float rt_half_to_f32(int storage, uint16_t h)
     return storage == 1 ? rt_bf16_to_f32(h) : rt_fp16_to_f32(h);
 }
 
+/* n stored values widened to f32 (downloads): bf16 is a shift the compiler vectorises */
+static inline void rt_half_widen(int storage, const uint16_t *src, float *dst, size_t n)
+{
+    if (storage == 1) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(dst + i, &u, sizeof u);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++)
+            dst[i] = rt_fp16_to_f32(src[i]);
+    }
+}
+
 static inline float rt_round_to_storage(int storage, float f)
 {
     return storage ? rt_half_to_f32(storage, rt_f32_to_half(storage, f)) : f;

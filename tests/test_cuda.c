@@ -182,8 +182,12 @@ START_TEST(test_half_conversions)
         for (long i = 0; i < 65536; i++)
             all[i] = (unsigned short)i;
         widen(all, w, 65536);
+        float *bulk = malloc(65536 * sizeof *bulk); /* the runtime's download path */
+        rt_half_widen(st, all, bulk, 65536);
         for (long i = 0; i < 65536; i++) {
             float r = rt_half_to_f32(st, (uint16_t)i);
+            ck_assert_msg(rt_f32_bits(bulk[i]) == rt_f32_bits(r), "%s 0x%04lx widens to %a in rt_half_widen, %a one by one",
+                          STORAGE_NAME[st], i, bulk[i], r);
             ck_assert_msg(rt_f32_bits(w[i]) == rt_f32_bits(r) || (isnan(w[i]) && isnan(r)),
                           "%s 0x%04lx widens to %a in the prelude, %a in rt_half.h", STORAGE_NAME[st], i, w[i], r);
             if (!isnan(r)) {
@@ -230,6 +234,7 @@ START_TEST(test_half_conversions)
         free(h);
         free(all);
         free(w);
+        free(bulk);
         dlclose(dl);
     }
 #ifndef __FLT16_MAX__
