@@ -212,6 +212,52 @@ static int att_tile(long long D, long long E, int *br, int *bc)
     return 0;
 }
 
+/* tjb, tje: the keys of rows [first, last] of a tile (declared at indent), the union of their
+ * key ranges, which the first and the last row bound. */
+static void tile_keys(CuKernel *k, const Att *a, const char *first, const char *last, const char *indent)
+{
+    FILE *f = k->f;
+    char in[64];
+    snprintf(in, sizeof in, "%s    ", indent);
+    fprintf(f, "%si64 tjb, tje; /* the keys of the tile's rows: its first and last rows bound them */\n", indent);
+    fprintf(f, "%s{\n%s    const i64 i = %s;\n", indent, indent, first);
+    key_range(k, a, in);
+    fprintf(f, "%s    tjb = jb;\n%s    tje = je;\n%s}\n", indent, indent, indent);
+    fprintf(f, "%s{\n%s    const i64 i = %s;\n", indent, indent, last);
+    key_range(k, a, in);
+    fprintf(f, "%s    tjb = jb < tjb ? jb : tjb;\n%s    tje = je > tje ? je : tje;\n%s}\n", indent, indent, indent);
+}
+
+/* The backward's two products of a T x T tile: s[r][c] = row r of ra . row c of ca and dp[r][c]
+ * = row r of rb . row c of cb (shared tiles, row stride D + 1), rows ty + 16 r, columns tx + 8 c. */
+static void tile_products(CuKernel *k, const char *ra, const char *rb, const char *ca, const char *cb, int rm, int cn)
+{
+    FILE *f = k->f;
+    fprintf(f, "                float s[%d][%d], dp[%d][%d];\n", rm, cn, rm, cn);
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
+               "                        s[r][c] = dp[r][c] = 0.0f;\n", rm, cn);
+    fprintf(f, "                for (int d = 0; d < D; d++)\n");
+    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
+    fprintf(f, "                        const float av = %s[(ty + 16 * r) * (D + 1) + d], bv = %s[(ty + 16 * r) * (D + 1) + d];\n",
+            ra, rb);
+    fprintf(f, "                        for (int c = 0; c < %d; c++) {\n", cn);
+    fprintf(f, "                            s[r][c] += av * %s[(tx + 8 * c) * (D + 1) + d];\n", ca);
+    fprintf(f, "                            dp[r][c] += bv * %s[(tx + 8 * c) * (D + 1) + d];\n", cb);
+    fprintf(f, "                        }\n                    }\n");
+}
+
+/* p and ds of the pair (i, j) in scope, from s[r][c] and dp[r][c], the query row's logsumexp lse
+ * and its dlse - D_i (dl): pij (declared here unless `declared`) and ds assigned. */
+static void pair_grad(CuKernel *k, const Att *a, const char *lse, const char *dl, int declared, const char *indent)
+{
+    FILE *f = k->f;
+    fprintf(f, "%sconst float scale = %s;\n", indent, a->scale);
+    fprintf(f, "%sconst int keep = %s;\n", indent, a->keep);
+    fprintf(f, "%s%spij = xtc_prob(keep ? s[r][c] * scale%s : -3.40282347e+38f, %s, J);\n", indent,
+            declared ? "" : "const float ", a->bias, lse);
+    fprintf(f, "%sds = keep ? pij * (dp[r][c] + %s) * scale : 0.0f;\n", indent, dl);
+}
+
 /* attention as FlashAttention tiles it: a block of 128 threads (8 x 16) per BR query rows, the
  * keys by tiles of BC through shared memory. Thread (tx, ty) owns rows ty + 16 r and score
  * columns tx + 8 c of the tile, and output columns tx + 8 e; a row's eight threads are
@@ -261,13 +307,11 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
     fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
     fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
     fprintf(f, "            for (int e = 0; e < %lld; e++)\n                acc[r][e] = 0.0f;\n        }\n", en);
-    fprintf(f, "        i64 tjb, tje; /* the keys of the tile's rows: those of its first and last rows bound them */\n");
-    fprintf(f, "        {\n            const i64 i = i0;\n");
-    key_range(k, a, "            ");
-    fprintf(f, "            tjb = jb;\n            tje = je;\n        }\n");
-    fprintf(f, "        {\n            const i64 i = (i0 + %d < I ? i0 + %d : I) - 1;\n", br, br);
-    key_range(k, a, "            ");
-    fprintf(f, "            tjb = jb < tjb ? jb : tjb;\n            tje = je > tje ? je : tje;\n        }\n");
+    {
+        char last[64];
+        snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", br, br);
+        tile_keys(k, a, "i0", last, "        ");
+    }
     fprintf(f, "        __syncthreads(); /* Qs */\n");
     fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", bc);
     fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", bc);
@@ -487,9 +531,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j for T query rows */\n");
     fprintf(f, "            const i64 i0 = tile * %d;\n", t);
     load_tile(k, "Qs", "qb", "i0", "I", "D", t, "            ");
-    fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", t);
-    fprintf(f, "                const int r = t / D, d = t %% D;\n");
-    fprintf(f, "                Gs[r * (D + 1) + d] = i0 + r < I ? xtc_ld(gb, (i0 + r) * GC + d) : 0.0f;\n            }\n");
+    load_tile(k, "Gs", "gb", "i0", "I", "GC", t, "            ");
     fprintf(f, "            i64 rjb[%d], rje[%d];\n", rm, rm);
     fprintf(f, "            float lse[%d], dl[%d], acc[%d][%lld];\n", rm, rm, rm, dn);
     fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
@@ -504,38 +546,23 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                lse[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
     fprintf(f, "                dl[r] = (i < I && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] = 0.0f;\n            }\n", dn);
-    fprintf(f, "            i64 tjb, tje; /* the keys of the tile's rows */\n");
-    fprintf(f, "            {\n                const i64 i = i0;\n");
-    key_range(k, a, "                ");
-    fprintf(f, "                tjb = jb;\n                tje = je;\n            }\n");
-    fprintf(f, "            {\n                const i64 i = (i0 + %d < I ? i0 + %d : I) - 1;\n", t, t);
-    key_range(k, a, "                ");
-    fprintf(f, "                tjb = jb < tjb ? jb : tjb;\n                tje = je > tje ? je : tje;\n            }\n");
+    {
+        char last[64];
+        snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", t, t);
+        tile_keys(k, a, "i0", last, "            ");
+    }
     fprintf(f, "            __syncthreads(); /* Qs, Gs */\n");
     fprintf(f, "            for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", t);
     load_tile(k, "Ks", "kb", "j0", "tje", "D", t, "                ");
     load_tile(k, "Vs", "vb", "j0", "tje", "E", t, "                ");
     fprintf(f, "                __syncthreads(); /* Ks, Vs */\n");
-    fprintf(f, "                float s[%d][%d], dp[%d][%d];\n", rm, cn, rm, cn);
-    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
-               "                        s[r][c] = dp[r][c] = 0.0f;\n", rm, cn);
-    fprintf(f, "                for (int d = 0; d < D; d++)\n");
-    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "                        const float qv = Qs[(ty + 16 * r) * (D + 1) + d], gv = Gs[(ty + 16 * r) * (D + 1) + d];\n");
-    fprintf(f, "                        for (int c = 0; c < %d; c++) {\n", cn);
-    fprintf(f, "                            s[r][c] += qv * Ks[(tx + 8 * c) * (D + 1) + d];\n");
-    fprintf(f, "                            dp[r][c] += gv * Vs[(tx + 8 * c) * (D + 1) + d];\n");
-    fprintf(f, "                        }\n                    }\n");
+    tile_products(k, "Qs", "Gs", "Ks", "Vs", rm, cn);
     fprintf(f, "                for (int r = 0; r < %d; r++)\n", rm);
     fprintf(f, "                    for (int c = 0; c < %d; c++) {\n", cn);
     fprintf(f, "                        const i64 i = i0 + ty + 16 * r, j = j0 + tx + 8 * c;\n");
     fprintf(f, "                        float ds = 0.0f;\n");
     fprintf(f, "                        if (j >= rjb[r] && j < rje[r]) {\n");
-    fprintf(f, "                            const float scale = %s;\n", a->scale);
-    fprintf(f, "                            const int keep = %s;\n", a->keep);
-    fprintf(f, "                            const float pij = xtc_prob(keep ? s[r][c] * scale%s : -3.40282347e+38f, lse[r], J);\n",
-            a->bias);
-    fprintf(f, "                            ds = keep ? pij * (dp[r][c] + dl[r]) * scale : 0.0f;\n");
+    pair_grad(k, a, "lse[r]", "dl[r]", 0, "                            ");
     fprintf(f, "                        }\n");
     fprintf(f, "                        Ss[(ty + 16 * r) * %d + tx + 8 * c] = ds;\n", t + 1);
     fprintf(f, "                    }\n");
@@ -573,9 +600,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", t);
     load_tile(k, "Qs", "qb", "i0", "ihi", "D", t, "                ");
-    fprintf(f, "                for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", t);
-    fprintf(f, "                    const int r = t / D, d = t %% D;\n");
-    fprintf(f, "                    Gs[r * (D + 1) + d] = i0 + r < ihi ? xtc_ld(gb, (i0 + r) * GC + d) : 0.0f;\n                }\n");
+    load_tile(k, "Gs", "gb", "i0", "ihi", "GC", t, "                ");
     fprintf(f, "                for (int rr = ty; rr < %d; rr += 16) { /* each query row's lse and dlse - D_i */\n", t);
     fprintf(f, "                    const i64 i = i0 + rr;\n");
     fprintf(f, "                    float dsum = 0.0f;\n");
@@ -588,16 +613,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        Ls[%d + rr] = (i < ihi && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n", t);
     fprintf(f, "                    }\n                }\n");
     fprintf(f, "                __syncthreads(); /* Qs, Gs, Ls */\n");
-    fprintf(f, "                float s[%d][%d], dp[%d][%d]; /* [key][query] */\n", rm, cn, rm, cn);
-    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
-               "                        s[r][c] = dp[r][c] = 0.0f;\n", rm, cn);
-    fprintf(f, "                for (int d = 0; d < D; d++)\n");
-    fprintf(f, "                    for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "                        const float kv = Ks[(ty + 16 * r) * (D + 1) + d], vv = Vs[(ty + 16 * r) * (D + 1) + d];\n");
-    fprintf(f, "                        for (int c = 0; c < %d; c++) {\n", cn);
-    fprintf(f, "                            s[r][c] += kv * Qs[(tx + 8 * c) * (D + 1) + d];\n");
-    fprintf(f, "                            dp[r][c] += vv * Gs[(tx + 8 * c) * (D + 1) + d];\n");
-    fprintf(f, "                        }\n                    }\n");
+    tile_products(k, "Ks", "Vs", "Qs", "Gs", rm, cn); /* [key][query] */
     fprintf(f, "                for (int r = 0; r < %d; r++)\n", rm);
     fprintf(f, "                    for (int c = 0; c < %d; c++) {\n", cn);
     fprintf(f, "                        const i64 j = jt0 + ty + 16 * r, i = i0 + tx + 8 * c;\n");
@@ -605,11 +621,11 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        if (i < ihi && j < J) {\n");
     key_range(k, a, "                            ");
     fprintf(f, "                            if (j >= jb && j < je) {\n");
-    fprintf(f, "                                const float scale = %s;\n", a->scale);
-    fprintf(f, "                                const int keep = %s;\n", a->keep);
-    fprintf(f, "                                pij = xtc_prob(keep ? s[r][c] * scale%s : -3.40282347e+38f, Ls[tx + 8 * c], J);\n",
-            a->bias);
-    fprintf(f, "                                ds = keep ? pij * (dp[r][c] + Ls[%d + tx + 8 * c]) * scale : 0.0f;\n", t);
+    {
+        char dl[64];
+        snprintf(dl, sizeof dl, "Ls[%d + tx + 8 * c]", t);
+        pair_grad(k, a, "Ls[tx + 8 * c]", dl, 1, "                                ");
+    }
     fprintf(f, "                            }\n                        }\n");
     fprintf(f, "                        Ps[(ty + 16 * r) * %d + tx + 8 * c] = pij;\n", t + 1);
     fprintf(f, "                        Ss[(ty + 16 * r) * %d + tx + 8 * c] = ds;\n", t + 1);
