@@ -212,15 +212,16 @@ static int att_tile(long long D, long long E, int *br, int *bc)
     return 0;
 }
 
-/* tjb, tje: the keys of rows [first, last] of a tile (declared at indent), the union of their
- * key ranges, which the first and the last row bound. */
-static void tile_keys(CuKernel *k, const Att *a, const char *first, const char *last, const char *indent)
+/* tjb, tje: the keys of the tile of rows [i0, i0 + rows) (declared at indent), the union of
+ * their key ranges, which the tile's first and last rows bound. */
+static void tile_keys(CuKernel *k, const Att *a, int rows, const char *indent)
 {
     FILE *f = k->f;
-    char in[64];
+    char in[64], last[64];
     snprintf(in, sizeof in, "%s    ", indent);
+    snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", rows, rows);
     fprintf(f, "%si64 tjb, tje; /* the keys of the tile's rows: its first and last rows bound them */\n", indent);
-    fprintf(f, "%s{\n%s    const i64 i = %s;\n", indent, indent, first);
+    fprintf(f, "%s{\n%s    const i64 i = i0;\n", indent, indent);
     key_range(k, a, in);
     fprintf(f, "%s    tjb = jb;\n%s    tje = je;\n%s}\n", indent, indent, indent);
     fprintf(f, "%s{\n%s    const i64 i = %s;\n", indent, indent, last);
@@ -307,11 +308,7 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
     fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
     fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
     fprintf(f, "            for (int e = 0; e < %lld; e++)\n                acc[r][e] = 0.0f;\n        }\n", en);
-    {
-        char last[64];
-        snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", br, br);
-        tile_keys(k, a, "i0", last, "        ");
-    }
+    tile_keys(k, a, br, "        ");
     fprintf(f, "        __syncthreads(); /* Qs */\n");
     fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", bc);
     fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", bc);
@@ -546,11 +543,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                lse[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
     fprintf(f, "                dl[r] = (i < I && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] = 0.0f;\n            }\n", dn);
-    {
-        char last[64];
-        snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", t, t);
-        tile_keys(k, a, "i0", last, "            ");
-    }
+    tile_keys(k, a, t, "            ");
     fprintf(f, "            __syncthreads(); /* Qs, Gs */\n");
     fprintf(f, "            for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", t);
     load_tile(k, "Ks", "kb", "j0", "tje", "D", t, "                ");

@@ -42,6 +42,19 @@ static inline IrGraph *harness_new_graph(const char *name, BuildFn build, int64_
     return g;
 }
 
+/* The carry tests' recurrence (test_codegen, test_cuda): next = concat(state[n, 3], x[1, 3]) and
+ * twice = next + next, state the input that next is carried into. */
+static inline IrGraph *harness_carry_graph(IrNode **next)
+{
+    IrGraph *g = ir_graph_new("carry");
+    IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
+    IrDim ss[] = {n, ir_dim(3)}, sx[] = {ir_dim(1), ir_dim(3)};
+    *next = ir_concat(g, ir_input(g, "state", IR_F32, 2, ss), ir_input(g, "x", IR_F32, 2, sx), 0);
+    ir_output(g, "next", *next);
+    ir_output(g, "twice", ir_binary(g, IR_ADD, *next, *next));
+    return g;
+}
+
 /* ---- random values for a graph's leaves ---- */
 
 /* The leaves of a graph (inputs, parameters, buffers, in node order) and their values. */

@@ -670,12 +670,8 @@ static void expect_next(XtcSession *s, int64_t rows_out, const float *state, int
 
 START_TEST(test_carry)
 {
-    IrGraph *g = ir_graph_new("carry");
-    IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
-    IrDim ss[] = {n, ir_dim(3)}, sx[] = {ir_dim(1), ir_dim(3)};
-    IrNode *next = ir_concat(g, input(g, "state", IR_F32, 2, ss), input(g, "x", IR_F32, 2, sx), 0);
-    out(g, "next", next);
-    out(g, "twice", ir_binary(g, IR_ADD, next, next));
+    IrNode *next;
+    IrGraph *g = harness_carry_graph(&next);
     out(g, "negative", ir_binary(g, IR_LT, next, ir_const(g, 0, IR_F32)));
     XtcModule *m = compile_load(g, "carry", NULL);
     XtcSession *s = NULL;

@@ -884,12 +884,8 @@ static void expect_rows(XtcSession *s, const float *state, int64_t rows, const c
 START_TEST(test_device_carry)
 {
     for (storage = 0; storage < 2; storage++) {
-        IrGraph *g = ir_graph_new("carry");
-        IrDim n = ir_dim_sym(ir_graph_add_sym(g, "n", 16));
-        IrDim ss[] = {n, ir_dim(3)}, sx[] = {ir_dim(1), ir_dim(3)};
-        IrNode *next = ir_concat(g, input(g, "state", IR_F32, 2, ss), input(g, "x", IR_F32, 2, sx), 0);
-        out(g, "next", next);
-        out(g, "twice", ir_binary(g, IR_ADD, next, next));
+        IrNode *next;
+        IrGraph *g = harness_carry_graph(&next);
         XtcModule *m = compile_target(g, "carry", "cuda-emu");
         XtcSession *s = NULL;
         ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
