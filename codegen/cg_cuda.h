@@ -53,6 +53,9 @@ typedef struct {
     FILE *f;  /* its text */
     CuGeom geom;
     int sync; /* uses __syncthreads or warp operations (the emulator gives its threads stacks) */
+    /* when bound_blocks > 0: compiled for blocks of at most bound_threads threads, at least
+     * bound_blocks of them resident per SM (__launch_bounds__: caps the registers per thread) */
+    int bound_threads, bound_blocks;
 } CuKernel;
 
 /* A row of the per-op table. */

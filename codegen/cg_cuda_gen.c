@@ -43,7 +43,7 @@ static const char *const reserved[] = {
     "kp", "af", "bf", "rw", "gr", "gk", "lo", "hi", "a", "c", "d", "p", "s", "H", "Qs", "Ks", "Vs", "Ps", "dp",
     "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
-    "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", NULL};
+    "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", NULL};
@@ -230,7 +230,9 @@ void cu_kernel_begin(CuKernel *k)
     fprintf(f, ", %d step%s */\n", k->k->uses, k->k->uses == 1 ? "" : "s");
     /* the parameters, wrapped before 110 columns under the opening parenthesis */
     char param[96];
-    int indent = fprintf(f, "XTC_KERNEL %s(", k->k->fn), col = indent;
+    int indent = k->bound_blocks ? fprintf(f, "XTC_KERNEL XTC_BOUNDS(%d, %d) %s(", k->bound_threads, k->bound_blocks, k->k->fn)
+                                 : fprintf(f, "XTC_KERNEL %s(", k->k->fn);
+    int col = indent;
     int nparams = 1 + x->nin + k->gen->g->nsyms + 1;
     for (int p = 0; p < nparams; p++) {
         if (p == 0)
@@ -285,11 +287,37 @@ static const char *const prelude[] = {
     "#define XTC_INLINE static __device__ __forceinline__",
     "#define XTC_INF __int_as_float(0x7f800000)",
     "#define XTC_NAN __int_as_float(0x7fffffff)",
+    "#define XTC_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)",
+    "#else",
+    "#define XTC_BOUNDS(threads, blocks)",
     "#endif",
     "",
     "/* the thread's place in the grid, and the grid's size, for grid-stride loops */",
     "XTC_INLINE i64 xtc_global_id(void) { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }",
     "XTC_INLINE i64 xtc_global_size(void) { return (i64)gridDim.x * blockDim.x; }",
+    "",
+    "/* four consecutive floats of shared memory at a 16-byte aligned address (XTC_ALIGN16 arrays,",
+    " * offsets in multiples of 4): one 128-bit load on the GPU */",
+    "#ifdef XTC_CUDA_EMULATION",
+    "#define XTC_ALIGN16 __attribute__((aligned(16)))",
+    "XTC_INLINE void xtc_lds4(float v[4], const float *p)",
+    "{",
+    "    v[0] = p[0];",
+    "    v[1] = p[1];",
+    "    v[2] = p[2];",
+    "    v[3] = p[3];",
+    "}",
+    "#else",
+    "#define XTC_ALIGN16 __align__(16)",
+    "XTC_INLINE void xtc_lds4(float v[4], const float *p)",
+    "{",
+    "    const float4 q = *(const float4 *)p;",
+    "    v[0] = q.x;",
+    "    v[1] = q.y;",
+    "    v[2] = q.z;",
+    "    v[3] = q.w;",
+    "}",
+    "#endif",
     "",
     "/* maximum and minimum propagating NaN, like torch.maximum */",
     "XTC_INLINE float xtc_fmax(float a, float b) { return a != a || b != b ? a + b : a > b ? a : b; }",

@@ -1,15 +1,19 @@
 /* cg_cuda_matmul.c: matrix multiplication on the GPU, C[.., M, N] = A[.., M, K] x B[.., K, N]
  * (B given as [.., N, K] with transpose_b), batch dimensions broadcast.
  *
- * The classic shared-memory tiling: a block of 256 threads computes a TILE x TILE (64 x 64) tile
- * of C, each thread a 4 x 4 grid of it (rows ty + 16 q, columns tx + 16 w, so that a warp's
- * loads from shared memory and its stores to C are contiguous). K advances KT (16) at a time:
- * the block copies A[64 x 16] and B[16 x 64] into shared memory (zero past the edges, so ragged
- * sizes need no other care), waits, and every thread accumulates its 16 products from there.
- * Tiles are x (a grid-stride loop), batch matrices y. A is stored transposed in shared memory,
- * As[k][m], so that both operands are read along a row there. A fused program whose first step is
- * the matmul (bias, activation, residual) replaces the store of C by its epilogue
- * (cg_cuda_fused.c), which reads mm, the product at (batch, row, col).
+ * Without tensor cores, shared-memory tiling with register blocking, blocks of 256 threads in one
+ * of two shapes chosen at run time from M and N (f32_tiles): 64 x 64 tiles of C, each thread a
+ * 4 x 4 grid of it, k 16 per stage; or, when there are at least LARGE_MIN tiles of 128 x 128,
+ * those, each thread an 8 x 8 grid, k 8 per stage (a quarter of the blocks, each reading half as
+ * much per product; the small tiles keep small products spread over the whole GPU). A thread's
+ * rows and columns are runs of 4 contiguous ones, so that one k step reads each operand from
+ * shared memory with 128-bit loads (xtc_lds4). K advances through two shared buffers: the next
+ * stage's operand tiles are read from global memory into registers while the current stage's
+ * products run, then stored to the other buffer, one barrier a stage. Tiles are stored [k][m]
+ * and [k][n] (zero past the edges, so ragged sizes need no other care), rows padded by 4 floats.
+ * Tiles are x (a grid-stride loop), batch matrices y. A fused program whose first step is the
+ * matmul (bias, activation, residual) replaces the store of C by its epilogue (cg_cuda_fused.c),
+ * which reads mm, the product at (batch, row, col).
  *
  * With tensor cores (CgOptions.mma, bf16 or fp16 operands, f32 sums) the block is 4 warps (128
  * threads) over a 64 x 64 tile of C, each warp a 32 x 32 quarter of it as 2 x 4 products of
@@ -26,9 +30,10 @@
 
 #include <string.h>
 
-#define TILE 64
-#define KT 16
+#define TILE 64      /* the tile of the launch geometry and of the tensor-core kernel */
 #define THREADS 256
+#define STAGE 4      /* elements of each operand's tile a thread stages, in both f32 shapes */
+#define LARGE_MIN 256 /* f32: 128 x 128 tiles from this many of them */
 
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
@@ -139,6 +144,121 @@ static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char 
     return 0;
 }
 
+/* The f32 kernel's two shapes (both 256 threads, tx = threadIdx.x % 16, ty = threadIdx.x / 16):
+ * tile rows and columns, outputs per thread along each, k per stage. */
+typedef struct {
+    int tile, per, kt;
+    const char *as, *bs; /* their shared arrays */
+} F32Shape;
+
+static const F32Shape shape_small = {64, 4, 16, "As", "Bs"};
+static const F32Shape shape_large = {128, 8, 8, "Al", "Bl"};
+_Static_assert(64 * 16 == STAGE * THREADS && 128 * 8 == STAGE * THREADS, "each thread stages STAGE elements");
+
+/* One stage's share of the operand tiles, global memory to registers: ra[i] = A[m0 + tr, kz + tc]
+ * for the thread's STAGE elements of A's tile x kt (e = threadIdx.x + THREADS i, tr = e / kt, tc =
+ * e % kt: a warp reads rows of kt contiguous floats), rb[i] likewise from B's tile (transposed B
+ * the same walk over n; else tr = e / tile along k, tc = e % tile along n); zero past the edges. */
+static void stage_load(FILE *f, const F32Shape *sh, int tb, const char *kz, const char *at)
+{
+    fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* the stage from k = %s */\n", at, STAGE, kz);
+    fprintf(f, "%s    const int e = threadIdx.x + %d * i;\n", at, THREADS);
+    fprintf(f, "%s    const i64 tr = e / %d, tc = %s + e %% %d;\n", at, sh->kt, kz, sh->kt);
+    fprintf(f, "%s    ra[i] = m0 + tr < M && tc < K ? xtc_ld(A, (m0 + tr) * K + tc) : 0.0f;\n", at);
+    if (tb) {
+        fprintf(f, "%s    rb[i] = n0 + tr < N && tc < K ? xtc_ld(B, (n0 + tr) * K + tc) : 0.0f;\n", at);
+    } else {
+        fprintf(f, "%s    const i64 gk = %s + e / %d, gr = n0 + e %% %d;\n", at, kz, sh->tile, sh->tile);
+        fprintf(f, "%s    rb[i] = gk < K && gr < N ? xtc_ld(B, gk * N + gr) : 0.0f;\n", at);
+    }
+    fprintf(f, "%s}\n", at);
+}
+
+/* ... and registers to the shared buffer `buf`, both tiles stored [k][m or n] */
+static void stage_store(FILE *f, const F32Shape *sh, int tb, const char *buf, const char *at)
+{
+    fprintf(f, "%sfor (int i = 0; i < %d; i++) {\n", at, STAGE);
+    fprintf(f, "%s    const int e = threadIdx.x + %d * i;\n", at, THREADS);
+    fprintf(f, "%s    %s[%s][e %% %d][e / %d] = ra[i];\n", at, sh->as, buf, sh->kt, sh->kt);
+    if (tb)
+        fprintf(f, "%s    %s[%s][e %% %d][e / %d] = rb[i];\n", at, sh->bs, buf, sh->kt, sh->kt);
+    else
+        fprintf(f, "%s    %s[%s][e / %d][e %% %d] = rb[i];\n", at, sh->bs, buf, sh->tile, sh->tile);
+    fprintf(f, "%s}\n", at);
+}
+
+/* The tile loop of one shape, for the batch's A, B and C. Thread (tx, ty) computes rows
+ * q / 4 * tile / 2 + ty * 4 + q % 4 and columns w / 4 * tile / 2 + tx * 4 + w % 4 of the tile
+ * (q, w < per): a k step is per / 2 128-bit loads of each operand from shared memory (a warp's
+ * reads of A share 2 addresses, its reads of B are 256 contiguous bytes) for per x per fused
+ * multiply-adds. The next stage's tiles are read from global memory into registers while the
+ * current stage's products run, then stored to the other buffer: one barrier a stage. */
+static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, CuEpilogue epilogue, void *ctx)
+{
+    FILE *f = k->f;
+    int t = sh->tile, per = sh->per, half = sh->tile / 2;
+    fprintf(f, "            const i64 tn = (N + %d) / %d, nt = (M + %d) / %d * tn;\n", t - 1, t, t - 1, t);
+    fprintf(f, "            for (i64 tile = blockIdx.x; tile < nt; tile += gridDim.x) {\n");
+    fprintf(f, "                const i64 m0 = tile / tn * %d, n0 = tile %% tn * %d;\n", t, t);
+    fprintf(f, "                float acc[%d][%d], ra[%d], rb[%d];\n", per, per, STAGE, STAGE);
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                for (int q = 0; q < %d; q++)\n", per);
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                    for (int w = 0; w < %d; w++)\n", per);
+    fprintf(f, "                        acc[q][w] = 0.0f;\n");
+    stage_load(f, sh, tb, "0", "                ");
+    stage_store(f, sh, tb, "0", "                ");
+    fprintf(f, "                __syncthreads();\n");
+    fprintf(f, "                for (i64 k0 = 0; k0 < K; k0 += %d) {\n", sh->kt);
+    fprintf(f, "                    const int cur = (int)(k0 / %d %% 2), more = k0 + %d < K;\n", sh->kt, sh->kt);
+    fprintf(f, "                    if (more) { /* the next stage's loads, in flight during this one's products */\n");
+    char kz[32];
+    snprintf(kz, sizeof kz, "k0 + %d", sh->kt);
+    stage_load(f, sh, tb, kz, "                        ");
+    fprintf(f, "                    }\n");
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                    for (int kk = 0; kk < %d; kk++) {\n", sh->kt);
+    fprintf(f, "                        float av[%d], bv[%d];\n", per, per);
+    for (int h = 0; h < per / 4; h++) {
+        fprintf(f, "                        xtc_lds4(av + %d, &%s[cur][kk][%d + ty * 4]);\n", 4 * h, sh->as, h * half);
+        fprintf(f, "                        xtc_lds4(bv + %d, &%s[cur][kk][%d + tx * 4]);\n", 4 * h, sh->bs, h * half);
+    }
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                        for (int q = 0; q < %d; q++)\n", per);
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                            for (int w = 0; w < %d; w++)\n", per);
+    fprintf(f, "                                acc[q][w] += av[q] * bv[w];\n");
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    if (more) {\n");
+    stage_store(f, sh, tb, "cur ^ 1", "                        ");
+    fprintf(f, "                    }\n");
+    fprintf(f, "                    __syncthreads();\n");
+    fprintf(f, "                }\n");
+    /* unrolled, so that acc stays in registers however long the epilogue */
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                for (int q = 0; q < %d; q++)\n", per);
+    fprintf(f, "#pragma unroll\n");
+    fprintf(f, "                    for (int w = 0; w < %d; w++) {\n", per);
+    fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = n0 + w / 4 * %d + tx * 4 + w %% 4;\n",
+            half, half);
+    fprintf(f, "                        if (row < M && col < N)\n");
+    if (matmul_store(k, epilogue, ctx, "acc[q][w]", "                            ") < 0)
+        return -1;
+    fprintf(f, "                    }\n");
+    fprintf(f, "            }\n");
+    return 0;
+}
+
+/* Whether the large tiles are used: when there are at least LARGE_MIN of them, enough blocks to
+ * fill a big GPU a few times over; fewer, larger tiles would leave its SMs idle. */
+static void large_test(char *buf, size_t n, const char *M, const char *N)
+{
+    char tm[2 * CU_EXPR], tn[2 * CU_EXPR];
+    cu_ceil_div(M, shape_large.tile, tm, sizeof tm);
+    cu_ceil_div(N, shape_large.tile, tn, sizeof tn);
+    snprintf(buf, n, "(%s) * (%s) >= %d", tm, tn, LARGE_MIN);
+}
+
 int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
 {
     if (k->gen->mma != CG_MMA_OFF)
@@ -146,55 +266,45 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
     FILE *f = k->f;
     int tb = x->ia[0] != 0;
     k->sync = 1;
+    /* two blocks resident per SM: the registers capped at 128 a thread (the large tiles' 64
+     * accumulators fit; uncapped, the compiler takes ~167 and one block runs per SM) */
+    k->bound_threads = THREADS;
+    k->bound_blocks = 2;
     cu_kernel_begin(k);
-    fprintf(f, "    __shared__ float As[%d][%d + 4]; /* [k][m]: A's tile, transposed */\n", KT, TILE);
-    fprintf(f, "    __shared__ float Bs[%d][%d + 4]; /* [k][n] */\n", KT, TILE);
+    /* rows padded by 4 floats: a warp's stage stores spread over the banks, and rows stay 16-byte
+     * aligned for xtc_lds4 */
+    const F32Shape *shapes[2] = {&shape_small, &shape_large};
+    for (int s = 0; s < 2; s++) {
+        const F32Shape *sh = shapes[s];
+        fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][m]: A's %d-tile, transposed */\n",
+                sh->as, sh->kt, sh->tile, sh->tile);
+        fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][n] */\n", sh->bs, sh->kt, sh->tile);
+    }
     fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
     matmul_prologue(k, x, ia, ib);
-    fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
-    fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
-    fprintf(f, "            float acc[4][4] = {{0.0f}};\n");
-    fprintf(f, "            for (i64 k0 = 0; k0 < K; k0 += %d) {\n", KT);
-    fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* A[m0 .. +%d, k0 .. +%d] */\n", TILE,
-            KT, THREADS, TILE, KT);
-    fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-    fprintf(f, "                    As[tc][tr] = m0 + tr < M && k0 + tc < K ? xtc_ld(A, (m0 + tr) * K + k0 + tc) : 0.0f;\n");
-    fprintf(f, "                }\n");
-    if (!tb) {
-        fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[k0 .. +%d, n0 .. +%d] */\n",
-                KT, TILE, THREADS, KT, TILE);
-        fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", TILE, TILE);
-        fprintf(f, "                    Bs[tr][tc] = k0 + tr < K && n0 + tc < N ? xtc_ld(B, (k0 + tr) * N + n0 + tc) : 0.0f;\n");
-    } else {
-        fprintf(f, "                for (int e = threadIdx.x; e < %d * %d; e += %d) { /* B[n0 .. +%d, k0 .. +%d] */\n",
-                TILE, KT, THREADS, TILE, KT);
-        fprintf(f, "                    const int tr = e / %d, tc = e %% %d;\n", KT, KT);
-        fprintf(f, "                    Bs[tc][tr] = n0 + tr < N && k0 + tc < K ? xtc_ld(B, (n0 + tr) * K + k0 + tc) : 0.0f;\n");
-    }
-    fprintf(f, "                }\n");
-    fprintf(f, "                __syncthreads();\n");
-    fprintf(f, "                for (int kk = 0; kk < %d; kk++) {\n", KT);
-    fprintf(f, "                    float av[4], bv[4];\n");
-    fprintf(f, "                    for (int q = 0; q < 4; q++) {\n");
-    fprintf(f, "                        av[q] = As[kk][ty + 16 * q];\n");
-    fprintf(f, "                        bv[q] = Bs[kk][tx + 16 * q];\n");
-    fprintf(f, "                    }\n");
-    fprintf(f, "                    for (int q = 0; q < 4; q++)\n");
-    fprintf(f, "                        for (int w = 0; w < 4; w++)\n");
-    fprintf(f, "                            acc[q][w] += av[q] * bv[w];\n");
-    fprintf(f, "                }\n");
-    fprintf(f, "                __syncthreads(); /* before the next tiles overwrite As and Bs */\n");
-    fprintf(f, "            }\n");
-    fprintf(f, "            for (int q = 0; q < 4; q++)\n");
-    fprintf(f, "                for (int w = 0; w < 4; w++) {\n");
-    fprintf(f, "                    const i64 row = m0 + ty + 16 * q, col = n0 + tx + 16 * w;\n");
-    fprintf(f, "                    if (row < M && col < N)\n");
-    if (matmul_store(k, epilogue, ctx, "acc[q][w]", "                        ") < 0)
+    char big[6 * CU_EXPR];
+    large_test(big, sizeof big, "M", "N");
+    fprintf(f, "        if (%s) {\n", big);
+    if (f32_tiles(k, &shape_large, tb, epilogue, ctx) < 0)
         return -1;
-    fprintf(f, "                }\n");
+    fprintf(f, "        } else {\n");
+    if (f32_tiles(k, &shape_small, tb, epilogue, ctx) < 0)
+        return -1;
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
     matmul_geometry(k, x, THREADS);
+    /* the large shape needs a quarter of the blocks */
+    CuGen *gen = k->gen;
+    int r = x->rank;
+    char M[CU_EXPR], N[CU_EXPR], tm[2 * CU_EXPR], tn[2 * CU_EXPR], grid[16 * CU_EXPR];
+    cu_dim(gen, x->shape[r - 2], M, sizeof M);
+    cu_dim(gen, x->shape[r - 1], N, sizeof N);
+    large_test(big, sizeof big, M, N);
+    cu_ceil_div(M, shape_large.tile, tm, sizeof tm);
+    cu_ceil_div(N, shape_large.tile, tn, sizeof tn);
+    size_t len = (size_t)snprintf(grid, sizeof grid, "(%s) ? (%s) * (%s) : %s", big, tm, tn, k->geom.grid_x);
+    if (len < sizeof k->geom.grid_x) /* else the small tiles' grid, which the grid-stride loop also covers */
+        memcpy(k->geom.grid_x, grid, len + 1);
     return 0;
 }
 

@@ -330,11 +330,12 @@ static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2
  * fusions (fused elementwise programs, fused attention) checked against the interpreter too. */
 /* The case's graph and its fused form (when the pipeline fuses anything), compiled for target
  * ("cuda-emu", or "cuda" on a GPU), against the interpreter at every size. */
-static void run_case(const char *name, BuildFn build, const char *target)
+/* The case at the first nsizes of SIZES, as built and after the pass pipeline. */
+static void run_case_sizes(const char *name, BuildFn build, const char *target, int nsizes)
 {
     IrGraph *g = new_graph(name, build);
     XtcModule *m = compile_target(g, name, target);
-    for (int k = 0; k < NSIZES; k++)
+    for (int k = 0; k < nsizes; k++)
         check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
     xtc_module_free(m);
     PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
@@ -347,12 +348,17 @@ static void run_case(const char *name, BuildFn build, const char *target)
     if (fused) {
         snprintf(fname, sizeof fname, "%s_fused", name);
         m = compile_target(h, fname, target);
-        for (int k = 0; k < NSIZES; k++)
+        for (int k = 0; k < nsizes; k++)
             check_run(h, m, SIZES[k], fname, ORDERS[(k + 1) % 3]);
         xtc_module_free(m);
     }
     ir_graph_free(h);
     ir_graph_free(g);
+}
+
+static void run_case(const char *name, BuildFn build, const char *target)
+{
+    run_case_sizes(name, build, target, NSIZES);
 }
 
 static IrNode *input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape)
@@ -554,6 +560,22 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
     IrDim one[] = {ir_dim(1), ir_dim(1)};
     out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
+}
+
+/* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
+ * 256 of them; here 9 x 31 = 279), ragged in every dimension (k = 19: two full stages of 8 and a
+ * partial one), with B as stored and transposed, and a bias + GELU epilogue in the fused form.
+ * Fixed sizes: run once (run_case_sizes), not at every b and n. */
+static void build_matmul_large(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)b;
+    (void)n;
+    IrDim sa[] = {ir_dim(1030), ir_dim(19)}, sw[] = {ir_dim(19), ir_dim(3850)}, swt[] = {ir_dim(3850), ir_dim(19)};
+    IrDim sb[] = {ir_dim(3850)};
+    IrNode *a = input(g, "a", IR_F32, 2, sa);
+    out(g, "large", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
+    IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1), ir_param(g, "bias", 1, sb));
+    out(g, "large_t_gelu", ir_unary(g, IR_GELU, y));
 }
 
 /* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
@@ -776,6 +798,12 @@ static const Case cases[] = {
 START_TEST(test_case)
 {
     run_case(cases[_i].name, cases[_i].build, "cuda-emu");
+}
+END_TEST
+
+START_TEST(test_matmul_large)
+{
+    run_case_sizes("matmul_large", build_matmul_large, "cuda-emu", 1);
 }
 END_TEST
 
@@ -1523,6 +1551,8 @@ START_TEST(test_gpu)
     storage = _i / NCASES;
     worst_err[storage] = 0;
     run_case(c->name, c->build, "cuda");
+    if (storage == 0 && _i == 0) /* f32: the large matmul tiles, once */
+        run_case_sizes("matmul_large", build_matmul_large, "cuda", 1);
     if (storage)
         fprintf(stderr, "test_cuda: on the GPU, %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
                 STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
@@ -1673,6 +1703,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_head_views);
     tcase_add_loop_test(tc, test_case, 0, NCASES);
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
+    tcase_add_test(tc, test_matmul_large);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_emulator);
