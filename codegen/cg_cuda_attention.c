@@ -193,23 +193,35 @@ static void operand_rows(CuKernel *k, unsigned view, const char *qual, const cha
                       "        const i64 %s = H * %s;\n", qual, type, name, base, rows, width, stride, width);
 }
 
-/* The tiled forward kernel's tile: BR query rows by BC keys, with the query tile, the key and
- * value tiles and the probabilities in static shared memory (48 KiB at most), four rows and
- * columns of scores at most per thread; 0 when no tile fits (D or E too large): the row kernel. */
+/* The tiled forward kernel's tile: BR query rows by BC keys, with the query and key tiles
+ * (transposed, rows padded by 4), the value tile (E padded to whole groups of 32 columns) and
+ * the probabilities (transposed) in static shared memory (48 KiB at most), four rows and columns
+ * of scores at most per thread and 64 accumulators; 0 when no tile fits (D or E too large): the
+ * row kernel. */
 static int att_tile(long long D, long long E, int *br, int *bc)
 {
     static const int cand[][2] = {{64, 32}, {32, 32}, {32, 16}, {16, 16}};
-    long long en = (E + 7) / 8;
+    long long groups = (E + 31) / 32;
     for (size_t c = 0; c < sizeof cand / sizeof cand[0]; c++) {
         long long r = cand[c][0], b = cand[c][1];
-        long long floats = r * (D + 1) + b * (D + 1) + b * E + r * (b + 1);
-        if (D >= 1 && E >= 1 && en <= 16 && (r / 16) * en <= 64 && floats * 4 <= 48 * 1024) {
+        long long floats = D * (r + 4) + D * (b + 4) + b * 32 * groups + b * (r + 4);
+        if (D >= 1 && E >= 1 && groups <= 4 && (r / 16) * 4 * groups <= 64 && floats * 4 <= 48 * 1024) {
             *br = (int)r;
             *bc = (int)b;
             return 1;
         }
     }
     return 0;
+}
+
+/* dst[0 .. n) = the n floats of shared memory at src (a run of a thread's rows or columns): one
+ * 128-bit load when there are 4 (the runs start at multiples of 4, the arrays XTC_ALIGN16) */
+static void lds_run(FILE *f, const char *dst, const char *src, int n, const char *indent)
+{
+    if (n == 4)
+        fprintf(f, "%sxtc_lds4(%s, &%s);\n", indent, dst, src);
+    else
+        fprintf(f, "%sfor (int u = 0; u < %d; u++)\n%s    %s[u] = (&%s)[u];\n", indent, n, indent, dst, src);
 }
 
 /* tjb, tje: the keys of the tile of rows [i0, i0 + rows) (declared at indent), the union of
@@ -260,24 +272,27 @@ static void pair_grad(CuKernel *k, const Att *a, const char *lse, const char *dl
 }
 
 /* attention as FlashAttention tiles it: a block of 128 threads (8 x 16) per BR query rows, the
- * keys by tiles of BC through shared memory. Thread (tx, ty) owns rows ty + 16 r and score
- * columns tx + 8 c of the tile, and output columns tx + 8 e; a row's eight threads are
- * neighbouring lanes of one warp, which reduce its maximum and sum with shuffles. Each row keeps
- * its own key range (causal and window limits; a key outside it scores -inf, weight 0, exactly
- * as if not visited), the tile visits the union of its rows' ranges. */
+ * keys by tiles of BC through shared memory. Thread (tx, ty) owns the rm rows ty rm + r and the
+ * cn score columns tx cn + c of the tile, and the output columns tx 4 + 32 g + u (4 of each
+ * group of 32); the runs are contiguous so that the query and key tiles, stored transposed, and
+ * the probabilities, stored transposed, and the value rows are read 4 floats at a time
+ * (lds_run). A row's eight threads are neighbouring lanes of one warp, which reduce its maximum
+ * and sum with shuffles. Each row keeps its own key range (causal and window limits; a key
+ * outside it scores -inf, weight 0, exactly as if not visited), the tile visits the union of
+ * its rows' ranges. */
 static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc)
 {
     const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     unsigned views = k->k->views;
     int rm = br / 16, cn = bc / 8;
-    long long en = (a->E + 7) / 8;
+    long long groups = (a->E + 31) / 32, ew = 32 * groups, en = 4 * groups;
     FILE *f = k->f;
     k->sync = 1;
     cu_kernel_begin(k);
-    fprintf(f, "    __shared__ float Qs[%d][%lld + 1], Ks[%d][%lld + 1]; /* the query tile, a key tile */\n", br, a->D,
-            bc, a->D);
-    fprintf(f, "    __shared__ float Vs[%d][%lld], Ps[%d][%d + 1]; /* a value tile, its probabilities */\n", bc, a->E,
-            br, bc);
+    fprintf(f, "    __shared__ XTC_ALIGN16 float Qs[%lld][%d + 4], Ks[%lld][%d + 4]; /* query and key tiles, [d][row] */\n",
+            a->D, br, a->D, bc);
+    fprintf(f, "    __shared__ XTC_ALIGN16 float Vs[%d][%lld], Ps[%d][%d + 4]; /* a value tile, its probabilities [key][row] */\n",
+            bc, ew, bc, br);
     fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
     fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
             a->D, a->E, a->E + stats);
@@ -299,11 +314,11 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
     operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", br);
     fprintf(f, "            const int r = t / D, d = t %% D;\n");
-    fprintf(f, "            Qs[r][d] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
+    fprintf(f, "            Qs[d][r] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
     fprintf(f, "        i64 rjb[%d], rje[%d]; /* each row's keys */\n", rm, rm);
     fprintf(f, "        float mx[%d], lsum[%d], acc[%d][%lld];\n", rm, rm, rm, en);
     fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "            const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "            const i64 i = i0 + ty * %d + r;\n", rm);
     key_range(k, a, "            ");
     fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
     fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
@@ -313,25 +328,29 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
     fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", bc);
     fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", bc);
     fprintf(f, "                const int c = t / D, d = t %% D;\n");
-    fprintf(f, "                Ks[c][d] = j0 + c < tje ? xtc_ld(kb, (j0 + c) * ks + d) : 0.0f;\n            }\n");
-    fprintf(f, "            for (int t = threadIdx.x; t < %d * E; t += blockDim.x) {\n", bc);
-    fprintf(f, "                const int c = t / E, e = t %% E;\n");
-    fprintf(f, "                Vs[c][e] = j0 + c < tje ? xtc_ld(vb, (j0 + c) * vs + e) : 0.0f;\n            }\n");
+    fprintf(f, "                Ks[d][c] = j0 + c < tje ? xtc_ld(kb, (j0 + c) * ks + d) : 0.0f;\n            }\n");
+    fprintf(f, "            for (int t = threadIdx.x; t < %d * %lld; t += blockDim.x) { /* zero past E */\n", bc, ew);
+    fprintf(f, "                const int c = t / %lld, e = t %% %lld;\n", ew, ew);
+    fprintf(f, "                Vs[c][e] = j0 + c < tje && e < E ? xtc_ld(vb, (j0 + c) * vs + e) : 0.0f;\n            }\n");
     fprintf(f, "            __syncthreads(); /* Ks, Vs */\n");
     fprintf(f, "            float s[%d][%d];\n", rm, cn);
     fprintf(f, "            for (int r = 0; r < %d; r++)\n                for (int c = 0; c < %d; c++)\n"
                "                    s[r][c] = 0.0f;\n", rm, cn);
+    fprintf(f, "#pragma unroll 8\n");
     fprintf(f, "            for (int d = 0; d < D; d++) {\n");
     fprintf(f, "                float qv[%d], kv[%d];\n", rm, cn);
-    fprintf(f, "                for (int r = 0; r < %d; r++)\n                    qv[r] = Qs[ty + 16 * r][d];\n", rm);
-    fprintf(f, "                for (int c = 0; c < %d; c++)\n                    kv[c] = Ks[tx + 8 * c][d];\n", cn);
+    char src[64];
+    snprintf(src, sizeof src, "Qs[d][ty * %d]", rm);
+    lds_run(f, "qv", src, rm, "                ");
+    snprintf(src, sizeof src, "Ks[d][tx * %d]", cn);
+    lds_run(f, "kv", src, cn, "                ");
     fprintf(f, "                for (int r = 0; r < %d; r++)\n                    for (int c = 0; c < %d; c++)\n"
                "                        s[r][c] += qv[r] * kv[c];\n            }\n", rm, cn);
     fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "                const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "                const i64 i = i0 + ty * %d + r;\n", rm);
     fprintf(f, "                float rmax = -XTC_INF;\n");
     fprintf(f, "                for (int c = 0; c < %d; c++) {\n", cn);
-    fprintf(f, "                    const i64 j = j0 + tx + 8 * c;\n");
+    fprintf(f, "                    const i64 j = j0 + tx * %d + c;\n", cn);
     fprintf(f, "                    float sc = -XTC_INF; /* outside the row's keys: weight 0 */\n");
     fprintf(f, "                    if (j >= rjb[r] && j < rje[r]) {\n");
     fprintf(f, "                        const float scale = %s;\n", a->scale);
@@ -347,30 +366,38 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
     fprintf(f, "                float psum = 0.0f;\n");
     fprintf(f, "                for (int c = 0; c < %d; c++) {\n", cn);
     fprintf(f, "                    const float p = s[r][c] == -XTC_INF ? 0.0f : expf(s[r][c] - m_new);\n");
-    fprintf(f, "                    Ps[ty + 16 * r][tx + 8 * c] = p;\n                    psum += p;\n                }\n");
+    fprintf(f, "                    Ps[tx * %d + c][ty * %d + r] = p;\n                    psum += p;\n                }\n", cn, rm);
     fprintf(f, "                for (int o = 1; o < 8; o <<= 1)\n");
     fprintf(f, "                    psum += __shfl_xor_sync(0xffffffffu, psum, o);\n");
     fprintf(f, "                lsum[r] = lsum[r] * alpha + psum;\n                mx[r] = m_new;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] *= alpha;\n", en);
     fprintf(f, "                (void)i;\n            }\n");
     fprintf(f, "            __syncthreads(); /* Ps */\n");
+    fprintf(f, "#pragma unroll 4\n");
     fprintf(f, "            for (int c = 0; c < %d; c++) {\n", bc);
-    fprintf(f, "                float vv[%lld];\n", en);
-    fprintf(f, "                for (int e = 0; e < %lld; e++)\n", en);
-    fprintf(f, "                    vv[e] = tx + 8 * e < E ? Vs[c][tx + 8 * e] : 0.0f;\n");
-    fprintf(f, "                for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "                    const float p = Ps[ty + 16 * r][c];\n");
-    fprintf(f, "                    for (int e = 0; e < %lld; e++)\n                        acc[r][e] += p * vv[e];\n", en);
-    fprintf(f, "                }\n            }\n");
+    fprintf(f, "                float vv[%lld], pv[%d];\n", en, rm);
+    for (long long g = 0; g < groups; g++) {
+        char dst[32];
+        snprintf(dst, sizeof dst, "vv + %lld", 4 * g);
+        snprintf(src, sizeof src, "Vs[c][%lld + tx * 4]", 32 * g);
+        lds_run(f, dst, src, 4, "                ");
+    }
+    snprintf(src, sizeof src, "Ps[c][ty * %d]", rm);
+    lds_run(f, "pv", src, rm, "                ");
+    fprintf(f, "                for (int r = 0; r < %d; r++)\n", rm);
+    fprintf(f, "                    for (int e = 0; e < %lld; e++)\n                        acc[r][e] += pv[r] * vv[e];\n", en);
+    fprintf(f, "            }\n");
     fprintf(f, "            __syncthreads(); /* before the next tile replaces Ks, Vs, Ps */\n");
     fprintf(f, "        }\n");
     fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
-    fprintf(f, "            const i64 i = i0 + ty + 16 * r;\n");
+    fprintf(f, "            const i64 i = i0 + ty * %d + r;\n", rm);
     fprintf(f, "            if (i >= I)\n                continue;\n");
     fprintf(f, "            %s *o = ob + i * os;\n", cu_mem_type(x));
-    fprintf(f, "            for (int e = 0; e < %lld; e++)\n", en);
-    fprintf(f, "                if (tx + 8 * e < E)\n");
-    fprintf(f, "                    xtc_st(o, tx + 8 * e, J > 0 ? acc[r][e] / lsum[r] : 0.0f);\n");
+    fprintf(f, "            for (int e = 0; e < %lld; e++) {\n", en);
+    fprintf(f, "                const int col = e / 4 * 32 + tx * 4 + e %% 4;\n");
+    fprintf(f, "                if (col < E)\n");
+    fprintf(f, "                    xtc_st(o, col, J > 0 ? acc[r][e] / lsum[r] : 0.0f);\n");
+    fprintf(f, "            }\n");
     if (stats)
         fprintf(f, "            if (tx == 0)\n                xtc_st(o, E, J > 0 ? mx[r] + logf(lsum[r]) : -XTC_INF); /* the logsumexp */\n");
     fprintf(f, "        }\n");

@@ -651,6 +651,17 @@ static void build_attention(IrGraph *g, IrDim b, IrDim n)
     IrNode *o40 = ir_attention(g, q40, k40, input(g, "v40", IR_F32, 4, s40k), NULL, NULL, ir_const(g, 0.15, IR_F32), 1, 1);
     out(g, "head40", o40);
     out(g, "head40_grad", ir_attention_grad(g, o40, input(g, "d40", IR_F32, 4, s40d)));
+    /* head size 100: the 32 x 16 tile (two rows and two score columns a thread, read one float
+     * at a time), 16 accumulators a row; 220 by 16: the 16 x 16 tile, one row a thread */
+    IrDim s100[] = {b, ir_dim(1), n, ir_dim(100)}, s100k[] = {b, ir_dim(1), J, ir_dim(100)};
+    IrDim s100d[] = {b, ir_dim(1), n, ir_dim(101)};
+    IrNode *q100 = input(g, "q100", IR_F32, 4, s100), *k100 = input(g, "k100", IR_F32, 4, s100k);
+    IrNode *o100 = ir_attention(g, q100, k100, input(g, "v100", IR_F32, 4, s100k), NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
+    out(g, "head100", o100);
+    out(g, "head100_grad", ir_attention_grad(g, o100, input(g, "d100", IR_F32, 4, s100d)));
+    IrDim s220[] = {b, ir_dim(1), n, ir_dim(220)}, s220k[] = {b, ir_dim(1), J, ir_dim(220)}, s16v[] = {b, ir_dim(1), J, ir_dim(16)};
+    IrNode *q220 = input(g, "q220", IR_F32, 4, s220), *k220 = input(g, "k220", IR_F32, 4, s220k);
+    out(g, "head220", ir_attention(g, q220, k220, input(g, "v16", IR_F32, 4, s16v), NULL, NULL, ir_const(g, 0.05, IR_F32), 0, 0));
     /* gradients: dout with and without the logsumexp column */
     IrDim svd[] = {b, ir_dim(2), J, ir_dim(8)}, sd[] = {b, ir_dim(2), n, ir_dim(8)}, sd1[] = {b, ir_dim(2), n, ir_dim(9)};
     IrNode *vd = input(g, "vd", IR_F32, 4, svd);
