@@ -47,7 +47,7 @@ typedef struct {
     const char *timer;       /* JSON "kernel_timer" */
     const char *timer_text;  /* the header's words */
     int emulated;            /* device reported as "emulated" */
-    int threaded;            /* --threads applies */
+    int threaded;            /* --threads applies to the kernels (elsewhere to the host's share) */
     int device_arena;        /* the arena is device memory */
 } TargetInfo;
 
@@ -102,7 +102,8 @@ static void usage(void)
            "                       (as xtc compile --dtype; the device arena is planned at that size)\n"
            "  --train              time the training step (loss and every grad.<param>)\n"
            "  --mask               add the padding-mask inputs (all true)\n"
-           "  --threads T          worker threads of the cpu target (default 1)\n"
+           "  --threads T          worker threads (default 1): the cpu target's kernels; cuda and\n"
+           "                       cuda-emu: the host's share of a run (16-bit outputs widened to f32)\n"
            "  --repeat R           timed runs per variant (default 5); --warmup W (default 1)\n"
            "  --top K              kernels listed per variant (default 12)\n"
            "  --max-gib G          do not run a variant whose arena (for cuda: the device arena)\n"

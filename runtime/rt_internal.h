@@ -115,6 +115,8 @@ typedef struct {
     size_t arena_bytes;        /* the device arena that plan needs */
     double *step_s;            /* profiling: seconds to add to per step (the device's own timer:
                                   CUDA events), or NULL; added only when the run succeeds */
+    void *pool;                /* the session's thread pool (rt_pool_parallel_for), for the host's
+                                  share of a run (widening 16-bit outputs), or NULL */
 } RtDeviceRun;
 typedef struct RtDeviceOps {
     const char *name;

@@ -988,7 +988,8 @@ static int32_t device_run(XtcSession *s, const int64_t *syms)
                 s->place[b] = 0;
     }
     RtDeviceRun run = {.host = s->ptr, .changed = s->changed, .lazy = s->lazy, .place = s->place, .syms = syms,
-                       .offset = s->devplan.offset, .arena_bytes = s->devplan.total, .step_s = s->step_s};
+                       .offset = s->devplan.offset, .arena_bytes = s->devplan.total, .step_s = s->step_s,
+                       .pool = s->pool};
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)

@@ -920,6 +920,55 @@ static void expect_rows(XtcSession *s, const float *state, int64_t rows, const c
  * an input set from the host after a carry is uploaded; a carry repeated without a run changes
  * nothing; one that fails for memory leaves the input unset. f32 and bf16 storage (the values
  * are exact in both). */
+/* 16-bit outputs come back widened in chunks of 2^20 values on the session's threads
+ * (rt_cuda.c, widen_outputs): three outputs of 1.5M, 1 and 2M values (chunks that end inside an
+ * output, a tiny output between), 3 threads, bf16 and fp16 storage. Every value is compared with
+ * its own storage rounding of the exact result. */
+START_TEST(test_widen_outputs)
+{
+    const int64_t n = 1500000, n2 = 2000000;
+    for (storage = 1; storage <= 2; storage++) {
+        IrGraph *g = ir_graph_new("widen");
+        IrDim sx[] = {ir_dim(n)}, s1[] = {ir_dim(1)}, sy[] = {ir_dim(n2)};
+        IrNode *x = input(g, "x", IR_F32, 1, sx), *y = input(g, "y", IR_F32, 1, sy);
+        out(g, "a", ir_binary(g, IR_ADD, ir_binary(g, IR_MUL, x, ir_const(g, 2.0, IR_F32)), ir_const(g, 1.0, IR_F32)));
+        out(g, "b", ir_binary(g, IR_ADD, input(g, "t", IR_F32, 1, s1), ir_const(g, 0.5, IR_F32)));
+        out(g, "c", ir_unary(g, IR_NEG, y));
+        XtcModule *m = compile_target(g, "widen", "cuda-emu");
+        XtcSessionOptions o = {.threads = 3};
+        XtcSession *s = NULL;
+        ck_assert_int_eq(xtc_session_new(m, &o, &s), XTC_OK);
+        float *xv = malloc((size_t)n * sizeof *xv), *yv = malloc((size_t)n2 * sizeof *yv), tv = 3.0f;
+        for (int64_t i = 0; i < n; i++)
+            xv[i] = (float)((i % 255) - 127); /* exact in bf16 and fp16, as are 2x + 1 and y */
+        for (int64_t i = 0; i < n2; i++)
+            yv[i] = (float)(i % 251) * 0.25f;
+        int64_t one = 1;
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 1, &n, xv), XTC_OK);
+        ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, &n2, yv), XTC_OK);
+        ck_assert_int_eq(xtc_session_set_input(s, "t", XTC_F32, 1, &one, &tv), XTC_OK);
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+        XtcTensor a, b, c;
+        ck_assert_int_eq(xtc_session_get_output(s, "a", &a), XTC_OK);
+        ck_assert_int_eq(xtc_session_get_output(s, "b", &b), XTC_OK);
+        ck_assert_int_eq(xtc_session_get_output(s, "c", &c), XTC_OK);
+        for (int64_t i = 0; i < n; i++)
+            ck_assert_msg(((const float *)a.data)[i] == 2 * xv[i] + 1, "%s: a[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                          (long long)i, ((const float *)a.data)[i], 2 * xv[i] + 1);
+        ck_assert_msg(((const float *)b.data)[0] == 3.5f, "%s: b = %g", STORAGE_NAME[storage], ((const float *)b.data)[0]);
+        for (int64_t i = 0; i < n2; i++)
+            ck_assert_msg(((const float *)c.data)[i] == -yv[i], "%s: c[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                          (long long)i, ((const float *)c.data)[i], -yv[i]);
+        free(xv);
+        free(yv);
+        xtc_session_free(s);
+        xtc_module_free(m);
+        ir_graph_free(g);
+    }
+    storage = 0;
+}
+END_TEST
+
 START_TEST(test_device_carry)
 {
     for (storage = 0; storage < 2; storage++) {
@@ -1717,6 +1766,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_matmul_large);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
+    tcase_add_test(tc, test_widen_outputs);
     tcase_add_test(tc, test_emulator);
     tcase_add_test(tc, test_emulator_ucontext);
     tcase_add_test(tc, test_bad_values);
