@@ -578,6 +578,25 @@ static void build_matmul_large(IrGraph *g, IrDim b, IrDim n)
     out(g, "large_t_gelu", ir_unary(g, IR_GELU, y));
 }
 
+/* The tiled attention forward with many query tiles: 512 heads of 70 rows are 1024 tiles of 64,
+ * at least ATT_MANY (cg_cuda_attention.c), so the kernel takes its 64-row tiles (the attention
+ * case's sizes take the 32-row ones), ragged (70 rows, 73 keys), with every form of bias, mask
+ * and scale, a window, and the logsumexp column. Fixed sizes: run once. */
+static void build_attention_many(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)b;
+    (void)n;
+    IrDim sq[] = {ir_dim(4), ir_dim(128), ir_dim(70), ir_dim(8)}, sk[] = {ir_dim(4), ir_dim(128), ir_dim(73), ir_dim(8)};
+    IrDim sv[] = {ir_dim(4), ir_dim(128), ir_dim(73), ir_dim(12)}, sbias[] = {ir_dim(128), ir_dim(70), ir_dim(73)};
+    IrDim smask[] = {ir_dim(4), ir_dim(1), ir_dim(1), ir_dim(73)}, sscale[] = {ir_dim(4), ir_dim(128), ir_dim(1), ir_dim(1)};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
+    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 5));
+}
+
 /* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
  * dropout pattern the lowering builds from it */
 static void build_rand(IrGraph *g, IrDim b, IrDim n)
@@ -815,6 +834,12 @@ END_TEST
 START_TEST(test_matmul_large)
 {
     run_case_sizes("matmul_large", build_matmul_large, "cuda-emu", 1);
+}
+END_TEST
+
+START_TEST(test_attention_many)
+{
+    run_case_sizes("attention_many", build_attention_many, "cuda-emu", 1);
 }
 END_TEST
 
@@ -1611,8 +1636,10 @@ START_TEST(test_gpu)
     storage = _i / NCASES;
     worst_err[storage] = 0;
     run_case(c->name, c->build, "cuda");
-    if (storage == 0 && _i == 0) /* f32: the large matmul tiles, once */
+    if (storage == 0 && _i == 0) { /* f32: the large matmul tiles and the many-tile attention, once */
         run_case_sizes("matmul_large", build_matmul_large, "cuda", 1);
+        run_case_sizes("attention_many", build_attention_many, "cuda", 1);
+    }
     if (storage)
         fprintf(stderr, "test_cuda: on the GPU, %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
                 STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
@@ -1764,6 +1791,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_case, 0, NCASES);
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_matmul_large);
+    tcase_add_test(tc, test_attention_many);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_widen_outputs);
