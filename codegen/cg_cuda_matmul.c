@@ -61,8 +61,8 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue e
 
 int cg_cuda_matmul(CuKernel *k) { return cg_cuda_matmul_with(k, k->node, 0, 1, NULL, NULL); }
 
-/* The sizes, the tile count and the loop over batch matrices, down to the pointers A, B and C
- * of the batch; leaves the loop open. */
+/* The sizes and the loop over batch matrices, down to the pointers A, B and C of the batch;
+ * leaves the loop open. */
 static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
 {
     const IrNode *a = x->in[0];
@@ -75,8 +75,6 @@ static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
     cu_dim(gen, a->shape[a->rank - 1], K, sizeof K);
     cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
     fprintf(f, "    const i64 M = %s, N = %s, K = %s, batches = %s;\n", M, N, K, batches);
-    fprintf(f, "    const i64 tiles_n = (N + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", TILE - 1, TILE, TILE - 1,
-            TILE);
     fprintf(f, "    for (i64 batch = blockIdx.y; batch < batches; batch += gridDim.y) {\n");
     /* the batch index, split into the output's batch dims */
     if (r == 3) {
@@ -373,6 +371,8 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue e
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const int wm = warp / 2 * 32, wn = warp %% 2 * 32; /* the warp's quarter of the tile */\n");
     matmul_prologue(k, x, ia, ib);
+    fprintf(f, "        const i64 tiles_n = (N + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", TILE - 1, TILE, TILE - 1,
+            TILE);
     fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
     fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
     fprintf(f, "            float acc[2][4][4]; /* [16-row block][8-column block][the mma's d] */\n");
