@@ -196,6 +196,24 @@ static void operand_rows(CuKernel *k, unsigned view, const char *qual, const cha
                       "        const i64 %s = H * %s;\n", qual, type, name, base, rows, width, stride, width);
 }
 
+/* The forward kernels' sizes: I, J, batches, the head sizes, the output's columns OC, and with
+ * head-split views the heads H. */
+static void forward_sizes(CuKernel *k, const Att *a, long long ocols)
+{
+    FILE *f = k->f;
+    unsigned views = k->k->views;
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
+            a->D, a->E, ocols);
+    if (views) {
+        char h[CU_EXPR];
+        cu_dim(k->gen, k->node->in[0]->shape[1], h, sizeof h); /* views exist for rank 4 only */
+        fprintf(f, "    const i64 H = %s; /* heads; in place as [b, rows, H, width]:%s%s%s%s */\n", h,
+                views & CG_VIEW_Q ? " q" : "", views & CG_VIEW_K ? " k" : "", views & CG_VIEW_V ? " v" : "",
+                views & CG_VIEW_OUT ? " out" : "");
+    }
+}
+
 /* The tiled forward kernel's tile: BR query rows by BC keys, with the query and key tiles
  * (transposed, rows padded by 4), the value tile (E padded to whole groups of 32 columns) and
  * the probabilities (transposed) in static shared memory (48 KiB at most), four rows and columns
@@ -423,8 +441,6 @@ static void tiled_rows_indented(CuKernel *k, const Att *a, int stats, int br, in
  * geometric mean of those two counts. */
 static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc)
 {
-    const IrNode *x = k->node, *q = x->in[0];
-    unsigned views = k->k->views;
     long long groups = (a->E + 31) / 32, ew = 32 * groups;
     FILE *f = k->f;
     k->sync = 1;
@@ -433,17 +449,8 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
             a->D, br, a->D, bc);
     fprintf(f, "    __shared__ XTC_ALIGN16 float Vs[%d][%lld], Ps[%d][%d + 4]; /* a value tile, its probabilities [key][row] */\n",
             bc, ew, bc, br);
-    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
-    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
-            a->D, a->E, a->E + stats);
+    forward_sizes(k, a, a->E + stats);
     fprintf(f, "    const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;\n");
-    if (views) {
-        char h[CU_EXPR];
-        cu_dim(k->gen, q->shape[1], h, sizeof h); /* views exist for rank 4 only */
-        fprintf(f, "    const i64 H = %s; /* heads; in place as [b, rows, H, width]:%s%s%s%s */\n", h,
-                views & CG_VIEW_Q ? " q" : "", views & CG_VIEW_K ? " k" : "", views & CG_VIEW_V ? " v" : "",
-                views & CG_VIEW_OUT ? " out" : "");
-    }
     int half = br == 64 ? 32 : 0; /* the few-tiles choice */
     if (half) {
         fprintf(f, "    if (batches * ((I + %d) / %d) >= %d) { /* many tiles: %d rows each */\n", br - 1, br, ATT_MANY, br);
@@ -492,16 +499,7 @@ int cg_cuda_attention(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(f, "    __shared__ float qi[%lld]; /* the query row */\n", a.D > 0 ? a.D : 1);
     fprintf(f, "    __shared__ float probs[%d]; /* a chunk of probabilities (before the division by l) */\n", ATT_BLOCK);
-    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a.I, a.J, a.batches);
-    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld; /* out has E columns, or E + 1 with the logsumexp */\n",
-            a.D, a.E, ocols);
-    if (views) {
-        char h[CU_EXPR];
-        cu_dim(k->gen, q->shape[1], h, sizeof h); /* views exist for rank 4 only */
-        fprintf(f, "    const i64 H = %s; /* heads; in place as [b, rows, H, width]:%s%s%s%s */\n", h,
-                views & CG_VIEW_Q ? " q" : "", views & CG_VIEW_K ? " k" : "", views & CG_VIEW_V ? " v" : "",
-                views & CG_VIEW_OUT ? " out" : "");
-    }
+    forward_sizes(k, &a, ocols);
     fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
     batch_indices(k, q, "        ");
