@@ -29,10 +29,12 @@
 /* Below this many elements of work a kernel runs on the calling thread alone. */
 #define PARALLEL_MIN_COST 16384
 
-/* The thread pool's context: out, the IR_MAXIN operands, syms, then the status word. */
-enum { CTX_OUT, CTX_IN0, CTX_SYMS = CTX_IN0 + IR_MAXIN, CTX_STATUS, CTX_SLOTS };
-/* Parameters: impl(out, in[IR_MAXIN], syms, lo, hi), kernel(out, in[IR_MAXIN], syms, rt). */
-enum { P_OUT, P_IN0, P_SYMS = P_IN0 + IR_MAXIN, P_LO, P_HI, P_IMPL_N = P_HI + 1, P_RT = P_LO, P_KERNEL_N = P_RT + 1 };
+/* The thread pool's context: out, the IR_MAXIN operands, syms, the status word, the threads. */
+enum { CTX_OUT, CTX_IN0, CTX_SYMS = CTX_IN0 + IR_MAXIN, CTX_STATUS, CTX_THREADS, CTX_SLOTS };
+/* Parameters: impl(out, in[IR_MAXIN], syms, lo, hi, threads), kernel(out, in[IR_MAXIN], syms, rt).
+ * threads: the session's thread count, which the kernel's work function saw too (a kernel may
+ * cut its work into more items when there are more threads; impl must cut it the same way). */
+enum { P_OUT, P_IN0, P_SYMS = P_IN0 + IR_MAXIN, P_LO, P_HI, P_THREADS, P_IMPL_N, P_RT = P_LO, P_KERNEL_N = P_RT + 1 };
 
 _Static_assert(IR_MAXIN <= XTC_ABI_MAXIN, "the metadata's step records carry at most XTC_ABI_MAXIN operands");
 
@@ -95,7 +97,7 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     LLVMBuilderRef b = cg->b;
     char name[96];
 
-    /* impl(out, in0 .. in[IR_MAXIN-1], syms, lo, hi) -> status */
+    /* impl(out, in0 .. in[IR_MAXIN-1], syms, lo, hi, threads) -> status */
     snprintf(name, sizeof name, "%s_impl", k->fn);
     LLVMValueRef impl = cg_function(cg, name, cg->t_impl, 1);
     for (unsigned i = 1 + P_OUT; i <= P_IN0 + IR_MAXIN; i++)
@@ -109,6 +111,7 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     f.syms = LLVMGetParam(impl, P_SYMS);
     f.lo = LLVMGetParam(impl, P_LO);
     f.hi = LLVMGetParam(impl, P_HI);
+    f.threads = LLVMGetParam(impl, P_THREADS);
     f.status = cg_var(&f, cg->t_i32, cg_i32(cg, 0), "status");
     if (L->impl(&f) < 0)
         return -1;
@@ -126,6 +129,8 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     }
     args[P_LO] = LLVMGetParam(body, 1);
     args[P_HI] = LLVMGetParam(body, 2);
+    LLVMValueRef tidx = cg_i64(cg, CTX_THREADS);
+    args[P_THREADS] = LLVMBuildLoad2(b, cg->t_i64, LLVMBuildGEP2(b, cg->t_i64, ctx, &tidx, 1, ""), "threads");
     LLVMValueRef st = LLVMBuildCall2(b, cg->t_impl, impl, args, P_IMPL_N, "");
     LLVMBasicBlockRef bad = LLVMAppendBasicBlockInContext(cg->ctx, body, "failed");
     LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(cg->ctx, body, "done");
@@ -149,10 +154,11 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
         kf.in[i] = LLVMGetParam(kfn, P_IN0 + (unsigned)i);
     kf.syms = LLVMGetParam(kfn, P_SYMS);
     LLVMValueRef rt = LLVMGetParam(kfn, P_RT);
+    LLVMValueRef nthreads = LLVMBuildLoad2(b, cg->t_i64, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 2, ""), "nthreads");
+    kf.threads = nthreads;
     LLVMValueRef items = cg_i64(cg, 1), cost = cg_i64(cg, 1);
     if (L->work)
         L->work(&kf, &items, &cost);
-    LLVMValueRef nthreads = LLVMBuildLoad2(b, cg->t_i64, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 2, ""), "nthreads");
     LLVMValueRef par = LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGT, nthreads, cg_i64(cg, 1), ""),
                                     LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntSGT, items, cg_i64(cg, 1), ""),
                                                  LLVMBuildICmp(b, LLVMIntSGE, cost, cg_i64(cg, PARALLEL_MIN_COST), ""), ""),
@@ -174,6 +180,8 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     }
     LLVMValueRef sptr = LLVMBuildGEP2(b, cg->t_i64, slots, &sidx, 1, "");
     LLVMBuildStore(b, cg_i64(cg, 0), sptr);
+    LLVMValueRef thr_idx = cg_i64(cg, CTX_THREADS);
+    LLVMBuildStore(b, nthreads, LLVMBuildGEP2(b, cg->t_i64, slots, &thr_idx, 1, ""));
     LLVMValueRef pool = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 0, ""), "pool");
     LLVMValueRef pfor = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 1, ""), "parallel_for");
     LLVMTypeRef pfor_params[4] = {cg->t_ptr, cg->t_ptr, cg->t_ptr, cg->t_i64};
@@ -193,6 +201,7 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     dargs[P_SYMS] = kf.syms;
     dargs[P_LO] = cg_i64(cg, 0);
     dargs[P_HI] = items;
+    dargs[P_THREADS] = nthreads;
     LLVMBuildRet(b, LLVMBuildCall2(b, cg->t_impl, impl, dargs, P_IMPL_N, ""));
     return 0;
 }
@@ -470,7 +479,7 @@ static void init_types(Cg *cg)
     LLVMTypeRef impl[P_IMPL_N], kernel[P_KERNEL_N];
     for (int i = 0; i <= P_SYMS; i++)
         impl[i] = kernel[i] = p;
-    impl[P_LO] = impl[P_HI] = i64;
+    impl[P_LO] = impl[P_HI] = impl[P_THREADS] = i64;
     kernel[P_RT] = p;
     cg->t_impl = LLVMFunctionType(cg->t_i32, impl, P_IMPL_N, 0);
     LLVMTypeRef body[3] = {p, i64, i64};

@@ -46,6 +46,7 @@ typedef struct CgFn {
     LLVMBasicBlockRef entry;  /* allocas go here */
     LLVMValueRef out, in[IR_MAXIN], syms;
     LLVMValueRef lo, hi;      /* impl: the work items to do */
+    LLVMValueRef threads;     /* impl and work: the session's thread count (i64) */
     LLVMValueRef status;      /* impl: i32 variable returned at the end (0 = fine) */
     unsigned views;           /* the kernel's CG_VIEW_* (cg_plan.h) */
 } CgFn;

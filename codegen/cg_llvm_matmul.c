@@ -5,7 +5,8 @@
  *
  *   work item = (batch, block of rows, block of NC columns): the thread pool splits these.
  *   Every row block packs the same B panels again, so rows are split only when there are fewer
- *   than MIN_ITEMS (batch, column block) pairs to share out (rows_per_block() below).
+ *   (batch, column block) pairs to share out than MIN_ITEMS or the session's threads
+ *   (rows_per_block() below).
  *   for each k block of KC:
  *     for each panel of NR = 2 VW columns in the item:
  *       pack B[k block, panel] into bp[panel][KC][NR], contiguous and zero-padded past n (the
@@ -36,7 +37,7 @@
 #include <string.h>
 
 #define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
-#define MIN_ITEMS 4  /* work items wanted before rows are split too */
+#define MIN_ITEMS 4  /* work items wanted before rows are split too (or one per thread, if more) */
 #define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
 #define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
 #define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
@@ -71,15 +72,19 @@ static LLVMValueRef ceil_div(Cg *cg, LLVMValueRef a, int64_t b)
     return LLVMBuildSDiv(cg->b, LLVMBuildAdd(cg->b, a, cg_i64(cg, b - 1), ""), cg_i64(cg, b), "");
 }
 
-/* Rows per row block: all of m, unless batch x column blocks gives fewer than MIN_ITEMS items;
- * then m is split into up to MIN_ITEMS / items blocks of at least 4 tiles, a multiple of MR. */
+/* Rows per row block: all of m, unless batch x column blocks gives fewer items than wanted,
+ * MIN_ITEMS or one per thread if there are more threads; then m is split into up to wanted /
+ * items blocks of at least 4 tiles, a multiple of MR. Each row block packs its B panels again,
+ * so rows are split no more than the threads need: with 16 threads, a 512-wide product of 1024
+ * rows is 16 items of 128 rows (4 items of 512 rows left 12 threads idle). */
 static LLVMValueRef rows_per_block(CgFn *f, const MmDims *d, LLVMValueRef ngrp)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     int mr = tile_rows(cg);
     LLVMValueRef pairs = LLVMBuildMul(b, d->batch, ngrp, "");
-    LLVMValueRef want = LLVMBuildSDiv(b, LLVMBuildAdd(b, cg_i64(cg, MIN_ITEMS - 1), pairs, ""),
+    LLVMValueRef items = f->threads ? cg_max_i64(f, cg_i64(cg, MIN_ITEMS), f->threads) : cg_i64(cg, MIN_ITEMS);
+    LLVMValueRef want = LLVMBuildSDiv(b, LLVMBuildAdd(b, LLVMBuildSub(b, items, cg_i64(cg, 1), ""), pairs, ""),
                                       cg_max_i64(f, pairs, cg_i64(cg, 1)), "");
     want = cg_min_i64(f, want, cg_max_i64(f, ceil_div(cg, d->m, 4 * mr), cg_i64(cg, 1)));
     LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, d->m, LLVMBuildSub(b, want, cg_i64(cg, 1), ""), ""), want, "");

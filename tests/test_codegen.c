@@ -56,13 +56,15 @@ static XtcModule *compile_load(const IrGraph *g, const char *name, CgStats *stat
     return compile_with(g, name, stats, 2, NULL);
 }
 
-/* Runs module m on g's outputs at symbol values syms with 1 and 2 threads. */
-static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name)
+/* Runs module m on g's outputs at symbol values syms with each of the nt thread counts. */
+static void check_threads(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name, const int *nthreads,
+                          int nt)
 {
     Binding bd;
     bind_random(&bd, g, syms, NULL);
     IrHostTensor *ref = interp_outputs(g, bind_cb, &bd, NULL, name);
-    for (int threads = 1; threads <= 2; threads++) {
+    for (int ti = 0; ti < nt; ti++) {
+        int threads = nthreads[ti];
         XtcSessionOptions so = {.threads = threads};
         XtcSession *s = NULL;
         ck_assert_msg(xtc_session_new(m, &so, &s) == XTC_OK, "%s", xtc_session_error(s));
@@ -81,6 +83,13 @@ static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *
     }
     free_outputs(g, ref);
     bind_free(&bd);
+}
+
+/* ... with 1 and 2 threads */
+static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name)
+{
+    static const int one_two[] = {1, 2};
+    check_threads(g, m, syms, name, one_two, 2);
 }
 
 static void run_case(const char *name, BuildFn build, const int64_t sizes[2][2])
@@ -542,6 +551,27 @@ START_TEST(test_levels_and_cpus)
             xtc_module_free(m);
             ir_graph_free(g);
         }
+    }
+}
+END_TEST
+
+/* More threads than MIN_ITEMS (cg_llvm_matmul.c): a matmul with fewer (batch, column block)
+ * pairs than threads splits its rows into more blocks, the work function and the kernel both
+ * from the session's thread count ("tall": 4 pairs of 401 rows, 3 row blocks each at 9
+ * threads, 2 at 5, 1 at 2); the fused case's matmul epilogues too. */
+START_TEST(test_matmul_many_threads)
+{
+    static const BuildFn builds[] = {build_matmul, build_fused};
+    static const char *const names[] = {"matmul_threads", "fused_threads"};
+    static const int many[] = {5, 9};
+    for (int k = 0; k < 2; k++) {
+        IrGraph *g = new_graph(names[k], builds[k]);
+        CgStats stats;
+        XtcModule *m = compile_load(g, names[k], &stats);
+        for (int i = 0; i < 2; i++)
+            check_threads(g, m, SIZES[i], names[k], many, 2);
+        xtc_module_free(m);
+        ir_graph_free(g);
     }
 }
 END_TEST
@@ -1258,6 +1288,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_edge_sizes);
     tcase_add_test(tc, test_ir_files);
     tcase_add_test(tc, test_levels_and_cpus);
+    tcase_add_test(tc, test_matmul_many_threads);
     tcase_add_test(tc, test_no_kernels);
     tcase_add_test(tc, test_kernel_dedup);
     tcase_add_test(tc, test_derived_symbols);
