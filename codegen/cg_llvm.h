@@ -91,6 +91,8 @@ int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);
 LLVMValueRef cg_gemm_pack(Cg *cg, int transposed);
 LLVMValueRef cg_gemm_micro(Cg *cg);
 int cg_gemm_nr(Cg *cg);
+/* Transposes vw x vw floats held as vw row vectors of vw lanes, in place, in registers. */
+void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw);
 int cg_gemm_mr(Cg *cg);
 /* cg_llvm_sort.c: the ops that order a row: kth_largest (radix select), entmax15 (heap sort) */
 void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);

@@ -320,7 +320,7 @@ static void helper_end(Cg *cg, Helper *h)
 
 /* Transposes VW x VW floats held as VW row vectors, in place: swapping the off-diagonal h x h
  * blocks of every 2h x 2h block, for h = VW/2 .. 1 (two-source shuffles, no memory). */
-static void transpose_square(Cg *cg, LLVMValueRef *rows, int vw)
+void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw)
 {
     for (int h = vw / 2; h >= 1; h /= 2) {
         LLVMValueRef lo[64], hi[64];
@@ -360,7 +360,7 @@ static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueR
             rows[t] = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, src, at), "");
             LLVMSetAlignment(rows[t], 4);
         }
-        transpose_square(cg, rows, vw);
+        cg_transpose_vectors(cg, rows, vw);
         for (int q = 0; q < vw; q++) {
             LLVMValueRef prow = LLVMBuildAdd(b, p0, cg_i64(cg, q), "");
             LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, prow, cg_i64(cg, nr), ""), cg_i64(cg, jb), "");

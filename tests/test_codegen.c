@@ -217,6 +217,15 @@ static void build_move(IrGraph *g, IrDim b, IrDim n)
         snprintf(name, sizeof name, "permute%d", i);
         out(g, name, ir_permute(g, x, perms[i]));
     }
+    /* transposes (the input's last dim to the output's second-to-last, in f32): blocks of VW x VW
+     * (16 with AVX-512, 8 with AVX2) through registers, the rest element by element: 37 rows
+     * (two strips of 16 and one of 5) by n columns (two blocks and 1 at n = 33); 18 rows by 20
+     * with two dims outside, one of them read from the input's third; and 40 by 3 */
+    IrDim st1[] = {b, n, ir_dim(37)}, st2[] = {b, ir_dim(20), n, ir_dim(18)}, st3[] = {b, ir_dim(3), n, ir_dim(40)};
+    static const int tp1[3] = {0, 2, 1}, tp2[4] = {0, 2, 3, 1}, tp3[4] = {2, 0, 3, 1};
+    out(g, "transpose", ir_permute(g, input(g, "xt1", IR_F32, 3, st1), tp1));
+    out(g, "transpose_outer", ir_permute(g, input(g, "xt2", IR_F32, 4, st2), tp2));
+    out(g, "transpose_narrow", ir_permute(g, input(g, "xt3", IR_F32, 4, st3), tp3));
     out(g, "slice_n", ir_slice(g, x, 1, ir_dim(1), ir_dim_addc(n, -1)));
     out(g, "slice_last", ir_slice(g, x, 3, ir_dim(1), ir_dim(2)));
     IrDim sa[] = {b, n, ir_dim(4)}, sc[] = {b, ir_dim(3), ir_dim(4)}, sa2[] = {b, n, ir_dim(7)};
@@ -539,9 +548,10 @@ START_TEST(test_levels_and_cpus)
         const char *cpu;
     } variants[] = {{0, NULL}, {1, NULL}, {3, NULL}, {2, "x86-64"}, {2, "haswell"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-        static const BuildFn builds[] = {build_matmul, build_reduce};
-        for (size_t k = 0; k < 2; k++) {
-            IrGraph *g = new_graph(k ? "reduce" : "matmul", builds[k]);
+        static const BuildFn builds[] = {build_matmul, build_reduce, build_move};
+        static const char *const names[] = {"matmul", "reduce", "move"};
+        for (size_t k = 0; k < 3; k++) {
+            IrGraph *g = new_graph(names[k], builds[k]);
             char name[64];
             snprintf(name, sizeof name, "variant%zu_%zu", v, k);
             CgStats stats;
