@@ -92,9 +92,12 @@ int cg_cuda_elementwise(CuKernel *k);
 int cg_cuda_matmul(CuKernel *k);
 /* The tiled matmul of node x (its operands in<ia>, in<ib> of the kernel); epilogue (NULL: store
  * the product) writes, at the given indent, what to do with mm = C[batch, row, col]: it sees the
- * batch indices ix0.., row, col, C (the output's matrix) and N. 0, or -1 with gen->err set. */
+ * batch indices ix0.., row, col, C (the output's matrix) and N. With parts = 2 (a GLU epilogue,
+ * ir_epilogue_parts) the output is half the product's width, Nout = N / 2: each thread holds
+ * the product at columns col and col + Nout side by side, mm and mm1, and C is the output's
+ * matrix of row length Nout. 0, or -1 with gen->err set. */
 typedef int (*CuEpilogue)(void *ctx, CuKernel *k, const char *indent);
-int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx);
+int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
 int cg_cuda_reduce(CuKernel *k);
 int cg_cuda_softmax(CuKernel *k);
 int cg_cuda_xent(CuKernel *k);

@@ -43,6 +43,8 @@ typedef struct {
     IrNode *steps[IR_FUSED_MAXSTEPS];
     int has_reduce;
     const IrNode *mm;    /* the matmul step: the program is its epilogue */
+    int mm_parts;        /* ir_epilogue_parts: 1, or 2 (the product's halves, mm and mm1) */
+    int64_t coff;        /* columns added by the slices around the value being written */
     char *declared;      /* per program node: v<id> (its value at the loop's column) exists */
     const char *col;     /* the loop's own column variable */
     const char *indent;
@@ -56,6 +58,24 @@ static int operand_of(const IrNode *x) { return x->s && x->s[0] == 'x' ? atoi(x-
 static const char *label(const IrNode *n) { return n->label ? n->label : "?"; }
 
 static int last_is_one(const IrNode *x) { return x->rank == 0 || ir_dim_is_one(x->shape[x->rank - 1]); }
+
+static int same_shape(const IrNode *a, const IrNode *b)
+{
+    int same = a->rank == b->rank;
+    for (int d = 0; same && d < a->rank; d++)
+        same = ir_dim_eq(a->shape[d], b->shape[d]);
+    return same;
+}
+
+/* ir_epilogue_parts over the program, its last step the node's value */
+static int split_parts(const Fz *z, const IrNode *n)
+{
+    const IrNode *order[IR_FUSED_MAXSTEPS];
+    int no = 0;
+    for (int i = z->prog.nsteps - 1; i >= 0; i--)
+        order[no++] = z->steps[i];
+    return same_shape(order[0], n) ? ir_epilogue_parts(order, no, z->mm) : 0;
+}
 
 /* Builds the program's graph and checks what this kernel handles (what the CPU's does). */
 static int fz_init(Fz *z, CuKernel *k)
@@ -83,13 +103,16 @@ static int fz_init(Fz *z, CuKernel *k)
             continue;
         if (z->mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != n->rank)
             return cu_error(k->gen, "fused %%%s: one matmul of operands, of the node's rank", label(n));
-        for (int d = 0; d < n->rank; d++)
-            if (!ir_dim_eq(x->shape[d], n->shape[d]))
-                return cu_error(k->gen, "fused %%%s: the matmul has the node's shape", label(n));
         z->mm = x;
     }
-    if (z->mm && (z->has_reduce || remap))
-        return cu_error(k->gen, "fused %%%s: a matmul epilogue has no reduction, slice or concat", label(n));
+    if (z->mm && z->has_reduce)
+        return cu_error(k->gen, "fused %%%s: a matmul epilogue has no reduction", label(n));
+    if (z->mm) {
+        z->mm_parts = !remap && same_shape(z->mm, n) ? 1 : split_parts(z, n);
+        if (!z->mm_parts)
+            return cu_error(k->gen, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
+                            "(twice the node's width) there and one width further, through slices", label(n));
+    }
     z->declared = calloc((size_t)z->pg->nnodes + 1, 1);
     if (!z->declared)
         return cu_error(k->gen, "out of memory");
@@ -191,8 +214,8 @@ static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
     case IR_RMAX:
         snprintf(buf, n, "red%d", x->id);
         return;
-    case IR_MATMUL:
-        snprintf(buf, n, "mm");
+    case IR_MATMUL: /* the epilogue's product; mm1 its second half (coff: the width) */
+        snprintf(buf, n, "%s", z->coff ? "mm1" : "mm");
         return;
     case IR_CONST:
         switch (x->dtype) {
@@ -209,7 +232,10 @@ static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
         char start[CU_EXPR], c[COL];
         cu_dim(z->k->gen, x->d, start, sizeof start);
         snprintf(c, sizeof c, "%s + %s", col, start);
+        int64_t s = ir_dim_is_const(x->d) ? x->d.c : 0;
+        z->coff += s;
         value(z, x->in[0], c, buf, n);
+        z->coff -= s;
         return;
     }
     default: break;
@@ -333,7 +359,7 @@ static int epilogue(void *ctx, CuKernel *k, const char *indent)
     row_bases(z, "batch * M + row", deeper);
     new_loop(z, "col", deeper);
     value(z, root, col_of(root, "col"), v, sizeof v);
-    fprintf(k->f, "%sxtc_st(C, row * N + col, %s);\n%s}\n", deeper, v, indent);
+    fprintf(k->f, "%sxtc_st(C, row * %s + col, %s);\n%s}\n", deeper, z->mm_parts == 2 ? "Nout" : "N", v, indent);
     return k->gen->err[0] ? -1 : 0;
 }
 
@@ -353,7 +379,7 @@ int cg_cuda_fused(CuKernel *k)
             fz_free(&z);
             return cu_error(gen, "fused %%%s: a matmul epilogue ends in f32", label(n));
         }
-        int rc = cg_cuda_matmul_with(k, z.mm, operand_of(z.mm->in[0]), operand_of(z.mm->in[1]), epilogue, &z);
+        int rc = cg_cuda_matmul_with(k, z.mm, operand_of(z.mm->in[0]), operand_of(z.mm->in[1]), z.mm_parts, epilogue, &z);
         fz_free(&z);
         return rc;
     }

@@ -57,13 +57,24 @@ static void batch_offset(CuKernel *k, const IrNode *out, const IrNode *x, char *
         snprintf(buf, n, "0");
 }
 
-static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx);
+static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
 
-int cg_cuda_matmul(CuKernel *k) { return cg_cuda_matmul_with(k, k->node, 0, 1, NULL, NULL); }
+int cg_cuda_matmul(CuKernel *k) { return cg_cuda_matmul_with(k, k->node, 0, 1, 1, NULL, NULL); }
+
+/* A split product (parts = 2, a GLU epilogue): a tile covers half as many output columns, from
+ * n0, and its column v (an expression) holds the product's half (v / R) % 2 at output column
+ * oc = n0 + v / 2R * R + v % R. R is chosen per kernel shape so that a thread's columns come in
+ * pairs R apart, the same output column of the two halves: the epilogue has both in registers.
+ * Writes oc and the product's column (half * Nout + oc). */
+static void split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn)
+{
+    snprintf(oc, on, "n0 + (%s) / %d * %d + (%s) %% %d", v, 2 * R, R, v, R);
+    snprintf(col, cn, "(%s) / %d %% 2 * Nout + n0 + (%s) / %d * %d + (%s) %% %d", v, R, v, 2 * R, R, v, R);
+}
 
 /* The sizes and the loop over batch matrices, down to the pointers A, B and C of the batch;
  * leaves the loop open. */
-static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
+static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts)
 {
     const IrNode *a = x->in[0];
     CuGen *gen = k->gen;
@@ -75,6 +86,8 @@ static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
     cu_dim(gen, a->shape[a->rank - 1], K, sizeof K);
     cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
     fprintf(f, "    const i64 M = %s, N = %s, K = %s, batches = %s;\n", M, N, K, batches);
+    if (parts == 2)
+        fprintf(f, "    const i64 Nout = N / 2; /* the output's columns: the product's halves side by side */\n");
     fprintf(f, "    for (i64 batch = blockIdx.y; batch < batches; batch += gridDim.y) {\n");
     /* the batch index, split into the output's batch dims */
     if (r == 3) {
@@ -104,7 +117,7 @@ static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib)
         fprintf(f, "        const %s *B = in%d;\n", tb_, ib);
     else
         fprintf(f, "        const %s *B = in%d + %s;\n", tb_, ib, offb);
-    fprintf(f, "        %s *C = out + batch * M * N;\n", cu_mem_type(k->node));
+    fprintf(f, "        %s *C = out + batch * M * %s;\n", cu_mem_type(k->node), parts == 2 ? "Nout" : "N");
 }
 
 /* The launch: tiles along x, batch matrices along y. */
@@ -126,7 +139,8 @@ static void matmul_geometry(CuKernel *k, const IrNode *x, unsigned threads)
 
 /* What becomes of the product value (an expression) at C[row, col] (both in range): the
  * epilogue's code, or the store. */
-static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *indent)
+static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1,
+                        const char *indent)
 {
     FILE *f = k->f;
     if (!epilogue) {
@@ -136,6 +150,8 @@ static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char 
     char inner[64];
     snprintf(inner, sizeof inner, "%s    ", indent);
     fprintf(f, "%s{\n%s    const float mm = %s;\n", indent, indent, value);
+    if (value1) /* a split product: the same output column of its second half */
+        fprintf(f, "%s    const float mm1 = %s;\n", indent, value1);
     if (epilogue(ctx, k, inner) < 0)
         return -1;
     fprintf(f, "%s}\n", indent);
@@ -157,14 +173,22 @@ _Static_assert(64 * 16 == STAGE * THREADS && 128 * 8 == STAGE * THREADS, "each t
  * for the thread's STAGE elements of A's tile x kt (e = threadIdx.x + THREADS i, tr = e / kt, tc =
  * e % kt: a warp reads rows of kt contiguous floats), rb[i] likewise from B's tile (transposed B
  * the same walk over n; else tr = e / tile along k, tc = e % tile along n); zero past the edges. */
-static void stage_load(FILE *f, const F32Shape *sh, int tb, const char *kz, const char *at)
+static void stage_load(FILE *f, const F32Shape *sh, int tb, int R, const char *kz, const char *at)
 {
     fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* the stage from k = %s */\n", at, STAGE, kz);
     fprintf(f, "%s    const int e = threadIdx.x + %d * i;\n", at, THREADS);
     fprintf(f, "%s    const i64 tr = e / %d, tc = %s + e %% %d;\n", at, sh->kt, kz, sh->kt);
     fprintf(f, "%s    ra[i] = m0 + tr < M && tc < K ? xtc_ld(A, (m0 + tr) * K + tc) : 0.0f;\n", at);
-    if (tb) {
+    char oc[256], col[256];
+    if (tb && R) {
+        split_col("tr", R, oc, sizeof oc, col, sizeof col);
+        fprintf(f, "%s    rb[i] = %s < Nout && tc < K ? xtc_ld(B, (%s) * K + tc) : 0.0f;\n", at, oc, col);
+    } else if (tb) {
         fprintf(f, "%s    rb[i] = n0 + tr < N && tc < K ? xtc_ld(B, (n0 + tr) * K + tc) : 0.0f;\n", at);
+    } else if (R) {
+        split_col("v", R, oc, sizeof oc, col, sizeof col);
+        fprintf(f, "%s    const i64 gk = %s + e / %d, v = e %% %d;\n", at, kz, sh->tile, sh->tile);
+        fprintf(f, "%s    rb[i] = gk < K && %s < Nout ? xtc_ld(B, gk * N + %s) : 0.0f;\n", at, oc, col);
     } else {
         fprintf(f, "%s    const i64 gk = %s + e / %d, gr = n0 + e %% %d;\n", at, kz, sh->tile, sh->tile);
         fprintf(f, "%s    rb[i] = gk < K && gr < N ? xtc_ld(B, gk * N + gr) : 0.0f;\n", at);
@@ -191,20 +215,23 @@ static void stage_store(FILE *f, const F32Shape *sh, int tb, const char *buf, co
  * reads of A share 2 addresses, its reads of B are 256 contiguous bytes) for per x per fused
  * multiply-adds. The next stage's tiles are read from global memory into registers while the
  * current stage's products run, then stored to the other buffer: one barrier a stage. */
-static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, CuEpilogue epilogue, void *ctx)
+static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
     int t = sh->tile, per = sh->per, half = sh->tile / 2;
-    fprintf(f, "            const i64 tn = (N + %d) / %d, nt = (M + %d) / %d * tn;\n", t - 1, t, t - 1, t);
+    /* split: a thread's columns are runs of 4 (small tiles: pairs 2 apart) or two runs half a
+     * tile apart (large: pairs 64 apart) */
+    int R = parts == 2 ? (per == 4 ? 2 : half) : 0, tw = R ? half : t; /* output columns per tile */
+    fprintf(f, "            const i64 tn = (%s + %d) / %d, nt = (M + %d) / %d * tn;\n", R ? "Nout" : "N", tw - 1, tw, t - 1, t);
     fprintf(f, "            for (i64 tile = blockIdx.x; tile < nt; tile += gridDim.x) {\n");
-    fprintf(f, "                const i64 m0 = tile / tn * %d, n0 = tile %% tn * %d;\n", t, t);
+    fprintf(f, "                const i64 m0 = tile / tn * %d, n0 = tile %% tn * %d;\n", t, tw);
     fprintf(f, "                float acc[%d][%d], ra[%d], rb[%d];\n", per, per, STAGE, STAGE);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                for (int q = 0; q < %d; q++)\n", per);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int w = 0; w < %d; w++)\n", per);
     fprintf(f, "                        acc[q][w] = 0.0f;\n");
-    stage_load(f, sh, tb, "0", "                ");
+    stage_load(f, sh, tb, R, "0", "                ");
     stage_store(f, sh, tb, "0", "                ");
     fprintf(f, "                __syncthreads();\n");
     fprintf(f, "                for (i64 k0 = 0; k0 < K; k0 += %d) {\n", sh->kt);
@@ -212,7 +239,7 @@ static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, CuEpilogue epilogu
     fprintf(f, "                    if (more) { /* the next stage's loads, in flight during this one's products */\n");
     char kz[32];
     snprintf(kz, sizeof kz, "k0 + %d", sh->kt);
-    stage_load(f, sh, tb, kz, "                        ");
+    stage_load(f, sh, tb, R, kz, "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int kk = 0; kk < %d; kk++) {\n", sh->kt);
@@ -236,12 +263,23 @@ static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, CuEpilogue epilogu
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                for (int q = 0; q < %d; q++)\n", per);
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "                    for (int w = 0; w < %d; w++) {\n", per);
-    fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = n0 + w / 4 * %d + tx * 4 + w %% 4;\n",
-            half, half);
-    fprintf(f, "                        if (row < M && col < N)\n");
-    if (matmul_store(k, epilogue, ctx, "acc[q][w]", "                            ") < 0)
-        return -1;
+    fprintf(f, "                    for (int w = 0; w < %d; w++) {\n", R ? per / 2 : per);
+    if (R) { /* the first half's columns; the second's are per / 2 further in acc */
+        char oc[256], col[256], partner[32];
+        split_col("v", R, oc, sizeof oc, col, sizeof col);
+        fprintf(f, "                        const int v = w / 4 * %d + tx * 4 + w %% 4;\n", half);
+        fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = %s;\n", half, oc);
+        fprintf(f, "                        if (row < M && col < Nout)\n");
+        snprintf(partner, sizeof partner, "acc[q][w + %d]", per / 2);
+        if (matmul_store(k, epilogue, ctx, "acc[q][w]", partner, "                            ") < 0)
+            return -1;
+    } else {
+        fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = n0 + w / 4 * %d + tx * 4 + w %% 4;\n",
+                half, half);
+        fprintf(f, "                        if (row < M && col < N)\n");
+        if (matmul_store(k, epilogue, ctx, "acc[q][w]", NULL, "                            ") < 0)
+            return -1;
+    }
     fprintf(f, "                    }\n");
     fprintf(f, "            }\n");
     return 0;
@@ -257,10 +295,12 @@ static void large_test(char *buf, size_t n, const char *M, const char *N)
     snprintf(buf, n, "(%s) * (%s) >= %d", tm, tn, LARGE_MIN);
 }
 
-int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
+int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx)
 {
+    if (parts == 2 && !epilogue)
+        return cu_error(k->gen, "a split matmul needs an epilogue");
     if (k->gen->mma != CG_MMA_OFF)
-        return matmul_mma(k, x, ia, ib, epilogue, ctx);
+        return matmul_mma(k, x, ia, ib, parts, epilogue, ctx);
     FILE *f = k->f;
     int tb = x->ia[0] != 0;
     k->sync = 1;
@@ -279,14 +319,14 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue
         fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][n] */\n", sh->bs, sh->kt, sh->tile);
     }
     fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
-    matmul_prologue(k, x, ia, ib);
+    matmul_prologue(k, x, ia, ib, parts);
     char big[6 * CU_EXPR];
     large_test(big, sizeof big, "M", "N");
     fprintf(f, "        if (%s) {\n", big);
-    if (f32_tiles(k, &shape_large, tb, epilogue, ctx) < 0)
+    if (f32_tiles(k, &shape_large, tb, parts, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        } else {\n");
-    if (f32_tiles(k, &shape_small, tb, epilogue, ctx) < 0)
+    if (f32_tiles(k, &shape_small, tb, parts, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
@@ -328,7 +368,7 @@ static char *operand_load(const char *src, const char *index, char *buf, size_t 
  * [rows][K] (A; B transposed), else [K][rows] (B), whose pairs then come from two rows. The
  * threads of a warp walk the direction that is contiguous in global memory. */
 static void stage_operand(CuKernel *k, const char *dst, const char *src, const char *rows, const char *first,
-                          int k_inner)
+                          int k_inner, int R)
 {
     FILE *f = k->f;
     const char *pack = k->gen->mma == CG_MMA_FP16 ? "xtc_pack_f16x2" : "xtc_pack_bf16x2";
@@ -337,9 +377,17 @@ static void stage_operand(CuKernel *k, const char *dst, const char *src, const c
         fprintf(f, "                    const int tr = e / %d, tc = e %% %d; /* tile row, k pair */\n", MPAIRS, MPAIRS);
     else
         fprintf(f, "                    const int tr = e %% %d, tc = e / %d; /* tile row, k pair */\n", TILE, TILE);
-    fprintf(f, "                    const i64 gr = %s + tr, gk = k0 + 2 * tc;\n", first);
-    fprintf(f, "                    float lo = 0.0f, hi = 0.0f;\n");
-    fprintf(f, "                    if (gr < %s) {\n", rows);
+    if (R) { /* B of a split product: tile column tr is the product's column gr (split_col) */
+        char oc[256], col[256];
+        split_col("tr", R, oc, sizeof oc, col, sizeof col);
+        fprintf(f, "                    const i64 oc = %s, gr = %s, gk = k0 + 2 * tc;\n", oc, col);
+        fprintf(f, "                    float lo = 0.0f, hi = 0.0f;\n");
+        fprintf(f, "                    if (oc < Nout) {\n");
+    } else {
+        fprintf(f, "                    const i64 gr = %s + tr, gk = k0 + 2 * tc;\n", first);
+        fprintf(f, "                    float lo = 0.0f, hi = 0.0f;\n");
+        fprintf(f, "                    if (gr < %s) {\n", rows);
+    }
     char lo_at[CU_EXPR], hi_at[CU_EXPR], load[2 * CU_EXPR];
     if (k_inner) {
         snprintf(lo_at, sizeof lo_at, "gr * K + gk");
@@ -357,7 +405,7 @@ static void stage_operand(CuKernel *k, const char *dst, const char *src, const c
     fprintf(f, "                }\n");
 }
 
-static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue epilogue, void *ctx)
+static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
     int tb = x->ia[0] != 0;
@@ -370,19 +418,21 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue e
     fprintf(f, "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const int wm = warp / 2 * 32, wn = warp %% 2 * 32; /* the warp's quarter of the tile */\n");
-    matmul_prologue(k, x, ia, ib);
-    fprintf(f, "        const i64 tiles_n = (N + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", TILE - 1, TILE, TILE - 1,
-            TILE);
+    matmul_prologue(k, x, ia, ib, parts);
+    /* split: a warp's columns 8 j + 2 t (+ 1), j < 4, pair up 16 apart */
+    int R = parts == 2 ? 16 : 0, tw = R ? TILE / 2 : TILE;
+    fprintf(f, "        const i64 tiles_n = (%s + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", R ? "Nout" : "N", tw - 1, tw,
+            TILE - 1, TILE);
     fprintf(f, "        for (i64 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {\n");
-    fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, TILE);
+    fprintf(f, "            const i64 m0 = tile / tiles_n * %d, n0 = tile %% tiles_n * %d;\n", TILE, tw);
     fprintf(f, "            float acc[2][4][4]; /* [16-row block][8-column block][the mma's d] */\n");
     fprintf(f, "            for (int i = 0; i < 2; i++)\n");
     fprintf(f, "                for (int j = 0; j < 4; j++)\n");
     fprintf(f, "                    for (int q = 0; q < 4; q++)\n");
     fprintf(f, "                        acc[i][j][q] = 0.0f;\n");
     fprintf(f, "            for (i64 k0 = 0; k0 < K; k0 += %d) {\n", MKT);
-    stage_operand(k, "As", "A", "M", "m0", 1);
-    stage_operand(k, "Bs", "B", "N", "n0", tb);
+    stage_operand(k, "As", "A", "M", "m0", 1, 0);
+    stage_operand(k, "Bs", "B", "N", "n0", tb, R);
     fprintf(f, "                __syncthreads();\n");
     fprintf(f, "                for (int kp = 0; kp < %d; kp += 8) { /* k pairs kp .. kp + 7: one mma k-step */\n",
             MPAIRS);
@@ -408,14 +458,24 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, CuEpilogue e
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "            for (int i = 0; i < 2; i++)\n");
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "                for (int j = 0; j < 4; j++)\n");
+    fprintf(f, "                for (int j = 0; j < %d; j++)\n", R ? 2 : 4);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int q = 0; q < 4; q++) { /* d[q] = C[g + 8 (q / 2)][2t + q %% 2] */\n");
     fprintf(f, "                        const i64 row = m0 + wm + 16 * i + g + 8 * (q / 2);\n");
-    fprintf(f, "                        const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");
-    fprintf(f, "                        if (row < M && col < N)\n");
-    if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", "                            ") < 0)
-        return -1;
+    if (R) { /* the first half's columns; the second's are in acc[i][j + 2] */
+        char oc[256], col[256];
+        split_col("v", R, oc, sizeof oc, col, sizeof col);
+        fprintf(f, "                        const int v = wn + 8 * j + 2 * t + q %% 2;\n");
+        fprintf(f, "                        const i64 col = %s;\n", oc);
+        fprintf(f, "                        if (row < M && col < Nout)\n");
+        if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", "acc[i][j + 2][q]", "                            ") < 0)
+            return -1;
+    } else {
+        fprintf(f, "                        const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");
+        fprintf(f, "                        if (row < M && col < N)\n");
+        if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", NULL, "                            ") < 0)
+            return -1;
+    }
     fprintf(f, "                    }\n");
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);

@@ -49,6 +49,7 @@ typedef struct CgFn {
     LLVMValueRef threads;     /* impl and work: the session's thread count (i64) */
     LLVMValueRef status;      /* impl: i32 variable returned at the end (0 = fine) */
     unsigned views;           /* the kernel's CG_VIEW_* (cg_plan.h) */
+    int mm_parts;             /* a matmul under a two-part epilogue (CgMmPart): 2, else 0 */
 } CgFn;
 
 typedef struct {
@@ -72,11 +73,19 @@ const CgLower *cg_llvm_lowering(IrOp op);
 /* cg_llvm_matmul.c */
 void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_matmul_impl(CgFn *f);
-/* The same with an epilogue: once a work item's block of C (rows [i0, i1), columns [j0, j1) of
- * batch index bi) is final, fn emits code that rewrites it in place (a fused program's tail). */
+/* The same with an epilogue: once a work item's block of the product (rows [i0, i1), columns
+ * [j0, j1) of the output, batch index bi) is final, fn emits code that computes the output there
+ * from it (a fused program's tail). Where the product is: part p's element at (row i, output
+ * column j) is ptr[(i - i0) ld + j - j0] (i64 index arithmetic, so i0 and j0 may lie outside).
+ * One part: C itself, rewritten in place. Two (CgFn.mm_parts = 2, the product twice the output's
+ * width, GLU): the product's columns j and j + width, computed side by side into a scratch block
+ * of the work item (the product is never stored whole). */
+typedef struct {
+    LLVMValueRef ptr, ld, i0, j0;
+} CgMmPart;
 typedef struct {
     void (*fn)(CgFn *f, void *ctx, LLVMValueRef bi, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
-               LLVMValueRef j1);
+               LLVMValueRef j1, const CgMmPart *parts);
     void *ctx;
 } CgMatmulEpilogue;
 int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);

@@ -45,6 +45,11 @@ typedef struct {
     IrNode *steps[IR_FUSED_MAXSTEPS];
     int has_reduce;
     const IrNode *mm;     /* the matmul step, or NULL */
+    int mm_parts;         /* ir_epilogue_parts: 1, or 2 for a product read in two halves */
+    int64_t width;        /* the node's last dim (the offset of the second half) */
+    const CgMmPart *parts;          /* in the epilogue: where the product is */
+    LLVMValueRef prow[2];           /* ... the current row's index in each part, less j0 */
+    int64_t coff;                   /* columns added by the slices around the value being built */
     /* per row */
     LLVMValueRef base[IR_MAXIN];    /* element offset of the row in each operand */
     LLVMValueRef *pbase;            /* ... and in each operand read through a permute step */
@@ -57,6 +62,24 @@ typedef struct {
 static int is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR_SOFTMAX; }
 
 static const char *who(const IrNode *n) { return n->label ? n->label : "?"; }
+
+static int same_shape(const IrNode *a, const IrNode *b)
+{
+    int same = a->rank == b->rank;
+    for (int d = 0; same && d < a->rank; d++)
+        same = ir_dim_eq(a->shape[d], b->shape[d]);
+    return same;
+}
+
+/* ir_epilogue_parts over the program, its last step the node's value */
+static int split_parts(const Fz *z)
+{
+    const IrNode *order[IR_FUSED_MAXSTEPS];
+    int no = 0;
+    for (int i = z->prog.nsteps - 1; i >= 0; i--)
+        order[no++] = z->steps[i];
+    return same_shape(order[0], z->node) ? ir_epilogue_parts(order, no, z->mm) : 0;
+}
 
 /* Builds the program's graph and checks what this kernel handles. */
 static int fz_init(Fz *z, CgFn *f)
@@ -90,13 +113,17 @@ static int fz_init(Fz *z, CgFn *f)
             continue;
         if (z->mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != n->rank)
             return cg_error(f->cg, "fused %%%s: one matmul of operands, of the node's rank", who(n));
-        for (int d = 0; d < n->rank; d++)
-            if (!ir_dim_eq(x->shape[d], n->shape[d]))
-                return cg_error(f->cg, "fused %%%s: the matmul has the node's shape", who(n));
         z->mm = x;
     }
-    if (z->mm && (z->has_reduce || remap))
-        return cg_error(f->cg, "fused %%%s: a matmul epilogue has no reduction, slice or concat", who(n));
+    if (z->mm && z->has_reduce)
+        return cg_error(f->cg, "fused %%%s: a matmul epilogue has no reduction", who(n));
+    if (z->mm) {
+        z->mm_parts = !remap && same_shape(z->mm, n) ? 1 : split_parts(z);
+        if (!z->mm_parts)
+            return cg_error(f->cg, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
+                            "(twice the node's width) there and one width further, through slices", who(n));
+        z->width = n->shape[n->rank - 1].c;
+    }
     size_t nn = (size_t)z->pg->nnodes + 1;
     z->slot = calloc(nn, sizeof *z->slot);
     z->slot2 = calloc(nn, sizeof *z->slot2);
@@ -201,8 +228,13 @@ static LLVMValueRef value_at(Fz *z, const IrNode *x, LLVMValueRef col)
         LLVMValueRef idx = last_is_one(x) ? z->pbase[x->id] : LLVMBuildAdd(b, z->pbase[x->id], col, "");
         return cg_load(f, x->dtype, f->in[k], idx);
     }
-    case IR_SLICE: /* of the last axis */
-        return fz_value(z, x->in[0], LLVMBuildAdd(b, col, cg_dim(f, x->d), ""));
+    case IR_SLICE: { /* of the last axis */
+        int64_t s = ir_dim_is_const(x->d) ? x->d.c : 0;
+        z->coff += s; /* followed for a matmul epilogue's product (constant starts there) */
+        LLVMValueRef v = fz_value(z, x->in[0], LLVMBuildAdd(b, col, cg_dim(f, x->d), ""));
+        z->coff -= s;
+        return v;
+    }
     case IR_CONCAT: { /* of the last axis: both parts at clamped columns, then the one that applies */
         LLVMValueRef la = cg_dim(f, x->in[0]->shape[x->rank - 1]);
         LLVMValueRef first = LLVMBuildICmp(b, LLVMIntSLT, col, la, "");
@@ -222,8 +254,13 @@ static LLVMValueRef value_at(Fz *z, const IrNode *x, LLVMValueRef col)
         LLVMValueRef inv = LLVMBuildLoad2(b, cg->t_f32, z->slot2[x->id], "");
         return LLVMBuildFMul(b, cg_exp(cg, LLVMBuildFSub(b, fz_value(z, x->in[0], col), m, "")), inv, "");
     }
-    case IR_MATMUL: /* the epilogue presets it; anywhere else it is a bug */
-        return cg_f32(cg, NAN);
+    case IR_MATMUL: { /* in the epilogue: the product's part at coff (0 or the width), ir_epilogue_parts */
+        if (!z->parts)
+            return cg_f32(cg, NAN);
+        int p = z->coff ? 1 : 0;
+        LLVMValueRef j = LLVMBuildSub(b, col, cg_i64(cg, z->coff), "");
+        return cg_load(f, IR_F32, z->parts[p].ptr, LLVMBuildAdd(b, z->prow[p], j, ""));
+    }
     default: {
         LLVMValueRef args[IR_MAXIN];
         for (int k = 0; k < x->nin; k++)
@@ -300,12 +337,13 @@ static CgFn matmul_view(const Fz *z, const CgFn *f)
         fm.in[k] = NULL;
     fm.in[0] = f->in[operand_of(z->mm->in[0])];
     fm.in[1] = f->in[operand_of(z->mm->in[1])];
+    fm.mm_parts = z->mm_parts == 2 ? 2 : 0;
     return fm;
 }
 
-/* rows [i0, i1), columns [j0, j1) of batch bi: C = program(C, ...) */
+/* rows [i0, i1), columns [j0, j1) of batch bi: C = program(product, ...) */
 static void epilogue(CgFn *fm, void *ctx, LLVMValueRef bi, LLVMValueRef i0, LLVMValueRef i1, LLVMValueRef j0,
-                     LLVMValueRef j1)
+                     LLVMValueRef j1, const CgMmPart *parts)
 {
     Fz *z = ctx;
     LLVMBuilderRef b = z->cg->b;
@@ -315,15 +353,18 @@ static void epilogue(CgFn *fm, void *ctx, LLVMValueRef bi, LLVMValueRef i0, LLVM
     cg_for(fm, &li, i0, i1, "ei");
     LLVMValueRef row = LLVMBuildAdd(b, LLVMBuildMul(b, bi, m, ""), li.iv, "");
     fz_row_bases(z, row);
+    z->parts = parts;
+    for (int p = 0; p < z->mm_parts; p++)
+        z->prow[p] = LLVMBuildSub(b, LLVMBuildMul(b, LLVMBuildSub(b, li.iv, parts[p].i0, ""), parts[p].ld, ""), parts[p].j0, "");
     LLVMValueRef obase = LLVMBuildMul(b, row, cols, "");
     cg_for(fm, &lj, j0, j1, "ej");
     fz_loop(z, lj.iv);
     LLVMValueRef at = LLVMBuildAdd(b, obase, lj.iv, "");
-    z->memo[z->mm->id] = cg_load(fm, IR_F32, fm->out, at);
     cg_store(fm, n->dtype, fm->out, at, fz_value(z, root, lj.iv));
     cg_for_end(fm, &lj);
     cg_for_end(fm, &li);
     fz_loop(z, NULL);
+    z->parts = NULL;
 }
 
 static LLVMValueRef chunks(CgFn *f, LLVMValueRef len)

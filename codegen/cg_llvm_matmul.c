@@ -45,6 +45,8 @@
 
 typedef struct {
     LLVMValueRef m, n, k, batch;
+    LLVMValueRef w; /* the output's columns: n, or n / 2 under a two-part epilogue */
+    int split;      /* that epilogue: the item's columns j and j + w of the product, side by side */
 } MmDims;
 
 static void mm_dims(CgFn *f, MmDims *d)
@@ -55,11 +57,15 @@ static void mm_dims(CgFn *f, MmDims *d)
     d->n = cg_dim(f, out->shape[r - 1]);
     d->k = cg_dim(f, a->shape[a->rank - 1]);
     d->batch = cg_dims_prod(f, out->shape, 0, r - 2);
+    d->split = f->mm_parts == 2;
+    d->w = d->split ? LLVMBuildSDiv(f->cg->b, d->n, cg_i64(f->cg, 2), "w") : d->n;
 }
 
 static int lanes(Cg *cg) { return cg->vec >= 16 ? 16 : cg->vec >= 8 ? 8 : 4; }
 static int tile_rows(Cg *cg) { return lanes(cg) == 16 ? 12 : 6; }  /* MR: 2 MR accumulators + 3 live */
 static int col_block(Cg *cg) { return 2 * lanes(cg) * 8; }          /* NC: 8 panels */
+/* an item's output columns: NC, or NC / 2 of each half of a split product (the same panels) */
+static int item_cols(Cg *cg, const MmDims *d) { return d->split ? col_block(cg) / 2 : col_block(cg); }
 
 static int plain_path(const IrNode *n)
 {
@@ -89,7 +95,9 @@ static LLVMValueRef rows_per_block(CgFn *f, const MmDims *d, LLVMValueRef ngrp)
     want = cg_min_i64(f, want, cg_max_i64(f, ceil_div(cg, d->m, 4 * mr), cg_i64(cg, 1)));
     LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, d->m, LLVMBuildSub(b, want, cg_i64(cg, 1), ""), ""), want, "");
     rows = LLVMBuildMul(b, ceil_div(cg, rows, mr), cg_i64(cg, mr), "");
-    return cg_max_i64(f, rows, cg_i64(cg, mr));
+    rows = cg_max_i64(f, rows, cg_i64(cg, mr));
+    /* a split product's item is computed into a scratch block of MC rows (blocked_scratch) */
+    return d->split ? cg_min_i64(f, rows, cg_i64(cg, MC)) : rows;
 }
 
 /* The matrix-vector path: batch x m <= GEMV_ROWS (one token per sequence, as in KV-cache
@@ -116,7 +124,7 @@ void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
         *items = LLVMBuildMul(b, d.batch, d.m, "");
         return;
     }
-    LLVMValueRef ngrp = ceil_div(cg, d.n, col_block(cg));
+    LLVMValueRef ngrp = ceil_div(cg, d.w, item_cols(cg, &d));
     LLVMValueRef rows = rows_per_block(f, &d, ngrp);
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     *items = LLVMBuildMul(b, d.batch, LLVMBuildMul(b, nmb, ngrp, ""), "items");
@@ -165,7 +173,9 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef i = LLVMBuildSRem(b, l.iv, d.m, "");
     LLVMValueRef abase = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d.k, ""), "");
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi, kn);
-    LLVMValueRef cbase = LLVMBuildMul(b, l.iv, d.n, "");
+    /* a split product's row (n < 8 here) goes to a row of scratch, C's row is the epilogue's */
+    LLVMValueRef dst = d.split ? cg_var(f, LLVMArrayType(cg->t_f32, 8), NULL, "prow") : f->out;
+    LLVMValueRef cbase = d.split ? cg_i64(cg, 0) : LLVMBuildMul(b, l.iv, d.n, "");
     cg_for(f, &lj, cg_i64(cg, 0), d.n, "j");
     LLVMValueRef acc = cg_var(f, cg->t_f32, cg_f32(cg, 0), "acc");
     cg_for(f, &lp, cg_i64(cg, 0), d.k, "p");
@@ -176,10 +186,15 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, bv, ""), fm);
     LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc), prod, ""), fm), acc);
     cg_for_end(f, &lp);
-    cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, cbase, lj.iv, ""), cg_get(f, cg->t_f32, acc));
+    cg_store(f, IR_F32, dst, LLVMBuildAdd(b, cbase, lj.iv, ""), cg_get(f, cg->t_f32, acc));
     cg_for_end(f, &lj);
-    if (epi) /* the row is final */
-        epi->fn(f, epi->ctx, bi, i, LLVMBuildAdd(b, i, cg_i64(cg, 1), ""), cg_i64(cg, 0), d.n);
+    if (epi) { /* the row is final */
+        CgMmPart parts[2] = {{f->out, d.n, LLVMBuildNeg(b, LLVMBuildMul(b, bi, d.m, ""), ""), cg_i64(cg, 0)}};
+        if (d.split)
+            for (int p = 0; p < 2; p++)
+                parts[p] = (CgMmPart){dst, cg_i64(cg, 0), i, LLVMBuildMul(b, cg_i64(cg, -p), d.w, "")};
+        epi->fn(f, epi->ctx, bi, i, LLVMBuildAdd(b, i, cg_i64(cg, 1), ""), cg_i64(cg, 0), d.w, parts);
+    }
     cg_for_end(f, &l);
     return 0;
 }
@@ -197,12 +212,12 @@ static int b_broadcast(const IrNode *n)
     return 1;
 }
 
-/* C[row r, j .. j + nj) for the nr rows of A at arow[r] (C rows at crow[r]) and nj = GEMV_UNROLL
+/* C[row r, j .. j + nj) for the nr rows of A at arow[r] (C rows at dst + crow[r]) and nj = GEMV_UNROLL
  * or 1 consecutive B rows from brow0: nr x nj dot products in one loop over k, so that each
  * element of B is loaded once for all the rows and the vectoriser keeps nr x nj independent
  * accumulators (one alone is a chain of dependent fused multiply-adds, latency-bound). */
-static void gemv_dots(CgFn *f, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr, LLVMValueRef brow0,
-                      LLVMValueRef k, LLVMValueRef j, int nj)
+static void gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr,
+                      LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef j, int nj)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -228,7 +243,7 @@ static void gemv_dots(CgFn *f, const LLVMValueRef *arow, const LLVMValueRef *cro
     cg_for_end(f, &lp);
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nj; t++)
-            cg_store(f, IR_F32, f->out, LLVMBuildAdd(b, crow[r], LLVMBuildAdd(b, j, cg_i64(cg, t), ""), ""),
+            cg_store(f, IR_F32, dst, LLVMBuildAdd(b, crow[r], LLVMBuildAdd(b, j, cg_i64(cg, t), ""), ""),
                      cg_get(f, cg->t_f32, acc[r][t]));
 }
 
@@ -237,7 +252,7 @@ static void gemv_dots(CgFn *f, const LLVMValueRef *arow, const LLVMValueRef *cro
 static LLVMValueRef gemv_item_count(CgFn *f, const MmDims *d)
 {
     LLVMBuilderRef b = f->cg->b;
-    LLVMValueRef blocks = ceil_div(f->cg, d->n, GEMV_COLS);
+    LLVMValueRef blocks = ceil_div(f->cg, d->w, GEMV_COLS);
     return b_broadcast(f->node) ? blocks : LLVMBuildMul(b, d->batch, blocks, "");
 }
 
@@ -245,7 +260,8 @@ static LLVMValueRef gemv_item_count(CgFn *f, const MmDims *d)
  * its rows of A: every (bi, i) when B is a weight (batch x m <= GEMV_ROWS rows, each B element
  * loaded once for all of them), else the m rows of one batch index (items column block major, so
  * that neighbouring items share their B rows). GEMV_UNROLL columns at a time; the code is
- * generated for each row count up to GEMV_ROWS and chosen at run time. */
+ * generated for each row count up to GEMV_ROWS and chosen at run time. A split product's item
+ * computes its block of both halves (B rows j and j + w) into a scratch block for the epilogue. */
 static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
 {
     Cg *cg = f->cg;
@@ -260,33 +276,45 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
     LLVMValueRef bi0 = shared ? cg_i64(cg, 0) : LLVMBuildSRem(b, li.iv, d->batch, "");
     LLVMValueRef blk = shared ? li.iv : LLVMBuildSDiv(b, li.iv, d->batch, "");
     LLVMValueRef j0 = LLVMBuildMul(b, blk, cg_i64(cg, GEMV_COLS), "");
-    LLVMValueRef j1 = cg_min_i64(f, d->n, LLVMBuildAdd(b, j0, cg_i64(cg, GEMV_COLS), ""));
+    LLVMValueRef j1 = cg_min_i64(f, d->w, LLVMBuildAdd(b, j0, cg_i64(cg, GEMV_COLS), ""));
+    int nparts = d->split ? 2 : 1, sld = 2 * GEMV_COLS; /* the scratch: [GEMV_ROWS][2 GEMV_COLS] */
+    LLVMValueRef scratch = d->split ? cg_var(f, LLVMArrayType(cg->t_f32, GEMV_ROWS * sld), NULL, "gscratch") : NULL;
     LLVMValueRef jfull = LLVMBuildAdd(b, j0, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, j1, j0, ""), cg_i64(cg, GEMV_UNROLL), ""),
                                                        cg_i64(cg, GEMV_UNROLL), ""), "");
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi0, kn);
     for (int nr = 1; nr <= GEMV_ROWS; nr++) {
         CgIf is;
         cg_if(f, &is, LLVMBuildICmp(b, LLVMIntEQ, rows, cg_i64(cg, nr), ""));
-        LLVMValueRef arow[GEMV_ROWS], crow[GEMV_ROWS];
-        for (int r = 0; r < nr; r++) { /* row r of the item: batch index bi0 + r / m, row r % m */
-            LLVMValueRef bi = LLVMBuildAdd(b, bi0, LLVMBuildSDiv(b, cg_i64(cg, r), d->m, ""), "");
-            LLVMValueRef i = LLVMBuildSRem(b, cg_i64(cg, r), d->m, "");
-            arow[r] = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
-            crow[r] = LLVMBuildAdd(b, LLVMBuildMul(b, bi, mn, ""), LLVMBuildMul(b, i, d->n, ""), "");
+        for (int p = 0; p < nparts; p++) {
+            LLVMValueRef arow[GEMV_ROWS], crow[GEMV_ROWS];
+            LLVMValueRef dst = d->split ? scratch : f->out;
+            LLVMValueRef bpart = LLVMBuildAdd(b, bbase, LLVMBuildMul(b, cg_i64(cg, p), LLVMBuildMul(b, d->w, d->k, ""), ""), "");
+            for (int r = 0; r < nr; r++) { /* row r of the item: batch index bi0 + r / m, row r % m */
+                LLVMValueRef bi = LLVMBuildAdd(b, bi0, LLVMBuildSDiv(b, cg_i64(cg, r), d->m, ""), "");
+                LLVMValueRef i = LLVMBuildSRem(b, cg_i64(cg, r), d->m, "");
+                arow[r] = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
+                crow[r] = d->split ? LLVMBuildSub(b, cg_i64(cg, r * sld + p * GEMV_COLS), j0, "")
+                                   : LLVMBuildAdd(b, LLVMBuildMul(b, bi, mn, ""), LLVMBuildMul(b, i, d->n, ""), "");
+            }
+            cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
+            LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
+            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
+            cg_for_end(f, &lj);
+            cg_for(f, &lj, jfull, j1, "j");
+            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
+            cg_for_end(f, &lj);
         }
-        cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
-        LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
-        gemv_dots(f, arow, crow, nr, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
-        cg_for_end(f, &lj);
-        cg_for(f, &lj, jfull, j1, "j");
-        gemv_dots(f, arow, crow, nr, LLVMBuildAdd(b, bbase, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
-        cg_for_end(f, &lj);
         cg_if_end(f, &is);
     }
     if (epi) { /* the block's columns of every row are final */
         CgLoop lb;
         cg_for(f, &lb, cg_i64(cg, 0), nbi, "ebi");
-        epi->fn(f, epi->ctx, LLVMBuildAdd(b, bi0, lb.iv, ""), cg_i64(cg, 0), d->m, j0, j1);
+        LLVMValueRef bi = LLVMBuildAdd(b, bi0, lb.iv, "");
+        CgMmPart parts[2] = {{f->out, d->n, LLVMBuildNeg(b, LLVMBuildMul(b, bi, d->m, ""), ""), cg_i64(cg, 0)}};
+        for (int p = 0; p < nparts && d->split; p++) /* row lb m + i of the scratch, column p GEMV_COLS + j - j0 */
+            parts[p] = (CgMmPart){scratch, cg_i64(cg, sld), LLVMBuildNeg(b, LLVMBuildMul(b, lb.iv, d->m, ""), ""),
+                                  LLVMBuildSub(b, j0, cg_i64(cg, p * GEMV_COLS), "")};
+        epi->fn(f, epi->ctx, bi, cg_i64(cg, 0), d->m, j0, j1, parts);
         cg_for_end(f, &lb);
     }
     cg_for_end(f, &li);
@@ -566,7 +594,8 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
         cg_if(f, &small, LLVMBuildNot(b, gemv, ""));
     }
     LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, ""), mn = LLVMBuildMul(b, d.m, d.n, "");
-    LLVMValueRef ngrp = ceil_div(cg, d.n, col_block(cg));
+    int icols = item_cols(cg, &d);
+    LLVMValueRef ngrp = ceil_div(cg, d.w, icols);
     LLVMValueRef rows = rows_per_block(f, &d, ngrp);
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     LLVMValueRef nkb = cg_max_i64(f, ceil_div(cg, d.k, KC), cg_i64(cg, 1)); /* k = 0 still stores zeros */
@@ -577,6 +606,12 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     int npanels_max = col_block(cg) / nr;
     LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)(nr * npanels_max)), NULL, "bpanels");
     LLVMSetAlignment(bp, 64);
+    /* a split product: the item's rows (at most MC) of both halves, side by side, [MC][2 icols] */
+    LLVMValueRef scratch = NULL, sld = cg_i64(cg, 2 * icols);
+    if (d.split) {
+        scratch = cg_var(f, LLVMArrayType(cg->t_f32, MC * 2 * (unsigned)icols), NULL, "product");
+        LLVMSetAlignment(scratch, 64);
+    }
 
     CgLoop li, lk, lj, lr, lm;
     cg_for(f, &li, f->lo, f->hi, "item");
@@ -589,23 +624,28 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef cptr0 = cg_addr(f, IR_F32, f->out, LLVMBuildMul(b, bi, mn, ""));
     LLVMValueRef i_start = LLVMBuildMul(b, mb, rows, "");
     LLVMValueRef i_end = cg_min_i64(f, d.m, LLVMBuildAdd(b, i_start, rows, ""));
-    LLVMValueRef j_start = LLVMBuildMul(b, grp, cg_i64(cg, col_block(cg)), "");
-    LLVMValueRef j_end = cg_min_i64(f, d.n, LLVMBuildAdd(b, j_start, cg_i64(cg, col_block(cg)), ""));
-    LLVMValueRef npanels = ceil_div(cg, LLVMBuildSub(b, j_end, j_start, ""), nr);
+    LLVMValueRef j_start = LLVMBuildMul(b, grp, cg_i64(cg, icols), "");
+    LLVMValueRef j_end = cg_min_i64(f, d.w, LLVMBuildAdd(b, j_start, cg_i64(cg, icols), ""));
+    LLVMValueRef npart = ceil_div(cg, LLVMBuildSub(b, j_end, j_start, ""), nr); /* panels of a part */
+    LLVMValueRef npanels = d.split ? LLVMBuildMul(b, npart, cg_i64(cg, 2), "") : npart;
     LLVMValueRef nmc = ceil_div(cg, LLVMBuildSub(b, i_end, i_start, ""), MC);
+    /* rows from i_start: A and the scratch are addressed relative to the item's first row */
+    LLVMValueRef arow0 = d.split ? i_start : cg_i64(cg, 0);
 
     cg_for(f, &lk, cg_i64(cg, 0), nkb, "kb");
     LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
     LLVMValueRef kc = cg_min_i64(f, cg_i64(cg, KC), LLVMBuildSub(b, d.k, pc, ""));
     LLVMValueRef accumulate = LLVMBuildICmp(b, LLVMIntSGT, lk.iv, cg_i64(cg, 0), "");
-    LLVMValueRef aptr = cg_addr(f, IR_F32, aptr0, pc);
+    LLVMValueRef aptr = cg_addr(f, IR_F32, aptr0, LLVMBuildAdd(b, pc, LLVMBuildMul(b, arow0, d.k, ""), ""));
 
     /* every panel of the item's columns packed once per k block (stays in L2) ... */
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
-    LLVMValueRef j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, lj.iv, cg_i64(cg, nr), ""), "");
+    LLVMValueRef part = LLVMBuildSDiv(b, lj.iv, npart, ""), pj = LLVMBuildSRem(b, lj.iv, npart, "");
+    LLVMValueRef j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, pj, cg_i64(cg, nr), ""), "");
     LLVMValueRef nc = cg_min_i64(f, cg_i64(cg, nr), LLVMBuildSub(b, j_end, j0, ""));
     LLVMValueRef bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
-    LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, j0, nc};
+    LLVMValueRef bcol = LLVMBuildAdd(b, j0, LLVMBuildMul(b, part, d.w, ""), ""); /* the product's column */
+    LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, bcol, nc};
     LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
     cg_for_end(f, &lj);
 
@@ -615,21 +655,34 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef ii1 = cg_min_i64(f, i_end, LLVMBuildAdd(b, ii0, cg_i64(cg, MC), ""));
     LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, ii1, ii0, ""), mrows);
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
-    j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, lj.iv, cg_i64(cg, nr), ""), "");
+    part = LLVMBuildSDiv(b, lj.iv, npart, "");
+    pj = LLVMBuildSRem(b, lj.iv, npart, "");
+    j0 = LLVMBuildAdd(b, j_start, LLVMBuildMul(b, pj, cg_i64(cg, nr), ""), "");
     nc = cg_min_i64(f, cg_i64(cg, nr), LLVMBuildSub(b, j_end, j0, ""));
     bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
-    LLVMValueRef cptr = cg_addr(f, IR_F32, cptr0, j0);
+    LLVMValueRef cptr, ldc = d.n;
+    if (d.split) { /* scratch row i - i_start, column part icols + j0 - j_start */
+        LLVMValueRef sc = LLVMBuildAdd(b, LLVMBuildMul(b, part, cg_i64(cg, icols), ""), LLVMBuildSub(b, j0, j_start, ""), "");
+        cptr = cg_addr(f, IR_F32, scratch, sc);
+        ldc = sld;
+    } else {
+        cptr = cg_addr(f, IR_F32, cptr0, j0);
+    }
     cg_for(f, &lr, cg_i64(cg, 0), ntiles, "tile");
     LLVMValueRef i0 = LLVMBuildAdd(b, ii0, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
     LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, ii1, i0, ""));
-    LLVMValueRef margs[11] = {aptr, d.k, i0, mlast, kc, bpj, cptr, d.n, mr, nc, accumulate};
+    LLVMValueRef margs[11] = {aptr, d.k, LLVMBuildSub(b, i0, arow0, ""), LLVMBuildSub(b, mlast, arow0, ""), kc, bpj, cptr, ldc,
+                              mr, nc, accumulate};
     LLVMBuildCall2(b, micro_type, micro, margs, 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
     if (epi) { /* after the last k block, these MC rows of the item's columns are final and in L2 */
         CgIf last;
         cg_if(f, &last, LLVMBuildICmp(b, LLVMIntEQ, lk.iv, LLVMBuildSub(b, nkb, cg_i64(cg, 1), ""), ""));
-        epi->fn(f, epi->ctx, bi, ii0, ii1, j_start, j_end);
+        CgMmPart parts[2] = {{cptr0, d.n, cg_i64(cg, 0), cg_i64(cg, 0)}};
+        for (int p = 0; p < 2 && d.split; p++)
+            parts[p] = (CgMmPart){scratch, sld, i_start, LLVMBuildSub(b, j_start, cg_i64(cg, p * icols), "")};
+        epi->fn(f, epi->ctx, bi, ii0, ii1, j_start, j_end, parts);
         cg_if_end(f, &last);
     }
     cg_for_end(f, &lm);

@@ -292,3 +292,52 @@ IrGraph *ir_fused_graph_of(const IrNode *node, IrFusedProgram *p, IrNode **steps
     }
     return ir_fused_graph(p, node->nin, dt, rk, sh, node->rank, node->shape, steps, err, n);
 }
+
+enum { AT_OWN = 1, AT_WIDTH = 2, AT_OTHER = 4 }; /* columns read, relative to the root's */
+
+int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm)
+{
+    if (n < 1 || n > IR_FUSED_MAXSTEPS + IR_MAXIN + 2)
+        return 0;
+    const IrNode *root = nodes[0];
+    int r = root->rank;
+    if (r < 1 || mm->rank != r || !ir_dim_is_const(root->shape[r - 1]) || !ir_dim_is_const(mm->shape[r - 1]))
+        return 0;
+    for (int d = 0; d < r - 1; d++)
+        if (!ir_dim_eq(mm->shape[d], root->shape[d]))
+            return 0;
+    int64_t w = root->shape[r - 1].c, wm = mm->shape[r - 1].c;
+    int parts = wm == w ? 1 : wm == 2 * w && w > 0 ? 2 : 0;
+    if (!parts)
+        return 0;
+    int at[IR_FUSED_MAXSTEPS + IR_MAXIN + 2] = {AT_OWN};
+    for (int i = 0; i < n; i++) {
+        const IrNode *y = nodes[i];
+        int my = at[i];
+        if (!my || y == mm)
+            continue;
+        int to = my;
+        if (y->op == IR_SLICE && y->ia[0] == y->rank - 1 && ir_dim_is_const(y->d)) {
+            int64_t s = y->d.c;
+            to = my & AT_OTHER;
+            if (my & AT_OWN)
+                to |= s == 0 ? AT_OWN : s == w ? AT_WIDTH : AT_OTHER;
+            if (my & AT_WIDTH)
+                to |= s == 0 ? AT_WIDTH : AT_OTHER;
+        } else if (y->op == IR_SLICE || y->op == IR_CONCAT || y->op == IR_SUM || y->op == IR_RMAX ||
+                   y->op == IR_SOFTMAX || y->op == IR_PERMUTE || y->op == IR_MATMUL) {
+            to = AT_OTHER;
+        }
+        for (int k = 0; k < y->nin; k++)
+            for (int j = i + 1; j < n; j++)
+                if (nodes[j] == y->in[k])
+                    at[j] |= to;
+    }
+    int mine = 0;
+    for (int i = 0; i < n; i++)
+        if (nodes[i] == mm)
+            mine = at[i];
+    if (!mine || (mine & AT_OTHER) || (parts == 1 && mine != AT_OWN))
+        return 0;
+    return parts;
+}

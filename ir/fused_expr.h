@@ -70,5 +70,14 @@ IrGraph *ir_fused_graph(const IrFusedProgram *p, int nin, const IrDType *dtypes,
 
 /* The same for a fused node's program and operands. */
 IrGraph *ir_fused_graph_of(const IrNode *node, IrFusedProgram *p, IrNode **steps, char *err, size_t n);
+/* How a matmul epilogue reads its product. nodes[0 .. n) are the epilogue's nodes in decreasing
+ * id order (every reader of a node before it), nodes[0] its root, mm one of them. Column offsets
+ * are followed from the root (offset 0) to mm: a last-axis slice adds its start, a concat or a
+ * reduction reads other columns. Returns 1 when mm has the root's shape and is read only at the
+ * root's own column (bias and activation after the product); 2 when mm is twice the root's
+ * constant width and read only at the root's column and at that plus the width, through slices
+ * of the two halves (GLU: value * gelu(gate) from one projection); 0 for anything else, which a
+ * matmul's kernel cannot apply to the blocks of the product it holds. */
+int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm);
 
 #endif

@@ -19,7 +19,10 @@
  *     projection): the program reads it with the permuted strides;
  *   - one matmul of the root's shape, into a group with no reduction: the group becomes its
  *     epilogue (bias and activation, a residual add, a gradient's elementwise tail), applied
- *     by the matmul kernel to each block of the product while it is in cache.
+ *     by the matmul kernel to each block of the product while it is in cache; or one matmul
+ *     twice the root's width, read only through slices of its two halves (GLU: value times
+ *     gelu(gate), bias added first): the kernel computes the two halves' blocks side by side
+ *     and the product never leaves the cache (ir_epilogue_parts says which reads qualify).
  * A group holds at most IR_MAXIN values from outside and IR_FUSED_MAXSTEPS steps; a group of one
  * node is left alone. Exact: the program is the group's subgraph, op for op (the interpreter
  * runs it as such, bit for bit). */
@@ -134,12 +137,36 @@ typedef struct {
     int has_remap; /* a slice or concat joined: values are read at other columns */
 } Grow;
 
-/* What the group allows next: a matmul epilogue reads the product at the root's own columns
- * only, within each block of it, so it takes no reduction, slice or concat. */
-static int allowed(const Grow *gr, const IrNode *x)
+static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
+
+/* Whether matmul x can join as the product the group's slices take two halves of (GLU):
+ * ir_epilogue_parts over the members and x, every reader before what it reads. */
+static int split_product(const Grow *gr, const IrGraph *g, const IrNode *x)
 {
+    if (gr->nmem + 1 > IR_FUSED_MAXSTEPS)
+        return 0;
+    int ids[IR_FUSED_MAXSTEPS + 1];
+    const IrNode *nodes[IR_FUSED_MAXSTEPS + 1];
+    memcpy(ids, gr->mem, sizeof *ids * (size_t)gr->nmem);
+    ids[gr->nmem] = x->id;
+    qsort(ids, (size_t)gr->nmem + 1, sizeof *ids, cmp_desc);
+    for (int i = 0; i <= gr->nmem; i++)
+        nodes[i] = g->nodes[ids[i]];
+    return ir_epilogue_parts(nodes, gr->nmem + 1, x) == 2;
+}
+
+/* What the group allows next: a matmul epilogue reads the product at the root's own columns
+ * only, within each block of it, so it takes no reduction, slice or concat; or, through slices
+ * of its two halves, the product at the root's column and that plus the root's width, which the
+ * kernel computes side by side (split_product). */
+static int allowed(const Grow *gr, const IrGraph *g, const IrNode *x)
+{
+    if (x->op == IR_MATMUL && (gr->has_mm || gr->has_row))
+        return 0;
+    if (x->op == IR_MATMUL && gr->has_remap)
+        return split_product(gr, g, x);
     if (x->op == IR_MATMUL)
-        return !gr->has_mm && !gr->has_row && !gr->has_remap && pass_same_shape(x, gr->root);
+        return pass_same_shape(x, gr->root);
     if (is_row_op(x))
         return !gr->has_mm;
     if (x->op == IR_SLICE || x->op == IR_CONCAT)
@@ -261,7 +288,7 @@ static void grow_group(Ctx *c, Grow *gr, int root_id)
         int readers = c->start[cand + 1] - c->start[cand], all_in = readers > 0 && c->uses[cand] == readers;
         for (int r = 0; all_in && r < readers; r++)
             all_in = gr->in[c->list[c->start[cand] + r]];
-        if (!all_in || !allowed(gr, x))
+        if (!all_in || !allowed(gr, g, x))
             continue;
         int ext[IR_MAXIN + 1];
         if (gr->nmem + 1 > IR_FUSED_MAXSTEPS || count_externals(c, gr, cand, ext, IR_MAXIN) > IR_MAXIN)

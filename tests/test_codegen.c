@@ -474,6 +474,27 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
     IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
     IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
     out(g, "batched_epilogue", ir_fused(g, "matmul($0,$1,1);mul(%0,$2);tanh(%1)", 3, bm, 4, so));
+    /* two-part epilogues (GLU: the product's columns j and j + width, ir_epilogue_parts): the
+     * blocked path with 2 column groups of 128 and partial panels (width 150, with the bias),
+     * items of MC rows and a B not transposed (4 x 200 rows, width 40), the matrix-vector path
+     * (2 rows, 10 blocks of 16, the last 6 wide), the plain path (a product 6 wide), and a B per
+     * batch index (4-d, width 9) */
+    IrDim sgw[] = {ir_dim(300), ir_dim(33)}, sgb[] = {ir_dim(300)}, sgo150[] = {b, n, ir_dim(150)};
+    IrNode *gl[3] = {x, input(g, "gluw", IR_F32, 2, sgw), input(g, "glub", IR_F32, 1, sgb)};
+    static const char glu_bias[] = "matmul($0,$1,1);add(%0,$2);slice(%1,0,150);slice(%1,150,150);gelu(%3);mul(%2,%4)";
+    out(g, "matmul_glu", ir_fused(g, glu_bias, 3, gl, 3, sgo150));
+    IrDim stw2[] = {ir_dim(33), ir_dim(80)};
+    IrNode *tg[2] = {tl[0], input(g, "tallw2", IR_F32, 2, stw2)};
+    out(g, "tall_glu", ir_fused(g, "matmul($0,$1,0);slice(%0,0,40);slice(%0,40,40);sigmoid(%2);mul(%1,%3)", 2, tg, 3, sto));
+    IrDim sgo2[] = {ir_dim(1), ir_dim(2), ir_dim(150)};
+    IrNode *gg[3] = {gv[0], gl[1], gl[2]};
+    out(g, "gemv_glu", ir_fused(g, glu_bias, 3, gg, 3, sgo2));
+    IrDim sw6[] = {ir_dim(6), ir_dim(33)}, s3[] = {b, n, ir_dim(3)};
+    IrNode *pg[2] = {x, input(g, "w6", IR_F32, 2, sw6)};
+    out(g, "plain_glu", ir_fused(g, "matmul($0,$1,1);slice(%0,3,3);slice(%0,0,3);gelu(%1);mul(%3,%2)", 2, pg, 3, s3));
+    IrDim sk18[] = {b, ir_dim(2), ir_dim(18), ir_dim(7)}, so9[] = {b, ir_dim(2), n, ir_dim(9)};
+    IrNode *bg[2] = {bm[0], input(g, "mk18", IR_F32, 4, sk18)};
+    out(g, "batched_glu", ir_fused(g, "matmul($0,$1,1);slice(%0,0,9);slice(%0,9,9);tanh(%2);mul(%1,%3)", 2, bg, 4, so9));
     /* l2norm(rotary(split heads)) in one pass: permute, slices and concats of computed values */
     IrDim sr[] = {b, n, ir_dim(2), ir_dim(8)}, st[] = {b, ir_dim(2), n, ir_dim(8)}, sc[] = {n, ir_dim(6)};
     IrNode *rt[3] = {input(g, "heads", IR_F32, 4, sr), input(g, "cos", IR_F32, 2, sc), input(g, "sin", IR_F32, 2, sc)};

@@ -552,6 +552,15 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
     IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
     out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
+    /* GLU, value * act(gate) over the halves of one product: the pipeline makes each a matmul
+     * with a two-part epilogue (ir_epilogue_parts), B transposed (with a bias) and as stored */
+    IrDim sg[] = {ir_dim(74), ir_dim(17)}, sgb[] = {ir_dim(74)}, sgn[] = {ir_dim(17), ir_dim(80)};
+    IrNode *proj = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wglu", 2, sg), 1), ir_param(g, "bglu", 1, sgb));
+    out(g, "glu_t", ir_binary(g, IR_MUL, ir_slice(g, proj, -1, ir_dim(0), ir_dim(37)),
+                              ir_unary(g, IR_GELU, ir_slice(g, proj, -1, ir_dim(37), ir_dim(37)))));
+    IrNode *proj2 = ir_matmul(g, a, ir_param(g, "wglu2", 2, sgn), 0);
+    out(g, "glu", ir_binary(g, IR_MUL, ir_unary(g, IR_SIGMOID, ir_slice(g, proj2, -1, ir_dim(0), ir_dim(40))),
+                            ir_slice(g, proj2, -1, ir_dim(40), ir_dim(40))));
     IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
     IrNode *big = input(g, "big", IR_F32, 2, s1);
     out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
@@ -564,8 +573,8 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
 
 /* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
  * 256 of them; here 9 x 31 = 279), ragged in every dimension (k = 19: two full stages of 8 and a
- * partial one), with B as stored and transposed, and a bias + GELU epilogue in the fused form.
- * Fixed sizes: run once (run_case_sizes), not at every b and n. */
+ * partial one), with B as stored and transposed, and a bias + GELU epilogue and a GLU (a
+ * two-part epilogue) in the fused form. Fixed sizes: run once (run_case_sizes), not at every b and n. */
 static void build_matmul_large(IrGraph *g, IrDim b, IrDim n)
 {
     (void)b;
@@ -576,6 +585,10 @@ static void build_matmul_large(IrGraph *g, IrDim b, IrDim n)
     out(g, "large", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
     IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1), ir_param(g, "bias", 1, sb));
     out(g, "large_t_gelu", ir_unary(g, IR_GELU, y));
+    /* GLU over the halves of a product of as many large tiles (1925 output columns) */
+    IrNode *p = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wg", 2, swt), 1), ir_param(g, "bg", 1, sb));
+    out(g, "large_glu", ir_binary(g, IR_MUL, ir_slice(g, p, -1, ir_dim(0), ir_dim(1925)),
+                                  ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(1925), ir_dim(1925)))));
 }
 
 /* The tiled attention forward with many query tiles: 512 heads of 70 rows are 1024 tiles of 64,

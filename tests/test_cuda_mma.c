@@ -531,7 +531,7 @@ static void build_forms(IrGraph *g, IrDim b, IrDim n)
     ir_output(g, "one_tile", ir_matmul(g, input(g, "e1", 2, s64a), input(g, "e2", 2, s64b), 0));
 }
 
-/* matmuls with epilogues for the fusion pass: bias, activation, residual */
+/* matmuls with epilogues for the fusion pass: bias, activation, residual, GLU */
 static void build_epilogues(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sx[] = {b, n, ir_dim(40)}, sw[] = {ir_dim(40), ir_dim(72)}, sbias[] = {ir_dim(72)}, sy[] = {b, n, ir_dim(72)};
@@ -541,6 +541,11 @@ static void build_epilogues(IrGraph *g, IrDim b, IrDim n)
     IrDim swt[] = {ir_dim(72), ir_dim(40)};
     IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wt", 2, swt), 1), input(g, "res", 3, sy));
     ir_output(g, "residual", ir_binary(g, IR_MUL, y, ir_const(g, 0.5, IR_F32)));
+    /* GLU: the halves of one product (a two-part epilogue, ir_epilogue_parts) */
+    IrDim sg[] = {ir_dim(144), ir_dim(40)};
+    IrNode *p = ir_matmul(g, x, ir_param(g, "wg", 2, sg), 1);
+    ir_output(g, "glu", ir_binary(g, IR_MUL, ir_slice(g, p, -1, ir_dim(0), ir_dim(72)),
+                                  ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(72), ir_dim(72)))));
 }
 
 static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
@@ -564,7 +569,7 @@ static void check_graph(const Lib *l, const char *name, BuildFn build, int fuse,
         int fused = 0;
         for (int i = 0; i < g->nnodes; i++)
             fused += g->nodes[i]->op == IR_FUSED;
-        ck_assert_msg(fused >= 2, "%s: the pipeline fused %d matmul epilogues", name, fused);
+        ck_assert_msg(fused >= 3, "%s: the pipeline fused %d matmul epilogues", name, fused);
     }
     XtcModule *m = compile_mma(g, name, mma);
     int f16 = mma == CG_MMA_FP16;
