@@ -4,8 +4,9 @@
  * whatever the sequence length. The tile products go through the matmul's packing functions and
  * micro-kernel (cg_llvm_matmul.c); the softmax parts are plain loops the vectoriser takes.
  *
- * Forward, one work item = (batch index, group_of() tiles of BR query rows); items of one batch index
- * are ordered short, long, short, long ... so that causal work is even across the pool's chunks:
+ * Forward, one work item = (batch index, group_rt() tiles of BR query rows: up to group_of(), fewer
+ * when that leaves a thread of the session fewer than ITEMS_PER_THREAD items); items of one batch
+ * index are ordered short, long, short, long ... so that causal work is even across the pool's chunks:
  *   m = -inf, l = 0, O = 0                                          (per row of the group)
  *   for each tile of BC keys (under causal, only up to the group's last allowed key):
  *     pack K^T and V of the tile once, for all the group's query tiles; then for each query tile
@@ -46,6 +47,7 @@
 
 #define BR 48   /* forward: query rows per tile */
 #define GROUP_MAX 8 /* forward: query tiles per work item, sharing each packed key tile (group_of) */
+#define ITEMS_PER_THREAD 4 /* forward: fewer tiles per item until there are this many items a thread */
 #define BC 256  /* forward: keys per tile */
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
@@ -82,6 +84,7 @@ static LLVMValueRef ld(K *k, LLVMValueRef base, LLVMValueRef idx) { return cg_lo
 static void st(K *k, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v) { cg_store(k->f, IR_F32, base, idx, v); }
 static LLVMValueRef fget(K *k, LLVMValueRef var) { return cg_get(k->f, k->cg->t_f32, var); }
 static LLVMValueRef ceil_div(K *k, LLVMValueRef a, int64_t d) { return idiv(k, iadd(k, a, ci(k, d - 1)), ci(k, d)); }
+static LLVMValueRef ceil_div_v(K *k, LLVMValueRef a, LLVMValueRef d) { return idiv(k, isub(k, iadd(k, a, d), ci(k, 1)), d); }
 
 /* a float array of n elements on the stack, 64-byte aligned */
 static LLVMValueRef stack_floats(K *k, int64_t n, const char *name)
@@ -331,6 +334,22 @@ static int group_of(const IrNode *n)
     return ir_dim_is_const(D) && ir_dim_is_const(E) && D.c <= 128 && E.c <= 128 ? GROUP_MAX : GROUP_MAX / 2;
 }
 
+/* Query tiles per forward work item at run time: group_of(), unless that gives fewer than
+ * ITEMS_PER_THREAD items per thread of the session; then as many as give that many items, at
+ * least one. Causal items differ in cost, so a thread wants several: GPT's 8 heads of 1024 rows
+ * are 24 items of 8 tiles, enough for 2 threads, and 88 items of 2 tiles on 16 (each packed key
+ * tile then serves 2 query tiles instead of 8: packing is ~1% of a tile's products either way). */
+static LLVMValueRef group_rt(K *k, const IrNode *n, LLVMValueRef nb, LLVMValueRef I)
+{
+    LLVMValueRef G = ci(k, group_of(n));
+    if (!k->f->threads)
+        return G;
+    LLVMValueRef tiles = imul(k, nb, ceil_div(k, I, BR)), want = imul(k, k->f->threads, ci(k, ITEMS_PER_THREAD));
+    LLVMValueRef few = LLVMBuildICmp(k->b, LLVMIntSLT, imul(k, nb, ceil_div(k, I, BR * group_of(n))), want, "");
+    LLVMValueRef g = imax(k, ci(k, 1), imin(k, G, LLVMBuildSDiv(k->b, tiles, imax(k, want, ci(k, 1)), "")));
+    return LLVMBuildSelect(k->b, few, g, G, "group");
+}
+
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     K k;
@@ -340,7 +359,7 @@ void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     int r = q->rank;
     LLVMValueRef nb = cg_dims_prod(f, q->shape, 0, r - 2), I = cg_dim(f, q->shape[r - 2]);
     LLVMValueRef J = cg_dim(f, n->in[1]->shape[r - 2]);
-    *items = imul(&k, nb, ceil_div(&k, I, BR * group_of(n)));
+    *items = imul(&k, nb, ceil_div_v(&k, I, imul(&k, ci(&k, BR), group_rt(&k, n, nb, I))));
     *cost = imul(&k, imul(&k, nb, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
 }
 
@@ -369,7 +388,9 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef VMEAN = stack_floats(&k, E, "vmean");
     LLVMValueRef MT = stack_floats(&k, BR, "mtile"), AL = stack_floats(&k, BR, "alpha"), SM = stack_floats(&k, BR, "psum");
     LLVMValueRef neg_max = fc(&k, -FLT_MAX);
-    LLVMValueRef ngroups = ceil_div(&k, d.I, BR * GROUP), off = isub(&k, d.J, d.I);
+    LLVMValueRef nb = cg_dims_prod(f, q->shape, 0, q->rank - 2);
+    LLVMValueRef grp_rows = imul(&k, ci(&k, BR), group_rt(&k, n, nb, d.I)); /* <= BR GROUP */
+    LLVMValueRef ngroups = ceil_div_v(&k, d.I, grp_rows), off = isub(&k, d.J, d.I);
     LLVMValueRef cD = ci(&k, D), cE = ci(&k, E), cBC = ci(&k, BC);
 
     CgLoop li;
@@ -379,8 +400,8 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef half = idiv(&k, tz, ci(&k, 2));
     LLVMValueRef odd = LLVMBuildICmp(k.b, LLVMIntNE, irem(&k, tz, ci(&k, 2)), ci(&k, 0), "");
     LLVMValueRef t = LLVMBuildSelect(k.b, odd, isub(&k, isub(&k, ngroups, ci(&k, 1)), half), half, "group");
-    LLVMValueRef g0 = imul(&k, t, ci(&k, BR * GROUP));
-    LLVMValueRef grows = imin(&k, ci(&k, BR * GROUP), isub(&k, d.I, g0));
+    LLVMValueRef g0 = imul(&k, t, grp_rows);
+    LLVMValueRef grows = imin(&k, grp_rows, isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
     LLVMValueRef qs, ks, vs, os; /* row strides */
     LLVMValueRef qb = operand_rows(&k, n, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);

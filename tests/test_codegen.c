@@ -589,13 +589,16 @@ END_TEST
 /* More threads than MIN_ITEMS (cg_llvm_matmul.c): a matmul with fewer (batch, column block)
  * pairs than threads splits its rows into more blocks, the work function and the kernel both
  * from the session's thread count ("tall": 4 pairs of 401 rows, 3 row blocks each at 9
- * threads, 2 at 5, 1 at 2); the fused case's matmul epilogues too. */
+ * threads, 2 at 5, 1 at 2); the fused case's matmul epilogues too; and the forward attention's
+ * query tiles per item, fewer when there are more threads (group_rt, cg_llvm_attention.c: at
+ * n = 33, 9 heads of 13 tiles are 18 items of 8 tiles at 1 and 2 threads, 27 of 5 at 5, 45 of 3
+ * at 9; at n = 7, 3 heads of 4 tiles are 3 items at 1 thread, 12 of 1 at 2). */
 START_TEST(test_matmul_many_threads)
 {
-    static const BuildFn builds[] = {build_matmul, build_fused};
-    static const char *const names[] = {"matmul_threads", "fused_threads"};
+    static const BuildFn builds[] = {build_matmul, build_fused, build_attention};
+    static const char *const names[] = {"matmul_threads", "fused_threads", "attention_threads"};
     static const int many[] = {5, 9};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         IrGraph *g = new_graph(names[k], builds[k]);
         CgStats stats;
         XtcModule *m = compile_load(g, names[k], &stats);
