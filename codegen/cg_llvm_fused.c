@@ -360,6 +360,11 @@ static void epilogue(CgFn *fm, void *ctx, LLVMValueRef bi, LLVMValueRef i0, LLVM
     cg_for(fm, &lj, j0, j1, "ej");
     fz_loop(z, lj.iv);
     LLVMValueRef at = LLVMBuildAdd(b, obase, lj.iv, "");
+    /* C in place: the product is read where the value is stored, through the same address, or
+     * the vectoriser cannot tell the two apart and versions the loop on a run-time check that
+     * fails (they are the same memory), leaving it scalar */
+    if (z->mm_parts == 1)
+        z->memo[z->mm->id] = cg_load(fm, IR_F32, fm->out, at);
     cg_store(fm, n->dtype, fm->out, at, fz_value(z, root, lj.iv));
     cg_for_end(fm, &lj);
     cg_for_end(fm, &li);
