@@ -610,6 +610,58 @@ START_TEST(test_matmul_many_threads)
 }
 END_TEST
 
+/* A matmul epilogue's loop over columns is vectorised: the program below is the gradient of
+ * GPT's FF product times gelu'(x) (erf and exp per element, an operand read beside the product).
+ * The product is rewritten in place; once its load had another address expression than the
+ * store, the vectoriser versioned the loop on an overlap check that always fails (the same
+ * memory) and the scalar copy ran: 196 instead of 90 ms in GPT's training step. The optimised IR
+ * of the kernel (skylake-avx512, so the IR is the same on every host) must have no scalar float
+ * multiply. */
+static void build_epilogue_grad(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(64)}, sw[] = {ir_dim(64), ir_dim(256)}, so[] = {b, n, ir_dim(256)};
+    IrNode *in[3] = {input(g, "pre", IR_F32, 3, so), input(g, "dy", IR_F32, 3, sx), input(g, "w", IR_F32, 2, sw)};
+    out(g, "dx", ir_fused(g, "matmul($1,$2,0);mul($0,0.7071067811865476:f32);erf(%1);add(%2,1:f32);mul(%3,0.5:f32);"
+                             "mul($0,$0);mul(%5,-0.5:f32);exp(%6);mul(%7,0.3989422804014327:f32);mul($0,%8);"
+                             "add(%4,%9);mul(%0,%10)", 3, in, 3, so));
+}
+
+START_TEST(test_epilogue_vectorized)
+{
+    IrGraph *g = new_graph("epilogue_grad", build_epilogue_grad);
+    make_tmpdir();
+    char path[512], llpath[512], err[1024];
+    snprintf(path, sizeof path, "%s/epilogue_grad.so", tmpdir);
+    snprintf(llpath, sizeof llpath, "%s/epilogue_grad.ll", tmpdir);
+    CgOptions opt = {.output = path, .opt_level = 2, .cpu = "skylake-avx512", .emit_llvm = llpath,
+                     .source = "# test source\n", .source_name = "test.xtf"};
+    CgStats stats;
+    ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "compiling: %s", err);
+    FILE *f = fopen(llpath, "r");
+    ck_assert_msg(f != NULL, "%s: not written", llpath);
+    static char text[1 << 22];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    char *fn = strstr(text, "_fused_impl(");
+    ck_assert_msg(fn != NULL, "no fused kernel in %s", llpath);
+    char *end = strstr(fn, "\ndefine ");
+    if (end)
+        *end = 0;
+    int scalar = 0, vector = 0;
+    for (char *p = strstr(fn, " = fmul "); p; p = strstr(p + 1, " = fmul ")) {
+        char *ty = p + 8; /* past the fast-math flags to the type */
+        while (strncmp(ty, "float ", 6) != 0 && strncmp(ty, "<", 1) != 0 && *ty && *ty != '\n')
+            ty = strchr(ty, ' ') ? strchr(ty, ' ') + 1 : ty + strlen(ty);
+        scalar += strncmp(ty, "float ", 6) == 0;
+        vector += strncmp(ty, "<16 x float>", 12) == 0;
+    }
+    ck_assert_msg(vector > 0, "the fused matmul kernel has no 16-lane multiply at all (%s)", llpath);
+    ck_assert_msg(scalar == 0, "the epilogue has %d scalar float multiplies: not vectorised (%s)", scalar, llpath);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* A module with no kernel at all: its output is a reshaped input. */
 static void build_identity(IrGraph *g, IrDim b, IrDim n)
 {
@@ -1323,6 +1375,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_ir_files);
     tcase_add_test(tc, test_levels_and_cpus);
     tcase_add_test(tc, test_matmul_many_threads);
+    tcase_add_test(tc, test_epilogue_vectorized);
     tcase_add_test(tc, test_no_kernels);
     tcase_add_test(tc, test_kernel_dedup);
     tcase_add_test(tc, test_derived_symbols);
