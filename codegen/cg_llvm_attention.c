@@ -51,6 +51,7 @@
 #define BC 256  /* forward: keys per tile */
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
+_Static_assert(BBR % 16 == 0 && BBC % 16 == 0, "transpose_tile moves whole blocks of up to 16 x 16");
 #define MAX_HEAD 256 /* D and E: constants up to this (the stack tiles are sized by them) */
 #define FEW_ROWS 4  /* forward: a work item of at most this many query rows (decoding) and no
                      * bias or mask reads K and V in place instead of packing them */
@@ -87,6 +88,13 @@ static LLVMValueRef ceil_div(K *k, LLVMValueRef a, int64_t d) { return idiv(k, i
 static LLVMValueRef ceil_div_v(K *k, LLVMValueRef a, LLVMValueRef d) { return idiv(k, isub(k, iadd(k, a, d), ci(k, 1)), d); }
 
 /* a float array of n elements on the stack, 64-byte aligned */
+/* dst[c dld + r] = src[r sld + c] for r < rows, c < cols, in VW x VW blocks through registers
+ * (cg_transpose_vectors): whole blocks, so up to VW - 1 rows and columns past the edges, which
+ * the arrays hold and nothing reads, move too. Scattering each element to its transposed place
+ * instead vectorises into scatter instructions, which this CPU runs an element at a time. */
+static void transpose_tile(K *k, LLVMValueRef src, int64_t sld, LLVMValueRef dst, int64_t dld, LLVMValueRef rows,
+                           LLVMValueRef cols);
+
 static LLVMValueRef stack_floats(K *k, int64_t n, const char *name)
 {
     LLVMValueRef a = cg_var(k->f, LLVMArrayType(k->cg->t_f32, (unsigned)n), NULL, name);
@@ -793,12 +801,12 @@ int cg_attention_grad_impl(CgFn *f)
     keep = LLVMBuildAnd(k.b, keep, notfull, "");
     LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp_finite(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
     LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);
-    LLVMValueRef ti = iadd(&k, imul(&k, lc.iv, cBBR), lr.iv);
-    st(&k, PT, ti, p);
-    st(&k, DST, ti, ds);
+    st(&k, S, si, p); /* the scores are done with: P takes their place */
     st(&k, DP, si, ds);
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
+    transpose_tile(&k, S, BBC, PT, BBR, rows, bc);
+    transpose_tile(&k, DP, BBC, DST, BBR, rows, bc);
     /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
     for (int e0 = 0; e0 < E; e0 += nr) {
         LLVMValueRef enc = ci(&k, E - e0 < nr ? E - e0 : nr);
@@ -827,4 +835,26 @@ int cg_attention_grad_impl(CgFn *f)
     cg_for_end(f, &lj);
     cg_for_end(f, &li);
     return 0;
+}
+
+static void transpose_tile(K *k, LLVMValueRef src, int64_t sld, LLVMValueRef dst, int64_t dld, LLVMValueRef rows,
+                           LLVMValueRef cols)
+{
+    int vw = k->nr / 2;
+    LLVMTypeRef vt = LLVMVectorType(k->cg->t_f32, (unsigned)vw);
+    CgLoop lr, lc;
+    cg_for(k->f, &lr, ci(k, 0), ceil_div(k, rows, vw), "trow");
+    LLVMValueRef r0 = imul(k, lr.iv, ci(k, vw));
+    cg_for(k->f, &lc, ci(k, 0), ceil_div(k, cols, vw), "tcol");
+    LLVMValueRef c0 = imul(k, lc.iv, ci(k, vw));
+    LLVMValueRef v[64];
+    for (int t = 0; t < vw; t++) {
+        v[t] = LLVMBuildLoad2(k->b, vt, ptr(k, src, iadd(k, imul(k, iadd(k, r0, ci(k, t)), ci(k, sld)), c0)), "");
+        LLVMSetAlignment(v[t], 4);
+    }
+    cg_transpose_vectors(k->cg, v, vw);
+    for (int u = 0; u < vw; u++)
+        LLVMSetAlignment(LLVMBuildStore(k->b, v[u], ptr(k, dst, iadd(k, imul(k, iadd(k, c0, ci(k, u)), ci(k, dld)), r0))), 4);
+    cg_for_end(k->f, &lc);
+    cg_for_end(k->f, &lr);
 }

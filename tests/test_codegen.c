@@ -569,9 +569,10 @@ START_TEST(test_levels_and_cpus)
         const char *cpu;
     } variants[] = {{0, NULL}, {1, NULL}, {3, NULL}, {2, "x86-64"}, {2, "haswell"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-        static const BuildFn builds[] = {build_matmul, build_reduce, build_move};
-        static const char *const names[] = {"matmul", "reduce", "move"};
-        for (size_t k = 0; k < 3; k++) {
+        /* the attention kernels' tiles (and the backward's register transposes) for 4 and 8 lanes */
+        static const BuildFn builds[] = {build_matmul, build_reduce, build_move, build_attention};
+        static const char *const names[] = {"matmul", "reduce", "move", "attention"};
+        for (size_t k = 0; k < (variants[v].cpu ? 4u : 3u); k++) {
             IrGraph *g = new_graph(names[k], builds[k]);
             char name[64];
             snprintf(name, sizeof name, "variant%zu_%zu", v, k);
