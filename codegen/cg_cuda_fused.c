@@ -59,24 +59,6 @@ static const char *label(const IrNode *n) { return n->label ? n->label : "?"; }
 
 static int last_is_one(const IrNode *x) { return x->rank == 0 || ir_dim_is_one(x->shape[x->rank - 1]); }
 
-static int same_shape(const IrNode *a, const IrNode *b)
-{
-    int same = a->rank == b->rank;
-    for (int d = 0; same && d < a->rank; d++)
-        same = ir_dim_eq(a->shape[d], b->shape[d]);
-    return same;
-}
-
-/* ir_epilogue_parts over the program, its last step the node's value */
-static int split_parts(const Fz *z, const IrNode *n)
-{
-    const IrNode *order[IR_FUSED_MAXSTEPS];
-    int no = 0;
-    for (int i = z->prog.nsteps - 1; i >= 0; i--)
-        order[no++] = z->steps[i];
-    return same_shape(order[0], n) ? ir_epilogue_parts(order, no, z->mm) : 0;
-}
-
 /* Builds the program's graph and checks what this kernel handles (what the CPU's does). */
 static int fz_init(Fz *z, CuKernel *k)
 {
@@ -90,13 +72,11 @@ static int fz_init(Fz *z, CuKernel *k)
         return cu_error(k->gen, "fused %%%s: %s", label(n), err);
     if (n->rank < 1)
         return cu_error(k->gen, "fused %%%s: the CUDA kernel needs rank >= 1", label(n));
-    int remap = 0;
     for (int i = 0; i < z->pg->nnodes; i++) {
         const IrNode *x = z->pg->nodes[i];
         if (x->rank > n->rank && x->op != IR_INPUT)
             return cu_error(k->gen, "fused %%%s: a value of rank %d in a rank-%d kernel", label(n), x->rank, n->rank);
         z->has_reduce |= is_reduce(x->op);
-        remap |= x->op == IR_SLICE || x->op == IR_CONCAT;
         if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
             return cu_error(k->gen, "fused %%%s: a permute must keep the last axis of an operand", label(n));
         if (x->op != IR_MATMUL)
@@ -108,7 +88,7 @@ static int fz_init(Fz *z, CuKernel *k)
     if (z->mm && z->has_reduce)
         return cu_error(k->gen, "fused %%%s: a matmul epilogue has no reduction", label(n));
     if (z->mm) {
-        z->mm_parts = !remap && same_shape(z->mm, n) ? 1 : split_parts(z, n);
+        z->mm_parts = ir_fused_epilogue_parts(n, &z->prog, z->steps, z->mm);
         if (!z->mm_parts)
             return cu_error(k->gen, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
                             "(twice the node's width) there and one width further, through slices", label(n));

@@ -46,7 +46,6 @@ typedef struct {
     int has_reduce;
     const IrNode *mm;     /* the matmul step, or NULL */
     int mm_parts;         /* ir_epilogue_parts: 1, or 2 for a product read in two halves */
-    int64_t width;        /* the node's last dim (the offset of the second half) */
     const CgMmPart *parts;          /* in the epilogue: where the product is */
     LLVMValueRef prow[2];           /* ... the current row's index in each part, less j0 */
     int64_t coff;                   /* columns added by the slices around the value being built */
@@ -63,24 +62,6 @@ static int is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR
 
 static const char *who(const IrNode *n) { return n->label ? n->label : "?"; }
 
-static int same_shape(const IrNode *a, const IrNode *b)
-{
-    int same = a->rank == b->rank;
-    for (int d = 0; same && d < a->rank; d++)
-        same = ir_dim_eq(a->shape[d], b->shape[d]);
-    return same;
-}
-
-/* ir_epilogue_parts over the program, its last step the node's value */
-static int split_parts(const Fz *z)
-{
-    const IrNode *order[IR_FUSED_MAXSTEPS];
-    int no = 0;
-    for (int i = z->prog.nsteps - 1; i >= 0; i--)
-        order[no++] = z->steps[i];
-    return same_shape(order[0], z->node) ? ir_epilogue_parts(order, no, z->mm) : 0;
-}
-
 /* Builds the program's graph and checks what this kernel handles. */
 static int fz_init(Fz *z, CgFn *f)
 {
@@ -95,13 +76,11 @@ static int fz_init(Fz *z, CgFn *f)
         return cg_error(f->cg, "fused %%%s: %s", who(n), err);
     if (n->rank < 1)
         return cg_error(f->cg, "fused %%%s: the CPU kernel needs rank >= 1", who(n));
-    int remap = 0;
     for (int i = 0; i < z->pg->nnodes; i++) {
         const IrNode *x = z->pg->nodes[i];
         if (x->rank > n->rank && x->op != IR_INPUT)
             return cg_error(f->cg, "fused %%%s: a value of rank %d in a rank-%d kernel", who(n), x->rank, n->rank);
         z->has_reduce |= is_reduce(x->op);
-        remap |= x->op == IR_SLICE || x->op == IR_CONCAT;
         if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
             return cg_error(f->cg, "fused %%%s: a permute must keep the last axis of an operand", who(n));
         if (x->op == IR_CONCAT) {
@@ -118,11 +97,10 @@ static int fz_init(Fz *z, CgFn *f)
     if (z->mm && z->has_reduce)
         return cg_error(f->cg, "fused %%%s: a matmul epilogue has no reduction", who(n));
     if (z->mm) {
-        z->mm_parts = !remap && same_shape(z->mm, n) ? 1 : split_parts(z);
+        z->mm_parts = ir_fused_epilogue_parts(n, &z->prog, z->steps, z->mm);
         if (!z->mm_parts)
             return cg_error(f->cg, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
                             "(twice the node's width) there and one width further, through slices", who(n));
-        z->width = n->shape[n->rank - 1].c;
     }
     size_t nn = (size_t)z->pg->nnodes + 1;
     z->slot = calloc(nn, sizeof *z->slot);

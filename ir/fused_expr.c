@@ -341,3 +341,24 @@ int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm)
         return 0;
     return parts;
 }
+
+static int same_shape(const IrNode *a, const IrNode *b)
+{
+    int same = a->rank == b->rank;
+    for (int d = 0; same && d < a->rank; d++)
+        same = ir_dim_eq(a->shape[d], b->shape[d]);
+    return same;
+}
+
+int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode *const *steps, const IrNode *mm)
+{
+    const IrNode *order[IR_FUSED_MAXSTEPS];
+    int remap = 0, no = 0;
+    for (int i = p->nsteps - 1; i >= 0; i--) {
+        order[no++] = steps[i];
+        remap |= steps[i]->op == IR_SLICE || steps[i]->op == IR_CONCAT;
+    }
+    if (!remap && same_shape(mm, node))
+        return 1;
+    return no && same_shape(order[0], node) ? ir_epilogue_parts(order, no, mm) : 0;
+}

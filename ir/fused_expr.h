@@ -79,5 +79,10 @@ IrGraph *ir_fused_graph_of(const IrNode *node, IrFusedProgram *p, IrNode **steps
  * of the two halves (GLU: value * gelu(gate) from one projection); 0 for anything else, which a
  * matmul's kernel cannot apply to the blocks of the product it holds. */
 int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm);
+/* The same for a fused node's program (steps[] from ir_fused_graph_of) and its matmul step, as
+ * both backends read it: a product of the node's shape in a program without slices or concats
+ * is rewritten in place (1); otherwise the program's value must have the node's shape and
+ * ir_epilogue_parts decides (2 for GLU's halves, 0: no matmul kernel can run it). */
+int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode *const *steps, const IrNode *mm);
 
 #endif
