@@ -96,7 +96,7 @@ static LLVMValueRef rows_per_block(CgFn *f, const MmDims *d, LLVMValueRef ngrp)
     LLVMValueRef rows = LLVMBuildSDiv(b, LLVMBuildAdd(b, d->m, LLVMBuildSub(b, want, cg_i64(cg, 1), ""), ""), want, "");
     rows = LLVMBuildMul(b, ceil_div(cg, rows, mr), cg_i64(cg, mr), "");
     rows = cg_max_i64(f, rows, cg_i64(cg, mr));
-    /* a split product's item is computed into a scratch block of MC rows (blocked_scratch) */
+    /* a split product's item is computed into a scratch block of MC rows (matmul_impl) */
     return d->split ? cg_min_i64(f, rows, cg_i64(cg, MC)) : rows;
 }
 
