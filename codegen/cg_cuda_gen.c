@@ -44,7 +44,7 @@ static const char *const reserved[] = {
     "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
-    "Nout", "v", "oc", "mm1", NULL};
+    "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", NULL};
@@ -289,9 +289,14 @@ static const char *const prelude[] = {
     "#define XTC_INF __int_as_float(0x7f800000)",
     "#define XTC_NAN __int_as_float(0x7fffffff)",
     "#define XTC_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)",
+    "#define XTC_GLOBAL __device__",
     "#else",
     "#define XTC_BOUNDS(threads, blocks)",
+    "#define XTC_GLOBAL static __thread",
     "#endif",
+    "/* XTC_GLOBAL: a kernel's own global memory, where its blocks leave partial results for the",
+    " * last one to finish (zero when the module loads, reset by that block). The emulator, whose",
+    " * blocks run one after another on the launching thread, keeps a copy per OS thread. */",
     "",
     "/* the thread's place in the grid, and the grid's size, for grid-stride loops */",
     "XTC_INLINE i64 xtc_global_id(void) { return (i64)blockIdx.x * blockDim.x + threadIdx.x; }",

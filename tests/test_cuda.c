@@ -610,6 +610,23 @@ static void build_attention_many(IrGraph *g, IrDim b, IrDim n)
     out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 5));
 }
 
+/* Reductions past the op cases' sizes: a cross-entropy over more rows than it has blocks
+ * (XENT_PARTS = 1024 in cg_cuda_reduce.c; 2100 rows, ignored targets among them), and sums and
+ * maxima over a long outer axis with few outputs, whose blocks split the axis among their warps
+ * (45 columns: a partial group of 32; outer 3). Fixed sizes: run once. */
+static void build_reduce_long(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)b;
+    (void)n;
+    IrDim sz[] = {ir_dim(3), ir_dim(700), ir_dim(50)}, st[] = {ir_dim(3), ir_dim(700)};
+    IrDim sx[] = {ir_dim(3), ir_dim(300), ir_dim(45)}, sy[] = {ir_dim(1), ir_dim(2000), ir_dim(20)};
+    out(g, "loss", ir_xent(g, input(g, "z", IR_F32, 3, sz), input(g, "tgt", IR_I64, 2, st)));
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *y = input(g, "y", IR_F32, 3, sy);
+    out(g, "sum_long", ir_reduce(g, IR_SUM, x, 1));
+    out(g, "max_long", ir_reduce(g, IR_RMAX, x, 1));
+    out(g, "sum_rows", ir_reduce(g, IR_SUM, y, 1));
+}
+
 /* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
  * dropout pattern the lowering builds from it */
 static void build_rand(IrGraph *g, IrDim b, IrDim n)
@@ -853,6 +870,12 @@ END_TEST
 START_TEST(test_attention_many)
 {
     run_case_sizes("attention_many", build_attention_many, "cuda-emu", 1);
+}
+END_TEST
+
+START_TEST(test_reduce_long)
+{
+    run_case_sizes("reduce_long", build_reduce_long, "cuda-emu", 1);
 }
 END_TEST
 
@@ -1649,9 +1672,10 @@ START_TEST(test_gpu)
     storage = _i / NCASES;
     worst_err[storage] = 0;
     run_case(c->name, c->build, "cuda");
-    if (storage == 0 && _i == 0) { /* f32: the large matmul tiles and the many-tile attention, once */
+    if (storage == 0 && _i == 0) { /* f32: the large matmul tiles, the many-tile attention, long reductions */
         run_case_sizes("matmul_large", build_matmul_large, "cuda", 1);
         run_case_sizes("attention_many", build_attention_many, "cuda", 1);
+        run_case_sizes("reduce_long", build_reduce_long, "cuda", 1);
     }
     if (storage)
         fprintf(stderr, "test_cuda: on the GPU, %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
@@ -1805,6 +1829,7 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
     tcase_add_test(tc, test_matmul_large);
     tcase_add_test(tc, test_attention_many);
+    tcase_add_test(tc, test_reduce_long);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_widen_outputs);
