@@ -152,8 +152,9 @@ int cg_cuda_xent(CuKernel *k)
     cu_dim(gen, z->shape[z->rank - 1], classes, sizeof classes);
     k->sync = 1;
     fprintf(f, "/* %s: each block's loss and row count, and how many blocks have finished */\n", fn);
-    fprintf(f, "XTC_GLOBAL double %s_loss[%d];\nXTC_GLOBAL i64 %s_count[%d];\nXTC_GLOBAL unsigned %s_done;\n", fn,
-            XENT_PARTS, fn, XENT_PARTS, fn);
+    /* named after the kernel, ending with its name (test_cuda_nvrtc renames kernels so) */
+    fprintf(f, "XTC_GLOBAL double xtc_loss_%s[%d];\nXTC_GLOBAL i64 xtc_count_%s[%d];\nXTC_GLOBAL unsigned xtc_done_%s;\n",
+            fn, XENT_PARTS, fn, XENT_PARTS, fn);
     cu_kernel_begin(k);
     fprintf(f, "    __shared__ int last;\n");
     fprintf(f, "    const i64 rows = %s, classes = %s;\n", rows, classes);
@@ -172,18 +173,18 @@ int cg_cuda_xent(CuKernel *k)
     fprintf(f, "        loss += (double)(mx + logf(sum) - xtc_ld(x, target));\n");
     fprintf(f, "        count++;\n    }\n");
     fprintf(f, "    if (threadIdx.x == 0) {\n");
-    fprintf(f, "        %s_loss[blockIdx.x] = loss;\n        %s_count[blockIdx.x] = count;\n", fn, fn);
+    fprintf(f, "        xtc_loss_%s[blockIdx.x] = loss;\n        xtc_count_%s[blockIdx.x] = count;\n", fn, fn);
     fprintf(f, "        __threadfence(); /* the sums are visible before the count says so */\n");
-    fprintf(f, "        last = atomicAdd(&%s_done, 1u) == gridDim.x - 1;\n    }\n", fn);
+    fprintf(f, "        last = atomicAdd(&xtc_done_%s, 1u) == gridDim.x - 1;\n    }\n", fn);
     fprintf(f, "    __syncthreads();\n");
     fprintf(f, "    if (last && threadIdx.x == 0) {\n");
-    fprintf(f, "        const volatile double *part_loss = %s_loss;\n", fn);
-    fprintf(f, "        const volatile i64 *part_count = %s_count;\n", fn);
+    fprintf(f, "        const volatile double *part_loss = xtc_loss_%s;\n", fn);
+    fprintf(f, "        const volatile i64 *part_count = xtc_count_%s;\n", fn);
     fprintf(f, "        double total = 0.0;\n        i64 n_rows = 0;\n");
     fprintf(f, "        for (unsigned blk = 0; blk < gridDim.x; blk++) {\n            total += part_loss[blk];\n");
     fprintf(f, "            n_rows += part_count[blk];\n        }\n");
     fprintf(f, "        xtc_st(out, 0, n_rows ? (float)(total / (double)n_rows) : 0.0f);\n");
-    fprintf(f, "        %s_done = 0; /* for the next launch */\n    }\n", fn);
+    fprintf(f, "        xtc_done_%s = 0; /* for the next launch */\n    }\n", fn);
     cu_kernel_end(k);
     /* at least one block, so that no rows still writes the 0 */
     snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "((%s) < 1 ? 1 : (%s) < %d ? (%s) : %d)", rows, rows, XENT_PARTS,
