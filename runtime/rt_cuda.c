@@ -66,6 +66,9 @@ struct RtDevice {
     char device_name[256];
     void *stage;            /* host staging for 16-bit uploads and downloads */
     size_t stage_bytes;
+    void *pinned;           /* the session's host arena, registered with the driver (page-locked:
+                             * outputs come back at the bus's speed, not through the driver's
+                             * own staging), or NULL */
 };
 
 /* -1 with the message in err; -2 when the driver ran out of memory */
@@ -83,6 +86,8 @@ static void close_device(RtDevice *d)
     const RtCuDriver *drv = &d->drv;
     if (d->ctx)
         drv->CtxSetCurrent(d->ctx);
+    if (d->pinned)
+        drv->MemHostUnregister(d->pinned);
     if (d->ev)
         for (int s = 0; s <= d->m->nsteps; s++)
             if (d->ev[s])
@@ -603,6 +608,21 @@ static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char 
 
 static void cuda_close(RtDevice *d) { close_device(d); }
 
+/* The host arena, where the outputs come back: registered with the driver (page-locked), so that
+ * copies into it run at the bus's speed. Best effort: where the driver refuses (a limit on
+ * locked memory), the copies go through the driver's staging as before. */
+static void cuda_host_arena(RtDevice *d, void *p, size_t bytes)
+{
+    const RtCuDriver *drv = &d->drv;
+    if (!drv->MemHostRegister || p == d->pinned || drv->CtxSetCurrent(d->ctx) != CUDA_SUCCESS)
+        return;
+    if (d->pinned)
+        drv->MemHostUnregister(d->pinned);
+    d->pinned = NULL;
+    if (p && bytes && drv->MemHostRegister(p, bytes, 0) == CUDA_SUCCESS)
+        d->pinned = p;
+}
+
 /* Bytes per element of buffer b on the device (before cuda_open checked the module: as on the
  * host where its storage table does not cover b). */
 static size_t cuda_elem_bytes(const XtcModule *m, int b)
@@ -623,4 +643,5 @@ const RtDeviceOps rt_cuda_device = {
     .elem_bytes = cuda_elem_bytes,
     .carry = cuda_carry,
     .fetch = cuda_fetch,
+    .host_arena = cuda_host_arena,
 };

@@ -40,6 +40,8 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
 };
 enum { CU_JIT_ERROR_LOG_BUFFER = 5, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 enum { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76 };
@@ -66,6 +68,9 @@ typedef struct RtCuDriver {
     CUresult (*MemcpyDtoHAsync)(void *dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream);
     CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream);
+    /* page-locking host memory the device copies into (optional: NULL when the driver lacks it) */
+    CUresult (*MemHostRegister)(void *p, size_t bytes, unsigned flags);
+    CUresult (*MemHostUnregister)(void *p);
     CUresult (*ModuleLoadDataEx)(CUmodule *mod, const void *image, unsigned nopts, int *opts, void **values);
     CUresult (*ModuleUnload)(CUmodule mod);
     CUresult (*ModuleGetFunction)(CUfunction *fn, CUmodule mod, const char *name);
@@ -91,6 +96,9 @@ void rt_cu_emulator(RtCuDriver *d);
 /* The bytes the emulator has copied, process-wide, since it started: host to device, device to
  * host and device to device (a diagnostic: what a session moves across the bus per run). */
 void rt_cu_emu_traffic(uint64_t bytes[3]);
+/* The host memory registered with the emulator (cuMemHostRegister) now, process-wide: how many
+ * ranges and how many bytes. */
+void rt_cu_emu_registered(int64_t *ranges, uint64_t *bytes);
 
 /* "CUDA_ERROR_... (text)" for an error code of d. */
 const char *rt_cu_error_text(const RtCuDriver *d, CUresult r, char *buf, size_t n);

@@ -73,6 +73,10 @@ int rt_cu_driver_load(RtCuDriver *d, char *err, size_t n)
     *(void **)&d->EventSynchronize = sym(dl, "cuEventSynchronize", &missing);
     *(void **)&d->EventElapsedTime = sym2(dl, "cuEventElapsedTime_v2", "cuEventElapsedTime", &missing);
     *(void **)&d->GetErrorString = sym(dl, "cuGetErrorString", &missing);
+    *(void **)&d->MemHostRegister = dlsym(dl, "cuMemHostRegister_v2"); /* optional */
+    *(void **)&d->MemHostUnregister = dlsym(dl, "cuMemHostUnregister");
+    if (!d->MemHostRegister || !d->MemHostUnregister)
+        d->MemHostRegister = NULL, d->MemHostUnregister = NULL;
     if (missing) {
         rt_set_error(err, n, "the CUDA driver %s lacks %s (too old a driver?)", path, missing);
         memset(d, 0, sizeof *d);

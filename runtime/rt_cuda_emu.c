@@ -15,10 +15,12 @@
  *                 driver, the time to or from an event never recorded is CUDA_ERROR_INVALID_HANDLE
  *
  * Every object is allocated per call: no global state, several sessions in several threads; but
- * for the counts of bytes copied each way (rt_cu_emu_traffic), which tests read. */
+ * for the counts of bytes copied each way (rt_cu_emu_traffic) and the registered host memory
+ * (cuMemHostRegister: checked as the driver checks it, rt_cu_emu_registered), which tests read. */
 #include "rt_cuda.h"
 #include "rt_alloc.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +174,67 @@ static CUresult emu_memset(CUdeviceptr dst, unsigned char v, size_t bytes, CUstr
     if (bytes)
         memset((void *)(uintptr_t)dst, v, bytes);
     return CUDA_SUCCESS;
+}
+
+/* Registered host memory, as the driver checks it: a range may not overlap one registered
+ * already, and only a registered range's start unregisters it. */
+typedef struct EmuRange {
+    char *p;
+    size_t bytes;
+    struct EmuRange *next;
+} EmuRange;
+static pthread_mutex_t ranges_lock = PTHREAD_MUTEX_INITIALIZER;
+static EmuRange *ranges;
+
+static CUresult emu_host_register(void *p, size_t bytes, unsigned flags)
+{
+    (void)flags;
+    if (!p || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&ranges_lock);
+    for (EmuRange *e = ranges; e; e = e->next)
+        if ((char *)p < e->p + e->bytes && e->p < (char *)p + bytes)
+            r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    /* malloc, not rt_malloc: the driver's own bookkeeping, outside the runtime's injected faults
+     * (a refused registration is not an error of the session: it copies unlocked) */
+    EmuRange *e = r == CUDA_SUCCESS ? malloc(sizeof *e) : NULL;
+    if (e) {
+        *e = (EmuRange){p, bytes, ranges};
+        ranges = e;
+    } else if (r == CUDA_SUCCESS) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_unlock(&ranges_lock);
+    return r;
+}
+
+static CUresult emu_host_unregister(void *p)
+{
+    CUresult r = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    pthread_mutex_lock(&ranges_lock);
+    for (EmuRange **e = &ranges; *e; e = &(*e)->next)
+        if ((*e)->p == p) {
+            EmuRange *dead = *e;
+            *e = dead->next;
+            free(dead);
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&ranges_lock);
+    return r;
+}
+
+void rt_cu_emu_registered(int64_t *nranges, uint64_t *bytes)
+{
+    *nranges = 0;
+    *bytes = 0;
+    pthread_mutex_lock(&ranges_lock);
+    for (EmuRange *e = ranges; e; e = e->next) {
+        ++*nranges;
+        *bytes += e->bytes;
+    }
+    pthread_mutex_unlock(&ranges_lock);
 }
 
 static int order_from_env(void)
@@ -339,6 +402,8 @@ void rt_cu_emulator(RtCuDriver *d)
     d->MemcpyDtoHAsync = emu_dtoh;
     d->MemcpyDtoDAsync = emu_dtod;
     d->MemsetD8Async = emu_memset;
+    d->MemHostRegister = emu_host_register;
+    d->MemHostUnregister = emu_host_unregister;
     d->ModuleLoadDataEx = emu_load;
     d->ModuleUnload = emu_unload;
     d->ModuleGetFunction = emu_function;

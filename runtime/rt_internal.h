@@ -141,6 +141,10 @@ typedef struct RtDeviceOps {
     size_t (*elem_bytes)(const XtcModule *m, int buf);
     /* The device as its driver names it ("NVIDIA H100 80GB HBM3"), for reports. */
     const char *(*device_name)(const RtDevice *dev);
+    /* The session's host arena, where run copies the outputs, is now p (bytes long); NULL before
+     * the session frees it. The device may page-lock it for faster copies until then, or until
+     * close. */
+    void (*host_arena)(RtDevice *dev, void *p, size_t bytes);
 } RtDeviceOps;
 
 /* Sets m->device when the loaded module m exports a device's symbol; -1 with m->err set when

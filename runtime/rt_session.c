@@ -244,6 +244,8 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
         s->dev_arena_bytes = s->devplan.total;
     size_t total = s->host.total;
     if (total > s->arena_bytes || !s->arena) {
+        if (s->dev && s->arena)
+            s->m->device->host_arena(s->dev, NULL, 0);
         free(s->arena);
         s->arena = NULL;
         s->arena_bytes = 0;
@@ -252,6 +254,8 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
         if (!s->arena)
             return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
         s->arena_bytes = total;
+        if (s->dev)
+            s->m->device->host_arena(s->dev, s->arena, alloc);
     }
     memcpy(s->planned, syms, sizeof s->planned);
     return XTC_OK;

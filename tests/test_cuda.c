@@ -1030,6 +1030,65 @@ START_TEST(test_widen_outputs)
 }
 END_TEST
 
+/* The host arena, where outputs come back, is registered with the driver (page-locked) while
+ * the session holds it: once per session, again when it grows (the old range unregistered
+ * first), and nothing stays registered after the session is freed. The emulated driver checks
+ * registrations as the driver does (no overlap, only a registered start unregisters). */
+static void build_pinned(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)b;
+    IrDim sx[] = {n, ir_dim(7)};
+    out(g, "y", ir_binary(g, IR_MUL, input(g, "x", IR_F32, 2, sx), ir_const(g, 2.0, IR_F32)));
+}
+
+START_TEST(test_host_arena_registered)
+{
+    RtCuDriver drv;
+    rt_cu_emulator(&drv);
+    static char page[256];
+    ck_assert_int_eq(drv.MemHostRegister(page, 128, 0), CUDA_SUCCESS);
+    ck_assert_int_eq(drv.MemHostRegister(page + 64, 128, 0), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    ck_assert_int_eq(drv.MemHostUnregister(page + 1), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+    ck_assert_int_eq(drv.MemHostUnregister(page), CUDA_SUCCESS);
+
+    IrGraph *g = new_graph("pinned", build_pinned);
+    XtcModule *m = compile_target(g, "pinned", "cuda-emu");
+    int64_t r0, r;
+    uint64_t b0, b;
+    rt_cu_emu_registered(&r0, &b0);
+    XtcSession *s = NULL, *s2 = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    rt_cu_emu_registered(&r, &b);
+    ck_assert_msg(r == r0 + 1 && b > b0, "a new session: %lld ranges, %llu bytes registered", (long long)(r - r0),
+                  (unsigned long long)(b - b0));
+    static float x[250 * 7];
+    for (int i = 0; i < 250 * 7; i++)
+        x[i] = (float)(i % 97);
+    for (int k = 0; k < 2; k++) {
+        int64_t sh[2] = {k ? 250 : 3, 7};
+        ck_assert_msg(xtc_session_set_input(s, "x", XTC_F32, 2, sh, x) == XTC_OK, "%s", xtc_session_error(s));
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+        XtcTensor y;
+        ck_assert_int_eq(xtc_session_get_output(s, "y", &y), XTC_OK);
+        for (int64_t i = 0; i < sh[0] * 7; i++)
+            ck_assert(((const float *)y.data)[i] == 2 * x[i]);
+        rt_cu_emu_registered(&r, &b);
+        ck_assert_msg(r == r0 + 1 && b - b0 >= (uint64_t)sh[0] * 7 * 4, "n = %lld: %lld ranges, %llu bytes registered",
+                      (long long)sh[0], (long long)(r - r0), (unsigned long long)(b - b0));
+    }
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s2), XTC_OK);
+    rt_cu_emu_registered(&r, &b);
+    ck_assert_int_eq(r, r0 + 2);
+    xtc_session_free(s);
+    xtc_session_free(s2);
+    rt_cu_emu_registered(&r, &b);
+    ck_assert_msg(r == r0 && b == b0, "after the sessions: %lld ranges, %llu bytes still registered", (long long)(r - r0),
+                  (unsigned long long)(b - b0));
+    xtc_module_free(m);
+    ir_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_device_carry)
 {
     for (storage = 0; storage < 2; storage++) {
@@ -1832,6 +1891,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_reduce_long);
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
+    tcase_add_test(tc, test_host_arena_registered);
     tcase_add_test(tc, test_widen_outputs);
     tcase_add_test(tc, test_emulator);
     tcase_add_test(tc, test_emulator_ucontext);
