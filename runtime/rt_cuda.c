@@ -66,6 +66,7 @@ struct RtDevice {
     char device_name[256];
     void *stage;            /* host staging for 16-bit uploads and downloads */
     size_t stage_bytes;
+    int stage_pinned;       /* stage is registered with the driver, as the host arena below */
     void *pinned;           /* the session's host arena, registered with the driver (page-locked:
                              * outputs come back at the bus's speed, not through the driver's
                              * own staging), or NULL */
@@ -88,6 +89,8 @@ static void close_device(RtDevice *d)
         drv->CtxSetCurrent(d->ctx);
     if (d->pinned)
         drv->MemHostUnregister(d->pinned);
+    if (d->stage_pinned)
+        drv->MemHostUnregister(d->stage);
     if (d->ev)
         for (int s = 0; s <= d->m->nsteps; s++)
             if (d->ev[s])
@@ -324,6 +327,10 @@ static int stage_reserve(RtDevice *d, size_t bytes, char *err, size_t n)
 {
     if (bytes <= d->stage_bytes)
         return 0;
+    const RtCuDriver *drv = &d->drv;
+    if (d->stage_pinned)
+        drv->MemHostUnregister(d->stage);
+    d->stage_pinned = 0;
     void *p = rt_realloc(d->stage, bytes);
     if (!p) {
         rt_set_error(err, n, "out of memory: %zu bytes to convert tensors to and from 16 bits", bytes);
@@ -331,6 +338,9 @@ static int stage_reserve(RtDevice *d, size_t bytes, char *err, size_t n)
     }
     d->stage = p;
     d->stage_bytes = bytes;
+    /* page-locked as the host arena (cuda_host_arena), best effort; the uploads through it
+     * wait for their copy before the next reuses it */
+    d->stage_pinned = drv->MemHostRegister && drv->MemHostRegister(p, bytes, 0) == CUDA_SUCCESS;
     return 0;
 }
 

@@ -1085,6 +1085,23 @@ START_TEST(test_host_arena_registered)
     ck_assert_msg(r == r0 && b == b0, "after the sessions: %lld ranges, %llu bytes still registered", (long long)(r - r0),
                   (unsigned long long)(b - b0));
     xtc_module_free(m);
+    /* 16-bit storage: the staging buffer of the conversions is registered too, again when it grows */
+    storage = 1;
+    m = compile_target(g, "pinned", "cuda-emu");
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    for (int k = 0; k < 2; k++) {
+        int64_t sh[2] = {k ? 250 : 3, 7};
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, sh, x), XTC_OK);
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+        rt_cu_emu_registered(&r, &b);
+        ck_assert_msg(r == r0 + 2 && b - b0 >= 2 * (uint64_t)sh[0] * 7 * 2, "bf16, n = %lld: %lld ranges, %llu bytes",
+                      (long long)sh[0], (long long)(r - r0), (unsigned long long)(b - b0));
+    }
+    xtc_session_free(s);
+    rt_cu_emu_registered(&r, &b);
+    ck_assert_msg(r == r0 && b == b0, "after the bf16 session: %lld ranges still registered", (long long)(r - r0));
+    storage = 0;
+    xtc_module_free(m);
     ir_graph_free(g);
 }
 END_TEST
