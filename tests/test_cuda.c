@@ -326,11 +326,9 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
 static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}};
 #define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
 
-/* The case as built, then after the pass pipeline as xtc compile --target cuda runs it: its
- * fusions (fused elementwise programs, fused attention) checked against the interpreter too. */
-/* The case's graph and its fused form (when the pipeline fuses anything), compiled for target
- * ("cuda-emu", or "cuda" on a GPU), against the interpreter at every size. */
-/* The case at the first nsizes of SIZES, as built and after the pass pipeline. */
+/* The case at the first nsizes of SIZES, compiled for target ("cuda-emu", or "cuda" on a GPU)
+ * as built and after the pass pipeline as xtc compile runs it (when it fuses anything: fused
+ * elementwise programs, matmul epilogues, fused attention), against the interpreter. */
 static void run_case_sizes(const char *name, BuildFn build, const char *target, int nsizes)
 {
     IrGraph *g = new_graph(name, build);
