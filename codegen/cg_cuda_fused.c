@@ -72,27 +72,8 @@ static int fz_init(Fz *z, CuKernel *k)
         return cu_error(k->gen, "fused %%%s: %s", label(n), err);
     if (n->rank < 1)
         return cu_error(k->gen, "fused %%%s: the CUDA kernel needs rank >= 1", label(n));
-    for (int i = 0; i < z->pg->nnodes; i++) {
-        const IrNode *x = z->pg->nodes[i];
-        if (x->rank > n->rank && x->op != IR_INPUT)
-            return cu_error(k->gen, "fused %%%s: a value of rank %d in a rank-%d kernel", label(n), x->rank, n->rank);
-        z->has_reduce |= is_reduce(x->op);
-        if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
-            return cu_error(k->gen, "fused %%%s: a permute must keep the last axis of an operand", label(n));
-        if (x->op != IR_MATMUL)
-            continue;
-        if (z->mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != n->rank)
-            return cu_error(k->gen, "fused %%%s: one matmul of operands, of the node's rank", label(n));
-        z->mm = x;
-    }
-    if (z->mm && z->has_reduce)
-        return cu_error(k->gen, "fused %%%s: a matmul epilogue has no reduction", label(n));
-    if (z->mm) {
-        z->mm_parts = ir_fused_epilogue_parts(n, &z->prog, z->steps, z->mm);
-        if (!z->mm_parts)
-            return cu_error(k->gen, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
-                            "(twice the node's width) there and one width further, through slices", label(n));
-    }
+    if (ir_fused_kernel_check(n, z->pg, &z->prog, z->steps, &z->has_reduce, &z->mm, &z->mm_parts, err, sizeof err))
+        return cu_error(k->gen, "fused %%%s: %s", label(n), err);
     z->declared = calloc((size_t)z->pg->nnodes + 1, 1);
     if (!z->declared)
         return cu_error(k->gen, "out of memory");

@@ -76,31 +76,12 @@ static int fz_init(Fz *z, CgFn *f)
         return cg_error(f->cg, "fused %%%s: %s", who(n), err);
     if (n->rank < 1)
         return cg_error(f->cg, "fused %%%s: the CPU kernel needs rank >= 1", who(n));
+    if (ir_fused_kernel_check(n, z->pg, &z->prog, z->steps, &z->has_reduce, &z->mm, &z->mm_parts, err, sizeof err))
+        return cg_error(f->cg, "fused %%%s: %s", who(n), err);
     for (int i = 0; i < z->pg->nnodes; i++) {
         const IrNode *x = z->pg->nodes[i];
-        if (x->rank > n->rank && x->op != IR_INPUT)
-            return cg_error(f->cg, "fused %%%s: a value of rank %d in a rank-%d kernel", who(n), x->rank, n->rank);
-        z->has_reduce |= is_reduce(x->op);
-        if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
-            return cg_error(f->cg, "fused %%%s: a permute must keep the last axis of an operand", who(n));
-        if (x->op == IR_CONCAT) {
-            IrDim a = x->in[0]->shape[x->rank - 1];
-            if (!ir_dim_is_const(a) || a.c < 1)
-                return cg_error(f->cg, "fused %%%s: a concat's first part must have a constant length", who(n));
-        }
-        if (x->op != IR_MATMUL)
-            continue;
-        if (z->mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != n->rank)
-            return cg_error(f->cg, "fused %%%s: one matmul of operands, of the node's rank", who(n));
-        z->mm = x;
-    }
-    if (z->mm && z->has_reduce)
-        return cg_error(f->cg, "fused %%%s: a matmul epilogue has no reduction", who(n));
-    if (z->mm) {
-        z->mm_parts = ir_fused_epilogue_parts(n, &z->prog, z->steps, z->mm);
-        if (!z->mm_parts)
-            return cg_error(f->cg, "fused %%%s: a matmul epilogue reads the product at the node's own columns, or "
-                            "(twice the node's width) there and one width further, through slices", who(n));
+        if (x->op == IR_CONCAT && (!ir_dim_is_const(x->in[0]->shape[x->rank - 1]) || x->in[0]->shape[x->rank - 1].c < 1))
+            return cg_error(f->cg, "fused %%%s: a concat's first part must have a constant length", who(n));
     }
     size_t nn = (size_t)z->pg->nnodes + 1;
     z->slot = calloc(nn, sizeof *z->slot);

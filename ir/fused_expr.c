@@ -362,3 +362,30 @@ int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode 
         return 1;
     return no && same_shape(order[0], node) ? ir_epilogue_parts(order, no, mm) : 0;
 }
+
+int ir_fused_kernel_check(const IrNode *node, const IrGraph *pg, const IrFusedProgram *p, IrNode *const *steps,
+                          int *has_reduce, const IrNode **mm, int *mm_parts, char *err, size_t n)
+{
+    *has_reduce = 0;
+    *mm = NULL;
+    *mm_parts = 0;
+    for (int i = 0; i < pg->nnodes; i++) {
+        const IrNode *x = pg->nodes[i];
+        if (x->rank > node->rank && x->op != IR_INPUT)
+            return fail(err, n, "a value of rank %d in a rank-%d kernel", x->rank, node->rank);
+        *has_reduce |= x->op == IR_SUM || x->op == IR_RMAX || x->op == IR_SOFTMAX;
+        if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
+            return fail(err, n, "a permute must keep the last axis of an operand");
+        if (x->op != IR_MATMUL)
+            continue;
+        if (*mm || x->in[0]->op != IR_INPUT || x->in[1]->op != IR_INPUT || x->rank != node->rank)
+            return fail(err, n, "one matmul of operands, of the node's rank");
+        *mm = x;
+    }
+    if (*mm && *has_reduce)
+        return fail(err, n, "a matmul epilogue has no reduction");
+    if (*mm && !(*mm_parts = ir_fused_epilogue_parts(node, p, steps, *mm)))
+        return fail(err, n, "a matmul epilogue reads the product at the node's own columns, or (twice the node's "
+                    "width) there and one width further, through slices");
+    return 0;
+}

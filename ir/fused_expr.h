@@ -85,4 +85,14 @@ int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm);
  * ir_epilogue_parts decides (2 for GLU's halves, 0: no matmul kernel can run it). */
 int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode *const *steps, const IrNode *mm);
 
+/* What a fused node's program graph pg (from ir_fused_graph_of, its steps in steps[]) must be for
+ * a backend's kernel, the same on the CPU and the GPU: no computed value of a rank above the
+ * node's; a permute only of an operand, keeping its last axis; at most one matmul, of two
+ * operands, at the node's rank, with no reduction beside it and read as ir_fused_epilogue_parts
+ * allows. Sets *has_reduce (a sum, reduce_max or softmax among the steps), *mm (the matmul
+ * step or NULL) and *mm_parts (its ir_fused_epilogue_parts, 0 without one). Returns 0, or -1
+ * with a message naming what does not fit. */
+int ir_fused_kernel_check(const IrNode *node, const IrGraph *pg, const IrFusedProgram *p, IrNode *const *steps,
+                          int *has_reduce, const IrNode **mm, int *mm_parts, char *err, size_t n);
+
 #endif
