@@ -248,13 +248,13 @@ static inline double value_at(const void *data, XtcDType t, int64_t i)
  * the largest finite |ref| (what a relative tolerance scales with). */
 static inline int64_t compare_layout(const char *what, const IrHostTensor *ref, const XtcTensor *got, double *maxabs)
 {
-    ck_assert_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
-                  ir_dtype_name(ref->dtype));
-    ck_assert_msg(ref->rank == got->rank, "%s: rank %d, expected %d", what, got->rank, ref->rank);
+    expect_msg(xdt(ref->dtype) == got->dtype, "%s: dtype %s, expected %s", what, xtc_dtype_name(got->dtype),
+               ir_dtype_name(ref->dtype));
+    expect_msg(ref->rank == got->rank, "%s: rank %d, expected %d", what, got->rank, ref->rank);
     int64_t numel = 1;
     for (int d = 0; d < ref->rank; d++) {
-        ck_assert_msg(ref->shape[d] == got->shape[d], "%s: dim %d is %lld, expected %lld", what, d,
-                      (long long)got->shape[d], (long long)ref->shape[d]);
+        expect_msg(ref->shape[d] == got->shape[d], "%s: dim %d is %lld, expected %lld", what, d,
+                   (long long)got->shape[d], (long long)ref->shape[d]);
         numel *= ref->shape[d];
     }
     *maxabs = 0;
@@ -287,8 +287,8 @@ static inline int64_t compare_values(const char *what, const char *note, const I
             worst_diff = fabs(a - e);
             worst = i;
         }
-        ck_assert_msg(fabs(a - e) <= tol, "%s%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what, note,
-                      (long long)i, a, e, tol);
+        expect_msg(fabs(a - e) <= tol, "%s%s: element %lld is %.9g, expected %.9g (tolerance %.3g)", what, note,
+                   (long long)i, a, e, tol);
     }
     return worst;
 }

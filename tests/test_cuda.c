@@ -1849,9 +1849,9 @@ static void check_declared_names(const IrGraph *g, const char *text, const char 
         int sym = 0;
         for (int s = 0; s < g->nsyms; s++)
             sym |= !strcmp(g->sym_name[s], names[i]);
-        ck_assert_msg(sym || cu_name_reserved(names[i]),
-                      "%s: a kernel declares '%s', which cu_name_reserved does not know: a symbol of that name "
-                      "would be shadowed", what, names[i]);
+        expect_msg(sym || cu_name_reserved(names[i]),
+                   "%s: a kernel declares '%s', which cu_name_reserved does not know: a symbol of that name "
+                   "would be shadowed", what, names[i]);
     }
     ck_assert_msg(nnames > 0, "%s: no declaration found", what);
 }

@@ -182,8 +182,8 @@ START_TEST(test_adamw_matches_reference)
             double err = fabs(got - want) / (1e-6 + 1e-5 * fabs(want));
             if (err > worst)
                 worst = err;
-            ck_assert_msg(fabs(got - want) <= 1e-6 + 1e-5 * fabs(want),
-                          "step %d, element %d: %.9g, the reference has %.9g", k + 1, i, got, want);
+            expect_msg(fabs(got - want) <= 1e-6 + 1e-5 * fabs(want),
+                       "step %d, element %d: %.9g, the reference has %.9g", k + 1, i, got, want);
         }
         XtcTensor mt, vt;
         ck_assert_int_eq(xtc_session_get_optim(s, "layer.b", &mt, &vt), XTC_OK);
