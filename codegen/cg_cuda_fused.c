@@ -51,8 +51,6 @@ typedef struct {
     int temps;           /* values at other columns: t<n> */
 } Fz;
 
-static int is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR_SOFTMAX; }
-
 static int operand_of(const IrNode *x) { return x->s && x->s[0] == 'x' ? atoi(x->s + 1) : 0; }
 
 static const char *label(const IrNode *n) { return n->label ? n->label : "?"; }
@@ -355,7 +353,7 @@ int cg_cuda_fused(CuKernel *k)
         fprintf(f, "    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n");
         row_bases(&z, "row", "        ");
         for (int i = 0; i < z.pg->nnodes; i++)
-            if (is_reduce(z.pg->nodes[i]->op))
+            if (ir_fused_is_reduce(z.pg->nodes[i]->op))
                 reduction(&z, z.pg->nodes[i]);
         fprintf(f, "        for (i64 j = threadIdx.x; j < Lout; j += blockDim.x) {\n");
     } else {

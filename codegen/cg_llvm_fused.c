@@ -58,8 +58,6 @@ typedef struct {
     LLVMValueRef col;               /* that column (the loop variable) */
 } Fz;
 
-static int is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR_SOFTMAX; }
-
 static const char *who(const IrNode *n) { return n->label ? n->label : "?"; }
 
 /* Builds the program's graph and checks what this kernel handles. */
@@ -80,7 +78,10 @@ static int fz_init(Fz *z, CgFn *f)
         return cg_error(f->cg, "fused %%%s: %s", who(n), err);
     for (int i = 0; i < z->pg->nnodes; i++) {
         const IrNode *x = z->pg->nodes[i];
-        if (x->op == IR_CONCAT && (!ir_dim_is_const(x->in[0]->shape[x->rank - 1]) || x->in[0]->shape[x->rank - 1].c < 1))
+        if (x->op != IR_CONCAT)
+            continue;
+        IrDim first = x->in[0]->shape[x->rank - 1];
+        if (!ir_dim_is_const(first) || first.c < 1)
             return cg_error(f->cg, "fused %%%s: a concat's first part must have a constant length", who(n));
     }
     size_t nn = (size_t)z->pg->nnodes + 1;
@@ -389,7 +390,7 @@ int cg_fused_impl(CgFn *f)
     LLVMValueRef lout = cg_dim(f, n->shape[n->rank - 1]);
     LLVMValueRef nch = z.has_reduce ? cg_i64(cg, 1) : chunks(f, lout);
     for (int i = 0; i < z.pg->nnodes; i++)
-        if (is_reduce(z.pg->nodes[i]->op)) {
+        if (ir_fused_is_reduce(z.pg->nodes[i]->op)) {
             z.slot[i] = cg_var(f, cg->t_f32, NULL, "red");
             z.slot2[i] = cg_var(f, cg->t_f32, NULL, "red2");
         }
@@ -406,7 +407,7 @@ int cg_fused_impl(CgFn *f)
     /* the reductions, in program order */
     for (int i = 0; i < z.pg->nnodes; i++) {
         const IrNode *x = z.pg->nodes[i];
-        if (!is_reduce(x->op))
+        if (!ir_fused_is_reduce(x->op))
             continue;
         if (x->op == IR_SOFTMAX) {
             LLVMValueRef m = fz_reduce(&z, x->in[0], 1, NULL);

@@ -363,6 +363,8 @@ int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode 
     return no && same_shape(order[0], node) ? ir_epilogue_parts(order, no, mm) : 0;
 }
 
+int ir_fused_is_reduce(IrOp op) { return op == IR_SUM || op == IR_RMAX || op == IR_SOFTMAX; }
+
 int ir_fused_kernel_check(const IrNode *node, const IrGraph *pg, const IrFusedProgram *p, IrNode *const *steps,
                           int *has_reduce, const IrNode **mm, int *mm_parts, char *err, size_t n)
 {
@@ -373,7 +375,7 @@ int ir_fused_kernel_check(const IrNode *node, const IrGraph *pg, const IrFusedPr
         const IrNode *x = pg->nodes[i];
         if (x->rank > node->rank && x->op != IR_INPUT)
             return fail(err, n, "a value of rank %d in a rank-%d kernel", x->rank, node->rank);
-        *has_reduce |= x->op == IR_SUM || x->op == IR_RMAX || x->op == IR_SOFTMAX;
+        *has_reduce |= ir_fused_is_reduce(x->op);
         if (x->op == IR_PERMUTE && (x->in[0]->op != IR_INPUT || x->perm[x->rank - 1] != x->rank - 1))
             return fail(err, n, "a permute must keep the last axis of an operand");
         if (x->op != IR_MATMUL)

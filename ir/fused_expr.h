@@ -85,6 +85,10 @@ int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm);
  * ir_epilogue_parts decides (2 for GLU's halves, 0: no matmul kernel can run it). */
 int ir_fused_epilogue_parts(const IrNode *node, const IrFusedProgram *p, IrNode *const *steps, const IrNode *mm);
 
+/* 1 for the steps that reduce the last axis (sum, reduce_max, softmax): a kernel with one
+ * computes them per row before the elementwise steps that read them. */
+int ir_fused_is_reduce(IrOp op);
+
 /* What a fused node's program graph pg (from ir_fused_graph_of, its steps in steps[]) must be for
  * a backend's kernel, the same on the CPU and the GPU: no computed value of a rank above the
  * node's; a permute only of an operand, keeping its last axis; at most one matmul, of two
