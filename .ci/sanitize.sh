@@ -13,4 +13,25 @@ export CK_FORK=no
 # XTC_SANITIZE_EXCLUDE: a ctest -E regex of tests to leave out (none by default)
 exclude=()
 [ -n "${XTC_SANITIZE_EXCLUDE:-}" ] && exclude=(-E "$XTC_SANITIZE_EXCLUDE")
-ctest --test-dir build-asan --output-on-failure -j"$(nproc)" "${exclude[@]}"
+ctest --test-dir build-asan --output-on-failure -j"$(nproc)" "${exclude[@]}" && exit 0
+
+# A failure is final unless it is LeakSanitizer's own crash at exit: the tracer (the thread that
+# stops the process to scan it for leaks) sometimes dies of a SIGSEGV ("Tracer caught signal 11")
+# after the test has run to its end, a known fault of the sanitizer runtime (google/sanitizers
+# #1353; once in test_cuda, whose Check suites had all passed). The leak check did not run then,
+# so those tests, and only those, run once more, and that run decides. Any other failure in the
+# same output (a test's, ASan's, UBSan's, a leak report) ends the run here.
+tmp=build-asan/Testing/Temporary
+[ -s "$tmp/LastTestsFailed.log" ] || exit 1
+while IFS= read -r line; do
+    name=${line#*:}
+    out=$(awk -v t="$name" '$0 ~ "^[0-9]+/[0-9]+ Test: " t "$" {on = 1} on && /^<end of output>/ {exit} on' \
+        "$tmp/LastTest.log" | tr -d '\r' | grep -vE '^100%: Checks: [0-9]+, Failures: 0, Errors: 0$' || true)
+    if ! grep -q 'Tracer caught signal' <<<"$out" || ! grep -q 'LeakSanitizer has encountered a fatal error' <<<"$out" ||
+        grep -qE 'ERROR: (Address|Leak|Undefined)Sanitizer|runtime error:|^[0-9]+%: Checks:' <<<"$out"; then
+        echo "sanitize.sh: $name failed" >&2
+        exit 1
+    fi
+done <"$tmp/LastTestsFailed.log"
+echo "sanitize.sh: LeakSanitizer's tracer crashed at exit in: $(cut -d: -f2 "$tmp/LastTestsFailed.log" | tr '\n' ' ')- running them again" >&2
+ctest --test-dir build-asan --output-on-failure --rerun-failed
