@@ -2,10 +2,11 @@
 # run.sh SECONDS [BUILD_DIR]: bounded libFuzzer runs of every target in tests/fuzz (issue 8).
 # Configures BUILD_DIR (default build-fuzz/) with clang and -DXTC_FUZZ=ON, builds the targets,
 # and runs each for SECONDS from its committed seed corpus (corpus/<target>/) plus the working
-# corpus kept in BUILD_DIR/fuzz-work/<target>/. Prints executions, coverage and corpus size per
-# target (-print_final_stats=1) and fails when a target crashes, leaks, times out or runs out of
-# memory; the input is left in BUILD_DIR/fuzz-crashes/<target>/. To keep a crash as a test, fix
-# it and copy the input into regress/<target>/ (replayed by ctest: fuzz_<target>_replay).
+# corpus kept in BUILD_DIR/fuzz-work/<target>/, side by side, one per processor. Prints
+# executions, coverage and corpus size per target (-print_final_stats=1) and fails when a target
+# crashes, leaks, times out or runs out of memory; the input is left in
+# BUILD_DIR/fuzz-crashes/<target>/. To keep a crash as a test, fix it and copy the input into
+# regress/<target>/ (replayed by ctest: fuzz_<target>_replay).
 set -uo pipefail
 secs=${1:?usage: tests/fuzz/run.sh SECONDS [BUILD_DIR]}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,22 +26,32 @@ if ! cmake -S "$src" -B "$build" "${compiler[@]}" -DCMAKE_BUILD_TYPE=RelWithDebI
 fi
 cmake --build "$build" -j"$(nproc)" --target $targets >/dev/null || { echo "fuzz: FAIL: build"; exit 1; }
 
+# the targets run side by side, as many at a time as there are processors (each is one process)
+jobs=$(nproc 2>/dev/null || echo 1)
+fuzz_one() {
+  local t=$1 work=$build/fuzz-work/$1 crashes=$build/fuzz-crashes/$1 dict=()
+  mkdir -p "$work" "$crashes"
+  [ -f "$here/$t.dict" ] && dict=(-dict="$here/$t.dict")
+  "$build/fuzz/$t" "$work" "$here/corpus/$t" "${dict[@]}" -max_total_time="$secs" -print_final_stats=1 \
+    -artifact_prefix="$crashes/" -timeout=10 -rss_limit_mb=2048 > "$build/fuzz-$t.log" 2>&1
+  echo $? > "$build/fuzz-$t.rc"
+}
+for t in $targets; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  fuzz_one "$t" &
+done
+wait
+
 failed=0
 for t in $targets; do
   work=$build/fuzz-work/$t
-  crashes=$build/fuzz-crashes/$t
   log=$build/fuzz-$t.log
-  mkdir -p "$work" "$crashes"
-  dict=()
-  [ -f "$here/$t.dict" ] && dict=(-dict="$here/$t.dict")
-  "$build/fuzz/$t" "$work" "$here/corpus/$t" "${dict[@]}" -max_total_time="$secs" -print_final_stats=1 \
-    -artifact_prefix="$crashes/" -timeout=10 -rss_limit_mb=2048 > "$log" 2>&1
-  rc=$?
+  rc=$(cat "$build/fuzz-$t.rc" 2>/dev/null || echo "?")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -1)
   ncorpus=$(find "$work" -type f | wc -l)
-  if [ $rc -ne 0 ] || grep -q 'ERROR: \|runtime error:' "$log"; then
+  if [ "$rc" != 0 ] || grep -q 'ERROR: \|runtime error:' "$log"; then
     echo "fuzz: FAIL $t (exit status $rc):"
     grep -E 'ERROR|runtime error|SUMMARY|Test unit written|fuzz_[a-z_]+: ' "$log" | head -20 | sed 's/^/    /'
     echo "    log: $log"
