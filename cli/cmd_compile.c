@@ -203,8 +203,9 @@ int cli_compile(int argc, char **argv)
     }
     if (verbose)
         printf("%s: %d nodes, %d steps, %d kernels, %d buffers, %lld bytes; %.2f s (plan %.2f, render %.2f, "
-               "optimise %.2f, emit %.2f, link %.2f)\n", out, opt->nnodes, st.nsteps, st.nkernels, st.nbuffers,
-               (long long)st.module_bytes, now() - t0, st.plan_s, st.render_s, st.optimize_s, st.emit_s, st.link_s);
+               "optimise %.2f, emit %.2f, link %.2f)%s\n", out, opt->nnodes, st.nsteps, st.nkernels, st.nbuffers,
+               (long long)st.module_bytes, now() - t0, st.plan_s, st.render_s, st.optimize_s, st.emit_s, st.link_s,
+               st.cached ? ", from the module cache (XTC_MODULE_CACHE)" : "");
     ir_graph_free(opt);
     return 0;
 }

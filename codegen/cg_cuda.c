@@ -213,6 +213,15 @@ static void remove_dir(const char *dir)
     rmdir(dir);
 }
 
+/* cc's options for a module, before the directory of its headers, the output and the sources.
+ * -O1: the emulated kernels are the tests' workload, and at their sizes -O2 costs more compile
+ * time than it saves (test_cuda: cc 161 -> 97 s, the whole suite 338 -> 272 s; -O0 compiles in
+ * 35 s but runs slower, 360 s). Integer overflow wraps as on the GPU; warnings are the
+ * generator's business, checked by NVRTC's stricter compile. */
+static const char *const cc_flags[] = {"-std=gnu11", "-O1", "-fPIC", "-shared", "-fwrapv", "-fno-strict-aliasing",
+                                       "-w"};
+#define NCC_FLAGS ((int)(sizeof cc_flags / sizeof cc_flags[0]))
+
 static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
 {
     CuUnit *u = unit;
@@ -249,6 +258,25 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         snprintf(err, n, "out of memory");
         goto done;
     }
+    /* the module cache's key (cg_cache.c): every file cc reads, its options, the cc */
+    CgHash key;
+    int cache = cg_cache_enabled();
+    if (cache) {
+        cg_hash_init(&key, u->emu ? "xtc cuda-emu module 1" : "xtc cuda module 1");
+        const char *parts[] = {cg_embed_rt_abi_h, cg_embed_rt_cuda_abi_h, host, u->emu ? cg_embed_emu_h : NULL,
+                               u->emu ? u->source : NULL, u->emu ? emu_main : NULL};
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+            cg_hash_str(&key, parts[i]);
+        for (int i = 0; i < NCC_FLAGS; i++)
+            cg_hash_str(&key, cc_flags[i]);
+        cg_hash_program(&key, "cc");
+        if (cg_cache_fetch(&key, opt->output)) {
+            if (stats)
+                stats->cached = 1;
+            rc = 0;
+            goto done;
+        }
+    }
     const char *tmpdir = getenv("TMPDIR");
     snprintf(dirbuf, sizeof dirbuf, "%s/xtc-cuda-XXXXXX", tmpdir && tmpdir[0] ? tmpdir : "/tmp");
     if (!mkdtemp(dirbuf)) {
@@ -270,12 +298,12 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
     snprintf(emuc, sizeof emuc, "%s/emu_main.c", dirbuf);
     snprintf(log, sizeof log, "%s/cc.log", dirbuf);
     snprintf(tmpso, sizeof tmpso, "%s.tmp%ld", opt->output, (long)getpid());
-    /* -O1 for both: the emulated kernels are the tests' workload, and at their sizes -O2 costs more
-     * compile time than it saves (test_cuda: cc 161 -> 97 s, the whole suite 338 -> 272 s; -O0
-     * compiles in 35 s but runs slower, 360 s). Integer overflow wraps as on the GPU; warnings are
-     * the generator's business, checked by NVRTC's stricter compile. */
-    char *argv[] = {"cc", "-std=gnu11", "-O1", "-fPIC", "-shared", "-fwrapv", "-fno-strict-aliasing",
-                    "-w", "-I", dirbuf, "-o", tmpso, hostc, u->emu ? emuc : NULL, u->emu ? "-lm" : NULL, NULL};
+    char *argv[NCC_FLAGS + 9] = {"cc"};
+    int argc = 1;
+    for (int i = 0; i < NCC_FLAGS; i++)
+        argv[argc++] = (char *)cc_flags[i];
+    char *files[] = {"-I", dirbuf, "-o", tmpso, hostc, u->emu ? emuc : NULL, u->emu ? "-lm" : NULL, NULL};
+    memcpy(argv + argc, files, sizeof files);
     if (cg_run_program(argv, log) < 0) {
         char text[1500];
         read_log(log, text, sizeof text);
@@ -291,6 +319,8 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         goto done;
     }
     rc = 0;
+    if (cache)
+        cg_cache_store(&key, opt->output);
 done:
     if (dirbuf[0]) {
         if (getenv("XTC_KEEP_TMP"))

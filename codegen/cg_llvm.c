@@ -12,6 +12,7 @@
 #include "rt_abi.h"
 
 #include <llvm-c/Analysis.h>
+#include <llvm-c/BitWriter.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 
 #include <errno.h>
@@ -613,12 +614,49 @@ static void read_text(const char *path, char *buf, size_t n)
             *p = ' ';
 }
 
+/* The module cache's key (cg_cache.c): the module before optimisation (its bitcode holds the
+ * triple and data layout), the target machine's CPU and features, the optimisation level and
+ * pipeline, LLVM's version, and the link command with the cc that runs it. */
+static int cache_key(Cg *cg, const CgOptions *opt, const char *passes, CgHash *h)
+{
+    LLVMMemoryBufferRef mb = LLVMWriteBitcodeToMemoryBuffer(cg->mod);
+    if (!mb)
+        return -1;
+    cg_hash_init(h, "xtc cpu module 1");
+    unsigned v[4] = {0, 0, 0, (unsigned)opt->opt_level};
+    LLVMGetVersion(&v[0], &v[1], &v[2]);
+    cg_hash_add(h, v, sizeof v);
+    cg_hash_str(h, passes);
+    cg_hash_str(h, cg->cpu);
+    cg_hash_str(h, cg->features);
+    cg_hash_add(h, LLVMGetBufferStart(mb), LLVMGetBufferSize(mb));
+    LLVMDisposeMemoryBuffer(mb);
+    cg_hash_str(h, "cc -shared -o OUT module.o -lm");
+    cg_hash_program(h, "cc");
+    return 0;
+}
+
 static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
 {
     Cg *cg = unit;
     double t0 = now_s();
     char passes[32];
     snprintf(passes, sizeof passes, "default<O%d>", opt->opt_level < 0 ? 0 : opt->opt_level > 3 ? 3 : opt->opt_level);
+    /* the optimised IR (--emit-llvm) is not cached: such a compile builds */
+    CgHash key;
+    int cache = cg_cache_enabled() && !opt->emit_llvm && cache_key(cg, opt, passes, &key) == 0;
+    if (cache) {
+        if (cg_cache_fetch(&key, opt->output)) {
+            if (stats) {
+                struct stat sb;
+                stats->optimize_s = stats->emit_s = 0;
+                stats->link_s = now_s() - t0;
+                stats->module_bytes = stat(opt->output, &sb) == 0 ? (int64_t)sb.st_size : 0;
+                stats->cached = 1;
+            }
+            return 0;
+        }
+    }
     LLVMPassBuilderOptionsRef pbo = LLVMCreatePassBuilderOptions();
     LLVMPassBuilderOptionsSetLoopVectorization(pbo, opt->opt_level >= 2);
     LLVMPassBuilderOptionsSetSLPVectorization(pbo, opt->opt_level >= 2);
@@ -680,6 +718,8 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
     unlink(obj);
     unlink(log);
     rmdir(d);
+    if (cache && rc == 0)
+        cg_cache_store(&key, opt->output);
     if (stats) {
         stats->optimize_s = t1 - t0;
         stats->emit_s = t2 - t1;

@@ -55,6 +55,7 @@ typedef struct {
     int nsteps, nkernels, nbuffers;
     double plan_s, render_s, optimize_s, emit_s, link_s, total_s;
     int64_t module_bytes;
+    int cached; /* the module came from the module cache (XTC_MODULE_CACHE, cg_cache.c) */
 } CgStats;
 
 /* Compiles g into opt->output. Returns 0, or -1 with a one-line message in err. Errors name the
@@ -66,6 +67,19 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
 /* Runs argv (the linker, the host C compiler) with stdout and stderr to logpath; 0 when it
  * exits with status 0, -1 when it cannot start or fails (the log then says why). */
 int cg_run_program(char *const *argv, const char *logpath);
+
+/* ---- the module cache (cg_cache.c): XTC_MODULE_CACHE=DIR keeps compiled modules by a key of
+ * what they are made from; a backend's compile hashes its inputs, fetches, or builds and stores */
+typedef struct {
+    uint64_t a, b;
+} CgHash;
+int cg_cache_enabled(void);                                /* XTC_MODULE_CACHE names a directory */
+void cg_hash_init(CgHash *h, const char *what);            /* what: the backend and key version */
+void cg_hash_add(CgHash *h, const void *p, size_t n);
+void cg_hash_str(CgHash *h, const char *s);                /* NULL hashes apart from "" */
+void cg_hash_program(CgHash *h, const char *name);         /* the identity of name found on PATH */
+int cg_cache_fetch(const CgHash *h, const char *output);   /* 1: the entry was copied to output */
+void cg_cache_store(const CgHash *h, const char *output);  /* best effort */
 
 /* ---- backends ---- */
 

@@ -942,6 +942,102 @@ START_TEST(test_kernel_dedup)
 }
 END_TEST
 
+/* ---- the module cache (XTC_MODULE_CACHE, codegen/cg_cache.c) ---- */
+
+static long file_bytes(const char *path, char **data)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    *data = malloc((size_t)n + 1);
+    ck_assert(*data && fread(*data, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    return n;
+}
+
+static int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* compiles g into tmpdir/<name>.so for target (NULL: cpu) at opt_level; returns stats.cached */
+static int cache_compile(const IrGraph *g, const char *name, const char *target, int opt_level)
+{
+    char path[512], err[1024];
+    snprintf(path, sizeof path, "%s/%s.so", tmpdir, name);
+    CgOptions opt = {.output = path, .target = target, .opt_level = opt_level, .source = "# test source\n",
+                     .source_name = "test.xtf"};
+    CgStats st;
+    ck_assert_msg(cg_compile(g, &opt, &st, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_int_gt(st.module_bytes, 0);
+    return st.cached;
+}
+
+/* A module comes from the cache only when everything it is made from is the same: the graph,
+ * the target, the optimisation level. The copy is the module, byte for byte, and it runs. A
+ * cache that cannot be written is no cache, not an error. */
+START_TEST(test_module_cache)
+{
+    make_tmpdir();
+    const char *was = getenv("XTC_MODULE_CACHE");
+    char *saved = was ? strdup(was) : NULL, cache[600], blocker[600];
+    snprintf(cache, sizeof cache, "%s/module-cache", tmpdir);
+    setenv("XTC_MODULE_CACHE", cache, 1);
+    IrGraph *g = new_graph("matmul", build_matmul), *h = new_graph("reduce", build_reduce);
+    ck_assert_int_eq(cache_compile(g, "cache_a", NULL, 1), 0);
+    ck_assert_int_eq(count_entries(cache), 1);
+    ck_assert_int_eq(cache_compile(g, "cache_b", NULL, 1), 1);
+    char path[1200], *a, *b;
+    snprintf(path, sizeof path, "%s/cache_a.so", tmpdir);
+    long na = file_bytes(path, &a);
+    snprintf(path, sizeof path, "%s/cache_b.so", tmpdir);
+    long nb = file_bytes(path, &b);
+    ck_assert_msg(na == nb && memcmp(a, b, (size_t)na) == 0, "the cached module differs from the one built");
+    free(a), free(b);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    check_against_interp(g, m, SIZES[1], "matmul (from the cache)");
+    xtc_module_free(m);
+    /* another level, another graph, another target: built, then found */
+    ck_assert_int_eq(cache_compile(g, "cache_c", NULL, 0), 0);
+    ck_assert_int_eq(cache_compile(h, "cache_d", NULL, 1), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_e", "cuda-emu", 1), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_f", "cuda-emu", 1), 1);
+    ck_assert_int_eq(cache_compile(h, "cache_g", NULL, 1), 1);
+    ck_assert_int_eq(count_entries(cache), 4);
+    /* a directory that cannot be made: every compile builds */
+    snprintf(blocker, sizeof blocker, "%s/cache_a.so/cache", tmpdir);
+    setenv("XTC_MODULE_CACHE", blocker, 1);
+    ck_assert_int_eq(cache_compile(g, "cache_h", NULL, 1), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_h", NULL, 1), 0);
+    if (saved)
+        setenv("XTC_MODULE_CACHE", saved, 1);
+    else
+        unsetenv("XTC_MODULE_CACHE");
+    free(saved);
+    DIR *d = opendir(cache);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.') {
+            snprintf(path, sizeof path, "%s/%s", cache, e->d_name);
+            unlink(path);
+        }
+    if (d)
+        closedir(d);
+    rmdir(cache);
+    ir_graph_free(g);
+    ir_graph_free(h);
+}
+END_TEST
+
 /* ---- the runtime's checks ---- */
 
 static void build_embed(IrGraph *g, IrDim b, IrDim n)
@@ -1379,6 +1475,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_epilogue_vectorized);
     tcase_add_test(tc, test_no_kernels);
     tcase_add_test(tc, test_kernel_dedup);
+    tcase_add_test(tc, test_module_cache);
     tcase_add_test(tc, test_derived_symbols);
     tcase_add_test(tc, test_carry);
     tcase_add_test(tc, test_carry_append);
