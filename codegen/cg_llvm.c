@@ -614,6 +614,9 @@ static void read_text(const char *path, char *buf, size_t n)
             *p = ' ';
 }
 
+/* How a module's object file is linked (out, obj: paths), for the command and the cache key. */
+#define LINK_ARGV(out, obj) {"cc", "-shared", "-o", out, obj, "-lm", NULL}
+
 /* The module cache's key (cg_cache.c): the module before optimisation (its bitcode holds the
  * triple and data layout), the target machine's CPU and features, the optimisation level and
  * pipeline, LLVM's version, and the link command with the cc that runs it. */
@@ -631,8 +634,10 @@ static int cache_key(Cg *cg, const CgOptions *opt, const char *passes, CgHash *h
     cg_hash_str(h, cg->features);
     cg_hash_add(h, LLVMGetBufferStart(mb), LLVMGetBufferSize(mb));
     LLVMDisposeMemoryBuffer(mb);
-    cg_hash_str(h, "cc -shared -o OUT module.o -lm");
-    cg_hash_program(h, "cc");
+    char *link[] = LINK_ARGV("OUT", "module.o");
+    for (int i = 0; link[i]; i++)
+        cg_hash_str(h, link[i]);
+    cg_hash_program(h, link[0]);
     return 0;
 }
 
@@ -701,7 +706,7 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
     }
     double t2 = now_s();
     if (rc == 0) {
-        char *argv[] = {"cc", "-shared", "-o", tmpso, obj, "-lm", NULL};
+        char *argv[] = LINK_ARGV(tmpso, obj);
         if (cg_run_program(argv, log) < 0) {
             char text[600];
             read_text(log, text, sizeof text);
