@@ -49,23 +49,53 @@ static inline void harness_write_text(const char *name, const char *text)
     fclose(f);
 }
 
+/* Removes the files in dir, then dir (a directory of files only). */
+static inline void harness_remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[1200];
+        while ((e = readdir(d)))
+            if (e->d_name[0] != '.') {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
 /* Removes the files the suite left in its directory, then the directory. */
 static inline void remove_tmpdir(void)
 {
     if (!tmpdir[0] || strcmp(tmpdir, "/tmp") == 0)
         return;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char path[600];
-        while ((e = readdir(d)))
-            if (e->d_name[0] != '.') {
-                snprintf(path, sizeof path, "%s/%s", tmpdir, e->d_name);
-                unlink(path);
-            }
-        closedir(d);
+    harness_remove_dir(tmpdir);
+}
+
+/* The whole file at path, NUL-terminated, its size in *len (when len is not NULL); NULL when it
+ * cannot be read. Free it. */
+static inline char *harness_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
     }
-    rmdir(tmpdir);
+    if (s) {
+        s[n] = 0;
+        if (len)
+            *len = (size_t)n;
+    }
+    fclose(f);
+    return s;
 }
 
 /* A suite's main: runs s and returns main's exit status (nonzero when a test failed). With

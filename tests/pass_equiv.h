@@ -18,26 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- files ---- */
-
-static inline char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)len + 1);
-    if (s && fread(s, 1, (size_t)len, f) != (size_t)len) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[len] = 0;
-    fclose(f);
-    return s;
-}
+/* ---- files (reading: harness_read_file) ---- */
 
 static inline void write_file(const char *path, const char *text)
 {

@@ -944,19 +944,6 @@ END_TEST
 
 /* ---- the module cache (XTC_MODULE_CACHE, codegen/cg_cache.c) ---- */
 
-static long file_bytes(const char *path, char **data)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    *data = malloc((size_t)n + 1);
-    ck_assert(*data && fread(*data, 1, (size_t)n, f) == (size_t)n);
-    fclose(f);
-    return n;
-}
-
 static int count_entries(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -996,12 +983,13 @@ START_TEST(test_module_cache)
     ck_assert_int_eq(cache_compile(g, "cache_a", NULL, 1), 0);
     ck_assert_int_eq(count_entries(cache), 1);
     ck_assert_int_eq(cache_compile(g, "cache_b", NULL, 1), 1);
-    char path[1200], *a, *b;
+    char path[1200];
+    size_t na = 0, nb = 0;
     snprintf(path, sizeof path, "%s/cache_a.so", tmpdir);
-    long na = file_bytes(path, &a);
+    char *a = harness_read_file(path, &na);
     snprintf(path, sizeof path, "%s/cache_b.so", tmpdir);
-    long nb = file_bytes(path, &b);
-    ck_assert_msg(na == nb && memcmp(a, b, (size_t)na) == 0, "the cached module differs from the one built");
+    char *b = harness_read_file(path, &nb);
+    ck_assert_msg(a && b && na == nb && memcmp(a, b, na) == 0, "the cached module differs from the one built");
     free(a), free(b);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
@@ -1024,15 +1012,7 @@ START_TEST(test_module_cache)
     else
         unsetenv("XTC_MODULE_CACHE");
     free(saved);
-    DIR *d = opendir(cache);
-    for (struct dirent *e; d && (e = readdir(d));)
-        if (e->d_name[0] != '.') {
-            snprintf(path, sizeof path, "%s/%s", cache, e->d_name);
-            unlink(path);
-        }
-    if (d)
-        closedir(d);
-    rmdir(cache);
+    harness_remove_dir(cache);
     ir_graph_free(g);
     ir_graph_free(h);
 }

@@ -228,21 +228,6 @@ static void add_dir(KernelSet *ks, const char *dir, int every_statement)
     closedir(dp);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
-    buf[got] = 0;
-    fclose(f);
-    return buf;
-}
-
 static const char *const storage_name[] = {"f32", "bf16", "fp16"};
 
 /* One slice of the distinct kernels: NVRTC, then ptxas. The kernels' text is the same whatever
@@ -319,8 +304,8 @@ static void *compile_chunk(void *arg)
     t0 = now_s();
     char *argv[] = {(char *)XTC_PTXAS, arch, ptx_path, "-o", "/dev/null", NULL};
     if (!c->failed && cg_run_program(argv, log) != 0) { /* the log says why */
-        char *text = read_file(log);
-        snprintf(c->err, sizeof c->err, "ptxas %s %s failed: %.2000s", arch, ptx_path, text);
+        char *text = harness_read_file(log, NULL);
+        snprintf(c->err, sizeof c->err, "ptxas %s %s failed: %.2000s", arch, ptx_path, text ? text : "");
         free(text);
         c->failed = 1;
     }

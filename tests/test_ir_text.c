@@ -23,25 +23,6 @@
 
 static IrDim D(int64_t c) { return ir_dim(c); }
 
-static char *read_file(const char *path)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    if (buf && fread(buf, 1, (size_t)len, fp) != (size_t)len) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf)
-        buf[len] = 0;
-    fclose(fp);
-    return buf;
-}
-
 static void write_file(const char *path, const char *text)
 {
     FILE *fp = fopen(path, "wb");
@@ -531,7 +512,7 @@ START_TEST(test_golden)
         snprintf(in, sizeof in, "%s/%s", dir, de->d_name);
         snprintf(exp, sizeof exp, "%s/%.*s.expected", dir, (int)(len - 3), de->d_name);
         snprintf(act, sizeof act, "%s/%.*s.actual", XTC_BINARY_DIR, (int)(len - 3), de->d_name);
-        char *src = read_file(in), *want = read_file(exp);
+        char *src = harness_read_file(in, NULL), *want = harness_read_file(exp, NULL);
         ck_assert_msg(src && want, "%s or %s is missing", in, exp);
         IrGraph *g = ir_parse(src, de->d_name, err, sizeof err);
         ck_assert_msg(g != NULL, "%s", err);

@@ -65,7 +65,7 @@ static int golden_dir(const char *pass_dir, Compared *c)
         snprintf(exp, sizeof exp, "%s/%.*s.expected", dir, (int)(len - 3), de->d_name);
         snprintf(act, sizeof act, "%s/%s.%.*s.actual", XTC_BINARY_DIR, pass_dir, (int)(len - 3),
                  de->d_name);
-        char *src = read_file(in);
+        char *src = harness_read_file(in, NULL);
         ck_assert_msg(src != NULL, "cannot read %s", in);
         IrGraph *g = ir_parse(src, in, err, sizeof err);
         ck_assert_msg(g != NULL, "%s", err);
@@ -90,7 +90,7 @@ static int golden_dir(const char *pass_dir, Compared *c)
         char *got = ir_print_str(cur);
         if (update)
             write_file(exp, got);
-        char *want = read_file(exp);
+        char *want = harness_read_file(exp, NULL);
         ck_assert_msg(want != NULL, "%s is missing (XTC_UPDATE_GOLDEN=1 writes it)", exp);
         if (strcmp(got, want) != 0)
             write_file(act, got);
