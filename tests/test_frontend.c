@@ -19,25 +19,11 @@
 #include "xtf.h"
 #include "xtf_internal.h"
 
+#include "harness.h"
+
 #define BAD_DIR XTC_SOURCE_DIR "/tests/xtf_bad"
 
 /* ---- helpers ---- */
-
-static char *read_all(const char *path, size_t *len)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, fp);
-    fclose(fp);
-    buf[got] = '\0';
-    *len = got;
-    return buf;
-}
 
 /* Parses and, when parsing succeeded, checks; returns the file, diagnostics in *d. */
 static XtfFile *load(const char *src, XtfDiag *d)
@@ -120,7 +106,7 @@ START_TEST(corpus_file)
     snprintf(shown, sizeof shown, "%s.xtf", name);
 
     size_t len, elen;
-    char *src = read_all(path, &len);
+    char *src = harness_read_file(path, &len);
     ck_assert_ptr_nonnull(src);
     XtfDiag d;
     xtf_diag_init(&d);
@@ -137,7 +123,7 @@ START_TEST(corpus_file)
         fputs(got, fp);
         fclose(fp);
     }
-    char *expect = read_all(expect_path, &elen);
+    char *expect = harness_read_file(expect_path, &elen);
     ck_assert_msg(expect != NULL, "%s: missing %s.expect; got:\n%s", shown, name, got);
     ck_assert_msg(strcmp(expect, got) == 0, "%s: diagnostics differ\n--- expected\n%s--- got\n%s",
                   shown, expect, got);
