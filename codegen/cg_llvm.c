@@ -207,61 +207,99 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     return 0;
 }
 
-/* run(bufs, syms, rt): the schedule; after each step, rt->step_done(rt->hook_ctx, step) if set */
+/* run(bufs, syms, rt): the schedule, as a loop over a constant table of steps (kernel, out and
+ * input buffer ids, -1 for none); after each step, rt->step_done(rt->hook_ctx, step) if set.
+ * A loop, not one call per step written out: the kernels' entry points are then not inlined at
+ * every step, which made this function most of a training module's IR and of its compile time. */
 static LLVMValueRef emit_run(Cg *cg, LLVMValueRef *kernels)
 {
     const CgPlan *p = cg->plan;
     LLVMBuilderRef b = cg->b;
     LLVMValueRef run = cg_function(cg, "xtc_run", cg->t_run, 1);
     LLVMPositionBuilderAtEnd(b, LLVMAppendBasicBlockInContext(cg->ctx, run, "entry"));
+    if (p->nsteps == 0) {
+        LLVMBuildRet(b, cg_i32(cg, 0));
+        return run;
+    }
+    enum { NIDS = 1 + IR_MAXIN };
+    LLVMTypeRef ids_t = LLVMArrayType(cg->t_i32, NIDS);
+    LLVMTypeRef fields[2] = {cg->t_ptr, ids_t};
+    LLVMTypeRef step_t = LLVMStructTypeInContext(cg->ctx, fields, 2, 0);
+    LLVMValueRef *rows = calloc((size_t)p->nsteps, sizeof *rows);
+    if (!rows) {
+        cg_error(cg, "out of memory");
+        return NULL;
+    }
+    for (int s = 0; s < p->nsteps; s++) {
+        const CgStep *st = &p->steps[s];
+        LLVMValueRef ids[NIDS];
+        ids[P_OUT] = cg_i32(cg, st->out);
+        for (int i = 0; i < IR_MAXIN; i++)
+            ids[P_IN0 + i] = cg_i32(cg, st->in[i] < 0 ? -1 : st->in[i]);
+        LLVMValueRef row[2] = {kernels[st->kernel], LLVMConstArray2(cg->t_i32, ids, NIDS)};
+        rows[s] = LLVMConstNamedStruct(step_t, row, 2);
+    }
+    LLVMValueRef table = LLVMAddGlobal(cg->mod, LLVMArrayType2(step_t, (uint64_t)p->nsteps), "xtc_steps");
+    LLVMSetInitializer(table, LLVMConstArray2(step_t, rows, (uint64_t)p->nsteps));
+    LLVMSetGlobalConstant(table, 1);
+    LLVMSetLinkage(table, LLVMPrivateLinkage);
+    free(rows);
+
     LLVMValueRef bufs = LLVMGetParam(run, 0), syms = LLVMGetParam(run, 1), rt = LLVMGetParam(run, 2);
     LLVMValueRef hook = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 3, ""), "step_done");
     LLVMValueRef hook_ctx = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, cg->t_rtapi, rt, 4, ""), "hook_ctx");
     LLVMValueRef has_hook = LLVMBuildICmp(b, LLVMIntNE, hook, LLVMConstPointerNull(cg->t_ptr), "");
     LLVMTypeRef hook_params[2] = {cg->t_ptr, cg->t_i32};
     LLVMTypeRef hook_type = LLVMFunctionType(cg->t_void, hook_params, 2, 0);
+    LLVMBasicBlockRef entry = LLVMGetInsertBlock(b);
+    LLVMBasicBlockRef loop = LLVMAppendBasicBlockInContext(cg->ctx, run, "step");
     LLVMBasicBlockRef fail = LLVMAppendBasicBlockInContext(cg->ctx, run, "fail");
+    LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(cg->ctx, run, "next");
+    LLVMBasicBlockRef call_hook = LLVMAppendBasicBlockInContext(cg->ctx, run, "hook");
+    LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(cg->ctx, run, "after");
+    LLVMBasicBlockRef done = LLVMAppendBasicBlockInContext(cg->ctx, run, "done");
+    LLVMBuildBr(b, loop);
+
+    LLVMPositionBuilderAtEnd(b, loop);
+    LLVMValueRef s = LLVMBuildPhi(b, cg->t_i32, "s");
+    LLVMValueRef zero = cg_i32(cg, 0);
+    LLVMAddIncoming(s, &zero, &entry, 1);
+    LLVMValueRef s64 = LLVMBuildZExt(b, s, cg->t_i64, "");
+    LLVMValueRef at[2] = {cg_i64(cg, 0), s64};
+    LLVMValueRef row = LLVMBuildInBoundsGEP2(b, LLVMArrayType2(step_t, (uint64_t)p->nsteps), table, at, 2, "");
+    LLVMValueRef fn = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildStructGEP2(b, step_t, row, 0, ""), "kernel");
+    LLVMValueRef ids = LLVMBuildStructGEP2(b, step_t, row, 1, "");
+    LLVMValueRef args[P_KERNEL_N];
+    for (int i = 0; i < NIDS; i++) {
+        /* a missing operand (-1) passes NULL; bufs[0] is read in its place, then dropped */
+        LLVMValueRef ii[2] = {cg_i64(cg, 0), cg_i64(cg, i)};
+        LLVMValueRef id = LLVMBuildLoad2(b, cg->t_i32, LLVMBuildInBoundsGEP2(b, ids_t, ids, ii, 2, ""), "");
+        LLVMValueRef none = LLVMBuildICmp(b, LLVMIntSLT, id, zero, "");
+        LLVMValueRef idx = LLVMBuildZExt(b, LLVMBuildSelect(b, none, zero, id, ""), cg->t_i64, "");
+        LLVMValueRef buf = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_ptr, bufs, &idx, 1, ""), "");
+        args[i] = LLVMBuildSelect(b, none, LLVMConstPointerNull(cg->t_ptr), buf, "");
+    }
+    args[P_SYMS] = syms;
+    args[P_RT] = rt;
+    LLVMValueRef r = LLVMBuildCall2(b, cg->t_kernel, fn, args, P_KERNEL_N, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, r, zero, ""), fail, next);
+
     LLVMPositionBuilderAtEnd(b, fail);
-    LLVMValueRef code = LLVMBuildPhi(b, cg->t_i32, "code");
-    LLVMBuildRet(b, code);
-    LLVMPositionBuilderAtEnd(b, LLVMGetEntryBasicBlock(run));
-    for (int s = 0; s < p->nsteps; s++) {
-        const CgStep *st = &p->steps[s];
-        LLVMValueRef args[P_KERNEL_N];
-        int ids[1 + IR_MAXIN];
-        ids[P_OUT] = st->out;
-        for (int i = 0; i < IR_MAXIN; i++)
-            ids[P_IN0 + i] = st->in[i];
-        for (int i = 0; i < 1 + IR_MAXIN; i++) {
-            if (ids[i] < 0) {
-                args[i] = LLVMConstPointerNull(cg->t_ptr);
-                continue;
-            }
-            LLVMValueRef idx = cg_i64(cg, ids[i]);
-            args[i] = LLVMBuildLoad2(b, cg->t_ptr, LLVMBuildGEP2(b, cg->t_ptr, bufs, &idx, 1, ""), "");
-        }
-        args[P_SYMS] = syms;
-        args[P_RT] = rt;
-        LLVMValueRef r = LLVMBuildCall2(b, cg->t_kernel, kernels[st->kernel], args, P_KERNEL_N, "");
-        LLVMBasicBlockRef next = LLVMAppendBasicBlockInContext(cg->ctx, run, "next");
-        LLVMBasicBlockRef here = LLVMGetInsertBlock(b);
-        LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntNE, r, cg_i32(cg, 0), ""), fail, next);
-        LLVMValueRef v = cg_i32(cg, s + 1);
-        LLVMAddIncoming(code, &v, &here, 1);
-        LLVMPositionBuilderAtEnd(b, next);
-        LLVMBasicBlockRef call_hook = LLVMAppendBasicBlockInContext(cg->ctx, run, "hook");
-        LLVMBasicBlockRef after = LLVMAppendBasicBlockInContext(cg->ctx, run, "after");
-        LLVMBuildCondBr(b, has_hook, call_hook, after);
-        LLVMPositionBuilderAtEnd(b, call_hook);
-        LLVMValueRef hargs[2] = {hook_ctx, cg_i32(cg, s)};
-        LLVMBuildCall2(b, hook_type, hook, hargs, 2, "");
-        LLVMBuildBr(b, after);
-        LLVMPositionBuilderAtEnd(b, after);
-    }
-    LLVMBuildRet(b, cg_i32(cg, 0));
-    if (p->nsteps == 0) { /* the phi needs an incoming edge; the block is unreachable */
-        LLVMDeleteBasicBlock(fail);
-    }
+    LLVMBuildRet(b, LLVMBuildAdd(b, s, cg_i32(cg, 1), "code"));
+
+    LLVMPositionBuilderAtEnd(b, next);
+    LLVMBuildCondBr(b, has_hook, call_hook, after);
+    LLVMPositionBuilderAtEnd(b, call_hook);
+    LLVMValueRef hargs[2] = {hook_ctx, s};
+    LLVMBuildCall2(b, hook_type, hook, hargs, 2, "");
+    LLVMBuildBr(b, after);
+
+    LLVMPositionBuilderAtEnd(b, after);
+    LLVMValueRef s1 = LLVMBuildAdd(b, s, cg_i32(cg, 1), "");
+    LLVMAddIncoming(s, &s1, &after, 1);
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, s1, cg_i32(cg, p->nsteps), ""), loop, done);
+    LLVMPositionBuilderAtEnd(b, done);
+    LLVMBuildRet(b, zero);
     return run;
 }
 
@@ -542,6 +580,8 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         kernels[k] = LLVMGetNamedFunction(cg->mod, plan->kernels[k].fn);
     }
     LLVMValueRef run = emit_run(cg, kernels);
+    if (!run)
+        goto fail;
 
     char level[8], compiler[48];
     snprintf(level, sizeof level, "%d", opt->opt_level);
