@@ -201,11 +201,14 @@ int cli_compile(int argc, char **argv)
         ir_graph_free(opt);
         return 1;
     }
+    char parts[64] = "";
+    if (st.parts > 1)
+        snprintf(parts, sizeof parts, ", %d parts compiled in parallel", st.parts);
     if (verbose)
         printf("%s: %d nodes, %d steps, %d kernels, %d buffers, %lld bytes; %.2f s (plan %.2f, render %.2f, "
-               "optimise %.2f, emit %.2f, link %.2f)%s\n", out, opt->nnodes, st.nsteps, st.nkernels, st.nbuffers,
+               "optimise %.2f, emit %.2f, link %.2f)%s%s\n", out, opt->nnodes, st.nsteps, st.nkernels, st.nbuffers,
                (long long)st.module_bytes, now() - t0, st.plan_s, st.render_s, st.optimize_s, st.emit_s, st.link_s,
-               st.cached ? ", from the module cache (XTC_MODULE_CACHE)" : "");
+               parts, st.cached ? ", from the module cache (XTC_MODULE_CACHE)" : "");
     ir_graph_free(opt);
     return 0;
 }

@@ -33,6 +33,8 @@ typedef struct Cg {
     char requires[2048];     /* CPU features the code may use, "avx2,fma,..." (cpu_requires) */
     int vec;                 /* f32 lanes of the widest vector: 16 (AVX-512), 8 (AVX2), 4 */
     int has_fma;
+    int split;               /* the module is one part of several (llvm_render): kernel entries are
+                              * hidden external symbols, called from part 0's schedule */
     LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
     LLVMTypeRef t_impl, t_body, t_kernel, t_run, t_rtapi;
     char err[1024];

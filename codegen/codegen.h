@@ -31,6 +31,8 @@ typedef struct {
                               * in f32 whatever the storage; backends with CG_CAP_HALF only) */
     int mma;                 /* CG_MMA_*: matrix multiplications on tensor cores (backends with CG_CAP_MMA);
                               * 0 = CG_MMA_AUTO, which follows dtype */
+    int parts;               /* cpu: modules the kernels are split into, compiled in parallel threads;
+                              * 0 = by the number of kernels (cg_llvm.c); --emit-llvm makes one */
 } CgOptions;
 
 /* CgOptions.mma: the precision of matmul operands on tensor cores, accumulation staying f32.
@@ -56,6 +58,7 @@ typedef struct {
     double plan_s, render_s, optimize_s, emit_s, link_s, total_s;
     int64_t module_bytes;
     int cached; /* the module came from the module cache (XTC_MODULE_CACHE, cg_cache.c) */
+    int parts;  /* cpu: the LLVM modules it was compiled as, in parallel threads (CgOptions.parts) */
 } CgStats;
 
 /* Compiles g into opt->output. Returns 0, or -1 with a one-line message in err. Errors name the

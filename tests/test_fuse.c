@@ -138,7 +138,9 @@ static int parity_case(const char *name, int no_fuse, ParityStats *ps, char *err
     int rc = -1;
     XtcModule *m = NULL;
     snprintf(path, sizeof path, "%s/parity_%s_%d.so", tmpdir, name, no_fuse);
-    CgOptions opt = {.output = path, .opt_level = 2};
+    /* unfused, each module in three parts (compiled in parallel threads), whatever the machine
+     * has: the split is then taken by every model, not only where there are processors for it */
+    CgOptions opt = {.output = path, .opt_level = 2, .parts = no_fuse ? 3 : 0};
     if (cg_compile(h, &opt, NULL, err, n))
         goto done;
     if (xtc_module_load(path, &m)) {
@@ -269,6 +271,68 @@ static void plan_of(const IrGraph *g, Plan *pl, int views)
     cg_plan_free(&p);
 }
 
+/* The CPU backend compiles a large module as several LLVM modules in parallel threads
+ * (CgOptions.parts; by default one per processor, one per 12 kernels at most): the same kernels
+ * in other objects, so the same numbers, bit for bit, however it is split. */
+START_TEST(test_module_parts)
+{
+    make_tmpdir();
+    XtLowerOpts lo = {.train = 1};
+    IrGraph *g = lower_xtf(NULL, decoder_src, &lo, 1);
+    ck_assert_ptr_nonnull(g);
+    IrGraph *h = optimize(g, 0);
+    int64_t syms[8] = {0};
+    for (int i = 0; i < h->nsyms; i++)
+        syms[i] = strcmp(h->sym_name[i], "b") == 0 ? 2 : 37;
+    Binding bd;
+    bind_random(&bd, h, syms, NULL);
+    const int parts[] = {1, 2, 3, 8};
+    void *first[64] = {0};
+    size_t bytes[64] = {0};
+    ck_assert_int_le(h->noutputs, 64);
+    int nkernels = 0;
+    for (size_t pi = 0; pi < sizeof parts / sizeof parts[0]; pi++) {
+        char path[700], err[1024];
+        snprintf(path, sizeof path, "%s/parts_%d.so", tmpdir, parts[pi]);
+        CgOptions opt = {.output = path, .opt_level = 2, .parts = parts[pi]};
+        CgStats st = {0};
+        ck_assert_msg(cg_compile(h, &opt, &st, err, sizeof err) == 0, "%d parts: %s", parts[pi], err);
+        nkernels = st.nkernels;
+        ck_assert_int_eq(st.parts, parts[pi] < st.nkernels ? parts[pi] : st.nkernels);
+        XtcModule *m = NULL;
+        ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+        XtcSession *s = NULL;
+        ck_assert_int_eq(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s), XTC_OK);
+        bind_session(s, &bd, "parts");
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%d parts: %s", parts[pi], xtc_session_error(s));
+        for (int o = 0; o < h->noutputs; o++) {
+            XtcTensor t;
+            ck_assert_int_eq(xtc_session_get_output(s, h->outputs[o].name, &t), XTC_OK);
+            size_t n = xtc_dtype_size(t.dtype);
+            for (int d = 0; d < t.rank; d++)
+                n *= (size_t)t.shape[d];
+            if (pi == 0) {
+                first[o] = malloc(n ? n : 1);
+                memcpy(first[o], t.data, n);
+                bytes[o] = n;
+            } else {
+                ck_assert_msg(n == bytes[o] && memcmp(first[o], t.data, n) == 0,
+                              "output '%s' in %d parts differs from the one-part module's", h->outputs[o].name,
+                              parts[pi]);
+            }
+        }
+        xtc_session_free(s);
+        xtc_module_free(m);
+    }
+    ck_assert_int_gt(nkernels, 8); /* enough for eight parts to be eight */
+    for (int o = 0; o < h->noutputs; o++)
+        free(first[o]);
+    bind_free(&bd);
+    ir_graph_free(h);
+    ir_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_kernel_counts)
 {
     for (int train = 0; train <= 1; train++) {
@@ -395,6 +459,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_kernel_counts);
     tcase_add_test(tc, test_window_fuses);
     tcase_add_test(tc, test_arena_linear);
+    tcase_add_test(tc, test_module_parts);
     tcase_add_test(tc, test_parity_fused);
     tcase_add_test(tc, test_parity_unfused);
     suite_add_tcase(s, tc);
