@@ -2,6 +2,7 @@
 #ifndef XTC_CLI_H
 #define XTC_CLI_H
 
+#include "cli_opts.h"
 #include "ir.h"
 #include "safetensors.h"
 #include "xtc.h"
