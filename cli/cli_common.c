@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "codegen.h"
+#include "passes.h"
 
 const char *cli_flag_value(int argc, char **argv, int *i, const char *name)
 {
@@ -23,6 +25,35 @@ const char *cli_flag_value(int argc, char **argv, int *i, const char *name)
         return argv[++*i];
     }
     return NULL;
+}
+
+int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n)
+{
+    PassOptions *po = ptr;
+    if (pass_check_name(v, err, n) != 0)
+        return -1;
+    if (po->ndisable == CLI_MAX_DISABLE) {
+        snprintf(err, n, "at most %d passes can be disabled", CLI_MAX_DISABLE);
+        return -1;
+    }
+    ((const char **)po->disable)[po->ndisable++] = v;
+    return 0;
+}
+
+int cli_opt_mask(const char *v, void *ptr, char *err, size_t n)
+{
+    (void)v, (void)err, (void)n;
+    XtLowerOpts *lo = ptr;
+    lo->mask = lo->src_mask = lo->tgt_mask = lo->context_mask = 1;
+    return 0;
+}
+
+int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n)
+{
+    if (cg_dtype_parse(v, err, n) < 0)
+        return -1;
+    *(const char **)ptr = v;
+    return 0;
 }
 
 /* A compiled module or another binary file given where a .xtf source belongs: one line naming it,

@@ -165,6 +165,10 @@ static void unknown(const CliCmd *c, const char *a)
     }
     if (distance(a, n, "--help") < bd && distance(a, n, "--help") <= 2)
         bd = distance(a, n, "--help"), best = &help_opt;
+    if (a[1] == 'O' && find(c, "-O0", 3)) {
+        fprintf(stderr, "xtc %s: unknown option '%.*s' (the optimisation levels are -O0 .. -O3)\n", c->name, (int)n, a);
+        return;
+    }
     int near = best && (bd <= 2 || (size_t)bd * 3 <= n) && (size_t)bd < n;
     if (near)
         fprintf(stderr, "xtc %s: unknown option '%.*s' (did you mean '%s'?)\n", c->name, (int)n, a, best->name);
