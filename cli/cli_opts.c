@@ -141,11 +141,11 @@ static int number(const CliCmd *c, const CliOpt *o, const char *v)
     case CLI_U64: *(uint64_t *)o->ptr = (uint64_t)u; break;
     default: *(double *)o->ptr = x; break;
     }
-    if (o->kind == CLI_THREADS) {
+    if (o->kind == CLI_THREADS && !c->quiet) {
         int cpus = cli_cpus_available();
         if (s > cpus)
-            fprintf(stderr, "xtc %s: warning: %s %lld is more than the %d CPU%s this process may use; the run is "
-                    "slower than with %s %d\n", c->name, o->name, s, cpus, cpus == 1 ? "" : "s", o->name, cpus);
+            fprintf(stderr, "xtc %s: warning: %s %lld is more than the %d CPU%s this process may use (a run is "
+                    "slower than with %s %d)\n", c->name, o->name, s, cpus, cpus == 1 ? "" : "s", o->name, cpus);
     }
     return 0;
 }

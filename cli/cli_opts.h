@@ -44,6 +44,7 @@ typedef struct {
     const char **pos;     /* the positional arguments, in order */
     int maxpos;           /* how many the command takes */
     const char *pos_name; /* "model": "more than one model ('a' and 'b')" */
+    int quiet;            /* no warnings (argv parsed a second time, as xtc run does for a .so) */
 } CliCmd;
 
 #define CLI_NOPTS(a) ((int)(sizeof(a) / sizeof((a)[0])))

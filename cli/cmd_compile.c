@@ -179,19 +179,29 @@ int cli_compile(int argc, char **argv)
 
 int cli_info(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: xtc info model.so [--source]\n\n"
-               "Describes a compiled module: symbols, inputs, outputs, parameters (and their count),\n"
-               "compile options, kernels and schedule. --source prints the embedded .xtf source.\n");
-        return argc < 2 ? 2 : 0;
-    }
+    const char *path = NULL;
+    int source = 0;
+    const CliOpt opts[] = {
+        {"--source", CLI_FLAG, &source, NULL, .help = "print the embedded .xtf source instead"},
+    };
+    const CliCmd cmd = {
+        .name = "info", .usage = "model.so [--source]",
+        .about = "Describes a compiled module: symbols, inputs, outputs, parameters (and their count),\n"
+                 "compile options, kernels and schedule.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path)
+        return cli_usage_error(&cmd, "no module given");
     XtcModule *m = NULL;
-    if (xtc_module_load(argv[1], &m) != XTC_OK) {
+    if (xtc_module_load(path, &m) != XTC_OK) {
         fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
         xtc_module_free(m);
         return 1;
     }
-    if (argc > 2 && !strcmp(argv[2], "--source"))
+    if (source)
         fputs(xtc_module_source(m), stdout);
     else
         xtc_module_describe(m, stdout);
@@ -202,34 +212,23 @@ int cli_info(int argc, char **argv)
 /* xtc init model.so -o w.safetensors [--seed N]: x-transformers' initialisation by name */
 int cli_init(int argc, char **argv)
 {
-    const char *path = NULL, *out = NULL, *v;
-    unsigned long long seed = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: xtc init model.so -o weights.safetensors [--seed N]\n\n"
-                   "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
-                   "x-transformers' initialisation rules, reproducibly from the seed (default 0).\n");
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "-o"))) {
-            out = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            char *end;
-            seed = strtoull(v, &end, 10);
-            if (!*v || *end) {
-                fprintf(stderr, "xtc init: --seed needs a non-negative integer, got '%s'\n", v);
-                return 2;
-            }
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc init: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path || !out) {
-        fprintf(stderr, "usage: xtc init model.so -o weights.safetensors [--seed N]\n");
-        return 2;
-    }
+    const char *path = NULL, *out = NULL;
+    uint64_t seed = 0;
+    const CliOpt opts[] = {
+        {"-o", CLI_STR, &out, "PATH", .help = "the weights file to write (.safetensors)"},
+        {"--seed", CLI_U64, &seed, "N", .help = "the seed (default 0)"},
+    };
+    const CliCmd cmd = {
+        .name = "init", .usage = "model.so -o weights.safetensors [--seed N]",
+        .about = "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
+                 "x-transformers' initialisation rules, reproducibly from the seed.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !out)
+        return cli_usage_error(&cmd, !path ? "no module given" : "no output given (-o weights.safetensors)");
     XtcModule *m = NULL;
     if (xtc_module_load(path, &m) != XTC_OK) {
         fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
@@ -273,33 +272,30 @@ int cli_init(int argc, char **argv)
 /* xtc run model.so --weights W --input I --output O [--threads T] [--grads] [--check-finite] */
 int cli_run_module(int argc, char **argv)
 {
-    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *v;
+    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL;
     XtcRunOptions ro = {.threads = 1};
     int grads = 0, check_finite = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--grads"))
-            grads = 1;
-        else if (!strcmp(argv[i], "--check-finite"))
-            check_finite = 1;
-        else if ((v = cli_flag_value(argc, argv, &i, "--weights")))
-            wpath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--input")))
-            ipath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--output")))
-            opath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--threads")))
-            ro.threads = atoi(v);
-        else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc run: option '%s' does not apply to a compiled module\n", argv[i]);
-            return 2;
-        } else
-            path = argv[i];
-    }
-    if (!path || !wpath || !ipath || !opath || ro.threads < 1) {
-        fprintf(stderr, "usage: xtc run model.so --weights W --input I --output O [--threads T] [--grads] "
-                        "[--check-finite]\n");
-        return 2;
-    }
+    const CliOpt opts[] = { /* the options of cli_run's table that apply to a compiled module */
+        {"--weights", CLI_STR, &wpath, "W", .help = "the weights (.safetensors)"},
+        {"--input", CLI_STR, &ipath, "I", .help = "the inputs (.safetensors)"},
+        {"--output", CLI_STR, &opath, "O", .help = "the outputs to write (.safetensors)"},
+        {"--threads", CLI_THREADS, &ro.threads, "T", .help = "worker threads (default 1)"},
+        {"--grads", CLI_FLAG, &grads, .help = "also write loss and grad.<name> (a --train module)"},
+        {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in and out"},
+        {"--model", CLI_NOT_HERE, .help = "does not apply to a compiled module (it picks a model of a .xtf file; "
+         "xtc compile --model did)"},
+    };
+    const CliCmd cmd = {
+        .name = "run", .usage = "model.so --weights W --input I --output O [--threads T] [--grads] [--check-finite]",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
+        .quiet = 1, /* cli_run parsed (and warned) first */
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !wpath || !ipath || !opath)
+        return cli_usage_error(&cmd, !path ? "no model given" : !wpath ? "no --weights given" :
+                                     !ipath ? "no --input given" : "no --output given");
     char err[1024];
     if (grads) { /* a training module computes them; an inference module cannot */
         XtcModule *m = NULL;
