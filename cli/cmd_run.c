@@ -200,8 +200,9 @@ int cli_run(int argc, char **argv)
         return prc == 1 ? 0 : prc;
     if (!path)
         return cli_usage_error(&cmd, "no model given");
-    size_t plen = strlen(path);
-    if ((plen > 3 && !strcmp(path + plen - 3, ".so")) || cli_is_elf_file(path))
+    size_t plen = strlen(path); /* a module by its name, or by its first bytes unless named .xtf */
+    if ((plen > 3 && !strcmp(path + plen - 3, ".so")) ||
+        (!(plen > 4 && !strcmp(path + plen - 4, ".xtf")) && cli_is_elf_file(path)))
         return cli_run_module(argc, argv); /* a compiled module runs in the runtime */
     if (!wpath || !ipath || !opath)
         return cli_usage_error(&cmd, !wpath ? "no --weights given" : !ipath ? "no --input given" : "no --output given");
