@@ -48,7 +48,4 @@ int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n);
 int cli_opt_mask(const char *v, void *ptr, char *err, size_t n);
 int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n);
 
-/* Flag parsing: "--name=value" or "--name value". Returns the value or NULL. */
-const char *cli_flag_value(int argc, char **argv, int *i, const char *name);
-
 #endif

@@ -9,24 +9,6 @@
 #include "codegen.h"
 #include "passes.h"
 
-const char *cli_flag_value(int argc, char **argv, int *i, const char *name)
-{
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] == 0) {
-        if (*i + 1 >= argc) {
-            fprintf(stderr, "xtc: %s needs a value\n", name);
-            return "";
-        }
-        return argv[++*i];
-    }
-    return NULL;
-}
-
 int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n)
 {
     PassOptions *po = ptr;
