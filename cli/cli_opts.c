@@ -66,6 +66,26 @@ static int distance(const char *a, size_t na, const char *b)
     return row[nb];
 }
 
+const char *cli_nearest(const char *given, const char *const *names, int n)
+{
+    given += strspn(given, "-"); /* the dashes of options are no evidence */
+    size_t len = strlen(given);
+    const char *best = NULL;
+    int bd = 99, prefixes = 0;
+    for (int k = 0; len >= 2 && k < n; k++) /* an abbreviation of exactly one name */
+        if (!strncmp(names[k] + strspn(names[k], "-"), given, len))
+            prefixes++, best = names[k];
+    if (prefixes == 1)
+        return best;
+    best = NULL;
+    for (int k = 0; k < n; k++) {
+        int d = distance(given, len, names[k] + strspn(names[k], "-"));
+        if (d < bd)
+            bd = d, best = names[k];
+    }
+    return best && (bd <= 2 || (size_t)bd * 3 <= len) && (size_t)bd < len ? best : NULL;
+}
+
 static const CliOpt *find(const CliCmd *c, const char *name, size_t n)
 {
     for (int k = 0; k < c->nopts; k++)
@@ -152,28 +172,24 @@ static int number(const CliCmd *c, const CliOpt *o, const char *v)
 
 static void unknown(const CliCmd *c, const char *a)
 {
-    static const CliOpt help_opt = {.name = "--help", .kind = CLI_FLAG};
     size_t n = strcspn(a, "=");
-    const CliOpt *best = NULL;
-    int bd = 99;
-    for (int k = 0; k < c->nopts; k++) {
-        if (c->opts[k].kind == CLI_NOT_HERE)
-            continue;
-        int d = distance(a, n, c->opts[k].name);
-        if (d < bd)
-            bd = d, best = &c->opts[k];
-    }
-    if (distance(a, n, "--help") < bd && distance(a, n, "--help") <= 2)
-        bd = distance(a, n, "--help"), best = &help_opt;
     if (a[1] == 'O' && find(c, "-O0", 3)) {
         fprintf(stderr, "xtc %s: unknown option '%.*s' (the optimisation levels are -O0 .. -O3)\n", c->name, (int)n, a);
         return;
     }
-    int near = best && (bd <= 2 || (size_t)bd * 3 <= n) && (size_t)bd < n;
+    char given[128];
+    snprintf(given, sizeof given, "%.*s", (int)n, a);
+    const char *names[256];
+    int k = 0;
+    names[k++] = "--help";
+    for (int i = 0; i < c->nopts && k < 256; i++)
+        if (c->opts[i].kind != CLI_NOT_HERE)
+            names[k++] = c->opts[i].name;
+    const char *near = cli_nearest(given, names, k);
     if (near)
-        fprintf(stderr, "xtc %s: unknown option '%.*s' (did you mean '%s'?)\n", c->name, (int)n, a, best->name);
+        fprintf(stderr, "xtc %s: unknown option '%s' (did you mean '%s'?)\n", c->name, given, near);
     else
-        fprintf(stderr, "xtc %s: unknown option '%.*s' (xtc %s --help lists them)\n", c->name, (int)n, a, c->name);
+        fprintf(stderr, "xtc %s: unknown option '%s' (xtc %s --help lists them)\n", c->name, given, c->name);
 }
 
 int cli_parse(const CliCmd *c, int argc, char **argv)

@@ -79,6 +79,8 @@ PYEOF
     "$xtc" compile "$cl_xtf" -o "$tmp/cl_x.so" --trian
   refuse_t cli_unknown_so_not_apply "unknown option '--bogus'" "$xtc" "${cl_run[@]}" --bogus
   expect cli_unknown_so_not_apply_wording [ "$(grep -c "does not apply" "$tmp/out")" -eq 0 ]
+  refuse_t cli_unknown_command "unknown command 'complie' (did you mean 'compile'?)" "$xtc" complie
+  refuse_t cli_unknown_abbrev "unknown option '--temp' (did you mean '--temperature'?)" "$xtc" generate "$cl_so" --temp 1
   refuse_t cli_model_on_so "--model does not apply to a compiled module" "$xtc" "${cl_run[@]}" --model gpt
   refuse_t cli_missing_value "--weights needs a value" "$xtc" run "$cl_so" --input "$tmp/cl_in.safetensors" \
     --output "$tmp/cl_out.safetensors" --weights
