@@ -123,8 +123,8 @@ static int number(const CliCmd *c, const CliOpt *o, const char *v)
     double lo = o->lo, hi = o->hi, tmax;
     switch (o->kind) {
     case CLI_INT: tmax = 2147483647.0; break;
-    case CLI_LONG: tmax = 9007199254740992.0; break;
-    case CLI_I64: tmax = 9007199254740992.0; break;
+    case CLI_LONG:
+    case CLI_I64: tmax = 9223372036854775807.0; break; /* strtoll's ERANGE catches the rest */
     case CLI_U64: tmax = 18446744073709549568.0; break;
     case CLI_THREADS: lo = 1, hi = 1024, tmax = 1024; break;
     default: tmax = INFINITY; break;

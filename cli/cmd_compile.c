@@ -85,7 +85,7 @@ int cli_compile(int argc, char **argv)
         {"-O1", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 1},
         {"-O2", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 2},
         {"-O3", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 3},
-        {"--cpu", CLI_STR, &co.cpu, "NAME", .help = "an LLVM CPU name (default: this machine's)"},
+        {"--cpu", CLI_ANY_STR, &co.cpu, "NAME", .help = "an LLVM CPU name (default: this machine's)"},
         {"--train", CLI_FLAG, &lo.train, NULL, .help = "compute loss and grad.<param> (targets input; autodiff)"},
         {"--mask", CLI_FN, &lo, NULL, .help = "add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)",
          .fn = cli_opt_mask},
