@@ -2,6 +2,7 @@
 #ifndef XTC_CLI_H
 #define XTC_CLI_H
 
+#include "cli_opts.h"
 #include "ir.h"
 #include "safetensors.h"
 #include "xtc.h"
@@ -39,7 +40,12 @@ int cli_check_finite_outputs(const IrGraph *g, const IrHostTensor *outs);
  * run wrote). */
 int cli_check_finite_module_file(const XtcModule *m, const char *path, const char *what);
 
-/* Flag parsing: "--name=value" or "--name value". Returns the value or NULL. */
-const char *cli_flag_value(int argc, char **argv, int *i, const char *name);
+/* Callbacks (CLI_FN) of options several commands share. --disable-pass=NAME: ptr is a
+ * PassOptions whose disable array holds CLI_MAX_DISABLE names; --mask: ptr is an XtLowerOpts
+ * (every padding-mask input); --dtype: ptr is a const char * (f32, bf16 or fp16). */
+#define CLI_MAX_DISABLE 64
+int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n);
+int cli_opt_mask(const char *v, void *ptr, char *err, size_t n);
+int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n);
 
 #endif

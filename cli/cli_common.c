@@ -1,29 +1,78 @@
-/* cli_common.c: helpers shared by the subcommands: flag parsing, loading and lowering .xtf. */
+/* cli_common.c: helpers shared by the subcommands: loading and lowering .xtf, `xtc check`. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
+#include "codegen.h"
+#include "passes.h"
 
-const char *cli_flag_value(int argc, char **argv, int *i, const char *name)
+int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n)
 {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] == 0) {
-        if (*i + 1 >= argc) {
-            fprintf(stderr, "xtc: %s needs a value\n", name);
-            return "";
-        }
-        return argv[++*i];
+    PassOptions *po = ptr;
+    if (pass_check_name(v, err, n) != 0)
+        return -1;
+    if (po->ndisable == CLI_MAX_DISABLE) {
+        snprintf(err, n, "at most %d passes can be disabled", CLI_MAX_DISABLE);
+        return -1;
     }
-    return NULL;
+    ((const char **)po->disable)[po->ndisable++] = v;
+    return 0;
+}
+
+int cli_opt_mask(const char *v, void *ptr, char *err, size_t n)
+{
+    (void)v, (void)err, (void)n;
+    XtLowerOpts *lo = ptr;
+    lo->mask = lo->src_mask = lo->tgt_mask = lo->context_mask = 1;
+    return 0;
+}
+
+int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n)
+{
+    if (cg_dtype_parse(v, err, n) < 0)
+        return -1;
+    *(const char **)ptr = v;
+    return 0;
+}
+
+/* A compiled module or another binary file given where a .xtf source belongs: one line naming it,
+ * before the parser quotes its bytes as source lines. Only regular files are looked at (reading
+ * a FIFO or a terminal would take what the parser is to read). Returns -1 after printing. */
+static int check_text(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    unsigned char b[4096];
+    ssize_t n = read(fd, b, sizeof b);
+    close(fd);
+    if (n >= 4 && !memcmp(b, "\177ELF", 4)) {
+        fprintf(stderr, "xtc: %s is a compiled module, not a .xtf source (use xtc run/info)\n", path);
+        return -1;
+    }
+    int controls = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        int c = b[i];
+        if (c == 0 || (c < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f' && c != '\v') || c == 0x7f)
+            if (c == 0 || ++controls >= 8) {
+                fprintf(stderr, "xtc: %s is not a text file (byte 0x%02x at offset %zd); a .xtf source is text\n",
+                        path, c, i);
+                return -1;
+            }
+    }
+    return 0;
 }
 
 XtfFile *cli_load_xtf(const char *path)
 {
+    if (check_text(path) != 0)
+        return NULL;
     XtfDiag d;
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse_file(path, &d);
@@ -66,16 +115,22 @@ IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt)
 
 int cli_check(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help")) {
-        printf("usage: xtc check model.xtf\n\n"
-               "Parses and checks the file against the option table, printing every error\n"
-               "(file:line:col, the line and a caret). Exit status 0 when the file is valid.\n");
-        return argc < 2 ? 2 : 0;
-    }
-    XtfFile *f = cli_load_xtf(argv[1]);
+    const char *path = NULL;
+    const CliCmd cmd = {
+        .name = "check", .usage = "model.xtf",
+        .about = "Parses and checks the file against the option table, printing every error\n"
+                 "(file:line:col, the line and a caret). Exit status 0 when the file is valid.\n",
+        .pos = &path, .maxpos = 1, .pos_name = "file",
+    };
+    int rc = cli_parse(&cmd, argc, argv);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if (!path)
+        return cli_usage_error(&cmd, "no file given");
+    XtfFile *f = cli_load_xtf(path);
     if (!f)
         return 1;
-    printf("%s: ok, %d model%s\n", argv[1], f->nstmts, f->nstmts == 1 ? "" : "s");
+    printf("%s: ok, %d model%s\n", path, f->nstmts, f->nstmts == 1 ? "" : "s");
     xtf_free(f);
     return 0;
 }

@@ -89,44 +89,29 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void usage(void)
+static int opt_target(const char *v, void *ptr, char *err, size_t n)
 {
-    printf("usage: xtc bench model.xtf --batch B --seq N [options]\n\n"
-           "Compiles the model fused (every pass) and unfused (--no-fuse), runs both on the same\n"
-           "seeded weights and inputs, and prints per-kernel medians, the total's median and\n"
-           "spread, the activation memory (arena) and the speed-up.\n"
-           "  --batch B, --seq N   sizes (every sequence-like symbol gets N)\n"
-           "  --target T           cpu (default), cuda (a GPU, kernels timed with CUDA events) or\n"
-           "                       cuda-emu (the CUDA path emulated on the CPU: not GPU figures)\n"
-           "  --dtype D            cuda, cuda-emu: storage on the device, f32 (default), bf16 or fp16\n"
-           "                       (as xtc compile --dtype; the device arena is planned at that size)\n"
-           "  --train              time the training step (loss and every grad.<param>)\n"
-           "  --mask               add the padding-mask inputs (all true)\n"
-           "  --threads T          worker threads (default 1): the cpu target's kernels; cuda and\n"
-           "                       cuda-emu: the host's share of a run (16-bit outputs widened to f32)\n"
-           "  --repeat R           timed runs per variant (default 5); --warmup W (default 1)\n"
-           "  --top K              kernels listed per variant (default 12)\n"
-           "  --max-gib G          do not run a variant whose arena (for cuda: the device arena)\n"
-           "                       would exceed G GiB (default 8);\n"
-           "                       its planned size is still reported\n"
-           "  --model NAME         which model of the file (default: the last)\n"
-           "  -O0 .. -O3           optimisation level (default -O2)\n"
-           "  --json               one JSON object on stdout instead of tables\n");
-}
-
-static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || errno || x < lo) {
-        fprintf(stderr, "xtc bench: %s needs an integer >= %lld, got '%s'\n", flag, (long long)lo, v);
+    if (!target_info(v) || !cg_backend_find(v)) {
+        snprintf(err, n, "unknown target '%s' (cpu, cuda, cuda-emu)", v);
         return -1;
     }
-    *out = x;
+    *(const char **)ptr = v;
     return 0;
 }
 
+static int opt_max_gib(const char *v, void *ptr, char *err, size_t n)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x > 0) || !isfinite(x)) {
+        snprintf(err, n, "expected a positive number, got '%s'", v);
+        return -1;
+    }
+    *(double *)ptr = x;
+    return 0;
+}
+
+/* 0 to run, 1 after --help, -1 after an error */
 static int parse_args(int argc, char **argv, BenchOpts *o)
 {
     memset(o, 0, sizeof *o);
@@ -137,84 +122,47 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
     o->max_gib = 8;
     o->opt_level = 2;
     o->target = "cpu";
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        int64_t x;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 1;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--batch"))) {
-            if (parse_i64("--batch", v, 1, &o->batch))
-                return -1;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seq"))) {
-            if (parse_i64("--seq", v, 1, &o->seq))
-                return -1;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
-            if (parse_i64("--threads", v, 1, &x) || x > 1024)
-                return -1;
-            o->threads = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--repeat"))) {
-            if (parse_i64("--repeat", v, 1, &x) || x > 100000)
-                return -1;
-            o->repeat = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
-            if (parse_i64("--warmup", v, 0, &x) || x > 100000)
-                return -1;
-            o->warmup = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--top"))) {
-            if (parse_i64("--top", v, 0, &x) || x > 100000)
-                return -1;
-            o->top = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--max-gib"))) {
-            char *end;
-            o->max_gib = strtod(v, &end);
-            if (!*v || *end || !(o->max_gib > 0)) {
-                fprintf(stderr, "xtc bench: --max-gib needs a positive number, got '%s'\n", v);
-                return -1;
-            }
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dtype"))) {
-            char err[256];
-            if (cg_dtype_parse(v, err, sizeof err) < 0) {
-                fprintf(stderr, "xtc bench: --dtype: %s\n", err);
-                return -1;
-            }
-            o->dtype = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            o->model = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
-            if (!target_info(v) || !cg_backend_find(v)) {
-                fprintf(stderr, "xtc bench: unknown target '%s' (cpu, cuda, cuda-emu)\n", v);
-                return -1;
-            }
-            o->target = v;
-        } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
-            o->opt_level = argv[i][2] - '0';
-        } else if (!strcmp(argv[i], "--train")) {
-            o->train = 1;
-        } else if (!strcmp(argv[i], "--mask")) {
-            o->mask = 1;
-        } else if (!strcmp(argv[i], "--json")) {
-            o->json = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc bench: unknown option '%s'\n", argv[i]);
-            return -1;
-        } else if (!o->path) {
-            o->path = argv[i];
-        } else {
-            fprintf(stderr, "xtc bench: more than one model file\n");
-            return -1;
-        }
-    }
+    const CliOpt opts[] = {
+        {"--batch", CLI_I64, &o->batch, "B", .help = "sequences (required)", .lo = 1},
+        {"--seq", CLI_I64, &o->seq, "N", .help = "sequence length (required): every sequence-like symbol gets N", .lo = 1},
+        {"--target", CLI_FN, &o->target, "T", .help = "cpu (default), cuda (a GPU, kernels timed with CUDA events) or\n"
+         "cuda-emu (the CUDA path emulated on the CPU: not GPU figures)", .fn = opt_target},
+        {"--dtype", CLI_FN, &o->dtype, "D", .help = "cuda, cuda-emu: storage on the device, f32 (default), bf16 or fp16\n"
+         "(as xtc compile --dtype; the device arena is planned at that size)", .fn = cli_opt_dtype},
+        {"--train", CLI_FLAG, &o->train, .help = "time the training step (loss and every grad.<param>)"},
+        {"--mask", CLI_FLAG, &o->mask, .help = "add the padding-mask inputs (all true)"},
+        {"--threads", CLI_THREADS, &o->threads, "T", .help = "worker threads (default 1): the cpu target's kernels; cuda and\n"
+         "cuda-emu: the host's share of a run (16-bit outputs widened to f32)"},
+        {"--repeat", CLI_INT, &o->repeat, "R", .help = "timed runs per variant (default 5)", .lo = 1, .hi = 100000},
+        {"--warmup", CLI_INT, &o->warmup, "W", .help = "untimed runs before them (default 1)", .lo = 0, .hi = 100000},
+        {"--top", CLI_INT, &o->top, "K", .help = "kernels listed per variant (default 12)", .lo = 0, .hi = 100000},
+        {"--max-gib", CLI_FN, &o->max_gib, "G", .help = "do not run a variant whose arena (for cuda: the device arena)\n"
+         "would exceed G GiB (default 8); its planned size is still reported", .fn = opt_max_gib},
+        {"--model", CLI_STR, &o->model, "NAME", .help = "which model of the file (default: the last)"},
+        {"-O0", CLI_LEVEL, &o->opt_level, ".. -O3", .help = "optimisation level (default -O2)", .set = 0},
+        {"-O1", CLI_LEVEL, &o->opt_level, .set = 1},
+        {"-O2", CLI_LEVEL, &o->opt_level, .set = 2},
+        {"-O3", CLI_LEVEL, &o->opt_level, .set = 3},
+        {"--json", CLI_FLAG, &o->json, .help = "one JSON object on stdout instead of tables"},
+    };
+    const CliCmd cmd = {
+        .name = "bench", .usage = "model.xtf --batch B --seq N [options]",
+        .about = "Compiles the model fused (every pass) and unfused (--no-fuse), runs both on the same\n"
+                 "seeded weights and inputs, and prints per-kernel medians, the total's median and\n"
+                 "spread, the activation memory (arena) and the speed-up.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &o->path, .maxpos = 1, .pos_name = "model file",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 1 : -1;
+    if (!o->path || !o->batch || !o->seq)
+        return cli_usage_error(&cmd, !o->path ? "no model file given" : !o->batch ? "no --batch given" : "no --seq given"),
+               -1;
     const CgBackend *be = cg_backend_find(o->target);
     char err[256];
     if (o->dtype && cg_dtype_parse(o->dtype, err, sizeof err) > 0 && !(be->caps & CG_CAP_HALF)) {
         fprintf(stderr, "xtc bench: --dtype %s: the %s backend stores in f32 only (use --target cuda or cuda-emu)\n",
                 o->dtype, be->name);
-        return -1;
-    }
-    if (!o->path || !o->batch || !o->seq) {
-        fprintf(stderr, "usage: xtc bench model.xtf --batch B --seq N [--target T] [--train] [--threads T] [--repeat R] "
-                        "[--json]\n");
         return -1;
     }
     return 0;

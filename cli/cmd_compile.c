@@ -43,36 +43,27 @@ static char *read_text(const char *path)
     return buf;
 }
 
-static void compile_usage(void)
+static int opt_cuda_arch(const char *v, void *ptr, char *err, size_t n)
 {
-    printf("usage: xtc compile model.xtf -o model.so [options]\n\n"
-           "Compiles a model to a shared library that the runtime (include/xtc.h) loads.\n"
-           "  -o PATH              the module to write\n"
-           "  --model NAME         which model of the file (default: the last one)\n"
-           "  --target cpu         the backend: cpu (native code through LLVM), cuda (CUDA C compiled by\n"
-           "                       NVRTC, run on an NVIDIA GPU), cuda-emu (the same CUDA C emulated on the CPU)\n"
-           "  --dtype f32          cuda, cuda-emu: how floating-point tensors are stored on the device:\n"
-           "                       f32, bf16 or fp16 (16-bit storage, computed and accumulated in f32)\n"
-           "  --cuda-arch=sm_80    cuda: the GPU architecture of the PTX (sm_80 default, sm_90, ...)\n"
-           "  --emit-cuda=PATH     cuda, cuda-emu: also write the generated CUDA C\n"
-           "  -O0 .. -O3           optimisation level (default -O2)\n"
-           "  --cpu=NAME           an LLVM CPU name (default: this machine's)\n"
-           "  --train              compute loss and grad.<param> (targets input; autodiff)\n"
-           "  --mask               add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n"
-           "  --kv-cache           the incremental-decoding form (cache.<l>.k/.v in and out)\n"
-           "  --no-fuse            skip every fusion pass\n"
-           "  --disable-pass=NAME  skip one pass (repeatable; xtc ir --list-passes)\n"
-           "  --emit-llvm=PATH     also write the optimised LLVM IR as text\n"
-           "  --mma=bf16|fp16|off  cuda, cuda-emu: matmuls on tensor cores, operands in bf16 or fp16, sums in\n"
-           "                       f32 (needs sm_80). Default: that of --dtype bf16/fp16 (off below sm_80),\n"
-           "                       off with f32; --mma of the other 16-bit format than --dtype is refused\n"
-           "  -v                   print the compile statistics\n");
+    if (cg_cuda_arch_number(v, err, n) < 0)
+        return -1;
+    *(const char **)ptr = v;
+    return 0;
+}
+
+static int opt_mma(const char *v, void *ptr, char *err, size_t n)
+{
+    if ((*(int *)ptr = cg_mma_parse(v)) < 0) {
+        snprintf(err, n, "expected bf16, fp16 or off, got '%s'", v);
+        return -1;
+    }
+    return 0;
 }
 
 int cli_compile(int argc, char **argv)
 {
-    const char *path = NULL, *out = NULL, *model = NULL, *v;
-    const char *disabled[64];
+    const char *path = NULL, *out = NULL, *model = NULL;
+    const char *disabled[CLI_MAX_DISABLE];
     char err[1024];
     XtLowerOpts lo = {0};
     PassOptions po = {0};
@@ -80,71 +71,44 @@ int cli_compile(int argc, char **argv)
     CgOptions co = {0};
     co.opt_level = 2;
     int verbose = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            compile_usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "-o"))) {
-            out = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            model = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--target"))) {
-            co.target = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cpu"))) {
-            co.cpu = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--emit-llvm"))) {
-            co.emit_llvm = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--emit-cuda"))) {
-            co.emit_cuda = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--cuda-arch"))) {
-            if (cg_cuda_arch_number(v, err, sizeof err) < 0) {
-                fprintf(stderr, "xtc compile: --cuda-arch: %s\n", err);
-                return 2;
-            }
-            co.cuda_arch = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--dtype"))) {
-            if (cg_dtype_parse(v, err, sizeof err) < 0) {
-                fprintf(stderr, "xtc compile: --dtype: %s\n", err);
-                return 2;
-            }
-            co.dtype = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--mma"))) {
-            if ((co.mma = cg_mma_parse(v)) < 0) {
-                fprintf(stderr, "xtc compile: --mma=%s: expected bf16, fp16 or off\n", v);
-                return 2;
-            }
-        } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
-            co.opt_level = argv[i][2] - '0';
-        } else if (!strcmp(argv[i], "--train")) {
-            lo.train = 1;
-        } else if (!strcmp(argv[i], "--mask")) {
-            lo.mask = lo.src_mask = lo.tgt_mask = lo.context_mask = 1;
-        } else if (!strcmp(argv[i], "--kv-cache")) {
-            lo.kv_cache = 1;
-        } else if (!strcmp(argv[i], "--no-fuse")) {
-            po.no_fuse = 1;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
-            if (pass_check_name(v, err, sizeof err) || po.ndisable == 64) {
-                fprintf(stderr, "xtc compile: %s\n", po.ndisable == 64 ? "too many --disable-pass" : err);
-                return 2;
-            }
-            disabled[po.ndisable++] = v;
-        } else if (!strcmp(argv[i], "-v")) {
-            verbose = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc compile: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "xtc compile: more than one input file\n");
-            return 2;
-        }
-    }
-    if (!path || !out) {
-        compile_usage();
-        return 2;
-    }
+    const CliOpt opts[] = {
+        {"-o", CLI_STR, &out, "PATH", .help = "the module to write"},
+        {"--model", CLI_STR, &model, "NAME", .help = "which model of the file (default: the last one)"},
+        {"--target", CLI_STR, &co.target, "T", .help = "the backend: cpu (native code through LLVM, the default), cuda (CUDA C\n"
+         "compiled by NVRTC, run on an NVIDIA GPU), cuda-emu (the same CUDA C emulated\non the CPU)"},
+        {"--dtype", CLI_FN, &co.dtype, "D", .help = "cuda, cuda-emu: how floating-point tensors are stored on the device:\n"
+         "f32 (default), bf16 or fp16 (16-bit storage, computed and accumulated in f32)", .fn = cli_opt_dtype},
+        {"--cuda-arch", CLI_FN, &co.cuda_arch, "ARCH", .help = "cuda: the GPU architecture of the PTX (sm_80 default, sm_90, ...)",
+         .fn = opt_cuda_arch},
+        {"--emit-cuda", CLI_STR, &co.emit_cuda, "PATH", .help = "cuda, cuda-emu: also write the generated CUDA C"},
+        {"-O0", CLI_LEVEL, &co.opt_level, ".. -O3", .help = "optimisation level (default -O2)", .set = 0},
+        {"-O1", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 1},
+        {"-O2", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 2},
+        {"-O3", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 3},
+        {"--cpu", CLI_ANY_STR, &co.cpu, "NAME", .help = "an LLVM CPU name (default: this machine's)"},
+        {"--train", CLI_FLAG, &lo.train, NULL, .help = "compute loss and grad.<param> (targets input; autodiff)"},
+        {"--mask", CLI_FN, &lo, NULL, .help = "add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)",
+         .fn = cli_opt_mask},
+        {"--kv-cache", CLI_FLAG, &lo.kv_cache, NULL, .help = "the incremental-decoding form (cache.<l>.k/.v in and out)"},
+        {"--no-fuse", CLI_FLAG, &po.no_fuse, NULL, .help = "skip every fusion pass"},
+        {"--disable-pass", CLI_FN, &po, "NAME", .help = "skip one pass (repeatable; xtc ir --list-passes)",
+         .fn = cli_opt_disable_pass},
+        {"--emit-llvm", CLI_STR, &co.emit_llvm, "PATH", .help = "also write the optimised LLVM IR as text"},
+        {"--mma", CLI_FN, &co.mma, "M", .help = "cuda, cuda-emu: matmuls on tensor cores, bf16, fp16 or off: operands in\n"
+         "bf16 or fp16, sums in f32 (needs sm_80). Default: that of --dtype bf16/fp16\n(off below sm_80), off with f32; "
+         "--mma of the other 16-bit format than\n--dtype is refused", .fn = opt_mma},
+        {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
+    };
+    const CliCmd cmd = {
+        .name = "compile", .usage = "model.xtf -o model.so [options]",
+        .about = "Compiles a model to a shared library that the runtime (include/xtc.h) loads.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "input file",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !out)
+        return cli_usage_error(&cmd, !path ? "no model file given" : "no output given (-o model.so)");
     const CgBackend *be = cg_backend_find(co.target ? co.target : "cpu");
     if (!be) {
         fprintf(stderr, "xtc compile: unknown target '%s'\n", co.target);
@@ -215,19 +179,29 @@ int cli_compile(int argc, char **argv)
 
 int cli_info(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: xtc info model.so [--source]\n\n"
-               "Describes a compiled module: symbols, inputs, outputs, parameters (and their count),\n"
-               "compile options, kernels and schedule. --source prints the embedded .xtf source.\n");
-        return argc < 2 ? 2 : 0;
-    }
+    const char *path = NULL;
+    int source = 0;
+    const CliOpt opts[] = {
+        {"--source", CLI_FLAG, &source, NULL, .help = "print the embedded .xtf source instead"},
+    };
+    const CliCmd cmd = {
+        .name = "info", .usage = "model.so [--source]",
+        .about = "Describes a compiled module: symbols, inputs, outputs, parameters (and their count),\n"
+                 "compile options, kernels and schedule.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path)
+        return cli_usage_error(&cmd, "no module given");
     XtcModule *m = NULL;
-    if (xtc_module_load(argv[1], &m) != XTC_OK) {
+    if (xtc_module_load(path, &m) != XTC_OK) {
         fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
         xtc_module_free(m);
         return 1;
     }
-    if (argc > 2 && !strcmp(argv[2], "--source"))
+    if (source)
         fputs(xtc_module_source(m), stdout);
     else
         xtc_module_describe(m, stdout);
@@ -238,34 +212,23 @@ int cli_info(int argc, char **argv)
 /* xtc init model.so -o w.safetensors [--seed N]: x-transformers' initialisation by name */
 int cli_init(int argc, char **argv)
 {
-    const char *path = NULL, *out = NULL, *v;
-    unsigned long long seed = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: xtc init model.so -o weights.safetensors [--seed N]\n\n"
-                   "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
-                   "x-transformers' initialisation rules, reproducibly from the seed (default 0).\n");
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "-o"))) {
-            out = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            char *end;
-            seed = strtoull(v, &end, 10);
-            if (!*v || *end) {
-                fprintf(stderr, "xtc init: --seed needs a non-negative integer, got '%s'\n", v);
-                return 2;
-            }
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc init: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else {
-            path = argv[i];
-        }
-    }
-    if (!path || !out) {
-        fprintf(stderr, "usage: xtc init model.so -o weights.safetensors [--seed N]\n");
-        return 2;
-    }
+    const char *path = NULL, *out = NULL;
+    uint64_t seed = 0;
+    const CliOpt opts[] = {
+        {"-o", CLI_STR, &out, "PATH", .help = "the weights file to write (.safetensors)"},
+        {"--seed", CLI_U64, &seed, "N", .help = "the seed (default 0)"},
+    };
+    const CliCmd cmd = {
+        .name = "init", .usage = "model.so -o weights.safetensors [--seed N]",
+        .about = "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
+                 "x-transformers' initialisation rules, reproducibly from the seed.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !out)
+        return cli_usage_error(&cmd, !path ? "no module given" : "no output given (-o weights.safetensors)");
     XtcModule *m = NULL;
     if (xtc_module_load(path, &m) != XTC_OK) {
         fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
@@ -309,33 +272,30 @@ int cli_init(int argc, char **argv)
 /* xtc run model.so --weights W --input I --output O [--threads T] [--grads] [--check-finite] */
 int cli_run_module(int argc, char **argv)
 {
-    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *v;
+    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL;
     XtcRunOptions ro = {.threads = 1};
     int grads = 0, check_finite = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--grads"))
-            grads = 1;
-        else if (!strcmp(argv[i], "--check-finite"))
-            check_finite = 1;
-        else if ((v = cli_flag_value(argc, argv, &i, "--weights")))
-            wpath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--input")))
-            ipath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--output")))
-            opath = v;
-        else if ((v = cli_flag_value(argc, argv, &i, "--threads")))
-            ro.threads = atoi(v);
-        else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc run: option '%s' does not apply to a compiled module\n", argv[i]);
-            return 2;
-        } else
-            path = argv[i];
-    }
-    if (!path || !wpath || !ipath || !opath || ro.threads < 1) {
-        fprintf(stderr, "usage: xtc run model.so --weights W --input I --output O [--threads T] [--grads] "
-                        "[--check-finite]\n");
-        return 2;
-    }
+    const CliOpt opts[] = { /* the options of cli_run's table that apply to a compiled module */
+        {"--weights", CLI_STR, &wpath, "W", .help = "the weights (.safetensors)"},
+        {"--input", CLI_STR, &ipath, "I", .help = "the inputs (.safetensors)"},
+        {"--output", CLI_STR, &opath, "O", .help = "the outputs to write (.safetensors)"},
+        {"--threads", CLI_THREADS, &ro.threads, "T", .help = "worker threads (default 1)"},
+        {"--grads", CLI_FLAG, &grads, .help = "also write loss and grad.<name> (a --train module)"},
+        {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in and out"},
+        {"--model", CLI_NOT_HERE, .help = "does not apply to a compiled module (it picks a model of a .xtf file; "
+         "xtc compile --model did)"},
+    };
+    const CliCmd cmd = {
+        .name = "run", .usage = "model.so --weights W --input I --output O [--threads T] [--grads] [--check-finite]",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
+        .quiet = 1, /* cli_run parsed (and warned) first */
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !wpath || !ipath || !opath)
+        return cli_usage_error(&cmd, !path ? "no model given" : !wpath ? "no --weights given" :
+                                     !ipath ? "no --input given" : "no --output given");
     char err[1024];
     if (grads) { /* a training module computes them; an inference module cannot */
         XtcModule *m = NULL;

@@ -71,28 +71,24 @@ static void top5(const float *row, int64_t V, int *best)
 int cli_demo(int argc, char **argv)
 {
     const char *prompt = "The quick brown fox";
-    unsigned long seed = 1;
+    uint64_t seed = 1;
     int threads = 2;
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: xtc demo [--prompt TEXT] [--seed N] [--threads T]\n\n"
-                   "Compiles the bundled GPT (models/gpt.xtf: 12 layers, dim 512, 20000 tokens) to a\n"
-                   "native module, loads it through the runtime with seeded weights, runs the prompt\n"
-                   "(bytes as token ids), prints the most likely next tokens and checks the logits\n"
-                   "against the reference interpreter.\n");
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--prompt"))) {
-            prompt = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            seed = strtoul(v, NULL, 10);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
-            threads = atoi(v);
-        } else {
-            fprintf(stderr, "xtc demo: unknown option '%s'\n", argv[i]);
-            return 2;
-        }
-    }
+    const CliOpt opts[] = {
+        {"--prompt", CLI_ANY_STR, &prompt, "TEXT", .help = "the prompt, bytes as token ids (\"The quick brown fox\")"},
+        {"--seed", CLI_U64, &seed, "N", .help = "the weights' seed (1)"},
+        {"--threads", CLI_THREADS, &threads, "T", .help = "worker threads (2)"},
+    };
+    const CliCmd cmd = {
+        .name = "demo", .usage = "--inference [--prompt TEXT] [--seed N] [--threads T]",
+        .about = "Compiles the bundled GPT (models/gpt.xtf: 12 layers, dim 512, 20000 tokens) to a\n"
+                 "native module, loads it through the runtime with seeded weights, runs the prompt\n"
+                 "(bytes as token ids), prints the most likely next tokens and checks the logits\n"
+                 "against the reference interpreter.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts),
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
     size_t len = strlen(prompt);
     if (len == 0 || threads < 1) {
         fprintf(stderr, "xtc demo: %s\n", len ? "--threads must be at least 1" : "empty prompt");

@@ -348,99 +348,39 @@ done:
 
 /* ---- the command ---- */
 
-static void usage(void)
-{
-    printf("usage: xtc generate model.xtf|model.so --weights CKPT --prompt TEXT --tokens N [options]\n\n"
-           "Samples bytes from a language model (a TransformerWrapper around a Decoder, num_tokens >=\n"
-           "256) trained by xtc train, continuing the prompt. The model is compiled in its KV-cache\n"
-           "form, so each new token costs time linear in the context (a .so compiled with --kv-cache is\n"
-           "used as is; another is recompiled from its embedded source).\n\n"
-           "  --weights CKPT     a checkpoint of xtc train or any weights file of the model\n"
-           "  --prompt TEXT      the beginning of the text (default: a newline)\n"
-           "  --tokens N         bytes to generate (200)\n"
-           "  --temperature T    0 = greedy (0.8)\n"
-           "  --top-k K          sample among the K most likely (40; 0 = all)\n"
-           "  --seed S           the sampler's seed (0)\n"
-           "  --threads T        worker threads (1 for models under 4M parameters, whose\n"
-           "                     steps are too small to split; else the number of CPUs)\n"
-           "  --model NAME       which model of the .xtf file (the last)\n"
-           "  --no-cache         recompute the whole context for every token (the reference)\n"
-           "  --ids              print the generated token ids instead of the text\n"
-           "  --quiet            no statistics line on stderr\n"
-           "  --profile          time per kernel of the one-token calls, on stderr\n");
-}
-
-/* A number flag in [lo, hi] (integral when integral is set); 0, or -1 after printing. */
-static int number(const char *flag, const char *v, double lo, double hi, int integral, double *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (!*v || *end || errno || !(x >= lo && x <= hi) || (integral && x != floor(x))) {
-        fprintf(stderr, "xtc generate: %s needs %s in [%g, %g], got '%s'\n", flag,
-                integral ? "an integer" : "a number", lo, hi, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
 int cli_generate(int argc, char **argv)
 {
     CliGenOpts o;
     cli_generate_defaults(&o);
-    const char *path = NULL, *model = NULL, *v;
-    for (int i = 1; i < argc; i++) {
-        double x = 0;
-        int bad = 0;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--weights"))) {
-            o.weights = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--prompt"))) {
-            o.prompt = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--tokens"))) {
-            bad = number("--tokens", v, 0, 1e8, 1, &x);
-            o.tokens = (int64_t)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--temperature"))) {
-            bad = number("--temperature", v, 0, 1e6, 0, &o.temperature);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--top-k"))) {
-            bad = number("--top-k", v, 0, 1e9, 1, &x);
-            o.top_k = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            bad = number("--seed", v, 0, 9007199254740992.0, 1, &x);
-            o.seed = (uint64_t)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
-            bad = number("--threads", v, 1, 1024, 1, &x);
-            o.threads = (int)x;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            model = v;
-        } else if (!strcmp(argv[i], "--no-cache")) {
-            o.no_cache = 1;
-        } else if (!strcmp(argv[i], "--ids")) {
-            o.ids = 1;
-        } else if (!strcmp(argv[i], "--quiet")) {
-            o.quiet = 1;
-        } else if (!strcmp(argv[i], "--profile")) {
-            o.profile = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc generate: unknown option '%s' (xtc generate --help)\n", argv[i]);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "xtc generate: more than one model\n");
-            return 2;
-        }
-        if (bad)
-            return 2;
-    }
-    if (!path || !o.weights) {
-        fprintf(stderr, "usage: xtc generate model.xtf|model.so --weights CKPT --prompt TEXT --tokens N "
-                        "(xtc generate --help)\n");
-        return 2;
-    }
+    const char *path = NULL, *model = NULL;
+    const CliOpt opts[] = {
+        {"--weights", CLI_STR, &o.weights, "CKPT", .help = "a checkpoint of xtc train or any weights file of the model"},
+        {"--prompt", CLI_ANY_STR, &o.prompt, "TEXT", .help = "the beginning of the text (default: a newline)"},
+        {"--tokens", CLI_I64, &o.tokens, "N", .help = "bytes to generate (200)", .lo = 0, .hi = 1e8},
+        {"--temperature", CLI_DOUBLE, &o.temperature, "T", .help = "0 = greedy (0.8)", .lo = 0, .hi = 1e6},
+        {"--top-k", CLI_INT, &o.top_k, "K", .help = "sample among the K most likely (40; 0 = all)", .lo = 0, .hi = 1e9},
+        {"--seed", CLI_U64, &o.seed, "S", .help = "the sampler's seed (0)"},
+        {"--threads", CLI_THREADS, &o.threads, "T", .help = "worker threads (1 for models under 4M parameters, whose\n"
+         "steps are too small to split; else the number of CPUs)"},
+        {"--model", CLI_STR, &model, "NAME", .help = "which model of the .xtf file (the last)"},
+        {"--no-cache", CLI_FLAG, &o.no_cache, .help = "recompute the whole context for every token (the reference)"},
+        {"--ids", CLI_FLAG, &o.ids, .help = "print the generated token ids instead of the text"},
+        {"--quiet", CLI_FLAG, &o.quiet, .help = "no statistics line on stderr"},
+        {"--profile", CLI_FLAG, &o.profile, .help = "time per kernel of the one-token calls, on stderr"},
+    };
+    const CliCmd cmd = {
+        .name = "generate", .usage = "model.xtf|model.so --weights CKPT --prompt TEXT --tokens N [options]",
+        .about = "Samples bytes from a language model (a TransformerWrapper around a Decoder, num_tokens >=\n"
+                 "256) trained by xtc train, continuing the prompt. The model is compiled in its KV-cache\n"
+                 "form, so each new token costs time linear in the context (a .so compiled with --kv-cache is\n"
+                 "used as is; another is recompiled from its embedded source).\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !o.weights)
+        return cli_usage_error(&cmd, !path ? "no model given" : "no --weights given");
     if (cli_is_module_path(path))
         return cli_generate_run(NULL, model, path, &o);
     XtfFile *f = cli_load_xtf(path);

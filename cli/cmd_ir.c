@@ -5,76 +5,53 @@
 #include "cli.h"
 #include "passes.h"
 
-static void usage(void)
+static int opt_after(const char *v, void *ptr, char *err, size_t n)
 {
-    printf("usage: xtc ir model.xtf [--model NAME] [--train] [--mask] [--kv-cache]\n"
-           "              [--after=PASS|all] [--disable-pass=NAME]... [--no-fuse] [--list-passes]\n\n"
-           "Prints the tensor IR of a model, one op per line with its type: as lowered from the\n"
-           "source by default, or after a pass of the pipeline.\n"
-           "  --after=PASS  run the pipeline up to and including PASS ('all': the whole pipeline)\n"
-           "  --disable-pass=NAME  skip that pass (repeatable)\n"
-           "  --no-fuse     skip every fusion pass\n"
-           "  --list-passes list the passes in pipeline order and exit\n"
-           "  --model NAME  which model of the file (default: the last one)\n"
-           "  --train       include the targets input, the loss output and the backward graph\n"
-           "                (one output grad.<name> per parameter; without a loss, the\n"
-           "                gradient of each output comes in as the input grad.<output>)\n"
-           "  --kv-cache    the incremental-decoding form (cache.<l>.k/.v in and out)\n"
-           "  --mask        include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n");
+    if (strcmp(v, "all") && strcmp(v, "lower") && pass_check_name(v, err, n))
+        return -1;
+    *(const char **)ptr = v;
+    return 0;
 }
 
 int cli_ir(int argc, char **argv)
 {
-    const char *path = NULL, *model = NULL, *v, *after = NULL;
-    const char *disabled[64];
+    const char *path = NULL, *model = NULL, *after = NULL;
+    const char *disabled[CLI_MAX_DISABLE];
     PassOptions po = {0};
     po.disable = disabled;
     po.verify_each = 1;
     char err[512];
     XtLowerOpts opt = {0};
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            model = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--after"))) {
-            if (strcmp(v, "all") && strcmp(v, "lower") && pass_check_name(v, err, sizeof err)) {
-                fprintf(stderr, "xtc ir: %s\n", err);
-                return 2;
-            }
-            after = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--disable-pass"))) {
-            if (pass_check_name(v, err, sizeof err) || po.ndisable == 64) {
-                fprintf(stderr, "xtc ir: %s\n", po.ndisable == 64 ? "too many --disable-pass" : err);
-                return 2;
-            }
-            disabled[po.ndisable++] = v;
-        } else if (!strcmp(argv[i], "--no-fuse")) {
-            po.no_fuse = 1;
-        } else if (!strcmp(argv[i], "--list-passes")) {
-            pass_list(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--train")) {
-            opt.train = 1;
-        } else if (!strcmp(argv[i], "--kv-cache")) {
-            opt.kv_cache = 1;
-        } else if (!strcmp(argv[i], "--mask")) {
-            opt.mask = opt.src_mask = opt.tgt_mask = opt.context_mask = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc ir: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "xtc ir: more than one input file\n");
-            return 2;
-        }
+    int list_passes = 0;
+    const CliOpt opts[] = {
+        {"--after", CLI_FN, &after, "PASS", .help = "run the pipeline up to and including PASS ('all': the whole pipeline)",
+         .fn = opt_after},
+        {"--disable-pass", CLI_FN, &po, "NAME", .help = "skip that pass (repeatable)", .fn = cli_opt_disable_pass},
+        {"--no-fuse", CLI_FLAG, &po.no_fuse, .help = "skip every fusion pass"},
+        {"--list-passes", CLI_FLAG, &list_passes, .help = "list the passes in pipeline order and exit"},
+        {"--model", CLI_STR, &model, "NAME", .help = "which model of the file (default: the last one)"},
+        {"--train", CLI_FLAG, &opt.train, .help = "include the targets input, the loss output and the backward graph\n"
+         "(one output grad.<name> per parameter; without a loss, the\n"
+         "gradient of each output comes in as the input grad.<output>)"},
+        {"--kv-cache", CLI_FLAG, &opt.kv_cache, .help = "the incremental-decoding form (cache.<l>.k/.v in and out)"},
+        {"--mask", CLI_FN, &opt, .help = "include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)",
+         .fn = cli_opt_mask},
+    };
+    const CliCmd cmd = {
+        .name = "ir", .usage = "model.xtf [options]",
+        .about = "Prints the tensor IR of a model, one op per line with its type: as lowered from the\n"
+                 "source by default, or after a pass of the pipeline.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "input file",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (list_passes) {
+        pass_list(stdout);
+        return 0;
     }
-    if (!path) {
-        usage();
-        return 2;
-    }
+    if (!path)
+        return cli_usage_error(&cmd, "no model file given");
     XtfFile *f = cli_load_xtf(path);
     if (!f)
         return 1;

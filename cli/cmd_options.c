@@ -45,22 +45,19 @@ int cli_options(int argc, char **argv)
 {
     int markdown = 0;
     const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: xtc options [CONSTRUCTOR] [--markdown]\n\n"
-                   "Lists every constructor of the language and its options: type, default and\n"
-                   "whether xtc supports it (x-transformers 0.23.0 names; routed enc_/dec_ keys of\n"
-                   "XTransformer included).\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--markdown")) {
-            markdown = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc options: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else {
-            only = argv[i];
-        }
-    }
+    const CliOpt opts[] = {
+        {"--markdown", CLI_FLAG, &markdown, .help = "print the tables in Markdown"},
+    };
+    const CliCmd cmd = {
+        .name = "options", .usage = "[CONSTRUCTOR] [--markdown]",
+        .about = "Lists every constructor of the language and its options: type, default and\n"
+                 "whether xtc supports it (x-transformers 0.23.0 names; routed enc_/dec_ keys of\n"
+                 "XTransformer included).\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &only, .maxpos = 1, .pos_name = "constructor",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
     if (only && !xtf_ctor_find(only)) {
         fprintf(stderr, "xtc options: no constructor '%s'\n", only);
         return 1;

@@ -165,66 +165,47 @@ static int check_weights(const IrGraph *g, RtStFile *w, const char *path)
     return bad ? -1 : 0;
 }
 
-static void usage(void)
-{
-    printf("usage: xtc run model.xtf --weights W.safetensors --input I.safetensors --output O.safetensors\n"
-           "             [--model NAME] [--grads] [--check-finite]\n\n"
-           "Runs a model on the inputs and writes its outputs. A .xtf model runs on the reference\n"
-           "interpreter (double precision, the oracle of the test suite). Inputs by name: tokens\n"
-           "(i64 or i32 [b, n]), mask (bool [b, n], optional), targets (i64 [b, n], optional:\n"
-           "when present the output also holds 'loss', the mean cross-entropy over targets >= 0).\n"
-           "Weights by x-transformers state_dict name; missing, extra or mis-shaped tensors are\n"
-           "errors naming the tensor. Token ids and targets must index the model's vocabulary.\n"
-           "  --grads         also write grad.<name> for every parameter: the gradient of 'loss' when\n"
-           "                  targets are given, else of sum(output * grad.<output>) for output\n"
-           "                  gradients grad.<output> supplied in the input file (y.backward(g))\n"
-           "  --check-finite  refuse NaN or infinity in the weights and inputs, and report an output\n"
-           "                  (with --grads, a gradient) that overflows to one, naming the tensor and\n"
-           "                  the element; the output file is then not written. For .xtf and .so\n");
-}
-
 int cli_run(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++) { /* a compiled module runs in the runtime */
-        size_t len = strlen(argv[i]);
-        if (argv[i][0] != '-' && len > 3 && !strcmp(argv[i] + len - 3, ".so"))
-            return cli_run_module(argc, argv);
-        if (argv[i][0] == '-' && strcmp(argv[i], "--grads") && strcmp(argv[i], "--check-finite"))
-            i++; /* skip the flag's value */
-    }
-    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *model = NULL, *v;
+    const char *path = NULL, *wpath = NULL, *ipath = NULL, *opath = NULL, *model = NULL;
     int grads = 0;
     int check_finite = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--weights"))) {
-            wpath = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--input"))) {
-            ipath = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--output"))) {
-            opath = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            model = v;
-        } else if (!strcmp(argv[i], "--grads")) {
-            grads = 1;
-        } else if (!strcmp(argv[i], "--check-finite")) {
-            check_finite = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc run: unknown option '%s'\n", argv[i]);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "xtc run: more than one model\n");
-            return 2;
-        }
-    }
-    if (!path || !wpath || !ipath || !opath) {
-        usage();
-        return 2;
-    }
+    int threads = 1; /* a compiled module's (cli_run_module); the interpreter runs on one */
+    const CliOpt opts[] = {
+        {"--weights", CLI_STR, &wpath, "W", .help = "the weights (.safetensors)"},
+        {"--input", CLI_STR, &ipath, "I", .help = "the inputs (.safetensors)"},
+        {"--output", CLI_STR, &opath, "O", .help = "the outputs to write (.safetensors)"},
+        {"--model", CLI_STR, &model, "NAME", .help = ".xtf: which model of the file (default: the last one)"},
+        {"--threads", CLI_THREADS, &threads, "T", .help = ".so: worker threads (default 1; the interpreter runs on one)"},
+        {"--grads", CLI_FLAG, &grads, .help = "also write grad.<name> for every parameter: the gradient of 'loss' when\n"
+         "targets are given, else of sum(output * grad.<output>) for output\n"
+         "gradients grad.<output> supplied in the input file (y.backward(g));\na .so must be compiled with --train"},
+        {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in the weights and inputs, and report an output\n"
+         "(with --grads, a gradient) that overflows to one, naming the tensor and\n"
+         "the element; the output file is then not written"},
+    };
+    const CliCmd cmd = {
+        .name = "run", .usage = "model.xtf|model.so --weights W --input I --output O [options]",
+        .about = "Runs a model on the inputs and writes its outputs. A .so (xtc compile) runs in the\n"
+                 "runtime; a .xtf model runs on the reference interpreter (double precision, the oracle\n"
+                 "of the test suite). Inputs by name: tokens (i64 or i32 [b, n]), mask (bool [b, n],\n"
+                 "optional), targets (i64 [b, n], optional: when present the output also holds 'loss',\n"
+                 "the mean cross-entropy over targets >= 0). Weights by x-transformers state_dict name;\n"
+                 "missing, extra or mis-shaped tensors are errors naming the tensor. Token ids and\n"
+                 "targets must index the model's vocabulary.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path)
+        return cli_usage_error(&cmd, "no model given");
+    size_t plen = strlen(path); /* a module by its name, or by its first bytes unless named .xtf */
+    if ((plen > 3 && !strcmp(path + plen - 3, ".so")) ||
+        (!(plen > 4 && !strcmp(path + plen - 4, ".xtf")) && cli_is_elf_file(path)))
+        return cli_run_module(argc, argv); /* a compiled module runs in the runtime */
+    if (!wpath || !ipath || !opath)
+        return cli_usage_error(&cmd, !wpath ? "no --weights given" : !ipath ? "no --input given" : "no --output given");
     char err[1024];
     int rc = 1;
     Binding b = {.wpath = wpath, .ipath = ipath};

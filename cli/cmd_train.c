@@ -621,65 +621,28 @@ done:
 
 /* ---- the command ---- */
 
-static void usage(void)
-{
-    printf("usage: xtc train model.xtf|model.so --data FILE [options]\n\n"
-           "Trains a byte-level language model (one token per byte, vocabulary 256) on any file:\n"
-           "random windows of its first part, validation on its last part (held out). The model is\n"
-           "a TransformerWrapper around a Decoder with num_tokens >= 256; a .so is used as is when it\n"
-           "is a training module (xtc compile --train), else recompiled from its embedded source.\n\n"
-           "  --steps N          steps of the schedule (1000)\n"
-           "  --batch B          sequences per step (16)\n"
-           "  --seq N            tokens per sequence (min(256, max_seq_len))\n"
-           "  --lr X             peak learning rate (1e-3), after a linear warm-up of\n"
-           "  --warmup N         steps (min(100, steps/10)), then a cosine decay to\n"
-           "  --min-lr F         F * lr at the last step (0.1); --constant-lr keeps lr instead\n"
-           "  --weight-decay X   AdamW's decoupled weight decay, all parameters (0.1)\n"
-           "  --beta1 X --beta2 X --eps X   AdamW (0.9, 0.99, 1e-8)\n"
-           "  --clip X           clip the global gradient norm (1.0; 0 = off)\n"
-           "  --threads T        worker threads (the number of CPUs)\n"
-           "  --val-every K      validation loss every K steps (200; 0 = at the end only)\n"
-           "  --val-tokens N     tokens of the held-out split to evaluate (65536; 0 = all)\n"
-           "  --val-fraction F   the held-out share of the file (0.1)\n"
-           "  --ckpt PATH        checkpoint (.safetensors: weights, optimizer state, run state),\n"
-           "                     written atomically at every validation, on Ctrl-C and at the end\n"
-           "  --ckpt-every K     also every K steps\n"
-           "  --resume PATH      continue the run of a checkpoint exactly (same data and options)\n"
-           "  --weights PATH     start from these weights with a fresh optimizer\n"
-           "  --stop-at K        stop after step K as if interrupted (the schedule still spans --steps)\n"
-           "  --seed S           initialisation, batches and dropout (1)\n"
-           "  --model NAME       which model of the .xtf file (the last)\n"
-           "  --log-every K      progress lines when stderr is not a terminal (steps/10)\n"
-           "  --quiet            no progress line\n\n"
-           "Runs are deterministic for a given number of threads: --resume after --stop-at K gives the\n"
-           "losses of the uninterrupted run.\n");
-}
-
-/* Parses a number flag; returns 0, or -1 after printing. */
-static int num(const char *flag, const char *v, double lo, double *out)
+/* --beta1, --beta2: in [0, 1); --val-fraction: in (0, 1) */
+static int opt_fraction(const char *v, void *ptr, char *err, size_t n, int open_lo)
 {
     char *end;
     errno = 0;
     double x = strtod(v, &end);
-    if (!*v || *end || errno || !(x >= lo) || !isfinite(x)) {
-        fprintf(stderr, "xtc train: %s needs a number >= %g, got '%s'\n", flag, lo, v);
+    if (!*v || *end || errno || !(open_lo ? x > 0 : x >= 0) || !(x < 1)) {
+        snprintf(err, n, "expected a number in %s0, 1), got '%s'", open_lo ? "(" : "[", v);
         return -1;
     }
-    *out = x;
+    *(double *)ptr = x;
     return 0;
 }
 
-static int integer(const char *flag, const char *v, int64_t lo, int64_t *out)
+static int opt_beta(const char *v, void *ptr, char *err, size_t n)
 {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!*v || *end || errno || x < lo) {
-        fprintf(stderr, "xtc train: %s needs an integer >= %" PRId64 ", got '%s'\n", flag, lo, v);
-        return -1;
-    }
-    *out = x;
-    return 0;
+    return opt_fraction(v, ptr, err, n, 0);
+}
+
+static int opt_val_fraction(const char *v, void *ptr, char *err, size_t n)
+{
+    return opt_fraction(v, ptr, err, n, 1);
 }
 
 static unsigned char *read_file(const char *path, size_t *len)
@@ -718,85 +681,56 @@ int cli_train(int argc, char **argv)
 {
     CliTrainOpts o;
     cli_train_defaults(&o);
-    const char *path = NULL, *data_path = NULL, *model = NULL, *v;
-    int64_t th = 0;
-    for (int i = 1; i < argc; i++) {
-        int bad = 0;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--data"))) {
-            data_path = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--steps"))) {
-            bad = integer("--steps", v, 1, &o.steps);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--batch"))) {
-            bad = integer("--batch", v, 1, &o.batch);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seq"))) {
-            bad = integer("--seq", v, 1, &o.seq);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--lr"))) {
-            bad = num("--lr", v, 0, &o.lr);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--min-lr"))) {
-            bad = num("--min-lr", v, 0, &o.min_lr);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--warmup"))) {
-            bad = integer("--warmup", v, 0, &o.warmup);
-        } else if (!strcmp(argv[i], "--constant-lr")) {
-            o.cosine = 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--weight-decay"))) {
-            bad = num("--weight-decay", v, 0, &o.weight_decay);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--beta1"))) {
-            bad = num("--beta1", v, 0, &o.beta1) || (o.beta1 >= 1 && num("--beta1", "-1", 0, &o.beta1));
-        } else if ((v = cli_flag_value(argc, argv, &i, "--beta2"))) {
-            bad = num("--beta2", v, 0, &o.beta2) || (o.beta2 >= 1 && num("--beta2", "-1", 0, &o.beta2));
-        } else if ((v = cli_flag_value(argc, argv, &i, "--eps"))) {
-            bad = num("--eps", v, 1e-30, &o.eps);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--clip"))) {
-            bad = num("--clip", v, 0, &o.clip);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--threads"))) {
-            bad = integer("--threads", v, 1, &th);
-            o.threads = (int)(th > 1024 ? 1024 : th);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--val-every"))) {
-            bad = integer("--val-every", v, 0, &o.val_every);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--val-tokens"))) {
-            bad = integer("--val-tokens", v, 0, &o.val_tokens);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--val-fraction"))) {
-            bad = num("--val-fraction", v, 0, &o.val_fraction) ||
-                  (!(o.val_fraction > 0 && o.val_fraction < 1) && num("--val-fraction", "-1", 0, &o.val_fraction));
-        } else if ((v = cli_flag_value(argc, argv, &i, "--log-every"))) {
-            bad = integer("--log-every", v, 1, &o.log_every);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--ckpt"))) {
-            o.ckpt = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--ckpt-every"))) {
-            bad = integer("--ckpt-every", v, 1, &o.ckpt_every);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--resume"))) {
-            o.resume = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--weights"))) {
-            o.weights = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--stop-at"))) {
-            bad = integer("--stop-at", v, 1, &o.stop_at);
-        } else if ((v = cli_flag_value(argc, argv, &i, "--seed"))) {
-            int64_t s;
-            bad = integer("--seed", v, 0, &s);
-            o.seed = (uint64_t)s;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--model"))) {
-            model = v;
-        } else if (!strcmp(argv[i], "--quiet")) {
-            o.quiet = 1;
-        } else if (argv[i][0] == '-') {
-            fprintf(stderr, "xtc train: unknown option '%s' (xtc train --help)\n", argv[i]);
-            return 2;
-        } else if (!path) {
-            path = argv[i];
-        } else {
-            fprintf(stderr, "xtc train: more than one model\n");
-            return 2;
-        }
-        if (bad || (v && !*v))
-            return 2;
-    }
-    if (!path || !data_path) {
-        fprintf(stderr, "usage: xtc train model.xtf|model.so --data FILE [options] (xtc train --help)\n");
-        return 2;
-    }
+    const char *path = NULL, *data_path = NULL, *model = NULL;
+    const CliOpt opts[] = {
+        {"--data", CLI_STR, &data_path, "FILE", .help = "the text to train on (required)"},
+        {"--steps", CLI_I64, &o.steps, "N", .help = "steps of the schedule (1000)", .lo = 1},
+        {"--batch", CLI_I64, &o.batch, "B", .help = "sequences per step (16)", .lo = 1},
+        {"--seq", CLI_I64, &o.seq, "N", .help = "tokens per sequence (min(256, max_seq_len))", .lo = 1},
+        {"--lr", CLI_DOUBLE, &o.lr, "X", .help = "peak learning rate (1e-3), after a linear warm-up of", .lo = 0},
+        {"--warmup", CLI_I64, &o.warmup, "N", .help = "steps (min(100, steps/10)), then a cosine decay to", .lo = 0},
+        {"--min-lr", CLI_DOUBLE, &o.min_lr, "F", .help = "F * lr at the last step (0.1)", .lo = 0},
+        {"--constant-lr", CLI_LEVEL, &o.cosine, .help = "keep lr after the warm-up instead", .set = 0},
+        {"--weight-decay", CLI_DOUBLE, &o.weight_decay, "X", .help = "AdamW's decoupled weight decay, all parameters (0.1)",
+         .lo = 0},
+        {"--beta1", CLI_FN, &o.beta1, "X", .help = "AdamW's beta1, in [0, 1) (0.9)", .fn = opt_beta},
+        {"--beta2", CLI_FN, &o.beta2, "X", .help = "AdamW's beta2, in [0, 1) (0.99)", .fn = opt_beta},
+        {"--eps", CLI_DOUBLE, &o.eps, "X", .help = "AdamW's epsilon (1e-8)", .lo = 1e-30},
+        {"--clip", CLI_DOUBLE, &o.clip, "X", .help = "clip the global gradient norm (1.0; 0 = off)", .lo = 0},
+        {"--threads", CLI_THREADS, &o.threads, "T", .help = "worker threads (the number of CPUs)"},
+        {"--val-every", CLI_I64, &o.val_every, "K", .help = "validation loss every K steps (200; 0 = at the end only)",
+         .lo = 0},
+        {"--val-tokens", CLI_I64, &o.val_tokens, "N", .help = "tokens of the held-out split to evaluate (65536; 0 = all)",
+         .lo = 0},
+        {"--val-fraction", CLI_FN, &o.val_fraction, "F", .help = "the held-out share of the file, in (0, 1) (0.1)",
+         .fn = opt_val_fraction},
+        {"--ckpt", CLI_STR, &o.ckpt, "PATH", .help = "checkpoint (.safetensors: weights, optimizer state, run state),\n"
+         "written atomically at every validation, on Ctrl-C and at the end"},
+        {"--ckpt-every", CLI_I64, &o.ckpt_every, "K", .help = "also every K steps", .lo = 1},
+        {"--resume", CLI_STR, &o.resume, "PATH", .help = "continue the run of a checkpoint exactly (same data and options)"},
+        {"--weights", CLI_STR, &o.weights, "PATH", .help = "start from these weights with a fresh optimizer"},
+        {"--stop-at", CLI_I64, &o.stop_at, "K", .help = "stop after step K as if interrupted (the schedule still spans --steps)",
+         .lo = 1},
+        {"--seed", CLI_U64, &o.seed, "S", .help = "initialisation, batches and dropout (1)"},
+        {"--model", CLI_STR, &model, "NAME", .help = "which model of the .xtf file (the last)"},
+        {"--log-every", CLI_I64, &o.log_every, "K", .help = "progress lines when stderr is not a terminal (steps/10)", .lo = 1},
+        {"--quiet", CLI_FLAG, &o.quiet, .help = "no progress line"},
+    };
+    const CliCmd cmd = {
+        .name = "train", .usage = "model.xtf|model.so --data FILE [options]",
+        .about = "Trains a byte-level language model (one token per byte, vocabulary 256) on any file:\n"
+                 "random windows of its first part, validation on its last part (held out). The model is\n"
+                 "a TransformerWrapper around a Decoder with num_tokens >= 256; a .so is used as is when it\n"
+                 "is a training module (xtc compile --train), else recompiled from its embedded source.\n",
+        .after = "Runs are deterministic for a given number of threads: --resume after --stop-at K gives the\n"
+                 "losses of the uninterrupted run.\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
+    if (!path || !data_path)
+        return cli_usage_error(&cmd, !path ? "no model given" : "no --data given");
     if (o.resume && o.weights) {
         fprintf(stderr, "xtc train: --resume and --weights exclude each other\n");
         return 2;

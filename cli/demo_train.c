@@ -14,34 +14,6 @@
 extern const unsigned char xtc_bundled_tiny_gpt[];
 extern const unsigned int xtc_bundled_tiny_gpt_len;
 
-static void usage(void)
-{
-    printf("usage: xtc demo [--steps N] [--threads T] [--prompt TEXT] [--tokens N] [--seed S] [--ckpt PATH]\n"
-           "       xtc demo --inference [--prompt TEXT]\n\n"
-           "Trains the bundled tiny GPT (models/tiny_gpt.xtf: 4 layers, dim 128, bytes as tokens) for\n"
-           "N steps (500) on 400 kB of generated English-like text, printing the validation loss,\n"
-           "then samples TOKENS bytes (300) after the prompt (\"The \") with the KV cache.\n"
-           "--ckpt keeps the trained checkpoint (for xtc generate models/tiny_gpt.xtf --weights PATH).\n\n"
-           "xtc demo --inference [--prompt TEXT] runs the inference demo instead: the bundled 12-layer\n"
-           "GPT compiled to native code, checked against the reference interpreter.\n");
-}
-
-/* Whether argv[*i] is the flag `name`; if so its value, >= lo, goes to *out (else *bad is set). */
-static int num_flag(int argc, char **argv, int *i, const char *name, long lo, long *out, int *bad)
-{
-    const char *v = cli_flag_value(argc, argv, i, name);
-    if (!v)
-        return 0;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > 100000000) {
-        fprintf(stderr, "xtc demo: %s needs an integer >= %ld, got '%s'\n", name, lo, v);
-        *bad = 1;
-    }
-    *out = x;
-    return 1;
-}
-
 int cli_demo_train(int argc, char **argv)
 {
     CliTrainOpts t;
@@ -57,29 +29,35 @@ int cli_demo_train(int argc, char **argv)
     g.tokens = 300;
     if (argc > 1 && !strcmp(argv[1], "--inference")) /* the native-vs-interpreter check (cmd_demo.c) */
         return cli_demo(argc - 1, argv + 1);
-    const char *keep = NULL, *v;
-    long steps = t.steps, threads = 0, tokens = g.tokens, seed = 1;
-    for (int i = 1; i < argc; i++) {
-        int bad = 0;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage();
-            return 0;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--prompt"))) {
-            g.prompt = v;
-        } else if ((v = cli_flag_value(argc, argv, &i, "--ckpt"))) {
-            keep = v;
-        } else if (!num_flag(argc, argv, &i, "--steps", 1, &steps, &bad) &&
-                   !num_flag(argc, argv, &i, "--threads", 1, &threads, &bad) &&
-                   !num_flag(argc, argv, &i, "--tokens", 0, &tokens, &bad) &&
-                   !num_flag(argc, argv, &i, "--seed", 0, &seed, &bad)) {
-            fprintf(stderr, "xtc demo: unknown option '%s' (xtc demo --help)\n", argv[i]);
-            return 2;
-        }
-        if (bad)
-            return 2;
-    }
+    const char *keep = NULL;
+    long steps = t.steps, tokens = g.tokens, seed = 1;
+    int threads = 0;
+    const CliOpt opts[] = {
+        {"--steps", CLI_LONG, &steps, "N", .help = "training steps (500)", .lo = 1, .hi = 1e8},
+        {"--threads", CLI_THREADS, &threads, "T", .help = "worker threads (the number of CPUs)"},
+        {"--prompt", CLI_ANY_STR, &g.prompt, "TEXT", .help = "the beginning of the sample (\"The \")"},
+        {"--tokens", CLI_LONG, &tokens, "N", .help = "bytes to sample (300)", .lo = 0, .hi = 1e8},
+        {"--seed", CLI_LONG, &seed, "S", .help = "initialisation, batches, dropout and sampling (1)", .lo = 0, .hi = 1e8},
+        {"--ckpt", CLI_STR, &keep, "PATH", .help = "keep the trained checkpoint (for xtc generate models/tiny_gpt.xtf\n"
+         "--weights PATH)"},
+        {"--inference", CLI_NOT_HERE, .help = "must be the first argument (xtc demo --inference [--prompt TEXT] "
+         "[--seed N] [--threads T])"},
+    };
+    const CliCmd cmd = {
+        .name = "demo", .usage = "[--steps N] [--threads T] [--prompt TEXT] [--tokens N] [--seed S] [--ckpt PATH]\n"
+                                 "       xtc demo --inference [--prompt TEXT] [--seed N] [--threads T]",
+        .about = "Trains the bundled tiny GPT (models/tiny_gpt.xtf: 4 layers, dim 128, bytes as tokens) for\n"
+                 "N steps on 400 kB of generated English-like text, printing the validation loss,\n"
+                 "then samples bytes after the prompt with the KV cache.\n",
+        .after = "xtc demo --inference runs the inference demo instead: the bundled 12-layer GPT compiled\n"
+                 "to native code, checked against the reference interpreter (xtc demo --inference --help).\n",
+        .opts = opts, .nopts = CLI_NOPTS(opts),
+    };
+    int prc = cli_parse(&cmd, argc, argv);
+    if (prc)
+        return prc == 1 ? 0 : prc;
     t.steps = steps;
-    t.threads = g.threads = (int)(threads > 1024 ? 1024 : threads);
+    t.threads = g.threads = threads;
     g.tokens = tokens;
     t.seed = g.seed = (uint64_t)seed;
     t.val_every = t.steps / 5 > 0 ? t.steps / 5 : 1;

@@ -48,6 +48,13 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "xtc: unknown command '%s' (try 'xtc help')\n", argv[1]);
+    const char *names[sizeof commands / sizeof commands[0]];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        names[i] = commands[i].name;
+    const char *near = cli_nearest(argv[1], names, (int)(sizeof names / sizeof names[0]));
+    if (near)
+        fprintf(stderr, "xtc: unknown command '%s' (did you mean '%s'?)\n", argv[1], near);
+    else
+        fprintf(stderr, "xtc: unknown command '%s' (try 'xtc help')\n", argv[1]);
     return 2;
 }

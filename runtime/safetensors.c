@@ -585,16 +585,16 @@ static int checked_numel(const RtStTensor *t, const char *fn, size_t *numel, cha
   if (!t) return fail(err, errlen, RT_ST_EINVAL, "%s: tensor is NULL", fn);
   const char *name = t->name ? t->name : "?";
   if ((unsigned)t->dtype >= RT_DTYPE_COUNT || t->rank < 0 || t->rank > RT_ST_MAX_RANK)
-    return fail(err, errlen, RT_ST_EINVAL, "%s: tensor '%s' has an invalid dtype or rank", fn, name);
+    return fail(err, errlen, RT_ST_EINVAL, "tensor '%s' has an invalid dtype or rank", name);
   for (int i = 0; i < t->rank; i++)
     if (t->shape[i] < 0)
-      return fail(err, errlen, RT_ST_EINVAL, "%s: tensor '%s' has a negative dim", fn, name);
+      return fail(err, errlen, RT_ST_EINVAL, "tensor '%s' has a negative dim", name);
   int64_t n;
   size_t nbytes;
   const char *why;
   if (shape_bytes(t->rank, t->shape, rt_dtype_size(t->dtype), &n, &nbytes, &why) || nbytes != t->nbytes ||
       (nbytes && !t->data))
-    return fail(err, errlen, RT_ST_EINVAL, "%s: tensor '%s' has inconsistent shape, size or data", fn, name);
+    return fail(err, errlen, RT_ST_EINVAL, "tensor '%s' has inconsistent shape, size or data", name);
   *numel = (size_t)n;
   return 0;
 }
@@ -618,7 +618,7 @@ int rt_st_to_f32(const RtStTensor *t, float *dst, char *err, size_t errlen) {
   int rc = checked_numel(t, "rt_st_to_f32", &n, err, errlen);
   if (rc) return rc;
   if (!is_float(t->dtype))
-    return fail(err, errlen, RT_ST_EINVAL, "tensor '%s' is %s; rt_st_to_f32 reads F32, F64, F16 or BF16",
+    return fail(err, errlen, RT_ST_EINVAL, "tensor '%s' is %s, not a floating-point type (F32, F64, F16 or BF16)",
                 t->name ? t->name : "?", rt_dtype_name(t->dtype));
   if (n && !dst) return fail(err, errlen, RT_ST_EINVAL, "rt_st_to_f32: dst is NULL");
   const unsigned char *src = t->data;
@@ -662,7 +662,7 @@ int rt_st_to_i64(const RtStTensor *t, int64_t *dst, char *err, size_t errlen) {
   if (n && !dst) return fail(err, errlen, RT_ST_EINVAL, "rt_st_to_i64: dst is NULL");
   if (is_float(t->dtype))
     return fail(err, errlen, RT_ST_EINVAL,
-                "tensor '%s' is %s; rt_st_to_i64 reads I64, I32, I16, I8, U8 or BOOL",
+                "tensor '%s' is %s, not an integer type (I64, I32, I16, I8, U8 or BOOL)",
                 t->name ? t->name : "?", rt_dtype_name(t->dtype));
   const unsigned char *src = t->data;
   for (size_t i = 0; i < n; i++) {

@@ -53,6 +53,75 @@ expect() { # expect NAME CONDITION...: a plain shell condition (test, cmp, grep)
 # ---- end compiling ----
 
 # ---- the command line (items 22, 23, 24) ----
+# One option parser for every subcommand (cli/cli_opts.c): unknown options named as such with the
+# nearest spelling, a missing or bad value in one line, --threads=2 and --threads 2 alike wherever
+# threads apply, a module or binary file given as .xtf source refused in one line, no internal
+# function names, a warning above the CPUs this process may use.
+cl_xtf=$src/models/tiny_gpt.xtf
+cl_so=$tmp/cl_tiny.so
+if timeout 300 "$xtc" compile "$cl_xtf" -o "$cl_so" > "$tmp/cl_compile.out" 2>&1 &&
+   timeout 120 "$xtc" init "$cl_so" -o "$tmp/cl_w.safetensors" > "$tmp/cl_init.out" 2>&1; then
+  $py - "$tmp" <<'PYEOF'
+import json, struct, sys
+def st(path, tensors):  # name -> (dtype, shape, bytes)
+    h, off, blob = {}, 0, b""
+    for k, (dt, shape, data) in tensors.items():
+        h[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data); blob += data
+    hj = json.dumps(h).encode()
+    open(path, "wb").write(struct.pack("<Q", len(hj)) + hj + blob)
+st(sys.argv[1] + "/cl_in.safetensors", {"tokens": ("I64", [1, 4], struct.pack("<4q", 1, 2, 3, 4))})
+st(sys.argv[1] + "/cl_in_f32.safetensors", {"tokens": ("F32", [1, 4], struct.pack("<4f", 1, 2, 3, 4))})
+PYEOF
+  cl_run=(run "$cl_so" --weights "$tmp/cl_w.safetensors" --input "$tmp/cl_in.safetensors" --output "$tmp/cl_out.safetensors")
+  refuse_t cli_unknown_suggest "unknown option '--thread' (did you mean '--threads'?)" "$xtc" "${cl_run[@]}" --thread 2
+  refuse_t cli_unknown_suggest_compile "unknown option '--trian' (did you mean '--train'?)" \
+    "$xtc" compile "$cl_xtf" -o "$tmp/cl_x.so" --trian
+  refuse_t cli_unknown_so_not_apply "unknown option '--bogus'" "$xtc" "${cl_run[@]}" --bogus
+  expect cli_unknown_so_not_apply_wording [ "$(grep -c "does not apply" "$tmp/out")" -eq 0 ]
+  refuse_t cli_unknown_command "unknown command 'complie' (did you mean 'compile'?)" "$xtc" complie
+  refuse_t cli_unknown_abbrev "unknown option '--temp' (did you mean '--temperature'?)" "$xtc" generate "$cl_so" --temp 1
+  refuse_t cli_model_on_so "--model does not apply to a compiled module" "$xtc" "${cl_run[@]}" --model gpt
+  refuse_t cli_missing_value "--weights needs a value" "$xtc" run "$cl_so" --input "$tmp/cl_in.safetensors" \
+    --output "$tmp/cl_out.safetensors" --weights
+  refuse_t cli_missing_value_before_option "--output needs a value" "$xtc" run "$cl_so" --output --weights x
+  refuse_t cli_missing_required "no output given" "$xtc" compile "$cl_xtf"
+  expect cli_missing_required_one_line [ "$(wc -l < "$tmp/out")" -eq 1 ]
+  refuse_t cli_bad_int "--threads: expected a positive integer" "$xtc" "${cl_run[@]}" --threads x
+  refuse_t cli_bad_int_zero "--threads: expected a positive integer" "$xtc" bench "$cl_xtf" --batch 1 --seq 4 --threads 0
+  refuse_t cli_bad_int_train "--steps: expected a positive integer, got '1.5'" "$xtc" train "$cl_xtf" --data "$cl_xtf" \
+    --steps 1.5
+  refuse_t cli_bad_number "--temperature: expected a number" "$xtc" generate "$cl_so" --weights x --temperature hot
+  refuse_t cli_flag_with_value "--train takes no value" "$xtc" compile "$cl_xtf" -o "$tmp/cl_x.so" --train=1
+  # --threads=2 and --threads 2 reach every command that takes threads: parsing goes on to the
+  # next argument, an unknown option, which is then the one refused
+  for form in "--threads=2" "--threads 2"; do
+    for c in "run $cl_so" "run $cl_xtf" "bench $cl_xtf" "train $cl_xtf" "generate $cl_so" "demo" "demo --inference"; do
+      # shellcheck disable=SC2086
+      refuse_t "cli_threads_accepted: $c $form" "unknown option '--zz'" "$xtc" $c $form --zz
+    done
+  done
+  check cli_threads_eq_runs "$xtc" "${cl_run[@]}" --threads=2
+  check cli_threads_space_runs "$xtc" "${cl_run[@]}" --threads 2
+  check cli_threads_999_runs "$xtc" "${cl_run[@]}" --threads 999
+  expect cli_threads_999_warns grep -q "warning: --threads 999 is more than the" "$tmp/out"
+  # a compiled module (or another binary file) where a .xtf source belongs: one line, no bytes
+  head -c 3000 /dev/urandom > "$tmp/cl_random.xtf"
+  for c in compile ir check bench; do
+    extra=(); [ $c = compile ] && extra=(-o "$tmp/cl_y.so"); [ $c = bench ] && extra=(--batch 1 --seq 4)
+    refuse_t "cli_so_as_source_$c" "cl_tiny.so is a compiled module, not a .xtf source" "$xtc" $c "$cl_so" "${extra[@]}"
+    expect "cli_so_as_source_${c}_one_line" [ "$(wc -l < "$tmp/out")" -eq 1 ]
+    expect "cli_so_as_source_${c}_printable" [ "$(LC_ALL=C grep -c '[^[:print:][:space:]]' "$tmp/out")" -eq 0 ]
+    refuse_t "cli_binary_as_source_$c" "is not a text file" "$xtc" $c "$tmp/cl_random.xtf" "${extra[@]}"
+    expect "cli_binary_as_source_${c}_printable" [ "$(LC_ALL=C grep -c '[^[:print:][:space:]]' "$tmp/out")" -eq 0 ]
+  done
+  # messages name the file and the tensor, never an internal function
+  refuse_t cli_no_internal_names "tensor 'tokens' is F32, not an integer type" "$xtc" run "$cl_so" \
+    --weights "$tmp/cl_w.safetensors" --input "$tmp/cl_in_f32.safetensors" --output "$tmp/cl_out.safetensors"
+  expect cli_no_internal_names_rt [ "$(grep -c "rt_st_" "$tmp/out")" -eq 0 ]
+else
+  fail=$((fail + 1)); echo "FAIL cli_setup: compile or init of tiny_gpt"; cat "$tmp/cl_compile.out" "$tmp/cl_init.out" 2>/dev/null
+fi
 
 # ---- end command line ----
 

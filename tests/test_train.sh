@@ -192,7 +192,7 @@ expect_fail "generate refuses the weights of another model" "the model expects" 
   --weights "$tmp/small.safetensors"
 expect_fail "generate refuses a file that is not safetensors" "tiny_train.so" "$xtc" generate "$tmp/tiny_kv.so" \
   --weights "$tmp/tiny_train.so"
-expect_fail "bad option values" "needs" "$xtc" generate "$tmp/tiny_kv.so" --weights x --temperature -1
+expect_fail "bad option values" "--temperature: expected a number" "$xtc" generate "$tmp/tiny_kv.so" --weights x --temperature -1
 
 echo "train and generate: $fail failed"
 [ $fail -eq 0 ]
