@@ -379,6 +379,10 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
             fprintf(f, "derive %s %s %lld\n", g->sym_name[s], ir_dim_str(g, g->sym_def[s], def, sizeof def),
                     (long long)g->sym_max[s]);
     }
+    for (int i = 0; i < g->nlimits; i++) {
+        char def[128];
+        fprintf(f, "limit %s %lld\n", ir_dim_str(g, g->limit_def[i], def, sizeof def), (long long)g->limit_max[i]);
+    }
     for (int i = 0; i < p->nbufs; i++) {
         const CgBuffer *b = &p->bufs[i];
         char name[32];

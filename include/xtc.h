@@ -161,6 +161,9 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
  * XTC_I32 or XTC_I64 (converted) and bool inputs accept any non-zero byte as true. The rank and
  * the constant dimensions must match; symbolic dimensions bind the symbols, and a value above
  * the model's bound (sequence longer than max_seq_len) or the session's limit is XTC_ERR_RANGE.
+ * So is a sum of symbols above its limit (a KV cache: cache positions c plus new tokens n above
+ * max_seq_len), found when the second of the inputs giving them is set (or carried) since the
+ * last run, else by the run; the message names each symbol's value and input.
  * Integer inputs used as indices (token ids) are checked against the table size. */
 int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank,
                           const int64_t *shape, const void *data);

@@ -18,6 +18,9 @@
  *                                           NAME = min(DIM, CAP) (CAP 0: NAME = DIM), DIM an
  *                                           affine form of earlier symbols, evaluated once the
  *                                           inputs bind those (Transformer-XL: q = min(n+p, 512))
+ *   limit DIM MAX                           DIM, an affine form of the symbols, must not exceed
+ *                                           MAX once the inputs bind them (a KV cache's c+n <=
+ *                                           max_seq_len: the cache's positions and the call's)
  *   buffer ID KIND NAME DTYPE SHAPE FIRST LAST
  *       KIND input | param | state (persistent buffer from the weights file) | temp
  *       NAME the input/param name, or the node's label for temps

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #define RT_MAXSYM 8
+#define RT_MAXLIMIT 4 /* "limit" records (the IR's IR_MAXLIMIT) */
 #define RT_MAXIN XTC_ABI_MAXIN
 
 /* An affine dimension c + sum k[s] * sym[s], as the IR has it. */
@@ -76,6 +77,12 @@ struct XtcModule {
      * computed from the symbols before it once the inputs bind them (rt_derive_syms) */
     int sym_derived[RT_MAXSYM];
     RtDim sym_def[RT_MAXSYM];
+    /* limits ("limit" records): limit_def <= limit_max once the inputs bind its symbols (a KV
+     * cache: c+n <= max_seq_len); limit_text is the form as the metadata writes it ("c+n") */
+    int nlimits;
+    RtDim limit_def[RT_MAXLIMIT];
+    int64_t limit_max[RT_MAXLIMIT];
+    const char *limit_text[RT_MAXLIMIT];
     RtBuffer *bufs;
     int nbufs;
     RtOutput *outs;

@@ -46,6 +46,7 @@ struct XtcSession {
     void **own;                  /* per input/param/state buffer: our copy */
     int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
     uint8_t *set;                /* per input/param/state: bound yet? */
+    uint8_t *fresh;              /* per input/param/state: bound since the last run (early limits) */
     ArenaPlan host;              /* the temps in the host arena (every temp, or a device's outputs) */
     char *arena;
     size_t arena_bytes;
@@ -320,7 +321,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     s->own = rt_calloc(nb, sizeof *s->own);
     s->shape = rt_calloc(nb, sizeof *s->shape);
     s->set = rt_calloc(nb, 1);
-    if (!s->ptr || !s->own || !s->shape || !s->set || alloc_plan(m, &s->host) < 0 ||
+    s->fresh = rt_calloc(nb, 1);
+    if (!s->ptr || !s->own || !s->shape || !s->set || !s->fresh || alloc_plan(m, &s->host) < 0 ||
         (m->device && alloc_plan(m, &s->devplan) < 0))
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     plan_elem_sizes(m, s->host.elem, s->devplan.elem);
@@ -375,6 +377,7 @@ void xtc_session_free(XtcSession *s)
     free(s->ptr);
     free(s->shape);
     free(s->set);
+    free(s->fresh);
     free_plan(&s->host);
     free_plan(&s->devplan);
     free(s->arena);
@@ -545,11 +548,96 @@ static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_
     if (s->own_cap)
         s->own_cap[b] = 0;
     s->set[b] = 1;
+    s->fresh[b] = 1;
     if (s->changed)
         s->changed[b] = 1;
     for (int i = 0; i < rank; i++)
         s->shape[b][i] = shape[i];
     s->outputs_valid = 0;
+}
+
+/* ---- limits on sums of symbols (m->limit_def: a KV cache's c+n <= max_seq_len) ---- */
+
+/* The symbol a dimension is exactly (sym + constant), or -1. */
+static int plain_sym(const XtcModule *m, const RtDim *d)
+{
+    int sym = -1;
+    for (int k = 0; k < m->nsyms; k++)
+        if (d->k[k] == 1 && sym < 0)
+            sym = k;
+        else if (d->k[k])
+            return -1;
+    return sym;
+}
+
+/* The input that gives symbol k its value in syms (one with a dimension that is k plus a
+ * constant, bound to that value), for messages: "" when none. Buffer b has shape (else its
+ * bound one). */
+static const char *sym_source(const XtcSession *s, int k, const int64_t *syms, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
+        int ib = m->by_kind[RT_BUF_INPUT][i];
+        const int64_t *sh = ib == b ? shape : s->set[ib] ? s->shape[ib] : NULL;
+        for (int d = 0; sh && d < m->bufs[ib].rank; d++)
+            if (plain_sym(m, &m->bufs[ib].shape[d]) == k && sh[d] - m->bufs[ib].shape[d].c == syms[k])
+                return m->bufs[ib].name;
+    }
+    return "";
+}
+
+/* Checks the limits whose symbols are all known (known NULL: all are) at the values syms; with
+ * the session's error set, XTC_ERR_RANGE naming the form, its value and each symbol's value and
+ * the input it comes from. Buffer b (or -1) is being bound with shape. */
+static int check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    for (int l = 0; l < m->nlimits; l++) {
+        const RtDim *d = &m->limit_def[l];
+        int all = 1;
+        for (int k = 0; k < m->nsyms && known; k++)
+            all &= !d->k[k] || known[k];
+        int64_t v = rt_dim_eval(d, syms);
+        if (!all || v <= m->limit_max[l])
+            continue;
+        char parts[400] = "";
+        size_t len = 0;
+        for (int k = 0; k < m->nsyms && len < sizeof parts; k++) {
+            if (!d->k[k])
+                continue;
+            const char *from = sym_source(s, k, syms, b, shape);
+            len += (size_t)snprintf(parts + len, sizeof parts - len, "%s%s = %lld%s%s%s", len ? ", " : "",
+                                    m->sym_name[k], (long long)syms[k], *from ? " (input '" : "", from,
+                                    *from ? "')" : "");
+        }
+        return fail(s, XTC_ERR_RANGE, "%s = %lld exceeds %lld (the model's max_seq_len): %s", m->limit_text[l],
+                    (long long)v, (long long)m->limit_max[l], parts);
+    }
+    return XTC_OK;
+}
+
+/* The limits before binding input b with shape: over the symbols that b and the inputs bound
+ * since the last run give (older bindings may be about to change: a new prompt of a session
+ * whose cache is still the last one's). The run checks them all again. */
+static int check_limits_early(XtcSession *s, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    if (!m->nlimits)
+        return XTC_OK;
+    int64_t syms[RT_MAXSYM] = {0};
+    int known[RT_MAXSYM] = {0};
+    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
+        int ib = m->by_kind[RT_BUF_INPUT][i];
+        const int64_t *sh = ib == b ? shape : s->fresh[ib] && s->set[ib] ? s->shape[ib] : NULL;
+        for (int d = 0; sh && d < m->bufs[ib].rank; d++) {
+            int k = plain_sym(m, &m->bufs[ib].shape[d]);
+            if (k >= 0 && !known[k] && !m->sym_derived[k]) {
+                syms[k] = sh[d] - m->bufs[ib].shape[d].c;
+                known[k] = 1;
+            }
+        }
+    }
+    return check_limits(s, syms, known, b, shape);
 }
 
 /* ---- weights ---- */
@@ -715,6 +803,8 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
         return fail(s, XTC_ERR_SHAPE, "input '%s': %s given, expected %s", name, xtc_dtype_name(dtype),
                     xtc_dtype_name(buf->dtype));
     int st = check_shape(s, buf, "input", rank, shape);
+    if (!st)
+        st = check_limits_early(s, b, shape);
     if (st)
         return st;
     int64_t n = numel_of(rank, shape); /* checked by check_shape */
@@ -854,7 +944,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
             return fail(s, XTC_ERR_RANGE, "symbol %s = %lld exceeds its bound %lld", m->sym_name[k],
                         (long long)syms[k], (long long)bound);
     }
-    return XTC_OK;
+    return check_limits(s, syms, NULL, -1, NULL);
 }
 
 /* Why a step of the schedule can fail, by op (the kernels report a status, not a message). */
@@ -1208,6 +1298,8 @@ static int device_carry(XtcSession *s, int oi, int ib)
     for (int d = 0; d < o->rank; d++)
         shape[d] = rt_dim_eval(&o->shape[d], s->syms);
     int st = check_shape(s, in, "input", o->rank, shape);
+    if (!st)
+        st = check_limits_early(s, ib, shape);
     if (st)
         return st;
     if (!s->lazy) {
@@ -1236,6 +1328,7 @@ static int device_carry(XtcSession *s, int oi, int ib)
     /* the input's value is its device copy now (the host one is stale, and not uploaded again
      * until the input is set) */
     s->set[ib] = 1;
+    s->fresh[ib] = 1;
     s->changed[ib] = 0;
     for (int d = 0; d < o->rank; d++)
         s->shape[ib][d] = shape[d];
@@ -1268,13 +1361,14 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (t.dtype != in->dtype)
         return fail(s, XTC_ERR_SHAPE, "carrying output '%s' (%s) into input '%s' (%s)", output,
                     xtc_dtype_name(t.dtype), input, xtc_dtype_name(in->dtype));
-    if ((st = check_shape(s, in, "input", t.rank, t.shape)))
+    if ((st = check_shape(s, in, "input", t.rank, t.shape)) || (st = check_limits_early(s, ib, t.shape)))
         return st;
     int ob = m->outs[oi].buf;
     if (s->carried && s->carried[ob] == ib + 1 && s->ptr[ob] == s->own[ib]) {
         /* written in place over the input (place_carried): the input only grows */
         for (int d = 0; d < t.rank; d++)
             s->shape[ib][d] = t.shape[d];
+        s->fresh[ib] = 1;
         if (s->changed)
             s->changed[ib] = 1;
         s->outputs_valid = 1;
@@ -1379,6 +1473,7 @@ int xtc_session_run(XtcSession *s)
     if (s->step_s)
         s->profiled_runs++;
     scaler_unscale(s);
+    memset(s->fresh, 0, (size_t)m->nbufs);
     s->outputs_valid = 1;
     return XTC_OK;
 }

@@ -37,6 +37,28 @@ expect() { # expect NAME CONDITION...: a plain shell condition (test, cmp, grep)
 }
 
 # ---- the runtime: bounds of a call (items 1, 2, 4, 6, 24) ----
+# the input files: KV caches of c positions with n new tokens, empty batches of huge b
+cat > "$tmp/rt_inputs.py" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import safetensors_lite as st
+out = sys.argv[2]
+def kv(name, c, n):  # decoder_plain --kv-cache: 2 layers, 2 heads of 32
+    t = {"tokens": st.Tensor("I64", [1, n], [1] * n)}
+    for l in range(2):
+        for kind in "kv":
+            t["cache.%d.%s" % (l, kind)] = st.Tensor("F32", [1, c, 2, 32], [0.0] * (c * 64))
+    st.write("%s/%s.safetensors" % (out, name), t)
+kv("kv_fits", 12, 20)
+kv("kv_over", 20, 20)
+PY
+$py "$tmp/rt_inputs.py" "$parity" "$tmp"
+$xtc compile $src/tests/parity/decoder_plain.xtf --kv-cache -o $tmp/rt_kv.so > /dev/null 2>&1
+$xtc init $tmp/rt_kv.so -o $tmp/rt_kv_w.safetensors > /dev/null 2>&1
+# item 1: c + n <= max_seq_len (32), not c and n each
+check rt_kv_fits $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_fits.safetensors --output $tmp/rt_out.safetensors
+refuse_t rt_kv_over "n+c = 40 exceeds 32 (the model's max_seq_len): n = 20 (input 'tokens'), c = 20 (input 'cache.0.k')" \
+  $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_over.safetensors --output $tmp/rt_out.safetensors
 
 # ---- end runtime ----
 
