@@ -32,7 +32,8 @@
  *                                           buffer (tied weights): it must hold the same values
  *   init BUFFER VALUE                       fresh weights of that param start at the constant VALUE
  *                                           (%a; zero_init_*, qk_norm's scale_init_value)
- *   range INPUT LO HI                       integer input used as indices: values in [LO, HI)
+ *   range INPUT LO HI                       integer input used as indices: values in [LO, HI);
+ *                                           LO INT64_MIN: targets (negative ones are ignored)
  *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
  *   step ID KERNEL OUT IN0 .. INk OP LABEL  schedule entry: 3 to XTC_ABI_MAXIN operand buffers,
  *                                           -1 for absent operands

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ARENA_ALIGN 64
 
@@ -53,6 +54,14 @@ struct XtcSession {
     ArenaPlan devplan;           /* a device module's temps in the device arena; elem NULL otherwise */
     size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
     int outputs_valid;
+    uint8_t stepped;             /* xtc_session_step used the last run's gradients (rt_optim.c) */
+    /* a training module run without its targets (bind_no_targets): they were all -1 (ignored),
+     * and the outputs computed from them (loss, gradients) are not available */
+    int targets;                 /* the targets input's buffer, -1: none */
+    int targetless;              /* the last run had no targets */
+    void *no_targets;            /* the -1s bound instead, no_targets_bytes long */
+    size_t no_targets_bytes;
+    uint8_t *from_targets;       /* per buffer: computed from the targets (NULL until needed) */
     struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
     RtScaler scaler;             /* loss scaling (fp16 training modules), scaler.buf -1 otherwise */
     int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
@@ -88,6 +97,8 @@ static int fail(XtcSession *s, int status, const char *fmt, ...)
 }
 
 static int scaler_init(XtcSession *s);
+static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name);
+static size_t memory_bytes(void);
 
 static int64_t sym_bound(const XtcSession *s, int sym)
 {
@@ -251,6 +262,9 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
         s->arena = NULL;
         s->arena_bytes = 0;
         size_t alloc = total ? total : ARENA_ALIGN;
+        if (total > ((size_t)1 << 30) && total > memory_bytes()) /* as a failed allocation */
+            return fail(s, XTC_ERR_MEMORY, "these sizes need a %.1f GiB arena, more than this machine's memory "
+                        "(%.1f GiB)", (double)total / (1 << 30), (double)memory_bytes() / (1 << 30));
         s->arena = rt_aligned_alloc(ARENA_ALIGN, alloc);
         if (!s->arena)
             return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
@@ -297,6 +311,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
     s->m = m;
     s->scaler.buf = -1; /* until scaler_init finds the loss-scale input */
+    s->targets = find_buffer(m, RT_BUF_INPUT, "targets");
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
@@ -360,12 +375,13 @@ void xtc_session_free(XtcSession *s)
 {
     if (!s)
         return;
+    int nb = s->m ? s->m->nbufs : 0; /* no module: a failed xtc_session_new */
     rt_pool_free(s->pool);
     rt_optim_free(s->optim);
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
-    free_each(s->spare, s->m->nbufs);
+    free_each(s->spare, nb);
     free(s->spare_cap);
     free(s->own_cap);
     free(s->carried);
@@ -373,7 +389,7 @@ void xtc_session_free(XtcSession *s)
     free(s->fetched);
     free(s->into);
     free(s->place);
-    free_each(s->own, s->m->nbufs);
+    free_each(s->own, nb);
     free(s->ptr);
     free(s->shape);
     free(s->set);
@@ -383,6 +399,8 @@ void xtc_session_free(XtcSession *s)
     free(s->arena);
     free(s->step_s);
     free(s->unscale);
+    free(s->no_targets);
+    free(s->from_targets);
     free(s);
 }
 
@@ -411,6 +429,8 @@ int64_t xtc_session_symbol(const XtcSession *s, int i)
     return s->syms[i];
 }
 
+/* Whether the session can take a call; clears the last error, so that it describes the last
+ * call that failed only until another succeeds. */
 static int ready(XtcSession *s, const char *what)
 {
     if (!s)
@@ -419,6 +439,7 @@ static int ready(XtcSession *s, const char *what)
         fail(s, XTC_ERR_STATE, "%s: the session was not created successfully", what);
         return 0;
     }
+    s->err[0] = 0;
     return 1;
 }
 
@@ -453,6 +474,18 @@ static void shape_text(char *buf, size_t n, int rank, const int64_t *shape)
         len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (len < n)
         snprintf(buf + len, n - len, "]");
+}
+
+/* "[1, 0, 5]": the multi-index of flat element i of a row-major shape */
+static void index_text(char *buf, size_t n, int rank, const int64_t *shape, int64_t i)
+{
+    int64_t idx[XTC_MAX_RANK] = {0};
+    for (int d = rank - 1; d >= 0; d--)
+        if (shape[d] > 0) {
+            idx[d] = i % shape[d];
+            i /= shape[d];
+        }
+    shape_text(buf, n, rank, idx);
 }
 
 static void dims_text(char *buf, size_t n, const RtBuffer *b)
@@ -821,8 +854,13 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
             int64_t v = dtype == XTC_I32 ? ((const int32_t *)data)[i] : ((const int64_t *)data)[i];
             if (buf->has_range && (v < buf->lo || v >= buf->hi)) {
                 free(copy);
-                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at position %lld is outside [%lld, %lld)",
-                            name, (long long)v, (long long)i, (long long)buf->lo, (long long)buf->hi);
+                char at[200];
+                index_text(at, sizeof at, rank, shape, i);
+                if (buf->lo == INT64_MIN) /* targets */
+                    return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [0, %lld) (a negative "
+                                "target is ignored)", name, (long long)v, at, (long long)buf->hi);
+                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [%lld, %lld)", name,
+                            (long long)v, at, (long long)buf->lo, (long long)buf->hi);
             }
             if (buf->dtype == XTC_I32) {
                 if (v != (int32_t)v) {
@@ -887,7 +925,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
         progress = derived > 0;
         for (int b = 0; b < m->nbufs; b++) {
             const RtBuffer *buf = &m->bufs[b];
-            if (buf->kind == RT_BUF_TEMP)
+            if (buf->kind == RT_BUF_TEMP || !s->set[b]) /* unset: the targets of a forward run */
                 continue;
             for (int d = 0; d < buf->rank; d++) {
                 const RtDim *dim = &buf->shape[d];
@@ -921,7 +959,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
         }
     for (int b = 0; b < m->nbufs; b++) {
         const RtBuffer *buf = &m->bufs[b];
-        if (buf->kind == RT_BUF_TEMP)
+        if (buf->kind == RT_BUF_TEMP || !s->set[b])
             continue;
         for (int d = 0; d < buf->rank; d++) {
             int64_t want = rt_dim_eval(&buf->shape[d], syms);
@@ -1412,6 +1450,111 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     return XTC_OK;
 }
 
+/* ---- bounds of a call's work ---- */
+
+/* The memory of this machine: the bound of an arena and of a call's work (sysconf). */
+static size_t memory_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return (size_t)1 << 50;
+    return (size_t)pages * (size_t)size;
+}
+
+/* Whether every output has zero elements at these symbol values (a run would compute nothing). */
+static int no_output_elements(const XtcModule *m, const int64_t *syms)
+{
+    for (int o = 0; o < m->nouts; o++)
+        if (rt_numel(m->outs[o].shape, m->outs[o].rank, syms) != 0)
+            return 0;
+    return m->nouts > 0;
+}
+
+/* The work of a call: kernels loop over their outputs' dimensions, some of them over the
+ * dimensions that are not empty when others are (a batch of 2^40 empty sequences loops 2^40
+ * times). Every temp counted with its empty dimensions as 1 must fit in memory, as it would
+ * have to if they were 1: XTC_ERR_RANGE naming the sizes otherwise. */
+static int check_work(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    size_t limit = 0;
+    for (int i = 0; i < m->nbufs; i++) {
+        const RtBuffer *b = &m->bufs[i];
+        if (b->kind != RT_BUF_TEMP)
+            continue;
+        size_t n = xtc_dtype_size(b->dtype);
+        int big = 0;
+        for (int d = 0; d < b->rank && !big; d++) {
+            int64_t v = rt_dim_eval(&b->shape[d], syms);
+            big = __builtin_mul_overflow(n, (size_t)(v > 1 ? v : 1), &n);
+        }
+        if (!big && n <= ((size_t)1 << 30))
+            continue;
+        if (!limit)
+            limit = memory_bytes();
+        if (!big && n <= limit)
+            continue;
+        char names[200] = "", dims[256];
+        size_t len = 0;
+        for (int k = 0; k < m->nsyms && len < sizeof names; k++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s = %lld", len ? ", " : "", m->sym_name[k],
+                                    (long long)syms[k]);
+        dims_text(dims, sizeof dims, b);
+        return fail(s, XTC_ERR_RANGE, "sizes %s are too large: intermediate %%%s %s, its empty dimensions "
+                    "counted as 1 (the loops over it), would exceed this machine's memory (%.1f GiB)", names, b->name,
+                    dims, (double)limit / (1 << 30));
+    }
+    return XTC_OK;
+}
+
+/* ---- a training module's forward pass without targets ---- */
+
+/* When the targets input is not set: binds targets of the shape these symbols give, all -1
+ * (ignored: the loss and gradients come out of nothing and are withheld, output_withheld), and
+ * notes which buffers are computed from them. */
+static int bind_no_targets(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    int b = s->targets;
+    s->targetless = b >= 0 && !s->set[b];
+    if (!s->targetless)
+        return XTC_OK;
+    const RtBuffer *t = &m->bufs[b];
+    size_t bytes = buffer_bytes(t, xtc_dtype_size(t->dtype), syms);
+    if (bytes == SIZE_MAX)
+        return fail(s, XTC_ERR_MEMORY, "input 'targets' would not fit in memory with these sizes");
+    if (!s->from_targets && !(s->from_targets = rt_calloc((size_t)m->nbufs + 1, 1)))
+        return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+    if (bytes > s->no_targets_bytes || !s->no_targets) {
+        free(s->no_targets);
+        s->no_targets_bytes = 0;
+        if (!(s->no_targets = rt_malloc(bytes ? bytes : 1)))
+            return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+        s->no_targets_bytes = bytes;
+    }
+    memset(s->no_targets, 0xff, bytes); /* -1 as i32 and i64 */
+    for (int i = 0; i < t->rank; i++)
+        s->shape[b][i] = rt_dim_eval(&t->shape[i], syms);
+    s->ptr[b] = s->no_targets;
+    if (s->changed)
+        s->changed[b] = 1;
+    memset(s->from_targets, 0, (size_t)m->nbufs);
+    s->from_targets[b] = 1;
+    for (int i = 0; i < m->nsteps; i++)
+        for (int k = 0; k < RT_MAXIN; k++)
+            if (m->steps[i].in[k] >= 0 && s->from_targets[m->steps[i].in[k]])
+                s->from_targets[m->steps[i].out] = 1;
+    return XTC_OK;
+}
+
+/* Whether output o of the last run is withheld: computed from targets that were not set. */
+static int output_withheld(const XtcSession *s, int o)
+{
+    return s->targetless && s->from_targets && s->from_targets[s->m->outs[o].buf];
+}
+
+int rt_session_withheld(const XtcSession *s, int out) { return s && s->m && output_withheld(s, out); }
+
 int xtc_session_run(XtcSession *s)
 {
     if (!ready(s, "xtc_session_run"))
@@ -1430,7 +1573,7 @@ int xtc_session_run(XtcSession *s)
     for (int k = RT_BUF_INPUT; k <= RT_BUF_STATE; k++)
         for (int i = 0; i < m->nby_kind[k]; i++) {
             int b = m->by_kind[k][i];
-            if (!s->set[b])
+            if (!s->set[b] && b != s->targets)
                 return fail(s, XTC_ERR_STATE, k == RT_BUF_INPUT ? "input '%s' is not set" : "weight '%s' is not loaded",
                             m->bufs[b].name);
         }
@@ -1447,6 +1590,20 @@ int xtc_session_run(XtcSession *s)
                 return fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
                             b->dims[d]);
     }
+    if (no_output_elements(m, syms)) { /* an empty batch or sequence: nothing to compute */
+        for (int i = 0; i < m->nbufs; i++)
+            s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? (void *)s->arena : s->own[i];
+        memcpy(s->syms, syms, sizeof s->syms);
+        memset(s->fresh, 0, (size_t)m->nbufs);
+        if (s->fetched) /* nothing of this run is on the device */
+            memset(s->fetched, 1, (size_t)m->nbufs);
+        s->targetless = 0;
+        s->stepped = 0;
+        s->outputs_valid = 1;
+        return XTC_OK;
+    }
+    if ((st = check_work(s, syms)))
+        return st;
     int fits = plan_fits(m, &s->host, syms) && (!s->devplan.elem || plan_fits(m, &s->devplan, syms));
     if (!fits || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
@@ -1461,7 +1618,7 @@ int xtc_session_run(XtcSession *s)
     }
     for (int i = 0; i < m->nbufs; i++)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
-    if ((st = place_carried(s, syms)))
+    if ((st = place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
@@ -1474,6 +1631,7 @@ int xtc_session_run(XtcSession *s)
         s->profiled_runs++;
     scaler_unscale(s);
     memset(s->fresh, 0, (size_t)m->nbufs);
+    s->stepped = 0;
     s->outputs_valid = 1;
     return XTC_OK;
 }
@@ -1504,6 +1662,9 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
     const RtOutput *o = &s->m->outs[i];
     if (!s->outputs_valid)
         return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+    if (output_withheld(s, i))
+        return fail(s, XTC_ERR_STATE, "output '%s': the last run had no targets (input 'targets' not set): "
+                    "only the outputs that do not depend on them (logits) were computed", name);
     int st = output_on_host(s, o->buf, name);
     if (st)
         return st;
@@ -1531,7 +1692,7 @@ void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape)
 
 void *rt_session_output(XtcSession *s, int out)
 {
-    if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
+    if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts || output_withheld(s, out))
         return NULL;
     const RtOutput *o = &s->m->outs[out];
     return output_on_host(s, o->buf, o->name) ? NULL : s->ptr[o->buf];
@@ -1551,6 +1712,14 @@ RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }
 const XtcModule *rt_session_module(const XtcSession *s) { return s ? s->m : NULL; }
 
 struct RtOptim **rt_session_optim(XtcSession *s) { return &s->optim; }
+
+uint8_t *rt_session_stepped(XtcSession *s) { return &s->stepped; }
+
+void rt_session_begin(XtcSession *s)
+{
+    if (s && s->m && s->pool)
+        s->err[0] = 0;
+}
 
 int rt_session_fail(XtcSession *s, int status, const char *msg)
 {
