@@ -658,18 +658,22 @@ static int check_limits_early(XtcSession *s, int b, const int64_t *shape)
     if (!m->nlimits)
         return XTC_OK;
     int64_t syms[RT_MAXSYM] = {0};
-    int known[RT_MAXSYM] = {0};
+    int known[RT_MAXSYM] = {0}, conflict[RT_MAXSYM] = {0};
     for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
         int ib = m->by_kind[RT_BUF_INPUT][i];
         const int64_t *sh = ib == b ? shape : s->fresh[ib] && s->set[ib] ? s->shape[ib] : NULL;
         for (int d = 0; sh && d < m->bufs[ib].rank; d++) {
             int k = plain_sym(m, &m->bufs[ib].shape[d]);
-            if (k >= 0 && !known[k] && !m->sym_derived[k]) {
-                syms[k] = sh[d] - m->bufs[ib].shape[d].c;
-                known[k] = 1;
-            }
+            int64_t v = k >= 0 ? sh[d] - m->bufs[ib].shape[d].c : 0;
+            if (k < 0 || m->sym_derived[k])
+                continue;
+            conflict[k] |= known[k] && syms[k] != v; /* half rebound: the run decides */
+            syms[k] = v;
+            known[k] = 1;
         }
     }
+    for (int k = 0; k < RT_MAXSYM; k++)
+        known[k] &= !conflict[k];
     return check_limits(s, syms, known, b, shape);
 }
 

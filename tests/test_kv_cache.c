@@ -401,6 +401,15 @@ START_TEST(past_max_seq_len)
     for (int c = 0; c < b.ncache; c++)
         ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[c], XTC_F32, 4, (int64_t[]){1, 30, 2, 8}, zeros), XTC_OK);
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    /* a new prompt while the caches are half rebound (one emptied, one still the full carried
+     * one): not refused on the stale one; the run checks what is bound then */
+    for (int c = 0; c < b.ncache; c++)
+        ck_assert_int_eq(xtc_session_carry(s, b.cache_names[c], b.cache_names[c]), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[0], XTC_F32, 4, (int64_t[]){1, 0, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, 20}, tok) == XTC_OK, "%s",
+                  xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[1], XTC_F32, 4, (int64_t[]){1, 0, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
     xtc_session_free(s);
     xtc_module_free(m);
     for (int i = 0; i < b.nw; i++)
