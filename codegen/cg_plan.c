@@ -11,8 +11,8 @@
  *  - lifetimes: a temp lives from its step to the last step reading it (through reshapes), or to
  *    the end for outputs;
  *  - kernels deduplicated by signature, so the twelve layers of a model share their code;
- *  - index ranges for integer inputs that feed a gather (token ids), checked by the runtime when
- *    the input is set. */
+ *  - index ranges for integer inputs that feed a gather (token ids) or a cross-entropy (targets,
+ *    negative ones ignored), checked by the runtime when the input is set. */
 #include "cg_plan.h"
 
 #include <ctype.h>
@@ -218,7 +218,8 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
     p->steps = calloc(nn, sizeof *p->steps);
     p->kernels = calloc(nn, sizeof *p->kernels);
     p->range_hi = calloc(nn, sizeof *p->range_hi);
-    if (!needed || !p->buf_of || !p->bufs || !p->steps || !p->kernels || !p->range_hi) {
+    p->range_index = calloc(nn, sizeof *p->range_index);
+    if (!needed || !p->buf_of || !p->bufs || !p->steps || !p->kernels || !p->range_hi || !p->range_index) {
         free(needed);
         cg_plan_free(p);
         return fail(err, n, "out of memory%s", "");
@@ -297,20 +298,28 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
         if (p->bufs[b].kind == CG_BUF_TEMP)
             p->bufs[b].last = p->nsteps;
     }
-    /* token ids: an integer input feeding a gather directly or through casts and reshapes */
+    /* token ids: an integer input feeding a gather (the table's rows) or a cross-entropy (the
+     * classes, its last dim) directly or through casts, reshapes and slices (XTransformer's tgt:
+     * the decoder reads tgt[:, :-1]; its values are token ids all the same) */
     for (int s = 0; s < p->nsteps; s++) {
         const IrNode *node = p->steps[s].node;
-        if (node->op != IR_GATHER || !ir_dim_is_const(node->in[0]->shape[0]))
+        if ((node->op != IR_GATHER && node->op != IR_XENT) || node->nin < 2 || node->in[0]->rank < 1)
+            continue;
+        IrDim rows = node->in[0]->shape[node->op == IR_GATHER ? 0 : node->in[0]->rank - 1];
+        if (!ir_dim_is_const(rows))
             continue;
         const IrNode *idx = node->in[1];
-        while ((idx->op == IR_CAST && ir_dtype_is_int(idx->in[0]->dtype)) || idx->op == IR_RESHAPE)
+        while ((idx->op == IR_CAST && ir_dtype_is_int(idx->in[0]->dtype)) || idx->op == IR_RESHAPE ||
+               idx->op == IR_SLICE)
             idx = idx->in[0];
-        if (idx->op != IR_INPUT)
+        if (idx->op != IR_INPUT || !ir_dtype_is_int(idx->dtype))
             continue;
         int b = p->buf_of[idx->id];
-        int64_t v = node->in[0]->shape[0].c;
-        if (p->range_hi[b] == 0 || v < p->range_hi[b])
-            p->range_hi[b] = v;
+        if (b < 0)
+            continue;
+        if (p->range_hi[b] == 0 || rows.c < p->range_hi[b])
+            p->range_hi[b] = rows.c;
+        p->range_index[b] |= node->op == IR_GATHER;
     }
     return 0;
 }
@@ -325,6 +334,7 @@ void cg_plan_free(CgPlan *p)
     free(p->steps);
     free(p->buf_of);
     free(p->range_hi);
+    free(p->range_index);
     memset(p, 0, sizeof *p);
 }
 
@@ -379,6 +389,10 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
             fprintf(f, "derive %s %s %lld\n", g->sym_name[s], ir_dim_str(g, g->sym_def[s], def, sizeof def),
                     (long long)g->sym_max[s]);
     }
+    for (int i = 0; i < g->nlimits; i++) {
+        char def[128];
+        fprintf(f, "limit %s %lld\n", ir_dim_str(g, g->limit_def[i], def, sizeof def), (long long)g->limit_max[i]);
+    }
     for (int i = 0; i < p->nbufs; i++) {
         const CgBuffer *b = &p->bufs[i];
         char name[32];
@@ -419,7 +433,7 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
         if (p->range_hi[i]) {
             fprintf(f, "range ");
             put_name(f, p->bufs[i].name);
-            fprintf(f, " 0 %lld\n", (long long)p->range_hi[i]);
+            fprintf(f, " %lld %lld\n", p->range_index[i] ? 0LL : (long long)INT64_MIN, (long long)p->range_hi[i]);
         }
     for (int k = 0; k < p->nkernels; k++)
         fprintf(f, "kernel %d %s %s %d\n", k, p->kernels[k].fn, ir_ops[p->kernels[k].node->op].name,

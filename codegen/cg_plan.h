@@ -56,8 +56,10 @@ typedef struct CgPlan {
     CgKernel *kernels;
     int nkernels;
     int *buf_of;        /* per node id: the buffer holding its value, -1 if not needed */
-    /* integer inputs used as gather indices: valid range [0, range_hi) */
+    /* integer inputs used as gather indices (token ids) or cross-entropy targets: valid range
+     * [0, range_hi), negative values too where every use is a target (ignored) */
     int64_t *range_hi;  /* per buffer, 0 = none */
+    uint8_t *range_index; /* per buffer: some use is a gather index (no negative values) */
 } CgPlan;
 
 /* Builds the plan for g (which must verify). Returns 0 or -1 with a message. */

@@ -1040,6 +1040,9 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         IrDim c;
         if (add_sym(L, "c", xtf_int(call, "max_seq_len"), &c) < 0)
             return -1;
+        /* the call's positions follow the cache's: all of them within the position table */
+        if (ir_graph_add_limit(g, ir_dim_add(c, n), xtf_int(call, "max_seq_len")) < 0)
+            return -1;
         IrDim cs[4] = {L->B, c, C(S.heads), C(S.dim_head)};
         char name[48];
         for (int i = 0; i < S.ntypes; i++)

@@ -17,8 +17,9 @@
  *
  * Conventions
  *  - Every call that can fail returns an XtcStatus (0 = XTC_OK). The text of the last error is
- *    kept in the object the call was made on (xtc_module_error, xtc_session_error); messages name
- *    the input, parameter or step concerned. Nothing here exits or aborts on bad input.
+ *    kept in the object the call was made on (xtc_module_error, xtc_session_error) until a call
+ *    on it succeeds, which leaves ""; messages name the input, parameter or step concerned.
+ *    Nothing here exits or aborts on bad input.
  *  - The constructors xtc_module_load and xtc_session_new hand back an object even on failure
  *    (only out-of-memory yields NULL), so the error can be read from it; free it either way.
  *  - Out of memory is XTC_ERR_MEMORY with a message saying so, and nothing leaks; a session
@@ -161,12 +162,22 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
  * XTC_I32 or XTC_I64 (converted) and bool inputs accept any non-zero byte as true. The rank and
  * the constant dimensions must match; symbolic dimensions bind the symbols, and a value above
  * the model's bound (sequence longer than max_seq_len) or the session's limit is XTC_ERR_RANGE.
- * Integer inputs used as indices (token ids) are checked against the table size. */
+ * So is a sum of symbols above its limit (a KV cache: cache positions c plus new tokens n above
+ * max_seq_len), found when the second of the inputs giving them is set (or carried) since the
+ * last run, else by the run; the message names each symbol's value and input.
+ * Integer inputs used as indices (token ids: tokens, src, tgt) are checked against the table
+ * size, and targets against the number of classes (negative targets are ignored, not refused):
+ * XTC_ERR_RANGE, "input 'targets': value 300 at [0, 5] is outside [0, 256)". */
 int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank,
                           const int64_t *shape, const void *data);
 
 /* Runs the model on the bound inputs: checks that all inputs and weights are set and that the
- * symbols bound by the inputs agree, grows the arena if needed, then executes the schedule. */
+ * symbols bound by the inputs agree, grows the arena if needed, then executes the schedule.
+ * When no output has an element (an empty batch or sequence) nothing is computed. Sizes whose
+ * arena, or whose loops (an intermediate counted with its empty dimensions as 1: 2^40 empty
+ * rows), would exceed the machine's memory are refused first (XTC_ERR_MEMORY, XTC_ERR_RANGE).
+ * A training module may run without its "targets" input: the outputs that do not depend on them
+ * (logits) are computed, and reading the loss or a gradient is XTC_ERR_STATE. */
 int xtc_session_run(XtcSession *s);
 
 /* A view of an output after a successful run (see XtcTensor for its lifetime). */
@@ -254,6 +265,8 @@ typedef struct {
  * clipping. */
 XtcAdamW xtc_adamw_defaults(void);
 
+/* Each run's gradients serve one step: a second step without a successful run between (or after
+ * a run without targets) is XTC_ERR_STATE and changes nothing. */
 int xtc_session_step(XtcSession *s, const XtcAdamW *opt);
 
 /* Steps taken (t), and the global gradient norm of the last step before clipping (-1 before

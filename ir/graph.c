@@ -345,6 +345,26 @@ void ir_graph_derive_syms(const IrGraph *g, int64_t *vals)
         }
 }
 
+int ir_graph_add_limit(IrGraph *g, IrDim def, int64_t max)
+{
+    if (g->nlimits >= IR_MAXLIMIT) {
+        ir_graph_set_error(g, "too many limits on symbols (at most %d)", IR_MAXLIMIT);
+        return -1;
+    }
+    if (max < 1) {
+        ir_graph_set_error(g, "a limit on symbols must be positive, not %lld", (long long)max);
+        return -1;
+    }
+    for (int s = g->nsyms; s < IR_MAXSYM; s++)
+        if (def.k[s]) {
+            ir_graph_set_error(g, "a limit may only use declared symbols");
+            return -1;
+        }
+    g->limit_def[g->nlimits] = def;
+    g->limit_max[g->nlimits++] = max;
+    return 0;
+}
+
 void ir_graph_copy_syms(IrGraph *dst, const IrGraph *src)
 {
     for (int s = 0; s < src->nsyms; s++) {
@@ -353,6 +373,8 @@ void ir_graph_copy_syms(IrGraph *dst, const IrGraph *src)
         else
             ir_graph_add_sym(dst, src->sym_name[s], src->sym_max[s]);
     }
+    for (int i = 0; i < src->nlimits; i++)
+        ir_graph_add_limit(dst, src->limit_def[i], src->limit_max[i]);
 }
 
 static int label_taken(const IrGraph *g, const char *label)

@@ -1014,6 +1014,13 @@ static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
     }
     if (derive_syms(it) < 0)
         return -1;
+    for (int l = 0; l < g->nlimits; l++) /* c+n <= max_seq_len (ir_graph_add_limit) */
+        if (unbound_sym(it, g->limit_def[l]) < 0 && ir_dim_eval(g->limit_def[l], it->sym) > g->limit_max[l]) {
+            char def[128];
+            ir_dim_str(g, g->limit_def[l], def, sizeof def);
+            return fail(it, "%s = %lld with these inputs exceeds its bound %lld", def,
+                        (long long)ir_dim_eval(g->limit_def[l], it->sym), (long long)g->limit_max[l]);
+        }
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *n = g->nodes[i];
         if (!it->have_host[i])

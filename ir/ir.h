@@ -23,6 +23,7 @@
 #define IR_MAXRANK 6
 #define IR_MAXIN 8 /* operands: attention_grad takes 7 (passes/fuse_attention.c) */
 #define IR_MAXSYM 8
+#define IR_MAXLIMIT 4 /* limits on sums of symbols per graph (IrGraph.limit_def) */
 #define IR_MAXIA 4
 #define IR_MAX_NAME 200 /* longest graph or value name the text form reads (ir/parse.c) */
 
@@ -133,6 +134,12 @@ typedef struct IrGraph {
      * sym = min(sym_def, sym_max), or sym_def when sym_max is 0 (ir_graph_add_derived_sym). */
     int8_t sym_derived[IR_MAXSYM];
     IrDim sym_def[IR_MAXSYM];
+    /* Limits: affine forms of the symbols bounded above together, where each symbol's own bound
+     * is not enough (a KV cache: c+n <= max_seq_len, the positions of the cache and the call);
+     * checked once the inputs bind the symbols (ir_graph_add_limit). */
+    IrDim limit_def[IR_MAXLIMIT];
+    int64_t limit_max[IR_MAXLIMIT];
+    int nlimits;
     IrNode **nodes;
     int nnodes, cap;
     IrOutput *outputs;
@@ -160,7 +167,11 @@ int ir_graph_find_sym(const IrGraph *g, const char *name);        /* -1 if none 
 int ir_graph_add_derived_sym(IrGraph *g, const char *name, IrDim def, int64_t cap);
 /* Fills vals[s] of every derived symbol from the values of the symbols before it. */
 void ir_graph_derive_syms(const IrGraph *g, int64_t *vals);
-/* Gives dst (a graph without symbols) the symbols of src, derived ones with their definitions. */
+/* Declares the limit def <= max (max >= 1), def an affine form of declared symbols. Returns 0, or
+ * -1 with the graph's error set (too many limits, a bad bound). */
+int ir_graph_add_limit(IrGraph *g, IrDim def, int64_t max);
+/* Gives dst (a graph without symbols) the symbols of src, derived ones with their definitions,
+ * and its limits. */
 void ir_graph_copy_syms(IrGraph *dst, const IrGraph *src);
 char *ir_strdup(IrGraph *g, const char *s);                       /* arena copy */
 void *ir_alloc(IrGraph *g, size_t n);                             /* arena, zeroed */

@@ -3,7 +3,8 @@
  *
  *   file    := blank* header stmt* '}' blank*
  *   header  := 'graph' NAME [ '(' [ sym { ',' sym } ] ')' ] '{'
- *   sym     := IDENT [ '<=' INT | '=' derived ]
+ *   sym     := IDENT [ '<=' INT | '=' derived ] | limit
+ *   limit   := dim '<=' INT                          (ir_graph_add_limit: declared symbols only)
  *   derived := dim | 'min' '(' dim ',' INT ')'    (ir_graph_add_derived_sym: earlier symbols only)
  *   stmt    := '%' VALUE '=' OP bare* [ operand { ',' operand } ] [ '[' attr { ',' attr } ']' ]
  *              ':' type
@@ -881,7 +882,26 @@ static int parse_derived(Parser *P, const char *at, const char *name)
     return 0;
 }
 
-/* graph NAME(sym, sym <= max, q = min(n+p, max), ...) { */
+/* a limit, DIM <= max (ir_graph_add_limit) */
+static int parse_limit(Parser *P, const char *at)
+{
+    IrDim def;
+    int64_t max;
+    if (read_dim(P, &def) < 0)
+        return -1;
+    skip_ws(P);
+    if (peek(P) != '<' || P->p[1] != '=')
+        return perr(P, P->p, "expected '<=' and a bound after the limit's dimension");
+    P->p += 2;
+    skip_ws(P);
+    if (read_int(P, &max, "the limit's bound") < 0)
+        return -1;
+    if (ir_graph_add_limit(P->g, def, max) < 0)
+        return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
+    return 0;
+}
+
+/* graph NAME(sym, sym <= max, q = min(n+p, max), ..., limits: n+c <= max) { */
 static int parse_header(Parser *P)
 {
     char word[NAME_MAX_LEN + 1], name[STR_MAX_LEN], found[48];
@@ -901,8 +921,18 @@ static int parse_header(Parser *P)
         do {
             skip_ws(P);
             const char *sat = P->p;
-            if (read_ident(P, word, sizeof word, "a symbol name") < 0)
+            int limit = is_digit(peek(P));
+            if (!limit && read_ident(P, word, sizeof word, "a symbol name") < 0)
                 return -1;
+            char next = (char)peek(P);
+            if (limit || next == '*' || next == '+' || next == '-' ||
+                (next == '<' && ir_graph_find_sym(P->g, word) >= 0)) {
+                /* a limit on declared symbols: c+n <= 128 */
+                P->p = sat;
+                if (parse_limit(P, sat) < 0)
+                    return -1;
+                continue; /* to the ',' test */
+            }
             if (ir_graph_find_sym(P->g, word) >= 0)
                 return perr(P, sat, "symbol '%s' declared twice", word);
             if (P->g->nsyms == IR_MAXSYM)

@@ -228,6 +228,11 @@ static void print_graph(Buf *b, const IrGraph *g)
             put(b, " <= %lld", (long long)g->sym_max[s]);
         }
     }
+    for (int i = 0; i < g->nlimits; i++) {
+        put(b, ", ");
+        put_dim(b, g, g->limit_def[i]);
+        put(b, " <= %lld", (long long)g->limit_max[i]);
+    }
     put(b, ") {\n");
     for (int i = 0; i < g->nnodes; i++)
         put_node(b, g, g->nodes[i]);

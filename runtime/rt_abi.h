@@ -18,6 +18,9 @@
  *                                           NAME = min(DIM, CAP) (CAP 0: NAME = DIM), DIM an
  *                                           affine form of earlier symbols, evaluated once the
  *                                           inputs bind those (Transformer-XL: q = min(n+p, 512))
+ *   limit DIM MAX                           DIM, an affine form of the symbols, must not exceed
+ *                                           MAX once the inputs bind them (a KV cache's c+n <=
+ *                                           max_seq_len: the cache's positions and the call's)
  *   buffer ID KIND NAME DTYPE SHAPE FIRST LAST
  *       KIND input | param | state (persistent buffer from the weights file) | temp
  *       NAME the input/param name, or the node's label for temps
@@ -29,7 +32,8 @@
  *                                           buffer (tied weights): it must hold the same values
  *   init BUFFER VALUE                       fresh weights of that param start at the constant VALUE
  *                                           (%a; zero_init_*, qk_norm's scale_init_value)
- *   range INPUT LO HI                       integer input used as indices: values in [LO, HI)
+ *   range INPUT LO HI                       integer input used as indices: values in [LO, HI);
+ *                                           LO INT64_MIN: targets (negative ones are ignored)
  *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
  *   step ID KERNEL OUT IN0 .. INk OP LABEL  schedule entry: 3 to XTC_ABI_MAXIN operand buffers,
  *                                           -1 for absent operands

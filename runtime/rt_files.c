@@ -108,6 +108,8 @@ int xtc_run_files(const char *module_path, const char *weights_path, const char 
         const RtStTensor *t = rt_st_find(in, info.name);
         if (!t && !strcmp(info.name, XTC_LOSS_SCALE_INPUT) && info.rank == 0)
             continue; /* an fp16 training module's loss scale: the session binds it */
+        if (!t && !strcmp(info.name, "targets"))
+            continue; /* a training module's forward pass: the outputs but loss and gradients */
         if (!t) {
             rt_set_error(err, errlen, "%s: the model's input '%s' is missing", input_path, info.name);
             st = XTC_ERR_NAME;
@@ -130,6 +132,8 @@ int xtc_run_files(const char *module_path, const char *weights_path, const char 
         XtcTensorInfo info;
         XtcTensor t;
         xtc_module_tensor(m, XTC_OUTPUT, i, &info);
+        if (rt_session_withheld(s, i))
+            continue; /* loss and gradients of a run without targets */
         if ((st = xtc_session_get_output(s, info.name, &t))) {
             rt_set_error(err, errlen, "%s", xtc_session_error(s));
             goto done;

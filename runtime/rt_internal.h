@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #define RT_MAXSYM 8
+#define RT_MAXLIMIT 4 /* "limit" records (the IR's IR_MAXLIMIT) */
 #define RT_MAXIN XTC_ABI_MAXIN
 
 /* An affine dimension c + sum k[s] * sym[s], as the IR has it. */
@@ -76,6 +77,12 @@ struct XtcModule {
      * computed from the symbols before it once the inputs bind them (rt_derive_syms) */
     int sym_derived[RT_MAXSYM];
     RtDim sym_def[RT_MAXSYM];
+    /* limits ("limit" records): limit_def <= limit_max once the inputs bind its symbols (a KV
+     * cache: c+n <= max_seq_len); limit_text is the form as the metadata writes it ("c+n") */
+    int nlimits;
+    RtDim limit_def[RT_MAXLIMIT];
+    int64_t limit_max[RT_MAXLIMIT];
+    const char *limit_text[RT_MAXLIMIT];
     RtBuffer *bufs;
     int nbufs;
     RtOutput *outs;
@@ -202,13 +209,21 @@ typedef struct {
 RtScaler *rt_session_scaler(XtcSession *s);
 void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape);
 void *rt_session_output(XtcSession *s, int out);
+/* 1 when output out of the last run is withheld: a training module run without its targets
+ * computes the outputs that do not depend on them (logits), not the loss and gradients. */
+int rt_session_withheld(const XtcSession *s, int out);
 /* rt_session_adopt takes ownership of data (f32, the buffer's constant shape, already checked) as
  * the value of parameter or state buffer buf, allocating nothing: a commit that cannot fail. */
 void rt_session_adopt(XtcSession *s, int buf, float *data);
 RtPool *rt_session_pool(XtcSession *s);
 const XtcModule *rt_session_module(const XtcSession *s);
 struct RtOptim **rt_session_optim(XtcSession *s);
+/* 1 once xtc_session_step used the gradients of the last run (a run sets it back to 0). */
+uint8_t *rt_session_stepped(XtcSession *s);
 int rt_session_fail(XtcSession *s, int status, const char *msg);
+/* At the start of an API call: clears the session's last error (a call that succeeds leaves
+ * none). */
+void rt_session_begin(XtcSession *s);
 void rt_optim_free(struct RtOptim *o);
 
 /* printf into a fixed error buffer (truncating). */

@@ -299,6 +299,20 @@ static int record(Parser *p)
         m->sym_derived[s] = 1;
         m->sym_def[s] = d;
         m->sym_max[s] = cap;
+    } else if (strcmp(kind, "limit") == 0) {
+        if (need(p, 3) < 0)
+            return -1;
+        if (m->nlimits >= RT_MAXLIMIT)
+            return bad(p, "too many limits%s", "");
+        RtDim d;
+        int64_t max;
+        if (parse_dim(p, t[1], &d) < 0 || parse_int(p, t[2], &max) < 0)
+            return -1;
+        if (max < 1)
+            return bad(p, "limit: bound %s is not positive", t[2]);
+        m->limit_def[m->nlimits] = d;
+        m->limit_text[m->nlimits] = t[1];
+        m->limit_max[m->nlimits++] = max;
     } else if (strcmp(kind, "buffer") == 0) {
         if (need(p, 8) < 0)
             return -1;

@@ -213,6 +213,7 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
 {
     if (!s)
         return XTC_ERR_ARG;
+    rt_session_begin(s);
     if (!rt_session_module(s) || !rt_session_pool(s))
         return failf(s, XTC_ERR_STATE, "xtc_session_step: the session was not created successfully");
     if (!opt)
@@ -239,13 +240,18 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
         if (!p[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
         else if (!g[i])
-            st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully first");
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully%s first",
+                       rt_session_withheld(s, o->grad[i]) ? " with its targets" : "");
     }
+    if (!st && *rt_session_stepped(s))
+        st = failf(s, XTC_ERR_STATE, "xtc_session_step: the gradients of the last run were used by a step "
+                                     "already: run the model again first");
     if (st) {
         free(p);
         free(g);
         return st;
     }
+    *rt_session_stepped(s) = 1; /* taken or skipped, the step used these gradients */
     RtScaler *sc = rt_session_scaler(s);
     if (sc->buf >= 0) {
         sc->skipped = sc->overflow;
@@ -330,6 +336,7 @@ int xtc_session_get_weight(XtcSession *s, const char *name, XtcTensor *out)
 {
     if (!s || !name || !out)
         return s ? failf(s, XTC_ERR_ARG, "xtc_session_get_weight: bad arguments") : XTC_ERR_ARG;
+    rt_session_begin(s);
     const XtcModule *m = rt_session_module(s);
     if (!m)
         return failf(s, XTC_ERR_STATE, "xtc_session_get_weight: the session was not created successfully");
@@ -347,6 +354,7 @@ int xtc_session_get_optim(XtcSession *s, const char *param, XtcTensor *mt, XtcTe
 {
     if (!s || !param)
         return s ? failf(s, XTC_ERR_ARG, "xtc_session_get_optim: bad arguments") : XTC_ERR_ARG;
+    rt_session_begin(s);
     struct RtOptim *o = *rt_session_optim(s);
     if (!o || o->step == 0)
         return failf(s, XTC_ERR_STATE, "no optimizer state yet: no step was taken");
@@ -366,6 +374,7 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *mv, c
 {
     if (!s || !mv || !vv || step < 0)
         return s ? failf(s, XTC_ERR_ARG, "xtc_session_set_optim: bad arguments") : XTC_ERR_ARG;
+    rt_session_begin(s);
     if (!rt_session_module(s))
         return failf(s, XTC_ERR_STATE, "xtc_session_set_optim: the session was not created successfully");
     struct RtOptim *o;
@@ -391,6 +400,7 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
 {
     if (!s || !path || nmeta < 0 || (nmeta && (!keys || !values)))
         return s ? failf(s, XTC_ERR_ARG, "xtc_session_save_checkpoint: bad arguments") : XTC_ERR_ARG;
+    rt_session_begin(s);
     const XtcModule *m = rt_session_module(s);
     if (!m)
         return failf(s, XTC_ERR_STATE, "xtc_session_save_checkpoint: the session was not created successfully");
@@ -483,6 +493,7 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
 {
     if (!s || !path)
         return s ? failf(s, XTC_ERR_ARG, "xtc_session_load_checkpoint: bad arguments") : XTC_ERR_ARG;
+    rt_session_begin(s);
     const XtcModule *m = rt_session_module(s);
     if (!m)
         return failf(s, XTC_ERR_STATE, "xtc_session_load_checkpoint: the session was not created successfully");

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ARENA_ALIGN 64
 
@@ -46,12 +47,21 @@ struct XtcSession {
     void **own;                  /* per input/param/state buffer: our copy */
     int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
     uint8_t *set;                /* per input/param/state: bound yet? */
+    uint8_t *fresh;              /* per input/param/state: bound since the last run (early limits) */
     ArenaPlan host;              /* the temps in the host arena (every temp, or a device's outputs) */
     char *arena;
     size_t arena_bytes;
     ArenaPlan devplan;           /* a device module's temps in the device arena; elem NULL otherwise */
     size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
     int outputs_valid;
+    uint8_t stepped;             /* xtc_session_step used the last run's gradients (rt_optim.c) */
+    /* a training module run without its targets (bind_no_targets): they were all -1 (ignored),
+     * and the outputs computed from them (loss, gradients) are not available */
+    int targets;                 /* the targets input's buffer, -1: none */
+    int targetless;              /* the last run had no targets */
+    void *no_targets;            /* the -1s bound instead, no_targets_bytes long */
+    size_t no_targets_bytes;
+    uint8_t *from_targets;       /* per buffer: computed from the targets (NULL until needed) */
     struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
     RtScaler scaler;             /* loss scaling (fp16 training modules), scaler.buf -1 otherwise */
     int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
@@ -87,6 +97,8 @@ static int fail(XtcSession *s, int status, const char *fmt, ...)
 }
 
 static int scaler_init(XtcSession *s);
+static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name);
+static size_t memory_bytes(void);
 
 static int64_t sym_bound(const XtcSession *s, int sym)
 {
@@ -250,6 +262,9 @@ static int plan_arena(XtcSession *s, const int64_t *syms)
         s->arena = NULL;
         s->arena_bytes = 0;
         size_t alloc = total ? total : ARENA_ALIGN;
+        if (total > ((size_t)1 << 30) && total > memory_bytes()) /* as a failed allocation */
+            return fail(s, XTC_ERR_MEMORY, "these sizes need a %.1f GiB arena, more than this machine's memory "
+                        "(%.1f GiB)", (double)total / (1 << 30), (double)memory_bytes() / (1 << 30));
         s->arena = rt_aligned_alloc(ARENA_ALIGN, alloc);
         if (!s->arena)
             return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
@@ -296,6 +311,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
     s->m = m;
     s->scaler.buf = -1; /* until scaler_init finds the loss-scale input */
+    s->targets = find_buffer(m, RT_BUF_INPUT, "targets");
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
@@ -320,7 +336,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     s->own = rt_calloc(nb, sizeof *s->own);
     s->shape = rt_calloc(nb, sizeof *s->shape);
     s->set = rt_calloc(nb, 1);
-    if (!s->ptr || !s->own || !s->shape || !s->set || alloc_plan(m, &s->host) < 0 ||
+    s->fresh = rt_calloc(nb, 1);
+    if (!s->ptr || !s->own || !s->shape || !s->set || !s->fresh || alloc_plan(m, &s->host) < 0 ||
         (m->device && alloc_plan(m, &s->devplan) < 0))
         return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     plan_elem_sizes(m, s->host.elem, s->devplan.elem);
@@ -358,12 +375,13 @@ void xtc_session_free(XtcSession *s)
 {
     if (!s)
         return;
+    int nb = s->m ? s->m->nbufs : 0; /* no module: a failed xtc_session_new */
     rt_pool_free(s->pool);
     rt_optim_free(s->optim);
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
-    free_each(s->spare, s->m->nbufs);
+    free_each(s->spare, nb);
     free(s->spare_cap);
     free(s->own_cap);
     free(s->carried);
@@ -371,15 +389,18 @@ void xtc_session_free(XtcSession *s)
     free(s->fetched);
     free(s->into);
     free(s->place);
-    free_each(s->own, s->m->nbufs);
+    free_each(s->own, nb);
     free(s->ptr);
     free(s->shape);
     free(s->set);
+    free(s->fresh);
     free_plan(&s->host);
     free_plan(&s->devplan);
     free(s->arena);
     free(s->step_s);
     free(s->unscale);
+    free(s->no_targets);
+    free(s->from_targets);
     free(s);
 }
 
@@ -408,6 +429,8 @@ int64_t xtc_session_symbol(const XtcSession *s, int i)
     return s->syms[i];
 }
 
+/* Whether the session can take a call; clears the last error, so that it describes the last
+ * call that failed only until another succeeds. */
 static int ready(XtcSession *s, const char *what)
 {
     if (!s)
@@ -416,6 +439,7 @@ static int ready(XtcSession *s, const char *what)
         fail(s, XTC_ERR_STATE, "%s: the session was not created successfully", what);
         return 0;
     }
+    s->err[0] = 0;
     return 1;
 }
 
@@ -450,6 +474,18 @@ static void shape_text(char *buf, size_t n, int rank, const int64_t *shape)
         len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (len < n)
         snprintf(buf + len, n - len, "]");
+}
+
+/* "[1, 0, 5]": the multi-index of flat element i of a row-major shape */
+static void index_text(char *buf, size_t n, int rank, const int64_t *shape, int64_t i)
+{
+    int64_t idx[XTC_MAX_RANK] = {0};
+    for (int d = rank - 1; d >= 0; d--)
+        if (shape[d] > 0) {
+            idx[d] = i % shape[d];
+            i /= shape[d];
+        }
+    shape_text(buf, n, rank, idx);
 }
 
 static void dims_text(char *buf, size_t n, const RtBuffer *b)
@@ -545,11 +581,100 @@ static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_
     if (s->own_cap)
         s->own_cap[b] = 0;
     s->set[b] = 1;
+    s->fresh[b] = 1;
     if (s->changed)
         s->changed[b] = 1;
     for (int i = 0; i < rank; i++)
         s->shape[b][i] = shape[i];
     s->outputs_valid = 0;
+}
+
+/* ---- limits on sums of symbols (m->limit_def: a KV cache's c+n <= max_seq_len) ---- */
+
+/* The symbol a dimension is exactly (sym + constant), or -1. */
+static int plain_sym(const XtcModule *m, const RtDim *d)
+{
+    int sym = -1;
+    for (int k = 0; k < m->nsyms; k++)
+        if (d->k[k] == 1 && sym < 0)
+            sym = k;
+        else if (d->k[k])
+            return -1;
+    return sym;
+}
+
+/* The input that gives symbol k its value in syms (one with a dimension that is k plus a
+ * constant, bound to that value), for messages: "" when none. Buffer b has shape (else its
+ * bound one). */
+static const char *sym_source(const XtcSession *s, int k, const int64_t *syms, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
+        int ib = m->by_kind[RT_BUF_INPUT][i];
+        const int64_t *sh = ib == b ? shape : s->set[ib] ? s->shape[ib] : NULL;
+        for (int d = 0; sh && d < m->bufs[ib].rank; d++)
+            if (plain_sym(m, &m->bufs[ib].shape[d]) == k && sh[d] - m->bufs[ib].shape[d].c == syms[k])
+                return m->bufs[ib].name;
+    }
+    return "";
+}
+
+/* Checks the limits whose symbols are all known (known NULL: all are) at the values syms; with
+ * the session's error set, XTC_ERR_RANGE naming the form, its value and each symbol's value and
+ * the input it comes from. Buffer b (or -1) is being bound with shape. */
+static int check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    for (int l = 0; l < m->nlimits; l++) {
+        const RtDim *d = &m->limit_def[l];
+        int all = 1;
+        for (int k = 0; k < m->nsyms && known; k++)
+            all &= !d->k[k] || known[k];
+        int64_t v = rt_dim_eval(d, syms);
+        if (!all || v <= m->limit_max[l])
+            continue;
+        char parts[400] = "";
+        size_t len = 0;
+        for (int k = 0; k < m->nsyms && len < sizeof parts; k++) {
+            if (!d->k[k])
+                continue;
+            const char *from = sym_source(s, k, syms, b, shape);
+            len += (size_t)snprintf(parts + len, sizeof parts - len, "%s%s = %lld%s%s%s", len ? ", " : "",
+                                    m->sym_name[k], (long long)syms[k], *from ? " (input '" : "", from,
+                                    *from ? "')" : "");
+        }
+        return fail(s, XTC_ERR_RANGE, "%s = %lld exceeds %lld (the model's max_seq_len): %s", m->limit_text[l],
+                    (long long)v, (long long)m->limit_max[l], parts);
+    }
+    return XTC_OK;
+}
+
+/* The limits before binding input b with shape: over the symbols that b and the inputs bound
+ * since the last run give (older bindings may be about to change: a new prompt of a session
+ * whose cache is still the last one's). The run checks them all again. */
+static int check_limits_early(XtcSession *s, int b, const int64_t *shape)
+{
+    const XtcModule *m = s->m;
+    if (!m->nlimits)
+        return XTC_OK;
+    int64_t syms[RT_MAXSYM] = {0};
+    int known[RT_MAXSYM] = {0}, conflict[RT_MAXSYM] = {0};
+    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
+        int ib = m->by_kind[RT_BUF_INPUT][i];
+        const int64_t *sh = ib == b ? shape : s->fresh[ib] && s->set[ib] ? s->shape[ib] : NULL;
+        for (int d = 0; sh && d < m->bufs[ib].rank; d++) {
+            int k = plain_sym(m, &m->bufs[ib].shape[d]);
+            int64_t v = k >= 0 ? sh[d] - m->bufs[ib].shape[d].c : 0;
+            if (k < 0 || m->sym_derived[k])
+                continue;
+            conflict[k] |= known[k] && syms[k] != v; /* half rebound: the run decides */
+            syms[k] = v;
+            known[k] = 1;
+        }
+    }
+    for (int k = 0; k < RT_MAXSYM; k++)
+        known[k] &= !conflict[k];
+    return check_limits(s, syms, known, b, shape);
 }
 
 /* ---- weights ---- */
@@ -715,6 +840,8 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
         return fail(s, XTC_ERR_SHAPE, "input '%s': %s given, expected %s", name, xtc_dtype_name(dtype),
                     xtc_dtype_name(buf->dtype));
     int st = check_shape(s, buf, "input", rank, shape);
+    if (!st)
+        st = check_limits_early(s, b, shape);
     if (st)
         return st;
     int64_t n = numel_of(rank, shape); /* checked by check_shape */
@@ -731,8 +858,13 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
             int64_t v = dtype == XTC_I32 ? ((const int32_t *)data)[i] : ((const int64_t *)data)[i];
             if (buf->has_range && (v < buf->lo || v >= buf->hi)) {
                 free(copy);
-                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at position %lld is outside [%lld, %lld)",
-                            name, (long long)v, (long long)i, (long long)buf->lo, (long long)buf->hi);
+                char at[200];
+                index_text(at, sizeof at, rank, shape, i);
+                if (buf->lo == INT64_MIN) /* targets */
+                    return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [0, %lld) (a negative "
+                                "target is ignored)", name, (long long)v, at, (long long)buf->hi);
+                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [%lld, %lld)", name,
+                            (long long)v, at, (long long)buf->lo, (long long)buf->hi);
             }
             if (buf->dtype == XTC_I32) {
                 if (v != (int32_t)v) {
@@ -797,7 +929,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
         progress = derived > 0;
         for (int b = 0; b < m->nbufs; b++) {
             const RtBuffer *buf = &m->bufs[b];
-            if (buf->kind == RT_BUF_TEMP)
+            if (buf->kind == RT_BUF_TEMP || !s->set[b]) /* unset: the targets of a forward run */
                 continue;
             for (int d = 0; d < buf->rank; d++) {
                 const RtDim *dim = &buf->shape[d];
@@ -831,7 +963,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
         }
     for (int b = 0; b < m->nbufs; b++) {
         const RtBuffer *buf = &m->bufs[b];
-        if (buf->kind == RT_BUF_TEMP)
+        if (buf->kind == RT_BUF_TEMP || !s->set[b])
             continue;
         for (int d = 0; d < buf->rank; d++) {
             int64_t want = rt_dim_eval(&buf->shape[d], syms);
@@ -854,7 +986,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
             return fail(s, XTC_ERR_RANGE, "symbol %s = %lld exceeds its bound %lld", m->sym_name[k],
                         (long long)syms[k], (long long)bound);
     }
-    return XTC_OK;
+    return check_limits(s, syms, NULL, -1, NULL);
 }
 
 /* Why a step of the schedule can fail, by op (the kernels report a status, not a message). */
@@ -1208,6 +1340,8 @@ static int device_carry(XtcSession *s, int oi, int ib)
     for (int d = 0; d < o->rank; d++)
         shape[d] = rt_dim_eval(&o->shape[d], s->syms);
     int st = check_shape(s, in, "input", o->rank, shape);
+    if (!st)
+        st = check_limits_early(s, ib, shape);
     if (st)
         return st;
     if (!s->lazy) {
@@ -1236,6 +1370,7 @@ static int device_carry(XtcSession *s, int oi, int ib)
     /* the input's value is its device copy now (the host one is stale, and not uploaded again
      * until the input is set) */
     s->set[ib] = 1;
+    s->fresh[ib] = 1;
     s->changed[ib] = 0;
     for (int d = 0; d < o->rank; d++)
         s->shape[ib][d] = shape[d];
@@ -1268,13 +1403,14 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (t.dtype != in->dtype)
         return fail(s, XTC_ERR_SHAPE, "carrying output '%s' (%s) into input '%s' (%s)", output,
                     xtc_dtype_name(t.dtype), input, xtc_dtype_name(in->dtype));
-    if ((st = check_shape(s, in, "input", t.rank, t.shape)))
+    if ((st = check_shape(s, in, "input", t.rank, t.shape)) || (st = check_limits_early(s, ib, t.shape)))
         return st;
     int ob = m->outs[oi].buf;
     if (s->carried && s->carried[ob] == ib + 1 && s->ptr[ob] == s->own[ib]) {
         /* written in place over the input (place_carried): the input only grows */
         for (int d = 0; d < t.rank; d++)
             s->shape[ib][d] = t.shape[d];
+        s->fresh[ib] = 1;
         if (s->changed)
             s->changed[ib] = 1;
         s->outputs_valid = 1;
@@ -1318,6 +1454,111 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     return XTC_OK;
 }
 
+/* ---- bounds of a call's work ---- */
+
+/* The memory of this machine: the bound of an arena and of a call's work (sysconf). */
+static size_t memory_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return (size_t)1 << 50;
+    return (size_t)pages * (size_t)size;
+}
+
+/* Whether every output has zero elements at these symbol values (a run would compute nothing). */
+static int no_output_elements(const XtcModule *m, const int64_t *syms)
+{
+    for (int o = 0; o < m->nouts; o++)
+        if (rt_numel(m->outs[o].shape, m->outs[o].rank, syms) != 0)
+            return 0;
+    return m->nouts > 0;
+}
+
+/* The work of a call: kernels loop over their outputs' dimensions, some of them over the
+ * dimensions that are not empty when others are (a batch of 2^40 empty sequences loops 2^40
+ * times). Every temp counted with its empty dimensions as 1 must fit in memory, as it would
+ * have to if they were 1: XTC_ERR_RANGE naming the sizes otherwise. */
+static int check_work(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    size_t limit = 0;
+    for (int i = 0; i < m->nbufs; i++) {
+        const RtBuffer *b = &m->bufs[i];
+        if (b->kind != RT_BUF_TEMP)
+            continue;
+        size_t n = xtc_dtype_size(b->dtype);
+        int big = 0;
+        for (int d = 0; d < b->rank && !big; d++) {
+            int64_t v = rt_dim_eval(&b->shape[d], syms);
+            big = __builtin_mul_overflow(n, (size_t)(v > 1 ? v : 1), &n);
+        }
+        if (!big && n <= ((size_t)1 << 30))
+            continue;
+        if (!limit)
+            limit = memory_bytes();
+        if (!big && n <= limit)
+            continue;
+        char names[200] = "", dims[256];
+        size_t len = 0;
+        for (int k = 0; k < m->nsyms && len < sizeof names; k++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s = %lld", len ? ", " : "", m->sym_name[k],
+                                    (long long)syms[k]);
+        dims_text(dims, sizeof dims, b);
+        return fail(s, XTC_ERR_RANGE, "sizes %s are too large: intermediate %%%s %s, its empty dimensions "
+                    "counted as 1 (the loops over it), would exceed this machine's memory (%.1f GiB)", names, b->name,
+                    dims, (double)limit / (1 << 30));
+    }
+    return XTC_OK;
+}
+
+/* ---- a training module's forward pass without targets ---- */
+
+/* When the targets input is not set: binds targets of the shape these symbols give, all -1
+ * (ignored: the loss and gradients come out of nothing and are withheld, output_withheld), and
+ * notes which buffers are computed from them. */
+static int bind_no_targets(XtcSession *s, const int64_t *syms)
+{
+    const XtcModule *m = s->m;
+    int b = s->targets;
+    s->targetless = b >= 0 && !s->set[b];
+    if (!s->targetless)
+        return XTC_OK;
+    const RtBuffer *t = &m->bufs[b];
+    size_t bytes = buffer_bytes(t, xtc_dtype_size(t->dtype), syms);
+    if (bytes == SIZE_MAX)
+        return fail(s, XTC_ERR_MEMORY, "input 'targets' would not fit in memory with these sizes");
+    if (!s->from_targets && !(s->from_targets = rt_calloc((size_t)m->nbufs + 1, 1)))
+        return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+    if (bytes > s->no_targets_bytes || !s->no_targets) {
+        free(s->no_targets);
+        s->no_targets_bytes = 0;
+        if (!(s->no_targets = rt_malloc(bytes ? bytes : 1)))
+            return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+        s->no_targets_bytes = bytes;
+    }
+    memset(s->no_targets, 0xff, bytes); /* -1 as i32 and i64 */
+    for (int i = 0; i < t->rank; i++)
+        s->shape[b][i] = rt_dim_eval(&t->shape[i], syms);
+    s->ptr[b] = s->no_targets;
+    if (s->changed)
+        s->changed[b] = 1;
+    memset(s->from_targets, 0, (size_t)m->nbufs);
+    s->from_targets[b] = 1;
+    for (int i = 0; i < m->nsteps; i++)
+        for (int k = 0; k < RT_MAXIN; k++)
+            if (m->steps[i].in[k] >= 0 && s->from_targets[m->steps[i].in[k]])
+                s->from_targets[m->steps[i].out] = 1;
+    return XTC_OK;
+}
+
+/* Whether output o of the last run is withheld: computed from targets that were not set. */
+static int output_withheld(const XtcSession *s, int o)
+{
+    return s->targetless && s->from_targets && s->from_targets[s->m->outs[o].buf];
+}
+
+int rt_session_withheld(const XtcSession *s, int out) { return s && s->m && output_withheld(s, out); }
+
 int xtc_session_run(XtcSession *s)
 {
     if (!ready(s, "xtc_session_run"))
@@ -1336,7 +1577,7 @@ int xtc_session_run(XtcSession *s)
     for (int k = RT_BUF_INPUT; k <= RT_BUF_STATE; k++)
         for (int i = 0; i < m->nby_kind[k]; i++) {
             int b = m->by_kind[k][i];
-            if (!s->set[b])
+            if (!s->set[b] && b != s->targets)
                 return fail(s, XTC_ERR_STATE, k == RT_BUF_INPUT ? "input '%s' is not set" : "weight '%s' is not loaded",
                             m->bufs[b].name);
         }
@@ -1353,6 +1594,20 @@ int xtc_session_run(XtcSession *s)
                 return fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
                             b->dims[d]);
     }
+    if (no_output_elements(m, syms)) { /* an empty batch or sequence: nothing to compute */
+        for (int i = 0; i < m->nbufs; i++)
+            s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? (void *)s->arena : s->own[i];
+        memcpy(s->syms, syms, sizeof s->syms);
+        memset(s->fresh, 0, (size_t)m->nbufs);
+        if (s->fetched) /* nothing of this run is on the device */
+            memset(s->fetched, 1, (size_t)m->nbufs);
+        s->targetless = 0;
+        s->stepped = 0;
+        s->outputs_valid = 1;
+        return XTC_OK;
+    }
+    if ((st = check_work(s, syms)))
+        return st;
     int fits = plan_fits(m, &s->host, syms) && (!s->devplan.elem || plan_fits(m, &s->devplan, syms));
     if (!fits || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
@@ -1367,7 +1622,7 @@ int xtc_session_run(XtcSession *s)
     }
     for (int i = 0; i < m->nbufs; i++)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
-    if ((st = place_carried(s, syms)))
+    if ((st = place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
@@ -1379,6 +1634,8 @@ int xtc_session_run(XtcSession *s)
     if (s->step_s)
         s->profiled_runs++;
     scaler_unscale(s);
+    memset(s->fresh, 0, (size_t)m->nbufs);
+    s->stepped = 0;
     s->outputs_valid = 1;
     return XTC_OK;
 }
@@ -1409,6 +1666,9 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
     const RtOutput *o = &s->m->outs[i];
     if (!s->outputs_valid)
         return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+    if (output_withheld(s, i))
+        return fail(s, XTC_ERR_STATE, "output '%s': the last run had no targets (input 'targets' not set): "
+                    "only the outputs that do not depend on them (logits) were computed", name);
     int st = output_on_host(s, o->buf, name);
     if (st)
         return st;
@@ -1436,7 +1696,7 @@ void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape)
 
 void *rt_session_output(XtcSession *s, int out)
 {
-    if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts)
+    if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts || output_withheld(s, out))
         return NULL;
     const RtOutput *o = &s->m->outs[out];
     return output_on_host(s, o->buf, o->name) ? NULL : s->ptr[o->buf];
@@ -1456,6 +1716,14 @@ RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }
 const XtcModule *rt_session_module(const XtcSession *s) { return s ? s->m : NULL; }
 
 struct RtOptim **rt_session_optim(XtcSession *s) { return &s->optim; }
+
+uint8_t *rt_session_stepped(XtcSession *s) { return &s->stepped; }
+
+void rt_session_begin(XtcSession *s)
+{
+    if (s && s->m && s->pool)
+        s->err[0] = 0;
+}
 
 int rt_session_fail(XtcSession *s, int status, const char *msg)
 {

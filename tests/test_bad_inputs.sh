@@ -168,15 +168,15 @@ if "$xtc" compile "$model" -o "$tmp/dp.so" > "$tmp/out" 2> "$tmp/err"; then
   mw() {
     run "$1" "$3" run "$tmp/dp.so" --weights "$4" --input "$tmp/$2.safetensors" --output "$tmp/out.safetensors"
   }
-  m i_token_70 "input 'tokens': value 70 at position 0 is outside [0, 64)"
-  m i_token_neg "input 'tokens': value -1 at position 20 is outside [0, 64)"
+  m i_token_70 "input 'tokens': value 70 at [0, 0] is outside [0, 64)"
+  m i_token_neg "input 'tokens': value -1 at [1, 4] is outside [0, 64)"
   m i_too_long "input 'tokens': length n = 40 exceeds the model's maximum (max_seq_len) 32"
   m i_f32_tokens "tensor 'tokens' is F32"
   m i_tokens_rank1 "input 'tokens': rank 1 given, expected 2"
   m i_mask_shape "tensor 'mask' is not an input of the model"
   m i_no_tokens "tensor 'targets' is not an input of the model"
   m i_truncated "tensor 'tokens': data_offsets end 256 is beyond the data section"
-  m i_token_i32_range "input 'tokens': value 64 at position 0 is outside [0, 64)"
+  m i_token_i32_range "input 'tokens': value 64 at [0, 0] is outside [0, 64)"
   m ok_i16_tokens ""
   m ok_i32_tokens ""
   m ok_empty_batch ""

@@ -567,6 +567,10 @@ static const ErrorCase error_cases[] = {
     {"graph t(n, q = min(n, 4 {\n}\n", "expected ')' after the cap, found '{'"},
     {"graph t(n, q = ) {\n}\n", "expected a dimension (such as 64, n, n+3 or 2*n), found ')'"},
     {"graph t(n, n = n+1) {\n}\n", "symbol 'n' declared twice"},
+    /* limits on sums of declared symbols */
+    {"graph t(n, c, c+n) {\n}\n", "expected '<=' and a bound after the limit's dimension"},
+    {"graph t(n, c, c+n <= 0) {\n}\n", "a limit on symbols must be positive"},
+    {"graph t(n, c+n <= 4) {\n}\n", "unknown symbol 'c'"},
     {"graph t() { junk\n}\n", "expected end of line, found 'junk'"},
     {HEAD, "missing '}' at the end of the graph"},
     {HEAD "}\n%y = exp %x : f32[b, n]\n", "t.ir:4:1: error: unexpected '%' after the end of the graph"},

@@ -328,6 +328,98 @@ START_TEST(window_mem_kv)
 }
 END_TEST
 
+/* The cache's positions and the call's together stay within max_seq_len (the position table):
+ * c + n > 32 is refused naming both lengths, by the interpreter and by a session when the
+ * second of the two inputs is bound (set or carried), or else when it runs. */
+START_TEST(past_max_seq_len)
+{
+    IrGraph *step = lower(MODEL("dim = 16, depth = 1, heads = 2, attn_dim_head = 8"), 1);
+    Bind b = {0};
+    make_weights(step, &b);
+    int64_t tok[32] = {0};
+    static float zeros[32 * 2 * 8];
+    b.g = step;
+    b.b = 1;
+    b.n = 4;
+    b.tokens = tok;
+    for (int i = 0; i < step->nnodes; i++) {
+        IrNode *n = step->nodes[i];
+        if (n->op == IR_INPUT && !strncmp(n->s, "cache.", 6)) {
+            b.cache_names[b.ncache] = n->s;
+            memcpy(b.cache_shape[b.ncache], (int64_t[]){1, 30, 2, 8}, sizeof b.cache_shape[0]);
+            b.cache[b.ncache++] = zeros;
+        }
+    }
+    ck_assert_int_eq(b.ncache, 2);
+    IrHostTensor outs[3];
+    char err[512];
+    ck_assert_int_ne(ir_interp(step, bind, &b, outs, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "n+c = 34 with these inputs exceeds its bound 32"), "%s", err);
+
+    char path[600];
+    PassOptions po = {.verify_each = 1, .supports = cg_backend_find("cpu")->supports};
+    IrGraph *h = pass_run_pipeline(step, &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "passes: %s", err);
+    harness_make_tmpdir("kv_cache");
+    snprintf(path, sizeof path, "%s/limit.so", tmpdir);
+    CgOptions opt = {.output = path, .opt_level = 0, .source = "# test\n", .source_name = "t.xtf"};
+    CgStats cs;
+    ck_assert_msg(cg_compile(h, &opt, &cs, err, sizeof err) == 0, "%s", err);
+    ir_graph_free(h);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    unlink(path);
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    for (int i = 0; i < step->nnodes; i++) {
+        const IrNode *n = step->nodes[i];
+        int64_t shape[IR_MAXRANK];
+        for (int d = 0; d < n->rank; d++)
+            shape[d] = n->shape[d].c;
+        for (int k = 0; (n->op == IR_PARAM || n->op == IR_BUFFER) && k < b.nw; k++)
+            if (!strcmp(b.names[k], n->s))
+                ck_assert_int_eq(xtc_session_set_weight(s, n->s, n->rank, shape, b.w[k]), XTC_OK);
+    }
+    /* set: the second input bound is refused */
+    ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, 4}, tok), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "cache.0.k", XTC_F32, 4, (int64_t[]){1, 30, 2, 8}, zeros), XTC_ERR_RANGE);
+    const char *e = xtc_session_error(s);
+    ck_assert_msg(strstr(e, "n+c = 34 exceeds 32") && strstr(e, "n = 4 (input 'tokens')") &&
+                  strstr(e, "c = 30 (input 'cache.0.k')"), "%s", e);
+    /* c + n = 32 runs; carried, the cache is then 32 long: one more token is refused when it is
+     * set, and by the run when the old tokens are kept */
+    ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, 2}, tok), XTC_OK);
+    for (int c = 0; c < b.ncache; c++)
+        ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[c], XTC_F32, 4, (int64_t[]){1, 30, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    for (int c = 0; c < b.ncache; c++)
+        ck_assert_msg(xtc_session_carry(s, b.cache_names[c], b.cache_names[c]) == XTC_OK, "%s", xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, 1}, tok), XTC_ERR_RANGE);
+    ck_assert_msg(strstr(xtc_session_error(s), "n+c = 33 exceeds 32"), "%s", xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_run(s), XTC_ERR_RANGE);
+    ck_assert_msg(strstr(xtc_session_error(s), "n+c = 34 exceeds 32"), "%s", xtc_session_error(s));
+    for (int c = 0; c < b.ncache; c++)
+        ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[c], XTC_F32, 4, (int64_t[]){1, 30, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    /* a new prompt while the caches are half rebound (one emptied, one still the full carried
+     * one): not refused on the stale one; the run checks what is bound then */
+    for (int c = 0; c < b.ncache; c++)
+        ck_assert_int_eq(xtc_session_carry(s, b.cache_names[c], b.cache_names[c]), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[0], XTC_F32, 4, (int64_t[]){1, 0, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, 20}, tok) == XTC_OK, "%s",
+                  xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_set_input(s, b.cache_names[1], XTC_F32, 4, (int64_t[]){1, 0, 2, 8}, zeros), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    xtc_module_free(m);
+    for (int i = 0; i < b.nw; i++)
+        free(b.w[i]);
+    free(b.w);
+    free(b.names);
+    ir_graph_free(step);
+}
+END_TEST
+
 /* the layers (a constructor call) lowered in the KV-cache form are refused with message */
 static void refused(const char *layers, const char *message)
 {
@@ -364,6 +456,7 @@ int main(void)
     tcase_add_test(tc, pia_talking_heads_residual_attn);
     tcase_add_test(tc, window_mem_kv);
     tcase_add_test(tc, refusals);
+    tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);
     return harness_run(s, NULL);
 }
