@@ -131,11 +131,16 @@ int xtc_module_describe(const XtcModule *m, FILE *out);
 
 typedef struct XtcSession XtcSession;
 
+/* XtcSessionOptions.threads (and XtcRunOptions.threads): as many threads as CPUs this process may
+ * run on (its affinity mask: taskset, cgroup cpusets), at most 1024 */
+#define XTC_THREADS_AUTO (-1)
+
 typedef struct {
-    int threads;        /* worker threads including the caller's; 0 = 1. The calling thread runs
-                         * kernels too: generated kernels keep tiles on the stack (up to about
-                         * 1 MiB, attention with head size 256), so it needs a few MiB of stack
-                         * (the pool's own threads get 8 MiB) */
+    int threads;        /* worker threads including the caller's; 0 = 1; XTC_THREADS_AUTO: one per
+                         * CPU this process may use (xtc_session_threads says how many). The
+                         * calling thread runs kernels too, which keep tiles on the stack (up to
+                         * about 1.5 MiB); a run called with less than 4 MiB of stack left moves to
+                         * a thread of 8 MiB, as the pool's own threads have */
     int64_t max_batch;  /* if > 0: inputs with a larger batch are refused, and the memory for
                            this batch size is reserved at creation. 0 = grow as needed */
     int64_t max_seq;    /* likewise for sequence-like symbols (never above the model's bound) */
@@ -145,6 +150,7 @@ typedef struct {
  * a status and (unless out of memory) a session holding the message; free it in both cases. */
 int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSession **out);
 void xtc_session_free(XtcSession *s);               /* NULL is fine */
+int xtc_session_threads(const XtcSession *s);       /* its threads, counting the caller; 0: none */
 const char *xtc_session_error(const XtcSession *s); /* "" when there is none */
 
 /* Loads every parameter and state buffer from a .safetensors file by name (the x-transformers
@@ -317,7 +323,7 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
 /* ---- files ---- */
 
 typedef struct {
-    int threads;      /* 0 = 1 */
+    int threads;      /* 0 = 1; XTC_THREADS_AUTO as in XtcSessionOptions */
 } XtcRunOptions;
 
 /* Loads module_path, weights from weights_path, every input from input_path (one tensor per
