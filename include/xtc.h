@@ -87,7 +87,9 @@ typedef struct XtcModule XtcModule;
  * truncated); after it, the module's metadata must parse and this CPU must have every feature the
  * module was compiled for (XTC_ERR_FORMAT naming the missing ones). These checks catch accidents:
  * a module is native code, to be loaded from trusted sources only. On failure returns a status
- * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases. */
+ * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases.
+ * A file replaced since it was loaded (recompiled to the same path) loads as the new module, while
+ * modules loaded from the old file stay valid; the same file loaded twice shares its code. */
 int xtc_module_load(const char *path, XtcModule **out);
 void xtc_module_free(XtcModule *m);                 /* NULL is fine; sessions must be freed first */
 const char *xtc_module_error(const XtcModule *m);   /* "" when there is none */

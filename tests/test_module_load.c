@@ -291,6 +291,69 @@ START_TEST(test_module_for_another_cpu)
 END_TEST
 #endif
 
+/* y2 = x + 2: another module, to replace the file of the first */
+static void compile_other(const char *path)
+{
+    IrGraph *g = ir_graph_new("other");
+    IrDim s[2] = {ir_dim_sym(ir_graph_add_sym(g, "b", 0)), ir_dim(4)};
+    ir_output(g, "y2", ir_binary(g, IR_ADD, ir_input(g, "x", IR_F32, 2, s), ir_const(g, 2.0, IR_F32)));
+    ck_assert_msg(!ir_graph_error(g), "%s", ir_graph_error(g));
+    char err[1024];
+    CgOptions opt = {.output = path, .opt_level = 1};
+    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ir_graph_free(g);
+}
+
+/* A module file replaced by another (a recompile) and loaded again in the same process is the new
+ * module, whether the old one is still loaded or freed: dlopen alone returns the object it has
+ * under that name. Loading the unchanged file twice still works, sharing the code. */
+START_TEST(test_replaced_module)
+{
+    char path[400], rel[64];
+    snprintf(path, sizeof path, "%s/replaced.so", tmpdir);
+    compile_to(path, NULL);
+    XtcModule *a = NULL, *a2 = NULL, *b = NULL, *b2 = NULL, *c = NULL;
+    ck_assert_msg(xtc_module_load(path, &a) == XTC_OK, "%s", xtc_module_error(a));
+    ck_assert_msg(xtc_module_load(path, &a2) == XTC_OK, "%s", xtc_module_error(a2));
+    ck_assert_str_eq(xtc_module_name(a), "small");
+    ck_assert_str_eq(xtc_module_name(a2), "small");
+    compile_other(path);
+    /* while the first is loaded */
+    ck_assert_msg(xtc_module_load(path, &b) == XTC_OK, "%s", xtc_module_error(b));
+    ck_assert_str_eq(xtc_module_name(b), "other");
+    ck_assert_int_eq(xtc_module_find(b, XTC_OUTPUT, "y2"), 0);
+    ck_assert_int_eq(xtc_module_find(a, XTC_OUTPUT, "y"), 0); /* the first is unchanged */
+    ck_assert_int_eq(xtc_module_find(a, XTC_OUTPUT, "y2"), -1);
+    /* and once more, by a relative name, after freeing the first */
+    xtc_module_free(a);
+    xtc_module_free(a2);
+    compile_to(path, NULL);
+    ck_assert_int_eq(chdir(tmpdir), 0);
+    snprintf(rel, sizeof rel, "replaced.so");
+    ck_assert_msg(xtc_module_load(rel, &c) == XTC_OK, "%s", xtc_module_error(c));
+    ck_assert_str_eq(xtc_module_name(c), "small");
+    compile_other(path);
+    xtc_module_free(c);
+    ck_assert_msg(xtc_module_load(path, &b2) == XTC_OK, "%s", xtc_module_error(b2));
+    ck_assert_str_eq(xtc_module_name(b2), "other");
+    /* both run their own code */
+    XtcModule *mods[2] = {b, b2};
+    for (int i = 0; i < 2; i++) {
+        XtcSession *s = NULL;
+        ck_assert_int_eq(xtc_session_new(mods[i], NULL, &s), XTC_OK);
+        float x[4] = {1, 2, 3, 4};
+        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 2, (int64_t[]){1, 4}, x), XTC_OK);
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+        XtcTensor y;
+        ck_assert_int_eq(xtc_session_get_output(s, "y2", &y), XTC_OK);
+        ck_assert(((const float *)y.data)[3] == 6.0f);
+        xtc_session_free(s);
+    }
+    xtc_module_free(b);
+    xtc_module_free(b2);
+}
+END_TEST
+
 /* The metadata reader's limits (rt_meta.c): each refused with its reason, nothing wraps. */
 /* Dimensions at run time saturate rather than wrap (a wrapped size could plan a short buffer). */
 START_TEST(test_dim_eval_saturates)
@@ -355,6 +418,7 @@ int main(void)
     tcase_add_test(tc, test_feature_lists);
     tcase_add_test(tc, test_metadata_limits);
     tcase_add_test(tc, test_dim_eval_saturates);
+    tcase_add_test(tc, test_replaced_module);
 #if defined(__x86_64__)
     tcase_add_test(tc, test_module_for_another_cpu);
 #endif
