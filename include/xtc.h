@@ -34,7 +34,8 @@
  * (or "batch") is the batch size; the others are sequence-like lengths bounded by the model's
  * max_seq_len.
  *
- * Depends on libc, libm, libdl and pthreads only.
+ * Depends on libc, libm, libdl and pthreads only: link with libxtc.a -lm -ldl -lpthread, or with
+ * libxtc.so; both define the xtc_* names of this header and no other global symbol.
  */
 #ifndef XTC_H
 #define XTC_H
