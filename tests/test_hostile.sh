@@ -38,6 +38,18 @@ expect() { # expect NAME CONDITION...: a plain shell condition (test, cmp, grep)
 
 # ---- the runtime: bounds of a call (items 1, 2, 4, 6, 24) ----
 
+# h-sys:
+# item 22: xtc train's default thread count follows the affinity mask (it said "2 threads" under
+# `taskset -c 0` on 2 CPUs: sysconf counts the machine's)
+if command -v taskset > /dev/null; then
+  head -c 20000 "$src/README.md" > "$tmp/affinity.txt"
+  first_cpu=$(taskset -pc $$ | sed 's/.*: *//; s/[,-].*//')
+  check "train under taskset: one thread by default" taskset -c "$first_cpu" $xtc train "$src/models/tiny_gpt.xtf" \
+    --data "$tmp/affinity.txt" --steps 1 --batch 1 --seq 16
+  expect "train under taskset says 1 thread" grep -q ', 1 thread$' "$tmp/out"
+else
+  echo "skip train under taskset: no taskset here"
+fi
 # ---- end runtime ----
 
 # ---- files: FIFOs, device nodes, symlinks, same-file outputs, the module cache (items 5, 7, 9, 12, 15, 18) ----
