@@ -18,6 +18,7 @@
 
 #include "build.h"
 #include "cli.h"
+#include "rt_internal.h"
 #include "init.h"
 #include "safetensors.h"
 #include "train.h"
@@ -26,8 +27,8 @@
 
 int cli_default_threads(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+    int n = rt_cpus_available(); /* the affinity mask (taskset), not every CPU of the machine */
+    return n > 64 ? 64 : n;
 }
 
 static const XtfValue *model_call(const XtfFile *f, const char *model, const char **name)

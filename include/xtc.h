@@ -35,7 +35,8 @@
  * (or "batch") is the batch size; the others are sequence-like lengths bounded by the model's
  * max_seq_len.
  *
- * Depends on libc, libm, libdl and pthreads only.
+ * Depends on libc, libm, libdl and pthreads only: link with libxtc.a -lm -ldl -lpthread, or with
+ * libxtc.so; both define the xtc_* names of this header and no other global symbol.
  */
 #ifndef XTC_H
 #define XTC_H
@@ -88,7 +89,9 @@ typedef struct XtcModule XtcModule;
  * truncated); after it, the module's metadata must parse and this CPU must have every feature the
  * module was compiled for (XTC_ERR_FORMAT naming the missing ones). These checks catch accidents:
  * a module is native code, to be loaded from trusted sources only. On failure returns a status
- * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases. */
+ * and (unless out of memory) a module whose xtc_module_error says why; free it in both cases.
+ * A file replaced since it was loaded (recompiled to the same path) loads as the new module, while
+ * modules loaded from the old file stay valid; the same file loaded twice shares its code. */
 int xtc_module_load(const char *path, XtcModule **out);
 void xtc_module_free(XtcModule *m);                 /* NULL is fine; sessions must be freed first */
 const char *xtc_module_error(const XtcModule *m);   /* "" when there is none */
@@ -132,11 +135,16 @@ int xtc_module_describe(const XtcModule *m, FILE *out);
 
 typedef struct XtcSession XtcSession;
 
+/* XtcSessionOptions.threads (and XtcRunOptions.threads): as many threads as CPUs this process may
+ * run on (its affinity mask: taskset, cgroup cpusets), at most 1024 */
+#define XTC_THREADS_AUTO (-1)
+
 typedef struct {
-    int threads;        /* worker threads including the caller's; 0 = 1. The calling thread runs
-                         * kernels too: generated kernels keep tiles on the stack (up to about
-                         * 1 MiB, attention with head size 256), so it needs a few MiB of stack
-                         * (the pool's own threads get 8 MiB) */
+    int threads;        /* worker threads including the caller's; 0 = 1; XTC_THREADS_AUTO: one per
+                         * CPU this process may use (xtc_session_threads says how many). The
+                         * calling thread runs kernels too, which keep tiles on the stack (up to
+                         * about 1.5 MiB); a run called with less than 4 MiB of stack left moves to
+                         * a thread of 8 MiB, as the pool's own threads have */
     int64_t max_batch;  /* if > 0: inputs with a larger batch are refused, and the memory for
                            this batch size is reserved at creation. 0 = grow as needed */
     int64_t max_seq;    /* likewise for sequence-like symbols (never above the model's bound) */
@@ -146,6 +154,7 @@ typedef struct {
  * a status and (unless out of memory) a session holding the message; free it in both cases. */
 int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSession **out);
 void xtc_session_free(XtcSession *s);               /* NULL is fine */
+int xtc_session_threads(const XtcSession *s);       /* its threads, counting the caller; 0: none */
 const char *xtc_session_error(const XtcSession *s); /* "" when there is none */
 
 /* Loads every parameter and state buffer from a .safetensors file by name (the x-transformers
@@ -330,7 +339,7 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
 /* ---- files ---- */
 
 typedef struct {
-    int threads;      /* 0 = 1 */
+    int threads;      /* 0 = 1; XTC_THREADS_AUTO as in XtcSessionOptions */
 } XtcRunOptions;
 
 /* Loads module_path, weights from weights_path, every input from input_path (one tensor per

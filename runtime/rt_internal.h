@@ -186,6 +186,16 @@ typedef struct RtPool RtPool;
 RtPool *rt_pool_new(int nthreads);  /* NULL with errno ENOMEM, or pthread_create's error */
 void rt_pool_free(RtPool *p);
 void rt_pool_parallel_for(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
+int rt_pool_threads(const RtPool *p); /* counting the caller; 0 for NULL */
+/* Calls run(bufs, syms, api), a module's entry point, and returns what it returns. The kernels keep
+ * their tiles on the stack (a few MiB at most): where the calling thread has less stack left, the
+ * call runs on a thread of its own with enough, or returns RT_RUN_NO_STACK when that thread cannot
+ * be started. */
+#define RT_RUN_NO_STACK INT32_MIN
+int32_t rt_run_module(XtcRunFn run, void **bufs, const int64_t *syms, const XtcRtApi *api);
+/* The CPUs this process may run on: its affinity mask (sched_getaffinity; taskset, cpusets), else
+ * the CPUs online; 1 to 1024. The thread count of XTC_THREADS_AUTO. */
+int rt_cpus_available(void);
 
 /* What the optimizer (rt_optim.c) reaches in a session (rt_session.c): the memory of a bound
  * input, parameter or state buffer and its shape (NULL when unbound); an output's memory after a

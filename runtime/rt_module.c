@@ -4,8 +4,13 @@
 #include "rt_alloc.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 const char *xtc_status_name(int status)
 {
@@ -64,6 +69,86 @@ static int check_cpu(XtcModule *m, const char *path)
     return XTC_ERR_FORMAT;
 }
 
+/* Whether the loaded object dl maps the file of st (device and inode), by /proc/self/maps: 1, 0, or
+ * -1 when that cannot be told. */
+static int maps_file(void *dl, const struct stat *st)
+{
+    const void *sym = dlsym(dl, XTC_ABI_SYMBOL);
+    FILE *f = sym ? fopen("/proc/self/maps", "re") : NULL;
+    if (!f)
+        return -1;
+    uintptr_t at = (uintptr_t)sym;
+    char line[4096];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, off, ino;
+        unsigned maj, min;
+        if (sscanf(line, "%llx-%llx %*s %llx %x:%x %llu", &lo, &hi, &off, &maj, &min, &ino) == 6 && at >= lo &&
+            at < hi)
+            found = maj == major(st->st_dev) && min == minor(st->st_dev) && ino == (unsigned long long)st->st_ino;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Copies the file from to a new file in dir (a name made by mkstemp); returns its name in out (n
+ * bytes) or 0 when that fails. */
+static int copy_to_temp(const char *from, const char *dir, const char *base, char *out, size_t n)
+{
+    if ((size_t)snprintf(out, n, "%s/.%s.xtc-load-XXXXXX", dir, base) >= n)
+        return 0;
+    int to = mkstemp(out);
+    if (to < 0)
+        return 0;
+    int in = open(from, O_RDONLY | O_CLOEXEC), ok = in >= 0;
+    char buf[65536];
+    for (ssize_t r; ok && (r = read(in, buf, sizeof buf)) != 0;) {
+        ok = r > 0;
+        for (ssize_t w = 0, k; ok && w < r; w += k)
+            ok = (k = write(to, buf + w, (size_t)(r - w))) > 0;
+    }
+    if (in >= 0)
+        close(in);
+    ok &= close(to) == 0;
+    if (!ok)
+        unlink(out);
+    return ok;
+}
+
+/* dlopen(p): but dlopen returns the object it has already loaded under the name p (even by way of a
+ * symbolic link) without looking at the file, so a module file replaced since (a recompile renames
+ * a new file over it) would give the old code and metadata. When p names a loaded object that is
+ * not the file now at p, the file is copied to a new name beside it (or in $TMPDIR) and loaded
+ * from there; the copy is removed once loaded. The same file loaded twice shares the object. */
+static void *open_module(const char *p)
+{
+    void *old = dlopen(p, RTLD_LAZY | RTLD_NOLOAD);
+    if (!old)
+        return dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    struct stat st;
+    void *dl = NULL;
+    if (stat(p, &st) == 0 && maps_file(old, &st) == 0) {
+        const char *slash = strrchr(p, '/'), *tmp = getenv("TMPDIR");
+        char dir[4096], copy[4200];
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
+        const char *dirs[2] = {dir, tmp && *tmp ? tmp : "/tmp"};
+        for (int i = 0; i < 2 && !dl; i++) {
+            if (!copy_to_temp(p, dirs[i], slash ? slash + 1 : p, copy, sizeof copy))
+                continue;
+            void *h = dlopen(copy, RTLD_LAZY | RTLD_NOLOAD); /* a freed copy's name, still loaded */
+            if (h)
+                dlclose(h);
+            else
+                dl = dlopen(copy, RTLD_NOW | RTLD_LOCAL);
+            unlink(copy);
+        }
+    }
+    if (!dl) /* the same file, or no way to tell or to copy: dlopen's own answer */
+        dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    dlclose(old);
+    return dl;
+}
+
 int xtc_module_load(const char *path, XtcModule **out)
 {
     if (!out)
@@ -87,7 +172,7 @@ int xtc_module_load(const char *path, XtcModule **out)
     int status = rt_elf_check(p, m->err, sizeof m->err);
     if (status != XTC_OK)
         return status;
-    m->dl = dlopen(p, RTLD_NOW | RTLD_LOCAL);
+    m->dl = open_module(p);
     if (!m->dl) {
         const char *e = dlerror();
         rt_set_error(m->err, sizeof m->err, "cannot load module %s: %s", path, e ? e : "dlopen failed");

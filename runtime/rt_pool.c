@@ -17,13 +17,19 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SPIN_NS 2000000L   /* 2 ms */
 #define CHUNKS_PER_THREAD 4
 #define WORKER_STACK (8L << 20)  /* 8 MiB, glibc's usual default, also under `ulimit -s unlimited` */
+/* What a run may take of the calling thread's stack: the kernels' tiles (at most about 1.5 MiB:
+ * attention with head size 256, 1 MiB; a matmul's packed panels, 256 KiB with AVX-512), with room
+ * to spare for sanitizer builds. A caller with less left runs on a thread of WORKER_STACK. */
+#define RUN_STACK (4L << 20)
 
 struct RtPool {
     int n; /* threads, counting the caller */
@@ -116,6 +122,98 @@ static void *worker_main(void *arg)
         seen = gen_of(atomic_load(&p->word));
         work_on(p, seen);
     }
+}
+
+int rt_cpus_available(void)
+{
+    /* the affinity mask (taskset, cgroup cpusets, a batch scheduler's allocation), not the CPUs
+     * the machine has: threads beyond it only take turns on the same CPUs */
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    for (size_t ncpu = 2 * CPU_SETSIZE; n == 0 && ncpu <= 65536; ncpu *= 2) { /* a larger machine */
+        cpu_set_t *big = CPU_ALLOC(ncpu);
+        size_t size = CPU_ALLOC_SIZE(ncpu);
+        if (!big)
+            break;
+        int rc = sched_getaffinity(0, size, big), e = errno;
+        if (rc == 0)
+            n = CPU_COUNT_S(size, big);
+        CPU_FREE(big);
+        if (rc != 0 && e != EINVAL)
+            break;
+    }
+    if (n <= 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        n = online < 1 ? 1 : online > 1024 ? 1024 : (int)online;
+    }
+    return n > 1024 ? 1024 : n;
+}
+
+int rt_pool_threads(const RtPool *p) { return p ? p->n : 0; }
+
+int xtc_session_threads(const XtcSession *s) { return rt_pool_threads(rt_session_pool((XtcSession *)s)); }
+
+/* Bytes of the calling thread's stack below the current frame (stacks grow down on every target
+ * this runs on), or SIZE_MAX when unknown. The stack's bounds are looked up once per thread
+ * (pthread_getattr_np reads /proc/self/maps for the main thread: 40 us) and kept in a
+ * thread-local variable: they describe the thread, not any session. */
+static size_t stack_left(void)
+{
+    static _Thread_local uintptr_t lo, size; /* lo: the lowest address; size 0: not looked up yet */
+    if (!size) {
+        pthread_attr_t attr;
+        void *addr = NULL;
+        size_t sz = 0;
+        size = SIZE_MAX; /* unknown */
+        if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+            if (pthread_attr_getstack(&attr, &addr, &sz) == 0 && sz > 0)
+                lo = (uintptr_t)addr, size = sz;
+            pthread_attr_destroy(&attr);
+        }
+    }
+    uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
+    if (size == SIZE_MAX || sp < lo || sp - lo > size) /* unknown, or an alternate signal stack */
+        return SIZE_MAX;
+    return sp - lo;
+}
+
+typedef struct {
+    XtcRunFn run;
+    void **bufs;
+    const int64_t *syms;
+    const XtcRtApi *api;
+    int32_t result;
+} RunCall;
+
+static void *run_main(void *arg)
+{
+    RunCall *c = arg;
+    c->result = c->run(c->bufs, c->syms, c->api);
+    return NULL;
+}
+
+int32_t rt_run_module(XtcRunFn run, void **bufs, const int64_t *syms, const XtcRtApi *api)
+{
+    if (stack_left() >= (size_t)RUN_STACK)
+        return run(bufs, syms, api);
+    /* a small stack (a thread created with a few hundred KiB, a coroutine): the run would overflow
+     * it, so it runs on a thread with the stack the pool's workers have, and this one waits */
+    RunCall c = {run, bufs, syms, api, 0};
+    pthread_attr_t attr;
+    pthread_t t;
+    int rc = pthread_attr_init(&attr);
+    if (rc == 0) {
+        rc = pthread_attr_setstacksize(&attr, WORKER_STACK);
+        if (rc == 0)
+            rc = pthread_create(&t, &attr, run_main, &c);
+        pthread_attr_destroy(&attr);
+    }
+    if (rc != 0)
+        return RT_RUN_NO_STACK;
+    pthread_join(t, NULL);
+    return c.result;
 }
 
 RtPool *rt_pool_new(int nthreads)

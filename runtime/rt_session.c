@@ -315,6 +315,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
+    if (o.threads == XTC_THREADS_AUTO)
+        o.threads = rt_cpus_available();
     if (o.threads < 0 || o.max_batch < 0 || o.max_seq < 0)
         return fail(s, XTC_ERR_ARG, "xtc_session_new: negative option");
     if (o.threads > 1024)
@@ -1626,7 +1628,10 @@ int xtc_session_run(XtcSession *s)
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
-    int32_t r = s->dev ? device_run(s, syms) : m->abi->run(s->ptr, syms, &s->api);
+    int32_t r = s->dev ? device_run(s, syms) : rt_run_module(m->abi->run, s->ptr, syms, &s->api);
+    if (r == RT_RUN_NO_STACK)
+        return fail(s, XTC_ERR_MEMORY, "xtc_session_run: the calling thread has less than 4 MiB of stack left and "
+                                       "no thread with more could be started");
     if (r < 0 && s->dev)
         return r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO; /* the device's message is set */
     if (r != 0)

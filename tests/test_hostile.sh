@@ -88,6 +88,18 @@ check rt_target_negative $xtc run $tmp/rt_dp_train.so --weights $dpw --input $tm
 check rt_train_no_targets $xtc run $tmp/rt_dp_train.so --weights $dpw --input $tmp/tok_only.safetensors --output $tmp/rt_out.safetensors
 expect rt_train_no_targets_logits $py -c "import sys; sys.path.insert(0, '$parity'); import safetensors_lite as st; sys.exit(list(st.read('$tmp/rt_out.safetensors')[0]) != ['logits'])"
 
+# h-sys:
+# item 22: xtc train's default thread count follows the affinity mask (it said "2 threads" under
+# `taskset -c 0` on 2 CPUs: sysconf counts the machine's)
+if command -v taskset > /dev/null; then
+  head -c 20000 "$src/README.md" > "$tmp/affinity.txt"
+  first_cpu=$(taskset -pc $$ | sed 's/.*: *//; s/[,-].*//')
+  check "train under taskset: one thread by default" taskset -c "$first_cpu" $xtc train "$src/models/tiny_gpt.xtf" \
+    --data "$tmp/affinity.txt" --steps 1 --batch 1 --seq 16
+  expect "train under taskset says 1 thread" grep -q ', 1 thread$' "$tmp/out"
+else
+  echo "skip train under taskset: no taskset here"
+fi
 # ---- end runtime ----
 
 # ---- files: FIFOs, device nodes, symlinks, same-file outputs, the module cache (items 5, 7, 9, 12, 15, 18) ----

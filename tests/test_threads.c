@@ -13,9 +13,11 @@
  * is the point of it: any data race between sessions, in the pool or in module loading fails
  * the run. */
 #include "harness.h"
+#include "rt_internal.h"
 #include "tiny_train.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -182,6 +184,71 @@ START_TEST(test_concurrent_sessions)
 }
 END_TEST
 
+static void *job_main(void *arg)
+{
+    run_job(arg);
+    return NULL;
+}
+
+/* A session run from a thread with a small stack (256 KiB; the kernels' tiles take more than that)
+ * succeeds with the results of a run on the main thread: the run moves to a thread with a stack
+ * big enough (rt_run_module). It crashed (SIGSEGV) before. */
+START_TEST(test_small_stack)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        Job alone = {.module_path = gpt_path, .weights_path = gpt_weights, .threads = threads, .seed = 7};
+        run_job(&alone);
+        ck_assert_msg(!alone.failed, "%s", alone.msg);
+        Job small = alone;
+        small.hash = 0;
+        pthread_attr_t attr;
+        pthread_t t;
+        ck_assert_int_eq(pthread_attr_init(&attr), 0);
+        ck_assert_int_eq(pthread_attr_setstacksize(&attr, 256 << 10), 0);
+        ck_assert_int_eq(pthread_create(&t, &attr, job_main, &small), 0);
+        pthread_attr_destroy(&attr);
+        pthread_join(t, NULL);
+        ck_assert_msg(!small.failed, "on a 256 KiB stack: %s", small.msg);
+        ck_assert_msg(small.hash == alone.hash, "on a 256 KiB stack: results differ from the main thread's");
+    }
+}
+END_TEST
+
+/* XTC_THREADS_AUTO: a thread per CPU the process may use, as the affinity mask says (taskset), not
+ * per CPU of the machine. */
+START_TEST(test_threads_follow_affinity)
+{
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    int n = CPU_COUNT(&all);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(gpt_path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = XTC_THREADS_AUTO}, &s) == XTC_OK, "%s",
+                  xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_threads(s), n > 1024 ? 1024 : n);
+    xtc_session_free(s);
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK); /* 0 = 1 */
+    ck_assert_int_eq(xtc_session_threads(s), 1);
+    xtc_session_free(s);
+    /* this process (Check runs each test in one) on one CPU: one thread */
+    CPU_ZERO(&one);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &all)) {
+            CPU_SET(c, &one);
+            break;
+        }
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    ck_assert_int_eq(rt_cpus_available(), 1);
+    ck_assert_int_eq(xtc_session_new(m, &(XtcSessionOptions){.threads = XTC_THREADS_AUTO}, &s), XTC_OK);
+    ck_assert_int_eq(xtc_session_threads(s), 1);
+    xtc_session_free(s);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
+    ck_assert_int_eq(xtc_session_threads(NULL), 0);
+    xtc_module_free(m);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("threads");
@@ -189,6 +256,8 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_test(tc, test_concurrent_sessions);
+    tcase_add_test(tc, test_small_stack);
+    tcase_add_test(tc, test_threads_follow_affinity);
     suite_add_tcase(s, tc);
     return s;
 }
