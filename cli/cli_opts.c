@@ -5,26 +5,17 @@
 #define _GNU_SOURCE
 #endif
 #include "cli_opts.h"
+#include "rt_internal.h" /* rt_cpus_available */
 
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-int cli_cpus_available(void)
-{
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-        return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
 
 int cli_is_elf_file(const char *path)
 {
@@ -162,7 +153,7 @@ static int number(const CliCmd *c, const CliOpt *o, const char *v)
     default: *(double *)o->ptr = x; break;
     }
     if (o->kind == CLI_THREADS && !c->quiet) {
-        int cpus = cli_cpus_available();
+        int cpus = rt_cpus_available();
         if (s > cpus)
             fprintf(stderr, "xtc %s: warning: %s %lld is more than the %d CPU%s this process may use (a run is "
                     "slower than with %s %d)\n", c->name, o->name, s, cpus, cpus == 1 ? "" : "s", o->name, cpus);

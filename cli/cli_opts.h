@@ -59,8 +59,6 @@ int cli_usage_error(const CliCmd *c, const char *what);
 /* The name of names[0..n-1] nearest to given (edit distance) when it is near enough to be the one
  * meant, else NULL. */
 const char *cli_nearest(const char *given, const char *const *names, int n);
-/* The CPUs this process may run on (its affinity mask), at least 1. */
-int cli_cpus_available(void);
 /* Whether path is a regular file that starts like a shared library (ELF). */
 int cli_is_elf_file(const char *path);
 
