@@ -89,7 +89,7 @@ START_TEST(test_free_failed_session)
     xtc_module_free(bad);
     XtcModule *m = NULL;
     ck_assert_int_eq(xtc_module_load(fwd_path, &m), XTC_OK);
-    ck_assert_int_eq(xtc_session_new(m, &(XtcSessionOptions){.threads = -1}, &s), XTC_ERR_ARG);
+    ck_assert_int_eq(xtc_session_new(m, &(XtcSessionOptions){.threads = -5}, &s), XTC_ERR_ARG);
     xtc_session_free(s);
     xtc_module_free(m);
 }
