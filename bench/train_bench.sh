@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_bench.sh [BUILD_DIR] [--text] [--threads T]: the training and generation benchmarks of
-# issue 4 (measurements for the note, never asserted by a test).
+# (measurements for the note, never asserted by a test).
 #
 #  1. A training step (forward, backward, AdamW) of GPT-S and GPT-M (../shared/bench/README.md),
 #     xtc (bench/train_step.c on a module from `xtc compile --train`) and PyTorch

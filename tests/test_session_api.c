@@ -4,7 +4,7 @@
  * targets (the loss and gradients withheld); token ids and targets (tokens, tgt, targets) are
  * checked against their tables when bound, naming the input, the value and its position; a call
  * with no output elements computes nothing, and one whose loops are absurdly long is refused
- * (issue 24, items 2, 4, 23 and 24). The modules are tiny_train.h's decoder (training form, and the
+ * The modules are tiny_train.h's decoder (training form, and the
  * forward form) and a tiny XTransformer. */
 #include "harness.h"
 #include "tiny_train.h"
@@ -71,7 +71,7 @@ static XtcSession *open_session(const char *path, XtcModule **m)
 
 #define ERR_HAS(s, text) ck_assert_msg(strstr(xtc_session_error(s), text), "'%s' not in: %s", text, xtc_session_error(s))
 
-/* item 4: the object a failed xtc_session_new hands back is freed like any other */
+/* the object a failed xtc_session_new hands back is freed like any other */
 START_TEST(test_free_failed_session)
 {
     XtcSession *s = NULL;
@@ -95,7 +95,7 @@ START_TEST(test_free_failed_session)
 }
 END_TEST
 
-/* item 24: the error describes the last failed call until one succeeds; a second step without a
+/* the error describes the last failed call until one succeeds; a second step without a
  * run is a state error; a training module's logits without targets */
 START_TEST(test_error_cleared_and_steps)
 {
@@ -147,7 +147,7 @@ START_TEST(test_error_cleared_and_steps)
 }
 END_TEST
 
-/* item 23: token ids and targets out of their tables are refused when bound, naming the input,
+/* token ids and targets out of their tables are refused when bound, naming the input,
  * the value and where it is; negative targets are ignored, not refused */
 START_TEST(test_id_ranges)
 {
@@ -184,7 +184,7 @@ START_TEST(test_id_ranges)
 }
 END_TEST
 
-/* item 2: no output elements, no work (a batch of 2^40 empty sequences returns at once); a
+/* no output elements, no work (a batch of 2^40 empty sequences returns at once); a
  * call whose loops would be absurd (a training module's scalar loss over 2^40 empty rows) is
  * refused before it runs */
 START_TEST(test_empty_batches)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_symbols.sh BUILD_DIR SOURCE_DIR: the libraries a program links export the xtc_* API only
-# (issue 24 item 21). libxtc.a (one object, a partial link of the runtime with every other symbol
+# libxtc.a (one object, a partial link of the runtime with every other symbol
 # made local), libxtc.so (a version script) and examples/predict (linked with libxtc.a) define no
 # global symbol of the runtime's internals (rt_*, json_*, ...); a program with its own
 # json_object_get, json_parse and rt_pool_new (as one linking json-c would have) links with

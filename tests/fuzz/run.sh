@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh SECONDS [BUILD_DIR]: bounded libFuzzer runs of every target in tests/fuzz (issue 8).
+# run.sh SECONDS [BUILD_DIR]: bounded libFuzzer runs of every target in tests/fuzz.
 # Configures BUILD_DIR (default build-fuzz/) with clang and -DXTC_FUZZ=ON, builds the targets,
 # and runs each for SECONDS from its committed seed corpus (corpus/<target>/) plus the working
 # corpus kept in BUILD_DIR/fuzz-work/<target>/, side by side, one per processor. Prints
