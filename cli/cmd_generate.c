@@ -245,6 +245,30 @@ static int carry_caches(Gen *G)
     return 0;
 }
 
+/* Every weight finite: NaN or infinite weights (a diverged run) would sample garbage. */
+static int weights_finite(Gen *G, const char *path)
+{
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(G->m, (XtcKind)kind); i++) {
+            XtcTensorInfo info;
+            XtcTensor t;
+            xtc_module_tensor(G->m, (XtcKind)kind, i, &info);
+            if (xtc_session_get_weight(G->s, info.name, &t) != XTC_OK)
+                continue;
+            int64_t n = 1;
+            for (int d = 0; d < t.rank; d++)
+                n *= t.shape[d];
+            for (int64_t j = 0; j < n; j++)
+                if (!isfinite(((const float *)t.data)[j])) {
+                    fprintf(stderr, "xtc generate: %s: weight '%s' holds %g at element %" PRId64 " (not finite: "
+                                    "the run that wrote it diverged); nothing to sample from\n", path, info.name,
+                            ((const float *)t.data)[j], j);
+                    return -1;
+                }
+        }
+    return 0;
+}
+
 int cli_generate_run(const XtfFile *f, const char *model, const char *module_path, const CliGenOpts *o)
 {
 #ifdef __GLIBC__
@@ -272,6 +296,8 @@ int cli_generate_run(const XtfFile *f, const char *model, const char *module_pat
         fprintf(stderr, "xtc generate: %s\n", G->s ? xtc_session_error(G->s) : "out of memory");
         goto done;
     }
+    if (weights_finite(G, o->weights) != 0)
+        goto done;
     size_t plen = strlen(o->prompt);
     int64_t n = (int64_t)(plen ? plen : 1), cap = n + o->tokens + 1;
     ctx = malloc((size_t)cap * sizeof *ctx);
@@ -316,6 +342,13 @@ int cli_generate_run(const XtfFile *f, const char *model, const char *module_pat
             goto done;
         }
         const float *row = (const float *)lg.data + (lg.shape[1] - 1) * G->V;
+        for (int64_t i = 0; i < G->V; i++)
+            if (!isfinite(row[i])) {
+                fprintf(stderr, "%sxtc generate: the logits of token %" PRId64 " are not finite (%g for id %" PRId64
+                                "); the weights %s do not give a usable model\n", k ? "\n" : "", k + 1, row[i], i,
+                        o->weights);
+                goto done;
+            }
         int64_t next = sample(row, G->V, o, &rng, scratch);
         ctx[n++] = next;
         put_token(next, o, k == 0);
@@ -329,7 +362,9 @@ int cli_generate_run(const XtfFile *f, const char *model, const char *module_pat
     if (o->ids || (n > 0 && ctx[n - 1] != '\n'))
         putchar('\n');
     fflush(stdout);
-    if (!o->quiet)
+    if (!o->quiet && o->tokens == 0)
+        fprintf(stderr, "nothing generated (--tokens 0)\n");
+    else if (!o->quiet)
         fprintf(stderr, "%s: prompt %zu tokens in %.1f ms; %" PRId64 " more tokens in %.3f s (%.1f tokens/s)%s\n",
                 G->kv ? "KV cache" : "recomputed", plen, 1e3 * (t_first - t0), o->tokens > 0 ? o->tokens - 1 : 0,
                 t1 - t_first, o->tokens > 1 ? (o->tokens - 1) / (t1 - t_first) : 0.0,

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "rt_internal.h"
 #include "safetensors.h"
 
 typedef struct {
@@ -155,6 +156,9 @@ static int check_weights(const IrGraph *g, RtStFile *w, const char *path)
     }
     for (int i = 0; i < rt_st_count(w); i++) {
         const RtStTensor *t = rt_st_get(w, i);
+        const char *of = rt_optim_state_param(t->name); /* a checkpoint's optimizer state: ignored */
+        if (of && ir_find_leaf(g, IR_PARAM, of))
+            continue;
         if (!ir_find_leaf(g, IR_PARAM, t->name) && !ir_find_leaf(g, IR_BUFFER, t->name) &&
             !ir_find_alias(g, t->name)) {
             fprintf(stderr, "xtc: %s: unexpected tensor '%s' (not a parameter of this model)\n", path,

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,7 +90,7 @@ void cli_train_defaults(CliTrainOpts *o)
     o->weight_decay = 0.1;
     o->clip = 1.0;
     o->val_every = 200;
-    o->val_tokens = 65536;
+    o->val_tokens = -1; /* min(65536, the tokens trained between two validations) */
     o->val_fraction = 0.1;
     o->seed = 1;
 }
@@ -142,12 +143,54 @@ typedef struct {
     int has_seed;                     /* the training module has a dropout_seed input */
 } Models;
 
-static volatile sig_atomic_t interrupted;
+static volatile sig_atomic_t interrupted; /* the signal that asked the run to stop, or 0 */
 
-static void on_sigint(int sig)
+/* SIGINT (Ctrl-C), SIGTERM (kill, a job scheduler's time limit) and SIGHUP (the terminal closed)
+ * all stop the run after the step in progress, with a checkpoint to resume from */
+static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define NSTOP ((int)(sizeof stop_signals / sizeof stop_signals[0]))
+
+static void on_stop_signal(int sig)
 {
-    (void)sig;
-    interrupted = 1;
+    interrupted = sig;
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+/* The checkpoint must be writable before any work: its directory exists and takes a new file
+ * (a probe created and removed there), and the path is not a directory. */
+static int check_ckpt_target(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "xtc train: --ckpt %s is a directory; name a file (such as %s/model.safetensors)\n", path,
+                path);
+        return -1;
+    }
+    const char *slash = strrchr(path, '/');
+    char dir[4096], probe[4200];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else {
+        fprintf(stderr, "xtc train: --ckpt: the path is too long\n");
+        return -1;
+    }
+    snprintf(probe, sizeof probe, "%s/.xtc-ckpt-probe.XXXXXX", dir);
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        fprintf(stderr, "xtc train: cannot write the checkpoint %s: directory %s: %s\n", path, dir, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
 }
 
 static int has_grads(const XtcModule *m)
@@ -328,13 +371,13 @@ static int run_batch(XtcSession *s, const int64_t *tok, const int64_t *tgt, int6
 
 /* Mean loss over fixed windows of the held-out split (each window weighs the same). */
 static int validate(Models *M, const unsigned char *val, size_t nval, const CliTrainOpts *o, int64_t seq,
-                    double *loss)
+                    int64_t val_tokens, double *loss)
 {
     if (M->eval != M->train && copy_weights(M->eval, M->train, M->eval_mod) != 0)
         return -1;
     int64_t windows = ((int64_t)nval - 1) / seq;
-    if (o->val_tokens > 0 && windows > (o->val_tokens + seq - 1) / seq)
-        windows = (o->val_tokens + seq - 1) / seq;
+    if (val_tokens > 0 && windows > (val_tokens + seq - 1) / seq)
+        windows = (val_tokens + seq - 1) / seq;
     int64_t rows = o->batch;
     int64_t *tok = malloc((size_t)(rows * seq) * sizeof *tok), *tgt = malloc((size_t)(rows * seq) * sizeof *tgt);
     if (!tok || !tgt) {
@@ -382,7 +425,7 @@ typedef struct {
 /* step counts the schedule's steps; skipped those of them that loss scaling skipped (the
  * optimizer's step count is step - skipped) */
 static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const DataId *id, const CliTrainOpts *o,
-                     int64_t step, int64_t skipped)
+                     uint64_t seed, int64_t step, int64_t skipped)
 {
     char v[9][64];
     const char *keys[9] = {"xtc.train.step", "xtc.train.rng", "xtc.train.seed", "xtc.train.data_bytes",
@@ -390,7 +433,7 @@ static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const Da
                            "xtc.train.skipped"};
     snprintf(v[0], sizeof v[0], "%" PRId64, step);
     snprintf(v[1], sizeof v[1], "%016" PRIx64 ":%016" PRIx64, rng->s[0], rng->s[1]);
-    snprintf(v[2], sizeof v[2], "%" PRIu64, o->seed);
+    snprintf(v[2], sizeof v[2], "%" PRIu64, seed);
     snprintf(v[3], sizeof v[3], "%" PRIu64, id->bytes);
     snprintf(v[4], sizeof v[4], "%016" PRIx64, id->hash);
     snprintf(v[5], sizeof v[5], "%" PRId64, id->batch);
@@ -400,15 +443,15 @@ static int save_ckpt(XtcSession *s, const char *path, const RtRng *rng, const Da
     const char *vals[9];
     for (int i = 0; i < 9; i++)
         vals[i] = v[i];
-    if (xtc_session_save_checkpoint(s, path, keys, vals, 9) != XTC_OK) {
+    int st = xtc_session_save_checkpoint(s, path, keys, vals, 9);
+    if (st != XTC_OK && st != XTC_ERR_RANGE) /* XTC_ERR_RANGE: diverged, the caller says so */
         fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
-        return -1;
-    }
-    return 0;
+    return st;
 }
 
 /* Reads the run's state from a checkpoint's metadata (weights and optimizer are loaded apart). */
-static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *step, int64_t *skipped)
+static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *step, int64_t *skipped,
+                       const CliTrainOpts *o, uint64_t *seed)
 {
     RtStFile *f;
     char err[512];
@@ -419,8 +462,10 @@ static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *
     const char *st = rt_st_metadata(f, "xtc.train.step"), *r = rt_st_metadata(f, "xtc.train.rng");
     const char *bytes = rt_st_metadata(f, "xtc.train.data_bytes"), *hash = rt_st_metadata(f, "xtc.train.data_hash");
     const char *batch = rt_st_metadata(f, "xtc.train.batch"), *seq = rt_st_metadata(f, "xtc.train.seq");
-    const char *skip = rt_st_metadata(f, "xtc.train.skipped");
+    const char *skip = rt_st_metadata(f, "xtc.train.skipped"), *sd = rt_st_metadata(f, "xtc.train.seed");
     *skipped = skip ? strtoll(skip, NULL, 10) : 0;
+    char *end = NULL;
+    uint64_t ck_seed = sd ? strtoull(sd, &end, 10) : 0;
     int rc = -1;
     if (!st || !r || !bytes || !hash || sscanf(st, "%" SCNd64, step) != 1 ||
         sscanf(r, "%" SCNx64 ":%" SCNx64, &rng->s[0], &rng->s[1]) != 2) {
@@ -429,7 +474,15 @@ static int resume_meta(const char *path, RtRng *rng, const DataId *id, int64_t *
     } else if (strtoull(bytes, NULL, 10) != id->bytes || strtoull(hash, NULL, 16) != id->hash) {
         fprintf(stderr, "xtc train: %s was trained on other data (%s bytes, hash %s); --resume continues the "
                         "same run (start from its weights with --weights instead)\n", path, bytes, hash);
+    } else if (sd && (!*sd || *end)) {
+        fprintf(stderr, "xtc train: %s: bad xtc.train.seed '%s' in its metadata\n", path, sd);
+    } else if (sd && o->seed_given && ck_seed != o->seed) {
+        fprintf(stderr, "xtc train: --seed %" PRIu64 " differs from the seed of %s (%s); --resume continues that "
+                        "run with its seed (leave out --seed, or start from its weights with --weights)\n", o->seed,
+                path, sd);
     } else {
+        if (sd) /* the run's seed (dropout masks; the batch order is in its rng state) */
+            *seed = ck_seed;
         if ((batch && strtoll(batch, NULL, 10) != id->batch) || (seq && strtoll(seq, NULL, 10) != id->seq))
             fprintf(stderr, "xtc train: note: the checkpoint was trained with --batch %s --seq %s; the run goes on "
                             "with --batch %" PRId64 " --seq %" PRId64 "\n", batch ? batch : "?", seq ? seq : "?",
@@ -446,8 +499,10 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     Models M = {0};
     int rc = 1;
     int64_t *tok = NULL, *tgt = NULL;
-    struct sigaction old_int;
+    struct sigaction old_sig[NSTOP];
     int handler = 0;
+    if (o->ckpt && check_ckpt_target(o->ckpt) != 0)
+        return 1;
     if (get_models(f, model, module_path, &M) != 0)
         goto done;
     int64_t seq = o->seq ? o->seq : (M.maxlen && M.maxlen < 256 ? M.maxlen : 256);
@@ -477,9 +532,10 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     DataId id = {.hash = fnv1a(data, len), .bytes = len, .batch = o->batch, .seq = seq};
     RtRng rng;
     rt_rng_seed(&rng, o->seed ^ 0x5ca1ab1edull);
+    uint64_t seed = o->seed; /* on --resume, the checkpoint's */
     int64_t start = 0, skipped = 0; /* steps skipped by loss scaling (fp16 modules) */
     if (o->resume) {
-        if (resume_meta(o->resume, &rng, &id, &start, &skipped) != 0)
+        if (resume_meta(o->resume, &rng, &id, &start, &skipped, o, &seed) != 0)
             goto done;
         if (xtc_session_load_checkpoint(M.train, o->resume, 1) != XTC_OK) {
             fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
@@ -500,6 +556,14 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     }
     int64_t warmup = o->warmup >= 0 ? o->warmup : (o->steps / 10 < 100 ? o->steps / 10 : 100);
     int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    /* validation: by default at most the tokens trained between two validations (of the whole
+     * schedule, so that a resumed run validates as the uninterrupted one), at most 65536 */
+    int64_t val_tokens = o->val_tokens;
+    if (val_tokens < 0) {
+        int64_t every = o->val_every > 0 && o->val_every < o->steps ? o->val_every : o->steps;
+        double between = (double)every * (double)o->batch * (double)seq;
+        val_tokens = between < 65536 ? (int64_t)between : 65536;
+    }
     double unigram = unigram_bits(data, ntrain);
     printf("model %s: %.2fM parameters, vocabulary %" PRId64 ", %d thread%s\n", xtc_module_name(M.train_mod),
            xtc_module_param_count(M.train_mod) / 1e6, M.V, threads, threads == 1 ? "" : "s");
@@ -522,14 +586,17 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_stop_signal;
     interrupted = 0;
-    handler = sigaction(SIGINT, &sa, &old_int) == 0;
+    for (handler = 0; handler < NSTOP; handler++)
+        if (sigaction(stop_signals[handler], &sa, &old_sig[handler]) != 0)
+            break;
     int tty = isatty(2) && !o->quiet;
     int64_t log_every = o->log_every > 0 ? o->log_every : (last - start) / 10 > 0 ? (last - start) / 10 : 1;
     XtcAdamW opt = {.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = (float)o->eps,
                     .weight_decay = (float)o->weight_decay, .max_grad_norm = (float)o->clip};
-    double t_begin = now_s(), step_time = 0, loss_sum = 0, val_loss = NAN;
+    double t_begin = now_s(), step_time = 0, loss_sum = 0, val_loss = NAN, val_time = 0;
+    int64_t saved = o->resume ? start : -1; /* the step of the last checkpoint written (-1: none) */
     int scaled = xtc_module_find(M.train_mod, XTC_INPUT, XTC_LOSS_SCALE_INPUT) >= 0;
     int64_t loss_n = 0, done_steps = 0;
     int64_t step;
@@ -544,12 +611,15 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
         }
         double loss;
         /* dropout masks: a seed per step (kept below 2^53, exact in the interpreter too) */
-        uint64_t dseed = (o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)step) & ((1ull << 53) - 1);
+        uint64_t dseed = (seed * 0x9e3779b97f4a7c15ull + (uint64_t)step) & ((1ull << 53) - 1);
         if (run_batch(M.train, tok, tgt, o->batch, seq, M.has_seed, dseed, &loss) != 0)
             goto done;
         if (!isfinite(loss)) {
-            fprintf(stderr, "%sxtc train: the loss is %g at step %" PRId64 "; try a lower --lr\n", tty ? "\n" : "",
-                    loss, step);
+            fprintf(stderr, "%sxtc train: training diverged: the loss is %g at step %" PRId64 "; try a lower --lr",
+                    tty ? "\n" : "", loss, step);
+            if (o->ckpt && saved >= 0)
+                fprintf(stderr, " (%s keeps step %" PRId64 ")", o->ckpt, saved);
+            fprintf(stderr, "\n");
             goto done;
         }
         opt.lr = (float)lr_at(o, step, warmup);
@@ -574,8 +644,10 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             fprintf(stderr, "step %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tok/s  ETA %s\n", step, o->steps,
                     loss_sum / loss_n, tps, eta);
         if (is_val || interrupted) {
-            if (validate(&M, val, nval, o, seq, &val_loss) != 0)
+            double tv = now_s();
+            if (validate(&M, val, nval, o, seq, val_tokens, &val_loss) != 0)
                 goto done;
+            val_time += now_s() - tv;
             if (tty)
                 fprintf(stderr, "\r%*s\r", 78, "");
             printf("step %5" PRId64 "  train loss %.4f  val loss %.4f (%.3f bits/byte)  %.0f tok/s", step,
@@ -588,27 +660,43 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             loss_n = 0;
         }
         int ckpt_now = o->ckpt && (is_val || interrupted || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
-        if (ckpt_now && save_ckpt(M.train, o->ckpt, &rng, &id, o, step, skipped) != 0)
-            goto done;
+        if (ckpt_now) {
+            int st = save_ckpt(M.train, o->ckpt, &rng, &id, o, seed, step, skipped);
+            if (st == XTC_ERR_RANGE) { /* non-finite weights: the last good checkpoint stays */
+                fprintf(stderr, "%sxtc train: training diverged at step %" PRId64 ": %s; ", tty ? "\n" : "", step,
+                        xtc_session_error(M.train));
+                if (saved >= 0)
+                    fprintf(stderr, "%s keeps step %" PRId64 "; try a lower --lr\n", o->ckpt, saved);
+                else
+                    fprintf(stderr, "no checkpoint written; try a lower --lr\n");
+                goto done;
+            }
+            if (st != XTC_OK)
+                goto done;
+            saved = step;
+        }
         if (interrupted) {
-            printf("interrupted after step %" PRId64 "%s%s\n", step, o->ckpt ? "; continue with --resume " : "",
-                   o->ckpt ? o->ckpt : "");
-            rc = 130;
+            printf("interrupted by %s after step %" PRId64 "%s%s\n", signal_name(interrupted), step,
+                   o->ckpt ? "; continue with --resume " : "", o->ckpt ? o->ckpt : "");
+            rc = 128 + interrupted;
             goto done;
         }
     }
-    char total[32];
-    fmt_duration(total, sizeof total, now_s() - t_begin);
-    printf("done: %" PRId64 " steps in %s; val loss %.4f = %.3f bits/byte (unigram entropy %.3f bits/byte)%s%s\n",
-           done_steps, total, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
+    char total[32], vt[32];
+    fmt_duration(total, sizeof total, now_s() - t_begin - val_time);
+    fmt_duration(vt, sizeof vt, val_time);
+    printf("done: %" PRId64 " steps in %s (and validation %s); val loss %.4f = %.3f bits/byte (unigram entropy "
+           "%.3f bits/byte)%s%s\n", done_steps, total, vt, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
            o->ckpt ? o->ckpt : "");
     if (scaled)
         printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (their fp16 gradients overflowed)\n",
                xtc_session_loss_scale(M.train), skipped, last);
     rc = 0;
 done:
-    if (handler)
-        sigaction(SIGINT, &old_int, NULL);
+    while (handler > 0) {
+        handler--;
+        sigaction(stop_signals[handler], &old_sig[handler], NULL);
+    }
     free(tok);
     free(tgt);
     if (M.eval != M.train)
@@ -644,6 +732,22 @@ static int opt_beta(const char *v, void *ptr, char *err, size_t n)
 static int opt_val_fraction(const char *v, void *ptr, char *err, size_t n)
 {
     return opt_fraction(v, ptr, err, n, 1);
+}
+
+/* --seed: remembered as given (--resume takes the checkpoint's seed and refuses another) */
+static int opt_seed(const char *v, void *ptr, char *err, size_t n)
+{
+    CliTrainOpts *o = ptr;
+    char *end;
+    errno = 0;
+    unsigned long long x = v && *v != '-' ? strtoull(v, &end, 10) : 0;
+    if (!v || !*v || *v == '-' || *end || errno) {
+        snprintf(err, n, "expected a non-negative integer, got '%s'", v ? v : "");
+        return -1;
+    }
+    o->seed = (uint64_t)x;
+    o->seed_given = 1;
+    return 0;
 }
 
 static unsigned char *read_file(const char *path, size_t *len)
@@ -701,8 +805,8 @@ int cli_train(int argc, char **argv)
         {"--threads", CLI_THREADS, &o.threads, "T", .help = "worker threads (the number of CPUs)"},
         {"--val-every", CLI_I64, &o.val_every, "K", .help = "validation loss every K steps (200; 0 = at the end only)",
          .lo = 0},
-        {"--val-tokens", CLI_I64, &o.val_tokens, "N", .help = "tokens of the held-out split to evaluate (65536; 0 = all)",
-         .lo = 0},
+        {"--val-tokens", CLI_I64, &o.val_tokens, "N", .help = "tokens of the held-out split to evaluate (the tokens\n"
+         "trained between two validations, at most 65536; 0 = all)", .lo = 0},
         {"--val-fraction", CLI_FN, &o.val_fraction, "F", .help = "the held-out share of the file, in (0, 1) (0.1)",
          .fn = opt_val_fraction},
         {"--ckpt", CLI_STR, &o.ckpt, "PATH", .help = "checkpoint (.safetensors: weights, optimizer state, run state),\n"
@@ -712,7 +816,8 @@ int cli_train(int argc, char **argv)
         {"--weights", CLI_STR, &o.weights, "PATH", .help = "start from these weights with a fresh optimizer"},
         {"--stop-at", CLI_I64, &o.stop_at, "K", .help = "stop after step K as if interrupted (the schedule still spans --steps)",
          .lo = 1},
-        {"--seed", CLI_U64, &o.seed, "S", .help = "initialisation, batches and dropout (1)"},
+        {"--seed", CLI_FN, &o, "S", .help = "initialisation, batches and dropout (1; --resume: the checkpoint's)",
+         .fn = opt_seed},
         {"--model", CLI_STR, &model, "NAME", .help = "which model of the .xtf file (the last)"},
         {"--log-every", CLI_I64, &o.log_every, "K", .help = "progress lines when stderr is not a terminal (steps/10)", .lo = 1},
         {"--quiet", CLI_FLAG, &o.quiet, .help = "no progress line"},
@@ -724,7 +829,9 @@ int cli_train(int argc, char **argv)
                  "a TransformerWrapper around a Decoder with num_tokens >= 256; a .so is used as is when it\n"
                  "is a training module (xtc compile --train), else recompiled from its embedded source.\n",
         .after = "Runs are deterministic for a given number of threads: --resume after --stop-at K gives the\n"
-                 "losses of the uninterrupted run.\n",
+                 "losses of the uninterrupted run (it takes the checkpoint's seed). Ctrl-C, SIGTERM and SIGHUP\n"
+                 "stop after the step in progress with a checkpoint (exit 128 + the signal). A step whose\n"
+                 "loss or weights are not finite stops the run (exit 1); no such checkpoint is written.\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
     };
     int prc = cli_parse(&cmd, argc, argv);

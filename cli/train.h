@@ -20,14 +20,16 @@ typedef struct {
     double beta1, beta2, eps, weight_decay, clip;
     int threads;            /* 0 = the number of online CPUs */
     int64_t val_every;      /* validate every K steps (0 = only at the end) */
-    int64_t val_tokens;     /* tokens of the held-out split to evaluate (0 = all of it) */
+    int64_t val_tokens;     /* tokens of the held-out split to evaluate (0 = all of it; -1 = the
+                             * tokens trained between two validations, at most 65536) */
     double val_fraction;    /* the held-out split: the last fraction of the text */
     int64_t log_every;      /* permanent progress lines when stderr is not a terminal (0 = auto) */
     const char *ckpt;       /* checkpoint to write (at validations, on interrupt and at the end) */
     int64_t ckpt_every;     /* also every K steps (0 = at validations) */
     const char *resume;     /* continue the run of this checkpoint */
     const char *weights;    /* start from these weights with a fresh optimizer */
-    uint64_t seed;
+    uint64_t seed;          /* --resume: the checkpoint's (another one given is refused) */
+    int seed_given;         /* seed was given explicitly */
     int quiet;              /* no progress line (validation and summary lines only) */
 } CliTrainOpts;
 

@@ -161,7 +161,8 @@ const char *xtc_session_error(const XtcSession *s); /* "" when there is none */
  * state_dict names). Tensors that are missing, extra (not in the module) or of the wrong shape
  * are errors naming them; F64, F16 and BF16 tensors are converted to f32. A tied weight stored
  * under two names (XTransformer's tie_token_emb) must be present under both with equal values.
- * On failure no weight is changed. */
+ * A checkpoint loads too: its optimizer state ("optim.m.<param>", "optim.v.<param>" of the
+ * module's parameters) is ignored. On failure no weight is changed. */
 int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
@@ -327,7 +328,9 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *m, co
  * (tied names too: the file loads as a state_dict), and after at least one step the optimizer
  * state as "optim.m.<name>" and "optim.v.<name>" with the step count in the metadata
  * ("xtc.optim.step"). meta: nmeta extra key/value pairs for the metadata (the caller's: data
- * position, random state...). Written atomically (temporary file, fsync, rename). */
+ * position, random state...). Written atomically (temporary file, fsync, rename). A weight or
+ * optimizer value that is not finite (NaN, infinity: a diverged run) is XTC_ERR_RANGE naming
+ * the tensor, and nothing is written (the previous checkpoint stays). */
 int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *const *keys,
                                 const char *const *values, int nmeta);
 /* Loads a checkpoint or a plain weights file: every parameter and state buffer (strictly, as

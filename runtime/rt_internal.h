@@ -235,6 +235,10 @@ int rt_session_fail(XtcSession *s, int status, const char *msg);
  * none). */
 void rt_session_begin(XtcSession *s);
 void rt_optim_free(struct RtOptim *o);
+/* A checkpoint's optimizer state: for a tensor name "optim.m.<param>" or "optim.v.<param>", the
+ * <param> it belongs to, else NULL. Wherever weights load, such a tensor of a parameter of the
+ * model is ignored (a checkpoint loads as weights). */
+const char *rt_optim_state_param(const char *name);
 
 /* printf into a fixed error buffer (truncating). */
 void rt_set_error(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -395,6 +395,20 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *mv, c
 
 /* ---- checkpoints ---- */
 
+/* The index of the first value of data[n] that is not finite, or -1. */
+static int64_t first_nonfinite(const float *data, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(data[i]))
+            return i;
+    return -1;
+}
+
+const char *rt_optim_state_param(const char *name)
+{
+    return name && (!strncmp(name, "optim.m.", 8) || !strncmp(name, "optim.v.", 8)) ? name + 8 : NULL;
+}
+
 int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *const *keys,
                                 const char *const *values, int nmeta)
 {
@@ -415,8 +429,15 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
             int b = m->by_kind[k][i];
             const int64_t *shape;
             const void *data = rt_session_buffer(s, b, &shape);
+            int64_t n = 1, bad;
+            for (int d = 0; data && d < m->bufs[b].rank; d++)
+                n *= shape[d];
             if (!data)
                 st = failf(s, XTC_ERR_STATE, "cannot save %s: weight '%s' is not loaded", path, m->bufs[b].name);
+            else if ((bad = first_nonfinite(data, n)) >= 0) /* a diverged run: keep the last good file */
+                st = failf(s, XTC_ERR_RANGE, "not saving %s: weight '%s' holds %g at element %" PRId64
+                           " (the weights are no longer finite)", path, m->bufs[b].name, ((const float *)data)[bad],
+                           bad);
             else
                 rt_st_writer_add(w, m->bufs[b].name, RT_F32, m->bufs[b].rank, shape, data);
         }
@@ -431,6 +452,15 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         int64_t shape[XTC_MAX_RANK];
         for (int d = 0; d < b->rank; d++)
             shape[d] = b->shape[d].c;
+        int64_t n = 1, bad;
+        for (int d = 0; d < b->rank; d++)
+            n *= shape[d];
+        if ((bad = first_nonfinite(o->m + o->offset[i], n)) >= 0 ||
+            (bad = first_nonfinite(o->v + o->offset[i], n)) >= 0) {
+            st = failf(s, XTC_ERR_RANGE, "not saving %s: the optimizer state of '%s' is not finite at element "
+                       "%" PRId64, path, b->name, bad);
+            break;
+        }
         snprintf(name, sizeof name, "optim.m.%s", b->name);
         rt_st_writer_add(w, name, RT_F32, b->rank, shape, o->m + o->offset[i]);
         snprintf(name, sizeof name, "optim.v.%s", b->name);
@@ -510,8 +540,8 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
         int ok = find_weight(m, nm) >= 0;
         for (int a = 0; !ok && a < m->naliases; a++)
             ok = strcmp(m->aliases[a].name, nm) == 0;
-        if (!ok && (!strncmp(nm, "optim.m.", 8) || !strncmp(nm, "optim.v.", 8))) {
-            int b = find_weight(m, nm + 8);
+        if (!ok && rt_optim_state_param(nm)) {
+            int b = find_weight(m, rt_optim_state_param(nm));
             ok = b >= 0 && m->bufs[b].kind == RT_BUF_PARAM;
             noptim += ok;
         }

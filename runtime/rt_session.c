@@ -773,6 +773,10 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
     }
     for (int i = 0; i < rt_st_count(f); i++) {
         const RtStTensor *t = rt_st_get(f, i);
+        const char *of = rt_optim_state_param(t->name); /* a checkpoint's optimizer state: ignored */
+        int b = of ? find_weight(m, of) : -1;
+        if (b >= 0 && m->bufs[b].kind == RT_BUF_PARAM)
+            continue;
         if (find_weight(m, t->name) < 0 && !find_alias(m, t->name)) {
             char item[300];
             snprintf(item, sizeof item, "'%s'", t->name);

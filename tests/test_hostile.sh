@@ -107,7 +107,81 @@ fi
 # ---- end files ----
 
 # ---- training and generation (items 8, 10, 11, 16, 19, 24) ----
-
+cat > "$tmp/tr.xtf" <<'EOF'
+tr = TransformerWrapper(num_tokens = 256, max_seq_len = 32, emb_dropout = 0.1,
+    attn_layers = Decoder(dim = 16, depth = 1, heads = 2, attn_dropout = 0.1, ff_dropout = 0.1))
+EOF
+cat "$src"/cli/*.c | head -c 30000 > "$tmp/tr_data.txt"
+tr_common=(--data "$tmp/tr_data.txt" --batch 2 --seq 16 --threads 1)
+# item 8: a diverging run stops naming the step and the last good checkpoint stays (every step
+# wrote NaN weights over it)
+check tr_good $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --quiet --steps 2 --ckpt "$tmp/tr_nan.safetensors"
+cp "$tmp/tr_nan.safetensors" "$tmp/tr_good.safetensors"
+refuse_t tr_diverge "training diverged at step" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --quiet --steps 20 \
+  --lr 1000 --ckpt-every 1 --ckpt "$tmp/tr_nan.safetensors"
+expect tr_diverge_no_nan_ckpt $py -c "import sys, math; sys.path.insert(0, '$parity'); import safetensors_lite as st
+t = st.read('$tmp/tr_nan.safetensors')[0]
+sys.exit(any(not math.isfinite(v) for x in t.values() for v in x.values))"
+# ... and generate refuses NaN weights instead of printing NUL bytes
+$py -c "import sys; sys.path.insert(0, '$parity'); import safetensors_lite as st
+t = st.read('$tmp/tr_good.safetensors')[0]
+t['token_emb.weight'].values[3] = float('nan')
+st.write('$tmp/tr_nanw.safetensors', t)"
+refuse_t tr_generate_nan "weight 'token_emb.weight' holds nan" $xtc generate "$tmp/tr.xtf" \
+  --weights "$tmp/tr_nanw.safetensors" --tokens 5
+# item 24: --tokens 0 prints no negative time
+check tr_generate_0 $xtc generate "$tmp/tr.xtf" --weights "$tmp/tr_good.safetensors" --tokens 0
+expect tr_generate_0_no_negative_time sh -c "! grep -q -- ' -[0-9]' '$tmp/out'"
+# item 11: a --ckpt directory that is missing or unwritable, or a directory as --ckpt: refused
+# before compiling and training
+refuse_t tr_ckpt_missing_dir "directory $tmp/no/such: No such file" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" \
+  --steps 2 --ckpt "$tmp/no/such/c.safetensors"
+expect tr_ckpt_missing_dir_early sh -c "! grep -q '^compiling' '$tmp/out'"
+mkdir -p "$tmp/ro" && chmod 555 "$tmp/ro"
+if [ "$(id -u)" != 0 ]; then
+  refuse_t tr_ckpt_readonly_dir "Permission denied" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --steps 2 \
+    --ckpt "$tmp/ro/c.safetensors"
+fi
+refuse_t tr_ckpt_is_dir "is a directory" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --steps 2 --ckpt "$tmp/ro"
+chmod 755 "$tmp/ro"
+# item 10: SIGTERM and SIGHUP save the resumable checkpoint and stop (exit 128 + the signal)
+$xtc compile "$tmp/tr.xtf" --train -O1 -o "$tmp/tr_train.so" > /dev/null 2>&1
+for sig in TERM HUP; do
+  rm -f "$tmp/tr_sig.safetensors"
+  timeout 120 $xtc train "$tmp/tr_train.so" "${tr_common[@]}" --log-every 1 --steps 100000 --val-tokens 64 \
+    --ckpt "$tmp/tr_sig.safetensors" > "$tmp/tr_sig.out" 2> "$tmp/tr_sig.err" &
+  pid=$!
+  for _ in $(seq 1200); do grep -q '^step ' "$tmp/tr_sig.err" && break; kill -0 $pid 2> /dev/null || break; sleep 0.05; done
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  want=$((128 + $(kill -l $sig)))
+  n=$(sed -n "s/^interrupted by SIG$sig after step \([0-9]*\); continue with --resume .*/\1/p" "$tmp/tr_sig.out")
+  expect "tr_sig$sig: exit $want (got $rc), a checkpoint of step '$n'" \
+    test "$rc" = "$want" -a -n "$n" -a -s "$tmp/tr_sig.safetensors"
+  check "tr_sig${sig}_resume" $xtc train "$tmp/tr_train.so" "${tr_common[@]}" --steps 100000 --val-tokens 64 \
+    --resume "$tmp/tr_sig.safetensors" --stop-at $((${n:-0} + 1))
+  expect "tr_sig${sig}_resume_from_$n" grep -q "^step *$((${n:-0} + 1)) " "$tmp/out"
+done
+# item 16: --resume takes the checkpoint's seed (the dropout masks): 4 steps straight with
+# --seed 9 equal 2 steps and a resume without --seed; another --seed is refused
+tr_seed=("${tr_common[@]}" --quiet --steps 4 --val-every 2 --val-tokens 64)
+$xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --seed 9 --ckpt "$tmp/tr_s1.safetensors" > /dev/null 2>&1
+$xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --seed 9 --stop-at 2 --ckpt "$tmp/tr_s2.safetensors" > /dev/null 2>&1
+check tr_resume_seed $xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --resume "$tmp/tr_s2.safetensors" \
+  --ckpt "$tmp/tr_s2.safetensors"
+expect tr_resume_seed_same_weights cmp "$tmp/tr_s1.safetensors" "$tmp/tr_s2.safetensors"
+refuse_t tr_resume_other_seed "differs from the seed of" $xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --seed 3 \
+  --resume "$tmp/tr_s2.safetensors"
+# item 19: a checkpoint loads wherever weights load (its optimizer state ignored)
+$xtc compile "$tmp/tr.xtf" -O1 -o "$tmp/tr_fwd.so" > /dev/null 2>&1
+$py -c "import sys; sys.path.insert(0, '$parity'); import safetensors_lite as st
+st.write('$tmp/tr_in.safetensors', {'tokens': st.Tensor('I64', [1, 8], list(range(60, 68)))})"
+check tr_ckpt_run_so $xtc run "$tmp/tr_fwd.so" --weights "$tmp/tr_good.safetensors" --input "$tmp/tr_in.safetensors" \
+  --output "$tmp/tr_o1.safetensors"
+check tr_ckpt_run_xtf $xtc run "$tmp/tr.xtf" --weights "$tmp/tr_good.safetensors" --input "$tmp/tr_in.safetensors" \
+  --output "$tmp/tr_o2.safetensors"
+check tr_ckpt_predict "$build/predict" "$tmp/tr_fwd.so" "$tmp/tr_good.safetensors" "int main"
 # ---- end training ----
 
 # ---- compiling (items 3, 13, 17, 20) ----

@@ -286,6 +286,63 @@ START_TEST(test_checkpoint_continues)
 }
 END_TEST
 
+/* issue 24 items 19 and 8: a checkpoint loads as weights (xtc_session_load_weights ignores the
+ * optimizer state of the module's parameters, not other extra tensors); non-finite weights are
+ * never saved (XTC_ERR_RANGE, the previous file intact) */
+START_TEST(test_checkpoint_as_weights)
+{
+    static Data d;
+    fill(&d, 7);
+    char ckpt[400], other[400];
+    snprintf(ckpt, sizeof ckpt, "%s/ckw.safetensors", tmpdir);
+    snprintf(other, sizeof other, "%s/ckw_extra.safetensors", tmpdir);
+    XtcModule *m1, *m2;
+    XtcSession *a = session(&m1, module_path, 1, &d);
+    XtcAdamW o = settings(0);
+    run_step(a, &o);
+    ck_assert_msg(xtc_session_save_checkpoint(a, ckpt, NULL, NULL, 0) == XTC_OK, "%s", xtc_session_error(a));
+    static Data z;
+    fill(&z, 123);
+    memcpy(z.x, d.x, sizeof d.x);
+    memcpy(z.y, d.y, sizeof d.y);
+    XtcSession *b = session(&m2, plain_path, 1, &z);
+    ck_assert_msg(xtc_session_load_weights(b, ckpt) == XTC_OK, "%s", xtc_session_error(b));
+    ck_assert(memcmp(weight(a, "w"), weight(b, "w"), NW * sizeof(float)) == 0);
+    /* optimizer state of a name that is no parameter stays an error */
+    RtStWriter *w = rt_st_writer_new();
+    int64_t ws[2] = {WR, WC}, bs[1] = {NB};
+    rt_st_writer_add(w, "w", RT_F32, 2, ws, d.w);
+    rt_st_writer_add(w, "layer.b", RT_F32, 1, bs, d.b);
+    rt_st_writer_add(w, "optim.m.nosuch", RT_F32, 1, bs, d.b);
+    char err[512];
+    ck_assert_msg(rt_st_writer_save(w, other, err, sizeof err) == 0, "%s", err);
+    rt_st_writer_free(w);
+    ck_assert_int_eq(xtc_session_load_weights(b, other), XTC_ERR_NAME);
+    ck_assert_ptr_nonnull(strstr(xtc_session_error(b), "'optim.m.nosuch'"));
+    /* a diverged weight: not saved, the previous checkpoint stays */
+    FILE *fp = fopen(ckpt, "rb");
+    ck_assert_ptr_nonnull(fp);
+    static unsigned char before[1 << 20], after[1 << 20];
+    size_t nb = fread(before, 1, sizeof before, fp);
+    fclose(fp);
+    static float bad[NW];
+    memcpy(bad, d.w, sizeof bad);
+    bad[41] = NAN;
+    ck_assert_int_eq(xtc_session_set_weight(a, "w", 2, ws, bad), XTC_OK);
+    ck_assert_int_eq(xtc_session_save_checkpoint(a, ckpt, NULL, NULL, 0), XTC_ERR_RANGE);
+    ck_assert_msg(strstr(xtc_session_error(a), "weight 'w' holds nan at element 41"), "%s", xtc_session_error(a));
+    fp = fopen(ckpt, "rb");
+    ck_assert_ptr_nonnull(fp);
+    size_t na = fread(after, 1, sizeof after, fp);
+    fclose(fp);
+    ck_assert(na == nb && memcmp(before, after, na) == 0);
+    xtc_session_free(a);
+    xtc_session_free(b);
+    xtc_module_free(m1);
+    xtc_module_free(m2);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
     static Data d;
@@ -449,6 +506,7 @@ int main(void)
     tcase_add_test(tc, test_adamw_matches_reference);
     tcase_add_test(tc, test_adamw_thread_independent);
     tcase_add_test(tc, test_checkpoint_continues);
+    tcase_add_test(tc, test_checkpoint_as_weights);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_init_rules);
     tcase_add_test(tc, test_init_hint);

@@ -82,7 +82,7 @@ while kill -0 "$pid" 2> /dev/null && ! grep -q '^step ' "$tmp/c.err"; do sleep 0
 kill -INT "$pid" 2> /dev/null
 wait "$pid"
 rc=$?
-n=$(sed -n 's/^interrupted after step \([0-9]*\); continue with --resume .*c\.safetensors$/\1/p' "$tmp/c.out")
+n=$(sed -n 's/^interrupted by SIGINT after step \([0-9]*\); continue with --resume .*c\.safetensors$/\1/p' "$tmp/c.out")
 if [ "$rc" -eq 130 ] && [ -n "$n" ] && [ -s "$tmp/c.safetensors" ]; then
   ok "Ctrl-C: exit status 130 after step $n, checkpoint written"
 else
@@ -105,7 +105,7 @@ else
 fi
 
 # a checkpoint that cannot be written is an error and leaves the previous one intact: a full
-# disk (a file size limit: write fails with EFBIG), a directory in the way (rename fails); no
+# disk (a file size limit: write fails with EFBIG), a directory in the way (refused at the start); no
 # temporary file stays behind
 cp "$tmp/c.safetensors" "$tmp/c_prev.safetensors"
 (trap '' XFSZ; ulimit -f 16; exec "$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --resume "$tmp/c_at_n.safetensors" \
@@ -120,7 +120,7 @@ fi
 mkdir "$tmp/ckdir"
 "$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --stop-at 1 --ckpt "$tmp/ckdir" > "$tmp/f.out" 2> "$tmp/f.err"
 rc=$?
-if [ "$rc" -ne 0 ] && grep -q "ckdir: rename failed: Is a directory" "$tmp/f.err" && [ -d "$tmp/ckdir" ] &&
+if [ "$rc" -ne 0 ] && grep -q "ckdir is a directory" "$tmp/f.err" && [ -d "$tmp/ckdir" ] &&
   ! ls "$tmp"/ckdir.tmp.* > /dev/null 2>&1; then
   ok "directory as checkpoint: $(head -1 "$tmp/f.err" | sed 's/^xtc train: //')"
 else
