@@ -82,12 +82,16 @@ PYEOF
   chmod 0640 "$fl/m.so"
   check files_out_mode_compile "$xtc" compile "$fl_xtf" -o "$fl/m.so"
   expect files_out_mode_compile_kept test "$(stat -c %a "$fl/m.so")" = 640
-  if [ -c /dev/null ] && [ -w /dev/null ]; then
-    check files_devnull_run "$xtc" "${fl_run[@]}" --output /dev/null
-    check files_devnull_run_finite "$xtc" "${fl_run[@]}" --output /dev/null --check-finite
-    check files_devnull_init "$xtc" init "$fl/m.so" -o /dev/null
-    check files_devnull_compile "$xtc" compile "$fl_xtf" -o /dev/null
-    expect files_devnull_still_device test -c /dev/null
+  # a private null device where we may make one (as root, a regression would otherwise replace
+  # the machine's /dev/null); elsewhere /dev/null itself, which a user cannot replace
+  fl_null=$fl/null
+  mknod -m 666 "$fl_null" c 1 3 2> /dev/null || fl_null=/dev/null
+  if [ -c "$fl_null" ] && [ -w "$fl_null" ]; then
+    check files_devnull_run "$xtc" "${fl_run[@]}" --output "$fl_null"
+    check files_devnull_run_finite "$xtc" "${fl_run[@]}" --output "$fl_null" --check-finite
+    check files_devnull_init "$xtc" init "$fl/m.so" -o "$fl_null"
+    check files_devnull_compile "$xtc" compile "$fl_xtf" -o "$fl_null"
+    expect files_devnull_still_device test -c "$fl_null"
   else
     echo "skip files_devnull_*: /dev/null is not a writable character device here"
   fi
