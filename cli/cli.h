@@ -25,6 +25,9 @@ int cli_run_module(int argc, char **argv);
 
 /* Parses and checks a .xtf file, printing diagnostics to stderr; NULL on error. */
 XtfFile *cli_load_xtf(const char *path);
+/* 1 after printing "xtc CMD: OUT_NAME OUT is the same file as IN_NAME IN; ..." when out and in are
+ * the same existing file (device and inode, symlinks followed): writing it would destroy it. */
+int cli_output_is_input(const char *cmd, const char *out_name, const char *out, const char *in_name, const char *in);
 /* Lowers a checked file; prints diagnostics; NULL on error. */
 IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt);
 

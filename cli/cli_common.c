@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "codegen.h"
+#include "rt_fileio.h"
 #include "passes.h"
 
 int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n)
@@ -67,6 +68,15 @@ static int check_text(const char *path)
             }
     }
     return 0;
+}
+
+int cli_output_is_input(const char *cmd, const char *out_name, const char *out, const char *in_name, const char *in)
+{
+    if (!rt_file_same(out, in))
+        return 0;
+    fprintf(stderr, "xtc %s: %s %s is the same file as %s %s; refusing to overwrite an input\n", cmd, out_name,
+            out, in_name, in);
+    return 1;
 }
 
 XtfFile *cli_load_xtf(const char *path)

@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "codegen.h"
 #include "init.h"
+#include "rt_fileio.h"
 #include "passes.h"
 #include "safetensors.h"
 #include "xtc.h"
@@ -19,28 +20,6 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static char *read_text(const char *path)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (size_t k; buf && (k = fread(buf + len, 1, cap - len - 1, fp)) > 0;) {
-        len += k;
-        if (len + 1 == cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb)
-                free(buf);
-            buf = nb;
-        }
-    }
-    fclose(fp);
-    if (buf)
-        buf[len] = 0;
-    return buf;
 }
 
 static int opt_cuda_arch(const char *v, void *ptr, char *err, size_t n)
@@ -109,6 +88,8 @@ int cli_compile(int argc, char **argv)
         return prc == 1 ? 0 : prc;
     if (!path || !out)
         return cli_usage_error(&cmd, !path ? "no model file given" : "no output given (-o model.so)");
+    if (cli_output_is_input("compile", "-o", out, "the source", path))
+        return 2;
     const CgBackend *be = cg_backend_find(co.target ? co.target : "cpu");
     if (!be) {
         fprintf(stderr, "xtc compile: unknown target '%s'\n", co.target);
@@ -130,9 +111,15 @@ int cli_compile(int argc, char **argv)
     if (!f)
         return 1;
     IrGraph *g = cli_lower(f, model, &lo);
+    char *src = g ? strdup(f->src) : NULL; /* embedded: exactly the text compiled, read once */
     xtf_free(f);
-    if (!g)
+    if (!g || !src) {
+        if (g)
+            fprintf(stderr, "xtc compile: out of memory\n");
+        ir_graph_free(g);
+        free(src);
         return 1;
+    }
     if (lo.train) {
         IrGradOpts go = {.loss = "loss"};
         int has_loss = 0;
@@ -144,6 +131,7 @@ int cli_compile(int argc, char **argv)
         if (ir_autodiff(g, &go, err, sizeof err) != 0) {
             fprintf(stderr, "xtc compile: %s\n", err);
             ir_graph_free(g);
+            free(src);
             return 1;
         }
     }
@@ -151,9 +139,9 @@ int cli_compile(int argc, char **argv)
     ir_graph_free(g);
     if (!opt) {
         fprintf(stderr, "xtc compile: %s\n", err);
+        free(src);
         return 1;
     }
-    char *src = read_text(path);
     co.output = out;
     co.source = src;
     co.source_name = path;
@@ -229,6 +217,8 @@ int cli_init(int argc, char **argv)
         return prc == 1 ? 0 : prc;
     if (!path || !out)
         return cli_usage_error(&cmd, !path ? "no module given" : "no output given (-o weights.safetensors)");
+    if (cli_output_is_input("init", "-o", out, "the module", path))
+        return 2;
     XtcModule *m = NULL;
     if (xtc_module_load(path, &m) != XTC_OK) {
         fprintf(stderr, "xtc: %s\n", m ? xtc_module_error(m) : "out of memory");
@@ -296,6 +286,10 @@ int cli_run_module(int argc, char **argv)
     if (!path || !wpath || !ipath || !opath)
         return cli_usage_error(&cmd, !path ? "no model given" : !wpath ? "no --weights given" :
                                      !ipath ? "no --input given" : "no --output given");
+    if (cli_output_is_input("run", "--output", opath, "--input", ipath) ||
+        cli_output_is_input("run", "--output", opath, "--weights", wpath) ||
+        cli_output_is_input("run", "--output", opath, "the module", path))
+        return 2;
     char err[1024];
     if (grads) { /* a training module computes them; an inference module cannot */
         XtcModule *m = NULL;
@@ -330,19 +324,22 @@ int cli_run_module(int argc, char **argv)
     }
     int bad = cli_check_finite_module_file(m, wpath, "weight") != 0 ||
               cli_check_finite_module_file(m, ipath, "input") != 0;
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", opath, (long)getpid());
-    if (!bad && xtc_run_files(path, wpath, ipath, tmp, &ro, err, sizeof err) != XTC_OK) {
+    RtWFile out; /* replaced atomically, through symlinks, keeping its mode (rt_fileio.c) */
+    if (!bad && rt_wfile_open_named(&out, opath, err, sizeof err) != 0) {
         fprintf(stderr, "xtc: %s\n", err);
         bad = 1;
     } else if (!bad) {
-        bad = cli_check_finite_module_file(m, tmp, "output") != 0;
-        if (!bad && rename(tmp, opath) != 0) {
-            fprintf(stderr, "xtc: %s: %s\n", opath, strerror(errno));
+        if (xtc_run_files(path, wpath, ipath, out.tmp, &ro, err, sizeof err) != XTC_OK) {
+            fprintf(stderr, "xtc: %s\n", err);
             bad = 1;
         }
+        bad = bad || cli_check_finite_module_file(m, out.tmp, "output") != 0;
         if (bad)
-            unlink(tmp);
+            rt_wfile_abort(&out);
+        else if (rt_wfile_commit(&out, err, sizeof err) != 0) {
+            fprintf(stderr, "xtc: %s\n", err);
+            bad = 1;
+        }
     }
     xtc_module_free(m);
     return bad ? 1 : 0;

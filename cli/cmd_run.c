@@ -210,6 +210,10 @@ int cli_run(int argc, char **argv)
         return cli_run_module(argc, argv); /* a compiled module runs in the runtime */
     if (!wpath || !ipath || !opath)
         return cli_usage_error(&cmd, !wpath ? "no --weights given" : !ipath ? "no --input given" : "no --output given");
+    if (cli_output_is_input("run", "--output", opath, "--input", ipath) ||
+        cli_output_is_input("run", "--output", opath, "--weights", wpath) ||
+        cli_output_is_input("run", "--output", opath, "the model", path))
+        return 2;
     char err[1024];
     int rc = 1;
     Binding b = {.wpath = wpath, .ipath = ipath};

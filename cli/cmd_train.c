@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "rt_internal.h"
 #include "init.h"
+#include "rt_fileio.h"
 #include "safetensors.h"
 #include "train.h"
 
@@ -752,9 +753,14 @@ static int opt_seed(const char *v, void *ptr, char *err, size_t n)
 
 static unsigned char *read_file(const char *path, size_t *len)
 {
-    FILE *fp = fopen(path, "rb");
+    struct stat st; /* a FIFO that nobody writes reads as empty instead of blocking */
+    char why[600];
+    int fd = rt_file_open_read(path, 0, &st, why, sizeof why);
+    FILE *fp = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!fp) {
-        fprintf(stderr, "xtc train: cannot open %s: %s\n", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        fprintf(stderr, "xtc train: %s\n", fd >= 0 ? "out of memory" : why);
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -839,6 +845,9 @@ int cli_train(int argc, char **argv)
         return prc == 1 ? 0 : prc;
     if (!path || !data_path)
         return cli_usage_error(&cmd, !path ? "no model given" : "no --data given");
+    if (o.ckpt && (cli_output_is_input("train", "--ckpt", o.ckpt, "--data", data_path) ||
+                   cli_output_is_input("train", "--ckpt", o.ckpt, "the model", path)))
+        return 2;
     if (o.resume && o.weights) {
         fprintf(stderr, "xtc train: --resume and --weights exclude each other\n");
         return 2;

@@ -5,14 +5,17 @@
  * of the `cc` that links or compiles) and, when it is there, copies it to the output instead of
  * optimising, emitting and linking again; after a build it stores the result. Lookups and stores
  * are best effort: a cache that cannot be read or written is a miss, never an error. Entries are
- * written under a temporary name and renamed, so processes sharing the directory see whole files.
+ * written under a temporary name and renamed (rt_fileio.c), so processes sharing the directory see
+ * whole files, and carry their size and a hash of their bytes: a damaged entry is a miss, and the
+ * build that follows replaces it. An entry is stored from the file the backend linked, before it
+ * is renamed to the output, so another compile writing the same output cannot change it.
  *
  * The key is not a cryptographic hash: it guards against accidents (a changed generator, model,
  * option or toolchain), not against someone writing into the directory. */
 #include "codegen.h"
+#include "rt_fileio.h"
 
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,49 +109,76 @@ int cg_cache_enabled(void)
     return dir && dir[0];
 }
 
-/* Copies from to a temporary name beside to, then renames it to to. 0 or -1. */
-static int copy_file(const char *from, const char *to)
+/* An entry is the module's bytes followed by this trailer: their size and their hash, checked on
+ * every fetch, so that a truncated or damaged entry is a miss (and rebuilt), never served. */
+#define ENTRY_MAGIC "XTCCACH1"
+enum { TRAILER = 32, ENTRY_MAX = 1 << 30 };
+
+static void content_hash(const void *p, size_t len, uint64_t out[2])
 {
-    FILE *in = fopen(from, "rb");
-    if (!in)
-        return -1;
-    static atomic_uint seq;
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp%ld.%u", to, (long)getpid(), atomic_fetch_add(&seq, 1));
-    FILE *out = fopen(tmp, "wb");
-    int rc = out ? 0 : -1;
-    char buf[1 << 16];
-    size_t got;
-    while (rc == 0 && (got = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, got, out) != got)
-            rc = -1;
-    if (ferror(in))
-        rc = -1;
-    fclose(in);
-    if (out && fclose(out) != 0)
-        rc = -1;
-    if (rc == 0 && rename(tmp, to) != 0)
-        rc = -1;
-    if (rc != 0 && out)
-        unlink(tmp);
-    return rc;
+    CgHash h;
+    cg_hash_init(&h, "module cache entry");
+    cg_hash_add(&h, p, len);
+    out[0] = h.a;
+    out[1] = h.b;
 }
 
 int cg_cache_fetch(const CgHash *h, const char *output)
 {
-    char path[4200];
-    if (!entry_path(h, path, sizeof path) || access(path, R_OK) != 0)
+    char path[4200], err[600];
+    struct stat sb;
+    if (!entry_path(h, path, sizeof path) || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
         return 0;
-    return copy_file(path, output) == 0;
+    char *buf;
+    size_t len;
+    if (rt_file_read_all(path, ENTRY_MAX, "a module cache entry", &buf, &len, err, sizeof err) != 0)
+        return 0;
+    uint64_t t[3], sum[2];
+    int good = len >= TRAILER && !memcmp(buf + len - TRAILER, ENTRY_MAGIC, 8);
+    if (good) {
+        memcpy(t, buf + len - TRAILER + 8, sizeof t);
+        content_hash(buf, len - TRAILER, sum);
+        good = t[0] == len - TRAILER && t[1] == sum[0] && t[2] == sum[1];
+    }
+    RtWFile w;
+    if (good && rt_wfile_open(&w, output, err, sizeof err) == 0) {
+        if (rt_wfile_write(&w, buf, len - TRAILER) != 0) {
+            rt_wfile_abort(&w);
+            good = 0;
+        } else {
+            good = rt_wfile_commit(&w, err, sizeof err) == 0;
+        }
+    } else {
+        good = 0;
+    }
+    free(buf);
+    return good;
 }
 
-void cg_cache_store(const CgHash *h, const char *output)
+void cg_cache_store(const CgHash *h, const char *module)
 {
-    char path[4200];
+    char path[4200], err[600];
     if (!entry_path(h, path, sizeof path))
         return;
     const char *dir = getenv("XTC_MODULE_CACHE");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return;
-    copy_file(output, path);
+    char *buf;
+    size_t len;
+    if (rt_file_read_all(module, ENTRY_MAX, "a module cache entry", &buf, &len, err, sizeof err) != 0)
+        return;
+    uint64_t sum[2];
+    content_hash(buf, len, sum);
+    unsigned char trailer[TRAILER];
+    uint64_t t[3] = {len, sum[0], sum[1]};
+    memcpy(trailer, ENTRY_MAGIC, 8);
+    memcpy(trailer + 8, t, sizeof t);
+    RtWFile w;
+    if (rt_wfile_open(&w, path, err, sizeof err) == 0) {
+        if (rt_wfile_write(&w, buf, len) != 0 || rt_wfile_write(&w, trailer, sizeof trailer) != 0)
+            rt_wfile_abort(&w);
+        else
+            rt_wfile_commit(&w, err, sizeof err);
+    }
+    free(buf);
 }

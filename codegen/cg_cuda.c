@@ -11,6 +11,7 @@
  * The compile step writes its files into a temporary directory (kept when XTC_KEEP_TMP is set,
  * for debugging) and needs cc; --emit-cuda (CgOptions.emit_cuda) writes the CUDA C out. */
 #include "cg_cuda.h"
+#include "rt_fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -293,11 +294,14 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
                    write_file(dirbuf, "kernels.cu", u->source, err, n) < 0 ||
                    write_file(dirbuf, "emu_main.c", emu_main, err, n) < 0))
         goto done;
-    char hostc[4200], emuc[4200], log[4200], tmpso[4200];
+    char hostc[4200], emuc[4200], log[4200];
     snprintf(hostc, sizeof hostc, "%s/host.c", dirbuf);
     snprintf(emuc, sizeof emuc, "%s/emu_main.c", dirbuf);
     snprintf(log, sizeof log, "%s/cc.log", dirbuf);
-    snprintf(tmpso, sizeof tmpso, "%s.tmp%ld", opt->output, (long)getpid());
+    RtWFile out; /* the output is replaced atomically, through symlinks, keeping its mode */
+    if (rt_wfile_open_named(&out, opt->output, err, n) != 0)
+        goto done;
+    char *tmpso = out.tmp;
     char *argv[NCC_FLAGS + 9] = {"cc"};
     int argc = 1;
     for (int i = 0; i < NCC_FLAGS; i++)
@@ -310,17 +314,14 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         snprintf(err, n, "compiling the %s module with cc failed%s: %s", u->emu ? "cuda-emu" : "cuda",
                  getenv("XTC_KEEP_TMP") ? "" : " (set XTC_KEEP_TMP=1 to keep the sources)",
                  text[0] ? text : "cannot run cc");
-        unlink(tmpso);
+        rt_wfile_abort(&out);
         goto done;
     }
-    if (rename(tmpso, opt->output) < 0) {
-        snprintf(err, n, "cannot write %s: %s", opt->output, strerror(errno));
-        unlink(tmpso);
-        goto done;
-    }
-    rc = 0;
     if (cache)
-        cg_cache_store(&key, opt->output);
+        cg_cache_store(&key, tmpso); /* the bytes compiled here, not what -o holds later */
+    if (rt_wfile_commit(&out, err, n) != 0)
+        goto done;
+    rc = 0;
 done:
     if (dirbuf[0]) {
         if (getenv("XTC_KEEP_TMP"))

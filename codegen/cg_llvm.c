@@ -12,6 +12,7 @@
  * compiles may run in several threads. */
 #include "cg_llvm.h"
 #include "rt_abi.h"
+#include "rt_fileio.h"
 
 #include <llvm-c/Analysis.h>
 #include <llvm-c/BitWriter.h>
@@ -919,7 +920,7 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
         snprintf(err, n, "cannot create a temporary directory: %s", strerror(errno));
         return -1;
     }
-    char objs[CG_PARTS_MAX][4200], *objv[CG_PARTS_MAX], log[4200], tmpso[4200];
+    char objs[CG_PARTS_MAX][4200], *objv[CG_PARTS_MAX], log[4200];
     PartJob jobs[CG_PARTS_MAX];
     for (int i = 0; i < u->nparts; i++) {
         snprintf(objs[i], sizeof objs[i], "%s/module%d.o", d, i);
@@ -929,9 +930,10 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
                             .obj = opt->emit_llvm ? NULL : objs[i]};
     }
     snprintf(log, sizeof log, "%s/link.log", d);
-    snprintf(tmpso, sizeof tmpso, "%s.tmp%ld", opt->output, (long)getpid());
     parts_run(jobs, u->nparts);
     int rc = 0;
+    RtWFile out; /* the output is replaced atomically, through symlinks, keeping its mode */
+    int have_out = 0;
     for (int i = 0; i < u->nparts && rc == 0; i++)
         if (jobs[i].rc) {
             snprintf(err, n, "%s", jobs[i].err);
@@ -954,28 +956,31 @@ static int llvm_compile(void *unit, const CgOptions *opt, CgStats *stats, char *
         }
     }
     double t2 = now_s();
+    if (rc == 0 && rt_wfile_open_named(&out, opt->output, err, n) != 0)
+        rc = -1;
+    else if (rc == 0)
+        have_out = 1;
     if (rc == 0) {
         char *argv[CG_PARTS_MAX + 6];
-        link_argv(argv, tmpso, objv, u->nparts);
+        link_argv(argv, out.tmp, objv, u->nparts);
         if (cg_run_program(argv, log) < 0) {
             char text[600];
             read_text(log, text, sizeof text);
             snprintf(err, n, "linking %s with cc failed: %s", opt->output, text[0] ? text : "cannot run cc");
-            unlink(tmpso);
-            rc = -1;
-        } else if (rename(tmpso, opt->output) < 0) {
-            snprintf(err, n, "cannot write %s: %s", opt->output, strerror(errno));
-            unlink(tmpso);
             rc = -1;
         }
     }
+    if (rc == 0 && cache)
+        cg_cache_store(&key, out.tmp); /* the bytes linked here, not what -o holds later */
+    if (have_out && rc != 0)
+        rt_wfile_abort(&out);
+    else if (have_out && rt_wfile_commit(&out, err, n) != 0)
+        rc = -1;
     double t3 = now_s();
     for (int i = 0; i < u->nparts; i++)
         unlink(objs[i]);
     unlink(log);
     rmdir(d);
-    if (cache && rc == 0)
-        cg_cache_store(&key, opt->output);
     if (stats) {
         /* the parts' optimisation and emission overlap: their wall time is shared between the
          * two phases in proportion to the threads' time in each */

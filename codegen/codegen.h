@@ -81,8 +81,8 @@ void cg_hash_init(CgHash *h, const char *what);            /* what: the backend 
 void cg_hash_add(CgHash *h, const void *p, size_t n);
 void cg_hash_str(CgHash *h, const char *s);                /* NULL hashes apart from "" */
 void cg_hash_program(CgHash *h, const char *name);         /* the identity of name found on PATH */
-int cg_cache_fetch(const CgHash *h, const char *output);   /* 1: the entry was copied to output */
-void cg_cache_store(const CgHash *h, const char *output);  /* best effort */
+int cg_cache_fetch(const CgHash *h, const char *output);   /* 1: a sound entry was copied to output */
+void cg_cache_store(const CgHash *h, const char *module);  /* best effort; module: the file just linked */
 
 /* ---- backends ---- */
 

@@ -18,9 +18,11 @@
 
 %code top {
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 }
 
 %code requires {
@@ -494,6 +496,15 @@ XtfFile *xtf_parse(const char *path, const char *src, size_t len, XtfDiag *d)
         xtf_diag_error(d, NULL, (XtfLoc){0, 0, 0}, "out of memory");
         return NULL;
     }
+    const char *nul = len ? memchr(f->src, 0, len) : NULL;
+    if (nul) { /* the text would end there for everything that reads it as a string */
+        XtfLoc at = {1, 1, 1};
+        for (const char *c = f->src; c < nul; c++)
+            at = *c == '\n' ? (XtfLoc){at.line + 1, 1, 1} : (XtfLoc){at.line, at.col + 1, 1};
+        xtf_diag_error(d, f, at, "NUL byte in the source (byte %zu); a .xtf source is text",
+                       (size_t)(nul - f->src));
+        return f;
+    }
     XtfParser P;
     memset(&P, 0, sizeof P);
     P.file = f;
@@ -527,16 +538,28 @@ XtfFile *xtf_parse(const char *path, const char *src, size_t len, XtfDiag *d)
 
 XtfFile *xtf_parse_file(const char *path, XtfDiag *d)
 {
-    FILE *fp = fopen(path, "rb");
+    /* O_NONBLOCK: a FIFO that nobody writes opens at once (and reads as empty) instead of
+     * blocking; pipes and character devices are read up to the size cap like files */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    FILE *fp = NULL;
+    if (fd >= 0) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0)
+            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+        if (!(fp = fdopen(fd, "rb")))
+            close(fd);
+    }
     char *buf = NULL;
     size_t len = 0, cap = 0;
-    int err = 0;
+    int err = 0, big = 0;
     if (!fp) {
         err = errno;
     } else {
         for (;;) {
             if (len == cap) {
                 size_t ncap = cap ? cap * 2 : 65536;
+                if (ncap > XTF_SOURCE_MAX + 1)
+                    ncap = XTF_SOURCE_MAX + 1;
                 char *nbuf = ncap > cap ? realloc(buf, ncap) : NULL;
                 if (!nbuf) {
                     err = ENOMEM;
@@ -547,6 +570,10 @@ XtfFile *xtf_parse_file(const char *path, XtfDiag *d)
             }
             size_t got = fread(buf + len, 1, cap - len, fp);
             len += got;
+            if (len > XTF_SOURCE_MAX) {
+                big = 1;
+                break;
+            }
             if (got == 0) {
                 if (ferror(fp))
                     err = errno ? errno : EIO;
@@ -554,6 +581,14 @@ XtfFile *xtf_parse_file(const char *path, XtfDiag *d)
             }
         }
         fclose(fp);
+    }
+    if (big) {
+        XtfFile *f = xtf_parse(path, "", 0, d);
+        if (f)
+            xtf_diag_error(d, f, (XtfLoc){0, 0, 0}, "larger than %d MiB, the limit for a .xtf source",
+                           XTF_SOURCE_MAX >> 20);
+        free(buf);
+        return f;
     }
     XtfFile *f;
     if (err) {

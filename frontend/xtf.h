@@ -83,7 +83,11 @@ void xtf_diag_note(XtfDiag *d, const XtfFile *f, XtfLoc loc, const char *fmt, ..
 /* Parses source text (copied). Never NULL unless out of memory; d->nerrors tells success.
  * Recovers at statement boundaries to report several errors. */
 XtfFile *xtf_parse(const char *path, const char *src, size_t len, XtfDiag *d);
-/* Reads and parses a file; a read error becomes a diagnostic. */
+/* The largest .xtf source read (models take a few KB): a larger file, pipe or device is an
+ * error, found after reading at most this many bytes plus one. */
+#define XTF_SOURCE_MAX (4 << 20)
+/* Reads and parses a file; a read error becomes a diagnostic. A FIFO that nobody writes reads
+ * as empty; a NUL byte in the text is an error at its line and column. */
 XtfFile *xtf_parse_file(const char *path, XtfDiag *d);
 void xtf_free(XtfFile *f);
 

@@ -328,9 +328,13 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *m, co
  * (tied names too: the file loads as a state_dict), and after at least one step the optimizer
  * state as "optim.m.<name>" and "optim.v.<name>" with the step count in the metadata
  * ("xtc.optim.step"). meta: nmeta extra key/value pairs for the metadata (the caller's: data
- * position, random state...). Written atomically (temporary file, fsync, rename). A weight or
- * optimizer value that is not finite (NaN, infinity: a diverged run) is XTC_ERR_RANGE naming
- * the tensor, and nothing is written (the previous checkpoint stays). */
+ * position, random state...). Written atomically (temporary file ".NAME.xtc-tmp.PID.RAND" beside
+ * the target, fsync, rename; those a dead writer of the same target left are removed): through
+ * a symlink to the file it names, keeping an existing file's mode; a character device or a FIFO
+ * with a reader is written in place, a directory refused. A weight or optimizer value that is
+ * not finite (NaN, infinity: a diverged run) is XTC_ERR_RANGE naming the tensor, and nothing is
+ * written (the previous checkpoint stays). Files read (modules, weights) must be regular files:
+ * a FIFO is refused, never waited on. */
 int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *const *keys,
                                 const char *const *values, int nmeta);
 /* Loads a checkpoint or a plain weights file: every parameter and state buffer (strictly, as

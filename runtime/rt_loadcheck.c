@@ -12,6 +12,7 @@
  * These checks catch accidents (a truncated copy, a module built on another machine), not attacks:
  * a module is native code, and a hostile one can do anything once loaded (README, trust model). */
 #include "rt_internal.h"
+#include "rt_fileio.h"
 
 #include <elf.h>
 #include <errno.h>
@@ -169,20 +170,14 @@ static int check_segments(int fd, const Elf64_Ehdr *eh, const char *path, uint64
 
 int rt_elf_check(const char *path, char *err, size_t n)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st; /* a FIFO is refused, not waited on */
+    char why[600];
+    int fd = rt_file_open_read(path, 1, &st, why, sizeof why);
     if (fd < 0) {
-        rt_set_error(err, n, "cannot open module %s: %s", path, strerror(errno));
-        return XTC_ERR_IO;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) {
-        rt_set_error(err, n, "cannot load module %s: %s", path, strerror(errno));
-        close(fd);
-        return XTC_ERR_IO;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rt_set_error(err, n, "cannot load module %s: not a regular file", path);
-        close(fd);
+        if (errno == ENOENT || errno == EACCES) /* open's own failure */
+            rt_set_error(err, n, "cannot open module %s: %s", path, strerror(errno));
+        else
+            rt_set_error(err, n, "cannot load module %s", why);
         return XTC_ERR_IO;
     }
     uint64_t size = (uint64_t)st.st_size;

@@ -20,6 +20,7 @@
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "json.h"
+#include "rt_fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -487,18 +488,9 @@ int rt_st_open(const char *path, RtStFile **out, char *err, size_t errlen) {
   if (!out) return fail(err, errlen, RT_ST_EINVAL, "rt_st_open: out is NULL");
   *out = NULL;
   if (!path) return fail(err, errlen, RT_ST_EINVAL, "rt_st_open: path is NULL");
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(err, errlen, RT_ST_EIO, "%s: cannot open: %s", path, strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return fail(err, errlen, RT_ST_EIO, "%s: cannot stat: %s", path, strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    return fail(err, errlen, RT_ST_EIO, "%s: not a regular file", path);
-  }
+  struct stat st; /* a FIFO is refused, not waited on */
+  int fd = rt_file_open_read(path, 1, &st, err, errlen);
+  if (fd < 0) return RT_ST_EIO;
   if (st.st_size < 0 || (uint64_t)st.st_size > SIZE_MAX - ST_DATA_ALIGN) {
     close(fd);
     return fail(err, errlen, RT_ST_EIO, "%s: file too large", path);
@@ -948,38 +940,6 @@ int rt_st_writer_serialize(RtStWriter *w, void **out, size_t *len, char *err, si
   return RT_ST_OK;
 }
 
-static int write_all(int fd, const void *p, size_t n) {
-  const char *s = p;
-  while (n) {
-    ssize_t k = write(fd, s, n > ((size_t)1 << 30) ? (size_t)1 << 30 : n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k == 0) errno = EIO; /* no progress and no reason given */
-    if (k <= 0) return -1;
-    s += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
-/* Makes a rename in `path`'s directory durable. Best effort: some file systems refuse fsync on a
- * directory, and the file itself is already complete by then. buf (at least strlen(path) + 2
- * bytes, the temporary name's, no longer needed) receives the directory's name, so that nothing
- * is allocated after the rename. */
-static void sync_dir(const char *path, char *buf) {
-  const char *slash = strrchr(path, '/');
-  size_t len = slash ? (slash == path ? 1 : (size_t)(slash - path)) : 0;
-  if (len)
-    memcpy(buf, path, len);
-  else
-    buf[len++] = '.';
-  buf[len] = 0;
-  int fd = open(buf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
-  }
-}
-
 int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen) {
   if (err && errlen) err[0] = 0;
   if (!path) return fail(err, errlen, RT_ST_EINVAL, "rt_st_writer_save: path is NULL");
@@ -987,41 +947,20 @@ int rt_st_writer_save(RtStWriter *w, const char *path, char *err, size_t errlen)
   size_t total;
   int rc = build_header(w, &b, &total, err, errlen);
   if (rc) return rc;
-  /* a unique name beside the target: O_EXCL makes a clash with another writer a retry */
-  size_t tmplen = strlen(path) + 64;
-  char *tmp = rt_malloc(tmplen);
-  int fd = -1;
-  if (!tmp) {
+  /* the target is replaced atomically, through symlinks and keeping its mode (rt_fileio.c) */
+  RtWFile out;
+  if (rt_wfile_open(&out, path, err, errlen) != 0) {
     free(b.p);
-    return fail(err, errlen, RT_ST_ENOMEM, "out of memory");
+    return RT_ST_EIO;
   }
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, tmplen, "%s.tmp.%ld.%ld.%d", path, (long)getpid(), (long)ts.tv_nsec, attempt);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    rc = fail(err, errlen, RT_ST_EIO, "%s: cannot create a temporary file: %s", path, strerror(errno));
-    free(tmp);
-    free(b.p);
-    return rc;
-  }
-  const char *step = "write";
-  int ok = write_all(fd, b.p, b.len) == 0;
-  for (size_t i = 0; ok && i < w->n; i++) ok = write_all(fd, w->entries[i].data, w->entries[i].nbytes) == 0;
-  if (ok && (step = "fsync", fsync(fd) != 0)) ok = 0;
-  int e = errno;
-  if (close(fd) != 0 && ok) ok = 0, step = "close", e = errno;
-  if (ok && (step = "rename", rename(tmp, path) != 0)) ok = 0, e = errno;
+  int ok = rt_wfile_write(&out, b.p, b.len) == 0;
+  for (size_t i = 0; ok && i < w->n; i++) ok = rt_wfile_write(&out, w->entries[i].data, w->entries[i].nbytes) == 0;
   if (!ok) {
-    unlink(tmp);
-    rc = fail(err, errlen, RT_ST_EIO, "%s: %s failed: %s", path, step, strerror(e));
-  } else {
-    sync_dir(path, tmp);
+    rc = fail(err, errlen, RT_ST_EIO, "%s: write failed: %s", path, strerror(errno));
+    rt_wfile_abort(&out);
+  } else if (rt_wfile_commit(&out, err, errlen) != 0) {
+    rc = RT_ST_EIO;
   }
-  free(tmp);
   free(b.p);
   return rc;
 }

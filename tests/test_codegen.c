@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -990,11 +991,39 @@ START_TEST(test_module_cache)
     snprintf(path, sizeof path, "%s/cache_b.so", tmpdir);
     char *b = harness_read_file(path, &nb);
     ck_assert_msg(a && b && na == nb && memcmp(a, b, na) == 0, "the cached module differs from the one built");
-    free(a), free(b);
+    free(b);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
     check_against_interp(g, m, SIZES[1], "matmul (from the cache)");
     xtc_module_free(m);
+    /* a damaged entry (cut short, one byte flipped) is a miss: rebuilt, the entry replaced */
+    char entry[1200] = "";
+    DIR *d = opendir(cache);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (e->d_name[0] != '.')
+            snprintf(entry, sizeof entry, "%s/%s", cache, e->d_name);
+    if (d)
+        closedir(d);
+    struct stat sb;
+    ck_assert_msg(entry[0] && stat(entry, &sb) == 0, "no cache entry");
+    ck_assert_int_eq(truncate(entry, sb.st_size / 2), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_t", NULL, 1), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_t", NULL, 1), 1);
+    FILE *fp = fopen(entry, "r+b");
+    ck_assert_ptr_nonnull(fp);
+    fseek(fp, sb.st_size / 3, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, sb.st_size / 3, SEEK_SET);
+    fputc(c ^ 0x10, fp);
+    fclose(fp);
+    ck_assert_int_eq(cache_compile(g, "cache_t", NULL, 1), 0);
+    snprintf(path, sizeof path, "%s/cache_t.so", tmpdir);
+    char *t = harness_read_file(path, &nb);
+    ck_assert_msg(t && na == nb && memcmp(t, a, na) == 0, "the rebuilt module differs from the one built");
+    free(t);
+    ck_assert_int_eq(cache_compile(g, "cache_t", NULL, 1), 1);
+    ck_assert_int_eq(count_entries(cache), 1);
+    free(a);
     /* another level, another graph, another target: built, then found */
     ck_assert_int_eq(cache_compile(g, "cache_c", NULL, 0), 0);
     ck_assert_int_eq(cache_compile(h, "cache_d", NULL, 1), 0);

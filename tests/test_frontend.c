@@ -793,7 +793,15 @@ START_TEST(nul_bytes_and_long_lines)
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse("n.xtf", src, sizeof src - 1, &d);
     ck_assert_int_eq(d.nerrors, 1);
-    ck_assert_str_eq(d.text, "n.xtf:2:5: error: unexpected character '\\x00'\nb =   2\n    ^\n");
+    ck_assert_str_eq(d.text, "n.xtf:2:5: error: NUL byte in the source (byte 10); a .xtf source is text\nb =   2\n    ^\n");
+    xtf_free(f);
+    xtf_diag_free(&d);
+    /* in a comment too: the text would end there for everything that reads it as a string */
+    const char com[] = "a = 1\n# x\0y\n";
+    xtf_diag_init(&d);
+    f = xtf_parse("c.xtf", com, sizeof com - 1, &d);
+    ck_assert_int_eq(d.nerrors, 1);
+    ck_assert_ptr_nonnull(strstr(d.text, "c.xtf:2:4: error: NUL byte in the source"));
     xtf_free(f);
     xtf_diag_free(&d);
 

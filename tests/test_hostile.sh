@@ -103,6 +103,122 @@ fi
 # ---- end runtime ----
 
 # ---- files: FIFOs, device nodes, symlinks, same-file outputs, the module cache (items 5, 7, 9, 12, 15, 18) ----
+# Readers never block on a FIFO (modules, weights and cache entries must be regular files; a .xtf
+# source or training text from a FIFO nobody writes reads as empty); writers replace a regular
+# target atomically through symlinks keeping its mode, write /dev/null in place, and clean the
+# temporary files of a killed writer; an output that is an input is refused; a damaged cache entry
+# is rebuilt; the embedded source is the text compiled, whatever it came from; sources are capped.
+fl=$tmp/fl
+mkdir -p "$fl"
+fl_not_cached() { ! grep -q 'from the module cache' "$tmp/out"; }
+fl_xtf=$src/models/tiny_gpt.xtf
+if timeout 300 "$xtc" compile "$fl_xtf" -o "$fl/m.so" > "$tmp/fl.out" 2>&1 &&
+   timeout 120 "$xtc" init "$fl/m.so" -o "$fl/w.safetensors" >> "$tmp/fl.out" 2>&1; then
+  $py - "$fl/in.safetensors" <<'PYEOF'
+import json, struct, sys
+h = json.dumps({"tokens": {"dtype": "I64", "shape": [1, 4], "data_offsets": [0, 32]}}).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<4q", 1, 2, 3, 4))
+PYEOF
+  fl_run=(run "$fl/m.so" --weights "$fl/w.safetensors" --input "$fl/in.safetensors")
+  # item 5: FIFOs nobody writes
+  mkfifo "$fl/fifo"
+  refuse_t files_fifo_module 'not a regular file' "$xtc" info "$fl/fifo"
+  refuse_t files_fifo_model_run 'defines no model' "$xtc" run "$fl/fifo" --weights "$fl/w.safetensors" \
+    --input "$fl/in.safetensors" --output "$fl/o.safetensors"
+  refuse_t files_fifo_weights 'not a regular file' "$xtc" run "$fl/m.so" --weights "$fl/fifo" \
+    --input "$fl/in.safetensors" --output "$fl/o.safetensors"
+  refuse_t files_fifo_input 'not a regular file' "$xtc" run "$fl/m.so" --weights "$fl/w.safetensors" \
+    --input "$fl/fifo" --output "$fl/o.safetensors"
+  check files_fifo_source timeout 60 "$xtc" check "$fl/fifo"
+  refuse_t files_fifo_data 'too few' "$xtc" train "$fl/m.so" --data "$fl/fifo" --steps 1 --quiet
+  # item 7: symlinks, modes, /dev/null, stale temporary files
+  check files_out_ref "$xtc" "${fl_run[@]}" --output "$fl/ref.safetensors"
+  ln -s o.safetensors "$fl/link.safetensors"
+  check files_out_symlink "$xtc" "${fl_run[@]}" --output "$fl/link.safetensors"
+  expect files_out_symlink_kept test -L "$fl/link.safetensors"
+  expect files_out_symlink_target cmp -s "$fl/o.safetensors" "$fl/ref.safetensors"
+  chmod 0640 "$fl/o.safetensors"
+  check files_out_mode "$xtc" init "$fl/m.so" -o "$fl/link.safetensors" --seed 3
+  expect files_out_mode_kept test "$(stat -c %a "$fl/o.safetensors")" = 640
+  expect files_out_mode_symlink test -L "$fl/link.safetensors"
+  chmod 0640 "$fl/m.so"
+  check files_out_mode_compile "$xtc" compile "$fl_xtf" -o "$fl/m.so"
+  expect files_out_mode_compile_kept test "$(stat -c %a "$fl/m.so")" = 640
+  # a private null device where we may make one (as root, a regression would otherwise replace
+  # the machine's /dev/null); elsewhere /dev/null itself, which a user cannot replace
+  fl_null=$fl/null
+  mknod -m 666 "$fl_null" c 1 3 2> /dev/null || fl_null=/dev/null
+  if [ -c "$fl_null" ] && [ -w "$fl_null" ]; then
+    check files_devnull_run "$xtc" "${fl_run[@]}" --output "$fl_null"
+    check files_devnull_run_finite "$xtc" "${fl_run[@]}" --output "$fl_null" --check-finite
+    check files_devnull_init "$xtc" init "$fl/m.so" -o "$fl_null"
+    check files_devnull_compile "$xtc" compile "$fl_xtf" -o "$fl_null"
+    expect files_devnull_still_device test -c "$fl_null"
+  else
+    echo "skip files_devnull_*: /dev/null is not a writable character device here"
+  fi
+  sh -c 'exit 0' & fl_dead=$!
+  wait $fl_dead
+  while kill -0 $fl_dead 2>/dev/null; do fl_dead=$((fl_dead + 1)); done
+  : > "$fl/.o.safetensors.xtc-tmp.$fl_dead.0badf00d"
+  : > "$fl/.o.safetensors.xtc-tmp.$$.0badf00d" # a live writer's: kept
+  check files_stale_tmp "$xtc" init "$fl/m.so" -o "$fl/o.safetensors"
+  expect files_stale_tmp_removed test ! -e "$fl/.o.safetensors.xtc-tmp.$fl_dead.0badf00d"
+  expect files_live_tmp_kept test -e "$fl/.o.safetensors.xtc-tmp.$$.0badf00d"
+  # item 9: an output that is an input
+  cp "$fl_xtf" "$fl/t.xtf"
+  cp "$fl/in.safetensors" "$fl/in2.safetensors"
+  refuse_t files_same_compile 'is the same file as the source' "$xtc" compile "$fl/t.xtf" -o "$fl/t.xtf"
+  refuse_t files_same_init 'is the same file as the module' "$xtc" init "$fl/m.so" -o "$fl/m.so"
+  refuse_t files_same_run_input 'is the same file as --input' "$xtc" "${fl_run[@]}" --output "$fl/in.safetensors"
+  refuse_t files_same_run_weights 'is the same file as --weights' "$xtc" "${fl_run[@]}" --output "$fl/w.safetensors"
+  refuse_t files_same_run_module 'is the same file as the module' "$xtc" "${fl_run[@]}" --output "$fl/m.so"
+  ln -s in2.safetensors "$fl/in2.link"
+  refuse_t files_same_run_symlink 'is the same file as --input' "$xtc" run "$fl/t.xtf" --weights "$fl/w.safetensors" \
+    --input "$fl/in2.safetensors" --output "$fl/in2.link"
+  refuse_t files_same_train 'is the same file as --data' "$xtc" train "$fl/m.so" --data "$fl/t.xtf" --ckpt "$fl/t.xtf"
+  expect files_same_inputs_intact cmp -s "$fl/t.xtf" "$fl_xtf"
+  expect files_same_inputs_intact2 cmp -s "$fl/in2.safetensors" "$fl/in.safetensors"
+  # item 12: a damaged module-cache entry is a miss, rebuilt, and the module right
+  export XTC_MODULE_CACHE=$fl/cache
+  check files_cache_store "$xtc" compile "$fl_xtf" -o "$fl/c.so"
+  fl_entry=$(ls "$fl/cache"/*.so 2>/dev/null | head -1)
+  if [ -n "$fl_entry" ]; then
+    truncate -s 20000 "$fl_entry"
+    check files_cache_truncated "$xtc" compile "$fl_xtf" -o "$fl/c2.so" -v
+    expect files_cache_truncated_rebuilt fl_not_cached
+    printf '\x55' | dd of="$fl_entry" bs=1 seek=30000 conv=notrunc 2>/dev/null
+    check files_cache_flipped "$xtc" compile "$fl_xtf" -o "$fl/c3.so" -v
+    expect files_cache_flipped_rebuilt fl_not_cached
+    check files_cache_hit "$xtc" compile "$fl_xtf" -o "$fl/c4.so" -v
+    expect files_cache_hit_cached grep -q 'from the module cache' "$tmp/out"
+    check files_cache_run "$xtc" run "$fl/c3.so" --weights "$fl/w.safetensors" --input "$fl/in.safetensors" \
+      --output "$fl/c3.safetensors"
+    expect files_cache_run_same cmp -s "$fl/c3.safetensors" "$fl/ref.safetensors"
+    rm -f "$fl_entry" && mkfifo "$fl_entry"
+    check files_cache_fifo timeout 120 "$xtc" compile "$fl_xtf" -o "$fl/c5.so"
+  else
+    fail=$((fail + 1)); echo "FAIL files_cache_store: no entry in $fl/cache"
+  fi
+  unset XTC_MODULE_CACHE
+  # item 15: the embedded source is the text compiled, from a file, a redirect or a pipe
+  check files_source_redirect sh -c '"$0" compile /dev/stdin -o "$1" < "$2"' "$xtc" "$fl/s1.so" "$fl_xtf"
+  "$xtc" info "$fl/s1.so" --source > "$fl/s1.xtf" 2>&1
+  expect files_source_redirect_embedded cmp -s "$fl/s1.xtf" "$fl_xtf"
+  check files_source_pipe sh -c 'cat "$2" | "$0" compile /dev/stdin -o "$1"' "$xtc" "$fl/s2.so" "$fl_xtf"
+  "$xtc" info "$fl/s2.so" --source > "$fl/s2.xtf" 2>&1
+  expect files_source_pipe_embedded cmp -s "$fl/s2.xtf" "$fl_xtf"
+  { cat "$fl_xtf"; printf '# a\0b\n'; } > "$fl/nul.xtf"
+  refuse_t files_source_nul_pipe 'NUL byte in the source' sh -c 'cat "$1" | "$0" compile /dev/stdin -o "$2"' \
+    "$xtc" "$fl/nul.xtf" "$fl/s3.so"
+  # item 18: a size cap on sources, for files, pipes and devices alike
+  refuse_t files_source_cap_dev 'larger than 4 MiB' "$xtc" check /dev/zero
+  head -c 5000000 /dev/zero | tr '\0' ' ' > "$fl/big.xtf"
+  refuse_t files_source_cap_file 'larger than 4 MiB' "$xtc" check "$fl/big.xtf"
+  refuse_t files_source_cap_pipe 'larger than 4 MiB' sh -c 'cat "$1" | "$0" check /dev/stdin' "$xtc" "$fl/big.xtf"
+else
+  fail=$((fail + 1)); echo "FAIL files_setup:"; sed 's/^/    /' "$tmp/fl.out" | head -20
+fi
 
 # ---- end files ----
 

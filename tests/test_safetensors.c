@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -644,11 +646,11 @@ START_TEST(test_writer_save_atomic) {
   ck_assert(out[0] == 3 && out[1] == 4);
   rt_st_close(f);
 
-  /* the target is a directory: rename fails, the temporary file is removed */
+  /* the target is a directory: refused, no temporary file is left */
   snprintf(path, sizeof path, "%s/adir", dir);
   ck_assert_int_eq(mkdir(path, 0777), 0);
   ck_assert_int_eq(rt_st_writer_save(w, path, err, sizeof err), RT_ST_EIO);
-  ck_assert_ptr_nonnull(strstr(err, "rename failed"));
+  ck_assert_ptr_nonnull(strstr(err, "not replaced"));
   ck_assert_int_eq(count_entries(dir), 2); /* w.safetensors and adir: no .tmp left */
   rt_st_writer_free(w);
 
@@ -664,6 +666,73 @@ START_TEST(test_writer_save_atomic) {
   fclose(fp);
   ck_assert_int_eq(rt_st_open(path, &f, err, sizeof err), RT_ST_EFORMAT);
   ck_assert_ptr_nonnull(strstr(err, "empty.safetensors: file is 0 bytes, shorter than"));
+  rm_tmpdir(dir);
+}
+END_TEST
+
+/* Targets that are not plain files: a symlink is written through (and stays a symlink), an
+ * existing file keeps its mode, /dev/null is written in place, a FIFO nobody reads is refused
+ * and one given to read is refused without blocking; temporary files that a dead writer of the
+ * same target left are removed, a live one's kept (rt_fileio.c). */
+START_TEST(test_writer_save_targets) {
+  char dir[1024], path[1100], link[1100], other[1200], err[ERRLEN];
+  make_tmpdir(dir, sizeof dir);
+  static const int64_t two[] = {2};
+  static const float x[2] = {1, 2};
+  RtStWriter *w = rt_st_writer_new();
+  ck_assert_int_eq(rt_st_writer_add(w, "t", RT_F32, 1, two, x), RT_ST_OK);
+  snprintf(path, sizeof path, "%s/w.safetensors", dir);
+  snprintf(link, sizeof link, "%s/link.safetensors", dir);
+  ck_assert_int_eq(rt_st_writer_save(w, path, err, sizeof err), RT_ST_OK);
+  ck_assert_int_eq(chmod(path, 0640), 0);
+  ck_assert_int_eq(symlink("w.safetensors", link), 0);
+  ck_assert_int_eq(rt_st_writer_save(w, link, err, sizeof err), RT_ST_OK);
+  struct stat st;
+  ck_assert_int_eq(lstat(link, &st), 0);
+  ck_assert(S_ISLNK(st.st_mode));
+  ck_assert_int_eq(stat(path, &st), 0);
+  ck_assert_int_eq(st.st_mode & 07777, 0640);
+  RtStFile *f = open_ok(path);
+  rt_st_close(f);
+  /* a dead writer's temporary file goes, a live one's stays */
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ck_assert_int_gt(child, 0);
+  waitpid(child, NULL, 0);
+  snprintf(other, sizeof other, "%s/.w.safetensors.xtc-tmp.%ld.00000001", dir, (long)child);
+  FILE *fp = fopen(other, "wb");
+  ck_assert_ptr_nonnull(fp);
+  fclose(fp);
+  char live[1200];
+  snprintf(live, sizeof live, "%s/.w.safetensors.xtc-tmp.%ld.00000001", dir, (long)getppid());
+  fp = fopen(live, "wb");
+  ck_assert_ptr_nonnull(fp);
+  fclose(fp);
+  ck_assert_int_eq(rt_st_writer_save(w, path, err, sizeof err), RT_ST_OK);
+  ck_assert_int_ne(access(other, F_OK), 0);
+  ck_assert_int_eq(access(live, F_OK), 0);
+  unlink(live);
+  /* FIFOs: refused to read and, with no reader, to write; neither blocks */
+  snprintf(other, sizeof other, "%s/fifo", dir);
+  ck_assert_int_eq(mkfifo(other, 0600), 0);
+  ck_assert_int_eq(rt_st_open(other, &f, err, sizeof err), RT_ST_EIO);
+  ck_assert_ptr_nonnull(strstr(err, "not a regular file"));
+  ck_assert_int_eq(rt_st_writer_save(w, other, err, sizeof err), RT_ST_EIO);
+  ck_assert_ptr_nonnull(strstr(err, "a FIFO that nobody reads"));
+  unlink(other);
+  /* a private null device where one can be made (as root a regression would otherwise replace
+   * the machine's /dev/null), else /dev/null itself, which a user cannot replace */
+  snprintf(other, sizeof other, "%s/null", dir);
+  const char *dev = mknod(other, S_IFCHR | 0666, makedev(1, 3)) == 0 ? other : "/dev/null";
+  if (access(dev, W_OK) == 0) {
+    ck_assert_int_eq(rt_st_writer_save(w, dev, err, sizeof err), RT_ST_OK);
+    ck_assert_int_eq(stat(dev, &st), 0);
+    ck_assert(S_ISCHR(st.st_mode));
+  } else {
+    fprintf(stderr, "test_writer_save_targets: %s is not writable here, its case skipped\n", dev);
+  }
+  unlink(other);
+  rt_st_writer_free(w);
   rm_tmpdir(dir);
 }
 END_TEST
@@ -1142,6 +1211,7 @@ static Suite *safetensors_suite(void) {
   tcase_add_test(tc, test_unaligned_tensor);
   tcase_add_test(tc, test_writer_errors);
   tcase_add_test(tc, test_writer_save_atomic);
+  tcase_add_test(tc, test_writer_save_targets);
   suite_add_tcase(s, tc);
   TCase *hostile = tcase_create("hostile");
   tcase_set_timeout(hostile, 600);

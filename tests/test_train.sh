@@ -112,7 +112,7 @@ cp "$tmp/c.safetensors" "$tmp/c_prev.safetensors"
   --ckpt "$tmp/c.safetensors" --stop-at $((n + 1))) > "$tmp/f.out" 2> "$tmp/f.err"
 rc=$?
 if [ "$rc" -ne 0 ] && grep -q "c.safetensors: write failed: File too large" "$tmp/f.err" &&
-  cmp -s "$tmp/c.safetensors" "$tmp/c_prev.safetensors" && ! ls "$tmp"/c.safetensors.tmp.* > /dev/null 2>&1; then
+  cmp -s "$tmp/c.safetensors" "$tmp/c_prev.safetensors" && ! ls "$tmp"/.c.safetensors.xtc-tmp.* > /dev/null 2>&1; then
   ok "full disk: $(head -1 "$tmp/f.err" | sed 's/^xtc train: //'); the previous checkpoint is intact"
 else
   bad "full disk: status $rc, $(cat "$tmp/f.err"); $(ls "$tmp")"
@@ -121,7 +121,7 @@ mkdir "$tmp/ckdir"
 "$xtc" train "$tmp/tiny_train.so" "${long[@]}" --quiet --stop-at 1 --ckpt "$tmp/ckdir" > "$tmp/f.out" 2> "$tmp/f.err"
 rc=$?
 if [ "$rc" -ne 0 ] && grep -q "ckdir is a directory" "$tmp/f.err" && [ -d "$tmp/ckdir" ] &&
-  ! ls "$tmp"/ckdir.tmp.* > /dev/null 2>&1; then
+  ! ls "$tmp"/.ckdir.xtc-tmp.* > /dev/null 2>&1; then
   ok "directory as checkpoint: $(head -1 "$tmp/f.err" | sed 's/^xtc train: //')"
 else
   bad "directory as checkpoint: status $rc, $(cat "$tmp/f.err")"
