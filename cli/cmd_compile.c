@@ -294,9 +294,13 @@ int cli_init(int argc, char **argv)
                 fprintf(stderr, "xtc init: '%s': %s\n", t.name, rt_init_note(how));
             if (rt_st_writer_add(w, t.name, RT_F32, t.rank, t.shape, data) != 0)
                 rc = 1;
+            /* tied names hold the same values as their parameter (the file loads as a state_dict) */
+            const char *tied;
+            for (int k = 0; rc == 0 && (tied = rt_init_tied_name(m, t.name, k)); k++)
+                if (rt_st_writer_add(w, tied, RT_F32, t.rank, t.shape, data) != 0)
+                    rc = 1;
             free(data);
         }
-    /* tied names hold the same values as their parameter */
     if (rc == 0 && rt_st_writer_save(w, out, err, sizeof err) != 0)
         rc = 1;
     if (rc)

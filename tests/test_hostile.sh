@@ -50,6 +50,42 @@ expect() { # expect NAME CONDITION...: a plain shell condition (test, cmp, grep)
 
 # ---- compiling (items 3, 13, 17, 20) ----
 
+# item 20: every bundled model passes compile -> init -> run (encdec's tied embedding was written
+# under one name only, and `xtc run` refused the file). Inputs from `xtc info`: b=1, n=4, p=2.
+cat > "$tmp/mkinput.py" <<'EOF'
+import re, subprocess, sys
+sys.path.insert(0, sys.argv[3])
+import safetensors_lite as st
+info = subprocess.run([sys.argv[1], "info", sys.argv[2]], capture_output=True, text=True, check=True).stdout
+tensors, inputs = {}, False
+for line in info.splitlines():
+    if re.match(r"^\w", line):
+        inputs = line.startswith("inputs:")
+        continue
+    m = re.match(r"^\s+(\S+)\s+(\w+)\s+\[([^\]]*)\]", line) if inputs else None
+    if not m:
+        continue
+    name, dtype, dims = m.groups()
+    size = {"b": 1, "n": 4, "p": 2}
+    sym = lambda v: str(size.get(v.group(0), 2))
+    shape = [eval(re.sub(r"[a-z_]\w*", sym, d)) for d in dims.split(",")] if dims.strip() else []
+    numel = 1
+    for d in shape:
+        numel *= d
+    tag = {"f32": "F32", "i64": "I64", "i32": "I32", "bool": "BOOL", "u8": "U8"}[dtype]
+    tensors[name] = st.Tensor(tag, shape, [0.25 if tag == "F32" else True if tag == "BOOL" else 1] * numel)
+st.write(sys.argv[4], tensors)
+EOF
+for m in "$src"/models/*.xtf; do
+    b=$(basename "$m" .xtf)
+    check "model_$b" sh -c "timeout 120 '$xtc' compile '$m' -O0 -o '$tmp/$b.so' &&
+        '$xtc' init '$tmp/$b.so' -o '$tmp/$b.w.safetensors' &&
+        $py '$tmp/mkinput.py' '$xtc' '$tmp/$b.so' '$parity' '$tmp/$b.in.safetensors' &&
+        '$xtc' run '$tmp/$b.so' --weights '$tmp/$b.w.safetensors' --input '$tmp/$b.in.safetensors' \
+            --output '$tmp/$b.out.safetensors'"
+    rm -f "$tmp/$b".*
+done
+
 # ---- end compiling ----
 
 # ---- the command line (items 22, 23, 24) ----
