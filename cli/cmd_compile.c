@@ -56,7 +56,7 @@ static void compile_usage(void)
            "  --cuda-arch=sm_80    cuda: the GPU architecture of the PTX (sm_80 default, sm_90, ...)\n"
            "  --emit-cuda=PATH     cuda, cuda-emu: also write the generated CUDA C\n"
            "  -O0 .. -O3           optimisation level (default -O2)\n"
-           "  --cpu=NAME           an LLVM CPU name (default: this machine's)\n"
+           "  --cpu=NAME           an LLVM CPU name (default: this machine's; --cpu=help lists them)\n"
            "  --train              compute loss and grad.<param> (targets input; autodiff)\n"
            "  --mask               add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n"
            "  --kv-cache           the incremental-decoding form (cache.<l>.k/.v in and out)\n"
@@ -140,6 +140,18 @@ int cli_compile(int argc, char **argv)
             fprintf(stderr, "xtc compile: more than one input file\n");
             return 2;
         }
+    }
+    if (co.cpu && !strcmp(co.cpu, "help")) {
+        int n;
+        const char *const *names = cg_cpu_names(&n);
+        printf("CPUs for --cpu (LLVM's x86-64 names; default: this machine's, also --cpu=native):\n");
+        for (int k = 0; k < n; k++)
+            printf("  %s\n", names[k]);
+        return 0;
+    }
+    if (cg_cpu_check(co.cpu, co.features, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc compile: --cpu: %s\n", err);
+        return 2;
     }
     if (!path || !out) {
         compile_usage();

@@ -86,6 +86,16 @@ for m in "$src"/models/*.xtf; do
     rm -f "$tmp/$b".*
 done
 
+# item 3: an unknown --cpu aborted inside LLVM (exit 134); now one line, and valid names compile
+refuse_t cpu_typo "did you mean 'skylake-avx512'" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" \
+    --cpu=skylake-avx51
+refuse_t cpu_32bit "32-bit" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" --cpu=i686
+refuse_t cpu_unknown "unknown CPU 'nosuch'" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" --cpu=nosuch
+check cpu_help sh -c "'$xtc' compile --cpu=help | grep -qx '  znver4'"
+for cpu in generic native x86-64-v3 skylake-avx512 znver4; do
+    check "cpu_$cpu" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" --cpu=$cpu
+done
+
 # ---- end compiling ----
 
 # ---- the command line (items 22, 23, 24) ----
