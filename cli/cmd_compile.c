@@ -57,7 +57,8 @@ static void compile_usage(void)
            "  --emit-cuda=PATH     cuda, cuda-emu: also write the generated CUDA C\n"
            "  -O0 .. -O3           optimisation level (default -O2)\n"
            "  --cpu=NAME           an LLVM CPU name (default: this machine's; --cpu=help lists them)\n"
-           "  --train              compute loss and grad.<param> (targets input; autodiff)\n"
+           "  --train              compute loss and grad.<param> (targets input; autodiff; dropout_seed\n"
+           "                       input where the model drops out)\n"
            "  --mask               add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)\n"
            "  --kv-cache           the incremental-decoding form (cache.<l>.k/.v in and out)\n"
            "  --no-fuse            skip every fusion pass\n"
@@ -116,7 +117,7 @@ int cli_compile(int argc, char **argv)
         } else if (argv[i][0] == '-' && argv[i][1] == 'O' && argv[i][2] >= '0' && argv[i][2] <= '3' && !argv[i][3]) {
             co.opt_level = argv[i][2] - '0';
         } else if (!strcmp(argv[i], "--train")) {
-            lo.train = 1;
+            lo.train = lo.dropout = 1; /* the model's dropout, seeded by the dropout_seed input */
         } else if (!strcmp(argv[i], "--mask")) {
             lo.mask = lo.src_mask = lo.tgt_mask = lo.context_mask = 1;
         } else if (!strcmp(argv[i], "--kv-cache")) {

@@ -107,6 +107,34 @@ for m in "$src"/models/*.xtf; do
     check "check_$(basename "$m" .xtf)" "$xtc" check "$m"
 done
 
+# item 13: `compile --train` left the model's dropout out, so `train model.so` trained otherwise
+# than `train model.xtf`; now the module has dropout_seed (the seed decides the masks)
+printf 'm = TransformerWrapper(num_tokens = 256, max_seq_len = 16,\n    attn_layers = Decoder(dim = 16, depth = 1, heads = 2, attn_dropout = 0.3, ff_dropout = 0.3))\n' > "$tmp/drop.xtf"
+check drop_compile "$xtc" compile "$tmp/drop.xtf" --train -O0 -o "$tmp/drop.so"
+check drop_seed_input sh -c "'$xtc' info '$tmp/drop.so' | grep -q 'dropout_seed .*i64  \[\]'"
+cat > "$tmp/drop.py" <<'EOF'
+import subprocess, sys
+xtc, tmp = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+import safetensors_lite as st
+subprocess.run([xtc, "init", tmp + "/drop.so", "-o", tmp + "/drop.w.safetensors"], check=True)
+loss = []
+for k in (1, 2, 1):
+    st.write(tmp + "/drop.in.safetensors", {"tokens": st.Tensor("I64", [1, 4], [1, 2, 3, 4]),
+             "targets": st.Tensor("I64", [1, 4], [2, 3, 4, 5]), "dropout_seed": st.Tensor("I64", [], [k])})
+    subprocess.run([xtc, "run", tmp + "/drop.so", "--weights", tmp + "/drop.w.safetensors", "--input",
+                    tmp + "/drop.in.safetensors", "--output", tmp + "/drop.out.safetensors"], check=True)
+    loss.append(st.read(tmp + "/drop.out.safetensors")[0]["loss"].values)
+assert loss[0] != loss[1] and loss[0] == loss[2], loss
+EOF
+check drop_seed_decides $py "$tmp/drop.py" "$xtc" "$tmp" "$parity"
+head -c 3000 "$src/README.md" > "$tmp/drop.txt"
+for f in xtf so; do
+    timeout 120 "$xtc" train "$tmp/drop.$f" --data "$tmp/drop.txt" --steps 3 --batch 2 --seq 8 --seed 5 \
+        --val-every 0 2>&1 | grep -o 'loss [0-9.]*' > "$tmp/drop.$f.losses"
+done
+expect drop_train_so_equals_xtf sh -c "[ -s '$tmp/drop.xtf.losses' ] && cmp -s '$tmp/drop.xtf.losses' '$tmp/drop.so.losses'"
+
 # ---- end compiling ----
 
 # ---- the command line (items 22, 23, 24) ----
