@@ -140,6 +140,35 @@ int cli_check(int argc, char **argv)
     XtfFile *f = cli_load_xtf(path);
     if (!f)
         return 1;
+    /* lower every model as `xtc compile --model NAME` would (default options), so that the
+     * combinations only lowering refuses get the same verdict here */
+    static const char *const wrappers[] = {"TransformerWrapper", "ContinuousTransformerWrapper",
+                                           "ViTransformerWrapper", "XTransformer", "EncoderDecoder"};
+    int bad = 0;
+    for (int i = 0; i < f->nstmts; i++) {
+        const XtfValue *call = f->stmts[i].value;
+        while (call && call->kind == XV_REF)
+            call = call->ref;
+        int model = i == f->nstmts - 1; /* the default of compile: refused there if not a model */
+        for (size_t k = 0; call && call->kind == XV_CALL && k < sizeof wrappers / sizeof wrappers[0]; k++)
+            model |= !strcmp(call->s, wrappers[k]);
+        if (!model)
+            continue;
+        XtfDiag d;
+        xtf_diag_init(&d);
+        IrGraph *g = xt_lower(f, f->stmts[i].name, NULL, &d);
+        if (!g || d.nerrors) {
+            fputs(d.text ? d.text : "", stderr);
+            bad++;
+        }
+        ir_graph_free(g);
+        xtf_diag_free(&d);
+    }
+    if (bad) {
+        fprintf(stderr, "xtc: %d model%s in %s cannot be compiled\n", bad, bad == 1 ? "" : "s", path);
+        xtf_free(f);
+        return 1;
+    }
     printf("%s: ok, %d model%s\n", path, f->nstmts, f->nstmts == 1 ? "" : "s");
     xtf_free(f);
     return 0;

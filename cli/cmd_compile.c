@@ -64,8 +64,9 @@ int cli_compile(int argc, char **argv)
         {"-O1", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 1},
         {"-O2", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 2},
         {"-O3", CLI_LEVEL, &co.opt_level, NULL, NULL, .set = 3},
-        {"--cpu", CLI_ANY_STR, &co.cpu, "NAME", .help = "an LLVM CPU name (default: this machine's)"},
-        {"--train", CLI_FLAG, &lo.train, NULL, .help = "compute loss and grad.<param> (targets input; autodiff)"},
+        {"--cpu", CLI_ANY_STR, &co.cpu, "NAME", .help = "an LLVM CPU name (default: this machine's; --cpu=help lists them)"},
+        {"--train", CLI_FLAG, &lo.train, NULL, .help = "compute loss and grad.<param> (targets input; autodiff; dropout_seed\n"
+         "input where the model drops out)"},
         {"--mask", CLI_FN, &lo, NULL, .help = "add the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)",
          .fn = cli_opt_mask},
         {"--kv-cache", CLI_FLAG, &lo.kv_cache, NULL, .help = "the incremental-decoding form (cache.<l>.k/.v in and out)"},
@@ -86,6 +87,19 @@ int cli_compile(int argc, char **argv)
     int prc = cli_parse(&cmd, argc, argv);
     if (prc)
         return prc == 1 ? 0 : prc;
+    if (co.cpu && !strcmp(co.cpu, "help")) {
+        int n;
+        const char *const *names = cg_cpu_names(&n);
+        printf("CPUs for --cpu (LLVM's x86-64 names; default: this machine's, also --cpu=native):\n");
+        for (int k = 0; k < n; k++)
+            printf("  %s\n", names[k]);
+        return 0;
+    }
+    if (cg_cpu_check(co.cpu, co.features, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc compile: --cpu: %s\n", err);
+        return 2;
+    }
+    lo.dropout = lo.train; /* the model's dropout, seeded by the dropout_seed input */
     if (!path || !out)
         return cli_usage_error(&cmd, !path ? "no model file given" : "no output given (-o model.so)");
     if (cli_output_is_input("compile", "-o", out, "the source", path))
@@ -247,9 +261,13 @@ int cli_init(int argc, char **argv)
                 fprintf(stderr, "xtc init: '%s': %s\n", t.name, rt_init_note(how));
             if (rt_st_writer_add(w, t.name, RT_F32, t.rank, t.shape, data) != 0)
                 rc = 1;
+            /* tied names hold the same values as their parameter (the file loads as a state_dict) */
+            const char *tied;
+            for (int k = 0; rc == 0 && (tied = rt_init_tied_name(m, t.name, k)); k++)
+                if (rt_st_writer_add(w, tied, RT_F32, t.rank, t.shape, data) != 0)
+                    rc = 1;
             free(data);
         }
-    /* tied names hold the same values as their parameter */
     if (rc == 0 && rt_st_writer_save(w, out, err, sizeof err) != 0)
         rc = 1;
     if (rc)

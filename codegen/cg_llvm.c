@@ -401,6 +401,113 @@ static const CpuModel cpu_models[] = {
     {"znver5", "znver4", "avxvnni"},
 };
 
+/* The x86-64 CPU names LLVM 19 accepts (`llc -march=x86-64 -mcpu=help`, less the 32-bit ones,
+ * which abort LLVM: "64-bit code requested on a subtarget that doesn't support it"). A name LLVM
+ * does not know aborts it too, so --cpu is checked against this list before any target machine
+ * exists (cg_cpu_check). */
+static const char *const x86_64_cpus[] = {
+    "alderlake", "amdfam10", "arrowlake", "arrowlake-s", "arrowlake_s", "athlon-fx", "athlon64",
+    "athlon64-sse3", "atom", "atom_sse4_2", "atom_sse4_2_movbe", "barcelona", "bdver1", "bdver2", "bdver3",
+    "bdver4", "bonnell", "broadwell", "btver1", "btver2", "cannonlake", "cascadelake", "clearwaterforest",
+    "cooperlake", "core-avx-i", "core-avx2", "core2", "core_2_duo_sse4_1", "core_2_duo_ssse3",
+    "core_2nd_gen_avx", "core_3rd_gen_avx", "core_4th_gen_avx", "core_4th_gen_avx_tsx", "core_5th_gen_avx",
+    "core_5th_gen_avx_tsx", "core_aes_pclmulqdq", "core_i7_sse4_2", "corei7", "corei7-avx", "emeraldrapids",
+    "generic", "goldmont", "goldmont-plus", "goldmont_plus", "gracemont", "grandridge", "graniterapids",
+    "graniterapids-d", "graniterapids_d", "haswell", "icelake-client", "icelake-server", "icelake_client",
+    "icelake_server", "ivybridge", "k8", "k8-sse3", "knl", "knm", "lunarlake", "meteorlake", "mic_avx512",
+    "nehalem", "nocona", "opteron", "opteron-sse3", "pantherlake", "penryn", "raptorlake", "rocketlake",
+    "sandybridge", "sapphirerapids", "sierraforest", "silvermont", "skx", "skylake", "skylake-avx512",
+    "skylake_avx512", "slm", "tigerlake", "tremont", "westmere", "x86-64", "x86-64-v2", "x86-64-v3",
+    "x86-64-v4", "znver1", "znver2", "znver3", "znver4", "znver5",
+};
+static const char *const x86_32_cpus[] = {
+    "athlon", "athlon-4", "athlon-mp", "athlon-tbird", "athlon-xp", "c3", "c3-2", "geode", "i386", "i486",
+    "i586", "i686", "k6", "k6-2", "k6-3", "lakemont", "pentium", "pentium-m", "pentium-mmx", "pentium2",
+    "pentium3", "pentium3m", "pentium4", "pentium4m", "pentium_4", "pentium_4_sse3", "pentium_ii",
+    "pentium_iii", "pentium_iii_no_xmm_regs", "pentium_m", "pentium_mmx", "pentium_pro", "pentiumpro",
+    "prescott", "winchip-c6", "winchip2", "yonah",
+};
+
+/* Edit distance of a and b, both shorter than 64 bytes (else a large number). */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la >= 64 || lb >= 64)
+        return 1000;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            diag = up;
+            row[j] = best;
+        }
+    }
+    return row[lb];
+}
+
+const char *const *cg_cpu_names(int *n)
+{
+    *n = (int)(sizeof x86_64_cpus / sizeof x86_64_cpus[0]);
+    return x86_64_cpus;
+}
+
+int cg_cpu_check(const char *cpu, const char *features, char *err, size_t n)
+{
+#if defined(__x86_64__)
+    if (cpu && cpu[0] && strcmp(cpu, "native") != 0) {
+        int ncpus = (int)(sizeof x86_64_cpus / sizeof x86_64_cpus[0]), best = -1, dist = 1000;
+        for (int i = 0; i < ncpus; i++) {
+            if (strcmp(x86_64_cpus[i], cpu) == 0) {
+                best = i;
+                dist = 0;
+                break;
+            }
+            int d = edit_distance(cpu, x86_64_cpus[i]);
+            if (d < dist) {
+                dist = d;
+                best = i;
+            }
+        }
+        if (dist > 0) {
+            for (size_t i = 0; i < sizeof x86_32_cpus / sizeof x86_32_cpus[0]; i++)
+                if (strcmp(x86_32_cpus[i], cpu) == 0) {
+                    snprintf(err, n, "CPU '%s' is a 32-bit x86 CPU; xtc compiles for x86-64 (`xtc compile "
+                             "--cpu=help` lists the CPUs)", cpu);
+                    return -1;
+                }
+            int close = dist <= 2 || (size_t)dist * 3 <= strlen(cpu);
+            snprintf(err, n, "unknown CPU '%.64s' (%s%s%s`xtc compile --cpu=help` lists them)", cpu,
+                     close ? "did you mean '" : "", close ? x86_64_cpus[best] : "", close ? "'? " : "");
+            return -1;
+        }
+    }
+#else
+    (void)cpu;
+#endif
+    /* LLVM's feature string: "+name" or "-name", comma-separated */
+    for (const char *p = features; p && *p;) {
+        size_t k = strcspn(p, ",");
+        int ok = k > 1 && (p[0] == '+' || p[0] == '-');
+        for (size_t i = 1; ok && i < k; i++)
+            ok = (p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') || strchr(".-_", p[i]);
+        if (!ok) {
+            snprintf(err, n, "bad CPU feature '%.*s' in '%.200s': expected +name or -name, comma-separated",
+                     (int)(k < 64 ? k : 64), p, features);
+            return -1;
+        }
+        p += k + (p[k] == ',');
+    }
+    return 0;
+}
+
 /* Appends "name" to the comma-separated list req (capacity n) unless it is there already. */
 static void add_required(char *req, size_t n, const char *name, size_t len)
 {
@@ -478,6 +585,11 @@ static int setup_target(Cg *cg, const CgOptions *opt)
         LLVMDisposeMessage(msg);
         LLVMDisposeMessage(triple);
         return -1;
+    }
+    char bad[300];
+    if (cg_cpu_check(opt->cpu, opt->features, bad, sizeof bad) != 0) {
+        LLVMDisposeMessage(triple);
+        return cg_error(cg, "%s", bad);
     }
     int host = !opt->cpu || !opt->cpu[0] || strcmp(opt->cpu, "native") == 0;
     if (host) {

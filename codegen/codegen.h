@@ -127,6 +127,12 @@ const char *cg_loss_scale_input(const char *dtype);
  * message when it is none of these (codegen/cg_cuda_nvrtc.c). */
 int cg_cuda_arch_number(const char *arch, char *err, size_t n);
 
+/* CgOptions.cpu and .features: 0 when LLVM accepts them (NULL, "" or "native", or a 64-bit x86 CPU
+ * name LLVM 19 knows; features "+a,-b"), else -1 with one line naming the value and, for a near
+ * miss, the CPU meant (LLVM itself aborts on an unknown CPU). cg_cpu_names lists the CPUs. */
+int cg_cpu_check(const char *cpu, const char *features, char *err, size_t n);
+const char *const *cg_cpu_names(int *n);
+
 /* The backend of that name ("cpu"), or NULL. */
 const CgBackend *cg_backend_find(const char *name);
 

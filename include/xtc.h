@@ -250,7 +250,11 @@ int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
 /* ---- training (runtime/rt_optim.c) ---- */
 
 /* A training module (xtc compile --train) has outputs "loss" and "grad.<name>" for every
- * parameter (with --dtype fp16 also the input XTC_LOSS_SCALE_INPUT, below). After a successful xtc_session_run, xtc_session_step applies one AdamW step to every
+ * parameter (with --dtype fp16 also the input XTC_LOSS_SCALE_INPUT, below). Where the model's
+ * dropout rates (emb_dropout, attn_dropout, ff_dropout, ViT's dropout) are > 0 it drops out as
+ * nn.Dropout in training mode and has the input "dropout_seed": int64, shape [] (a scalar), the
+ * seed of the masks (the same seed, the same masks; `xtc train` gives seed + step). It must be
+ * set like any input: a run without it fails with XTC_ERR_NAME naming it. After a successful xtc_session_run, xtc_session_step applies one AdamW step to every
  * parameter from those gradients, in native code, split over the session's threads:
  *
  *     g = grad * min(1, max_grad_norm / (||grad||_global + 1e-6))   (if max_grad_norm > 0)

@@ -1,5 +1,6 @@
 /* init.c: seeded fresh weights by x-transformers' rules (see init.h). */
 #include "init.h"
+#include "rt_internal.h"
 #include "xtc.h"
 
 #include <math.h>
@@ -101,6 +102,14 @@ int rt_init_module_param(const struct XtcModule *m, const char *name, int rank, 
         return 0;
     }
     return rt_init_tensor(name, rank, shape, out, rng);
+}
+
+const char *rt_init_tied_name(const struct XtcModule *m, const char *name, int i)
+{
+    for (int a = 0; m && a < m->naliases; a++)
+        if (strcmp(m->bufs[m->aliases[a].buf].name, name) == 0 && i-- == 0)
+            return m->aliases[a].name;
+    return NULL;
 }
 
 const char *rt_init_note(int rc)

@@ -36,5 +36,9 @@ const char *rt_init_note(int rc);
 struct XtcModule;
 int rt_init_module_param(const struct XtcModule *m, const char *name, int rank, const int64_t *shape, float *out,
                          RtRng *rng);
+/* The i-th (from 0) tied name of parameter or buffer `name` of module m: a second state_dict name
+ * that must hold the same values (encdec's decoder.net.token_emb.weight for
+ * encoder.token_emb.weight), or NULL past the last. A weights file needs both names. */
+const char *rt_init_tied_name(const struct XtcModule *m, const char *name, int i);
 
 #endif

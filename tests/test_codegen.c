@@ -588,6 +588,36 @@ START_TEST(test_levels_and_cpus)
 }
 END_TEST
 
+/* An unknown CPU name or a malformed feature string is an error naming it, before LLVM sees it
+ * (LLVM aborts the process on a CPU it does not know: issue 24 item 3). */
+START_TEST(test_bad_cpu_refused)
+{
+    static const struct {
+        const char *cpu, *features, *want;
+    } bad[] = {{"skylake-avx51", NULL, "did you mean 'skylake-avx512'"},
+               {"i686", NULL, "32-bit"},
+               {"nosuchcpu", NULL, "unknown CPU 'nosuchcpu'"},
+               {"x86-64", "avx2", "bad CPU feature 'avx2'"},
+               {"x86-64", "+avx2,+", "bad CPU feature '+'"}};
+    make_tmpdir();
+    IrGraph *g = new_graph("badcpu", build_move);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char path[512], err[1024];
+        snprintf(path, sizeof path, "%s/badcpu%zu.so", tmpdir, i);
+        CgOptions opt = {.output = path, .opt_level = 0, .cpu = bad[i].cpu, .features = bad[i].features,
+                         .source = "# test source\n", .source_name = "test.xtf"};
+        ck_assert_int_ne(cg_compile(g, &opt, NULL, err, sizeof err), 0);
+        ck_assert_msg(strstr(err, bad[i].want) != NULL, "cpu %s: '%s' lacks '%s'", bad[i].cpu, err, bad[i].want);
+    }
+    static const char *const good[] = {"generic", "native", "x86-64-v3", "skylake-avx512", "znver4"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        char err[1024];
+        ck_assert_msg(cg_cpu_check(good[i], "+avx2,-avx512f", err, sizeof err) == 0, "%s: %s", good[i], err);
+    }
+    ir_graph_free(g);
+}
+END_TEST
+
 /* More threads than MIN_ITEMS (cg_llvm_matmul.c): a matmul with fewer (batch, column block)
  * pairs than threads splits its rows into more blocks, the work function and the kernel both
  * from the session's thread count ("tall": 4 pairs of 401 rows, 3 row blocks each at 9
@@ -1480,6 +1510,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_edge_sizes);
     tcase_add_test(tc, test_ir_files);
     tcase_add_test(tc, test_levels_and_cpus);
+    tcase_add_test(tc, test_bad_cpu_refused);
     tcase_add_test(tc, test_matmul_many_threads);
     tcase_add_test(tc, test_epilogue_vectorized);
     tcase_add_test(tc, test_no_kernels);
