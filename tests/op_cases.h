@@ -280,7 +280,9 @@ static void build_move(IrGraph *g, IrDim b, IrDim n)
     out(g, "buffer_use", ir_binary(g, IR_MUL, inv, ir_arange(g, ir_dim(1), ir_dim(5), IR_F32)));
 }
 
-static void build_matmul(IrGraph *g, IrDim b, IrDim n)
+/* the forms every matmul backend has: B as stored and transposed, batch dims broadcast, K below
+ * one step, M, N and K ragged, a symbolic K, 1 x 1; returns a, the [b, n, 17] operand */
+static IrNode *matmul_forms(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
     IrNode *a = input(g, "a", IR_F32, 3, sa);
@@ -288,10 +290,24 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     out(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
     IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
     IrNode *q = input(g, "q", IR_F32, 4, sq);
-    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0));
+    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0)); /* K = 7 < 16 */
     out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
     IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
     out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
+    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
+    IrNode *big = input(g, "big", IR_F32, 2, s1);
+    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
+    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
+    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
+    out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
+    IrDim one[] = {ir_dim(1), ir_dim(1)};
+    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
+    return a;
+}
+
+static void build_matmul(IrGraph *g, IrDim b, IrDim n)
+{
+    IrNode *a = matmul_forms(g, b, n);
     /* GLU, value * act(gate) over the halves of one product: the pipeline makes each a matmul
      * with a two-part epilogue (ir_epilogue_parts), B transposed (with a bias) and as stored */
     IrDim sgl[] = {ir_dim(74), ir_dim(17)}, sglb[] = {ir_dim(74)}, sgln[] = {ir_dim(17), ir_dim(80)};
@@ -301,10 +317,6 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     IrNode *proj2 = ir_matmul(g, a, ir_param(g, "wglu2", 2, sgln), 0);
     out(g, "glu", ir_binary(g, IR_MUL, ir_unary(g, IR_SIGMOID, ir_slice(g, proj2, -1, ir_dim(0), ir_dim(40))),
                             ir_slice(g, proj2, -1, ir_dim(40), ir_dim(40))));
-    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
-    IrNode *big = input(g, "big", IR_F32, 2, s1);
-    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
-    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
     /* transposed, past one k block (KC = 256): the packed blocks start inside the rows */
     IrDim sd[] = {ir_dim(13), ir_dim(300)}, sd2[] = {ir_dim(40), ir_dim(300)};
     out(g, "deep_t", ir_matmul(g, input(g, "deep", IR_F32, 2, sd), input(g, "deep2", IR_F32, 2, sd2), 1));
@@ -314,10 +326,6 @@ static void build_matmul(IrGraph *g, IrDim b, IrDim n)
     IrNode *tall = input(g, "tall", IR_F32, 3, st);
     out(g, "tall", ir_matmul(g, tall, input(g, "tall2", IR_F32, 2, st2), 0));
     out(g, "tall_t", ir_matmul(g, tall, input(g, "tall3", IR_F32, 2, st3), 1));
-    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
-    out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
-    IrDim one[] = {ir_dim(1), ir_dim(1)};
-    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
     /* the matrix-vector path (batch x m <= 4, B transposed): a weight shared by 2 one-row
      * items, k past KC and not a multiple of the vector width, 37 columns (2 blocks and a part);
      * and one B per batch index (3 one-row items, as attention scores of one query) */
@@ -728,24 +736,7 @@ static void build_train_ops(IrGraph *g, IrDim b, IrDim n)
  * k-step */
 static void build_mma_forms(IrGraph *g, IrDim b, IrDim n)
 {
-    IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
-    IrNode *a = input(g, "a", IR_F32, 3, sa);
-    out(g, "linear", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
-    out(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
-    IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
-    IrNode *q = input(g, "q", IR_F32, 4, sq);
-    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0));       /* K = 7 < 16 */
-    out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
-    IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
-    out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
-    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
-    IrNode *big = input(g, "big", IR_F32, 2, s1);
-    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
-    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
-    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
-    out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
-    IrDim one[] = {ir_dim(1), ir_dim(1)};
-    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
+    matmul_forms(g, b, n);
     IrDim s64a[] = {ir_dim(64), ir_dim(32)}, s64b[] = {ir_dim(32), ir_dim(64)};
     out(g, "one_tile", ir_matmul(g, input(g, "e1", IR_F32, 2, s64a), input(g, "e2", IR_F32, 2, s64b), 0));
 }
