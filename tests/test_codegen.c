@@ -7,8 +7,8 @@
  * integers and bools exactly. Sizes are ragged on purpose (1, 7, 17, 33, 65, 130: not multiples
  * of the vector width or the matmul blocks).
  *
- * Adding an op: use it in one of the case builders below (test_every_op_is_tested fails until
- * some case does), and give it a row in codegen/cg_llvm_ops.c. */
+ * The op cases come from the one table, tests/op_cases.h (its rows for OC_CPU); adding an op:
+ * the recipe at its top (test_every_op_has_a_case fails until a case uses it). */
 #include "codegen.h"
 #include "ir.h"
 #include "rt_alloc.h"
@@ -31,6 +31,7 @@
 
 #include "harness.h"
 #include "harness_bind.h"
+#include "op_cases.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("codegen"); }
 
@@ -59,7 +60,7 @@ static XtcModule *compile_load(const IrGraph *g, const char *name, CgStats *stat
 
 /* Runs module m on g's outputs at symbol values syms with each of the nt thread counts. */
 static void check_threads(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name, const int *nthreads,
-                          int nt)
+                          int nt, double rtol)
 {
     Binding bd;
     bind_random(&bd, g, syms, NULL);
@@ -77,7 +78,7 @@ static void check_threads(const IrGraph *g, XtcModule *m, const int64_t *syms, c
             char what[256];
             snprintf(what, sizeof what, "%s output '%s' (b=%lld n=%lld, %d thread%s)", name, g->outputs[o].name,
                      (long long)syms[0], (long long)syms[1], threads, threads > 1 ? "s" : "");
-            compare_within(what, &ref[o], &t, 1e-5, 1e-4);
+            compare_within(what, &ref[o], &t, OC_ATOL, rtol);
         }
         ck_assert_int_ge(xtc_session_peak_bytes(s), 0);
         xtc_session_free(s);
@@ -90,435 +91,29 @@ static void check_threads(const IrGraph *g, XtcModule *m, const int64_t *syms, c
 static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name)
 {
     static const int one_two[] = {1, 2};
-    check_threads(g, m, syms, name, one_two, 2);
+    check_threads(g, m, syms, name, one_two, 2, 1e-4);
 }
 
-static void run_case(const char *name, BuildFn build, const int64_t sizes[2][2])
+static void run_case(const OpCase *c, const char *name, const int64_t sizes[2][2])
 {
-    IrGraph *g = new_graph(name, build);
+    static const int one_two[] = {1, 2};
+    IrGraph *g = new_graph(name, c->build);
     CgStats stats;
     XtcModule *m = compile_load(g, name, &stats);
     for (int k = 0; k < 2; k++)
-        check_against_interp(g, m, sizes[k], name);
+        check_threads(g, m, sizes[k], name, one_two, 2, c->rtol);
     xtc_module_free(m);
     ir_graph_free(g);
 }
 
 static const int64_t SIZES[2][2] = {{1, 7}, {3, 33}};
 
-static IrNode *input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape)
-{
-    return ir_input(g, name, t, rank, shape);
-}
-
-static void out(IrGraph *g, const char *name, IrNode *n) { ir_output(g, name, n); }
-
-static IrNode *positive(IrGraph *g, IrNode *x)
-{
-    return ir_binary(g, IR_ADD, ir_unary(g, IR_ABS, x), ir_const(g, 0.5, IR_F32));
-}
-
-/* ---- cases ---- */
-
-static void build_unary(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim s[] = {b, n, ir_dim(17)};
-    IrNode *x = input(g, "x", IR_F32, 3, s);
-    static const IrOp any[] = {IR_NEG, IR_EXP, IR_TANH, IR_SIGMOID, IR_GELU, IR_ERF, IR_RELU, IR_SIN, IR_COS, IR_ABS};
-    for (size_t i = 0; i < sizeof any / sizeof any[0]; i++)
-        out(g, ir_ops[any[i]].name, ir_unary(g, any[i], x));
-    static const IrOp pos[] = {IR_LOG, IR_SQRT, IR_RSQRT, IR_RECIP};
-    IrNode *p = positive(g, x);
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        out(g, ir_ops[pos[i]].name, ir_unary(g, pos[i], p));
-    /* a long contiguous row, and exp over a wide range (overflow to inf, underflow to 0) */
-    IrDim s2[] = {ir_dim(130)};
-    IrNode *v = input(g, "v", IR_F32, 1, s2);
-    out(g, "exp_wide", ir_unary(g, IR_EXP, ir_binary(g, IR_MUL, v, ir_const(g, 60.0, IR_F32))));
-    out(g, "gelu_wide", ir_unary(g, IR_GELU, ir_binary(g, IR_MUL, v, ir_const(g, 3.0, IR_F32))));
-    /* erf past its clamp (|x| >= 10 is 1 in float) and at +-inf (the f32 product overflows) */
-    out(g, "erf_wide", ir_unary(g, IR_ERF, ir_binary(g, IR_MUL, v, ir_const(g, 20.0, IR_F32))));
-    IrNode *huge = ir_binary(g, IR_MUL, ir_binary(g, IR_MUL, v, ir_const(g, 1e30, IR_F32)), ir_const(g, 1e30, IR_F32));
-    out(g, "erf_inf", ir_unary(g, IR_ERF, huge));
-    out(g, "sigmoid_wide", ir_unary(g, IR_SIGMOID, ir_binary(g, IR_MUL, v, ir_const(g, 50.0, IR_F32))));
-}
-
-static void build_binary(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(33)}, sy[] = {n, ir_dim(33)}, sz[] = {b, ir_dim(1), ir_dim(1)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *y = input(g, "y", IR_F32, 2, sy), *z = input(g, "z", IR_F32, 3, sz);
-    IrNode *w = input(g, "w", IR_F32, 0, NULL);
-    out(g, "add", ir_binary(g, IR_ADD, x, y));
-    out(g, "sub", ir_binary(g, IR_SUB, z, x));
-    out(g, "mul", ir_binary(g, IR_MUL, x, w));
-    out(g, "div", ir_binary(g, IR_DIV, x, positive(g, y)));
-    IrNode *mx = ir_binary(g, IR_MAX, x, y);
-    out(g, "max", mx);
-    out(g, "min", ir_binary(g, IR_MIN, z, x));
-    IrNode *p = ir_binary(g, IR_LT, x, y), *q = ir_binary(g, IR_LE, z, x);
-    out(g, "lt", p);
-    out(g, "le", q);
-    out(g, "eq", ir_binary(g, IR_EQ, x, mx));
-    out(g, "and", ir_binary(g, IR_AND, p, q));
-    out(g, "or", ir_binary(g, IR_OR, p, q));
-    out(g, "not", ir_unary(g, IR_NOT, p));
-    out(g, "where", ir_where(g, p, x, y));
-    /* integers, with broadcasting */
-    IrDim si[] = {b, n}, sj[] = {n};
-    IrNode *i = input(g, "i", IR_I32, 2, si), *j = input(g, "j", IR_I32, 1, sj);
-    IrNode *den = input(g, "den", IR_I32, 1, sj), *k = input(g, "k", IR_I64, 2, si);
-    out(g, "iadd", ir_binary(g, IR_ADD, i, j));
-    out(g, "isub", ir_binary(g, IR_SUB, i, j));
-    out(g, "imul", ir_binary(g, IR_MUL, i, j));
-    out(g, "idiv", ir_binary(g, IR_DIV, i, den));
-    out(g, "imax", ir_binary(g, IR_MAX, i, j));
-    out(g, "imin", ir_binary(g, IR_MIN, i, j));
-    out(g, "ilt", ir_binary(g, IR_LT, i, j));
-    out(g, "ieq", ir_binary(g, IR_EQ, i, j));
-    out(g, "iwhere", ir_where(g, ir_binary(g, IR_LE, i, j), i, j));
-    out(g, "ldiv", ir_binary(g, IR_DIV, ir_binary(g, IR_ADD, k, k), ir_cast(g, den, IR_I64)));
-    /* casts between every kind */
-    IrNode *x3 = ir_binary(g, IR_MUL, x, ir_const(g, 3.0, IR_F32));
-    out(g, "f2i", ir_cast(g, x3, IR_I32));
-    out(g, "f2l", ir_cast(g, x3, IR_I64));
-    out(g, "f2b", ir_cast(g, ir_cast(g, ir_cast(g, x3, IR_I32), IR_F32), IR_BOOL));
-    out(g, "i2f", ir_cast(g, i, IR_F32));
-    out(g, "i2l", ir_cast(g, i, IR_I64));
-    out(g, "l2i", ir_cast(g, k, IR_I32));
-    out(g, "i2b", ir_cast(g, i, IR_BOOL));
-    out(g, "b2f", ir_cast(g, p, IR_F32));
-    out(g, "b2l", ir_cast(g, q, IR_I64));
-}
-
-static void build_reduce(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(17)}, ss[] = {b, n, ir_dim(130)}, sv[] = {ir_dim(65)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx);
-    char name[32];
-    for (int axis = 0; axis < 3; axis++) {
-        snprintf(name, sizeof name, "sum%d", axis);
-        out(g, name, ir_reduce(g, IR_SUM, x, axis));
-        snprintf(name, sizeof name, "max%d", axis);
-        out(g, name, ir_reduce(g, IR_RMAX, x, axis));
-    }
-    out(g, "softmax", ir_softmax(g, input(g, "s", IR_F32, 3, ss)));
-    IrNode *v = input(g, "v", IR_F32, 1, sv);
-    out(g, "softmax1", ir_softmax(g, v));
-    out(g, "sum_v", ir_reduce(g, IR_SUM, v, 0));
-    out(g, "softmax_x", ir_softmax(g, x));
-}
-
-static void build_move(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(5), ir_dim(3)};
-    IrNode *x = input(g, "x", IR_F32, 4, sx);
-    static const int perms[3][4] = {{0, 2, 1, 3}, {3, 2, 1, 0}, {1, 0, 3, 2}};
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "permute%d", i);
-        out(g, name, ir_permute(g, x, perms[i]));
-    }
-    /* transposes (the input's last dim to the output's second-to-last, in f32): blocks of VW x VW
-     * (16 with AVX-512, 8 with AVX2) through registers, the rest element by element: 37 rows
-     * (two strips of 16 and one of 5) by n columns (two blocks and 1 at n = 33); 18 rows by 20
-     * with two dims outside, one of them read from the input's third; and 40 by 3 */
-    IrDim st1[] = {b, n, ir_dim(37)}, st2[] = {b, ir_dim(20), n, ir_dim(18)}, st3[] = {b, ir_dim(3), n, ir_dim(40)};
-    static const int tp1[3] = {0, 2, 1}, tp2[4] = {0, 2, 3, 1}, tp3[4] = {2, 0, 3, 1};
-    out(g, "transpose", ir_permute(g, input(g, "xt1", IR_F32, 3, st1), tp1));
-    out(g, "transpose_outer", ir_permute(g, input(g, "xt2", IR_F32, 4, st2), tp2));
-    out(g, "transpose_narrow", ir_permute(g, input(g, "xt3", IR_F32, 4, st3), tp3));
-    out(g, "slice_n", ir_slice(g, x, 1, ir_dim(1), ir_dim_addc(n, -1)));
-    out(g, "slice_last", ir_slice(g, x, 3, ir_dim(1), ir_dim(2)));
-    IrDim sa[] = {b, n, ir_dim(4)}, sc[] = {b, ir_dim(3), ir_dim(4)}, sa2[] = {b, n, ir_dim(7)};
-    IrNode *a = input(g, "a", IR_F32, 3, sa), *c = input(g, "c", IR_F32, 3, sc);
-    IrNode *cat = ir_concat(g, a, c, 1);
-    out(g, "concat1", cat);
-    out(g, "slice_sym", ir_slice(g, cat, 1, n, ir_dim(3)));
-    out(g, "concat2", ir_concat(g, a, input(g, "a2", IR_F32, 3, sa2), 2));
-    out(g, "concat0", ir_concat(g, a, a, 0));
-    IrDim se[] = {ir_dim(1), n, ir_dim(1)}, te[] = {b, n, ir_dim(65)};
-    out(g, "expand", ir_expand(g, input(g, "e", IR_F32, 3, se), 3, te));
-    IrDim sv[] = {ir_dim(7)}, tv[] = {b, ir_dim(3), ir_dim(7)};
-    out(g, "expand_rank", ir_expand(g, input(g, "ev", IR_F32, 1, sv), 3, tv));
-    IrDim sr[] = {b, n, ir_dim(15)};
-    IrNode *r = ir_reshape(g, x, 3, sr);
-    out(g, "reshape", r);
-    out(g, "reshape_sum", ir_reduce(g, IR_SUM, r, 2));
-    /* gather from a parameter table, with i64 and i32 ids */
-    IrDim st[] = {ir_dim(11), ir_dim(17)}, si[] = {b, n};
-    IrNode *table = ir_param(g, "emb", 2, st);
-    out(g, "gather", ir_gather(g, table, input(g, "tok", IR_I64, 2, si)));
-    out(g, "gather32", ir_gather(g, table, input(g, "tok32", IR_I32, 2, si)));
-    IrDim sg[] = {b, n, ir_dim(70)};
-    out(g, "gather_grad", ir_gather_grad(g, input(g, "gsrc", IR_F32, 3, sg), input(g, "tokg", IR_I64, 2, si), ir_dim(11)));
-    /* leaves computed by kernels */
-    out(g, "arange", ir_arange(g, n, ir_dim_addc(n, 2), IR_F32));
-    out(g, "arange_i", ir_arange(g, ir_dim(0), n, IR_I64));
-    out(g, "arange_i32", ir_arange(g, ir_dim(-3), ir_dim(7), IR_I32));
-    out(g, "relpos_causal", ir_relpos(g, n, n, 32, 128, 1));
-    out(g, "relpos_bidir", ir_relpos(g, n, ir_dim_addc(n, 2), 16, 20, 0));
-    out(g, "const_i", ir_const(g, 7.9, IR_I32));
-    out(g, "const_b", ir_const(g, 2.0, IR_BOOL));
-    IrDim sb[] = {ir_dim(5)};
-    IrNode *inv = ir_buffer(g, "inv_freq", 1, sb);
-    out(g, "buffer_use", ir_binary(g, IR_MUL, inv, ir_arange(g, ir_dim(1), ir_dim(5), IR_F32)));
-}
-
-static void build_matmul(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
-    IrNode *a = input(g, "a", IR_F32, 3, sa);
-    out(g, "linear", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
-    out(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
-    IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
-    IrNode *q = input(g, "q", IR_F32, 4, sq);
-    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0));
-    out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
-    IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
-    out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
-    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
-    IrNode *big = input(g, "big", IR_F32, 2, s1);
-    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
-    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
-    /* transposed, past one k block (KC = 256): the packed blocks start inside the rows */
-    IrDim sd[] = {ir_dim(13), ir_dim(300)}, sd2[] = {ir_dim(40), ir_dim(300)};
-    out(g, "deep_t", ir_matmul(g, input(g, "deep", IR_F32, 2, sd), input(g, "deep2", IR_F32, 2, sd2), 1));
-    /* items past two row blocks of MC = 192 rows (the last one 17 rows, a partial micro tile),
-     * k past KC: 4 batch items of 401 rows each, so that rows are not split across items */
-    IrDim st[] = {ir_dim(4), ir_dim(401), ir_dim(260)}, st2[] = {ir_dim(260), ir_dim(40)}, st3[] = {ir_dim(40), ir_dim(260)};
-    IrNode *tall = input(g, "tall", IR_F32, 3, st);
-    out(g, "tall", ir_matmul(g, tall, input(g, "tall2", IR_F32, 2, st2), 0));
-    out(g, "tall_t", ir_matmul(g, tall, input(g, "tall3", IR_F32, 2, st3), 1));
-    IrDim one[] = {ir_dim(1), ir_dim(1)};
-    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
-    /* the matrix-vector path (batch x m <= 4, B transposed): a weight shared by 2 one-row
-     * items, k past KC and not a multiple of the vector width, 37 columns (2 blocks and a part);
-     * and one B per batch index (3 one-row items, as attention scores of one query) */
-    IrDim sg[] = {ir_dim(2), ir_dim(1), ir_dim(300)}, sgw[] = {ir_dim(37), ir_dim(300)};
-    out(g, "gemv_t", ir_matmul(g, input(g, "gv", IR_F32, 3, sg), input(g, "gvw", IR_F32, 2, sgw), 1));
-    IrDim sgq[] = {ir_dim(3), ir_dim(1), ir_dim(40)}, sgk[] = {ir_dim(3), ir_dim(21), ir_dim(40)};
-    out(g, "gemv_batched_t", ir_matmul(g, input(g, "gq", IR_F32, 3, sgq), input(g, "gk", IR_F32, 3, sgk), 1));
-    /* 4 rows (2 batch indices of 2) against one weight, each weight element loaded once for all
-     * of them; 3 rows of one batch index; 2 rows per batch index against its own B */
-    IrDim sg4[] = {ir_dim(2), ir_dim(2), ir_dim(70)}, sg4w[] = {ir_dim(37), ir_dim(70)};
-    out(g, "gemv4_t", ir_matmul(g, input(g, "gv4", IR_F32, 3, sg4), input(g, "gv4w", IR_F32, 2, sg4w), 1));
-    IrDim sg3[] = {ir_dim(1), ir_dim(3), ir_dim(300)};
-    out(g, "gemv3_t", ir_matmul(g, input(g, "gv3", IR_F32, 3, sg3), input(g, "gvw", IR_F32, 2, sgw), 1));
-    IrDim sgq2[] = {ir_dim(2), ir_dim(2), ir_dim(40)}, sgk2[] = {ir_dim(2), ir_dim(21), ir_dim(40)};
-    out(g, "gemv_batched2_t", ir_matmul(g, input(g, "gq2", IR_F32, 3, sgq2), input(g, "gk2", IR_F32, 3, sgk2), 1));
-}
-
-/* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
- * dropout pattern the lowering builds from it */
-static void build_rand(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(37)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *seed = input(g, "seed", IR_I64, 0, NULL);
-    IrNode *u = ir_rand(g, seed, x, 0);
-    out(g, "u", u);
-    out(g, "u7", ir_rand(g, seed, x, 7));
-    IrNode *drop = ir_binary(g, IR_LT, u, ir_const(g, 0.25, IR_F32));
-    out(g, "dropped", ir_where(g, drop, ir_const(g, 0, IR_F32), ir_binary(g, IR_MUL, x, ir_const(g, 4.0 / 3, IR_F32))));
-}
-
-/* The ops that order a row (cg_llvm_sort.c): k-th largest with k = 1 (the maximum), inside the
- * row, equal to its length (the minimum) and beyond it (-inf); many ties (relu's zeros); masked
- * entries (-FLT_MAX) with fully masked rows; sparse top-k attention's threshold; entmax15 on
- * such rows, on long rows and on a vector. */
-static void build_order(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(17)}, sm[] = {b, n, ir_dim(1)}, ss[] = {b, n, ir_dim(130)}, sv[] = {ir_dim(65)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *fill = ir_const(g, -FLT_MAX, IR_F32);
-    IrNode *keep = ir_binary(g, IR_AND, input(g, "mk", IR_BOOL, 3, sx), input(g, "mr", IR_BOOL, 3, sm));
-    IrNode *masked = ir_where(g, keep, x, fill);
-    out(g, "kth1", ir_kth_largest(g, x, 1));
-    out(g, "kth5_masked", ir_kth_largest(g, masked, 5));
-    out(g, "kth17", ir_kth_largest(g, x, 17));
-    out(g, "kth20", ir_kth_largest(g, x, 20));
-    out(g, "kth_ties", ir_kth_largest(g, ir_unary(g, IR_RELU, x), 12));
-    IrNode *kth = ir_kth_largest(g, masked, 3);
-    out(g, "topk", ir_where(g, ir_binary(g, IR_LT, masked, kth), fill, masked));
-    out(g, "entmax", ir_entmax15(g, x));
-    out(g, "entmax_masked", ir_entmax15(g, masked));
-    IrNode *s = input(g, "s", IR_F32, 3, ss);
-    out(g, "kth_long", ir_kth_largest(g, s, 7));
-    out(g, "entmax_long", ir_entmax15(g, ir_binary(g, IR_MUL, s, ir_const(g, 4, IR_F32))));
-    out(g, "entmax_v", ir_entmax15(g, input(g, "v", IR_F32, 1, sv)));
-}
-
-static void build_xent(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sz[] = {b, n, ir_dim(13)}, st[] = {b, n};
-    IrNode *z = input(g, "z", IR_F32, 3, sz);
-    out(g, "loss", ir_xent(g, z, input(g, "tgt", IR_I64, 2, st)));
-    out(g, "loss32", ir_xent(g, z, input(g, "tgt32", IR_I32, 2, st)));
-}
-
-/* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
- * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 588 and
- * J = 593 at n = 33: three key tiles, two query groups), without a score operand, a padding mask
- * with fully masked rows (they attend uniformly), a bias broadcast over the batch, the
- * statistics column, the gradient with and without the logsumexp's; cross attention with
- * E != D over several key tiles; and J = n, which is 0 in the empty sizes. */
-static void build_attention(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2), n8 = ir_dim_add(n4, n4), n16 = ir_dim_add(n8, n8);
-    IrDim I = ir_dim_addc(n16, 60), J = ir_dim_addc(I, 5), h = ir_dim(3), hd = ir_dim(40);
-    IrDim sq[] = {b, h, I, hd}, sk[] = {b, h, J, hd}, sqm[] = {b, ir_dim(1), I, ir_dim(1)};
-    IrDim skm[] = {b, ir_dim(1), ir_dim(1), J}, sb[] = {h, I, J}, sg[] = {b, h, I, ir_dim(41)};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
-    IrNode *mask = ir_binary(g, IR_AND, input(g, "qm", IR_BOOL, 4, sqm), input(g, "km", IR_BOOL, 4, skm));
-    IrNode *bias = input(g, "bias", IR_F32, 3, sb), *c = ir_const(g, 0.158, IR_F32);
-    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
-    out(g, "plain_stats", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
-    IrNode *f = ir_attention(g, q, k, v, bias, mask, c, 1, 1);
-    out(g, "masked_stats", f);
-    out(g, "grad", ir_attention_grad(g, f, input(g, "dout", IR_F32, 4, sq)));
-    out(g, "grad_lse", ir_attention_grad(g, f, input(g, "dout_lse", IR_F32, 4, sg)));
-    IrDim ss[] = {ir_dim(1), h, ir_dim(1), ir_dim(1)}; /* cosine similarity: a scale per head */
-    IrNode *fm = ir_attention(g, q, k, v, NULL, mask, input(g, "scale", IR_F32, 4, ss), 0, 1);
-    out(g, "grad_plain", ir_attention_grad(g, fm, input(g, "dout2", IR_F32, 4, sq)));
-    /* a sliding window (max_attend_past): key tiles and panels before it skipped, the rest
-     * masked per row; plain and causal, not causal with the statistics, a window wider than a
-     * key tile with a bias and a mask, and the gradients (their query tiles after the window
-     * skipped too) */
-    out(g, "window_causal", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 100));
-    out(g, "window_stats", ir_attention_window(g, q, k, v, NULL, NULL, c, 0, 1, 37));
-    IrNode *fw = ir_attention_window(g, q, k, v, bias, mask, c, 1, 1, 300);
-    out(g, "window_masked", fw);
-    out(g, "window_grad", ir_attention_grad(g, fw, input(g, "doutw", IR_F32, 4, sq)));
-    IrNode *fw2 = ir_attention_window(g, q, k, v, NULL, NULL, c, 0, 1, 70);
-    out(g, "window_grad_plain", ir_attention_grad(g, fw2, input(g, "doutw2", IR_F32, 4, sg)));
-    IrDim Jc = ir_dim_addc(ir_dim_add(n, n8), 100), h2 = ir_dim(2);
-    IrDim sqc[] = {b, h2, n, ir_dim(16)}, skc[] = {b, h2, Jc, ir_dim(16)}, svc[] = {b, h2, Jc, ir_dim(24)};
-    IrDim sbc[] = {ir_dim(1), ir_dim(1), Jc}, smc[] = {b, ir_dim(1), ir_dim(1), Jc};
-    IrNode *qc = input(g, "qc", IR_F32, 4, sqc), *kc = input(g, "kc", IR_F32, 4, skc);
-    out(g, "cross", ir_attention(g, qc, kc, input(g, "vc", IR_F32, 4, svc), input(g, "biasc", IR_F32, 3, sbc),
-                                 input(g, "kmc", IR_BOOL, 4, smc), ir_const(g, 0.25, IR_F32), 0, 1));
-    /* heads split and merged around attention (x-transformers' rearranges), which the CPU
-     * backend reads and writes in place (cg_plan.h, CG_VIEW_*): q, k, v as [b, n, h, d]; a k that
-     * is also an output is copied (no view); the result merged back, and a merge of a result with
-     * the statistics column (no view) */
-    static const int split[4] = {0, 2, 1, 3};
-    IrDim sxq[] = {b, I, h, hd}, sxk[] = {b, J, h, hd}, sxv[] = {b, J, h, ir_dim(24)};
-    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
-    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
-    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxv), split);
-    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
-    IrNode *hk2 = ir_permute(g, input(g, "xk2", IR_F32, 4, sxk), split);
-    out(g, "heads_k2", hk2);
-    out(g, "heads_stats", ir_permute(g, ir_attention(g, hq, hk2, hv, NULL, mask, c, 0, 1), split));
-    IrDim se[] = {b, h2, n, ir_dim(8)};
-    IrNode *qe = input(g, "qe", IR_F32, 4, se), *ke = input(g, "ke", IR_F32, 4, se);
-    IrNode *fe = ir_attention(g, qe, ke, input(g, "ve", IR_F32, 4, se), NULL, NULL, ir_const(g, 0.3, IR_F32), 1, 1);
-    out(g, "self_n", fe);
-    out(g, "self_n_grad", ir_attention_grad(g, fe, input(g, "doute", IR_F32, 4, se)));
-    /* decoding (at most 4 query rows, no bias or mask: K and V read in place, not packed), over
-     * more keys than a key tile (BC = 256): one row seeing every key; 3 rows under causal with a
-     * window reaching back across a tile boundary, with the statistics; 2 rows through head-split
-     * views, not causal */
-    IrDim Jd = ir_dim_addc(n16, 300), one = ir_dim(1), three = ir_dim(3);
-    IrDim sd1[] = {b, h, one, hd}, sd3[] = {b, h, three, hd}, sdk[] = {b, h, Jd, hd};
-    IrNode *dk = input(g, "dk", IR_F32, 4, sdk), *dv = input(g, "dv", IR_F32, 4, sdk);
-    out(g, "decode", ir_attention(g, input(g, "dq1", IR_F32, 4, sd1), dk, dv, NULL, NULL, c, 1, 0));
-    out(g, "decode_window", ir_attention_window(g, input(g, "dq3", IR_F32, 4, sd3), dk, dv, NULL, NULL, c, 1, 1, 270));
-    IrDim sxq2[] = {b, ir_dim(2), h, hd}, sxkd[] = {b, Jd, h, hd};
-    IrNode *dq2 = ir_permute(g, input(g, "dxq", IR_F32, 4, sxq2), split);
-    IrNode *dk2 = ir_permute(g, input(g, "dxk", IR_F32, 4, sxkd), split), *dv2 = ir_permute(g, input(g, "dxv", IR_F32, 4, sxkd), split);
-    out(g, "decode_heads", ir_permute(g, ir_attention(g, dq2, dk2, dv2, NULL, NULL, c, 0, 0), split));
-}
-
-/* The fused op (passes/fuse_elementwise.c makes it): row programs (a LayerNorm, a softmax with
- * cross-entropy's gradient after it, a norm that ends in its reduction, a maximum with bool and
- * int steps), GLU's two halves read through slices, and elementwise chains over long rows with
- * broadcasts, a bcast step and an integer result. */
-static void build_fused(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(33)}, sw[] = {ir_dim(33)}, sz[] = {b, n, ir_dim(13)}, s1[] = {b, n, ir_dim(1)};
-    IrDim sp[] = {b, n, ir_dim(34)}, sh[] = {b, n, ir_dim(17)}, sl[] = {b, n, ir_dim(130)}, sb[] = {ir_dim(130)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *w = input(g, "w", IR_F32, 1, sw), *bias = input(g, "bias", IR_F32, 1, sw);
-    IrNode *ln[3] = {x, w, bias};
-    out(g, "layernorm", ir_fused(g, "sum($0);mul(%0,0.030303030303030304:f32);sub($0,%1);mul(%2,%2);sum(%3);"
-                                    "mul(%4,0.030303030303030304:f32);add(%5,1e-05:f32);rsqrt(%6);mul(%2,%7);mul(%8,$1);add(%9,$2)",
-                                 3, ln, 3, sx));
-    IrNode *xg[3] = {input(g, "z", IR_F32, 3, sz), input(g, "onehot", IR_F32, 3, sz), input(g, "wt", IR_F32, 3, s1)};
-    out(g, "softmax_xent_grad", ir_fused(g, "softmax($0);sub(%0,$1);mul(%1,$2)", 3, xg, 3, sz));
-    out(g, "l2", ir_fused(g, "mul($0,$0);sum(%0);sqrt(%1)", 1, &x, 3, s1));
-    out(g, "rowmax", ir_fused(g, "reduce_max($0);lt($0,%0);cast:f32(%1);where(%1,$0,%2)", 1, &x, 3, sx));
-    IrNode *proj = input(g, "proj", IR_F32, 3, sp);
-    out(g, "glu", ir_fused(g, "slice($0,0,17);slice($0,17,17);gelu(%1);mul(%0,%2)", 1, &proj, 3, sh));
-    IrNode *lb[2] = {input(g, "long", IR_F32, 3, sl), input(g, "lbias", IR_F32, 1, sb)};
-    out(g, "bias_gelu", ir_fused(g, "add($0,$1);gelu(%0)", 2, lb, 3, sl));
-    IrNode *bc[2] = {input(g, "col", IR_F32, 3, s1), w};
-    out(g, "bcast", ir_fused(g, "bcast($0);mul(%0,$1);exp(%1)", 2, bc, 3, sx));
-    out(g, "to_int", ir_fused(g, "mul($0,3:f32);cast:i32(%0)", 1, &x, 3, sx));
-    /* matmul epilogues: blocked (130 columns), plain (5), batched with a broadcast operand */
-    IrDim swm[] = {ir_dim(130), ir_dim(33)}, sw5[] = {ir_dim(5), ir_dim(33)}, s5[] = {b, n, ir_dim(5)};
-    IrNode *mm[3] = {x, input(g, "wmm", IR_F32, 2, swm), lb[1]};
-    out(g, "matmul_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, mm, 3, sl));
-    IrNode *mm5[3] = {x, input(g, "w5", IR_F32, 2, sw5), input(g, "res5", IR_F32, 3, s5)};
-    out(g, "matmul_residual", ir_fused(g, "add($2,3:f32);matmul($0,$1,1);add(%1,%0)", 3, mm5, 3, s5));
-    /* an epilogue over items of two row blocks (MC = 192 rows): 4 batch items of 200 rows */
-    IrDim stall[] = {ir_dim(4), ir_dim(200), ir_dim(33)}, stw[] = {ir_dim(40), ir_dim(33)}, stb[] = {ir_dim(40)};
-    IrDim sto[] = {ir_dim(4), ir_dim(200), ir_dim(40)};
-    IrNode *tl[3] = {input(g, "tallx", IR_F32, 3, stall), input(g, "tallw", IR_F32, 2, stw), input(g, "tallb", IR_F32, 1, stb)};
-    out(g, "tall_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, tl, 3, sto));
-    /* an epilogue on the matrix-vector path: 2 rows, 130 columns (9 blocks of 16, the last 2) */
-    IrDim sgx[] = {ir_dim(1), ir_dim(2), ir_dim(33)}, sgo[] = {ir_dim(1), ir_dim(2), ir_dim(130)};
-    IrNode *gv[3] = {input(g, "gemvx", IR_F32, 3, sgx), mm[1], lb[1]};
-    out(g, "gemv_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, gv, 3, sgo));
-    /* ... and over 3 batch indices of one row each, in one work item */
-    IrDim sgx3[] = {ir_dim(3), ir_dim(1), ir_dim(33)}, sgo3[] = {ir_dim(3), ir_dim(1), ir_dim(130)};
-    IrNode *gv3[3] = {input(g, "gemvx3", IR_F32, 3, sgx3), mm[1], lb[1]};
-    out(g, "gemv_batch_bias_gelu", ir_fused(g, "matmul($0,$1,1);add(%0,$2);gelu(%1)", 3, gv3, 3, sgo3));
-    IrDim sq[] = {b, ir_dim(2), n, ir_dim(7)}, sk[] = {b, ir_dim(2), ir_dim(9), ir_dim(7)}, so[] = {b, ir_dim(2), n, ir_dim(9)};
-    IrDim sbq[] = {ir_dim(2), n, ir_dim(1)};
-    IrNode *bm[3] = {input(g, "mq", IR_F32, 4, sq), input(g, "mk", IR_F32, 4, sk), input(g, "mb", IR_F32, 3, sbq)};
-    out(g, "batched_epilogue", ir_fused(g, "matmul($0,$1,1);mul(%0,$2);tanh(%1)", 3, bm, 4, so));
-    /* two-part epilogues (GLU: the product's columns j and j + width, ir_epilogue_parts): the
-     * blocked path with 2 column groups of 128 and partial panels (width 150, with the bias),
-     * items of MC rows and a B not transposed (4 x 200 rows, width 40), the matrix-vector path
-     * (2 rows, 10 blocks of 16, the last 6 wide), the plain path (a product 6 wide), and a B per
-     * batch index (4-d, width 9) */
-    IrDim sgw[] = {ir_dim(300), ir_dim(33)}, sgb[] = {ir_dim(300)}, sgo150[] = {b, n, ir_dim(150)};
-    IrNode *gl[3] = {x, input(g, "gluw", IR_F32, 2, sgw), input(g, "glub", IR_F32, 1, sgb)};
-    static const char glu_bias[] = "matmul($0,$1,1);add(%0,$2);slice(%1,0,150);slice(%1,150,150);gelu(%3);mul(%2,%4)";
-    out(g, "matmul_glu", ir_fused(g, glu_bias, 3, gl, 3, sgo150));
-    IrDim stw2[] = {ir_dim(33), ir_dim(80)};
-    IrNode *tg[2] = {tl[0], input(g, "tallw2", IR_F32, 2, stw2)};
-    out(g, "tall_glu", ir_fused(g, "matmul($0,$1,0);slice(%0,0,40);slice(%0,40,40);sigmoid(%2);mul(%1,%3)", 2, tg, 3, sto));
-    IrDim sgo2[] = {ir_dim(1), ir_dim(2), ir_dim(150)};
-    IrNode *gg[3] = {gv[0], gl[1], gl[2]};
-    out(g, "gemv_glu", ir_fused(g, glu_bias, 3, gg, 3, sgo2));
-    IrDim sw6[] = {ir_dim(6), ir_dim(33)}, s3[] = {b, n, ir_dim(3)};
-    IrNode *pg[2] = {x, input(g, "w6", IR_F32, 2, sw6)};
-    out(g, "plain_glu", ir_fused(g, "matmul($0,$1,1);slice(%0,3,3);slice(%0,0,3);gelu(%1);mul(%3,%2)", 2, pg, 3, s3));
-    IrDim sk18[] = {b, ir_dim(2), ir_dim(18), ir_dim(7)}, so9[] = {b, ir_dim(2), n, ir_dim(9)};
-    IrNode *bg[2] = {bm[0], input(g, "mk18", IR_F32, 4, sk18)};
-    out(g, "batched_glu", ir_fused(g, "matmul($0,$1,1);slice(%0,0,9);slice(%0,9,9);tanh(%2);mul(%1,%3)", 2, bg, 4, so9));
-    /* l2norm(rotary(split heads)) in one pass: permute, slices and concats of computed values */
-    IrDim sr[] = {b, n, ir_dim(2), ir_dim(8)}, st[] = {b, ir_dim(2), n, ir_dim(8)}, sc[] = {n, ir_dim(6)};
-    IrNode *rt[3] = {input(g, "heads", IR_F32, 4, sr), input(g, "cos", IR_F32, 2, sc), input(g, "sin", IR_F32, 2, sc)};
-    out(g, "rotary_l2norm", ir_fused(g, "permute($0,0,2,1,3);slice(%0,0,3);slice(%0,3,3);neg(%2);concat(%3,%1);"
-                                        "slice(%0,0,6);mul(%5,$1);mul(%4,$2);add(%6,%7);slice(%0,6,2);concat(%8,%9);"
-                                        "mul(%10,%10);sum(%11);sqrt(%12);max(%13,1e-12:f32);div(%10,%14)", 3, rt, 4, st));
-}
-
-typedef struct {
-    const char *name;
-    BuildFn build;
-} Case;
-
-static const Case cases[] = {
-    {"unary", build_unary},   {"binary", build_binary}, {"reduce", build_reduce},
-    {"move", build_move},     {"matmul", build_matmul}, {"xent", build_xent},  {"rand", build_rand},
-    {"attention", build_attention}, {"order", build_order}, {"fused", build_fused},
-};
-#define NCASES ((int)(sizeof cases / sizeof cases[0]))
+/* ---- the op cases (op_cases.h) for the CPU ---- */
 
 START_TEST(test_case)
 {
-    run_case(cases[_i].name, cases[_i].build, SIZES);
+    const OpCase *c = op_case_for(OC_CPU, _i);
+    run_case(c, c->name, SIZES);
 }
 END_TEST
 
@@ -526,30 +121,36 @@ END_TEST
 START_TEST(test_edge_sizes)
 {
     static const int64_t ones[2][2] = {{1, 1}, {2, 1}}, empty[2][2] = {{2, 0}, {0, 3}};
-    for (int c = 0; c < NCASES; c++) {
+    const OpCase *c;
+    for (int k = 0; (c = op_case_for(OC_CPU, k)) != NULL; k++) {
         char name[64];
-        snprintf(name, sizeof name, "%s_ones", cases[c].name);
-        run_case(name, cases[c].build, ones);
-        /* n - 1, slices and maxima over an empty axis have no value at 0 */
-        if (cases[c].build != build_move && cases[c].build != build_reduce) {
-            snprintf(name, sizeof name, "%s_empty", cases[c].name);
-            run_case(name, cases[c].build, empty);
+        snprintf(name, sizeof name, "%s_ones", c->name);
+        run_case(c, name, ones);
+        if (c->flags & OC_EMPTY) {
+            snprintf(name, sizeof name, "%s_empty", c->name);
+            run_case(c, name, empty);
         }
     }
 }
 END_TEST
 
-START_TEST(test_every_op_is_tested)
+START_TEST(test_every_op_has_a_case)
 {
-    int seen[IR_NUM_OPS] = {0};
-    for (int c = 0; c < NCASES; c++) {
-        IrGraph *g = new_graph(cases[c].name, cases[c].build);
-        for (int i = 0; i < g->nnodes; i++)
-            seen[g->nodes[i]->op] = 1;
-        ir_graph_free(g);
-    }
-    for (int op = 0; op < IR_NUM_OPS; op++)
-        ck_assert_msg(seen[op], "op '%s' is not used by any case of test_codegen.c", ir_ops[op].name);
+    int op = op_cases_missing(OP_CASES, OP_NCASES, OC_CPU, NULL);
+    ck_assert_msg(op < 0, "op '%s' has no case for the CPU in tests/op_cases.h", op < 0 ? "" : ir_ops[op].name);
+}
+END_TEST
+
+/* ... and the check catches an op without a case: the table without its cross-entropy case */
+START_TEST(test_an_op_without_a_case_fails)
+{
+    OpCase some[OP_NCASES];
+    int n = 0;
+    for (int c = 0; c < OP_NCASES; c++)
+        if (strcmp(OP_CASES[c].name, "xent") != 0)
+            some[n++] = OP_CASES[c];
+    ck_assert_int_eq(n, OP_NCASES - 1);
+    ck_assert_int_eq(op_cases_missing(some, n, OC_CPU, NULL), IR_XENT);
 }
 END_TEST
 
@@ -571,7 +172,7 @@ START_TEST(test_levels_and_cpus)
     } variants[] = {{0, NULL}, {1, NULL}, {3, NULL}, {2, "x86-64"}, {2, "haswell"}};
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         /* the attention kernels' tiles (and the backward's register transposes) for 4 and 8 lanes */
-        static const BuildFn builds[] = {build_matmul, build_reduce, build_move, build_attention};
+        static const BuildFn builds[] = {build_matmul, build_reduce, build_move, build_attention_tiles};
         static const char *const names[] = {"matmul", "reduce", "move", "attention"};
         for (size_t k = 0; k < (variants[v].cpu ? 4u : 3u); k++) {
             IrGraph *g = new_graph(names[k], builds[k]);
@@ -627,7 +228,7 @@ END_TEST
  * at 9; at n = 7, 3 heads of 4 tiles are 3 items at 1 thread, 12 of 1 at 2). */
 START_TEST(test_matmul_many_threads)
 {
-    static const BuildFn builds[] = {build_matmul, build_fused, build_attention};
+    static const BuildFn builds[] = {build_matmul, build_fused, build_attention_tiles};
     static const char *const names[] = {"matmul_threads", "fused_threads", "attention_threads"};
     static const int many[] = {5, 9};
     for (int k = 0; k < 3; k++) {
@@ -635,7 +236,7 @@ START_TEST(test_matmul_many_threads)
         CgStats stats;
         XtcModule *m = compile_load(g, names[k], &stats);
         for (int i = 0; i < 2; i++)
-            check_threads(g, m, SIZES[i], names[k], many, 2);
+            check_threads(g, m, SIZES[i], names[k], many, 2, 1e-4);
         xtc_module_free(m);
         ir_graph_free(g);
     }
@@ -1504,9 +1105,10 @@ static Suite *suite(void)
     Suite *s = suite_create("codegen");
     TCase *tc = tcase_create("ops");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_every_op_is_tested);
+    tcase_add_test(tc, test_every_op_has_a_case);
+    tcase_add_test(tc, test_an_op_without_a_case_fails);
     tcase_add_test(tc, test_every_op_has_a_lowering);
-    tcase_add_loop_test(tc, test_case, 0, NCASES);
+    tcase_add_loop_test(tc, test_case, 0, op_case_count(OC_CPU));
     tcase_add_test(tc, test_edge_sizes);
     tcase_add_test(tc, test_ir_files);
     tcase_add_test(tc, test_levels_and_cpus);

@@ -19,8 +19,8 @@
  * driver, a driver without a device), and the GPU run of the same cases, skipped with a visible
  * reason where there is no GPU.
  *
- * Adding an op: use it in a case below (test_every_op_is_tested fails until one does) and give it
- * a row in codegen/cg_cuda_ops.c. */
+ * The op cases come from the one table, tests/op_cases.h (its rows for OC_CUDA); adding an op:
+ * the recipe at its top (test_every_op_has_a_case fails until a case uses it). */
 #include "cg_cuda.h"
 #include "codegen.h"
 #include "ir.h"
@@ -47,6 +47,7 @@
 #define HARNESS_MAXLEAF 96
 #include "harness_bind.h"
 #include "emu_lib.h"
+#include "op_cases.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
 
@@ -71,6 +72,8 @@ static const double UNIT[] = {0x1p-24, 0x1p-8, 0x1p-11};
 static const double FORMAT_MAX[] = {3.4028234663852886e38, 3.3895313892515355e38, 65504.0};
 /* The worst error seen per storage, in the same units, for the report at the end of a case. */
 static double worst_err[3];
+/* the f32 tolerance of the case running (OpCase.rtol) */
+static double case_rtol = 1e-4;
 static char worst_what[3][256];
 
 /* ---- comparison ---- */
@@ -107,7 +110,7 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
     int64_t numel = compare_layout(what, ref, got, &maxabs);
     /* gradients through softmax cancel (p (dp - D)): graded with DESIGN.md's tolerance */
     int grad = strstr(what, "output 'grad.") != NULL;
-    double rtol = grad ? 1e-3 : 1e-4;
+    double rtol = grad ? 1e-3 : case_rtol;
     double tol = got->dtype == XTC_F32 ? 1e-5 + rtol * maxabs : 0;
     if (storage && got->dtype == XTC_F32) /* 16-bit storage: K rounding errors of the largest value */
         tol = UNIT[storage] * (1 + HALF_K * (grad ? 2 : 1) * maxabs) + HALF_SENS * sens;
@@ -329,9 +332,11 @@ static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2
 /* The case at the first nsizes of SIZES, compiled for target ("cuda-emu", or "cuda" on a GPU)
  * as built and after the pass pipeline as xtc compile runs it (when it fuses anything: fused
  * elementwise programs, matmul epilogues, fused attention), against the interpreter. */
-static void run_case_sizes(const char *name, BuildFn build, const char *target, int nsizes)
+static void run_case_sizes(const OpCase *c, const char *target, int nsizes)
 {
-    IrGraph *g = new_graph(name, build);
+    const char *name = c->name;
+    case_rtol = c->rtol;
+    IrGraph *g = new_graph(name, c->build);
     XtcModule *m = compile_target(g, name, target);
     for (int k = 0; k < nsizes; k++)
         check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
@@ -354,392 +359,36 @@ static void run_case_sizes(const char *name, BuildFn build, const char *target, 
     ir_graph_free(g);
 }
 
-static void run_case(const char *name, BuildFn build, const char *target)
+static void run_case(const OpCase *c, const char *target)
 {
-    run_case_sizes(name, build, target, NSIZES);
+    run_case_sizes(c, target, c->flags & OC_ONCE ? 1 : NSIZES);
 }
 
-static IrNode *input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape)
+/* the k-th CUDA case run at every size, and the k-th run once (fixed sizes) */
+static const OpCase *sized_case(int k)
 {
-    return ir_input(g, name, t, rank, shape);
+    const OpCase *c;
+    for (int i = 0; (c = op_case_for(OC_CUDA, i)) != NULL; i++)
+        if (!(c->flags & OC_ONCE) && k-- == 0)
+            return c;
+    return NULL;
 }
 
-static void out(IrGraph *g, const char *name, IrNode *n) { ir_output(g, name, n); }
-
-static IrNode *positive(IrGraph *g, IrNode *x)
+static const OpCase *once_case(int k)
 {
-    return ir_binary(g, IR_ADD, ir_unary(g, IR_ABS, x), ir_const(g, 0.5, IR_F32));
+    const OpCase *c;
+    for (int i = 0; (c = op_case_for(OC_CUDA, i)) != NULL; i++)
+        if ((c->flags & OC_ONCE) && k-- == 0)
+            return c;
+    return NULL;
 }
 
-/* ---- op cases ---- */
-
-static void build_unary(IrGraph *g, IrDim b, IrDim n)
+static int count_cases(const OpCase *(*nth)(int))
 {
-    IrDim s[] = {b, n, ir_dim(17)};
-    IrNode *x = input(g, "x", IR_F32, 3, s);
-    static const IrOp any[] = {IR_NEG, IR_EXP, IR_TANH, IR_SIGMOID, IR_GELU, IR_ERF, IR_RELU, IR_SIN, IR_COS, IR_ABS};
-    for (size_t i = 0; i < sizeof any / sizeof any[0]; i++)
-        out(g, ir_ops[any[i]].name, ir_unary(g, any[i], x));
-    static const IrOp pos[] = {IR_LOG, IR_SQRT, IR_RSQRT, IR_RECIP};
-    IrNode *p = positive(g, x);
-    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
-        out(g, ir_ops[pos[i]].name, ir_unary(g, pos[i], p));
-    IrDim s2[] = {ir_dim(130)};
-    IrNode *v = input(g, "v", IR_F32, 1, s2);
-    out(g, "exp_wide", ir_unary(g, IR_EXP, ir_binary(g, IR_MUL, v, ir_const(g, 60.0, IR_F32))));
-    out(g, "gelu_wide", ir_unary(g, IR_GELU, ir_binary(g, IR_MUL, v, ir_const(g, 3.0, IR_F32))));
-    out(g, "sigmoid_wide", ir_unary(g, IR_SIGMOID, ir_binary(g, IR_MUL, v, ir_const(g, 50.0, IR_F32))));
-    out(g, "log_zero", ir_unary(g, IR_LOG, ir_unary(g, IR_RELU, v))); /* -inf where v <= 0 */
-}
-
-static void build_binary(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(33)}, sy[] = {n, ir_dim(33)}, sz[] = {b, ir_dim(1), ir_dim(1)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *y = input(g, "y", IR_F32, 2, sy), *z = input(g, "z", IR_F32, 3, sz);
-    IrNode *w = input(g, "w", IR_F32, 0, NULL);
-    IrDim sc[] = {b, ir_dim(1), ir_dim(33)};
-    IrNode *c = input(g, "c", IR_F32, 3, sc);
-    out(g, "add", ir_binary(g, IR_ADD, x, y));
-    out(g, "add_mid", ir_binary(g, IR_ADD, x, c)); /* broadcast in the middle */
-    out(g, "sub", ir_binary(g, IR_SUB, z, x));
-    out(g, "mul", ir_binary(g, IR_MUL, x, w));
-    out(g, "div", ir_binary(g, IR_DIV, x, positive(g, y)));
-    IrNode *mx = ir_binary(g, IR_MAX, x, y);
-    out(g, "max", mx);
-    out(g, "min", ir_binary(g, IR_MIN, z, x));
-    IrNode *p = ir_binary(g, IR_LT, x, y), *q = ir_binary(g, IR_LE, z, x);
-    out(g, "lt", p);
-    out(g, "le", q);
-    out(g, "eq", ir_binary(g, IR_EQ, x, mx));
-    out(g, "and", ir_binary(g, IR_AND, p, q));
-    out(g, "or", ir_binary(g, IR_OR, p, q));
-    out(g, "not", ir_unary(g, IR_NOT, p));
-    out(g, "where", ir_where(g, p, x, y));
-    out(g, "where_bcast", ir_where(g, ir_binary(g, IR_LT, y, ir_const(g, 0, IR_F32)), z, w));
-    IrDim si[] = {b, n}, sj[] = {n};
-    IrNode *i = input(g, "i", IR_I32, 2, si), *j = input(g, "j", IR_I32, 1, sj);
-    IrNode *den = input(g, "den", IR_I32, 1, sj), *k = input(g, "k", IR_I64, 2, si);
-    out(g, "iadd", ir_binary(g, IR_ADD, i, j));
-    out(g, "isub", ir_binary(g, IR_SUB, i, j));
-    out(g, "imul", ir_binary(g, IR_MUL, i, j));
-    out(g, "idiv", ir_binary(g, IR_DIV, i, den));
-    out(g, "imax", ir_binary(g, IR_MAX, i, j));
-    out(g, "imin", ir_binary(g, IR_MIN, i, j));
-    out(g, "ilt", ir_binary(g, IR_LT, i, j));
-    out(g, "ieq", ir_binary(g, IR_EQ, i, j));
-    out(g, "iwhere", ir_where(g, ir_binary(g, IR_LE, i, j), i, j));
-    out(g, "ldiv", ir_binary(g, IR_DIV, ir_binary(g, IR_ADD, k, k), ir_cast(g, den, IR_I64)));
-    IrNode *x3 = ir_binary(g, IR_MUL, x, ir_const(g, 3.0, IR_F32));
-    out(g, "f2i", ir_cast(g, x3, IR_I32));
-    out(g, "f2l", ir_cast(g, x3, IR_I64));
-    out(g, "f2b", ir_cast(g, ir_cast(g, ir_cast(g, x3, IR_I32), IR_F32), IR_BOOL));
-    out(g, "i2f", ir_cast(g, i, IR_F32));
-    out(g, "i2l", ir_cast(g, i, IR_I64));
-    out(g, "l2i", ir_cast(g, k, IR_I32));
-    out(g, "l2f", ir_cast(g, k, IR_F32));
-    out(g, "i2b", ir_cast(g, i, IR_BOOL));
-    out(g, "b2f", ir_cast(g, p, IR_F32));
-    out(g, "b2l", ir_cast(g, q, IR_I64));
-    out(g, "b2i", ir_cast(g, q, IR_I32));
-}
-
-static void build_reduce(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(17)}, ss[] = {b, n, ir_dim(130)}, sv[] = {ir_dim(65)}, s4[] = {b, n, ir_dim(5), ir_dim(1)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx);
-    char name[32];
-    for (int axis = 0; axis < 3; axis++) {
-        snprintf(name, sizeof name, "sum%d", axis);
-        out(g, name, ir_reduce(g, IR_SUM, x, axis));
-        snprintf(name, sizeof name, "max%d", axis);
-        out(g, name, ir_reduce(g, IR_RMAX, x, axis));
-    }
-    IrNode *x4 = input(g, "x4", IR_F32, 4, s4);
-    out(g, "sum_trailing_one", ir_reduce(g, IR_SUM, x4, 2)); /* contiguous: the trailing dim is 1 */
-    out(g, "max_trailing_one", ir_reduce(g, IR_RMAX, x4, 2));
-    IrNode *big = input(g, "s", IR_F32, 3, ss);
-    out(g, "softmax", ir_softmax(g, big));
-    out(g, "sum_long", ir_reduce(g, IR_SUM, big, 2));
-    out(g, "max_long", ir_reduce(g, IR_RMAX, big, 2));
-    IrNode *v = input(g, "v", IR_F32, 1, sv);
-    out(g, "softmax1", ir_softmax(g, v));
-    out(g, "sum_v", ir_reduce(g, IR_SUM, v, 0));
-    out(g, "softmax_x", ir_softmax(g, x));
-    /* the ops defined by sorting each row; ties and masked entries (-FLT_MAX) included */
-    IrNode *ties = ir_binary(g, IR_MUL, ir_unary(g, IR_RELU, x), ir_const(g, 0.0, IR_F32));
-    IrNode *some = ir_where(g, ir_binary(g, IR_LT, x, ir_const(g, -1.0, IR_F32)), ir_const(g, -3.4028234663852886e+38, IR_F32), x);
-    out(g, "entmax15", ir_entmax15(g, x));
-    out(g, "entmax15_masked", ir_entmax15(g, some));
-    out(g, "entmax15_long", ir_entmax15(g, big));
-    out(g, "entmax15_ties", ir_entmax15(g, ties));
-    out(g, "kth1", ir_kth_largest(g, x, 1));
-    out(g, "kth5", ir_kth_largest(g, x, 5));
-    out(g, "kth_ties", ir_kth_largest(g, ties, 3));
-    out(g, "kth_short", ir_kth_largest(g, x, 18)); /* beyond the row: -inf */
-    out(g, "kth_long", ir_kth_largest(g, big, 64));
-    /* a masked softmax as attention has it: large negative values */
-    out(g, "softmax_masked", ir_softmax(g, ir_where(g, ir_binary(g, IR_LT, x, ir_const(g, 0, IR_F32)),
-                                                      ir_const(g, -3.4e38, IR_F32), x)));
-}
-
-static void build_move(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(5), ir_dim(3)};
-    IrNode *x = input(g, "x", IR_F32, 4, sx);
-    static const int perms[3][4] = {{0, 2, 1, 3}, {3, 2, 1, 0}, {1, 0, 3, 2}};
-    char name[32];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "permute%d", i);
-        out(g, name, ir_permute(g, x, perms[i]));
-    }
-    out(g, "slice_n", ir_slice(g, x, 1, ir_dim(1), ir_dim_addc(n, -1)));
-    out(g, "slice_last", ir_slice(g, x, 3, ir_dim(1), ir_dim(2)));
-    IrDim sa[] = {b, n, ir_dim(4)}, sc[] = {b, ir_dim(3), ir_dim(4)}, sa2[] = {b, n, ir_dim(7)};
-    IrNode *a = input(g, "a", IR_F32, 3, sa), *c = input(g, "c", IR_F32, 3, sc);
-    IrNode *cat = ir_concat(g, a, c, 1);
-    out(g, "concat1", cat);
-    out(g, "slice_sym", ir_slice(g, cat, 1, n, ir_dim(3)));
-    out(g, "concat2", ir_concat(g, a, input(g, "a2", IR_F32, 3, sa2), 2));
-    out(g, "concat0", ir_concat(g, a, a, 0));
-    IrDim si[] = {b, n};
-    out(g, "concat_int", ir_concat(g, input(g, "ci", IR_I64, 2, si), input(g, "cj", IR_I64, 2, si), 1));
-    IrDim se[] = {ir_dim(1), n, ir_dim(1)}, te[] = {b, n, ir_dim(65)};
-    out(g, "expand", ir_expand(g, input(g, "e", IR_F32, 3, se), 3, te));
-    IrDim sv[] = {ir_dim(7)}, tv[] = {b, ir_dim(3), ir_dim(7)};
-    out(g, "expand_rank", ir_expand(g, input(g, "ev", IR_F32, 1, sv), 3, tv));
-    IrDim sbool[] = {n, ir_dim(1)}, tbool[] = {n, n};
-    out(g, "expand_bool", ir_expand(g, input(g, "eb", IR_BOOL, 2, sbool), 2, tbool));
-    IrDim sr[] = {b, n, ir_dim(15)};
-    IrNode *r = ir_reshape(g, x, 3, sr);
-    out(g, "reshape", r);
-    out(g, "reshape_sum", ir_reduce(g, IR_SUM, r, 2));
-    IrDim st[] = {ir_dim(11), ir_dim(17)};
-    IrNode *table = ir_param(g, "emb", 2, st);
-    out(g, "gather", ir_gather(g, table, input(g, "tok", IR_I64, 2, si)));
-    out(g, "gather32", ir_gather(g, table, input(g, "tok32", IR_I32, 2, si)));
-    IrDim sg[] = {b, n, ir_dim(70)};
-    out(g, "gather_grad",
-        ir_gather_grad(g, input(g, "gsrc", IR_F32, 3, sg), input(g, "tokg", IR_I64, 2, si), ir_dim(11)));
-    out(g, "arange", ir_arange(g, n, ir_dim_addc(n, 2), IR_F32));
-    out(g, "arange_i", ir_arange(g, ir_dim(0), n, IR_I64));
-    out(g, "arange_i32", ir_arange(g, ir_dim(-3), ir_dim(7), IR_I32));
-    out(g, "relpos_causal", ir_relpos(g, n, n, 32, 128, 1));
-    out(g, "relpos_bidir", ir_relpos(g, n, ir_dim_addc(n, 2), 16, 20, 0));
-    out(g, "relpos_small", ir_relpos(g, n, n, 8, 5, 1));
-    IrNode *seed = input(g, "seed", IR_I64, 0, NULL);
-    out(g, "rand", ir_rand(g, seed, x, 3));
-    out(g, "rand_other_stream", ir_rand(g, seed, a, 4));
-    out(g, "const_i", ir_const(g, 7.9, IR_I32));
-    out(g, "const_l", ir_const(g, -3.5, IR_I64));
-    out(g, "const_b", ir_const(g, 2.0, IR_BOOL));
-    out(g, "const_f", ir_const(g, -1.25, IR_F32));
-    IrDim sb[] = {ir_dim(5)};
-    IrNode *inv = ir_buffer(g, "inv_freq", 1, sb);
-    out(g, "buffer_use", ir_binary(g, IR_MUL, inv, ir_arange(g, ir_dim(1), ir_dim(5), IR_F32)));
-}
-
-static void build_matmul(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
-    IrNode *a = input(g, "a", IR_F32, 3, sa);
-    out(g, "linear", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
-    out(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
-    IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
-    IrNode *q = input(g, "q", IR_F32, 4, sq);
-    out(g, "scores", ir_matmul(g, q, input(g, "k", IR_F32, 4, sk), 0));
-    out(g, "scores_t", ir_matmul(g, q, input(g, "k2", IR_F32, 4, sq), 1));
-    IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
-    out(g, "bcast", ir_matmul(g, input(g, "u", IR_F32, 4, su), input(g, "v", IR_F32, 3, sv), 0));
-    /* GLU, value * act(gate) over the halves of one product: the pipeline makes each a matmul
-     * with a two-part epilogue (ir_epilogue_parts), B transposed (with a bias) and as stored */
-    IrDim sg[] = {ir_dim(74), ir_dim(17)}, sgb[] = {ir_dim(74)}, sgn[] = {ir_dim(17), ir_dim(80)};
-    IrNode *proj = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wglu", 2, sg), 1), ir_param(g, "bglu", 1, sgb));
-    out(g, "glu_t", ir_binary(g, IR_MUL, ir_slice(g, proj, -1, ir_dim(0), ir_dim(37)),
-                              ir_unary(g, IR_GELU, ir_slice(g, proj, -1, ir_dim(37), ir_dim(37)))));
-    IrNode *proj2 = ir_matmul(g, a, ir_param(g, "wglu2", 2, sgn), 0);
-    out(g, "glu", ir_binary(g, IR_MUL, ir_unary(g, IR_SIGMOID, ir_slice(g, proj2, -1, ir_dim(0), ir_dim(40))),
-                            ir_slice(g, proj2, -1, ir_dim(40), ir_dim(40))));
-    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
-    IrNode *big = input(g, "big", IR_F32, 2, s1);
-    out(g, "ragged", ir_matmul(g, big, input(g, "big2", IR_F32, 2, s2), 0));
-    out(g, "ragged_t", ir_matmul(g, big, input(g, "big3", IR_F32, 2, s3), 1));
-    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
-    out(g, "symbolic_k", ir_matmul(g, input(g, "l", IR_F32, 2, sl), input(g, "r", IR_F32, 2, sr), 0));
-    IrDim one[] = {ir_dim(1), ir_dim(1)};
-    out(g, "tiny", ir_matmul(g, input(g, "t1", IR_F32, 2, one), input(g, "t2", IR_F32, 2, one), 0));
-}
-
-/* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
- * 256 of them; here 9 x 31 = 279), ragged in every dimension (k = 19: two full stages of 8 and a
- * partial one), with B as stored and transposed, and a bias + GELU epilogue and a GLU (a
- * two-part epilogue) in the fused form. Fixed sizes: run once (run_case_sizes), not at every b and n. */
-static void build_matmul_large(IrGraph *g, IrDim b, IrDim n)
-{
-    (void)b;
-    (void)n;
-    IrDim sa[] = {ir_dim(1030), ir_dim(19)}, sw[] = {ir_dim(19), ir_dim(3850)}, swt[] = {ir_dim(3850), ir_dim(19)};
-    IrDim sb[] = {ir_dim(3850)};
-    IrNode *a = input(g, "a", IR_F32, 2, sa);
-    out(g, "large", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
-    IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1), ir_param(g, "bias", 1, sb));
-    out(g, "large_t_gelu", ir_unary(g, IR_GELU, y));
-    /* GLU over the halves of a product of as many large tiles (1925 output columns) */
-    IrNode *p = ir_binary(g, IR_ADD, ir_matmul(g, a, ir_param(g, "wg", 2, swt), 1), ir_param(g, "bg", 1, sb));
-    out(g, "large_glu", ir_binary(g, IR_MUL, ir_slice(g, p, -1, ir_dim(0), ir_dim(1925)),
-                                  ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(1925), ir_dim(1925)))));
-}
-
-/* The tiled attention forward with many query tiles: 512 heads of 70 rows are 1024 tiles of 64,
- * at least ATT_MANY (cg_cuda_attention.c), so the kernel takes its 64-row tiles (the attention
- * case's sizes take the 32-row ones), ragged (70 rows, 73 keys), with every form of bias, mask
- * and scale, a window, and the logsumexp column. Fixed sizes: run once. */
-static void build_attention_many(IrGraph *g, IrDim b, IrDim n)
-{
-    (void)b;
-    (void)n;
-    IrDim sq[] = {ir_dim(4), ir_dim(128), ir_dim(70), ir_dim(8)}, sk[] = {ir_dim(4), ir_dim(128), ir_dim(73), ir_dim(8)};
-    IrDim sv[] = {ir_dim(4), ir_dim(128), ir_dim(73), ir_dim(12)}, sbias[] = {ir_dim(128), ir_dim(70), ir_dim(73)};
-    IrDim smask[] = {ir_dim(4), ir_dim(1), ir_dim(1), ir_dim(73)}, sscale[] = {ir_dim(4), ir_dim(128), ir_dim(1), ir_dim(1)};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
-    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
-    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
-    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
-    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
-    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 5));
-}
-
-/* Reductions past the op cases' sizes: a cross-entropy over more rows than it has blocks
- * (XENT_PARTS = 1024 in cg_cuda_reduce.c; 2100 rows, ignored targets among them), and sums and
- * maxima over a long outer axis with few outputs, whose blocks split the axis among their warps
- * (45 columns: a partial group of 32; outer 3). Fixed sizes: run once. */
-static void build_reduce_long(IrGraph *g, IrDim b, IrDim n)
-{
-    (void)b;
-    (void)n;
-    IrDim sz[] = {ir_dim(3), ir_dim(700), ir_dim(50)}, st[] = {ir_dim(3), ir_dim(700)};
-    IrDim sx[] = {ir_dim(3), ir_dim(300), ir_dim(45)}, sy[] = {ir_dim(1), ir_dim(2000), ir_dim(20)};
-    out(g, "loss", ir_xent(g, input(g, "z", IR_F32, 3, sz), input(g, "tgt", IR_I64, 2, st)));
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *y = input(g, "y", IR_F32, 3, sy);
-    out(g, "sum_long", ir_reduce(g, IR_SUM, x, 1));
-    out(g, "max_long", ir_reduce(g, IR_RMAX, x, 1));
-    out(g, "sum_rows", ir_reduce(g, IR_SUM, y, 1));
-}
-
-/* rand_like (dropout masks): the interpreter's bits in every backend, two streams, and the
- * dropout pattern the lowering builds from it */
-static void build_rand(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(37)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx), *seed = input(g, "seed", IR_I64, 0, NULL);
-    IrNode *u = ir_rand(g, seed, x, 0);
-    out(g, "u", u);
-    out(g, "u7", ir_rand(g, seed, x, 7));
-    IrNode *drop = ir_binary(g, IR_LT, u, ir_const(g, 0.25, IR_F32));
-    out(g, "dropped", ir_where(g, drop, ir_const(g, 0, IR_F32), ir_binary(g, IR_MUL, x, ir_const(g, 4.0 / 3, IR_F32))));
-}
-
-static void build_xent(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sz[] = {b, n, ir_dim(13)}, st[] = {b, n}, sz2[] = {b, n, ir_dim(100)};
-    IrNode *z = input(g, "z", IR_F32, 3, sz);
-    out(g, "loss", ir_xent(g, z, input(g, "tgt", IR_I64, 2, st)));
-    out(g, "loss32", ir_xent(g, z, input(g, "tgt32", IR_I32, 2, st)));
-    out(g, "loss_wide", ir_xent(g, input(g, "z2", IR_F32, 3, sz2), input(g, "tgt2", IR_I64, 2, st)));
-}
-
-/* the fused attention ops, as passes/ makes them, with every form of bias, mask and scale */
-static void build_attention(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1);
-    IrDim sq[] = {b, ir_dim(2), n, ir_dim(8)}, sk[] = {b, ir_dim(2), J, ir_dim(8)}, sk0[] = {b, ir_dim(2), J0, ir_dim(8)};
-    IrDim sv[] = {b, ir_dim(2), J, ir_dim(12)}, sbias[] = {ir_dim(2), n, J}, smask[] = {b, ir_dim(1), ir_dim(1), J};
-    IrDim sscale[] = {b, ir_dim(2), ir_dim(1), ir_dim(1)};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
-    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
-    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
-    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 0));
-    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
-    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
-    /* queries without keys (J = n - 1 is 0 when n = 1): zeros, and -inf for the logsumexp */
-    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0);
-    IrDim sv0[] = {b, ir_dim(2), J0, ir_dim(8)};
-    IrNode *v0 = input(g, "v0", IR_F32, 4, sv0);
-    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 1));
-    /* causal with one key fewer than queries: row 0 sees no key, every score masked; so do the
-     * padded queries of a per-query mask */
-    IrNode *o0 = ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1);
-    out(g, "masked_row", o0);
-    out(g, "masked_row_grad", ir_attention_grad(g, o0, input(g, "d0", IR_F32, 4, sq)));
-    IrDim sqm[] = {b, ir_dim(1), n, ir_dim(1)}, skm[] = {b, ir_dim(1), ir_dim(1), J};
-    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, skm));
-    IrNode *vq = input(g, "vq", IR_F32, 4, sk);
-    IrNode *op = ir_attention(g, q, k, vq, NULL, pad, c, 0, 1);
-    out(g, "padded", op);
-    out(g, "padded_grad", ir_attention_grad(g, op, input(g, "dp", IR_F32, 4, sq)));
-    /* sliding windows (max_attend_past): causal, and not causal with everything else; with one
-     * key fewer than queries, row 0 sees none */
-    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 0, 2));
-    IrNode *owa = ir_attention_window(g, q, k, vq, bias, pad, scale, 0, 1, 3);
-    out(g, "window_all", owa);
-    out(g, "window_grad", ir_attention_grad(g, owa, input(g, "dw", IR_F32, 4, sq)));
-    IrNode *ow0 = ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1);
-    out(g, "window_row0", ow0);
-    out(g, "window_row0_grad", ir_attention_grad(g, ow0, input(g, "dw0", IR_F32, 4, sq)));
-    /* heads wider than a block: several output columns per thread */
-    IrDim sw[] = {b, ir_dim(1), n, ir_dim(130)}, swk[] = {b, ir_dim(1), J, ir_dim(130)};
-    IrNode *qw = input(g, "qw", IR_F32, 4, sw), *kw = input(g, "kw", IR_F32, 4, swk), *vw = input(g, "vw", IR_F32, 4, swk);
-    IrNode *ow = ir_attention(g, qw, kw, vw, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
-    out(g, "wide", ow);
-    IrDim sdw[] = {b, ir_dim(1), n, ir_dim(131)};
-    out(g, "wide_grad", ir_attention_grad(g, ow, input(g, "dwide", IR_F32, 4, sdw)));
-    /* head size 40: tiled, with five of each thread's accumulators per row (the tiles above hold one) */
-    IrDim s40[] = {b, ir_dim(1), n, ir_dim(40)}, s40k[] = {b, ir_dim(1), J, ir_dim(40)}, s40d[] = {b, ir_dim(1), n, ir_dim(41)};
-    IrNode *q40 = input(g, "q40", IR_F32, 4, s40), *k40 = input(g, "k40", IR_F32, 4, s40k);
-    IrNode *o40 = ir_attention(g, q40, k40, input(g, "v40", IR_F32, 4, s40k), NULL, NULL, ir_const(g, 0.15, IR_F32), 1, 1);
-    out(g, "head40", o40);
-    out(g, "head40_grad", ir_attention_grad(g, o40, input(g, "d40", IR_F32, 4, s40d)));
-    /* head size 100: the 32 x 16 tile (two rows and two score columns a thread, read one float
-     * at a time), 16 accumulators a row; 220 by 16: the 16 x 16 tile, one row a thread */
-    IrDim s100[] = {b, ir_dim(1), n, ir_dim(100)}, s100k[] = {b, ir_dim(1), J, ir_dim(100)};
-    IrDim s100d[] = {b, ir_dim(1), n, ir_dim(101)};
-    IrNode *q100 = input(g, "q100", IR_F32, 4, s100), *k100 = input(g, "k100", IR_F32, 4, s100k);
-    IrNode *o100 = ir_attention(g, q100, k100, input(g, "v100", IR_F32, 4, s100k), NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
-    out(g, "head100", o100);
-    out(g, "head100_grad", ir_attention_grad(g, o100, input(g, "d100", IR_F32, 4, s100d)));
-    IrDim s220[] = {b, ir_dim(1), n, ir_dim(220)}, s220k[] = {b, ir_dim(1), J, ir_dim(220)}, s16v[] = {b, ir_dim(1), J, ir_dim(16)};
-    IrNode *q220 = input(g, "q220", IR_F32, 4, s220), *k220 = input(g, "k220", IR_F32, 4, s220k);
-    out(g, "head220", ir_attention(g, q220, k220, input(g, "v16", IR_F32, 4, s16v), NULL, NULL, ir_const(g, 0.05, IR_F32), 0, 0));
-    /* gradients: dout with and without the logsumexp column */
-    IrDim svd[] = {b, ir_dim(2), J, ir_dim(8)}, sd[] = {b, ir_dim(2), n, ir_dim(8)}, sd1[] = {b, ir_dim(2), n, ir_dim(9)};
-    IrNode *vd = input(g, "vd", IR_F32, 4, svd);
-    IrNode *o = ir_attention(g, q, k, vd, bias, mask, scale, 1, 1);
-    out(g, "grad", ir_attention_grad(g, o, input(g, "dout", IR_F32, 4, sd)));
-    out(g, "grad_lse", ir_attention_grad(g, o, input(g, "dout1", IR_F32, 4, sd1)));
-    IrNode *o2 = ir_attention(g, q, k, vd, NULL, NULL, c, 0, 1);
-    out(g, "grad_plain", ir_attention_grad(g, o2, input(g, "dout2", IR_F32, 4, sd)));
-}
-
-/* heads split and merged around attention (x-transformers' rearranges), which the backend reads
- * and writes in place (cg_plan.h, CG_VIEW_*): q, k, v as [b, n, h, d] and the result merged back
- * (every view); a k that is also an output (no view of it) and a merge of a result with the
- * statistics column (no view of it); a v split from entmax15's rows, which stay f32 under 16-bit
- * storage (cg_keeps_f32: no view of it either) */
-static void build_heads(IrGraph *g, IrDim b, IrDim n)
-{
-    static const int split[4] = {0, 2, 1, 3};
-    IrDim J = ir_dim_addc(n, 3), h = ir_dim(2);
-    IrDim sxq[] = {b, n, h, ir_dim(8)}, sxk[] = {b, J, h, ir_dim(8)}, sxv[] = {b, J, h, ir_dim(12)};
-    IrDim smask[] = {b, ir_dim(1), ir_dim(1), J};
-    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
-    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
-    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxv), split);
-    IrNode *c = ir_const(g, 0.35, IR_F32), *mask = input(g, "mask", IR_BOOL, 4, smask);
-    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
-    IrNode *hk2 = ir_permute(g, input(g, "xk2", IR_F32, 4, sxk), split);
-    out(g, "heads_k2", hk2);
-    out(g, "heads_stats", ir_permute(g, ir_attention(g, hq, hk2, hv, NULL, mask, c, 0, 1), split));
-    IrNode *hve = ir_permute(g, ir_entmax15(g, input(g, "xve", IR_F32, 4, sxv)), split);
-    out(g, "heads_f32", ir_attention(g, hq, hk, hve, NULL, NULL, c, 0, 0));
+    int n = 0;
+    while (nth(n))
+        n++;
+    return n;
 }
 
 /* The plan the cuda targets render for build_heads has the views: three permute steps left of
@@ -773,117 +422,28 @@ START_TEST(test_head_views)
 }
 END_TEST
 
-/* ---- backward graphs ---- */
-
-/* layer norm over the last axis, as the front end lowers it */
-static IrNode *layer_norm(IrGraph *g, IrNode *x, int dim, const char *name)
-{
-    char p[64];
-    IrNode *inv = ir_const(g, 1.0 / dim, IR_F32);
-    IrNode *mean = ir_binary(g, IR_MUL, ir_reduce(g, IR_SUM, x, -1), inv);
-    IrNode *c = ir_binary(g, IR_SUB, x, mean);
-    IrNode *var = ir_binary(g, IR_MUL, ir_reduce(g, IR_SUM, ir_binary(g, IR_MUL, c, c), -1), inv);
-    IrNode *y = ir_binary(g, IR_MUL, c, ir_unary(g, IR_RSQRT, ir_binary(g, IR_ADD, var, ir_const(g, 1e-5, IR_F32))));
-    IrDim sw[] = {ir_dim(dim)};
-    snprintf(p, sizeof p, "%s.weight", name);
-    y = ir_binary(g, IR_MUL, y, ir_param(g, p, 1, sw));
-    snprintf(p, sizeof p, "%s.bias", name);
-    return ir_binary(g, IR_ADD, y, ir_param(g, p, 1, sw));
-}
-
-/* a one-head causal attention block with a GELU feed-forward and cross-entropy, differentiated */
-static void build_train_block(IrGraph *g, IrDim b, IrDim n)
-{
-    enum { D = 24, V = 13 };
-    IrDim st[] = {b, n}, se[] = {ir_dim(V), ir_dim(D)}, sw[] = {ir_dim(D), ir_dim(D)}, sf[] = {ir_dim(40), ir_dim(D)};
-    IrNode *tok = input(g, "tok", IR_I64, 2, st);
-    IrNode *x = ir_gather(g, ir_param(g, "emb", 2, se), tok);
-    IrNode *h = layer_norm(g, x, D, "ln1");
-    IrNode *q = ir_matmul(g, h, ir_param(g, "wq", 2, sw), 1), *k = ir_matmul(g, h, ir_param(g, "wk", 2, sw), 1);
-    IrNode *v = ir_matmul(g, h, ir_param(g, "wv", 2, sw), 1);
-    IrNode *dots = ir_binary(g, IR_MUL, ir_matmul(g, q, k, 1), ir_const(g, 0.2, IR_F32));
-    IrNode *pos = ir_arange(g, ir_dim(0), n, IR_I64);
-    IrDim s1[] = {n, ir_dim(1)}, s2[] = {ir_dim(1), n};
-    IrNode *mask = ir_binary(g, IR_LT, ir_reshape(g, pos, 2, s1), ir_reshape(g, pos, 2, s2));
-    IrNode *attn = ir_softmax(g, ir_where(g, mask, ir_const(g, -1e30, IR_F32), dots));
-    x = ir_binary(g, IR_ADD, x, ir_matmul(g, attn, v, 0));
-    IrNode *f = ir_unary(g, IR_GELU, ir_matmul(g, layer_norm(g, x, D, "ln2"), ir_param(g, "w1", 2, sf), 1));
-    x = ir_binary(g, IR_ADD, x, ir_matmul(g, f, ir_param(g, "w2", 2, (IrDim[]){ir_dim(D), ir_dim(40)}), 1));
-    IrNode *logits = ir_matmul(g, x, ir_param(g, "emb", 2, se), 1);
-    out(g, "logits", logits);
-    out(g, "loss", ir_xent(g, logits, input(g, "tgt", IR_I64, 2, st)));
-    char err[512];
-    ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "autodiff: %s", err);
-}
-
-/* elementwise and data movement ops under autodiff, seeded by the caller's output gradient */
-static void build_train_ops(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(6)}, sp[] = {ir_dim(6)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx);
-    IrNode *w = ir_param(g, "w", 1, sp);
-    IrNode *y = ir_binary(g, IR_MUL, x, w);
-    y = ir_binary(g, IR_ADD, ir_unary(g, IR_TANH, y), ir_unary(g, IR_SIGMOID, ir_binary(g, IR_DIV, y, positive(g, w))));
-    y = ir_binary(g, IR_ADD, y, ir_unary(g, IR_SIN, ir_binary(g, IR_MAX, y, w)));
-    y = ir_binary(g, IR_MUL, y, ir_unary(g, IR_EXP, ir_binary(g, IR_MIN, w, ir_const(g, 0.3, IR_F32))));
-    y = ir_binary(g, IR_ADD, y, ir_unary(g, IR_SQRT, positive(g, ir_binary(g, IR_SUB, y, w))));
-    IrNode *cat = ir_concat(g, y, ir_unary(g, IR_COS, y), 2);
-    IrNode *sl = ir_slice(g, cat, 2, ir_dim(3), ir_dim(6));
-    int perm[3] = {1, 0, 2};
-    IrNode *pm = ir_permute(g, sl, perm);
-    IrNode *red = ir_reduce(g, IR_RMAX, pm, 1);
-    IrDim te[] = {n, b, ir_dim(6)};
-    IrNode *z = ir_binary(g, IR_ADD, pm, ir_expand(g, red, 3, te));
-    out(g, "z", ir_unary(g, IR_RELU, ir_binary(g, IR_SUB, z, ir_unary(g, IR_LOG, positive(g, z)))));
-    out(g, "s", ir_reduce(g, IR_SUM, ir_unary(g, IR_ABS, ir_unary(g, IR_NEG, y)), 0));
-    IrGradOpts go = {.loss = NULL, .seed_outputs = 1};
-    char err[512];
-    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
-}
-
-typedef struct {
-    const char *name;
-    BuildFn build;
-} Case;
-
-static const Case cases[] = {
-    {"unary", build_unary},   {"binary", build_binary}, {"reduce", build_reduce},           {"move", build_move},
-    {"matmul", build_matmul}, {"xent", build_xent},  {"rand", build_rand},     {"train_block", build_train_block}, {"train_ops", build_train_ops},
-    {"attention", build_attention}, {"heads", build_heads},
-};
-#define NCASES ((int)(sizeof cases / sizeof cases[0]))
-
 START_TEST(test_case)
 {
-    run_case(cases[_i].name, cases[_i].build, "cuda-emu");
+    run_case(sized_case(_i), "cuda-emu");
 }
 END_TEST
 
-START_TEST(test_matmul_large)
+/* the cases past the sizes above (the large matmul tiles, the many-tile attention, long
+ * reductions), at their fixed sizes */
+START_TEST(test_case_once)
 {
-    run_case_sizes("matmul_large", build_matmul_large, "cuda-emu", 1);
-}
-END_TEST
-
-START_TEST(test_attention_many)
-{
-    run_case_sizes("attention_many", build_attention_many, "cuda-emu", 1);
-}
-END_TEST
-
-START_TEST(test_reduce_long)
-{
-    run_case_sizes("reduce_long", build_reduce_long, "cuda-emu", 1);
+    run_case(once_case(_i), "cuda-emu");
 }
 END_TEST
 
 /* Every case again with bf16 and with fp16 storage, forward and backward. */
 START_TEST(test_case_half)
 {
-    const Case *c = &cases[_i % NCASES];
-    storage = 1 + _i / NCASES;
+    int n = count_cases(sized_case);
+    const OpCase *c = sized_case(_i % n);
+    storage = 1 + _i / n;
     worst_err[storage] = 0;
-    run_case(c->name, c->build, "cuda-emu");
+    run_case(c, "cuda-emu");
     fprintf(stderr, "test_cuda: %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
             STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
     storage = 0;
@@ -1214,38 +774,28 @@ END_TEST
 START_TEST(test_empty_sizes)
 {
     static const int64_t empty[2][2] = {{2, 0}, {0, 3}};
-    static const BuildFn builds[] = {build_unary, build_binary, build_matmul, build_xent};
-    static const char *const names[] = {"unary_empty", "binary_empty", "matmul_empty", "xent_empty"};
-    for (int c = 0; c < 4; c++) {
-        IrGraph *g = new_graph(names[c], builds[c]);
-        XtcModule *m = compile_target(g, names[c], "cuda-emu");
+    const OpCase *c;
+    for (int i = 0; (c = sized_case(i)) != NULL; i++) {
+        if (!(c->flags & OC_EMPTY))
+            continue;
+        char name[64];
+        snprintf(name, sizeof name, "%s_empty", c->name);
+        case_rtol = c->rtol;
+        IrGraph *g = new_graph(name, c->build);
+        XtcModule *m = compile_target(g, name, "cuda-emu");
         for (int k = 0; k < 2; k++)
-            check_run(g, m, empty[k], names[c], "forward");
+            check_run(g, m, empty[k], name, "forward");
         xtc_module_free(m);
         ir_graph_free(g);
     }
 }
 END_TEST
 
-START_TEST(test_every_op_is_tested)
+/* every op has a case for CUDA: built by it, or made from it by the pass pipeline (run_case runs both) */
+START_TEST(test_every_op_has_a_case)
 {
-    int seen[IR_NUM_OPS] = {0};
-    for (int c = 0; c < NCASES; c++) {
-        IrGraph *g = new_graph(cases[c].name, cases[c].build);
-        for (int i = 0; i < g->nnodes; i++)
-            seen[g->nodes[i]->op] = 1;
-        /* the fused ops come from the pipeline, which run_case runs too */
-        PassOptions po = {.supports = cg_cuda_emu_backend.supports};
-        char err[512];
-        IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-        ck_assert_msg(h != NULL, "%s", err);
-        for (int i = 0; i < h->nnodes; i++)
-            seen[h->nodes[i]->op] = 1;
-        ir_graph_free(h);
-        ir_graph_free(g);
-    }
-    for (int op = 0; op < IR_NUM_OPS; op++)
-        ck_assert_msg(seen[op], "op '%s' is not used by any case of test_cuda.c", ir_ops[op].name);
+    int op = op_cases_missing(OP_CASES, OP_NCASES, OC_CUDA, cg_cuda_emu_backend.supports);
+    ck_assert_msg(op < 0, "op '%s' has no case for CUDA in tests/op_cases.h", op < 0 ? "" : ir_ops[op].name);
 }
 END_TEST
 
@@ -1738,19 +1288,18 @@ START_TEST(test_profile_events)
 }
 END_TEST
 
-/* On a machine with a GPU: every case (_i % NCASES) and its fused form on the device, through
- * libcuda.so.1, with f32, bf16 and fp16 storage (_i / NCASES). */
+/* On a machine with a GPU: every case (_i % n) and its fused form on the device, through
+ * libcuda.so.1, with f32, bf16 and fp16 storage (_i / n). */
 START_TEST(test_gpu)
 {
-    const Case *c = &cases[_i % NCASES];
-    storage = _i / NCASES;
+    int n = count_cases(sized_case);
+    const OpCase *c = sized_case(_i % n);
+    storage = _i / n;
     worst_err[storage] = 0;
-    run_case(c->name, c->build, "cuda");
-    if (storage == 0 && _i == 0) { /* f32: the large matmul tiles, the many-tile attention, long reductions */
-        run_case_sizes("matmul_large", build_matmul_large, "cuda", 1);
-        run_case_sizes("attention_many", build_attention_many, "cuda", 1);
-        run_case_sizes("reduce_long", build_reduce_long, "cuda", 1);
-    }
+    run_case(c, "cuda");
+    if (storage == 0 && _i == 0) /* f32: the large matmul tiles, the many-tile attention, long reductions */
+        for (int k = 0; once_case(k); k++)
+            run_case(once_case(k), "cuda");
     if (storage)
         fprintf(stderr, "test_cuda: on the GPU, %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
                 STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
@@ -1861,9 +1410,10 @@ static void check_declared_names(const IrGraph *g, const char *text, const char 
 START_TEST(test_declared_names_reserved)
 {
     char err[1024];
-    for (int c = 0; c < NCASES; c++)
+    const OpCase *c;
+    for (int i = 0; (c = sized_case(i)) != NULL; i++)
         for (int fused = 0; fused < 2; fused++) {
-            IrGraph *g = new_graph(cases[c].name, cases[c].build), *h = g;
+            IrGraph *g = new_graph(c->name, c->build), *h = g;
             if (fused) {
                 PassOptions po = {.verify_each = 1, .supports = cg_cuda_backend.supports};
                 h = pass_run_pipeline(g, &po, err, sizeof err);
@@ -1876,7 +1426,7 @@ START_TEST(test_declared_names_reserved)
                 CuUnit u;
                 ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
                 for (int k = 0; k < u.nkernels; k++)
-                    check_declared_names(h, u.kernel_text[k], cases[c].name);
+                    check_declared_names(h, u.kernel_text[k], c->name);
                 cg_cuda_unit_free(&u);
             }
             cg_plan_free(&plan);
@@ -1896,14 +1446,12 @@ static Suite *suite(void)
     TCase *tc = tcase_create("ops");
     tcase_set_timeout(tc, 900);
     tcase_add_test(tc, test_every_op_has_a_kernel);
-    tcase_add_test(tc, test_every_op_is_tested);
+    tcase_add_test(tc, test_every_op_has_a_case);
     tcase_add_test(tc, test_declared_names_reserved);
     tcase_add_test(tc, test_head_views);
-    tcase_add_loop_test(tc, test_case, 0, NCASES);
-    tcase_add_loop_test(tc, test_case_half, 0, 2 * NCASES);
-    tcase_add_test(tc, test_matmul_large);
-    tcase_add_test(tc, test_attention_many);
-    tcase_add_test(tc, test_reduce_long);
+    tcase_add_loop_test(tc, test_case, 0, count_cases(sized_case));
+    tcase_add_loop_test(tc, test_case_half, 0, 2 * count_cases(sized_case));
+    tcase_add_loop_test(tc, test_case_once, 0, count_cases(once_case));
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_host_arena_registered);
@@ -1917,7 +1465,7 @@ static Suite *suite(void)
     if (gpu_present(why, sizeof why)) { /* on a machine with a GPU; CK_RUN_CASE=gpu runs it alone */
         TCase *gpu = tcase_create("gpu");
         tcase_set_timeout(gpu, 900);
-        tcase_add_loop_test(gpu, test_gpu, 0, 3 * NCASES);
+        tcase_add_loop_test(gpu, test_gpu, 0, 3 * count_cases(sized_case));
         suite_add_tcase(s, gpu);
     } else {
         fprintf(stderr, "test_cuda: GPU runs SKIPPED (not counted): %s; the kernels were checked through the emulator\n",

@@ -58,6 +58,7 @@
 #include "harness.h"
 #include "harness_bind.h"
 #include "emu_lib.h"
+#include "op_cases.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("mma"); }
 
@@ -500,54 +501,6 @@ static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTenso
     return worst;
 }
 
-static IrNode *input(IrGraph *g, const char *name, int rank, const IrDim *shape)
-{
-    return ir_input(g, name, IR_F32, rank, shape);
-}
-
-/* every form of matmul the generator has, at sizes around the 64 x 64 tile and the 32-wide
- * k-step */
-static void build_forms(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sa[] = {b, n, ir_dim(17)}, sw[] = {ir_dim(17), ir_dim(33)}, swt[] = {ir_dim(33), ir_dim(17)};
-    IrNode *a = input(g, "a", 3, sa);
-    ir_output(g, "linear", ir_matmul(g, a, ir_param(g, "w", 2, sw), 0));
-    ir_output(g, "linear_t", ir_matmul(g, a, ir_param(g, "wt", 2, swt), 1));
-    IrDim sq[] = {b, ir_dim(4), n, ir_dim(7)}, sk[] = {b, ir_dim(4), ir_dim(7), n};
-    IrNode *q = input(g, "q", 4, sq);
-    ir_output(g, "scores", ir_matmul(g, q, input(g, "k", 4, sk), 0));       /* K = 7 < 16 */
-    ir_output(g, "scores_t", ir_matmul(g, q, input(g, "k2", 4, sq), 1));
-    IrDim su[] = {b, ir_dim(1), n, ir_dim(9)}, sv[] = {ir_dim(3), ir_dim(9), ir_dim(5)};
-    ir_output(g, "bcast", ir_matmul(g, input(g, "u", 4, su), input(g, "v", 3, sv), 0));
-    IrDim s1[] = {ir_dim(65), ir_dim(130)}, s2[] = {ir_dim(130), ir_dim(7)}, s3[] = {ir_dim(70), ir_dim(130)};
-    IrNode *big = input(g, "big", 2, s1);
-    ir_output(g, "ragged", ir_matmul(g, big, input(g, "big2", 2, s2), 0));
-    ir_output(g, "ragged_t", ir_matmul(g, big, input(g, "big3", 2, s3), 1));
-    IrDim sl[] = {ir_dim(130), n}, sr[] = {n, ir_dim(129)};
-    ir_output(g, "symbolic_k", ir_matmul(g, input(g, "l", 2, sl), input(g, "r", 2, sr), 0));
-    IrDim one[] = {ir_dim(1), ir_dim(1)};
-    ir_output(g, "tiny", ir_matmul(g, input(g, "t1", 2, one), input(g, "t2", 2, one), 0));
-    IrDim s64a[] = {ir_dim(64), ir_dim(32)}, s64b[] = {ir_dim(32), ir_dim(64)};
-    ir_output(g, "one_tile", ir_matmul(g, input(g, "e1", 2, s64a), input(g, "e2", 2, s64b), 0));
-}
-
-/* matmuls with epilogues for the fusion pass: bias, activation, residual, GLU */
-static void build_epilogues(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(40)}, sw[] = {ir_dim(40), ir_dim(72)}, sbias[] = {ir_dim(72)}, sy[] = {b, n, ir_dim(72)};
-    IrNode *x = input(g, "x", 3, sx), *w = ir_param(g, "w", 2, sw), *bias = ir_param(g, "bias", 1, sbias);
-    IrNode *h = ir_binary(g, IR_ADD, ir_matmul(g, x, w, 0), bias);
-    ir_output(g, "gelu", ir_unary(g, IR_GELU, h));
-    IrDim swt[] = {ir_dim(72), ir_dim(40)};
-    IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wt", 2, swt), 1), input(g, "res", 3, sy));
-    ir_output(g, "residual", ir_binary(g, IR_MUL, y, ir_const(g, 0.5, IR_F32)));
-    /* GLU: the halves of one product (a two-part epilogue, ir_epilogue_parts) */
-    IrDim sg[] = {ir_dim(144), ir_dim(40)};
-    IrNode *p = ir_matmul(g, x, ir_param(g, "wg", 2, sg), 1);
-    ir_output(g, "glu", ir_binary(g, IR_MUL, ir_slice(g, p, -1, ir_dim(0), ir_dim(72)),
-                                  ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(72), ir_dim(72)))));
-}
-
 static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
 
 static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}, {2, 0}};
@@ -555,9 +508,11 @@ static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2
 
 /* g (after the pass pipeline when fuse, which must then hold a matmul fused with its epilogue)
  * compiled with mma, against the interpreter on the rounded operands */
-static void check_graph(const Lib *l, const char *name, BuildFn build, int fuse, int mma)
+static void check_graph(const Lib *l, const OpCase *c, int mma)
 {
-    IrGraph *built = new_graph(name, build), *g = built;
+    const char *name = c->name;
+    int fuse = (c->flags & OC_FUSE) != 0;
+    IrGraph *built = new_graph(name, c->build), *g = built;
     Names ops; /* names in built, kept until the end */
     matmul_operands(built, &ops);
     if (fuse) {
@@ -589,7 +544,7 @@ static void check_graph(const Lib *l, const char *name, BuildFn build, int fuse,
         XtcSession *s = run_module(m, &rb.b, what, ORDERS[k % 3]);
         /* 16-bit storage: the f32 sum may round to the neighbour of the reference's stored value,
          * one unit in the last place: 2^-7 (bf16), 2^-10 (fp16) of the value */
-        worst = fmax(worst, compare_outputs(g, s, ref, what, 1e-5, storage ? 1.0 / (storage == 1 ? 128 : 1024) : 1e-5));
+        worst = fmax(worst, compare_outputs(g, s, ref, what, OC_ATOL, storage ? 1.0 / (storage == 1 ? 128 : 1024) : c->rtol));
         xtc_session_free(s);
         free_outputs(g, ref);
         bind_rounded_free(&rb);
@@ -606,14 +561,14 @@ START_TEST(test_matmul_forms)
 {
     Lib l;
     lib_open(&l);
-    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
-        check_graph(&l, "forms", build_forms, 0, mma);
-        check_graph(&l, "epilogues", build_epilogues, 1, mma);
-    }
-    /* with 16-bit storage of the same format (--dtype bf16 and fp16 imply these --mma) */
-    for (storage = 1; storage <= 2; storage++) {
-        check_graph(&l, "forms", build_forms, 0, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
-        check_graph(&l, "epilogues", build_epilogues, 1, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
+    const OpCase *c;
+    for (int k = 0; (c = op_case_for(OC_MMA, k)) != NULL; k++) {
+        for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++)
+            check_graph(&l, c, mma);
+        /* with 16-bit storage of the same format (--dtype bf16 and fp16 imply these --mma) */
+        for (storage = 1; storage <= 2; storage++)
+            check_graph(&l, c, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
+        storage = 0;
     }
     storage = 0;
     lib_close(&l);
@@ -625,7 +580,7 @@ END_TEST
  * sm_80 (on the GPU) or of the other 16-bit format is refused, saying why. */
 START_TEST(test_mma_with_dtype)
 {
-    IrGraph *g = new_graph("forms", build_forms);
+    IrGraph *g = new_graph("mma_forms", build_mma_forms);
     CgPlan plan;
     char err[1024];
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
@@ -676,7 +631,7 @@ END_TEST
 /* The kernel text: the tensor-core form only when asked, and the f32 form unchanged otherwise. */
 START_TEST(test_matmul_source)
 {
-    IrGraph *g = new_graph("forms", build_forms);
+    IrGraph *g = new_graph("mma_forms", build_mma_forms);
     CgPlan plan;
     char err[1024];
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
