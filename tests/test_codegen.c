@@ -190,7 +190,7 @@ START_TEST(test_levels_and_cpus)
 END_TEST
 
 /* An unknown CPU name or a malformed feature string is an error naming it, before LLVM sees it
- * (LLVM aborts the process on a CPU it does not know: issue 24 item 3). */
+ * (LLVM aborts the process on a CPU it does not know). */
 START_TEST(test_bad_cpu_refused)
 {
     static const struct {

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# test_hostile.sh BUILD_DIR SOURCE_DIR: the reproductions of issue 24 (hardening round 2), run
-# against the real `xtc` as a hostile or careless user would: cache/position bounds, empty batches,
-# FIFOs, device nodes and symlinks as outputs, an output that is also an input, damaged module-cache
+# test_hostile.sh BUILD_DIR SOURCE_DIR: the real `xtc` used as a hostile or careless user would:
+# cache/position bounds, empty batches, FIFOs, device nodes and symlinks as outputs, an output that is also an input, damaged module-cache
 # entries, diverging training, signals. Each case must end with a clean one-line error (exit 1 or
 # 2) or succeed as stated; a crash (exit >= 128), a hang (bounded by `timeout`) or a sanitizer
 # report fails it.
@@ -36,7 +35,7 @@ expect() { # expect NAME CONDITION...: a plain shell condition (test, cmp, grep)
   else fail=$((fail + 1)); echo "FAIL $name"; fi
 }
 
-# ---- the runtime: bounds of a call (items 1, 2, 4, 6, 24) ----
+# ---- the runtime: bounds of a call ----
 # the input files: KV caches of c positions with n new tokens, empty batches of huge b
 cat > "$tmp/rt_inputs.py" <<'PY'
 import sys
@@ -66,11 +65,11 @@ PY
 $py "$tmp/rt_inputs.py" "$parity" "$tmp"
 $xtc compile $src/tests/parity/decoder_plain.xtf --kv-cache -o $tmp/rt_kv.so > /dev/null 2>&1
 $xtc init $tmp/rt_kv.so -o $tmp/rt_kv_w.safetensors > /dev/null 2>&1
-# item 1: c + n <= max_seq_len (32), not c and n each
+# c + n <= max_seq_len (32), not c and n each
 check rt_kv_fits $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_fits.safetensors --output $tmp/rt_out.safetensors
 refuse_t rt_kv_over "n+c = 40 exceeds 32 (the model's max_seq_len): n = 20 (input 'tokens'), c = 20 (input 'cache.0.k')" \
   $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_over.safetensors --output $tmp/rt_out.safetensors
-# item 2: no output elements, no work; absurd loops refused before running
+# no output elements, no work; absurd loops refused before running
 dp=$src/tests/parity/decoder_plain.xtf
 $xtc compile $dp -o $tmp/rt_dp.so > /dev/null 2>&1
 $xtc compile $dp --train -o $tmp/rt_dp_train.so > /dev/null 2>&1
@@ -81,7 +80,7 @@ check rt_empty_batch_2e40 timeout 20 $xtc run $tmp/rt_dp.so --weights $dpw --inp
 check rt_empty_mem_tokens timeout 20 $xtc run $tmp/rt_mem.so --weights $tmp/rt_mem_w.safetensors --input $tmp/empty_2e20.safetensors --output $tmp/rt_out.safetensors
 refuse_t rt_empty_batch_train "b = 1099511627776, n = 0 are too large" \
   $xtc run $tmp/rt_dp_train.so --weights $dpw --input $tmp/empty_2e40_t.safetensors --output $tmp/rt_out.safetensors
-# items 23 and 24: targets checked when bound; a training module's logits without targets
+# targets checked when bound; a training module's logits without targets
 refuse_t rt_target_range "input 'targets': value 300 at \[0, 5\] is outside \[0, 64)" \
   $xtc run $tmp/rt_dp_train.so --weights $dpw --input $tmp/target_300.safetensors --output $tmp/rt_out.safetensors
 check rt_target_negative $xtc run $tmp/rt_dp_train.so --weights $dpw --input $tmp/target_neg.safetensors --output $tmp/rt_out.safetensors
@@ -89,7 +88,7 @@ check rt_train_no_targets $xtc run $tmp/rt_dp_train.so --weights $dpw --input $t
 expect rt_train_no_targets_logits $py -c "import sys; sys.path.insert(0, '$parity'); import safetensors_lite as st; sys.exit(list(st.read('$tmp/rt_out.safetensors')[0]) != ['logits'])"
 
 # h-sys:
-# item 22: xtc train's default thread count follows the affinity mask (it said "2 threads" under
+# xtc train's default thread count follows the affinity mask (it said "2 threads" under
 # `taskset -c 0` on 2 CPUs: sysconf counts the machine's)
 if command -v taskset > /dev/null; then
   head -c 20000 "$src/README.md" > "$tmp/affinity.txt"
@@ -102,7 +101,7 @@ else
 fi
 # ---- end runtime ----
 
-# ---- files: FIFOs, device nodes, symlinks, same-file outputs, the module cache (items 5, 7, 9, 12, 15, 18) ----
+# ---- files: FIFOs, device nodes, symlinks, same-file outputs, the module cache ----
 # Readers never block on a FIFO (modules, weights and cache entries must be regular files; a .xtf
 # source or training text from a FIFO nobody writes reads as empty); writers replace a regular
 # target atomically through symlinks keeping its mode, write /dev/null in place, and clean the
@@ -120,7 +119,7 @@ h = json.dumps({"tokens": {"dtype": "I64", "shape": [1, 4], "data_offsets": [0, 
 open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<4q", 1, 2, 3, 4))
 PYEOF
   fl_run=(run "$fl/m.so" --weights "$fl/w.safetensors" --input "$fl/in.safetensors")
-  # item 5: FIFOs nobody writes
+  # FIFOs nobody writes
   mkfifo "$fl/fifo"
   refuse_t files_fifo_module 'not a regular file' "$xtc" info "$fl/fifo"
   refuse_t files_fifo_model_run 'defines no model' "$xtc" run "$fl/fifo" --weights "$fl/w.safetensors" \
@@ -131,7 +130,7 @@ PYEOF
     --input "$fl/fifo" --output "$fl/o.safetensors"
   check files_fifo_source timeout 60 "$xtc" check "$fl/fifo"
   refuse_t files_fifo_data 'too few' "$xtc" train "$fl/m.so" --data "$fl/fifo" --steps 1 --quiet
-  # item 7: symlinks, modes, /dev/null, stale temporary files
+  # symlinks, modes, /dev/null, stale temporary files
   check files_out_ref "$xtc" "${fl_run[@]}" --output "$fl/ref.safetensors"
   ln -s o.safetensors "$fl/link.safetensors"
   check files_out_symlink "$xtc" "${fl_run[@]}" --output "$fl/link.safetensors"
@@ -165,7 +164,7 @@ PYEOF
   check files_stale_tmp "$xtc" init "$fl/m.so" -o "$fl/o.safetensors"
   expect files_stale_tmp_removed test ! -e "$fl/.o.safetensors.xtc-tmp.$fl_dead.0badf00d"
   expect files_live_tmp_kept test -e "$fl/.o.safetensors.xtc-tmp.$$.0badf00d"
-  # item 9: an output that is an input
+  # an output that is an input
   cp "$fl_xtf" "$fl/t.xtf"
   cp "$fl/in.safetensors" "$fl/in2.safetensors"
   refuse_t files_same_compile 'is the same file as the source' "$xtc" compile "$fl/t.xtf" -o "$fl/t.xtf"
@@ -179,7 +178,7 @@ PYEOF
   refuse_t files_same_train 'is the same file as --data' "$xtc" train "$fl/m.so" --data "$fl/t.xtf" --ckpt "$fl/t.xtf"
   expect files_same_inputs_intact cmp -s "$fl/t.xtf" "$fl_xtf"
   expect files_same_inputs_intact2 cmp -s "$fl/in2.safetensors" "$fl/in.safetensors"
-  # item 12: a damaged module-cache entry is a miss, rebuilt, and the module right
+  # a damaged module-cache entry is a miss, rebuilt, and the module right
   export XTC_MODULE_CACHE=$fl/cache
   check files_cache_store "$xtc" compile "$fl_xtf" -o "$fl/c.so"
   fl_entry=$(ls "$fl/cache"/*.so 2>/dev/null | head -1)
@@ -201,7 +200,7 @@ PYEOF
     fail=$((fail + 1)); echo "FAIL files_cache_store: no entry in $fl/cache"
   fi
   unset XTC_MODULE_CACHE
-  # item 15: the embedded source is the text compiled, from a file, a redirect or a pipe
+  # the embedded source is the text compiled, from a file, a redirect or a pipe
   check files_source_redirect sh -c '"$0" compile /dev/stdin -o "$1" < "$2"' "$xtc" "$fl/s1.so" "$fl_xtf"
   "$xtc" info "$fl/s1.so" --source > "$fl/s1.xtf" 2>&1
   expect files_source_redirect_embedded cmp -s "$fl/s1.xtf" "$fl_xtf"
@@ -211,7 +210,7 @@ PYEOF
   { cat "$fl_xtf"; printf '# a\0b\n'; } > "$fl/nul.xtf"
   refuse_t files_source_nul_pipe 'NUL byte in the source' sh -c 'cat "$1" | "$0" compile /dev/stdin -o "$2"' \
     "$xtc" "$fl/nul.xtf" "$fl/s3.so"
-  # item 18: a size cap on sources, for files, pipes and devices alike
+  # a size cap on sources, for files, pipes and devices alike
   refuse_t files_source_cap_dev 'larger than 4 MiB' "$xtc" check /dev/zero
   head -c 5000000 /dev/zero | tr '\0' ' ' > "$fl/big.xtf"
   refuse_t files_source_cap_file 'larger than 4 MiB' "$xtc" check "$fl/big.xtf"
@@ -222,14 +221,14 @@ fi
 
 # ---- end files ----
 
-# ---- training and generation (items 8, 10, 11, 16, 19, 24) ----
+# ---- training and generation ----
 cat > "$tmp/tr.xtf" <<'EOF'
 tr = TransformerWrapper(num_tokens = 256, max_seq_len = 32, emb_dropout = 0.1,
     attn_layers = Decoder(dim = 16, depth = 1, heads = 2, attn_dropout = 0.1, ff_dropout = 0.1))
 EOF
 cat "$src"/cli/*.c | head -c 30000 > "$tmp/tr_data.txt"
 tr_common=(--data "$tmp/tr_data.txt" --batch 2 --seq 16 --threads 1)
-# item 8: a diverging run stops naming the step and the last good checkpoint stays (every step
+# a diverging run stops naming the step and the last good checkpoint stays (every step
 # wrote NaN weights over it)
 check tr_good $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --quiet --steps 2 --ckpt "$tmp/tr_nan.safetensors"
 cp "$tmp/tr_nan.safetensors" "$tmp/tr_good.safetensors"
@@ -245,10 +244,10 @@ t['token_emb.weight'].values[3] = float('nan')
 st.write('$tmp/tr_nanw.safetensors', t)"
 refuse_t tr_generate_nan "weight 'token_emb.weight' holds nan" $xtc generate "$tmp/tr.xtf" \
   --weights "$tmp/tr_nanw.safetensors" --tokens 5
-# item 24: --tokens 0 prints no negative time
+# --tokens 0 prints no negative time
 check tr_generate_0 $xtc generate "$tmp/tr.xtf" --weights "$tmp/tr_good.safetensors" --tokens 0
 expect tr_generate_0_no_negative_time sh -c "! grep -q -- ' -[0-9]' '$tmp/out'"
-# item 11: a --ckpt directory that is missing or unwritable, or a directory as --ckpt: refused
+# a --ckpt directory that is missing or unwritable, or a directory as --ckpt: refused
 # before compiling and training
 refuse_t tr_ckpt_missing_dir "directory $tmp/no/such: No such file" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" \
   --steps 2 --ckpt "$tmp/no/such/c.safetensors"
@@ -260,7 +259,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 refuse_t tr_ckpt_is_dir "is a directory" $xtc train "$tmp/tr.xtf" "${tr_common[@]}" --steps 2 --ckpt "$tmp/ro"
 chmod 755 "$tmp/ro"
-# item 10: SIGTERM and SIGHUP save the resumable checkpoint and stop (exit 128 + the signal)
+# SIGTERM and SIGHUP save the resumable checkpoint and stop (exit 128 + the signal)
 $xtc compile "$tmp/tr.xtf" --train -O1 -o "$tmp/tr_train.so" > /dev/null 2>&1
 for sig in TERM HUP; do
   rm -f "$tmp/tr_sig.safetensors"
@@ -279,7 +278,7 @@ for sig in TERM HUP; do
     --resume "$tmp/tr_sig.safetensors" --stop-at $((${n:-0} + 1))
   expect "tr_sig${sig}_resume_from_$n" grep -q "^step *$((${n:-0} + 1)) " "$tmp/out"
 done
-# item 16: --resume takes the checkpoint's seed (the dropout masks): 4 steps straight with
+# --resume takes the checkpoint's seed (the dropout masks): 4 steps straight with
 # --seed 9 equal 2 steps and a resume without --seed; another --seed is refused
 tr_seed=("${tr_common[@]}" --quiet --steps 4 --val-every 2 --val-tokens 64)
 $xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --seed 9 --ckpt "$tmp/tr_s1.safetensors" > /dev/null 2>&1
@@ -289,7 +288,7 @@ check tr_resume_seed $xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --resume "$tmp/tr_
 expect tr_resume_seed_same_weights cmp "$tmp/tr_s1.safetensors" "$tmp/tr_s2.safetensors"
 refuse_t tr_resume_other_seed "differs from the seed of" $xtc train "$tmp/tr.xtf" "${tr_seed[@]}" --seed 3 \
   --resume "$tmp/tr_s2.safetensors"
-# item 19: a checkpoint loads wherever weights load (its optimizer state ignored)
+# a checkpoint loads wherever weights load (its optimizer state ignored)
 $xtc compile "$tmp/tr.xtf" -O1 -o "$tmp/tr_fwd.so" > /dev/null 2>&1
 $py -c "import sys; sys.path.insert(0, '$parity'); import safetensors_lite as st
 st.write('$tmp/tr_in.safetensors', {'tokens': st.Tensor('I64', [1, 8], list(range(60, 68)))})"
@@ -300,9 +299,9 @@ check tr_ckpt_run_xtf $xtc run "$tmp/tr.xtf" --weights "$tmp/tr_good.safetensors
 check tr_ckpt_predict "$build/predict" "$tmp/tr_fwd.so" "$tmp/tr_good.safetensors" "int main"
 # ---- end training ----
 
-# ---- compiling (items 3, 13, 17, 20) ----
+# ---- compiling ----
 
-# item 20: every bundled model passes compile -> init -> run (encdec's tied embedding was written
+# every bundled model passes compile -> init -> run (encdec's tied embedding was written
 # under one name only, and `xtc run` refused the file). Inputs from `xtc info`: b=1, n=4, p=2.
 cat > "$tmp/mkinput.py" <<'EOF'
 import re, subprocess, sys
@@ -338,7 +337,7 @@ for m in "$src"/models/*.xtf; do
     rm -f "$tmp/$b".*
 done
 
-# item 3: an unknown --cpu aborted inside LLVM (exit 134); now one line, and valid names compile
+# an unknown --cpu aborted inside LLVM (exit 134); now one line, and valid names compile
 refuse_t cpu_typo "did you mean 'skylake-avx512'" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" \
     --cpu=skylake-avx51
 refuse_t cpu_32bit "32-bit" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" --cpu=i686
@@ -348,7 +347,7 @@ for cpu in generic native x86-64-v3 skylake-avx512 znver4; do
     check "cpu_$cpu" "$xtc" compile "$src/models/tiny_gpt.xtf" -O0 -o "$tmp/c.so" --cpu=$cpu
 done
 
-# item 17: `xtc check` said "ok" to what lowering (and so `compile`) refuses; now one verdict
+# `xtc check` said "ok" to what lowering (and so `compile`) refuses; now one verdict
 printf 'm = TransformerWrapper(num_tokens = 16, max_seq_len = 8, num_memory_tokens = 2, max_mem_len = 4,\n    attn_layers = Decoder(dim = 8, depth = 1, heads = 2))\n' > "$tmp/memtok.xtf"
 refuse_t check_memtok_mem_len "num_memory_tokens together with max_mem_len" "$xtc" check "$tmp/memtok.xtf"
 refuse_t compile_memtok_mem_len "num_memory_tokens together with max_mem_len" "$xtc" compile "$tmp/memtok.xtf" \
@@ -359,7 +358,7 @@ for m in "$src"/models/*.xtf; do
     check "check_$(basename "$m" .xtf)" "$xtc" check "$m"
 done
 
-# item 13: `compile --train` left the model's dropout out, so `train model.so` trained otherwise
+# `compile --train` left the model's dropout out, so `train model.so` trained otherwise
 # than `train model.xtf`; now the module has dropout_seed (the seed decides the masks)
 printf 'm = TransformerWrapper(num_tokens = 256, max_seq_len = 16,\n    attn_layers = Decoder(dim = 16, depth = 1, heads = 2, attn_dropout = 0.3, ff_dropout = 0.3))\n' > "$tmp/drop.xtf"
 check drop_compile "$xtc" compile "$tmp/drop.xtf" --train -O0 -o "$tmp/drop.so"
@@ -389,7 +388,7 @@ expect drop_train_so_equals_xtf sh -c "[ -s '$tmp/drop.xtf.losses' ] && cmp -s '
 
 # ---- end compiling ----
 
-# ---- the command line (items 22, 23, 24) ----
+# ---- the command line ----
 # One option parser for every subcommand (cli/cli_opts.c): unknown options named as such with the
 # nearest spelling, a missing or bad value in one line, --threads=2 and --threads 2 alike wherever
 # threads apply, a module or binary file given as .xtf source refused in one line, no internal

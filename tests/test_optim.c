@@ -286,7 +286,7 @@ START_TEST(test_checkpoint_continues)
 }
 END_TEST
 
-/* issue 24 items 19 and 8: a checkpoint loads as weights (xtc_session_load_weights ignores the
+/* a checkpoint loads as weights (xtc_session_load_weights ignores the
  * optimizer state of the module's parameters, not other extra tensors); non-finite weights are
  * never saved (XTC_ERR_RANGE, the previous file intact) */
 START_TEST(test_checkpoint_as_weights)
