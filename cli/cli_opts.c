@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #endif
 #include "cli_opts.h"
+#include "ir.h"          /* ir_edit_distance */
 #include "rt_internal.h" /* rt_cpus_available */
 
 #include <errno.h>
@@ -31,32 +32,6 @@ int cli_is_elf_file(const char *path)
     return k == 4 && !memcmp(b, "\177ELF", 4);
 }
 
-/* Levenshtein distance of a (its first na bytes) and b, for "did you mean". */
-static int distance(const char *a, size_t na, const char *b)
-{
-    size_t nb = strlen(b);
-    if (na > 64 || nb > 64)
-        return 99;
-    int row[65];
-    for (size_t j = 0; j <= nb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= na; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= nb; j++) {
-            int up = row[j];
-            int best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[nb];
-}
-
 const char *cli_nearest(const char *given, const char *const *names, int n)
 {
     given += strspn(given, "-"); /* the dashes of options are no evidence */
@@ -70,7 +45,7 @@ const char *cli_nearest(const char *given, const char *const *names, int n)
         return best;
     best = NULL;
     for (int k = 0; k < n; k++) {
-        int d = distance(given, len, names[k] + strspn(names[k], "-"));
+        int d = ir_edit_distance(given, len, names[k] + strspn(names[k], "-"));
         if (d < bd)
             bd = d, best = names[k];
     }

@@ -428,31 +428,6 @@ static const char *const x86_32_cpus[] = {
     "prescott", "winchip-c6", "winchip2", "yonah",
 };
 
-/* Edit distance of a and b, both shorter than 64 bytes (else a large number). */
-static int edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la >= 64 || lb >= 64)
-        return 1000;
-    int row[64];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j], best = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            diag = up;
-            row[j] = best;
-        }
-    }
-    return row[lb];
-}
-
 const char *const *cg_cpu_names(int *n)
 {
     *n = (int)(sizeof x86_64_cpus / sizeof x86_64_cpus[0]);
@@ -470,7 +445,7 @@ int cg_cpu_check(const char *cpu, const char *features, char *err, size_t n)
                 dist = 0;
                 break;
             }
-            int d = edit_distance(cpu, x86_64_cpus[i]);
+            int d = ir_edit_distance(cpu, strlen(cpu), x86_64_cpus[i]);
             if (d < dist) {
                 dist = d;
                 best = i;

@@ -242,6 +242,9 @@ void ir_print(const IrGraph *g, FILE *out);
 char *ir_print_str(const IrGraph *g);   /* malloc'ed */
 /* Parses the text form; NULL on error with "name:line:col: error: ..." in err. */
 IrGraph *ir_parse(const char *text, const char *filename, char *err, size_t n);
+/* Levenshtein distance of the first na bytes of a and b, for "did you mean" (the IR parser's op
+ * names, the command line's options, --cpu names); 1000 when b is 64 bytes or longer. */
+int ir_edit_distance(const char *a, size_t na, const char *b);
 
 /* ---- reference interpreter (ir/interp.c) ---- */
 

@@ -563,16 +563,19 @@ static IrNode *use_value(Parser *P)
 
 static int is_keyed(char kind) { return kind != 's' && kind != 'f'; }
 
-/* Levenshtein distance of two short strings (both under 64 bytes) */
-static int edit_distance(const char *a, const char *b)
+/* Levenshtein distance of the first na bytes of a and b (ir.h); b under 64 bytes, else 1000 */
+int ir_edit_distance(const char *a, size_t na, const char *b)
 {
-    int la = (int)strlen(a), lb = (int)strlen(b), row[64];
-    for (int j = 0; j <= lb; j++)
-        row[j] = j;
-    for (int i = 1; i <= la; i++) {
+    size_t lb = strlen(b);
+    if (lb >= 64)
+        return 1000;
+    int row[64];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
         int diag = row[0];
-        row[0] = i;
-        for (int j = 1; j <= lb; j++) {
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
             int up = row[j];
             int best = diag + (a[i - 1] != b[j - 1]);
             if (up + 1 < best)
@@ -593,7 +596,7 @@ static int unknown_op(Parser *P, const char *at, const char *name)
     size_t len = strlen(name);
     for (int i = 0; i < IR_NUM_OPS && len < 64; i++) {
         const char *op = ir_ops[i].name;
-        int d = edit_distance(name, op);
+        int d = ir_edit_distance(name, strlen(name), op);
         if (len >= 3 && strncmp(op, name, len) == 0)
             d = d < 2 ? d : 2; /* a prefix: "relpos" for "relpos_bucket" */
         if (d < best_d) {
