@@ -746,7 +746,7 @@ static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *
 
 /* Element i of rand_like(seed, x, stream): splitmix64 (Steele et al.) started at a state made of
  * the seed and the stream, its i+1-th output's top 24 bits as a float in [0, 1). Every backend
- * computes exactly these bits (codegen/cg_llvm_ops.c, the CUDA lowering). */
+ * computes exactly these bits (codegen/llvm/cg_llvm_ops.c, the CUDA lowering). */
 static double rand_at(int64_t seed, int64_t stream, int64_t i)
 {
     uint64_t z = (uint64_t)seed * 0xd1b54a32d192ed03ull + (uint64_t)stream * 0xabc98388fb8fac03ull +

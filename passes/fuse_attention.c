@@ -27,7 +27,7 @@
 #include "match.h"
 #include "rewrite.h"
 
-#define MAX_HEAD 256 /* the CPU kernel's bound on head sizes (codegen/cg_llvm_attention.c) */
+#define MAX_HEAD 256 /* the CPU kernel's bound on head sizes (codegen/llvm/cg_llvm_attention.c) */
 
 enum { ROLE_NONE, ROLE_OUT, ROLE_DQ, ROLE_DK, ROLE_DV };
 

@@ -509,7 +509,7 @@ static const CuLower lowering[] = {
     [IR_FUSED] = {cg_cuda_fused, 0, 0}, /* cg_cuda_fused.c */
 };
 _Static_assert(sizeof lowering / sizeof lowering[0] == IR_NUM_OPS,
-               "codegen/cg_cuda_ops.c: the lowering table needs a row for every op of ops.def");
+               "codegen/cuda/cg_cuda_ops.c: the lowering table needs a row for every op of ops.def");
 
 const CuLower *cg_cuda_lowering(IrOp op)
 {

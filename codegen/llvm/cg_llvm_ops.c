@@ -948,7 +948,7 @@ static const CgLower lowering[] = {
     [IR_FUSED] = {cg_fused_work, cg_fused_impl, 0}, /* cg_llvm_fused.c */
 };
 _Static_assert(sizeof lowering / sizeof lowering[0] == IR_NUM_OPS,
-               "codegen/cg_llvm_ops.c: the lowering table needs a row for every op of ops.def");
+               "codegen/llvm/cg_llvm_ops.c: the lowering table needs a row for every op of ops.def");
 
 const CgLower *cg_llvm_lowering(IrOp op)
 {
