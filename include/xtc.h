@@ -49,6 +49,13 @@
 extern "C" {
 #endif
 
+/* The version of this header: MAJOR.MINOR.PATCH. The library's soname carries MAJOR
+ * (libxtc.so.0); CMakeLists.txt reads the number from here. */
+#define XTC_VERSION "0.2.0"
+/* The version of the library the program runs with ("0.2.0"): XTC_VERSION of the header it was
+ * built from, which differs from the program's XTC_VERSION when another libxtc.so is loaded. */
+const char *xtc_version(void);
+
 #define XTC_MAX_RANK 8
 
 typedef enum {

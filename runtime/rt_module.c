@@ -12,6 +12,11 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+const char *xtc_version(void)
+{
+    return XTC_VERSION;
+}
+
 const char *xtc_status_name(int status)
 {
     static const char *names[] = {
