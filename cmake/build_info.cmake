@@ -3,6 +3,7 @@
 # the LLVM version. Run at every build (CMakeLists.txt); the file is rewritten only when it changes,
 # so an unchanged checkout relinks nothing.
 #   cmake -DSRC=dir -DOUT=file.c -DLLVM_VERSION=19.1.7 -P build_info.cmake
+cmake_minimum_required(VERSION 3.20)
 set(commit "")
 find_program(GIT git)
 if(GIT)

@@ -174,6 +174,13 @@ int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
                            const float *data);
+/* Sets every parameter and state buffer to fresh values drawn reproducibly from seed, by
+ * x-transformers' initialisation rules (token embeddings kaiming normal, Linear layers torch's
+ * uniform, norm gains 1, rotary frequencies, the constants a model fixes such as
+ * zero_init_branch_output): the values `xtc init --seed SEED` writes. A parameter no rule covers
+ * starts at 0 (xtc init names it). To train from scratch without a weights file. On failure (out
+ * of memory) the weights set before it keep their new values. */
+int xtc_session_init_weights(XtcSession *s, uint64_t seed);
 
 /* Binds an input (copied). The dtype must be the input's, except that integer inputs accept
  * XTC_I32 or XTC_I64 (converted) and bool inputs accept any non-zero byte as true. The rank and
