@@ -36,7 +36,10 @@
  * max_seq_len.
  *
  * Depends on libc, libm, libdl and pthreads only: link with libxtc.a -lm -ldl -lpthread, or with
- * libxtc.so; both define the xtc_* names of this header and no other global symbol.
+ * libxtc.so; both define the xtc_* names of this header and no other global symbol. Installed
+ * (cmake --install build --prefix P): cc prog.c $(pkg-config --cflags --libs xtc) links
+ * libxtc.so (the loader finds it in P/lib by LD_LIBRARY_PATH or a -Wl,-rpath, unless P is a
+ * system prefix), and pkg-config's xtc-static links libxtc.a into the program.
  */
 #ifndef XTC_H
 #define XTC_H

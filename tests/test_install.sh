@@ -55,9 +55,11 @@ expect "it names the version, LLVM and the CUDA path" \
 check "xtc -V" "$xtc" -V
 expect "the same" grep -q "^xtc $version" "$tmp/out"
 
-# compiled as a user compiles: the compiler and its sanitizer flags of a sanitizer build
+# compiled as a user compiles, with cc; a sanitizer build's libraries need its compiler (whose
+# sanitizer run time they were built for) and its -fsanitize
 san=$(sed -n 's/^XTC_SANITIZE:STRING=//p' "$build/CMakeCache.txt" 2>/dev/null)
 flags=${san:+-fsanitize=$san}
+cc() { if [ -n "$san" ]; then "$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")" "$@"; else command cc "$@"; fi; }
 export PKG_CONFIG_PATH=$lib/pkgconfig
 check "pkg-config --modversion xtc" pkg-config --modversion xtc
 expect "is $version" grep -qx "$version" "$tmp/out"
