@@ -2,7 +2,7 @@
 # test_readme.sh BUILD_DIR SOURCE_DIR: what README.md tells a user exists. Every `xtc COMMAND`
 # it shows is a command of `xtc --help`, and every --option written after it (in a code block
 # line, an inline code span or a row of the command table) is in `xtc COMMAND --help`; an option
-# shown without a command is in some command's help; a --cpu=NAME it names is in
+# shown without a command is in some command's help or in xtc --help; a --cpu=NAME it names is in
 # `xtc compile --cpu=help`. Every C API name (xtc_*, Xtc*, XTC_*) is declared in include/xtc.h,
 # or, for an XTC_ environment variable, read by getenv() in the sources or by a CI or test
 # script. Every repository path it names exists, the Layout table lists exactly the top-level
@@ -38,6 +38,7 @@ def fail(msg):
     fails.append(msg)
 
 helps = {c: open(os.path.join(tmp, "help.%s.txt" % c)).read() for c in cmds}
+top_help = open(os.path.join(tmp, "help.txt")).read()  # options of xtc itself (xtc --OPTION)
 cpus = set(open(os.path.join(tmp, "cpus.txt")).read().split())
 OTHER = re.compile(r"^\s*(?:\$ )?(ctest|cmake|cc|gcc|pkg-config|python3|bash|git|mpirun|mpiexec|"
                    r"sudo|apt-get|export|taskset)\b")
@@ -66,7 +67,7 @@ def check_text(text, where):
     if not found and not OTHER.search(text):
         for o in OPT.finditer(text):
             checked["options"] += 1
-            if not any(help_has(h, o.group(1)) for h in helps.values()):
+            if not any(help_has(h, o.group(1)) for h in list(helps.values()) + [top_help]):
                 fail("%s: option %s is in no command's --help" % (where, o.group(1)))
             check_value(o, where)
 
