@@ -650,9 +650,9 @@ IrNode *ir_arange(IrGraph *g, IrDim start, IrDim len, IrDType t)
 IrNode *ir_relpos(IrGraph *g, IrDim nq, IrDim nk, int buckets, int max_distance, int causal)
 {
     IrNode p = proto_of(IR_RELPOS);
-    p.ia[0] = buckets;
-    p.ia[1] = max_distance;
-    p.ia[2] = causal;
+    p.ia[IR_IA_BUCKETS] = buckets;
+    p.ia[IR_IA_MAX_DISTANCE] = max_distance;
+    p.ia[IR_IA_REL_CAUSAL] = causal;
     p.dtype = IR_I64;
     p.rank = 2;
     p.shape[0] = nq;
@@ -702,7 +702,7 @@ IrNode *ir_reduce(IrGraph *g, IrOp op, IrNode *x, int axis)
         return NULL;
     IrNode p = proto_of(op);
     p.in[0] = x;
-    p.ia[0] = axis < 0 ? axis + x->rank : axis;
+    p.ia[IR_IA_AXIS] = axis < 0 ? axis + x->rank : axis;
     return ir_node(g, &p);
 }
 
@@ -714,7 +714,7 @@ IrNode *ir_kth_largest(IrGraph *g, IrNode *x, int64_t k)
 {
     IrNode p = proto_of(IR_KTH_LARGEST);
     p.in[0] = x;
-    p.ia[0] = k;
+    p.ia[IR_IA_K] = k;
     return ir_node(g, &p);
 }
 
@@ -760,7 +760,7 @@ IrNode *ir_slice(IrGraph *g, IrNode *x, int axis, IrDim start, IrDim len)
         return x;
     IrNode p = proto_of(IR_SLICE);
     p.in[0] = x;
-    p.ia[0] = axis;
+    p.ia[IR_IA_AXIS] = axis;
     p.d = start;
     p.dtype = x->dtype;
     p.rank = x->rank;
@@ -778,7 +778,7 @@ IrNode *ir_concat(IrGraph *g, IrNode *a, IrNode *b, int axis)
     IrNode p = proto_of(IR_CONCAT);
     p.in[0] = a;
     p.in[1] = b;
-    p.ia[0] = axis < 0 ? axis + a->rank : axis;
+    p.ia[IR_IA_AXIS] = axis < 0 ? axis + a->rank : axis;
     return ir_node(g, &p);
 }
 
@@ -800,7 +800,7 @@ IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b)
     IrNode p = proto_of(IR_MATMUL);
     p.in[0] = a;
     p.in[1] = b;
-    p.ia[0] = transpose_b;
+    p.ia[IR_IA_TRANSPOSE_B] = transpose_b;
     return ir_node(g, &p);
 }
 
@@ -827,7 +827,7 @@ IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream)
     IrNode p = proto_of(IR_RAND);
     p.in[0] = seed;
     p.in[1] = like;
-    p.ia[0] = stream;
+    p.ia[IR_IA_STREAM] = stream;
     return ir_node(g, &p);
 }
 
@@ -847,9 +847,9 @@ IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode 
     p.in[3] = bias ? bias : ir_const(g, 0, IR_F32);
     p.in[4] = mask ? mask : ir_const(g, 1, IR_BOOL);
     p.in[5] = scale;
-    p.ia[0] = causal;
-    p.ia[1] = stats;
-    p.ia[2] = window;
+    p.ia[IR_IA_CAUSAL] = causal;
+    p.ia[IR_IA_STATS] = stats;
+    p.ia[IR_IA_WINDOW] = window;
     return ir_node(g, &p);
 }
 
@@ -887,7 +887,7 @@ IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout)
     p.in[5] = o->in[3];
     p.in[6] = o->in[4];
     p.in[7] = o->in[5];
-    p.ia[0] = o->ia[0];
-    p.ia[1] = o->ia[2];
+    p.ia[IR_IA_GRAD_CAUSAL] = o->ia[IR_IA_CAUSAL];
+    p.ia[IR_IA_GRAD_WINDOW] = o->ia[IR_IA_WINDOW];
     return ir_node(g, &p);
 }

@@ -85,6 +85,23 @@ int64_t ir_dim_eval(IrDim a, const int64_t *symvals);
 /* Writes "n+3", "m+n", "64"; returns buf. */
 char *ir_dim_str(const struct IrGraph *g, IrDim a, char *buf, size_t n);
 
+/* Indices into IrNode.ia[], named after the i-attributes of ops.def's signatures (an op's
+ * k-th "i:" attribute is ia[k]; test_ir_text checks every name here against ops.def). */
+enum {
+    IR_IA_AXIS = 0,         /* the reductions, slice, concat */
+    IR_IA_K = 0,            /* kth_largest */
+    IR_IA_TRANSPOSE_B = 0,  /* matmul */
+    IR_IA_STREAM = 0,       /* rand_like */
+    IR_IA_BUCKETS = 0,      /* relpos_bucket: buckets, max_distance, causal */
+    IR_IA_MAX_DISTANCE = 1,
+    IR_IA_REL_CAUSAL = 2,
+    IR_IA_CAUSAL = 0,       /* attention: causal, stats, window */
+    IR_IA_STATS = 1,
+    IR_IA_WINDOW = 2,
+    IR_IA_GRAD_CAUSAL = 0,  /* attention_grad: causal, window */
+    IR_IA_GRAD_WINDOW = 1,
+};
+
 typedef struct IrNode {
     int id;             /* index in graph->nodes, topological */
     IrOp op;
