@@ -8,7 +8,7 @@
 #include "rt_abi.h"
 #include "rt_cuda.h"
 
-/* build_info.c, written at every build by cmake/build_info.cmake */
+/* build_info.c, written at every build by cli/build_info.cmake */
 extern const char xtc_build_commit[], xtc_build_llvm[];
 
 int cli_version(int argc, char **argv)
