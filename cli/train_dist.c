@@ -78,6 +78,10 @@ int cli_dist_end(int rc)
         fflush(NULL);
         MPI_Abort(MPI_COMM_WORLD, rc);
     }
+    /* every rank done (rank 0's checkpoint written) before any leaves: the launcher ends the job
+     * when a rank exits non-zero (128 + a signal: a clean stop) */
+    fflush(NULL);
+    MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
     active = 0;
     return rc;
