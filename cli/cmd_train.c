@@ -413,6 +413,11 @@ static int validate(Models *M, const unsigned char *val, size_t nval, const CliT
 {
     if (M->eval != M->train && copy_weights(M->eval, M->train, M->eval_mod) != 0)
         return -1;
+    /* the training session validating (no dropout): each rank runs its own windows, nothing summed */
+    if (M->eval == M->train && cli_dist_size() > 1 && xtc_session_set_comm_paused(M->eval, 1) != XTC_OK) {
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(M->eval));
+        return -1;
+    }
     int64_t windows = ((int64_t)nval - 1) / seq;
     if (val_tokens > 0 && windows > (val_tokens + seq - 1) / seq)
         windows = (val_tokens + seq - 1) / seq;
@@ -441,6 +446,8 @@ static int validate(Models *M, const unsigned char *val, size_t nval, const CliT
     }
     free(tok);
     free(tgt);
+    if (M->eval == M->train && cli_dist_size() > 1)
+        xtc_session_set_comm_paused(M->eval, 0);
     if (rc) /* the other ranks wait in the sum: the caller ends the job */
         return rc;
     cli_dist_sum(&sum, 1);
@@ -773,6 +780,12 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     printf("done: %" PRId64 " steps in %s (and validation %s); val loss %.4f = %.3f bits/byte (unigram entropy "
            "%.3f bits/byte)%s%s\n", done_steps, total, vt, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
            o->ckpt ? o->ckpt : "");
+    double comm_during = 0, comm_after = 0;
+    xtc_session_comm_time(M.train, &comm_during, &comm_after);
+    if (lead && nranks > 1 && done_steps > 0)
+        printf("gradient sums: %.1f ms per step during the backward pass, %.1f ms after it, waits for slower "
+               "ranks included (%.1f%% of the %.1f ms mean step)\n", 1e3 * comm_during / (double)done_steps, 1e3 * comm_after / (double)done_steps,
+               100 * (comm_during + comm_after) / (now_s() - t_begin - val_time), 1e3 * (now_s() - t_begin - val_time) / (double)done_steps);
     if (scaled && lead)
         printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (their fp16 gradients overflowed)\n",
                xtc_session_loss_scale(M.train), skipped, last);

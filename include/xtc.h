@@ -397,6 +397,15 @@ int xtc_session_set_grad_share(XtcSession *s, double share);
 /* Rank 0's weights, optimizer state and loss scale to every rank (a collective: every rank calls
  * it). Without a communicator it does nothing. */
 int xtc_session_sync(XtcSession *s);
+/* While paused (paused != 0), runs sum nothing and need no other rank: evaluation on a training
+ * session, where each rank runs its own number of batches. A step after such a run is
+ * XTC_ERR_STATE. Unpause before the next training run. */
+int xtc_session_set_comm_paused(XtcSession *s, int paused);
+/* Seconds spent on the gradient sums since the communicator was attached: *during, in the step
+ * hook while the schedule runs (copies into the buckets, starting and polling sums); *after, once
+ * the schedule is done (the remaining buckets and the wait for all: what the backward pass did not
+ * hide). Zeros without a communicator. */
+int xtc_session_comm_time(const XtcSession *s, double *during, double *after);
 
 /* ---- files ---- */
 

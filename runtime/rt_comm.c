@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     int first, last;  /* positions in RtComm.order */
@@ -38,8 +39,10 @@ struct RtComm {
     int nbk;
     int next;         /* the first bucket not yet started */
     int valid;        /* red holds the sums of the last run */
+    int paused;       /* xtc_session_set_comm_paused: runs sum nothing */
     int overlap;      /* buckets start from the step hook (off for loss scaling: they wait for the unscale) */
     int failed;       /* a reduction failed during the run (message in err) */
+    double during, after; /* seconds in the step hook, and waiting after the schedule */
     char err[512];
 };
 
@@ -189,6 +192,34 @@ int xtc_session_set_grad_share(XtcSession *s, double share)
     return XTC_OK;
 }
 
+static double seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int xtc_session_comm_time(const XtcSession *s, double *during, double *after)
+{
+    if (!s || !s->m)
+        return XTC_ERR_ARG;
+    if (during)
+        *during = s->comm ? s->comm->during : 0;
+    if (after)
+        *after = s->comm ? s->comm->after : 0;
+    return XTC_OK;
+}
+
+int xtc_session_set_comm_paused(XtcSession *s, int paused)
+{
+    if (!rs_ready(s, "xtc_session_set_comm_paused"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!s->comm)
+        return rs_fail(s, XTC_ERR_STATE, "xtc_session_set_comm_paused: no communicator (xtc_session_set_comm)");
+    s->comm->paused = paused != 0;
+    return XTC_OK;
+}
+
 /* ---- during a run ---- */
 
 static void start_bucket(XtcSession *s, Bucket *b)
@@ -232,6 +263,7 @@ void rt_comm_step_done(XtcSession *s, int32_t step)
     struct RtComm *c = s->comm;
     if (!c || !c->overlap)
         return;
+    double t0 = seconds();
     int started = 0;
     while (c->next < c->nbk && c->bk[c->next].ready <= step) {
         start_bucket(s, &c->bk[c->next++]);
@@ -239,6 +271,7 @@ void rt_comm_step_done(XtcSession *s, int32_t step)
     }
     if (started || (step & 7) == 0)
         poll_buckets(c);
+    c->during += seconds() - t0;
 }
 
 void rt_comm_begin(XtcSession *s)
@@ -252,7 +285,7 @@ void rt_comm_begin(XtcSession *s)
         c->bk[k].req = NULL;
     }
     /* a device module does not call the hook; loss scaling unscales after the run */
-    c->overlap = !s->dev && s->scaler.buf < 0;
+    c->overlap = !s->dev && s->scaler.buf < 0 && !c->paused;
 }
 
 /* Waits for every reduction started (a failed run: they must not outlive their memory). */
@@ -276,9 +309,13 @@ void rt_comm_abandon(XtcSession *s)
 int rt_comm_finish(XtcSession *s)
 {
     struct RtComm *c = s->comm;
+    if (c->paused)
+        return XTC_OK; /* valid stays 0: no step on this run */
+    double t0 = seconds();
     while (c->next < c->nbk)
         start_bucket(s, &c->bk[c->next++]);
     wait_all(c);
+    c->after += seconds() - t0;
     if (c->failed)
         return rs_fail(s, XTC_ERR_IO, "summing the gradients over %d ranks: %s", c->c.size, c->err);
     if (s->scaler.buf >= 0) { /* overflowed anywhere: the sums are not finite on every rank */

@@ -242,6 +242,9 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
                                       : rt_session_output(s, o->grad[i]);
         if (!p[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
+        else if (!g[i] && rt_session_output(s, o->grad[i]))
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: the last run did not sum its gradients over the ranks "
+                                         "(the communicator was paused): run again unpaused first");
         else if (!g[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully%s first",
                        rt_session_withheld(s, o->grad[i]) ? " with its targets" : "");

@@ -4,7 +4,7 @@
 #   (a) 2 ranks x 4 sequences give the losses, validation losses and final weights of 1 process x
 #       8 sequences (plain `xtc train`, no MPI) within f32 rounding over 50 steps, and both ranks
 #       hold bit-identical weights after every step (XTC_TRAIN_HASHES: a hash per rank and step);
-#       the gradients go in 4 KiB buckets there, so that many sums start during the backward pass
+#       the validation windows split unevenly; the gradients go in 4 KiB buckets there, so that many sums start during the backward pass
 #       (XTC_COMM_BUCKET_BYTES), and the bits equal those of the default buckets of (b);
 #   (b) a checkpoint written by 2 ranks at step 25 resumes with 2 ranks to the uninterrupted
 #       2-rank run bit for bit (losses and final checkpoint), and with 1 process to the
@@ -40,7 +40,8 @@ if ! "$xtc" compile "$tmp/tiny.xtf" --train -O1 -o "$tmp/tiny.so" 2> "$tmp/err";
   bad "xtc compile --train: $(cat "$tmp/err")"
   exit 1
 fi
-common=(--data "$tmp/data.txt" --steps 50 --batch 8 --seq 32 --threads 1 --val-every 25 --val-tokens 1024
+# 3 validation windows: rank 0 evaluates 1, rank 1 two (the training session, its sums paused)
+common=(--data "$tmp/data.txt" --steps 50 --batch 8 --seq 32 --threads 1 --val-every 25 --val-tokens 96
   --seed 3 --quiet --lr 3e-3)
 
 # max|a-e| <= 1e-5 + 1e-3 max|e| for every tensor of two checkpoints (weights and optimizer state)
