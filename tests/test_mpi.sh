@@ -9,6 +9,7 @@
 #   (b) a checkpoint written by 2 ranks at step 25 resumes with 2 ranks to the uninterrupted
 #       2-rank run bit for bit (losses and final checkpoint), and with 1 process to the
 #       uninterrupted 1-process run within f32 rounding;
+#   a CUDA module (through the CUDA emulator) sums after its run, with the same results;
 #   (c) SIGTERM to one rank stops both at the same step with one checkpoint (exit 143) that
 #       resumes; a rank killed (SIGKILL) ends the job non-zero within 60 s with mpirun's message;
 #       a batch smaller than the ranks is refused on every rank without a hang.
@@ -117,6 +118,21 @@ if [ "$(head -c 3 "$tmp/h5.0")" = "26 " ] && losses_close "$tmp/h1.0" "$tmp/h5.0
   ok "2 ranks, stopped at 25 and resumed with 1 process: the uninterrupted run within f32 rounding: $r"
 else
   bad "the 2-rank checkpoint resumed by 1 process differs from the uninterrupted run ${r:-}"
+fi
+
+# a CUDA module's path (no step hook: the sums start after the run, through host memory), on the
+# CPU through the CUDA emulator: 3 steps of 2 ranks against 1 process
+if "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/tiny_emu.so" 2> "$tmp/err"; then
+  emu=(--data "$tmp/data.txt" --steps 3 --batch 4 --seq 16 --threads 1 --val-every 0 --val-tokens 16 --seed 3 --quiet)
+  XTC_TRAIN_HASHES=$tmp/e1 "$xtc" train "$tmp/tiny_emu.so" "${emu[@]}" > /dev/null 2>&1
+  XTC_TRAIN_HASHES=$tmp/e2 "${mpi[@]}" "$xtc" train "$tmp/tiny_emu.so" "${emu[@]}" > "$tmp/emu.out" 2>&1
+  if [ "$(wc -l < "$tmp/e2.0" 2> /dev/null)" = 3 ] && cmp -s "$tmp/e2.0" "$tmp/e2.1" && losses_close "$tmp/e1.0" "$tmp/e2.0" 1; then
+    ok "a cuda-emu module (sums after the run): 2 ranks equal 1 process over 3 steps, ranks bit-identical"
+  else
+    bad "cuda-emu module on 2 ranks: $(tail -3 "$tmp/emu.out")"
+  fi
+else
+  bad "xtc compile --target cuda-emu --train: $(cat "$tmp/err")"
 fi
 
 # (c) SIGTERM to one rank; a rank killed; a batch too small for the ranks
