@@ -9,7 +9,8 @@
 #   (b) a checkpoint written by 2 ranks at step 25 resumes with 2 ranks to the uninterrupted
 #       2-rank run bit for bit (losses and final checkpoint), and with 1 process to the
 #       uninterrupted 1-process run within f32 rounding;
-#   a CUDA module (through the CUDA emulator) sums after its run, with the same results;
+#   a CUDA module (through the CUDA emulator) sums after its run, with the same results; a user's
+#   MPI program (examples/train_mpi.c) trains the same on 2 ranks as on 1;
 #   (c) SIGTERM to one rank stops both at the same step with one checkpoint (exit 143) that
 #       resumes; a rank killed (SIGKILL) ends the job non-zero within 60 s with mpirun's message;
 #       a batch smaller than the ranks is refused on every rank without a hang.
@@ -133,6 +134,21 @@ if "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/tiny_em
   fi
 else
   bad "xtc compile --target cuda-emu --train: $(cat "$tmp/err")"
+fi
+
+# a user's own MPI program (examples/train_mpi.c: libxtc_mpi + libxtc.a): 2 ranks against 1
+if [ -x "$build/train_mpi" ] && "$xtc" init "$tmp/tiny.so" -o "$tmp/w.safetensors" --seed 2 > /dev/null 2>&1; then
+  "${mpi[@]:0:5}" -np 1 "$build/train_mpi" "$tmp/tiny.so" "$tmp/w.safetensors" 10 > "$tmp/u1.out" 2>&1
+  "${mpi[@]}" "$build/train_mpi" "$tmp/tiny.so" "$tmp/w.safetensors" 10 > "$tmp/u2.out" 2>&1
+  if [ "$(grep -c '^rank' "$tmp/u2.out")" = 2 ] && [ "$(grep '^rank' "$tmp/u2.out" | cut -d' ' -f4 | sort -u | wc -l)" = 1 ] &&
+    [ "$(grep -c '^step' "$tmp/u2.out")" = 10 ] &&
+    losses_close <(awk '/^step/ { print $2, $4 }' "$tmp/u1.out") <(awk '/^step/ { print $2, $4 }' "$tmp/u2.out") 1; then
+    ok "examples/train_mpi.c: 2 ranks equal 1 over 10 steps, identical weights on both ranks"
+  else
+    bad "examples/train_mpi.c: $(cat "$tmp/u1.out" "$tmp/u2.out" | head -30)"
+  fi
+else
+  bad "no $build/train_mpi, or xtc init failed"
 fi
 
 # (c) SIGTERM to one rank; a rank killed; a batch too small for the ranks
