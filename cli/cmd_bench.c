@@ -1,4 +1,4 @@
-/* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured (ISSUE 5, section 3).
+/* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured.
  *
  * Lowers a model once (and differentiates it with --train), then compiles it twice with the
  * backend of --target (cpu, cuda, cuda-emu): with every pass ("fused") and with --no-fuse

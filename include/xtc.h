@@ -113,10 +113,10 @@ int xtc_module_count(const XtcModule *m, XtcKind kind);   /* 0 for a failed modu
 int xtc_module_tensor(const XtcModule *m, XtcKind kind, int i, XtcTensorInfo *info);
 /* Index of the tensor of that kind and name, or -1. */
 int xtc_module_find(const XtcModule *m, XtcKind kind, const char *name);
-/* 1 and *value when the model fixes the value parameter `name` starts at in fresh weights
- * (x-transformers' zero_init_branch_output / attn_ / ff_zero_init_output: 0; qk_norm's
- * scale_init_value); 0 when it follows the library's default for its kind (xtc init's rules);
- * -1 when the module has no such parameter. */
+/* 1 and *value when parameter `name` starts at one constant in fresh weights (norm gains 1,
+ * x-transformers' zero_init_*: 0, qk_norm's scale_init_value, ...); 0 when it starts random (by
+ * its rule: Linear U(-1/sqrt(in), ..), Embedding N(0, 1), ...; xtc_module_describe and
+ * `xtc info` list every weight's rule); -1 when the module has no such parameter. */
 int xtc_module_param_init(const XtcModule *m, const char *name, double *value);
 
 /* Symbols: name and upper bound (0 = unbounded). */
