@@ -389,7 +389,8 @@ typedef struct {
 
 /* Attaches a communicator (copied; NULL detaches): from the next run on, gradients are summed
  * over comm->size ranks as above. Errors from its functions (returned non-zero) fail the run or
- * the step with XTC_ERR_IO and their message. A size of 1 is allowed (sums are copies). */
+ * the step with XTC_ERR_IO and their message. A size of 1 is allowed (sums are copies). When this
+ * call fails the caller keeps the communicator (release is not called). */
 int xtc_session_set_comm(XtcSession *s, const XtcComm *comm);
 /* The weight of this rank's gradients in the sum: its share of the global batch (rows of this
  * rank / rows of all ranks), in (0, 1]; 1/size by default. Takes effect from the next run. */
