@@ -3,7 +3,7 @@
 # Needs root (or sudo) only when something is missing.
 set -euo pipefail
 pkgs="cmake make gcc pkg-config flex bison check llvm-19-dev python3 python3-torch python3-numpy
-  clang-14 libclang-rt-14-dev"
+  clang-14 libclang-rt-14-dev libopenmpi-dev openmpi-bin"
 missing=""
 for p in $pkgs; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

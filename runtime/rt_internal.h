@@ -236,6 +236,14 @@ int rt_session_fail(XtcSession *s, int status, const char *msg);
  * none). */
 void rt_session_begin(XtcSession *s);
 void rt_optim_free(struct RtOptim *o);
+/* Data parallelism (rt_comm.c): the gradient of parameter `param` (module order) summed over the
+ * ranks by the last run, NULL without a communicator; rt_session_has_comm says whether there is
+ * one. rt_optim_sync (rt_optim.c) makes the optimizer state rank 0's, whose step count is `step`
+ * (0: none, the state is dropped), with rt_comm_broadcast (rank 0's bytes to every rank). */
+int rt_session_has_comm(const XtcSession *s);
+const float *rt_comm_grad(XtcSession *s, int param);
+int rt_comm_broadcast(XtcSession *s, void *data, int64_t bytes);
+int rt_optim_sync(XtcSession *s, int64_t step);
 /* A checkpoint's optimizer state: for a tensor name "optim.m.<param>" or "optim.v.<param>", the
  * <param> it belongs to, else NULL. Wherever weights load, such a tensor of a parameter of the
  * model is ignored (a checkpoint loads as weights). */

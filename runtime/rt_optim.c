@@ -5,7 +5,8 @@
  * The parameters are seen as one concatenated vector of `total` elements cut into fixed blocks of
  * BLOCK elements. The pool runs blocks in any order on any thread, but each block's work and the
  * order in which the per-block partial sums of the gradient norm are added do not depend on the
- * threads: a step gives the same bits with 1 or 16 threads. */
+ * threads: a step gives the same bits with 1 or 16 threads. With a communicator (rt_comm.c) the
+ * gradients read are the sums over the ranks, the same on every rank, and so is the step. */
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "rt_internal.h"
@@ -236,9 +237,14 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     const XtcModule *m = rt_session_module(s);
     for (int i = 0; i < o->nparams && !st; i++) {
         p[i] = rt_session_buffer(s, o->buf[i], NULL);
-        g[i] = rt_session_output(s, o->grad[i]);
+        /* this rank's gradients, or with a communicator those summed over the ranks (rt_comm.c) */
+        g[i] = rt_session_has_comm(s) ? (rt_session_output(s, o->grad[i]) ? rt_comm_grad(s, i) : NULL)
+                                      : rt_session_output(s, o->grad[i]);
         if (!p[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
+        else if (!g[i] && rt_session_output(s, o->grad[i]))
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: the last run did not sum its gradients over the ranks "
+                                         "(the communicator was paused): run again unpaused first");
         else if (!g[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully%s first",
                        rt_session_withheld(s, o->grad[i]) ? " with its targets" : "");
@@ -295,6 +301,25 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     free(p);
     free(g);
     return XTC_OK;
+}
+
+int rt_optim_sync(XtcSession *s, int64_t step)
+{
+    struct RtOptim **slot = rt_session_optim(s);
+    if (step <= 0) { /* rank 0 has taken no step: no state anywhere */
+        rt_optim_free(*slot);
+        *slot = NULL;
+        return XTC_OK;
+    }
+    struct RtOptim *o;
+    int st = optim_get(s, &o);
+    if (!st)
+        st = rt_comm_broadcast(s, o->m, o->total * (int64_t)sizeof *o->m);
+    if (!st)
+        st = rt_comm_broadcast(s, o->v, o->total * (int64_t)sizeof *o->v);
+    if (!st)
+        o->step = step;
+    return st;
 }
 
 int64_t xtc_session_step_count(const XtcSession *s)

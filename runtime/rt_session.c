@@ -125,6 +125,8 @@ void xtc_session_free(XtcSession *s)
     int nb = s->m ? s->m->nbufs : 0; /* no module: a failed xtc_session_new */
     rt_pool_free(s->pool);
     rt_optim_free(s->optim);
+    if (s->m)
+        rt_comm_free(s);
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
@@ -716,13 +718,26 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The hook after each schedule step: profiling, and starting the gradient sums that step
+ * completes (rt_comm.c; their time is not the step's). */
 static void step_done(void *ctx, int32_t step)
 {
     XtcSession *s = ctx;
-    int64_t t = now_ns();
-    s->step_s[step] += 1e-9 * (double)(t - s->last_ns);
-    s->last_ns = t;
+    if (s->step_s)
+        s->step_s[step] += 1e-9 * (double)(now_ns() - s->last_ns);
+    if (s->comm)
+        rt_comm_step_done(s, step);
+    if (s->step_s)
+        s->last_ns = now_ns();
 }
+
+void rs_update_hook(XtcSession *s)
+{
+    s->api.step_done = s->step_s || s->comm ? step_done : NULL;
+    s->api.hook_ctx = s->api.step_done ? s : NULL;
+}
+
+int rt_session_has_comm(const XtcSession *s) { return s && s->comm; }
 
 int xtc_session_set_profiling(XtcSession *s, int on)
 {
@@ -731,15 +746,11 @@ int xtc_session_set_profiling(XtcSession *s, int on)
     free(s->step_s);
     s->step_s = NULL;
     s->profiled_runs = 0;
-    s->api.step_done = NULL;
-    s->api.hook_ctx = NULL;
-    if (!on)
-        return XTC_OK;
-    s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
-    if (!s->step_s)
+    if (on && !(s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s))) {
+        rs_update_hook(s);
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
-    s->api.step_done = step_done;
-    s->api.hook_ctx = s;
+    }
+    rs_update_hook(s);
     return XTC_OK;
 }
 
@@ -938,8 +949,12 @@ int xtc_session_run(XtcSession *s)
     if ((st = rs_place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
+    if (s->comm)
+        rt_comm_begin(s);
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : rt_run_module(m->abi->run, s->ptr, syms, &s->api);
+    if (r != 0 && s->comm)
+        rt_comm_abandon(s);
     if (r == RT_RUN_NO_STACK)
         return rs_fail(s, XTC_ERR_MEMORY, "xtc_session_run: the calling thread has less than 4 MiB of stack left and "
                                        "no thread with more could be started");
@@ -950,6 +965,8 @@ int xtc_session_run(XtcSession *s)
     if (s->step_s)
         s->profiled_runs++;
     rs_scaler_unscale(s);
+    if (s->comm && (st = rt_comm_finish(s)))
+        return st;
     memset(s->fresh, 0, (size_t)m->nbufs);
     s->stepped = 0;
     s->outputs_valid = 1;
