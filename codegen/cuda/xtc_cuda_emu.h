@@ -441,6 +441,11 @@ static inline float xtc_emu_saturatef(float x) { return x != x ? 0.0f : x < 0.0f
 #define __cosf(x) cosf(x)
 #define __fdividef(a, b) ((a) / (b))
 #define __fmaf_rn(a, b, c) fmaf((a), (b), (c))
+#define __fadd_rn(a, b) ((float)(a) + (float)(b))
+#define __fsub_rn(a, b) ((float)(a) - (float)(b))
+#define __fmul_rn(a, b) ((float)(a) * (float)(b))
+#define __fdiv_rn(a, b) ((float)(a) / (float)(b))
+#define __fsqrt_rn(a) sqrtf(a)
 #define __ldg(p) (*(p))
 
 /* ---- the launcher ---- */
