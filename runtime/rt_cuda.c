@@ -21,6 +21,10 @@
  *        next runs can write a cache growing by a token a call in place over it (the session's
  *        RtDeviceRun.place; the concat kernel skips the rows already there), and the carry
  *        then copies nothing; it is reallocated only when the cache outgrows it.
+ * adamw: xtc_session_step on the device (rt_optim.c decides and adds the per-block sums): the
+ *        kernels of codegen/cuda/kernels/adamw.cuh over f32 master weights and moments kept
+ *        here, the gradients where the last run left them, the device weights rewritten in
+ *        their storage.
  * close: frees all of it.
  *
  * The session plans two arenas with one planner (rt_session.c): the device arena, where every
