@@ -16,6 +16,9 @@
  *                                                  reached the same operation, then exchanges
  *   atomicAdd atomicSub atomicExch atomicMax atomicMin atomicCAS atomicAnd atomicOr atomicXor
  *   __threadfence rsqrtf __expf __logf __fdividef __int_as_float __float_as_int __ldg ...
+ *   __fadd_rn __fsub_rn __fmul_rn __fdiv_rn __fsqrt_rn   IEEE single operations that the GPU
+ *                                                  compiler does not contract into FMAs: plain
+ *                                                  C arithmetic here (the same bits)
  *
  * Threads are coroutines: every thread of a block has its own stack; the scheduler runs one
  * thread until it finishes or stops at a barrier or warp operation, then the next, in the order
