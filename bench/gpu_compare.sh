@@ -16,9 +16,9 @@
 # --prepare), which needs LLVM 19 and NVRTC on that machine. Sections, in this order, each under a
 # time limit (the whole call stays under --budget seconds, 450 by default; what ran is printed
 # and written whatever happens after):
-#   gpt     models/gpt.xtf at batch 8 and 1, seq 1024: forward and training step (forward,
-#           backward, AdamW with clipping), f32 and bf16: xtc (--dtype bf16) against PyTorch eager
-#           (SDPA; bf16 autocast; fused AdamW)
+#   gpt     GPT as models/gpt.xtf (vocab 20000, dim 512, 12 layers, 8 heads) at batch 8 and 1,
+#           seq 1024: forward and training step (forward, backward, AdamW with clipping), f32
+#           and bf16: xtc (--dtype bf16) against PyTorch eager (SDPA; bf16 autocast; fused AdamW)
 #   gptm    GPT-M (vocab 20000, dim 512, 6 layers, 8 heads) at batch 8, seq 512, the same four
 #   attn    causal attention alone (8 heads of 64, bf16), seq 1024 .. 16384 at 16384 tokens:
 #           xtc's attention and attention_grad kernels (CUDA events) against SDPA forward and
