@@ -427,7 +427,7 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
     for (int i = 0; i < g->ninits; i++) {
         int b = p->buf_of[g->inits[i].target->id];
         if (b >= 0)
-            fprintf(f, "init %d %a\n", b, g->inits[i].value);
+            fprintf(f, "init %d %s %a\n", b, ir_init_name(g->inits[i].kind), g->inits[i].value);
     }
     for (int i = 0; i < p->nbufs; i++)
         if (p->range_hi[i]) {

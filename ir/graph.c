@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -468,32 +469,55 @@ int ir_alias(IrGraph *g, const char *name, IrNode *target)
     return 0;
 }
 
-int ir_init_const(IrGraph *g, IrNode *p, double value)
+static const char *const init_names[IR_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq"};
+
+const char *ir_init_name(IrInitKind k) { return (unsigned)k < IR_NUM_INITS ? init_names[k] : "?"; }
+
+int ir_init_lookup(const char *name)
+{
+    for (int k = 0; k < IR_NUM_INITS; k++)
+        if (strcmp(init_names[k], name) == 0)
+            return k;
+    return -1;
+}
+
+const IrInit *ir_find_init(const IrGraph *g, const IrNode *p)
+{
+    for (int i = 0; i < g->ninits; i++)
+        if (g->inits[i].target == p)
+            return &g->inits[i];
+    return NULL;
+}
+
+int ir_init(IrGraph *g, IrNode *p, IrInitKind kind, double value)
 {
     if (!p)
         return -1;
-    if (p->op != IR_PARAM) {
-        ir_graph_set_error(g, "init: %%%s is not a param", p->label ? p->label : "?");
+    if (p->op != IR_PARAM && p->op != IR_BUFFER) {
+        ir_graph_set_error(g, "init: %%%s is not a param or buffer", p->label ? p->label : "?");
         return -1;
     }
-    for (int i = 0; i < g->ninits; i++)
-        if (g->inits[i].target == p) {
-            ir_graph_set_error(g, "init: param '%s' has an initial value already", p->s);
-            return -1;
-        }
-    if (g->ninits == g->initcap) {
-        int cap = g->initcap ? g->initcap * 2 : 4;
-        IrInit *a = realloc(g->inits, cap * sizeof *a);
-        if (!a) {
-            ir_graph_set_error(g, "out of memory");
-            return -1;
-        }
-        g->inits = a;
-        g->initcap = cap;
+    if ((unsigned)kind >= IR_NUM_INITS || !isfinite(value)) {
+        ir_graph_set_error(g, "init: bad rule for '%s'", p->s);
+        return -1;
     }
-    g->inits[g->ninits].target = p;
-    g->inits[g->ninits].value = value;
-    g->ninits++;
+    IrInit *r = (IrInit *)ir_find_init(g, p);
+    if (!r) {
+        if (g->ninits == g->initcap) {
+            int cap = g->initcap ? g->initcap * 2 : 4;
+            IrInit *a = realloc(g->inits, cap * sizeof *a);
+            if (!a) {
+                ir_graph_set_error(g, "out of memory");
+                return -1;
+            }
+            g->inits = a;
+            g->initcap = cap;
+        }
+        r = &g->inits[g->ninits++];
+    }
+    r->target = p;
+    r->kind = kind;
+    r->value = value;
     return 0;
 }
 

@@ -1,4 +1,4 @@
-/* fuse_attention.c: the attention fusion (ISSUE 5, section 2; STYLE.md, practice 4).
+/* fuse_attention.c: the attention fusion (STYLE.md, practice 4).
  *
  * Requires: a graph that verifies, after cse (the recognizer of match.h matches the lowering's
  * subgraphs in cse's operand order); for the backward half, a graph differentiated by

@@ -1,4 +1,4 @@
-/* fuse_elementwise.c: elementwise and row fusion (ISSUE 5, section 2: chains of elementwise ops
+/* fuse_elementwise.c: elementwise and row fusion (chains of elementwise ops
  * generally, bias + activation, residual norms, softmax + cross-entropy, GLU).
  *
  * Requires: a graph that verifies; after the attention fusion, so that attention is taken whole
