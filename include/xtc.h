@@ -283,7 +283,16 @@ int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
  * default, weight decay applies to all parameters (norm gains and biases included). The state
  * (m, v per parameter, zeros at first, and the step count t) belongs to the session and goes
  * into checkpoints. The result is independent of the number of threads. Outputs of the last run
- * stay readable after a step. */
+ * stay readable after a step.
+ *
+ * For a CUDA training module the step runs on the device, with the same bits as on the host:
+ * the weights (f32 masters beside the 16-bit copies of --dtype bf16|fp16) and the moments stay
+ * there, and once a step has run there the following runs leave the gradients on the device too
+ * (xtc_session_get_output of a grad.<name> copies it when asked). The host's copies of the
+ * weights and moments are brought back only when read (xtc_session_get_weight, _get_optim, a
+ * checkpoint), and weights or state the caller sets go to the device before the next step. An
+ * fp16 module with loss scaling steps on the host, and so does any module when the environment
+ * variable XTC_OPTIM=host is set when the session's first step is taken. */
 typedef struct {
     float lr;             /* learning rate */
     float beta1, beta2;   /* moment decay rates */

@@ -325,6 +325,8 @@ int64_t rs_numel_of(int rank, const int64_t *shape)
 /* Takes ownership of data as the value of bound buffer b (input or weight) of that shape. */
 void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape)
 {
+    if (s->optim && s->m->bufs[b].kind == RT_BUF_PARAM)
+        rt_optim_host_write(s); /* the device's newer weights first: this one replaces its own */
     free(s->own[b]);
     s->own[b] = data;
     if (s->own_cap)
@@ -883,6 +885,11 @@ static int output_withheld(const XtcSession *s, int o)
 
 int rt_session_withheld(const XtcSession *s, int out) { return s && s->m && output_withheld(s, out); }
 
+int rt_session_output_ready(const XtcSession *s, int out)
+{
+    return s && s->m && s->outputs_valid && out >= 0 && out < s->m->nouts && !output_withheld(s, out);
+}
+
 int xtc_session_run(XtcSession *s)
 {
     if (!rs_ready(s, "xtc_session_run"))
@@ -1020,11 +1027,46 @@ void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape)
 {
     if (!s || !s->own || buf < 0 || buf >= s->m->nbufs || !s->set[buf])
         return NULL;
+    if (s->m->bufs[buf].kind == RT_BUF_PARAM && rt_optim_host_write(s))
+        return NULL;
     if (shape)
         *shape = s->shape[buf];
     if (s->changed) /* the caller may write it (an optimizer step): a device uploads it again */
         s->changed[buf] = 1;
     return s->own[buf];
+}
+
+const void *rt_session_weight(XtcSession *s, int buf, const int64_t **shape)
+{
+    if (!s || !s->own || buf < 0 || buf >= s->m->nbufs || !s->set[buf])
+        return NULL;
+    if (s->m->bufs[buf].kind == RT_BUF_PARAM && rt_optim_pull(s))
+        return NULL;
+    if (shape)
+        *shape = s->shape[buf];
+    return s->own[buf];
+}
+
+int rt_session_device_adamw(XtcSession *s, const RtAdamW *a)
+{
+    if (!s->dev || !s->m->device->adamw)
+        return -1;
+    char msg[sizeof s->err];
+    int r = s->m->device->adamw(s->dev, a, msg, sizeof msg);
+    if (r < 0)
+        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "the optimizer on %s: %s",
+                       s->m->device->device_name(s->dev), msg);
+    return r > 0 ? -1 : XTC_OK;
+}
+
+void *const *rt_session_own(XtcSession *s) { return s->own; }
+
+int rt_session_keep_on_device(XtcSession *s, int buf)
+{
+    if (rs_lazy_alloc(s))
+        return -1;
+    s->lazy[buf] = 1;
+    return 0;
 }
 
 void *rt_session_output(XtcSession *s, int out)

@@ -91,6 +91,7 @@ int rs_check_limits(XtcSession *s, const int64_t *syms, const int *known, int b,
 int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
 int rs_find_output(const XtcModule *m, const char *name);
 int rs_place_carried(XtcSession *s, const int64_t *syms);
+int rs_lazy_alloc(XtcSession *s);
 int rs_scaler_bind(XtcSession *s);
 int rs_scaler_init(XtcSession *s);
 void rs_scaler_unscale(XtcSession *s);
