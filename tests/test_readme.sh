@@ -64,7 +64,15 @@ def check_text(text, where):
             if not help_has(helps[cmd], o.group(1)):
                 fail("%s: xtc %s has no option %s (xtc %s --help)" % (where, cmd, o.group(1), cmd))
             check_value(o, where)
-    if not found and not OTHER.search(text):
+    script = re.match(r"\s*(?:\$ )?((?:bench|tools|tests|\.ci)/[\w./-]+\.(?:sh|py))\b", text)
+    if not found and script:  # a script of the tree: its options are in its own text
+        path = os.path.join(src, script.group(1))
+        body = open(path, errors="replace").read() if os.path.isfile(path) else ""
+        for o in OPT.finditer(text, script.end()):
+            checked["options"] += 1
+            if not help_has(body, o.group(1)):
+                fail("%s: %s has no option %s" % (where, script.group(1), o.group(1)))
+    elif not found and not OTHER.search(text):
         for o in OPT.finditer(text):
             checked["options"] += 1
             if not any(help_has(h, o.group(1)) for h in list(helps.values()) + [top_help]):
@@ -93,7 +101,10 @@ for n, line in enumerate(lines, 1):
             check_text(span, where)
 
 # C API names
-header = open(os.path.join(src, "include", "xtc.h")).read()
+# the public headers (xtc.h, xtc_mpi.h) and the build's options (option(XTC_... in CMakeLists.txt)
+header = "\n".join(open(os.path.join(src, "include", h)).read()
+                   for h in sorted(os.listdir(os.path.join(src, "include"))) if h.endswith(".h"))
+header += "\n".join(re.findall(r"option\((XTC_\w+)", open(os.path.join(src, "CMakeLists.txt")).read()))
 tree_text = []
 for d in ("cli", "runtime", "codegen", "frontend", "ir", "passes", "tests", ".ci"):
     for root, _, files in os.walk(os.path.join(src, d)):
@@ -113,8 +124,8 @@ for name in sorted(set(re.findall(r"(?<![\w.])(xtc_[a-z0-9_]+|Xtc[A-Z][A-Za-z0-9
         continue
     if name.startswith("XTC_") and re.search(r'getenv\("%s"\)|\$\{?%s\b' % (name, name), tree_text):
         continue
-    fail("README names %s, which include/xtc.h does not declare (nor is it an environment "
-         "variable the sources read)" % name)
+    fail("README names %s, which no header of include/ declares (nor is it a CMake option or an "
+         "environment variable the sources read)" % name)
 
 # repository paths
 TOP = r"(?:\.ci|tools|tests|examples|models|include|bench|cli|runtime|frontend|ir|passes|codegen|docs)"
