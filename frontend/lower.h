@@ -17,7 +17,7 @@
 #include "ir.h"
 #include "options.h"
 
-typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
+typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS, NORM_SIMPLE_RMS } NormKind;
 
 #define MAX_LAYERS 512
 
@@ -25,6 +25,8 @@ typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
 typedef struct {
     const XtfValue *call;
     int dim, depth, heads, dim_head;
+    int kv_heads;               /* attn_kv_heads / attn_one_kv_head (1.x, 2.x); = heads without */
+    int unit_offset;            /* 2.x norm_add_unit_offset: stored gains are gain - 1 */
     int causal, cross_attend, only_cross;
     NormKind norm;
     int pre_norm, sandwich_norm, rezero, macaron;
@@ -41,7 +43,7 @@ typedef struct {
     int max_attend_past;        /* the attention window w, 0 = off */
     int entmax15;
     int alibi, alibi_heads, alibi_learned; /* section 7.4: learned slopes (or not causal) */
-    int ff_glu, ff_relu_squared, ff_post_act_ln;
+    int ff_glu, ff_relu_squared, ff_post_act_ln, ff_swish, ff_no_bias;
     double ff_mult;
     double attn_dropout, ff_dropout;
     char types[MAX_LAYERS];
@@ -54,6 +56,7 @@ typedef struct {
     const XtfFile *f;
     XtfDiag *d;
     const XtLowerOpts *opt;
+    const XtVersion *V;   /* the x-transformers version the file mirrors (versions.h) */
     const char *root;     /* state_dict prefix of the current wrapper ("", "encoder.", ...) */
     const char *vroot;    /* label prefix ("", "enc.", ...) */
     IrDim B;
@@ -98,6 +101,7 @@ IrNode *lx_lab(Lx *L, IrNode *n, const char *fmt, ...);
 IrNode *lx_linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int bias);
 IrNode *lx_layer_norm(Lx *L, IrNode *x, const char *prefix, int d);
 IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix);
+IrNode *lx_final_norm(Lx *L, const Stack *S, IrNode *x);
 IrNode *lx_dropout(Lx *L, IrNode *x, double p);
 double lx_alibi_slope(int heads, int h);
 IrNode *lx_per_head(Lx *L, IrNode *v, int nv, int heads);
