@@ -36,6 +36,8 @@ typedef struct {
     int pia;                    /* position_infused_attn */
     int use_qk_norm_attn, qk_norm;
     double qk_scale_init;       /* the log-temperature qk_norm's scale starts at (section 9) */
+    double qk_norm_scale;       /* 1.x, 2.x: the fixed scale of cosine-sim logits */
+    int qk_norm_groups, qk_norm_dim_scale;
     int attn_zero_init, ff_zero_init; /* zero_init_output: to_out, and the FF's last Linear start at 0 */
     int collab_qk;              /* collab_heads: the width of the shared q and k, 0 = off */
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;

@@ -135,6 +135,20 @@ IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
     }
 }
 
+/* l2norm(t, groups) of 1.x/2.x: F.normalize over each of `groups` equal chunks of the last axis */
+static IrNode *l2norm_groups(Lx *L, IrNode *t, int groups)
+{
+    if (groups <= 1)
+        return l2norm(L, t);
+    int r = t->rank, d = (int)t->shape[r - 1].c;
+    IrDim s[IR_MAXRANK], back[IR_MAXRANK];
+    for (int i = 0; i < r; i++)
+        s[i] = back[i] = t->shape[i];
+    s[r - 1] = C(groups);
+    s[r] = C(d / groups);
+    return ir_reshape(L->g, l2norm(L, ir_reshape(L->g, t, r + 1, s)), r, back);
+}
+
 /* nn.Dropout(p) in training mode (XtLowerOpts.dropout): each element is zeroed with probability p
  * and the others scaled by 1 / (1 - p). The mask is rand_like(dropout_seed) < p on a stream of its
  * own per site, with p rounded to rand_like's 2^-24 grid so every backend draws the same mask.
@@ -336,6 +350,16 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     snprintf(name, sizeof name, "%s.to_v", p);
     IrNode *v = split_heads(L, lx_lab(L, lx_linear(L, kv, name, S->dim, kvh * dh, 0), "layer%d.attn.v", layer), kvh, dh);
 
+    int fixed_qk = S->qk_norm && L->V->qk_norm_fixed;
+    if (fixed_qk && q && k) { /* 1.x, 2.x: cosine-sim q and k (per group), before rotary */
+        q = l2norm_groups(L, q, S->qk_norm_groups);
+        k = l2norm_groups(L, k, S->qk_norm_groups);
+        if (S->qk_norm_dim_scale) {
+            IrDim qs[3] = {C(h), C(1), C(dh)}, ks[3] = {C(L->V->qk_dim_scale_kv ? kvh : h), C(1), C(dh)};
+            q = mul(L, q, lx_paramv(L, 0, 3, qs, "%s.qk_norm_q_scale", p));
+            k = mul(L, k, lx_paramv(L, 0, 3, ks, "%s.qk_norm_k_scale", p));
+        }
+    }
     if (!cross && S->rotary) { /* step 4: q, k AND v (0.23.0); q and k from 1.x on */
         q = lx_lab(L, rotary(L, S, q, P), "layer%d.attn.q_rot", layer);
         k = lx_lab(L, rotary(L, S, k, P), "layer%d.attn.k_rot", layer);
@@ -359,11 +383,11 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         /* grouped / single key-value heads (1.x, 2.x): query head i reads key/value head
          * i mod kv_heads ('b kvh n d -> b (r kvh) n d'). The repeat is explicit here (the cache
          * above holds kv_heads); the attention kernels see h full heads. */
-        IrNode *k1 = k, *v1 = v;
-        for (int r = 1; r < h / kvh; r++) {
-            k = ir_concat(g, k, k1, 1);
-            v = ir_concat(g, v, v1, 1);
-        }
+        IrDim J0 = k->shape[2];
+        IrDim s5[5] = {L->B, C(1), C(kvh), J0, C(dh)}, e5[5] = {L->B, C(h / kvh), C(kvh), J0, C(dh)};
+        IrDim s4[4] = {L->B, C(h), J0, C(dh)};
+        k = ir_reshape(g, ir_expand(g, ir_reshape(g, k, 5, s5), 5, e5), 4, s4);
+        v = ir_reshape(g, ir_expand(g, ir_reshape(g, v, 5, s5), 5, e5), 4, s4);
         if (!k || !v)
             return NULL;
     }
@@ -402,7 +426,9 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     }
     /* steps 7-8: scaled logits, or cosine similarity with a learned temperature */
     IrNode *scale;
-    if (S->qk_norm) {
+    if (fixed_qk) {
+        scale = cf(L, S->qk_norm_dim_scale && L->V->qk_dim_scale_kv ? pow((double)dh, -0.5) : S->qk_norm_scale);
+    } else if (S->qk_norm) {
         q = l2norm(L, q);
         k = l2norm(L, k);
         IrDim ss[4] = {C(1), C(h), C(1), C(1)};
@@ -470,7 +496,7 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     out = merge_heads(L, out, h, dh);
     if (S->gate_values) { /* step 17 */
         snprintf(name, sizeof name, "%s.to_v_gate", p);
-        out = mul(L, out, un(L, IR_SIGMOID, lx_linear(L, x, name, S->dim, inner, 1)));
+        out = mul(L, out, un(L, IR_SIGMOID, lx_linear(L, x, name, S->dim, inner, L->V->gate_values_bias)));
     }
     if (S->on_attn) { /* step 18: Linear(inner, 2 dim) + GLU: a * sigmoid(gate) */
         snprintf(name, sizeof name, "%s.to_out.0", p);

@@ -66,6 +66,17 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     int have = sv && (sv->kind == XV_INT || sv->kind == XV_FLOAT);
     double qv = have ? xtf_float(call, S->use_qk_norm_attn ? "qk_norm_attn_seq_len" : "attn_scale_init_value") : 0;
     S->qk_scale_init = !have ? -3.0 : S->use_qk_norm_attn ? -log(log2(qv * qv - qv)) : qv;
+    if (S->qk_norm && L->V->qk_norm_fixed) {
+        S->qk_norm_scale = xtf_float(call, "attn_qk_norm_scale");
+        S->qk_norm_groups = (int)xtf_int(call, "attn_qk_norm_groups");
+        S->qk_norm_dim_scale = xtf_bool(call, "attn_qk_norm_dim_scale");
+        if (S->dim_head % S->qk_norm_groups || S->dim_head / S->qk_norm_groups <= 2)
+            return lx_stack_error(L, call, "attn_qk_norm_groups (%d) must divide attn_dim_head (%d) into groups wider "
+                                        "than 2 (x-transformers asserts it)", S->qk_norm_groups, S->dim_head);
+        if (S->qk_norm_dim_scale && !L->V->qk_dim_scale_kv && S->kv_heads != S->heads)
+            return lx_stack_error(L, call, "attn_qk_norm_dim_scale with grouped key/values is not supported "
+                                        "(x-transformers %s scales k per query head)", L->V->name);
+    }
     int branch_zero = xtf_bool(call, "zero_init_branch_output");
     S->attn_zero_init = branch_zero || xtf_bool(call, "attn_zero_init_output");
     S->ff_zero_init = branch_zero || xtf_bool(call, "ff_zero_init_output");

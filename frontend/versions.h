@@ -40,6 +40,11 @@ typedef struct {
     int rotary_min_dim;        /* rotary dim floored at this (0: none) */
     int mask_queries;          /* the padding mask masks query rows too (else keys only) */
     int zero_padded_rows;      /* attention outputs are zeroed at padded query positions */
+    int qk_norm_fixed;         /* qk_norm: fixed qk_norm_scale, before rotary (else 0.23.0's
+                                  learned temperature, after it) */
+    int qk_dim_scale_kv;       /* qk_norm_dim_scale: k scales per key/value head and the logits
+                                  scale dim_head^-1/2 (2.x); else per head and qk_norm_scale */
+    int gate_values_bias;      /* attn_gate_values: to_v_gate has a bias */
 } XtVersion;
 
 extern const XtVersion xt_versions[XT_V_NUM];

@@ -8,13 +8,13 @@
 # CPU training module and an emulated CUDA training module (`xtc compile --train [--mask]
 # --target T -O0`, then `xtc run model.so --grads`). By default every case runs through the
 # interpreter and the CPU, and the combined cases (EMU_CASES) through the CUDA emulator too: its
-# NVRTC compile takes seconds a module, so all of them would be minutes (all 39 passed there when
+# NVRTC compile takes seconds a module, so all of them would be minutes (all 49 passed there when
 # this was written: tests/test_parity_newer.sh build . cuda-emu).
 set -u
 build=$1
 src=$2
 paths=${3:-interp cpu}
-emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_encoder_mqa_rotary_mask "
+emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask "
 [ $# -ge 3 ] && emu_cases=""
 shared=${XTC_SHARED_DIR:-$src/../shared}
 compare=$shared/parity/compare.py

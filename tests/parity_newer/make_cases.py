@@ -77,6 +77,21 @@ CASES = [
     ('encoder_mqa_rotary_mask', BOTH, 'encoder: one key/value head, rotary, LayerNorm, padding mask',
      W, 'Encoder', dict(BASE, heads=4, attn_dim_head=32, attn_one_kv_head=True, rotary_pos_emb=True),
      [5, 8]),
+    ('attn_qk_norm', BOTH, 'cosine-sim attention: l2-normalised q and k times the fixed '
+     'qk_norm_scale 10, before rotary', W, 'Decoder', dict(BASE, attn_qk_norm=True), None),
+    ('qk_norm_groups_scale', BOTH, 'qk-norm over 2 groups of each head, qk_norm_scale 8', W, 'Decoder',
+     dict(BASE, attn_qk_norm=True, attn_qk_norm_groups=2, attn_qk_norm_scale=8), None),
+    ('qk_norm_dim_scale', ('1.29.2',), '1.x qk_norm_dim_scale: learned per-feature q and k scales '
+     '(per head), logits still times qk_norm_scale', W, 'Decoder',
+     dict(BASE, attn_qk_norm=True, attn_qk_norm_dim_scale=True), None),
+    ('qk_norm_dim_scale_gqa', ('2.26.4',), '2.x qk_norm_dim_scale with grouped key/values: k scales '
+     'per key/value head, logits times dim_head^-0.5', W, 'Decoder',
+     dict(BASE, heads=4, attn_kv_heads=2, attn_qk_norm=True, attn_qk_norm_dim_scale=True), None),
+    ('attn_gate_values', BOTH, 'gated values: out * sigmoid(to_v_gate(x)) (bias in 1.x, none in 2.x)',
+     W, 'Decoder', dict(BASE, attn_gate_values=True), None),
+    ('qk_norm_rotary_mqa_mask', BOTH, 'qk-norm with rotary, one key/value head, gated values and a '
+     'padding mask', W, 'Decoder', dict(BASE, heads=4, attn_dim_head=32, attn_one_kv_head=True,
+     attn_qk_norm=True, rotary_pos_emb=True, attn_gate_values=True), [8, 7]),
 ]
 
 
