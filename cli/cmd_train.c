@@ -5,7 +5,14 @@
  * AdamW step, and a forward module with the loss for the held-out split (no dropout). Batches are random windows of the first part of the file (seeded), the held-out
  * split is its last part, evaluated on fixed windows. Checkpoints hold the weights, the
  * optimizer state and, in the metadata, everything needed to continue the same run exactly: the
- * step, the batch sampler's random state, and the data's size and hash. */
+ * step, the batch sampler's random state, and the data's size and hash.
+ *
+ * Under `mpirun -np N` (train_dist.c) every rank draws the same global batch from the same random
+ * state and computes rows [B*r/N, B*(r+1)/N) of it; the runtime sums the gradients, each weighted
+ * by its rank's share of the rows (rt_comm.c), so the step is that of the whole batch on one
+ * process up to rounding. Losses are averaged over the ranks, validation windows are split
+ * among them, and rank 0 alone prints and writes checkpoints. A stop signal on any rank reaches
+ * all of them through the per-step reduction of the loss. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -133,6 +140,36 @@ static double unigram_bits(const unsigned char *p, size_t n)
         if (count[c] > 0)
             h -= count[c] / n * log2(count[c] / n);
     return h;
+}
+
+/* XTC_TRAIN_HASHES=PREFIX (a debugging aid for the distributed tests): each rank appends "step
+ * loss hash" to PREFIX.<rank> after every step, the hash (FNV-1a) over every parameter's bytes. */
+static void write_hash(XtcSession *s, const XtcModule *m, int64_t step, double loss)
+{
+    const char *prefix = getenv("XTC_TRAIN_HASHES");
+    if (!prefix || !*prefix)
+        return;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < xtc_module_count(m, XTC_PARAM); i++) {
+        XtcTensorInfo info;
+        XtcTensor t;
+        xtc_module_tensor(m, XTC_PARAM, i, &info);
+        if (xtc_session_get_weight(s, info.name, &t))
+            continue;
+        int64_t n = 1;
+        for (int d = 0; d < t.rank; d++)
+            n *= t.shape[d];
+        const unsigned char *p = t.data;
+        for (int64_t k = 0; k < n * 4; k++)
+            h = (h ^ p[k]) * 0x100000001b3ull;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s.%d", prefix, cli_dist_rank());
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "%" PRId64 " %.9g %016" PRIx64 "\n", step, loss, h);
+        fclose(f);
+    }
 }
 
 /* ---- the run ---- */
@@ -376,6 +413,11 @@ static int validate(Models *M, const unsigned char *val, size_t nval, const CliT
 {
     if (M->eval != M->train && copy_weights(M->eval, M->train, M->eval_mod) != 0)
         return -1;
+    /* the training session validating (no dropout): each rank runs its own windows, nothing summed */
+    if (M->eval == M->train && cli_dist_size() > 1 && xtc_session_set_comm_paused(M->eval, 1) != XTC_OK) {
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(M->eval));
+        return -1;
+    }
     int64_t windows = ((int64_t)nval - 1) / seq;
     if (val_tokens > 0 && windows > (val_tokens + seq - 1) / seq)
         windows = (val_tokens + seq - 1) / seq;
@@ -389,8 +431,10 @@ static int validate(Models *M, const unsigned char *val, size_t nval, const CliT
     }
     double sum = 0;
     int rc = 0;
-    for (int64_t w = 0; w < windows && rc == 0; w += rows) {
-        int64_t r = windows - w < rows ? windows - w : rows;
+    /* this rank's windows: [first, end) */
+    int64_t first = windows * cli_dist_rank() / cli_dist_size(), end = windows * (cli_dist_rank() + 1) / cli_dist_size();
+    for (int64_t w = first; w < end && rc == 0; w += rows) {
+        int64_t r = end - w < rows ? end - w : rows;
         for (int64_t i = 0; i < r; i++)
             for (int64_t j = 0; j < seq; j++) {
                 tok[i * seq + j] = val[(w + i) * seq + j];
@@ -402,6 +446,11 @@ static int validate(Models *M, const unsigned char *val, size_t nval, const CliT
     }
     free(tok);
     free(tgt);
+    if (M->eval == M->train && cli_dist_size() > 1)
+        xtc_session_set_comm_paused(M->eval, 0);
+    if (rc) /* the other ranks wait in the sum: the caller ends the job */
+        return rc;
+    cli_dist_sum(&sum, 1);
     *loss = sum / (double)windows;
     return rc;
 }
@@ -502,8 +551,16 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     int64_t *tok = NULL, *tgt = NULL;
     struct sigaction old_sig[NSTOP];
     int handler = 0;
-    if (o->ckpt && check_ckpt_target(o->ckpt) != 0)
+    const int lead = cli_dist_rank() == 0, nranks = cli_dist_size(); /* rank 0 prints and saves */
+    if (lead && o->ckpt && check_ckpt_target(o->ckpt) != 0)
         return 1;
+    if (o->batch < nranks) {
+        fprintf(stderr, "xtc train: --batch %" PRId64 " is fewer sequences than the %d ranks\n", o->batch, nranks);
+        return 1;
+    }
+    /* this rank's rows of the global batch: [row0, row0 + rows) */
+    const int64_t row0 = o->batch * cli_dist_rank() / nranks;
+    const int64_t rows = o->batch * (cli_dist_rank() + 1) / nranks - row0;
     if (get_models(f, model, module_path, &M) != 0)
         goto done;
     int64_t seq = o->seq ? o->seq : (M.maxlen && M.maxlen < 256 ? M.maxlen : 256);
@@ -555,6 +612,14 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     } else if (init_weights(M.train, M.train_mod, o->seed) != 0) {
         goto done;
     }
+    /* several ranks: one set of weights (rank 0's), gradients summed by this rank's share */
+    if (cli_dist_attach(M.train) != 0)
+        goto done;
+    if (nranks > 1 && (xtc_session_set_grad_share(M.train, (double)rows / (double)o->batch) != XTC_OK ||
+                       xtc_session_sync(M.train) != XTC_OK)) {
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
+        goto done;
+    }
     int64_t warmup = o->warmup >= 0 ? o->warmup : (o->steps / 10 < 100 ? o->steps / 10 : 100);
     int64_t last = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
     /* validation: by default at most the tokens trained between two validations (of the whole
@@ -566,6 +631,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
         val_tokens = between < 65536 ? (int64_t)between : 65536;
     }
     double unigram = unigram_bits(data, ntrain);
+    if (lead) {
     printf("model %s: %.2fM parameters, vocabulary %" PRId64 ", %d thread%s\n", xtc_module_name(M.train_mod),
            xtc_module_param_count(M.train_mod) / 1e6, M.V, threads, threads == 1 ? "" : "s");
     printf("data  %s: %zu bytes (%zu training, %zu held out); unigram entropy %.3f bits/byte\n", data_name, len,
@@ -573,14 +639,19 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     printf("train %" PRId64 " steps of %" PRId64 " x %" PRId64 " tokens, AdamW lr %g (%s), warm-up %" PRId64
            ", weight decay %g, clip %g%s\n", o->steps, o->batch, seq, o->lr,
            o->cosine ? "cosine" : "constant", warmup, o->weight_decay, o->clip, start ? ", resumed" : "");
+    if (nranks > 1)
+        printf("data parallel: %d ranks, %" PRId64 " to %" PRId64 " sequences each; gradients, losses and "
+               "validation averaged over the ranks\n", nranks, o->batch / nranks, (o->batch + nranks - 1) / nranks);
+    }
     if (start >= last) {
-        printf("nothing to do: the checkpoint is at step %" PRId64 "\n", start);
+        if (lead)
+            printf("nothing to do: the checkpoint is at step %" PRId64 "\n", start);
         rc = 0;
         goto done;
     }
     fflush(stdout);
-    tok = malloc((size_t)(o->batch * seq) * sizeof *tok);
-    tgt = malloc((size_t)(o->batch * seq) * sizeof *tgt);
+    tok = malloc((size_t)(rows * seq) * sizeof *tok);
+    tgt = malloc((size_t)(rows * seq) * sizeof *tgt);
     if (!tok || !tgt) {
         fprintf(stderr, "xtc train: out of memory\n");
         goto done;
@@ -592,7 +663,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     for (handler = 0; handler < NSTOP; handler++)
         if (sigaction(stop_signals[handler], &sa, &old_sig[handler]) != 0)
             break;
-    int tty = isatty(2) && !o->quiet;
+    int tty = isatty(2) && !o->quiet && lead;
     int64_t log_every = o->log_every > 0 ? o->log_every : (last - start) / 10 > 0 ? (last - start) / 10 : 1;
     XtcAdamW opt = {.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = (float)o->eps,
                     .weight_decay = (float)o->weight_decay, .max_grad_norm = (float)o->clip};
@@ -603,18 +674,27 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     int64_t step;
     for (step = start + 1; step <= last; step++) {
         double t0 = now_s();
+        /* every rank draws the whole batch (the random state stays one), keeps its rows */
         for (int64_t r = 0; r < o->batch; r++) {
             size_t off = (size_t)(rt_rng_next(&rng) % (uint64_t)(ntrain - (size_t)seq));
-            for (int64_t j = 0; j < seq; j++) {
-                tok[r * seq + j] = data[off + (size_t)j];
-                tgt[r * seq + j] = data[off + (size_t)j + 1];
+            for (int64_t j = 0; r >= row0 && r < row0 + rows && j < seq; j++) {
+                tok[(r - row0) * seq + j] = data[off + (size_t)j];
+                tgt[(r - row0) * seq + j] = data[off + (size_t)j + 1];
             }
         }
         double loss;
-        /* dropout masks: a seed per step (kept below 2^53, exact in the interpreter too) */
-        uint64_t dseed = (seed * 0x9e3779b97f4a7c15ull + (uint64_t)step) & ((1ull << 53) - 1);
-        if (run_batch(M.train, tok, tgt, o->batch, seq, M.has_seed, dseed, &loss) != 0)
+        /* dropout masks: a seed per step (kept below 2^53, exact in the interpreter too), and per
+         * rank (rank 0's is that of one process), lest every rank drop the same units */
+        uint64_t dseed = (seed * 0x9e3779b97f4a7c15ull + (uint64_t)step + 0xd1b54a32d192ed03ull * (uint64_t)cli_dist_rank()) &
+                         ((1ull << 53) - 1);
+        if (run_batch(M.train, tok, tgt, rows, seq, M.has_seed, dseed, &loss) != 0)
             goto done;
+        /* the loss of the whole batch, and whether a rank was asked to stop */
+        double part = loss * (double)rows / (double)o->batch, asked = interrupted;
+        cli_dist_sum(&part, 1);
+        cli_dist_max(&asked, 1);
+        if (nranks > 1)
+            loss = part;
         if (!isfinite(loss)) {
             fprintf(stderr, "%sxtc train: training diverged: the loss is %g at step %" PRId64 "; try a lower --lr",
                     tty ? "\n" : "", loss, step);
@@ -628,6 +708,9 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
             goto done;
         }
+        write_hash(M.train, M.train_mod, step, loss);
+        /* several ranks stop together, at the step where one of them was asked to */
+        int stop = nranks > 1 ? (int)asked : interrupted;
         skipped += xtc_session_step_skipped(M.train);
         double dt = now_s() - t0;
         step_time = done_steps ? 0.9 * step_time + 0.1 * dt : dt;
@@ -641,28 +724,33 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             fprintf(stderr, "\rstep %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tok/s  lr %.2e  ETA %s   ", step,
                     o->steps, loss_sum / loss_n, tps, opt.lr, eta);
         int is_val = (o->val_every > 0 && step % o->val_every == 0) || step == last;
-        if (!tty && !o->quiet && (step % log_every == 0 || step == last) && !is_val)
+        if (!tty && !o->quiet && lead && (step % log_every == 0 || step == last) && !is_val)
             fprintf(stderr, "step %" PRId64 "/%" PRId64 "  loss %.4f  %.0f tok/s  ETA %s\n", step, o->steps,
                     loss_sum / loss_n, tps, eta);
-        if (is_val || interrupted) {
+        if (is_val || stop) {
             double tv = now_s();
             if (validate(&M, val, nval, o, seq, val_tokens, &val_loss) != 0)
                 goto done;
             val_time += now_s() - tv;
             if (tty)
                 fprintf(stderr, "\r%*s\r", 78, "");
+            if (lead)
             printf("step %5" PRId64 "  train loss %.4f  val loss %.4f (%.3f bits/byte)  %.0f tok/s", step,
                    loss_sum / loss_n, val_loss, val_loss / M_LN2, tps);
-            if (scaled)
+            if (scaled && lead)
                 printf("  loss scale %g, %" PRId64 " skipped", xtc_session_loss_scale(M.train), skipped);
-            printf("\n");
+            if (lead)
+                printf("\n");
             fflush(stdout);
             loss_sum = 0;
             loss_n = 0;
         }
-        int ckpt_now = o->ckpt && (is_val || interrupted || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
+        int ckpt_now = o->ckpt && (is_val || stop || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
         if (ckpt_now) {
-            int st = save_ckpt(M.train, o->ckpt, &rng, &id, o, seed, step, skipped);
+            int st = lead ? save_ckpt(M.train, o->ckpt, &rng, &id, o, seed, step, skipped) : XTC_OK;
+            cli_dist_bcast_int(&st); /* rank 0's outcome: every rank goes on or stops */
+            if (!lead && st != XTC_OK) /* rank 0 said why */
+                goto done;
             if (st == XTC_ERR_RANGE) { /* non-finite weights: the last good checkpoint stays */
                 fprintf(stderr, "%sxtc train: training diverged at step %" PRId64 ": %s; ", tty ? "\n" : "", step,
                         xtc_session_error(M.train));
@@ -676,20 +764,29 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
                 goto done;
             saved = step;
         }
-        if (interrupted) {
-            printf("interrupted by %s after step %" PRId64 "%s%s\n", signal_name(interrupted), step,
-                   o->ckpt ? "; continue with --resume " : "", o->ckpt ? o->ckpt : "");
-            rc = 128 + interrupted;
+        if (stop) {
+            if (lead)
+                printf("interrupted by %s after step %" PRId64 "%s%s%s\n", signal_name(stop), step,
+                       nranks > 1 && !interrupted ? " (on another rank)" : "",
+                       o->ckpt ? "; continue with --resume " : "", o->ckpt ? o->ckpt : "");
+            rc = 128 + stop;
             goto done;
         }
     }
     char total[32], vt[32];
     fmt_duration(total, sizeof total, now_s() - t_begin - val_time);
     fmt_duration(vt, sizeof vt, val_time);
+    if (lead)
     printf("done: %" PRId64 " steps in %s (and validation %s); val loss %.4f = %.3f bits/byte (unigram entropy "
            "%.3f bits/byte)%s%s\n", done_steps, total, vt, val_loss, val_loss / M_LN2, unigram, o->ckpt ? "; checkpoint " : "",
            o->ckpt ? o->ckpt : "");
-    if (scaled)
+    double comm_during = 0, comm_after = 0;
+    xtc_session_comm_time(M.train, &comm_during, &comm_after);
+    if (lead && nranks > 1 && done_steps > 0)
+        printf("gradient sums: %.1f ms per step during the backward pass, %.1f ms after it, waits for slower "
+               "ranks included (%.1f%% of the %.1f ms mean step)\n", 1e3 * comm_during / (double)done_steps, 1e3 * comm_after / (double)done_steps,
+               100 * (comm_during + comm_after) / (now_s() - t_begin - val_time), 1e3 * (now_s() - t_begin - val_time) / (double)done_steps);
+    if (scaled && lead)
         printf("loss scale %g; %" PRId64 " of the %" PRId64 " steps skipped (their fp16 gradients overflowed)\n",
                xtc_session_loss_scale(M.train), skipped, last);
     rc = 0;
@@ -837,7 +934,9 @@ int cli_train(int argc, char **argv)
         .after = "Runs are deterministic for a given number of threads: --resume after --stop-at K gives the\n"
                  "losses of the uninterrupted run (it takes the checkpoint's seed). Ctrl-C, SIGTERM and SIGHUP\n"
                  "stop after the step in progress with a checkpoint (exit 128 + the signal). A step whose\n"
-                 "loss or weights are not finite stops the run (exit 1); no such checkpoint is written.\n",
+                 "loss or weights are not finite stops the run (exit 1); no such checkpoint is written.\n"
+                 "Data parallel: mpirun -np N xtc train ... splits each batch over N processes (gradients,\n"
+                 "losses and validation averaged; rank 0 prints and checkpoints; --resume takes any N).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -852,10 +951,12 @@ int cli_train(int argc, char **argv)
         fprintf(stderr, "xtc train: --resume and --weights exclude each other\n");
         return 2;
     }
+    if (cli_dist_start() != 0) /* under mpirun: MPI, this process's rank */
+        return 1;
     size_t len = 0;
     unsigned char *data = read_file(data_path, &len);
     if (!data)
-        return 1;
+        return cli_dist_end(1);
     XtfFile *f = NULL;
     int rc = 1;
     if (cli_is_module_path(path) || !(f = cli_load_xtf(path))) {
@@ -866,5 +967,5 @@ int cli_train(int argc, char **argv)
     }
     xtf_free(f);
     free(data);
-    return rc;
+    return cli_dist_end(rc);
 }

@@ -69,6 +69,23 @@ int cli_check_byte_lm(const XtfFile *f, const char *model, const char *what);
  * the same seed; returns len. */
 size_t cli_corpus(unsigned char *out, size_t len, uint64_t seed);
 
+/* Data parallelism for `mpirun -np N xtc train` (train_dist.c): without MPI support, or when not
+ * started by an MPI launcher, one rank of one. cli_dist_start initialises MPI when a launcher
+ * started the process; cli_dist_attach gives a session the world communicator (rank 0's weights
+ * then go to every rank with xtc_session_sync); cli_dist_sum / cli_dist_max reduce v[n] over the
+ * ranks in place; cli_dist_bcast_int hands rank 0's value to all; cli_dist_end finalises with the
+ * exit status: an error (1..127) on several ranks aborts the job (MPI_Abort) so that no rank waits
+ * on one that left. */
+typedef struct XtcSession XtcSession;
+int cli_dist_start(void);
+int cli_dist_rank(void);
+int cli_dist_size(void);
+int cli_dist_attach(XtcSession *s);
+void cli_dist_sum(double *v, int n);
+void cli_dist_max(double *v, int n);
+void cli_dist_bcast_int(int *v);
+int cli_dist_end(int rc);
+
 /* The number of online CPUs (at least 1). */
 int cli_default_threads(void);
 

@@ -283,7 +283,16 @@ int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
  * default, weight decay applies to all parameters (norm gains and biases included). The state
  * (m, v per parameter, zeros at first, and the step count t) belongs to the session and goes
  * into checkpoints. The result is independent of the number of threads. Outputs of the last run
- * stay readable after a step. */
+ * stay readable after a step.
+ *
+ * For a CUDA training module the step runs on the device, with the same bits as on the host:
+ * the weights (f32 masters beside the 16-bit copies of --dtype bf16|fp16) and the moments stay
+ * there, and once a step has run there the following runs leave the gradients on the device too
+ * (xtc_session_get_output of a grad.<name> copies it when asked). The host's copies of the
+ * weights and moments are brought back only when read (xtc_session_get_weight, _get_optim, a
+ * checkpoint), and weights or state the caller sets go to the device before the next step. An
+ * fp16 module with loss scaling steps on the host, and so does any module when the environment
+ * variable XTC_OPTIM=host is set when the session's first step is taken. */
 typedef struct {
     float lr;             /* learning rate */
     float beta1, beta2;   /* moment decay rates */
@@ -363,6 +372,67 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
  * (all of it or none; a file without it resets the state). optim.* tensors are otherwise
  * ignored. On failure nothing changes. Read the metadata with the safetensors reader. */
 int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
+
+/* ---- data parallelism (runtime/rt_comm.c) ----
+ *
+ * Several processes (ranks) train one model: each runs the same training module on its share of
+ * the global batch, and xtc_session_step averages the gradients over the ranks before the AdamW
+ * step, so that every rank applies the same update to the same weights. The transport is the
+ * caller's: an XtcComm of the functions below. include/xtc_mpi.h makes one from an MPI
+ * communicator (libxtc_mpi, built when MPI is found; this header and libxtc need no MPI).
+ *
+ *  - xtc_session_run, as soon as the schedule has written the last of a bucket's gradients
+ *    (about XTC_COMM_BUCKET_BYTES, or the environment's XTC_COMM_BUCKET_BYTES when set, read by
+ *    xtc_session_set_comm; in the order backward finishes them), copies them, each times
+ *    the rank's share of the batch (xtc_session_set_grad_share, default 1/size), into a reduction
+ *    buffer and starts summing that bucket over the ranks, while the backward pass goes on; the
+ *    run returns once every bucket is summed. CUDA modules sum after the run, through host memory;
+ *    with loss scaling (fp16) the sum also waits for the unscaled gradients, and a step is skipped
+ *    on every rank when the summed gradients are not finite.
+ *  - xtc_session_step then reads the summed gradients (the grad.<name> outputs stay this rank's
+ *    own): the global-norm clip is over the averaged gradient of the whole batch, and the update
+ *    is the same bits on every rank when the sums are (XtcComm.allreduce_start must give every
+ *    rank the same bits, as MPI's reductions do).
+ *  - xtc_session_sync makes every rank's parameters, state buffers, optimizer state and loss
+ *    scale those of rank 0: call it once after loading or initialising the weights. */
+#define XTC_COMM_BUCKET_BYTES (4 << 20)
+
+typedef struct {
+    int rank, size;   /* this process, and how many take part (0 <= rank < size) */
+    void *ctx;        /* handed to every function */
+    /* starts summing data[n] over the ranks, in place, and returns a handle in *req */
+    int (*allreduce_start)(void *ctx, float *data, int64_t n, void **req, char *err, size_t errlen);
+    /* makes progress: 1 when the reduction of req is complete (req is then released), 0 while it
+     * is not; may be NULL (the reductions then progress in wait only) */
+    int (*test)(void *ctx, void *req, char *err, size_t errlen);
+    /* waits for req to complete and releases it */
+    int (*wait)(void *ctx, void *req, char *err, size_t errlen);
+    /* root's bytes[n] to every rank */
+    int (*broadcast)(void *ctx, void *data, int64_t bytes, int root, char *err, size_t errlen);
+    /* called once when the session lets go of the XtcComm (freed, or another comm set); may be NULL */
+    void (*release)(void *ctx);
+} XtcComm;
+
+/* Attaches a communicator (copied; NULL detaches): from the next run on, gradients are summed
+ * over comm->size ranks as above. Errors from its functions (returned non-zero) fail the run or
+ * the step with XTC_ERR_IO and their message. A size of 1 is allowed (sums are copies). When this
+ * call fails the caller keeps the communicator (release is not called). */
+int xtc_session_set_comm(XtcSession *s, const XtcComm *comm);
+/* The weight of this rank's gradients in the sum: its share of the global batch (rows of this
+ * rank / rows of all ranks), in (0, 1]; 1/size by default. Takes effect from the next run. */
+int xtc_session_set_grad_share(XtcSession *s, double share);
+/* Rank 0's weights, optimizer state and loss scale to every rank (a collective: every rank calls
+ * it). Without a communicator it does nothing. */
+int xtc_session_sync(XtcSession *s);
+/* While paused (paused != 0), runs sum nothing and need no other rank: evaluation on a training
+ * session, where each rank runs its own number of batches. A step after such a run is
+ * XTC_ERR_STATE. Unpause before the next training run. */
+int xtc_session_set_comm_paused(XtcSession *s, int paused);
+/* Seconds spent on the gradient sums since the communicator was attached: *during, in the step
+ * hook while the schedule runs (copies into the buckets, starting and polling sums); *after, once
+ * the schedule is done (the remaining buckets and the wait for all: what the backward pass did not
+ * hide). Zeros without a communicator. */
+int xtc_session_comm_time(const XtcSession *s, double *during, double *after);
 
 /* ---- files ---- */
 

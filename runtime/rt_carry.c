@@ -181,6 +181,27 @@ int rs_place_carried(XtcSession *s, const int64_t *syms)
     return XTC_OK;
 }
 
+
+/* The per-buffer arrays of outputs left on the device (s->lazy and its companions), allocated
+ * on first use: 0, or -1 when out of memory. */
+int rs_lazy_alloc(XtcSession *s)
+{
+    if (s->lazy)
+        return 0;
+    size_t nb = (size_t)s->m->nbufs + 1;
+    s->lazy = rt_calloc(nb, 1);
+    s->fetched = rt_calloc(nb, 1);
+    s->into = rt_calloc(nb, sizeof *s->into);
+    s->place = rt_calloc(nb, sizeof *s->place);
+    if (!s->lazy || !s->fetched || !s->into || !s->place) {
+        free(s->lazy), free(s->fetched), free(s->into), free(s->place);
+        s->lazy = s->fetched = NULL;
+        s->into = s->place = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):
  * XTC_OK, an error status, or -1 when the device cannot (then the carry copies through the host).
  * For f32 outputs of the arena into f32 inputs (no index inputs, whose values are range-checked
@@ -201,19 +222,8 @@ static int device_carry(XtcSession *s, int oi, int ib)
         st = rs_check_limits_early(s, ib, shape);
     if (st)
         return st;
-    if (!s->lazy) {
-        size_t nb = (size_t)m->nbufs;
-        s->lazy = rt_calloc(nb, 1);
-        s->fetched = rt_calloc(nb, 1);
-        s->into = rt_calloc(nb, sizeof *s->into);
-        s->place = rt_calloc(nb, sizeof *s->place);
-        if (!s->lazy || !s->fetched || !s->into || !s->place) {
-            free(s->lazy), free(s->fetched), free(s->into), free(s->place);
-            s->lazy = s->fetched = NULL;
-            s->into = s->place = NULL;
-            return -1;
-        }
-    }
+    if (rs_lazy_alloc(s))
+        return -1;
     int ob = o->buf;
     char msg[sizeof s->err];
     int r = m->device->carry(s->dev, ob, ib, s->syms, msg, sizeof msg);

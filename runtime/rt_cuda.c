@@ -21,6 +21,10 @@
  *        next runs can write a cache growing by a token a call in place over it (the session's
  *        RtDeviceRun.place; the concat kernel skips the rows already there), and the carry
  *        then copies nothing; it is reallocated only when the cache outgrows it.
+ * adamw: xtc_session_step on the device (rt_optim.c decides and adds the per-block sums): the
+ *        kernels of codegen/cuda/kernels/adamw.cuh over f32 master weights and moments kept
+ *        here, the gradients where the last run left them, the device weights rewritten in
+ *        their storage.
  * close: frees all of it.
  *
  * The session plans two arenas with one planner (rt_session.c): the device arena, where every
@@ -70,6 +74,13 @@ struct RtDevice {
     void *pinned;           /* the session's host arena, registered with the driver (page-locked:
                              * outputs come back at the bus's speed, not through the driver's
                              * own staging), or NULL */
+    /* the AdamW step (cuda_adamw): the kernels' indices in fn (-1: none), the master weights and
+     * moments [opt_total], the per-block sums [opt_nblocks], the kernels' tables */
+    int k_norm, k_update;
+    int64_t opt_total, opt_nblocks;
+    CUdeviceptr opt_master, opt_m, opt_v, opt_partial, opt_tables;
+    void *opt_host;         /* the tables as uploaded */
+    size_t opt_tables_bytes;
 };
 
 /* -1 with the message in err; -2 when the driver ran out of memory */
@@ -103,6 +114,11 @@ static void close_device(RtDevice *d)
         drv->MemFree(d->arena);
     if (d->status)
         drv->MemFree(d->status);
+    CUdeviceptr opt[] = {d->opt_master, d->opt_m, d->opt_v, d->opt_partial, d->opt_tables};
+    for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+        if (opt[i])
+            drv->MemFree(opt[i]);
+    free(d->opt_host);
     if (d->mod)
         drv->ModuleUnload(d->mod);
     if (d->stream)
@@ -141,12 +157,18 @@ static int load_module(RtDevice *d, char *err, size_t n)
                      log);
         return r == CUDA_ERROR_OUT_OF_MEMORY ? -2 : -1;
     }
-    for (int k = 0; k < d->cm->nkernels; k++)
+    d->k_norm = d->k_update = -1;
+    for (int k = 0; k < d->cm->nkernels; k++) {
         if ((r = drv->ModuleGetFunction(&d->fn[k], d->mod, d->cm->kernel_names[k])) != CUDA_SUCCESS) {
             char what[200];
             snprintf(what, sizeof what, "kernel %s is missing from the module", d->cm->kernel_names[k]);
             return cu_fail(d, r, what, err, n);
         }
+        if (!strcmp(d->cm->kernel_names[k], "xtc_adamw_norm"))
+            d->k_norm = k;
+        if (!strcmp(d->cm->kernel_names[k], "xtc_adamw_update"))
+            d->k_update = k;
+    }
     return 0;
 }
 
@@ -618,6 +640,143 @@ static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char 
 
 static void cuda_close(RtDevice *d) { close_device(d); }
 
+/* ---- the AdamW step (codegen/cuda/kernels/adamw.cuh; rt_optim.c decides and sums) ---- */
+
+/* device memory of `bytes` at *p, kept while big enough */
+static int opt_alloc(RtDevice *d, CUdeviceptr *p, size_t bytes, size_t old, char *err, size_t n)
+{
+    if (*p && bytes <= old)
+        return 0;
+    if (*p)
+        d->drv.MemFree(*p);
+    *p = 0;
+    CUresult r = d->drv.MemAlloc(p, bytes ? bytes : 1);
+    return r == CUDA_SUCCESS ? 0 : cu_fail(d, r, "allocating the optimizer's device memory", err, n);
+}
+
+/* The kernels' tables for a (the gradients where the last run left them): grads [np], weights
+ * [np], offset [np + 1], then the storage bytes of the gradients [np] and the weights [np]. */
+static int opt_tables(RtDevice *d, const RtAdamW *a, char *err, size_t n)
+{
+    size_t np = (size_t)a->nparams, bytes = np * 8 * 3 + 8 + np * 2;
+    if (bytes > d->opt_tables_bytes) {
+        void *h = rt_realloc(d->opt_host, bytes);
+        if (!h) {
+            rt_set_error(err, n, "out of memory for the optimizer's tables");
+            return -2;
+        }
+        d->opt_host = h;
+        int rc = opt_alloc(d, &d->opt_tables, bytes, 0, err, n);
+        if (rc)
+            return rc;
+        d->opt_tables_bytes = bytes;
+    }
+    uint64_t *grads = d->opt_host, *weights = grads + np;
+    int64_t *offset = (int64_t *)(weights + np);
+    uint8_t *gs = (uint8_t *)(offset + np + 1), *ws = gs + np;
+    for (size_t i = 0; i < np; i++) {
+        grads[i] = (uint64_t)(uintptr_t)d->dptr[a->grad[i]];
+        weights[i] = d->dbuf[a->param[i]];
+        gs[i] = d->cm->buf_storage[a->grad[i]];
+        ws[i] = d->cm->buf_storage[a->param[i]];
+        if (!grads[i] || !weights[i]) {
+            rt_set_error(err, n, "the device step has no gradient or weight '%s' on the device (run first)",
+                         d->m->bufs[a->param[i]].name);
+            return -1;
+        }
+    }
+    memcpy(offset, a->offset, (np + 1) * sizeof *offset);
+    CUresult r = d->drv.MemcpyHtoDAsync(d->opt_tables, d->opt_host, bytes, d->stream);
+    return r == CUDA_SUCCESS ? 0 : cu_fail(d, r, "copying the optimizer's tables", err, n);
+}
+
+static int cuda_adamw(RtDevice *d, const RtAdamW *a, char *err, size_t n)
+{
+    const RtCuDriver *drv = &d->drv;
+    if (d->k_norm < 0 || d->k_update < 0)
+        return 1;
+    CUresult r;
+    if ((r = drv->CtxSetCurrent(d->ctx)) != CUDA_SUCCESS)
+        return cu_fail(d, r, "cannot make the CUDA context current", err, n);
+    int64_t total = a->offset[a->nparams];
+    size_t fbytes = (size_t)total * sizeof(float);
+    int np = a->nparams, rc = 0;
+    switch (a->phase) {
+    case RT_ADAMW_PUSH: {
+        size_t old = (size_t)d->opt_total * sizeof(float);
+        if ((rc = opt_alloc(d, &d->opt_master, fbytes, old, err, n)) || (rc = opt_alloc(d, &d->opt_m, fbytes, old, err, n)) ||
+            (rc = opt_alloc(d, &d->opt_v, fbytes, old, err, n)) ||
+            (rc = opt_alloc(d, &d->opt_partial, (size_t)a->nblocks * sizeof(double),
+                            (size_t)d->opt_nblocks * sizeof(double), err, n)))
+            return rc;
+        d->opt_total = total > d->opt_total ? total : d->opt_total;
+        d->opt_nblocks = a->nblocks > d->opt_nblocks ? a->nblocks : d->opt_nblocks;
+        for (int i = 0; i < np && !rc; i++)
+            if ((r = drv->MemcpyHtoDAsync(d->opt_master + (CUdeviceptr)a->offset[i] * 4, a->host[a->param[i]],
+                                          (size_t)(a->offset[i + 1] - a->offset[i]) * 4, d->stream)) != CUDA_SUCCESS)
+                rc = cu_fail(d, r, "copying the weights to the device's optimizer", err, n);
+        if (!rc && ((r = drv->MemcpyHtoDAsync(d->opt_m, a->m, fbytes, d->stream)) != CUDA_SUCCESS ||
+                    (r = drv->MemcpyHtoDAsync(d->opt_v, a->v, fbytes, d->stream)) != CUDA_SUCCESS ||
+                    (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS))
+            rc = cu_fail(d, r, "copying the optimizer state to the device", err, n);
+        return rc;
+    }
+    case RT_ADAMW_NORM: {
+        if ((rc = opt_tables(d, a, err, n)))
+            return rc;
+        CUdeviceptr grads = d->opt_tables, offset = grads + (CUdeviceptr)np * 16;
+        CUdeviceptr gs = offset + (CUdeviceptr)(np + 1) * 8;
+        int64_t t = total;
+        void *args[] = {&grads, &gs, &offset, &np, &t, &d->opt_partial};
+        unsigned grid = (unsigned)(a->nblocks < 0x7fffffff ? a->nblocks : 0x7fffffff);
+        if (grid && (r = drv->LaunchKernel(d->fn[d->k_norm], grid, 1, 1, 8, 1, 1, 0, d->stream, args, NULL)) !=
+                        CUDA_SUCCESS) {
+            const char *why = drv->LaunchError ? drv->LaunchError(d->mod) : NULL;
+            char text[200];
+            rt_set_error(err, n, "the optimizer's gradient norm on %s failed: %s", d->device_name,
+                         why ? why : rt_cu_error_text(drv, r, text, sizeof text));
+            return -1;
+        }
+        if ((r = drv->MemcpyDtoHAsync(a->partial, d->opt_partial, (size_t)a->nblocks * sizeof(double), d->stream)) !=
+                CUDA_SUCCESS ||
+            (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
+            return cu_fail(d, r, "the optimizer's gradient norm", err, n);
+        return 0;
+    }
+    case RT_ADAMW_UPDATE: {
+        CUdeviceptr grads = d->opt_tables, weights = grads + (CUdeviceptr)np * 8, offset = grads + (CUdeviceptr)np * 16;
+        CUdeviceptr gs = offset + (CUdeviceptr)(np + 1) * 8, ws = gs + (CUdeviceptr)np;
+        int64_t t = total;
+        float f[9] = {a->clip, a->decay, a->b1, a->b2, a->omb1, a->omb2, a->eps, a->step_size, a->bc2};
+        void *args[19] = {&weights, &grads, &ws, &gs, &offset, &np, &t, &d->opt_master, &d->opt_m, &d->opt_v};
+        for (int i = 0; i < 9; i++)
+            args[10 + i] = &f[i];
+        int64_t blocks = (total + 255) / 256;
+        unsigned grid = (unsigned)(blocks < 65536 ? blocks : 65536);
+        if (grid && (r = drv->LaunchKernel(d->fn[d->k_update], grid, 1, 1, 256, 1, 1, 0, d->stream, args, NULL)) !=
+                        CUDA_SUCCESS) {
+            const char *why = drv->LaunchError ? drv->LaunchError(d->mod) : NULL;
+            char text[200];
+            rt_set_error(err, n, "the optimizer's update on %s failed: %s", d->device_name,
+                         why ? why : rt_cu_error_text(drv, r, text, sizeof text));
+            return -1;
+        }
+        return 0;
+    }
+    case RT_ADAMW_PULL:
+        for (int i = 0; i < np && !rc; i++)
+            if ((r = drv->MemcpyDtoHAsync(a->host[a->param[i]], d->opt_master + (CUdeviceptr)a->offset[i] * 4,
+                                          (size_t)(a->offset[i + 1] - a->offset[i]) * 4, d->stream)) != CUDA_SUCCESS)
+                rc = cu_fail(d, r, "copying the weights from the device's optimizer", err, n);
+        if (!rc && ((r = drv->MemcpyDtoHAsync(a->m, d->opt_m, fbytes, d->stream)) != CUDA_SUCCESS ||
+                    (r = drv->MemcpyDtoHAsync(a->v, d->opt_v, fbytes, d->stream)) != CUDA_SUCCESS ||
+                    (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS))
+            rc = cu_fail(d, r, "copying the optimizer state from the device", err, n);
+        return rc;
+    }
+    return -1;
+}
+
 /* The host arena, where the outputs come back: registered with the driver (page-locked), so that
  * copies into it run at the bus's speed. Best effort: where the driver refuses (a limit on
  * locked memory), the copies go through the driver's staging as before. */
@@ -654,4 +813,5 @@ const RtDeviceOps rt_cuda_device = {
     .carry = cuda_carry,
     .fetch = cuda_fetch,
     .host_arena = cuda_host_arena,
+    .adamw = cuda_adamw,
 };

@@ -126,6 +126,7 @@ typedef struct {
     void *pool;                /* the session's thread pool (rt_pool_parallel_for), for the host's
                                   share of a run (widening 16-bit outputs), or NULL */
 } RtDeviceRun;
+struct RtAdamW;
 typedef struct RtDeviceOps {
     const char *name;
     /* Opens the device for a session: returns an XtcStatus, with a message in err on failure
@@ -153,7 +154,31 @@ typedef struct RtDeviceOps {
      * the session frees it. The device may page-lock it for faster copies until then, or until
      * close. */
     void (*host_arena)(RtDevice *dev, void *p, size_t bytes);
+    /* The AdamW step on the device (struct RtAdamW below), NULL where the device has none. 0,
+     * 1 when the module has no optimizer kernels (the host steps), or -1 / -2 as run. */
+    int (*adamw)(RtDevice *dev, const struct RtAdamW *a, char *err, size_t n);
 } RtDeviceOps;
+
+/* What rt_optim.c asks of a device's AdamW step (codegen/cuda/kernels/adamw.cuh), phase by
+ * phase. The device keeps f32 master weights and the moments, a vector of `total` values cut at
+ * offset[] as the host's; the gradients are the outputs of the last run, still on the device. */
+enum { RT_ADAMW_PUSH, RT_ADAMW_NORM, RT_ADAMW_UPDATE, RT_ADAMW_PULL };
+typedef struct RtAdamW {
+    int phase;             /* PUSH: host weights and m, v to the device; NORM: partial[b], the sum
+                              of squares of block b of the gradients, to the host; UPDATE: one
+                              step with the settings below (weights, moments, the device copy of
+                              each weight); PULL: the device's weights and m, v to the host */
+    int nparams;
+    const int *param;      /* [nparams] the buffer of each parameter */
+    const int *grad;       /* [nparams] the buffer of its gradient */
+    const int64_t *offset; /* [nparams + 1] */
+    int64_t nblocks;       /* blocks of RT_ADAMW_BLOCK values */
+    double *partial;       /* NORM: [nblocks] */
+    float *m, *v;          /* the host's moments [offset[nparams]] (PUSH reads, PULL writes) */
+    void *const *host;     /* per buffer: the session's host memory of the weights (f32) */
+    float clip, decay, b1, b2, omb1, omb2, eps, step_size, bc2; /* UPDATE, as rt_optim.c */
+} RtAdamW;
+#define RT_ADAMW_BLOCK 8192
 
 /* Sets m->device when the loaded module m exports a device's symbol; -1 with m->err set when
  * that object is malformed. */
@@ -219,10 +244,28 @@ typedef struct {
 } RtScaler;
 RtScaler *rt_session_scaler(XtcSession *s);
 void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape);
+/* As rt_session_buffer, for reading: the device's weights copied back first where it holds newer
+ * ones (rt_optim_pull), and the buffer not marked for another upload. */
+const void *rt_session_weight(XtcSession *s, int buf, const int64_t **shape);
 void *rt_session_output(XtcSession *s, int out);
+/* The session's device's AdamW phase a (RtDeviceOps.adamw): 0, -1 when there is none (a CPU
+ * module, a CUDA module without the kernels), or a status with the session's error set. */
+int rt_session_device_adamw(XtcSession *s, const RtAdamW *a);
+/* Leaves output buffer buf of later runs on the device (copied when read): the gradients once the
+ * device steps from them. 0, or -1 when out of memory. */
+int rt_session_keep_on_device(XtcSession *s, int buf);
+/* per buffer: the session's own host memory of inputs and weights (the device's PUSH and PULL) */
+void *const *rt_session_own(XtcSession *s);
+/* rt_optim.c: where the device holds newer weights and moments than the host (it stepped), copies
+ * them back (0, or a status with the session's error set); rt_optim_host_write also makes the
+ * host's the newer ones (the caller is about to change them: the next device step uploads). */
+int rt_optim_pull(XtcSession *s);
+int rt_optim_host_write(XtcSession *s);
 /* 1 when output out of the last run is withheld: a training module run without its targets
  * computes the outputs that do not depend on them (logits), not the loss and gradients. */
 int rt_session_withheld(const XtcSession *s, int out);
+/* 1 when output out of the last successful run is available (not withheld), wherever it is */
+int rt_session_output_ready(const XtcSession *s, int out);
 /* rt_session_adopt takes ownership of data (f32, the buffer's constant shape, already checked) as
  * the value of parameter or state buffer buf, allocating nothing: a commit that cannot fail. */
 void rt_session_adopt(XtcSession *s, int buf, float *data);
@@ -236,6 +279,14 @@ int rt_session_fail(XtcSession *s, int status, const char *msg);
  * none). */
 void rt_session_begin(XtcSession *s);
 void rt_optim_free(struct RtOptim *o);
+/* Data parallelism (rt_comm.c): the gradient of parameter `param` (module order) summed over the
+ * ranks by the last run, NULL without a communicator; rt_session_has_comm says whether there is
+ * one. rt_optim_sync (rt_optim.c) makes the optimizer state rank 0's, whose step count is `step`
+ * (0: none, the state is dropped), with rt_comm_broadcast (rank 0's bytes to every rank). */
+int rt_session_has_comm(const XtcSession *s);
+const float *rt_comm_grad(XtcSession *s, int param);
+int rt_comm_broadcast(XtcSession *s, void *data, int64_t bytes);
+int rt_optim_sync(XtcSession *s, int64_t step);
 /* A checkpoint's optimizer state: for a tensor name "optim.m.<param>" or "optim.v.<param>", the
  * <param> it belongs to, else NULL. Wherever weights load, such a tensor of a parameter of the
  * model is ignored (a checkpoint loads as weights). */

@@ -5,7 +5,17 @@
  * The parameters are seen as one concatenated vector of `total` elements cut into fixed blocks of
  * BLOCK elements. The pool runs blocks in any order on any thread, but each block's work and the
  * order in which the per-block partial sums of the gradient norm are added do not depend on the
- * threads: a step gives the same bits with 1 or 16 threads. */
+ * threads: a step gives the same bits with 1 or 16 threads. With a communicator (rt_comm.c) the
+ * gradients read are the sums over the ranks, the same on every rank, and so is the step.
+ *
+ * On a device that has the step (a CUDA training module: codegen/cuda/kernels/adamw.cuh) the
+ * same step runs there, with the same bits: the gradients stay on the device (later runs leave
+ * them there; xtc_session_get_output copies one when asked), the device keeps f32 master
+ * weights and the moments, and only the per-block sums come to the host, which adds them in
+ * order as here. The host's copies of the weights and moments are brought up to date when read
+ * (xtc_session_get_weight, checkpoints, xtc_session_get_optim: rt_optim_pull) and sent back
+ * before the next device step when the caller changed them. Loss scaling (fp16), a communicator
+ * (gradients summed over ranks in host memory) and XTC_OPTIM=host keep the step on the host. */
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "rt_internal.h"
@@ -17,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BLOCK 8192
+#define BLOCK RT_ADAMW_BLOCK
 
 struct RtOptim {
     int nparams;
@@ -30,6 +40,10 @@ struct RtOptim {
     double last_norm;  /* before clipping; -1 before the first step */
     double *partial;   /* [nblocks] sums of squares, per block */
     int64_t nblocks;
+    int device;        /* the step runs on the session's device: 0 not yet known, 1 yes, -1 no */
+    int dev_state;     /* the device holds this optimizer's state (a PUSH was made) */
+    int dev_newer;     /* ... newer than the host's (weights, m, v): pull before reading */
+    int host_newer;    /* the host's changed since: push before the next device step */
 };
 
 void rt_optim_free(struct RtOptim *o)
@@ -80,6 +94,8 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
         return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer");
     o->nparams = np;
     o->last_norm = -1;
+    const char *where = getenv("XTC_OPTIM");
+    o->device = where && !strcmp(where, "host") ? -1 : 0;
     o->buf = rt_calloc((size_t)np + 1, sizeof *o->buf);
     o->grad = rt_calloc((size_t)np + 1, sizeof *o->grad);
     o->offset = rt_calloc((size_t)np + 1, sizeof *o->offset);
@@ -114,6 +130,36 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     *slot = o;
     *out = o;
     return XTC_OK;
+}
+
+/* The RtAdamW of phase for o over the session's buffers. */
+static RtAdamW device_phase(XtcSession *s, struct RtOptim *o, int phase, const int *gradbuf)
+{
+    return (RtAdamW){.phase = phase, .nparams = o->nparams, .param = o->buf, .grad = gradbuf, .offset = o->offset,
+                     .nblocks = o->nblocks, .partial = o->partial, .m = o->m, .v = o->v,
+                     .host = rt_session_own(s)};
+}
+
+int rt_optim_pull(XtcSession *s)
+{
+    struct RtOptim *o = *rt_session_optim(s);
+    if (!o || !o->dev_newer)
+        return XTC_OK;
+    RtAdamW a = device_phase(s, o, RT_ADAMW_PULL, NULL);
+    int st = rt_session_device_adamw(s, &a);
+    if (st > 0)
+        return st;
+    o->dev_newer = 0;
+    return XTC_OK;
+}
+
+int rt_optim_host_write(XtcSession *s)
+{
+    struct RtOptim *o = *rt_session_optim(s);
+    int st = rt_optim_pull(s);
+    if (!st && o && o->dev_state)
+        o->host_newer = 1;
+    return st;
 }
 
 XtcAdamW xtc_adamw_defaults(void)
@@ -209,6 +255,96 @@ static void update_task(void *ctx, int64_t lo, int64_t hi)
         for_pieces(ctx, blk, update_piece);
 }
 
+/* The step's settings after the gradient norm (the host's and the device's step use them). */
+static void step_settings(StepCtx *c, struct RtOptim *o, const XtcAdamW *opt, double norm)
+{
+    o->last_norm = norm;
+    if (opt->max_grad_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
+        double coef = opt->max_grad_norm / (norm + 1e-6);
+        c->clipping = 1;
+        c->clip = (float)(coef < 1 ? coef : 1);
+    }
+    o->step++;
+    double t = (double)o->step;
+    c->decay = (float)(1.0 - (double)opt->lr * opt->weight_decay);
+    c->b1 = opt->beta1;
+    c->b2 = opt->beta2;
+    c->omb1 = (float)(1.0 - opt->beta1);
+    c->omb2 = (float)(1.0 - opt->beta2);
+    c->eps = opt->eps;
+    c->step_size = (float)(opt->lr / (1.0 - pow(opt->beta1, t)));
+    c->bc2_sqrt = (float)sqrt(1.0 - pow(opt->beta2, t));
+}
+
+/* The step on the session's device (see the top of the file): XTC_OK, -1 when the device has
+ * none (the host steps, from now on), or a status with the session's error set. */
+static int device_step(XtcSession *s, struct RtOptim *o, const XtcAdamW *opt)
+{
+    const XtcModule *m = rt_session_module(s);
+    int *gradbuf = rt_calloc((size_t)o->nparams + 1, sizeof *gradbuf);
+    if (!gradbuf)
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the step");
+    int st = XTC_OK;
+    for (int i = 0; i < o->nparams && !st; i++) {
+        gradbuf[i] = m->outs[o->grad[i]].buf;
+        if (!rt_session_own(s)[o->buf[i]])
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
+        else if (!rt_session_output_ready(s, o->grad[i]))
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully%s first",
+                       rt_session_withheld(s, o->grad[i]) ? " with its targets" : "");
+    }
+    if (!st && *rt_session_stepped(s))
+        st = failf(s, XTC_ERR_STATE, "xtc_session_step: the gradients of the last run were used by a step "
+                                     "already: run the model again first");
+    RtAdamW a = device_phase(s, o, RT_ADAMW_PUSH, gradbuf);
+    if (!st && (!o->dev_state || o->host_newer)) {
+        st = rt_session_device_adamw(s, &a);
+        if (st < 0) { /* no step on this device */
+            o->device = -1;
+            free(gradbuf);
+            return -1;
+        }
+        o->dev_state = !st;
+        o->host_newer = st != 0;
+    }
+    for (int i = 0; i < o->nparams && !st; i++) /* later runs leave the gradients on the device */
+        if (rt_session_keep_on_device(s, gradbuf[i]))
+            st = failf(s, XTC_ERR_MEMORY, "out of memory for the step");
+    a.phase = RT_ADAMW_NORM;
+    if (!st)
+        st = rt_session_device_adamw(s, &a);
+    if (st) {
+        free(gradbuf);
+        return st;
+    }
+    o->device = 1;
+    double sq = 0, last_norm = o->last_norm;
+    for (int64_t b = 0; b < o->nblocks; b++)
+        sq += o->partial[b];
+    StepCtx c = {.o = o};
+    step_settings(&c, o, opt, sqrt(sq));
+    a.phase = RT_ADAMW_UPDATE;
+    a.clip = c.clipping ? c.clip : 1.0f;
+    a.decay = c.decay;
+    a.b1 = c.b1;
+    a.b2 = c.b2;
+    a.omb1 = c.omb1;
+    a.omb2 = c.omb2;
+    a.eps = c.eps;
+    a.step_size = c.step_size;
+    a.bc2 = c.bc2_sqrt;
+    st = rt_session_device_adamw(s, &a);
+    if (st) { /* the launch failed: nothing was updated */
+        o->step--;
+        o->last_norm = last_norm;
+    } else {
+        *rt_session_stepped(s) = 1;
+        o->dev_newer = 1;
+    }
+    free(gradbuf);
+    return st;
+}
+
 int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
 {
     if (!s)
@@ -226,6 +362,12 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     int st = optim_get(s, &o);
     if (st)
         return st;
+    /* the device step reads the gradients where the device left them; summed over ranks they are
+     * on the host (rt_comm_grad), and the host step takes them there */
+    if (o->device >= 0 && rt_session_scaler(s)->buf < 0 && !rt_session_has_comm(s) &&
+        (st = device_step(s, o, opt)) >= 0)
+        return st;
+    st = XTC_OK;
     float **p = rt_calloc((size_t)o->nparams + 1, sizeof *p);
     const float **g = rt_calloc((size_t)o->nparams + 1, sizeof *g);
     if (!p || !g) {
@@ -236,9 +378,14 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     const XtcModule *m = rt_session_module(s);
     for (int i = 0; i < o->nparams && !st; i++) {
         p[i] = rt_session_buffer(s, o->buf[i], NULL);
-        g[i] = rt_session_output(s, o->grad[i]);
+        /* this rank's gradients, or with a communicator those summed over the ranks (rt_comm.c) */
+        g[i] = rt_session_has_comm(s) ? (rt_session_output(s, o->grad[i]) ? rt_comm_grad(s, i) : NULL)
+                                      : rt_session_output(s, o->grad[i]);
         if (!p[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: weight '%s' is not loaded", m->bufs[o->buf[i]].name);
+        else if (!g[i] && rt_session_output(s, o->grad[i]))
+            st = failf(s, XTC_ERR_STATE, "xtc_session_step: the last run did not sum its gradients over the ranks "
+                                         "(the communicator was paused): run again unpaused first");
         else if (!g[i])
             st = failf(s, XTC_ERR_STATE, "xtc_session_step: no gradients: run the model successfully%s first",
                        rt_session_withheld(s, o->grad[i]) ? " with its targets" : "");
@@ -274,27 +421,30 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     double sq = 0;
     for (int64_t b = 0; b < o->nblocks; b++)
         sq += o->partial[b];
-    double norm = sqrt(sq);
-    o->last_norm = norm;
-    if (opt->max_grad_norm > 0) { /* torch.nn.utils.clip_grad_norm_ */
-        double coef = opt->max_grad_norm / (norm + 1e-6);
-        c.clipping = 1;
-        c.clip = (float)(coef < 1 ? coef : 1);
-    }
-    o->step++;
-    double t = (double)o->step;
-    c.decay = (float)(1.0 - (double)opt->lr * opt->weight_decay);
-    c.b1 = opt->beta1;
-    c.b2 = opt->beta2;
-    c.omb1 = (float)(1.0 - opt->beta1);
-    c.omb2 = (float)(1.0 - opt->beta2);
-    c.eps = opt->eps;
-    c.step_size = (float)(opt->lr / (1.0 - pow(opt->beta1, t)));
-    c.bc2_sqrt = (float)sqrt(1.0 - pow(opt->beta2, t));
+    step_settings(&c, o, opt, sqrt(sq));
     rt_pool_parallel_for(pool, update_task, &c, o->nblocks);
     free(p);
     free(g);
     return XTC_OK;
+}
+
+int rt_optim_sync(XtcSession *s, int64_t step)
+{
+    struct RtOptim **slot = rt_session_optim(s);
+    if (step <= 0) { /* rank 0 has taken no step: no state anywhere */
+        rt_optim_free(*slot);
+        *slot = NULL;
+        return XTC_OK;
+    }
+    struct RtOptim *o;
+    int st = optim_get(s, &o);
+    if (!st)
+        st = rt_comm_broadcast(s, o->m, o->total * (int64_t)sizeof *o->m);
+    if (!st)
+        st = rt_comm_broadcast(s, o->v, o->total * (int64_t)sizeof *o->v);
+    if (!st)
+        o->step = step;
+    return st;
 }
 
 int64_t xtc_session_step_count(const XtcSession *s)
@@ -343,9 +493,9 @@ int xtc_session_get_weight(XtcSession *s, const char *name, XtcTensor *out)
     int b = find_weight(m, name);
     if (b < 0)
         return failf(s, XTC_ERR_NAME, "the model has no parameter or buffer named '%s'", name);
-    const void *data = rt_session_buffer(s, b, NULL);
+    const void *data = rt_session_weight(s, b, NULL);
     if (!data)
-        return failf(s, XTC_ERR_STATE, "weight '%s' is not loaded", name);
+        return xtc_session_error(s)[0] ? XTC_ERR_IO : failf(s, XTC_ERR_STATE, "weight '%s' is not loaded", name);
     view(out, &m->bufs[b], data);
     return XTC_OK;
 }
@@ -358,6 +508,9 @@ int xtc_session_get_optim(XtcSession *s, const char *param, XtcTensor *mt, XtcTe
     struct RtOptim *o = *rt_session_optim(s);
     if (!o || o->step == 0)
         return failf(s, XTC_ERR_STATE, "no optimizer state yet: no step was taken");
+    int st = rt_optim_pull(s);
+    if (st)
+        return st;
     const XtcModule *m = rt_session_module(s);
     for (int i = 0; i < o->nparams; i++)
         if (strcmp(m->bufs[o->buf[i]].name, param) == 0) {
@@ -384,6 +537,8 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *mv, c
     for (int i = 0; i < o->nparams; i++)
         if (!mv[i] || !vv[i])
             return failf(s, XTC_ERR_ARG, "xtc_session_set_optim: no state for parameter %d", i);
+    if ((st = rt_optim_host_write(s)))
+        return st;
     for (int i = 0; i < o->nparams; i++) {
         size_t bytes = (size_t)(o->offset[i + 1] - o->offset[i]) * sizeof(float);
         memcpy(o->m + o->offset[i], mv[i], bytes);
@@ -423,12 +578,12 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         return failf(s, XTC_ERR_MEMORY, "out of memory writing %s", path);
     struct RtOptim *o = *rt_session_optim(s);
     char name[600], num[32];
-    int st = XTC_OK;
+    int st = rt_optim_pull(s); /* the device's weights and moments, where it stepped */
     for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
         for (int i = 0; i < m->nby_kind[k] && !st; i++) {
             int b = m->by_kind[k][i];
             const int64_t *shape;
-            const void *data = rt_session_buffer(s, b, &shape);
+            const void *data = rt_session_weight(s, b, &shape);
             int64_t n = 1, bad;
             for (int d = 0; data && d < m->bufs[b].rank; d++)
                 n *= shape[d];
@@ -444,7 +599,7 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
     for (int a = 0; a < m->naliases && !st; a++) {
         int b = m->aliases[a].buf;
         const int64_t *shape;
-        const void *data = rt_session_buffer(s, b, &shape);
+        const void *data = rt_session_weight(s, b, &shape);
         rt_st_writer_add(w, m->aliases[a].name, RT_F32, m->bufs[b].rank, shape, data);
     }
     for (int i = 0; o && o->step > 0 && i < o->nparams && !st; i++) {

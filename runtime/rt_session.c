@@ -125,6 +125,8 @@ void xtc_session_free(XtcSession *s)
     int nb = s->m ? s->m->nbufs : 0; /* no module: a failed xtc_session_new */
     rt_pool_free(s->pool);
     rt_optim_free(s->optim);
+    if (s->m)
+        rt_comm_free(s);
     if (s->dev)
         s->m->device->close(s->dev);
     free(s->changed);
@@ -323,6 +325,8 @@ int64_t rs_numel_of(int rank, const int64_t *shape)
 /* Takes ownership of data as the value of bound buffer b (input or weight) of that shape. */
 void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape)
 {
+    if (s->optim && s->m->bufs[b].kind == RT_BUF_PARAM)
+        rt_optim_host_write(s); /* the device's newer weights first: this one replaces its own */
     free(s->own[b]);
     s->own[b] = data;
     if (s->own_cap)
@@ -716,13 +720,26 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The hook after each schedule step: profiling, and starting the gradient sums that step
+ * completes (rt_comm.c; their time is not the step's). */
 static void step_done(void *ctx, int32_t step)
 {
     XtcSession *s = ctx;
-    int64_t t = now_ns();
-    s->step_s[step] += 1e-9 * (double)(t - s->last_ns);
-    s->last_ns = t;
+    if (s->step_s)
+        s->step_s[step] += 1e-9 * (double)(now_ns() - s->last_ns);
+    if (s->comm)
+        rt_comm_step_done(s, step);
+    if (s->step_s)
+        s->last_ns = now_ns();
 }
+
+void rs_update_hook(XtcSession *s)
+{
+    s->api.step_done = s->step_s || s->comm ? step_done : NULL;
+    s->api.hook_ctx = s->api.step_done ? s : NULL;
+}
+
+int rt_session_has_comm(const XtcSession *s) { return s && s->comm; }
 
 int xtc_session_set_profiling(XtcSession *s, int on)
 {
@@ -731,15 +748,11 @@ int xtc_session_set_profiling(XtcSession *s, int on)
     free(s->step_s);
     s->step_s = NULL;
     s->profiled_runs = 0;
-    s->api.step_done = NULL;
-    s->api.hook_ctx = NULL;
-    if (!on)
-        return XTC_OK;
-    s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
-    if (!s->step_s)
+    if (on && !(s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s))) {
+        rs_update_hook(s);
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
-    s->api.step_done = step_done;
-    s->api.hook_ctx = s;
+    }
+    rs_update_hook(s);
     return XTC_OK;
 }
 
@@ -872,6 +885,11 @@ static int output_withheld(const XtcSession *s, int o)
 
 int rt_session_withheld(const XtcSession *s, int out) { return s && s->m && output_withheld(s, out); }
 
+int rt_session_output_ready(const XtcSession *s, int out)
+{
+    return s && s->m && s->outputs_valid && out >= 0 && out < s->m->nouts && !output_withheld(s, out);
+}
+
 int xtc_session_run(XtcSession *s)
 {
     if (!rs_ready(s, "xtc_session_run"))
@@ -938,8 +956,12 @@ int xtc_session_run(XtcSession *s)
     if ((st = rs_place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
+    if (s->comm)
+        rt_comm_begin(s);
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : rt_run_module(m->abi->run, s->ptr, syms, &s->api);
+    if (r != 0 && s->comm)
+        rt_comm_abandon(s);
     if (r == RT_RUN_NO_STACK)
         return rs_fail(s, XTC_ERR_MEMORY, "xtc_session_run: the calling thread has less than 4 MiB of stack left and "
                                        "no thread with more could be started");
@@ -950,6 +972,8 @@ int xtc_session_run(XtcSession *s)
     if (s->step_s)
         s->profiled_runs++;
     rs_scaler_unscale(s);
+    if (s->comm && (st = rt_comm_finish(s)))
+        return st;
     memset(s->fresh, 0, (size_t)m->nbufs);
     s->stepped = 0;
     s->outputs_valid = 1;
@@ -1003,11 +1027,46 @@ void *rt_session_buffer(XtcSession *s, int buf, const int64_t **shape)
 {
     if (!s || !s->own || buf < 0 || buf >= s->m->nbufs || !s->set[buf])
         return NULL;
+    if (s->m->bufs[buf].kind == RT_BUF_PARAM && rt_optim_host_write(s))
+        return NULL;
     if (shape)
         *shape = s->shape[buf];
     if (s->changed) /* the caller may write it (an optimizer step): a device uploads it again */
         s->changed[buf] = 1;
     return s->own[buf];
+}
+
+const void *rt_session_weight(XtcSession *s, int buf, const int64_t **shape)
+{
+    if (!s || !s->own || buf < 0 || buf >= s->m->nbufs || !s->set[buf])
+        return NULL;
+    if (s->m->bufs[buf].kind == RT_BUF_PARAM && rt_optim_pull(s))
+        return NULL;
+    if (shape)
+        *shape = s->shape[buf];
+    return s->own[buf];
+}
+
+int rt_session_device_adamw(XtcSession *s, const RtAdamW *a)
+{
+    if (!s->dev || !s->m->device->adamw)
+        return -1;
+    char msg[sizeof s->err];
+    int r = s->m->device->adamw(s->dev, a, msg, sizeof msg);
+    if (r < 0)
+        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "the optimizer on %s: %s",
+                       s->m->device->device_name(s->dev), msg);
+    return r > 0 ? -1 : XTC_OK;
+}
+
+void *const *rt_session_own(XtcSession *s) { return s->own; }
+
+int rt_session_keep_on_device(XtcSession *s, int buf)
+{
+    if (rs_lazy_alloc(s))
+        return -1;
+    s->lazy[buf] = 1;
+    return 0;
 }
 
 void *rt_session_output(XtcSession *s, int out)

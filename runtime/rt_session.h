@@ -1,7 +1,7 @@
 /* rt_session.h: the session object and the helpers its files share (rt_session.c: creation,
  * binding, runs and outputs; rt_arena.c: the memory plan and the bounds of a call's work;
  * rt_carry.c: limits on sums of symbols and carrying outputs into inputs; rt_scaler.c: loss
- * scaling). Private to the runtime. */
+ * scaling; rt_comm.c: gradients summed over ranks). Private to the runtime. */
 #ifndef XTC_RT_SESSION_H
 #define XTC_RT_SESSION_H
 
@@ -63,6 +63,7 @@ struct XtcSession {
     uint8_t *fetched;            /* ... and copied to the host when read after the last run */
     int *into;                   /* the input it was carried into (1 + its buffer, 0: none) */
     int *place;                  /* for the next run: 1 + the input it appends to (appends_to) */
+    struct RtComm *comm;         /* data parallelism (rt_comm.c), NULL: this process alone */
     /* profiling */
     double *step_s;              /* per step: seconds over the profiled runs */
     int profiled_runs;
@@ -90,8 +91,17 @@ int rs_check_limits(XtcSession *s, const int64_t *syms, const int *known, int b,
 int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
 int rs_find_output(const XtcModule *m, const char *name);
 int rs_place_carried(XtcSession *s, const int64_t *syms);
+int rs_lazy_alloc(XtcSession *s);
 int rs_scaler_bind(XtcSession *s);
 int rs_scaler_init(XtcSession *s);
 void rs_scaler_unscale(XtcSession *s);
+void rs_update_hook(XtcSession *s);
+/* rt_comm.c: a run's reductions (begin before the schedule, the step hook during it, finish after
+ * a successful run, abandon after a failed one) */
+void rt_comm_begin(XtcSession *s);
+void rt_comm_step_done(XtcSession *s, int32_t step);
+int rt_comm_finish(XtcSession *s);
+void rt_comm_abandon(XtcSession *s);
+void rt_comm_free(XtcSession *s);
 
 #endif

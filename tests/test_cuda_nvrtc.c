@@ -549,6 +549,60 @@ START_TEST(test_compile_modules)
 }
 END_TEST
 
+/* The kernels written as CUDA source (codegen/cuda/kernels: the device's AdamW step), after the
+ * generated prelude as a training module has them: NVRTC compiles them, ptxas assembles them for
+ * sm_80 and sm_90 without spilling registers, and the PTX has every entry point. */
+START_TEST(test_library_kernels)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    IrGraph *g = ir_graph_new("lib");
+    char *src = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&src, &len);
+    cu_prelude(f, g, 2, 1);
+    fprintf(f, "\n%s", cg_embed_adamw_cuh);
+    fclose(f);
+    const char *arch[] = {"sm_80", "sm_90"};
+    for (int a = 0; a < 2; a++) {
+        char err[4096], *ptx = NULL, path[512], log[512], flag[32];
+        ck_assert_msg(cg_nvrtc_compile(src, "adamw.cu", arch[a], &ptx, err, sizeof err) == 0, "%s", err);
+        for (int k = 0; k < 2; k++) {
+            char entry[128];
+            snprintf(entry, sizeof entry, ".entry %s(", cu_lib_kernels[k].name);
+            ck_assert_msg(strstr(ptx, entry), "no %s in the PTX for %s", entry, arch[a]);
+        }
+        snprintf(path, sizeof path, "%s/adamw_%s.ptx", tmpdir, arch[a]);
+        snprintf(log, sizeof log, "%s/adamw_%s.log", tmpdir, arch[a]);
+        harness_write_text(strrchr(path, '/') + 1, ptx);
+        free(ptx);
+        snprintf(flag, sizeof flag, "-arch=%s", arch[a]);
+        char *argv[] = {(char *)XTC_PTXAS, "-v", flag, path, "-o", "/dev/null", NULL};
+        ck_assert_msg(cg_run_program(argv, log) == 0, "ptxas %s %s failed", flag, path);
+        char *text = harness_read_file(log, NULL);
+        ck_assert_ptr_nonnull(text);
+        const char *what[] = {"bytes spill stores", "bytes spill loads"};
+        for (int w = 0; w < 2; w++) {
+            int kernels = 0;
+            for (const char *p = strstr(text, what[w]); p; p = strstr(p + 1, what[w])) {
+                const char *q = p;
+                while (q > text && q[-1] == ' ')
+                    q--;
+                while (q > text && q[-1] >= '0' && q[-1] <= '9')
+                    q--;
+                ck_assert_msg(atoi(q) == 0, "a library kernel spills for %s:\n%s", arch[a], text);
+                kernels++;
+            }
+            ck_assert_msg(kernels >= 2, "ptxas -v for %s reports %d kernels:\n%s", arch[a], kernels, text);
+        }
+        free(text);
+    }
+    free(src);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* NVRTC's log reaches the message */
 START_TEST(test_nvrtc_errors)
 {
@@ -574,6 +628,10 @@ static Suite *suite(void)
     tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
     tcase_add_test(tc, test_compile_modules);
     suite_add_tcase(s, tc);
+    TCase *lib = tcase_create("library kernels");
+    tcase_set_timeout(lib, 600);
+    tcase_add_test(lib, test_library_kernels);
+    suite_add_tcase(s, lib);
     return s;
 }
 

@@ -1,7 +1,8 @@
 /* test_optim.c: the runtime's training half (runtime/rt_optim.c): the AdamW step of
  * xtc_session_step against an independent double-precision implementation of
  * torch.optim.AdamW (+ clip_grad_norm_), the same bits for any number of threads, the
- * optimizer state through checkpoints, and the errors.
+ * optimizer state through checkpoints, the errors, and the gradients summed through a
+ * communicator (runtime/rt_comm.c, with a fake one; tests/test_mpi.sh runs MPI).
  *
  * The model is a compiled training module of a small graph whose gradients are known in closed
  * form: loss = sum(w * x) + sum(b * y) + 0.5 * sum(b * b), so grad.w = x and grad.b = y + b (it
@@ -404,6 +405,117 @@ START_TEST(test_errors)
 }
 END_TEST
 
+/* ---- data parallelism without MPI: a communicator of two ranks where the other rank had the
+ * same gradients (a sum is the data times 2), so that with the default share 1/2 the summed
+ * gradients are this rank's own, bit for bit ---- */
+
+typedef struct {
+    int starts, waits, tests, bcasts, released, fail;
+    int64_t floats, bcast_bytes;
+} FakeComm;
+
+static int fake_start(void *ctx, float *data, int64_t n, void **req, char *err, size_t errlen)
+{
+    FakeComm *f = ctx;
+    if (f->fail) {
+        snprintf(err, errlen, "the fake link is down");
+        return -1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        data[i] *= 2;
+    f->starts++;
+    f->floats += n;
+    *req = f;
+    return 0;
+}
+
+static int fake_test(void *ctx, void *req, char *err, size_t errlen)
+{
+    (void)req, (void)err, (void)errlen;
+    ((FakeComm *)ctx)->tests++;
+    return 0; /* never done early: every bucket is waited for */
+}
+
+static int fake_wait(void *ctx, void *req, char *err, size_t errlen)
+{
+    (void)req, (void)err, (void)errlen;
+    ((FakeComm *)ctx)->waits++;
+    return 0;
+}
+
+static int fake_bcast(void *ctx, void *data, int64_t bytes, int root, char *err, size_t errlen)
+{
+    (void)data, (void)root, (void)err, (void)errlen;
+    FakeComm *f = ctx;
+    f->bcasts++;
+    f->bcast_bytes += bytes;
+    return 0;
+}
+
+static void fake_release(void *ctx) { ((FakeComm *)ctx)->released++; }
+
+START_TEST(test_comm_sums_gradients)
+{
+    static Data d;
+    fill(&d, 5);
+    XtcModule *m1, *m2;
+    XtcSession *alone = session(&m1, module_path, 2, &d), *ranked = session(&m2, module_path, 2, &d);
+    FakeComm f = {0};
+    XtcComm c = {.rank = 0, .size = 2, .ctx = &f, .allreduce_start = fake_start, .test = fake_test,
+                 .wait = fake_wait, .broadcast = fake_bcast, .release = fake_release};
+    XtcComm no_wait = c;
+    no_wait.wait = NULL;
+    ck_assert_int_eq(xtc_session_set_comm(ranked, &no_wait), XTC_ERR_ARG);
+    ck_assert_int_eq(xtc_session_set_grad_share(ranked, 0.5), XTC_ERR_STATE); /* no communicator yet */
+    ck_assert_int_eq(xtc_session_set_comm(ranked, &c), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_grad_share(ranked, 0), XTC_ERR_RANGE);
+    ck_assert_int_eq(xtc_session_set_grad_share(ranked, 1.5), XTC_ERR_RANGE);
+    ck_assert_int_eq(xtc_session_sync(ranked), XTC_OK); /* w, b, and the step count (0: no state) */
+    ck_assert_int_eq(f.bcasts, 3);
+    ck_assert_int_eq(f.bcast_bytes, (NW + NB) * 4 + 8);
+    for (int k = 0; k < 3; k++) {
+        XtcAdamW o = settings(k);
+        run_step(alone, &o);
+        run_step(ranked, &o);
+        ck_assert_msg(memcmp(weight(alone, "w"), weight(ranked, "w"), NW * 4) == 0, "w differs at step %d", k + 1);
+        ck_assert_msg(memcmp(weight(alone, "layer.b"), weight(ranked, "layer.b"), NB * 4) == 0, "b differs");
+        ck_assert(xtc_session_grad_norm(alone) == xtc_session_grad_norm(ranked)); /* the clip's norm */
+    }
+    /* one bucket per parameter here (each alone, or both within 4 MiB): every float summed once a run */
+    ck_assert_int_eq(f.floats, 3 * (NW + NB));
+    ck_assert_int_eq(f.waits, f.starts);
+    ck_assert_int_eq(xtc_session_sync(ranked), XTC_OK); /* now with the optimizer's m and v */
+    ck_assert_int_eq(f.bcasts, 3 + 5);
+    /* paused (evaluation): the run sums nothing, and no step follows it */
+    int starts = f.starts;
+    ck_assert_int_eq(xtc_session_set_comm_paused(ranked, 1), XTC_OK);
+    ck_assert_msg(xtc_session_run(ranked) == XTC_OK, "%s", xtc_session_error(ranked));
+    ck_assert_int_eq(f.starts, starts);
+    XtcAdamW o0 = settings(0);
+    ck_assert_int_eq(xtc_session_step(ranked, &o0), XTC_ERR_STATE);
+    ck_assert_msg(strstr(xtc_session_error(ranked), "paused"), "%s", xtc_session_error(ranked));
+    ck_assert_int_eq(xtc_session_set_comm_paused(ranked, 0), XTC_OK);
+    double during = -1, after = -1;
+    ck_assert_int_eq(xtc_session_comm_time(ranked, &during, &after), XTC_OK);
+    ck_assert(during >= 0 && after >= 0);
+    /* a failed sum fails the run, naming the communicator's message; no step on those gradients */
+    f.fail = 1;
+    ck_assert_int_eq(xtc_session_run(ranked), XTC_ERR_IO);
+    ck_assert_msg(strstr(xtc_session_error(ranked), "the fake link is down"), "%s", xtc_session_error(ranked));
+    XtcAdamW o = settings(0);
+    ck_assert_int_eq(xtc_session_step(ranked, &o), XTC_ERR_STATE);
+    ck_assert_int_eq(f.released, 0);
+    ck_assert_int_eq(xtc_session_set_comm(ranked, NULL), XTC_OK); /* detached: released once */
+    ck_assert_int_eq(f.released, 1);
+    ck_assert_int_eq(xtc_session_set_comm(ranked, &c), XTC_OK);
+    xtc_session_free(ranked);
+    ck_assert_int_eq(f.released, 2);
+    xtc_session_free(alone);
+    xtc_module_free(m1);
+    xtc_module_free(m2);
+}
+END_TEST
+
 /* A weight's initialisation rule (IrInit) survives the IR text and the passes' rewrite, goes into
  * the module, and rt_init_module_param fills by it; a later rule replaces an earlier one. */
 START_TEST(test_init_hint)
@@ -498,6 +610,7 @@ int main(void)
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_init_rules);
     tcase_add_test(tc, test_init_hint);
+    tcase_add_test(tc, test_comm_sums_gradients);
     suite_add_tcase(su, tc);
     return harness_run(su, "optim");
 }

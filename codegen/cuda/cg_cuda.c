@@ -54,6 +54,29 @@ static char *emu_call_text(const CuGen *gen, const CgKernel *K)
     return buf;
 }
 
+/* The kernels of codegen/cuda/kernels/adamw.cuh, in the order the module lists them. */
+const CuLibKernel cu_lib_kernels[] = {
+    {"xtc_adamw_norm",
+     "xtc_adamw_norm(*(const void *const **)a[0], *(const u8 **)a[1], *(const i64 **)a[2], *(int *)a[3], "
+     "*(i64 *)a[4], *(double **)a[5])",
+     1},
+    {"xtc_adamw_update",
+     "xtc_adamw_update(*(void *const **)a[0], *(const void *const **)a[1], *(const u8 **)a[2], *(const u8 **)a[3], "
+     "*(const i64 **)a[4], *(int *)a[5], *(i64 *)a[6], *(float **)a[7], *(float **)a[8], *(float **)a[9], "
+     "*(float *)a[10], *(float *)a[11], *(float *)a[12], *(float *)a[13], *(float *)a[14], *(float *)a[15], "
+     "*(float *)a[16], *(float *)a[17], *(float *)a[18])",
+     0},
+};
+
+/* Whether g is a training graph: it has grad.<param> outputs, which the optimizer steps from. */
+static int trains(const IrGraph *g)
+{
+    for (int i = 0; i < g->noutputs; i++)
+        if (g->outputs[i].name && !strncmp(g->outputs[i].name, "grad.", 5))
+            return 1;
+    return 0;
+}
+
 void cg_cuda_unit_free(CuUnit *u)
 {
     for (int k = 0; k < u->nkernels; k++) {
@@ -132,6 +155,10 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
     cu_prelude(f, plan->g, nk, u->gen.storage);
     for (int k = 0; k < nk; k++)
         fprintf(f, "\n%s", u->kernel_text[k]);
+    if (trains(plan->g)) { /* the device's AdamW step over the grad.<param> outputs */
+        fprintf(f, "\n%s", cg_embed_adamw_cuh);
+        u->nlib = 2;
+    }
     if (fclose(f) != 0) {
         snprintf(err, n, "out of memory");
         cg_cuda_unit_free(u);

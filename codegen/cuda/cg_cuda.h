@@ -80,7 +80,18 @@ typedef struct {
     char **emu_call;     /* [nkernels]: the emulator's call of the kernel from cuLaunchKernel args */
     CuGeom *geom;        /* [nkernels] */
     int *sync;           /* [nkernels] */
+    /* kernels of the source files under codegen/cuda/kernels appended after the plan's (the
+     * runtime launches them by name: a training module's AdamW step), cu_lib_kernels[0..nlib) */
+    int nlib;
 } CuUnit;
+
+/* A kernel written as CUDA source (a file of codegen/cuda/kernels), not generated per plan. */
+typedef struct {
+    const char *name;     /* its entry point */
+    const char *emu_call; /* the emulator's call of it from cuLaunchKernel-style args `a` */
+    int sync;             /* uses __syncthreads */
+} CuLibKernel;
+extern const CuLibKernel cu_lib_kernels[];
 
 /* cg_cuda_ops.c: the lowering of op, or NULL when the table has no entry for it. */
 const CuLower *cg_cuda_lowering(IrOp op);
@@ -167,5 +178,7 @@ int cg_nvrtc_compile(const char *source, const char *name, const char *arch, cha
 /* The texts of codegen/cuda/xtc_cuda_emu.h, include/abi/rt_abi.h and include/abi/rt_cuda_abi.h, embedded at
  * build time (CMake writes cg_cuda_embed.c): the compiled code includes them. */
 extern const char cg_embed_emu_h[], cg_embed_rt_abi_h[], cg_embed_rt_cuda_abi_h[];
+/* codegen/cuda/kernels/adamw.cuh (cu_lib_kernels, runtime/rt_cuda.c's device optimizer) */
+extern const char cg_embed_adamw_cuh[];
 
 #endif

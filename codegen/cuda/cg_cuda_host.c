@@ -154,10 +154,13 @@ char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, co
         put_string(f, ptx);
         fprintf(f, ";\n\n");
     }
-    if (u->nkernels) {
+    int all = u->nkernels + u->nlib;
+    if (all) {
         fprintf(f, "static const char *const xtc_kernel_names[] = {\n");
         for (int k = 0; k < u->nkernels; k++)
             fprintf(f, "    \"%s\",\n", u->plan->kernels[k].fn);
+        for (int k = 0; k < u->nlib; k++)
+            fprintf(f, "    \"%s\",\n", cu_lib_kernels[k].name);
         fprintf(f, "};\n\n");
     }
     /* how each buffer's floating-point values are stored on the device (--dtype) */
@@ -174,7 +177,7 @@ char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, co
                "xtc_no_host_run};\n\n");
     fprintf(f, "const XtcCudaModuleV1 xtc_cuda_module_v1 = {\n");
     fprintf(f, "    XTC_CUDA_MAGIC, XTC_CUDA_VERSION, \"%s\", %s, xtc_cuda_c,\n", u->arch, ptx ? "xtc_ptx" : "0");
-    fprintf(f, "    %d, %s, xtc_cuda_run, %s,\n", u->nkernels, u->nkernels ? "xtc_kernel_names" : "0",
+    fprintf(f, "    %d, %s, xtc_cuda_run, %s,\n", all, all ? "xtc_kernel_names" : "0",
             u->emu ? "&xtc_emu_module" : "0");
     fprintf(f, "    %d, xtc_buf_storage,\n};\n", u->plan->nbufs);
     if (fclose(f) != 0) {
@@ -195,17 +198,21 @@ char *cg_cuda_emu_main(const CuUnit *u)
             u->gen.g->name ? u->gen.g->name : "model");
     fprintf(f, " * the emulated driver finds them in (runtime/rt_cuda_emu.c). */\n");
     fprintf(f, "#include \"xtc_cuda_emu.h\"\n#include \"kernels.cu\"\n\n");
-    for (int k = 0; k < u->nkernels; k++)
-        fprintf(f, "static void xtc_emu_call_k%d(void **a)\n{\n    %s;\n}\n\n", k, u->emu_call[k]);
-    if (u->nkernels) {
+    int all = u->nkernels + u->nlib;
+    for (int k = 0; k < all; k++)
+        fprintf(f, "static void xtc_emu_call_k%d(void **a)\n{\n    %s;\n}\n\n", k,
+                k < u->nkernels ? u->emu_call[k] : cu_lib_kernels[k - u->nkernels].emu_call);
+    if (all) {
         fprintf(f, "static const XtcEmuKernel xtc_emu_kernels[] = {\n");
-        for (int k = 0; k < u->nkernels; k++)
-            fprintf(f, "    {\"%s\", xtc_emu_call_k%d, %d},\n", u->plan->kernels[k].fn, k, u->sync[k]);
+        for (int k = 0; k < all; k++)
+            fprintf(f, "    {\"%s\", xtc_emu_call_k%d, %d},\n",
+                    k < u->nkernels ? u->plan->kernels[k].fn : cu_lib_kernels[k - u->nkernels].name, k,
+                    k < u->nkernels ? u->sync[k] : cu_lib_kernels[k - u->nkernels].sync);
         fprintf(f, "};\n\n");
     }
     fprintf(f, "__attribute__((visibility(\"hidden\"))) const XtcEmuModule xtc_emu_module = {\n");
-    fprintf(f, "    XTC_EMU_MAGIC, XTC_EMU_VERSION, %d, %s, xtc_emu_launch, xtc_emu_release,\n};\n", u->nkernels,
-            u->nkernels ? "xtc_emu_kernels" : "0");
+    fprintf(f, "    XTC_EMU_MAGIC, XTC_EMU_VERSION, %d, %s, xtc_emu_launch, xtc_emu_release,\n};\n", all,
+            all ? "xtc_emu_kernels" : "0");
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

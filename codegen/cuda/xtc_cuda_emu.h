@@ -16,6 +16,9 @@
  *                                                  reached the same operation, then exchanges
  *   atomicAdd atomicSub atomicExch atomicMax atomicMin atomicCAS atomicAnd atomicOr atomicXor
  *   __threadfence rsqrtf __expf __logf __fdividef __int_as_float __float_as_int __ldg ...
+ *   __fadd_rn __fsub_rn __fmul_rn __fdiv_rn __fsqrt_rn   IEEE single operations that the GPU
+ *                                                  compiler does not contract into FMAs: plain
+ *                                                  C arithmetic here (the same bits)
  *
  * Threads are coroutines: every thread of a block has its own stack; the scheduler runs one
  * thread until it finishes or stops at a barrier or warp operation, then the next, in the order
@@ -441,6 +444,11 @@ static inline float xtc_emu_saturatef(float x) { return x != x ? 0.0f : x < 0.0f
 #define __cosf(x) cosf(x)
 #define __fdividef(a, b) ((a) / (b))
 #define __fmaf_rn(a, b, c) fmaf((a), (b), (c))
+#define __fadd_rn(a, b) ((float)(a) + (float)(b))
+#define __fsub_rn(a, b) ((float)(a) - (float)(b))
+#define __fmul_rn(a, b) ((float)(a) * (float)(b))
+#define __fdiv_rn(a, b) ((float)(a) / (float)(b))
+#define __fsqrt_rn(a) sqrtf(a)
 #define __ldg(p) (*(p))
 
 /* ---- the launcher ---- */

@@ -84,7 +84,7 @@ static inline double xtc_alibi_slope(int64_t heads, int64_t h)
 typedef void (*XtcTaskFn)(void *ctx, int64_t lo, int64_t hi);
 typedef void (*XtcParallelFor)(void *pool, XtcTaskFn fn, void *ctx, int64_t n);
 
-/* Called after each schedule step when profiling (NULL otherwise). */
+/* Called after each schedule step when profiling or summing gradients over ranks (NULL otherwise). */
 typedef void (*XtcStepHook)(void *ctx, int32_t step);
 
 /* What the runtime hands to a module's run function. */

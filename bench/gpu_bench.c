@@ -1,0 +1,275 @@
+/* gpu_bench.c: the xtc half of bench/gpu_compare.sh: times a compiled module (a CUDA module on a
+ * GPU, or a cuda-emu module in the script's --dry-run) through the public API only, and prints
+ * one JSON line per shape. Built by that script against include/xtc.h and libxtc_rt.a, so it
+ * runs where the module runs (no LLVM needed).
+ *
+ *   gpu_bench fwd    MODULE.so ITERS WARMUP BxN...   forward (xtc_session_run)
+ *   gpu_bench train  MODULE.so ITERS WARMUP BxN...   training step: run (loss, gradients) + AdamW
+ *   gpu_bench decode MODULE.so CONTEXT TOKENS        KV-cache decoding: a prompt of CONTEXT - TOKENS
+ *                                                    tokens, then TOKENS one-token calls
+ *
+ * fwd and train report the median and minimum wall time of ITERS runs (each run synchronises with
+ * the device, and copies its outputs to the host: the logits of a forward, the loss of a training
+ * step), and from extra profiled runs the device's own time per run summed over the kernels
+ * ("kernels_ms", CUDA events) with the attention kernels' share ("attention_ms" and
+ * "attention_grad_ms", the ops of those names). decode reports tokens/s of the one-token calls
+ * (each reads its logits back, as a sampler would). Weights are random (the speed does not
+ * depend on them). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "xtc.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static int die(XtcSession *s, const char *what)
+{
+    fprintf(stderr, "gpu_bench: %s: %s\n", what, xtc_session_error(s));
+    return 1;
+}
+
+static int random_weights(const XtcModule *m, XtcSession *s)
+{
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
+            XtcTensorInfo t;
+            xtc_module_tensor(m, (XtcKind)kind, i, &t);
+            int64_t n = 1;
+            for (int d = 0; d < t.rank; d++)
+                n *= t.shape[d];
+            float *w = malloc((size_t)(n ? n : 1) * sizeof *w);
+            if (!w) {
+                fprintf(stderr, "gpu_bench: out of memory for '%s'\n", t.name);
+                return 1;
+            }
+            for (int64_t k = 0; k < n; k++)
+                w[k] = (float)((double)(next() >> 11) * 0x1.0p-53 - 0.5) * 0.04f;
+            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, w);
+            free(w);
+            if (st)
+                return die(s, t.name);
+        }
+    return 0;
+}
+
+static int64_t vocab(const XtcModule *m)
+{
+    XtcTensorInfo lg;
+    if (xtc_module_tensor(m, XTC_OUTPUT, xtc_module_find(m, XTC_OUTPUT, "logits"), &lg) || lg.rank < 1)
+        return 2;
+    return lg.shape[lg.rank - 1];
+}
+
+/* Device milliseconds per run summed over all steps and over those of the ops "attention" and
+ * "attention_grad", from `runs` profiled runs. */
+static int profile(const XtcModule *m, XtcSession *s, int runs, double ms[3])
+{
+    int n = xtc_module_num_steps(m);
+    double *secs = calloc((size_t)n + 1, sizeof *secs);
+    if (!secs || xtc_session_set_profiling(s, 1)) {
+        free(secs);
+        return die(s, "profiling");
+    }
+    for (int r = 0; r < runs; r++)
+        if (xtc_session_run(s)) {
+            free(secs);
+            return die(s, "profiled run");
+        }
+    int got = xtc_session_profile_steps(s, secs, n);
+    ms[0] = ms[1] = ms[2] = 0;
+    for (int i = 0; i < n && got > 0; i++) {
+        int k = -1;
+        const char *fn = NULL, *op = "";
+        xtc_module_step(m, i, &k, NULL);
+        xtc_module_kernel(m, k, &fn, &op, NULL);
+        double v = 1e3 * secs[i] / got;
+        ms[0] += v;
+        if (op && !strcmp(op, "attention"))
+            ms[1] += v;
+        if (op && !strcmp(op, "attention_grad"))
+            ms[2] += v;
+    }
+    xtc_session_set_profiling(s, 0);
+    free(secs);
+    return 0;
+}
+
+static int timed(const char *mode, const char *path, const XtcModule *m, XtcSession *s, int iters, int warmup,
+                 int64_t B, int64_t N)
+{
+    int train = !strcmp(mode, "train");
+    int64_t V = vocab(m), shape[2] = {B, N};
+    int64_t *tok = malloc((size_t)(B * N) * sizeof *tok), *tgt = malloc((size_t)(B * N) * sizeof *tgt);
+    double *t = calloc((size_t)iters, sizeof *t);
+    if (!tok || !tgt || !t) {
+        fprintf(stderr, "gpu_bench: out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < B * N; i++) {
+        tok[i] = (int64_t)(next() % (uint64_t)V);
+        tgt[i] = (int64_t)(next() % (uint64_t)V);
+    }
+    int rc = 1;
+    if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||
+        (train && xtc_session_set_input(s, "targets", XTC_I64, 2, shape, tgt))) {
+        die(s, "inputs");
+        goto done;
+    }
+    XtcAdamW opt = xtc_adamw_defaults();
+    opt.lr = 1e-4f;
+    opt.max_grad_norm = 1.0f;
+    for (int it = -warmup; it < iters; it++) {
+        double t0 = now();
+        if (xtc_session_run(s) || (train && xtc_session_step(s, &opt))) {
+            die(s, train ? "training step" : "run");
+            goto done;
+        }
+        if (it >= 0)
+            t[it] = now() - t0;
+    }
+    double ms[3];
+    if (profile(m, s, iters < 3 ? iters : 3, ms))
+        goto done;
+    double min = t[0];
+    for (int i = 1; i < iters; i++)
+        min = t[i] < min ? t[i] : min;
+    double med = median(t, iters);
+    printf("{\"mode\": \"%s\", \"module\": \"%s\", \"device\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
+           "\"params\": %lld, \"median_ms\": %.4f, \"min_ms\": %.4f, \"kernels_ms\": %.4f, \"attention_ms\": %.4f, "
+           "\"attention_grad_ms\": %.4f, \"iters\": %d, \"tok_per_s\": %.1f}\n",
+           mode, path, xtc_session_device(s), (long long)B, (long long)N, (long long)xtc_module_param_count(m),
+           1e3 * med, 1e3 * min, ms[0], ms[1], ms[2], iters, (double)(B * N) / med);
+    fflush(stdout);
+    rc = 0;
+done:
+    free(tok);
+    free(tgt);
+    free(t);
+    return rc;
+}
+
+/* A prompt of ctx - tokens, then `tokens` one-token calls carrying the caches. */
+static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t ctx, int64_t tokens)
+{
+    const char *names[256];
+    int nc = 0;
+    for (int i = 0; i < xtc_module_count(m, XTC_INPUT) && nc < 256; i++) {
+        XtcTensorInfo t;
+        xtc_module_tensor(m, XTC_INPUT, i, &t);
+        if (!strncmp(t.name, "cache.", 6) && t.rank == 4) {
+            int64_t cs[4] = {1, 0, t.shape[2], t.shape[3]};
+            float dummy = 0;
+            names[nc++] = t.name;
+            if (xtc_session_set_input(s, t.name, XTC_F32, 4, cs, &dummy))
+                return die(s, t.name);
+        }
+    }
+    if (!nc || tokens < 1 || ctx <= tokens) {
+        fprintf(stderr, "gpu_bench: %s is not a --kv-cache module, or CONTEXT <= TOKENS\n", path);
+        return 1;
+    }
+    int64_t V = vocab(m), prompt = ctx - tokens;
+    int64_t *tok = malloc((size_t)ctx * sizeof *tok);
+    if (!tok)
+        return 1;
+    for (int64_t i = 0; i < ctx; i++)
+        tok[i] = (int64_t)(next() % (uint64_t)V);
+    int64_t shape[2] = {1, prompt};
+    double t0 = now();
+    if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) || xtc_session_run(s)) {
+        free(tok);
+        return die(s, "prompt");
+    }
+    double t1 = now();
+    for (int64_t i = 0; i < tokens; i++) {
+        shape[1] = 1;
+        XtcTensor lg;
+        for (int c = 0; c < nc; c++)
+            if (xtc_session_carry(s, names[c], names[c])) {
+                free(tok);
+                return die(s, "carry");
+            }
+        if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok + prompt + i) || xtc_session_run(s) ||
+            xtc_session_get_output(s, "logits", &lg)) {
+            free(tok);
+            return die(s, "one-token call");
+        }
+    }
+    double t2 = now();
+    printf("{\"mode\": \"decode\", \"module\": \"%s\", \"device\": \"%s\", \"context\": %lld, \"tokens\": %lld, "
+           "\"prompt_ms\": %.3f, \"ms_per_token\": %.4f, \"tok_per_s\": %.1f}\n",
+           path, xtc_session_device(s), (long long)ctx, (long long)tokens, 1e3 * (t1 - t0),
+           1e3 * (t2 - t1) / (double)tokens, (double)tokens / (t2 - t1));
+    free(tok);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5 || (strcmp(argv[1], "fwd") && strcmp(argv[1], "train") && strcmp(argv[1], "decode"))) {
+        fprintf(stderr, "usage: gpu_bench fwd|train MODULE.so ITERS WARMUP BxN...\n"
+                        "       gpu_bench decode MODULE.so CONTEXT TOKENS\n");
+        return 2;
+    }
+    XtcModule *m;
+    if (xtc_module_load(argv[2], &m)) {
+        fprintf(stderr, "gpu_bench: %s\n", xtc_module_error(m));
+        return 1;
+    }
+    XtcSession *s;
+    XtcSessionOptions so = {.threads = XTC_THREADS_AUTO};
+    if (xtc_session_new(m, &so, &s))
+        return die(s, "session");
+    int rc = random_weights(m, s);
+    if (!rc && !strcmp(argv[1], "decode")) {
+        rc = decode(argv[2], m, s, atoll(argv[3]), atoll(argv[4]));
+    } else if (!rc) {
+        int iters = atoi(argv[3]), warmup = atoi(argv[4]);
+        if (iters < 1 || iters > 1000 || warmup < 0 || argc < 6) {
+            fprintf(stderr, "gpu_bench: bad ITERS, WARMUP or no BxN\n");
+            rc = 2;
+        }
+        for (int a = 5; a < argc && !rc; a++) {
+            long long B = 0, N = 0;
+            if (sscanf(argv[a], "%lldx%lld", &B, &N) != 2 || B < 1 || N < 1) {
+                fprintf(stderr, "gpu_bench: '%s' is not BxN\n", argv[a]);
+                rc = 2;
+            } else {
+                rc = timed(argv[1], argv[2], m, s, iters, warmup, B, N);
+            }
+        }
+    }
+    xtc_session_free(s);
+    xtc_module_free(m);
+    return rc;
+}

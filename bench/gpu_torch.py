@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""gpu_torch.py: the PyTorch half of bench/gpu_compare.sh (self-contained: the lent GPU machine
+gets the repository only). One JSON line per measurement on stdout.
+
+The model is x-transformers' GPT as xtc compiles it from a TransformerWrapper + Decoder (pre-norm
+LayerNorm, causal attention through scaled_dot_product_attention, to_qkv / to_out without bias,
+GELU feed-forward x4 with bias, learned absolute positions scaled by dim**-0.5, final LayerNorm,
+logits without bias), the model of ../shared/bench/torch_gpt.py with SDPA and a KV cache.
+
+  gpu_torch.py gpt --vocab V --dim D --depth L --heads H --shapes 8x1024,1x1024
+                   [--dtypes f32,bf16] [--modes fwd,train] [--compile] [--device cuda]
+  gpu_torch.py attn --seqs 1024,4096 --tokens 16384 [--heads 8 --dim-head 64] [--dtype bf16]
+  gpu_torch.py decode --vocab V --dim D --depth L --heads H --context 1024 --tokens 64 [--dtypes f32,bf16]
+
+gpt times eager mode (or torch.compile with --compile): 'fwd' is a no-grad forward, 'train' a
+whole step (forward, cross-entropy, backward, AdamW: fused=True on CUDA). bf16 is autocast with
+f32 master weights, as mixed-precision training is run. attn times causal attention alone,
+(B, H, N, 64) with B = tokens / N: forward, and forward + backward (backward = the difference).
+decode times one-token steps with a KV cache after a prompt of context - tokens.
+"""
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def sdpa(q, k, v, causal):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F._scaled_dot_product_attention(q, k, v, None, 0.0, False, causal)[0]  # torch 1.13
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.to_qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.to_out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, cache=None, pos=0):
+        b, n, d = x.shape
+        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if cache is not None:  # cache: (k, v) buffers (b, h, max, dh), filled up to pos
+            cache[0][:, :, pos:pos + n] = k
+            cache[1][:, :, pos:pos + n] = v
+            k, v = cache[0][:, :, :pos + n], cache[1][:, :, :pos + n]
+        o = sdpa(q, k, v, causal=n > 1)
+        return self.to_out(o.transpose(1, 2).reshape(b, n, d))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x, cache=None, pos=0):
+        x = x + self.attn(self.ln1(x), cache, pos)
+        return x + self.ff(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, dim, depth, heads, seq):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(seq, dim)
+        self.pos_scale = dim ** -0.5
+        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(depth)])
+        self.ln_f = nn.LayerNorm(dim)
+        self.to_logits = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx, caches=None, pos=0):
+        n = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(pos, pos + n, device=idx.device)) * self.pos_scale
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, caches[i] if caches is not None else None, pos)
+        return self.to_logits(self.ln_f(x))
+
+
+def sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def timeit(fn, iters, warmup, dev):
+    for _ in range(warmup):
+        fn()
+    sync(dev)
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync(dev)
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    mid = len(ts) // 2
+    med = ts[mid] if len(ts) % 2 else 0.5 * (ts[mid - 1] + ts[mid])
+    return 1e3 * med, 1e3 * ts[0]
+
+
+def autocast(dev, dtype):
+    if dtype != "bf16":
+        return torch.autocast(dev, enabled=False) if hasattr(torch, "autocast") else nullctx()
+    return torch.autocast(dev, dtype=torch.bfloat16)
+
+
+class nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+def emit(**kw):
+    kw["torch"] = torch.__version__
+    print(json.dumps(kw), flush=True)
+
+
+def shapes_of(text):
+    return [tuple(int(v) for v in s.split("x")) for s in text.split(",") if s]
+
+
+def run_gpt(a):
+    dev = a.device
+    torch.manual_seed(0)
+    maxseq = max(n for _, n in shapes_of(a.shapes))
+    model = GPT(a.vocab, a.dim, a.depth, a.heads, maxseq).to(dev)
+    impl = "compile" if a.compile else "eager"
+    fused = dev == "cuda"
+    try:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
+    except (TypeError, RuntimeError):
+        fused = False
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    net = torch.compile(model) if a.compile else model
+    for b, n in shapes_of(a.shapes):
+        idx = torch.randint(0, a.vocab, (b, n), device=dev)
+        tgt = torch.randint(0, a.vocab, (b, n), device=dev)
+        for dtype in a.dtypes.split(","):
+            for mode in a.modes.split(","):
+                if mode == "fwd":
+                    def step():
+                        with torch.no_grad(), autocast(dev, dtype):
+                            net(idx)
+                else:
+                    def step():
+                        opt.zero_grad(set_to_none=True)
+                        with autocast(dev, dtype):
+                            logits = net(idx)
+                        loss = F.cross_entropy(logits.float().view(-1, a.vocab), tgt.view(-1))
+                        loss.backward()
+                        opt.step()
+                model.train(mode == "train")
+                med, mn = timeit(step, a.iters, a.warmup, dev)
+                emit(kind="gpt", impl=impl, mode=mode, dtype=dtype, batch=b, seq=n, median_ms=med, min_ms=mn,
+                     fused_adamw=fused, device=dev, tok_per_s=b * n / med * 1e3)
+
+
+def run_attn(a):
+    dev = a.device
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    for n in [int(s) for s in a.seqs.split(",") if s]:
+        b = max(1, a.tokens // n)
+        q, k, v = (torch.randn(b, a.heads, n, a.dim_head, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
+        g = torch.randn(b, a.heads, n, a.dim_head, device=dev, dtype=dt)
+
+        def fwd():
+            with torch.no_grad():
+                sdpa(q, k, v, True)
+
+        def fwdbwd():
+            o = sdpa(q, k, v, True)
+            o.backward(g)
+
+        fm, _ = timeit(fwd, a.iters, 1, dev)
+        bm, _ = timeit(fwdbwd, a.iters, 1, dev)
+        flop = 4.0 * b * a.heads * n * n * a.dim_head / 2  # causal: half of QK^T and PV
+        emit(kind="attn", dtype=a.dtype, batch=b, heads=a.heads, seq=n, dim_head=a.dim_head, fwd_ms=fm,
+             bwd_ms=max(bm - fm, 0.0), fwd_tflops=flop / fm * 1e-9, device=dev)
+
+
+def run_decode(a):
+    dev = a.device
+    torch.manual_seed(0)
+    model = GPT(a.vocab, a.dim, a.depth, a.heads, a.context).to(dev).eval()
+    dh = a.dim // a.heads
+    prompt = a.context - a.tokens
+    idx = torch.randint(0, a.vocab, (1, a.context), device=dev)
+    for dtype in a.dtypes.split(","):
+        cdt = torch.bfloat16 if dtype == "bf16" and dev == "cuda" else torch.float32
+        with torch.no_grad(), autocast(dev, dtype):
+            caches = [(torch.zeros(1, a.heads, a.context, dh, device=dev, dtype=cdt),
+                       torch.zeros(1, a.heads, a.context, dh, device=dev, dtype=cdt)) for _ in range(a.depth)]
+            t0 = time.perf_counter()
+            model(idx[:, :prompt], caches, 0)
+            sync(dev)
+            t1 = time.perf_counter()
+            for i in range(a.tokens):
+                logits = model(idx[:, prompt + i:prompt + i + 1], caches, prompt + i)
+                logits.float().cpu()  # read back, as a sampler would
+            sync(dev)
+            t2 = time.perf_counter()
+        emit(kind="decode", dtype=dtype, context=a.context, tokens=a.tokens, prompt_ms=1e3 * (t1 - t0),
+             ms_per_token=1e3 * (t2 - t1) / a.tokens, tok_per_s=a.tokens / (t2 - t1), device=dev)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("gpt", "attn", "decode"):
+        s = sub.add_parser(name)
+        s.add_argument("--device", default="cuda")
+        s.add_argument("--iters", type=int, default=10)
+        s.add_argument("--warmup", type=int, default=3)
+        if name in ("gpt", "decode"):
+            for k in ("vocab", "dim", "depth", "heads"):
+                s.add_argument("--" + k, type=int, required=True)
+            s.add_argument("--dtypes", default="f32,bf16")
+    g = sub.choices["gpt"]
+    g.add_argument("--shapes", required=True)
+    g.add_argument("--modes", default="fwd,train")
+    g.add_argument("--compile", action="store_true")
+    t = sub.choices["attn"]
+    t.add_argument("--seqs", required=True)
+    t.add_argument("--tokens", type=int, default=16384)
+    t.add_argument("--heads", type=int, default=8)
+    t.add_argument("--dim-head", type=int, default=64)
+    t.add_argument("--dtype", default="bf16")
+    d = sub.choices["decode"]
+    d.add_argument("--context", type=int, default=1024)
+    d.add_argument("--tokens", type=int, default=64)
+    a = p.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_torch.py: no CUDA device for PyTorch %s" % torch.__version__)
+    if a.cmd == "gpt" and a.compile and not hasattr(torch, "compile"):
+        emit(kind="gpt", impl="compile", skipped="torch.compile is not in PyTorch %s" % torch.__version__)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as xtc's default (--mma off)
+    {"gpt": run_gpt, "attn": run_attn, "decode": run_decode}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()
