@@ -16,6 +16,7 @@ int cli_compile(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_init(int argc, char **argv);
 int cli_options(int argc, char **argv);
+int cli_convert(int argc, char **argv); /* cmd_convert.c */
 int cli_train(int argc, char **argv);    /* cmd_train.c */
 int cli_generate(int argc, char **argv); /* cmd_generate.c */
 int cli_demo_train(int argc, char **argv); /* demo_train.c: what `xtc demo` runs */

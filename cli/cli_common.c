@@ -9,6 +9,7 @@
 #include "codegen.h"
 #include "rt_fileio.h"
 #include "passes.h"
+#include "versions.h"
 
 int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n)
 {
@@ -169,7 +170,8 @@ int cli_check(int argc, char **argv)
         xtf_free(f);
         return 1;
     }
-    printf("%s: ok, %d model%s\n", path, f->nstmts, f->nstmts == 1 ? "" : "s");
+    int nmodels = f->nstmts - (f->nstmts > 0 && !strcmp(f->stmts[0].name, XT_VERSION_KEY)); /* not the version */
+    printf("%s: ok, %d model%s\n", path, nmodels, nmodels == 1 ? "" : "s");
     xtf_free(f);
     return 0;
 }

@@ -31,13 +31,18 @@ static void default_text(const XtfOption *o, char *buf, size_t n)
 static int row(void *arg, const char *key, const XtfOption *o)
 {
     int markdown = *(int *)arg;
-    char type[160], def[64];
+    char type[160], def[64], vers[96];
     xtf_option_type_name(o, type, sizeof type);
     default_text(o, def, sizeof def);
-    if (markdown)
-        printf("| `%s` | %s | %s | %s |\n", key, type, def, status_name(o->status));
+    unsigned v = xtf_option_versions(o);
+    if (v == XT_V_ALL)
+        snprintf(vers, sizeof vers, "all");
     else
-        printf("  %-28s %-44s %-10s %s\n", key, type, def, status_name(o->status));
+        xt_version_list(v, vers, sizeof vers);
+    if (markdown)
+        printf("| `%s` | %s | %s | %s | %s |\n", key, type, def, status_name(o->status), vers);
+    else
+        printf("  %-28s %-44s %-10s %-18s %s\n", key, type, def, status_name(o->status), vers);
     return 0;
 }
 
@@ -51,8 +56,9 @@ int cli_options(int argc, char **argv)
     const CliCmd cmd = {
         .name = "options", .usage = "[CONSTRUCTOR] [--markdown]",
         .about = "Lists every constructor of the language and its options: type, default and\n"
-                 "whether xtc supports it (x-transformers 0.23.0 names; routed enc_/dec_ keys of\n"
-                 "XTransformer included).\n",
+                 "whether xtc supports it, and the x-transformers versions in which xtc takes it (a\n"
+                 "file states its version with a first statement xtransformers = \"2.26.4\"; without\n"
+                 "one it mirrors 0.23.0). Routed enc_/dec_ keys of XTransformer included.\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &only, .maxpos = 1, .pos_name = "constructor",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -72,7 +78,7 @@ int cli_options(int argc, char **argv)
             continue;
         }
         if (markdown)
-            printf("\n#### `%s` (%s)\n\n| option | type | default | status |\n|---|---|---|---|\n", ctor->name,
+            printf("\n#### `%s` (%s)\n\n| option | type | default | status | versions |\n|---|---|---|---|---|\n", ctor->name,
                    status_name(ctor->status));
         else
             printf("\n%s (%s)\n", ctor->name, status_name(ctor->status));

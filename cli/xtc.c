@@ -23,6 +23,7 @@ static const struct {
     {"generate", cli_generate, "sample text from a trained model with a KV cache"},
     {"ir", cli_ir, "print the IR of a model (after lowering, or after a pass)"},
     {"check", cli_check, "parse and check a .xtf file, reporting every error"},
+    {"convert", cli_convert, "convert a checkpoint between x-transformers versions (same model)"},
     {"options", cli_options, "list the constructors and options of the language, and what is supported"},
     {"demo", cli_demo_train, "train the bundled tiny GPT on generated text, then sample from it"},
     {"version", cli_version, "print the version, the commit, LLVM, and whether CUDA is available (--version, -V)"},

@@ -428,6 +428,23 @@ static void unknown_option(Checker *C, const XtfCtor *c, const XtfArg *a)
     }
 }
 
+/* An option xtc does not accept for the file's x-transformers version. */
+static void wrong_version(Checker *C, const XtfArg *a, const XtfOption *o)
+{
+    char vs[96];
+    const char *file_v = xt_versions[C->f->version].name;
+    xt_version_list(xtf_option_versions(o), vs, sizeof vs);
+    if (C->f->version == XT_V0_23)
+        xtf_diag_error(C->d, C->f, a->loc,
+                       "'%s' is not an option of x-transformers 0.23.0 (xtc takes it for %s: "
+                       "state the version first, as in %s = \"%s\")",
+                       a->key, vs, XT_VERSION_KEY, xt_versions[XT_V_NUM - 1].name);
+    else
+        xtf_diag_error(C->d, C->f, a->loc,
+                       "'%s' is not supported for x-transformers %s (xtc takes it for %s)", a->key,
+                       file_v, vs);
+}
+
 static void check_layers(Checker *C, const XtfValue *call, const char *prefix, int causal);
 
 static void check_call(Checker *C, XtfValue *call)
@@ -478,6 +495,8 @@ static void check_call(Checker *C, XtfValue *call)
                            o->why);
         } else if (o->status == XTF_NOT_YET && c->status != XTF_NOT_YET) {
             xtf_diag_error(C->d, C->f, a->loc, "'%s' is not supported yet", a->key);
+        } else if (!(xtf_option_versions(o) & XT_V_BIT(C->f->version))) {
+            wrong_version(C, a, o);
         } else {
             key_ok = 1;
         }
@@ -541,8 +560,27 @@ static void check_layers(Checker *C, const XtfValue *call, const char *prefix, i
     exclusive(C, call, KEY(k1, "use_rmsnorm"), KEY(k2, "use_scalenorm"));
     exclusive(C, call, KEY(k1, "rel_pos_bias"), KEY(k2, "alibi_pos_bias"));
 
+    const XtVersion *V = &xt_versions[C->f->version];
+    exclusive(C, call, KEY(k1, "use_simple_rmsnorm"), KEY(k2, "use_rmsnorm"));
+    exclusive(C, call, KEY(k1, "use_simple_rmsnorm"), KEY(k2, "use_scalenorm"));
+    if (xtf_has(call, KEY(k1, "attn_kv_heads"))) {
+        int64_t kvh = xtf_int(call, k1), heads = xtf_int(call, KEY(k2, "heads"));
+        if (xtf_bool(call, KEY(k3, "attn_one_kv_head")))
+            xtf_diag_error(C->d, C->f, where(call, k3, 1), "%s and %s are mutually exclusive", k1, k3);
+        else if (heads % kvh != 0)
+            xtf_diag_error(C->d, C->f, where(call, k1, 0), "%s (%lld) must divide %s (%lld)", k1,
+                           (long long)kvh, k2, (long long)heads);
+    }
+
     int64_t dim_head = xtf_int(call, KEY(k1, "attn_dim_head"));
-    if (xtf_bool(call, KEY(k2, "rotary_pos_emb"))) {
+    if (xtf_bool(call, KEY(k2, "rotary_pos_emb")) && !V->rotary_min_dim) {
+        /* 2.x: rotary_emb_dim or dim_head // 2, no floor */
+        int64_t rd = xtf_has(call, KEY(k3, "rotary_emb_dim")) ? xtf_int(call, k3) : dim_head / 2;
+        if (rd % 2 != 0 || rd < 2 || rd > dim_head)
+            xtf_diag_error(C->d, C->f, where(call, xtf_has(call, k3) ? k3 : k1, 0),
+                           "the rotary dimension (%lld: %s, or %s / 2) must be even, at least 2 and "
+                           "at most %s (%lld)", (long long)rd, k3, k1, k1, (long long)dim_head);
+    } else if (xtf_bool(call, KEY(k2, "rotary_pos_emb"))) {
         if (dim_head < 32) {
             xtf_diag_error(C->d, C->f, where(call, k1, 0),
                            "%s needs %s >= 32 (x-transformers fails on narrower heads), got %lld",
@@ -588,6 +626,25 @@ static void check_layers(Checker *C, const XtfValue *call, const char *prefix, i
 
 /* ---- the file ---- */
 
+/* xtransformers = "2.26.4": the version the file mirrors; first, so that it governs every model */
+static void version_stmt(Checker *C, int i)
+{
+    const XtfStmt *s = &C->f->stmts[i];
+    const XtfValue *v = s->value;
+    int ver = v && v->kind == XV_STRING ? xt_version_find(v->s) : -1;
+    if (i != 0) {
+        xtf_diag_error(C->d, C->f, s->loc, "'%s' must be the first statement of the file",
+                       XT_VERSION_KEY);
+    } else if (ver < 0) {
+        char vs[96];
+        xt_version_list(XT_V_ALL, vs, sizeof vs);
+        xtf_diag_error(C->d, C->f, v ? v->loc : s->loc,
+                       "%s names the x-transformers version as a string: one of %s", XT_VERSION_KEY, vs);
+    } else {
+        C->f->version = ver;
+    }
+}
+
 int xtf_check(XtfFile *f, XtfDiag *d)
 {
     if (!f)
@@ -609,6 +666,11 @@ int xtf_check(XtfFile *f, XtfDiag *d)
         }
         for (int i = 0; i < f->nstmts; i++) {
             C.current = i;
+            if (strcmp(f->stmts[i].name, XT_VERSION_KEY) == 0) {
+                version_stmt(&C, i);
+                *map_slot(&C.visible, f, f->stmts[i].name) = i;
+                continue;
+            }
             const XtfStmt *s = &f->stmts[i];
             const XtfStmt *first = map_get(&C.first, f, s->name);
             if (strlen(s->name) > IR_MAX_NAME) /* it names the model's graph in the IR text */

@@ -41,7 +41,7 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
     IrNode *emb_w;
     if (L->tied_emb) { /* one module under two state_dict names */
         char alias[300];
-        snprintf(alias, sizeof alias, "%stoken_emb.weight", L->root);
+        snprintf(alias, sizeof alias, "%s%s", L->root, L->V->token_emb);
         emb_w = L->tied_emb;
         if (emb_w && !(ir_dim_eq(emb_w->shape[0], C(V)) && ir_dim_eq(emb_w->shape[1], C(emb_dim)))) {
             lx_stack_error(L, call, "tie_token_emb needs equal enc_num_tokens and dec_num_tokens");
@@ -49,11 +49,12 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
         }
         ir_alias(g, alias, emb_w);
     } else {
-        emb_w = lx_init(L, lx_paramv(L, 0, 2, es, "token_emb.weight"), IR_INIT_NORMAL, /* kaiming_normal_ */
+        emb_w = lx_init(L, lx_paramv(L, 0, 2, es, "%s", L->V->token_emb), IR_INIT_NORMAL, /* kaiming_normal_ */
                         sqrt(2.0 / emb_dim));
     }
     IrNode *x = lx_lab(L, ir_gather(g, emb_w, tokens), "token_emb");
-    if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
+    /* use_pos_emb (0.23.0), renamed use_abs_pos_emb later: a file can set only its own */
+    if (xtf_bool(call, "use_pos_emb") && xtf_bool(call, "use_abs_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(emb_dim)};
         IrNode *pe = lx_init(L, lx_paramv(L, 0, 2, ps, "pos_emb.emb.weight"), IR_INIT_NORMAL, 1.0);
         IrNode *pos = ir_slice(g, pe, 0, L->pos_offset, seq_of(tokens));
@@ -74,13 +75,13 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
     }
     x = lx_attention_layers(L, &S, x);
     L->mask = saved_mask;
-    x = lx_lab(L, lx_layer_norm(L, x, "norm", S.dim), "final_norm");
+    x = lx_lab(L, lx_final_norm(L, &S, x), "final_norm");
     if (M > 0)
         x = ir_slice(g, x, 1, C(M), seq_of(tokens));
     *hidden = x;
     if (xtf_bool(call, "tie_embedding"))
         return ir_matmul(g, x, emb_w, 1);
-    return lx_linear(L, x, "to_logits", S.dim, V, 1);
+    return lx_linear(L, x, "to_logits", S.dim, V, L->V->linear_biases);
 }
 
 static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
@@ -165,7 +166,7 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         /* the call's positions follow the cache's: all of them within the position table */
         if (ir_graph_add_limit(g, ir_dim_add(c, n), xtf_int(call, "max_seq_len")) < 0)
             return -1;
-        IrDim cs[4] = {L->B, c, C(S.heads), C(S.dim_head)};
+        IrDim cs[4] = {L->B, c, C(S.kv_heads), C(S.dim_head)}; /* grouped: key/value heads */
         char name[48];
         for (int i = 0; i < S.ntypes; i++)
             if (S.types[i] == 'a') {
@@ -537,6 +538,7 @@ IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, 
     Lp->f = f;
     Lp->d = d;
     Lp->opt = opts ? opts : &none;
+    Lp->V = &xt_versions[f->version >= 0 && f->version < XT_V_NUM ? f->version : 0];
     Lp->root = Lp->vroot = "";
     int rc;
     if (strcmp(call->s, "TransformerWrapper") == 0)

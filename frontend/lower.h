@@ -18,7 +18,7 @@
 #include "options.h"
 #include "rt_abi.h" /* xtc_alibi_slope: the one definition, shared with the runtime's init rule */
 
-typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
+typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS, NORM_SIMPLE_RMS } NormKind;
 
 #define MAX_LAYERS 512
 
@@ -26,6 +26,8 @@ typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
 typedef struct {
     const XtfValue *call;
     int dim, depth, heads, dim_head;
+    int kv_heads;               /* attn_kv_heads / attn_one_kv_head (1.x, 2.x); = heads without */
+    int unit_offset;            /* 2.x norm_add_unit_offset: stored gains are gain - 1 */
     int causal, cross_attend, only_cross;
     NormKind norm;
     int pre_norm, sandwich_norm, rezero, macaron;
@@ -35,6 +37,8 @@ typedef struct {
     int pia;                    /* position_infused_attn */
     int use_qk_norm_attn, qk_norm;
     double qk_scale_init;       /* the log-temperature qk_norm's scale starts at (section 9) */
+    double qk_norm_scale;       /* 1.x, 2.x: the fixed scale of cosine-sim logits */
+    int qk_norm_groups, qk_norm_dim_scale;
     int attn_zero_init, ff_zero_init; /* zero_init_output: to_out, and the FF's last Linear start at 0 */
     int collab_qk;              /* collab_heads: the width of the shared q and k, 0 = off */
     int talking_heads, on_attn, gate_values, head_scale, num_mem_kv;
@@ -42,7 +46,7 @@ typedef struct {
     int max_attend_past;        /* the attention window w, 0 = off */
     int entmax15;
     int alibi, alibi_heads, alibi_learned; /* section 7.4: learned slopes (or not causal) */
-    int ff_glu, ff_relu_squared, ff_post_act_ln;
+    int ff_glu, ff_relu_squared, ff_post_act_ln, ff_swish, ff_no_bias;
     double ff_mult;
     double attn_dropout, ff_dropout;
     char types[MAX_LAYERS];
@@ -55,6 +59,7 @@ typedef struct {
     const XtfFile *f;
     XtfDiag *d;
     const XtLowerOpts *opt;
+    const XtVersion *V;   /* the x-transformers version the file mirrors (versions.h) */
     const char *root;     /* state_dict prefix of the current wrapper ("", "encoder.", ...) */
     const char *vroot;    /* label prefix ("", "enc.", ...) */
     IrDim B;
@@ -107,6 +112,7 @@ IrNode *lx_lab(Lx *L, IrNode *n, const char *fmt, ...);
 IrNode *lx_linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int bias);
 IrNode *lx_layer_norm(Lx *L, IrNode *x, const char *prefix, int d);
 IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix);
+IrNode *lx_final_norm(Lx *L, const Stack *S, IrNode *x);
 IrNode *lx_dropout(Lx *L, IrNode *x, double p);
 IrNode *lx_per_head(Lx *L, IrNode *v, int nv, int heads);
 IrNode *lx_shift_tokens(Lx *L, const Stack *S, IrNode *x, int s, IrNode *mask);

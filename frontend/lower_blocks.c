@@ -79,10 +79,56 @@ static IrNode *scale_norm(Lx *L, IrNode *x, const char *prefix, int d, int gdim,
     return mul(L, ir_binary(L->g, IR_DIV, x, nrm), lx_init(L, lx_param1(L, gdim, prefix, "g"), IR_INIT_CONST, 1.0));
 }
 
+/* F.normalize(x, dim=-1): x / max(||x||, 1e-12) */
+static IrNode *l2norm(Lx *L, IrNode *x)
+{
+    IrNode *nrm = un(L, IR_SQRT, ir_reduce(L->g, IR_SUM, mul(L, x, x), -1));
+    return ir_binary(L->g, IR_DIV, x, ir_binary(L->g, IR_MAX, nrm, cf(L, 1e-12)));
+}
+
+/* A learned gain of the newer norms: the parameter, plus one where 2.x stores gain - 1 */
+static IrNode *norm_gain(Lx *L, const Stack *S, const char *prefix, const char *leaf, int d)
+{
+    IrNode *g = lx_init(L, lx_param1(L, d, prefix, leaf), IR_INIT_CONST, S->unit_offset ? 0.0 : 1.0);
+    return S->unit_offset ? add(L, g, cf(L, 1)) : g;
+}
+
+/* The norms of 1.x and 2.x: bias-free LayerNorm (gain 'gamma'; 1.29.2 adds its zero 'beta'
+ * buffer), and RMSNorm, ScaleNorm, SimpleRMSNorm as F.normalize(x) * sqrt(d) (* gain 'g') */
+static IrNode *newer_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
+{
+    int d = S->dim;
+    if (S->norm == NORM_LAYER) {
+        IrNode *xc = sub(L, x, mean_last(L, x, d));
+        IrNode *var = mean_last(L, mul(L, xc, xc), d);
+        IrNode *y = mul(L, mul(L, xc, un(L, IR_RSQRT, add(L, var, cf(L, 1e-5)))), norm_gain(L, S, prefix, "gamma", d));
+        if (L->V->ln_beta_buffer) {
+            IrDim bs[1] = {C(d)};
+            y = add(L, y, lx_init(L, lx_paramv(L, 1, 1, bs, "%s.beta", prefix), IR_INIT_CONST, 0.0));
+        }
+        return y;
+    }
+    IrNode *y = mul(L, l2norm(L, x), cf(L, sqrt((double)d)));
+    if (S->norm == NORM_SIMPLE_RMS)
+        return y;
+    return mul(L, y, norm_gain(L, S, prefix, "g", S->norm == NORM_SCALE ? 1 : d));
+}
+
+/* The norm after the last layer: 0.23.0's wrapper LayerNorm 'norm', or from 1.x on the stack's
+ * own norm class as attn_layers.final_norm */
+IrNode *lx_final_norm(Lx *L, const Stack *S, IrNode *x)
+{
+    if (!L->V->final_norm_follows)
+        return lx_layer_norm(L, x, L->V->final_norm, S->dim);
+    return newer_norm(L, S, x, L->V->final_norm);
+}
+
 IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
 {
     if (S->rezero) /* use_rezero: every block norm is Identity */
         return x;
+    if (!L->V->norm_legacy_eps)
+        return newer_norm(L, S, x, prefix);
     switch (S->norm) {
     case NORM_RMS: return scale_norm(L, x, prefix, S->dim, S->dim, 1e-8);
     case NORM_SCALE: return scale_norm(L, x, prefix, S->dim, 1, 1e-5);
@@ -90,11 +136,18 @@ IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
     }
 }
 
-/* F.normalize(x, dim=-1): x / max(||x||, 1e-12) */
-static IrNode *l2norm(Lx *L, IrNode *x)
+/* l2norm(t, groups) of 1.x/2.x: F.normalize over each of `groups` equal chunks of the last axis */
+static IrNode *l2norm_groups(Lx *L, IrNode *t, int groups)
 {
-    IrNode *nrm = un(L, IR_SQRT, ir_reduce(L->g, IR_SUM, mul(L, x, x), -1));
-    return ir_binary(L->g, IR_DIV, x, ir_binary(L->g, IR_MAX, nrm, cf(L, 1e-12)));
+    if (groups <= 1)
+        return l2norm(L, t);
+    int r = t->rank, d = (int)t->shape[r - 1].c;
+    IrDim s[IR_MAXRANK], back[IR_MAXRANK];
+    for (int i = 0; i < r; i++)
+        s[i] = back[i] = t->shape[i];
+    s[r - 1] = C(groups);
+    s[r] = C(d / groups);
+    return ir_reshape(L->g, l2norm(L, ir_reshape(L->g, t, r + 1, s)), r, back);
 }
 
 /* nn.Dropout(p) in training mode (XtLowerOpts.dropout): each element is zeroed with probability p
@@ -162,10 +215,18 @@ static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
         return NULL;
     int rd = S->rotary_dim, half = rd / 2, dh = (int)t->shape[t->rank - 1].c; /* collab q, k: qk wide */
     IrNode *cosv = last_rows(L, P->rot_cos, t->shape[2]), *sinv = last_rows(L, P->rot_sin, t->shape[2]);
-    IrNode *xr = ir_slice(g, t, -1, C(0), C(rd));
-    IrNode *x1 = ir_slice(g, xr, -1, C(0), C(half));
-    IrNode *x2 = ir_slice(g, xr, -1, C(half), C(half));
-    IrNode *rot = ir_concat(g, un(L, IR_NEG, x2), x1, -1);
+    IrNode *xr = ir_slice(g, t, -1, C(0), C(rd)), *rot;
+    if (L->V->rotary_interleaved) { /* 2.x: pairs (2i, 2i+1) -> (-x[2i+1], x[2i]) */
+        IrDim p5[5] = {t->shape[0], t->shape[1], t->shape[2], C(half), C(2)};
+        IrNode *pr = ir_reshape(g, xr, 5, p5);
+        IrNode *x1 = ir_slice(g, pr, -1, C(0), C(1)), *x2 = ir_slice(g, pr, -1, C(1), C(1));
+        IrDim r4[4] = {t->shape[0], t->shape[1], t->shape[2], C(rd)};
+        rot = ir_reshape(g, ir_concat(g, un(L, IR_NEG, x2), x1, -1), 4, r4);
+    } else { /* halves (i, i + rd/2) */
+        IrNode *x1 = ir_slice(g, xr, -1, C(0), C(half));
+        IrNode *x2 = ir_slice(g, xr, -1, C(half), C(half));
+        rot = ir_concat(g, un(L, IR_NEG, x2), x1, -1);
+    }
     IrNode *out = add(L, mul(L, xr, cosv), mul(L, rot, sinv));
     if (rd < dh)
         out = ir_concat(g, out, ir_slice(g, t, -1, C(rd), C(dh - rd)), -1);
@@ -245,7 +306,7 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
 {
     IrGraph *g = L->g;
     char name[256];
-    int h = S->heads, dh = S->dim_head, inner = h * dh;
+    int h = S->heads, dh = S->dim_head, inner = h * dh, kvh = S->kv_heads;
     /* step 1: Transformer-XL memory (the un-normed stream of the previous segment) */
     IrNode *kv = cross ? L->context : mem ? ir_concat(g, mem, x, 1) : x;
     if (!kv || !x)
@@ -273,15 +334,27 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         snprintf(name, sizeof name, "%s.to_q", p);
         q = split_heads(L, lx_lab(L, lx_linear(L, q_in, name, S->dim, inner, 0), "layer%d.attn.q", layer), h, dh);
         snprintf(name, sizeof name, "%s.to_k", p);
-        k = split_heads(L, lx_lab(L, lx_linear(L, k_in, name, S->dim, inner, 0), "layer%d.attn.k", layer), h, dh);
+        k = split_heads(L, lx_lab(L, lx_linear(L, k_in, name, S->dim, kvh * dh, 0), "layer%d.attn.k", layer), kvh, dh);
     }
     snprintf(name, sizeof name, "%s.to_v", p);
-    IrNode *v = split_heads(L, lx_lab(L, lx_linear(L, kv, name, S->dim, inner, 0), "layer%d.attn.v", layer), h, dh);
+    IrNode *v = split_heads(L, lx_lab(L, lx_linear(L, kv, name, S->dim, kvh * dh, 0), "layer%d.attn.v", layer), kvh, dh);
 
-    if (!cross && S->rotary) { /* step 4: q, k AND v */
+    int fixed_qk = S->qk_norm && L->V->qk_norm_fixed;
+    if (fixed_qk && q && k) { /* 1.x, 2.x: cosine-sim q and k (per group), before rotary */
+        q = l2norm_groups(L, q, S->qk_norm_groups);
+        k = l2norm_groups(L, k, S->qk_norm_groups);
+        if (S->qk_norm_dim_scale) {
+            IrDim qs[3] = {C(h), C(1), C(dh)}, ks[3] = {C(L->V->qk_dim_scale_kv ? kvh : h), C(1), C(dh)};
+            double init = L->V->qk_dim_scale_kv ? pow((double)dh, 0.25) : 1.0; /* 2.x: dim_head^1/4 */
+            q = mul(L, q, lx_init(L, lx_paramv(L, 0, 3, qs, "%s.qk_norm_q_scale", p), IR_INIT_CONST, init));
+            k = mul(L, k, lx_init(L, lx_paramv(L, 0, 3, ks, "%s.qk_norm_k_scale", p), IR_INIT_CONST, init));
+        }
+    }
+    if (!cross && S->rotary) { /* step 4: q, k AND v (0.23.0); q and k from 1.x on */
         q = lx_lab(L, rotary(L, S, q, P), "layer%d.attn.q_rot", layer);
         k = lx_lab(L, rotary(L, S, k, P), "layer%d.attn.k_rot", layer);
-        v = lx_lab(L, rotary(L, S, v, P), "layer%d.attn.v_rot", layer);
+        if (L->V->rotary_on_v)
+            v = lx_lab(L, rotary(L, S, v, P), "layer%d.attn.v_rot", layer);
     }
     if (!q || !k || !v)
         return NULL;
@@ -296,6 +369,18 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         if (!k || !v)
             return NULL;
     }
+    if (kvh < h) {
+        /* grouped / single key-value heads (1.x, 2.x): query head i reads key/value head
+         * i mod kv_heads ('b kvh n d -> b (r kvh) n d'). The repeat is explicit here (the cache
+         * above holds kv_heads); the attention kernels see h full heads. */
+        IrDim J0 = k->shape[2];
+        IrDim s5[5] = {L->B, C(1), C(kvh), J0, C(dh)}, e5[5] = {L->B, C(h / kvh), C(kvh), J0, C(dh)};
+        IrDim s4[4] = {L->B, C(h), J0, C(dh)};
+        k = ir_reshape(g, ir_expand(g, ir_reshape(g, k, 5, s5), 5, e5), 4, s4);
+        v = ir_reshape(g, ir_expand(g, ir_reshape(g, v, 5, s5), 5, e5), 4, s4);
+        if (!k || !v)
+            return NULL;
+    }
     IrDim I = q->shape[2], J = k->shape[2];
 
     /* step 5: key padding, masking queries too */
@@ -304,7 +389,7 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     if (L->mask || (cross && L->context_mask)) {
         IrNode *t = ir_const(g, 1, IR_BOOL);
         IrDim sq[4] = {L->B, C(1), I, C(1)}, sk[4] = {L->B, C(1), C(1), J};
-        IrNode *qm = qmask ? ir_reshape(g, qmask, 4, sq) : t;
+        IrNode *qm = qmask && L->V->mask_queries ? ir_reshape(g, qmask, 4, sq) : t; /* keys only from 1.x on */
         IrNode *km = kmask ? ir_reshape(g, kmask, 4, sk) : t;
         IrDim full[4] = {L->B, C(1), I, J};
         input_mask = ir_expand(g, ir_binary(g, IR_AND, qm, km), 4, full);
@@ -333,7 +418,9 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     }
     /* steps 7-8: scaled logits, or cosine similarity with a learned temperature */
     IrNode *scale;
-    if (S->qk_norm) {
+    if (fixed_qk) {
+        scale = cf(L, S->qk_norm_dim_scale && L->V->qk_dim_scale_kv ? pow((double)dh, -0.5) : S->qk_norm_scale);
+    } else if (S->qk_norm) {
         q = l2norm(L, q);
         k = l2norm(L, k);
         IrDim ss[4] = {C(1), C(h), C(1), C(1)};
@@ -401,8 +488,8 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     out = merge_heads(L, out, h, dh);
     if (S->gate_values) { /* step 17 */
         snprintf(name, sizeof name, "%s.to_v_gate", p);
-        out = mul(L, out, un(L, IR_SIGMOID, lx_linear(L, x, name, S->dim, inner, 1)));
-        init_linear_const(L, name, 0.0, 1.0);
+        out = mul(L, out, un(L, IR_SIGMOID, lx_linear(L, x, name, S->dim, inner, L->V->gate_values_bias)));
+        init_linear_const(L, name, 0.0, 1.0); /* without the bias (2.x) its rule is skipped */
     }
     if (S->on_attn) { /* step 18: Linear(inner, 2 dim) + GLU: a * sigmoid(gate) */
         snprintf(name, sizeof name, "%s.to_out.0", p);
@@ -410,11 +497,17 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         IrNode *a = ir_slice(g, y, -1, C(0), C(S->dim));
         IrNode *gt = ir_slice(g, y, -1, C(S->dim), C(S->dim));
         out = mul(L, a, un(L, IR_SIGMOID, gt));
+    } else if (L->V->single_head_no_to_out && h == 1) {
+        /* 2.x builds no to_out for one head (dim_head == dim, checked by read_stack) */
     } else {
         snprintf(name, sizeof name, "%s.to_out", p);
-        out = lx_linear(L, out, name, inner, S->dim, 1);
+        out = lx_linear(L, out, name, inner, S->dim, L->V->linear_biases);
         if (S->attn_zero_init) /* zero_init_output: init_zero_(to_out) */
             init_linear_const(L, name, 0.0, 0.0);
+    }
+    if (L->mask && L->V->zero_padded_rows) { /* 1.x, 2.x: out at padded query rows is 0 */
+        IrDim ms[3] = {L->B, seq_of(x), C(1)};
+        out = ir_where(g, ir_reshape(g, L->mask, 3, ms), out, cf(L, 0));
     }
     return lx_lab(L, out, "layer%d.attn.out", layer);
 }
@@ -425,6 +518,8 @@ static IrNode *ff_act(Lx *L, const Stack *S, IrNode *x)
         IrNode *r = un(L, IR_RELU, x);
         return mul(L, r, r);
     }
+    if (S->ff_swish) /* nn.SiLU: x * sigmoid(x) */
+        return mul(L, x, un(L, IR_SIGMOID, x));
     return un(L, IR_GELU, x);
 }
 
@@ -435,15 +530,18 @@ IrNode *lx_feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int lay
     char name[256];
     int inner = (int)(S->dim * S->ff_mult);
     IrNode *hdn;
-    if (S->ff_glu) { /* val, gate = proj(x).chunk(2); val * act(gate): the second half gates */
-        snprintf(name, sizeof name, "%s.net.0.proj", p);
+    const char *net = L->V->ff_net; /* "net" (0.23.0) or "ff" */
+    int bias = !S->ff_no_bias;
+    if (S->ff_glu) { /* val, gate = proj(x).chunk(2); val * act(gate): the second half gates;
+                      * GLU's proj keeps its bias even with ff_no_bias */
+        snprintf(name, sizeof name, "%s.%s.0.proj", p, net);
         IrNode *pr = lx_lab(L, lx_linear(L, x, name, S->dim, 2 * inner, 1), "layer%d.ff.proj", layer);
         IrNode *val = ir_slice(g, pr, -1, C(0), C(inner));
         IrNode *gate = ir_slice(g, pr, -1, C(inner), C(inner));
         hdn = mul(L, val, ff_act(L, S, gate));
     } else {
-        snprintf(name, sizeof name, "%s.net.0.0", p);
-        IrNode *pr = lx_lab(L, lx_linear(L, x, name, S->dim, inner, 1), "layer%d.ff.proj", layer);
+        snprintf(name, sizeof name, "%s.%s.0.0", p, net);
+        IrNode *pr = lx_lab(L, lx_linear(L, x, name, S->dim, inner, bias), "layer%d.ff.proj", layer);
         hdn = ff_act(L, S, pr);
     }
     lx_lab(L, hdn, "layer%d.ff.act", layer);
@@ -452,8 +550,8 @@ IrNode *lx_feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int lay
         hdn = lx_layer_norm(L, hdn, name, inner);
     }
     hdn = lx_dropout(L, hdn, S->ff_dropout); /* net.2 */
-    snprintf(name, sizeof name, "%s.net.3", p);
-    IrNode *y = lx_linear(L, hdn, name, inner, S->dim, 1);
+    snprintf(name, sizeof name, "%s.%s.%d", p, net, L->V->ff_out_index);
+    IrNode *y = lx_linear(L, hdn, name, inner, S->dim, bias);
     if (S->ff_zero_init) /* zero_init_output: init_zero_(net[-1]) */
         init_linear_const(L, name, 0.0, 0.0);
     return lx_lab(L, y, "layer%d.ff.out", layer);

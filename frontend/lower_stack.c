@@ -27,7 +27,13 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->depth = (int)xtf_int(call, "depth");
     S->heads = (int)xtf_int(call, "heads");
     S->dim_head = (int)xtf_int(call, "attn_dim_head");
-    S->norm = xtf_bool(call, "use_rmsnorm") ? NORM_RMS : xtf_bool(call, "use_scalenorm") ? NORM_SCALE : NORM_LAYER;
+    const XtfValue *kvh = xtf_arg(call, "attn_kv_heads");
+    S->kv_heads = xtf_bool(call, "attn_one_kv_head") ? 1 : kvh && kvh->kind == XV_INT ? (int)kvh->i : S->heads;
+    if (S->kv_heads < 1 || S->heads % S->kv_heads)
+        return lx_stack_error(L, call, "attn_kv_heads (%d) must divide heads (%d)", S->kv_heads, S->heads);
+    S->norm = xtf_bool(call, "use_rmsnorm") ? NORM_RMS : xtf_bool(call, "use_scalenorm") ? NORM_SCALE
+            : xtf_bool(call, "use_simple_rmsnorm") ? NORM_SIMPLE_RMS : NORM_LAYER;
+    S->unit_offset = L->V->unit_offset_option && xtf_bool(call, "norm_add_unit_offset");
     S->pre_norm = xtf_bool(call, "pre_norm");
     S->sandwich_norm = xtf_bool(call, "sandwich_norm");
     S->rezero = xtf_bool(call, "use_rezero");
@@ -40,7 +46,8 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     if (S->rotary) {
         const XtfValue *rd = xtf_arg(call, "rotary_emb_dim");
         int r = rd && rd->kind == XV_INT ? (int)rd->i : S->dim_head / 2;
-        S->rotary_dim = r < 32 ? 32 : r; /* section 7.2: silently raised to 32 */
+        int floor = L->V->rotary_min_dim; /* section 7.2: silently raised to 32 (before 2.x) */
+        S->rotary_dim = r < floor ? floor : r;
         if (S->rotary_dim > S->dim_head || S->rotary_dim % 2)
             return lx_stack_error(L, call, "rotary dimension %d must be even and at most attn_dim_head (%d)",
                                S->rotary_dim, S->dim_head);
@@ -59,6 +66,17 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     int have = sv && (sv->kind == XV_INT || sv->kind == XV_FLOAT);
     double qv = have ? xtf_float(call, S->use_qk_norm_attn ? "qk_norm_attn_seq_len" : "attn_scale_init_value") : 0;
     S->qk_scale_init = !have ? -3.0 : S->use_qk_norm_attn ? -log(log2(qv * qv - qv)) : qv;
+    if (S->qk_norm && L->V->qk_norm_fixed) {
+        S->qk_norm_scale = xtf_float(call, "attn_qk_norm_scale");
+        S->qk_norm_groups = (int)xtf_int(call, "attn_qk_norm_groups");
+        S->qk_norm_dim_scale = xtf_bool(call, "attn_qk_norm_dim_scale");
+        if (S->dim_head % S->qk_norm_groups || S->dim_head / S->qk_norm_groups <= 2)
+            return lx_stack_error(L, call, "attn_qk_norm_groups (%d) must divide attn_dim_head (%d) into groups wider "
+                                        "than 2 (x-transformers asserts it)", S->qk_norm_groups, S->dim_head);
+        if (S->qk_norm_dim_scale && !L->V->qk_dim_scale_kv && S->kv_heads != S->heads)
+            return lx_stack_error(L, call, "attn_qk_norm_dim_scale with grouped key/values is not supported "
+                                        "(x-transformers %s scales k per query head)", L->V->name);
+    }
     int branch_zero = xtf_bool(call, "zero_init_branch_output");
     S->attn_zero_init = branch_zero || xtf_bool(call, "attn_zero_init_output");
     S->ff_zero_init = branch_zero || xtf_bool(call, "ff_zero_init_output");
@@ -100,6 +118,11 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->ff_glu = xtf_bool(call, "ff_glu");
     S->ff_relu_squared = xtf_bool(call, "ff_relu_squared");
     S->ff_post_act_ln = xtf_bool(call, "ff_post_act_ln");
+    S->ff_swish = xtf_bool(call, "ff_swish");
+    S->ff_no_bias = xtf_bool(call, "ff_no_bias");
+    if (L->V->single_head_no_to_out && S->heads == 1 && S->dim_head != S->dim)
+        return lx_stack_error(L, call, "with one head x-transformers %s has no to_out, so attn_dim_head (%d) must "
+                                    "equal dim (%d)", L->V->name, S->dim_head, S->dim);
     S->ff_mult = xtf_float(call, "ff_mult");
     S->attn_dropout = xtf_float(call, "attn_dropout");
     S->ff_dropout = xtf_float(call, "ff_dropout");
@@ -238,13 +261,20 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
         }
         P.alibi_past = lx_per_head(L, v, S->alibi_heads, S->heads);
     }
-    if (S->rotary) { /* theta[p] = p * inv_freq, freqs = cat(theta, theta) */
+    if (S->rotary) { /* theta[p] = p * inv_freq, freqs = cat(theta, theta) (halves) */
         IrDim fs[1] = {C(S->rotary_dim / 2)};
         IrNode *inv = lx_init(L, lx_paramv(L, 1, 1, fs, "attn_layers.rotary_pos_emb.inv_freq"), IR_INIT_INV_FREQ, 10000);
         IrDim sp[2] = {n, C(1)}, sf[2] = {C(1), C(S->rotary_dim / 2)};
         IrNode *pos = ir_reshape(g, ir_arange(g, C(0), n, IR_F32), 2, sp);
-        IrNode *theta = mul(L, pos, ir_reshape(g, inv, 2, sf));
-        IrNode *freqs = lx_lab(L, ir_concat(g, theta, theta, -1), "rotary.freqs");
+        IrNode *theta = mul(L, pos, ir_reshape(g, inv, 2, sf)), *freqs;
+        if (L->V->rotary_interleaved) { /* 2.x: (theta_0, theta_0, theta_1, theta_1, ...) */
+            IrDim s3[3] = {n, C(S->rotary_dim / 2), C(1)}, s2[2] = {n, C(S->rotary_dim)};
+            IrNode *t3 = ir_reshape(g, theta, 3, s3);
+            freqs = ir_reshape(g, ir_concat(g, t3, t3, -1), 2, s2);
+        } else {
+            freqs = ir_concat(g, theta, theta, -1);
+        }
+        freqs = lx_lab(L, freqs, "rotary.freqs");
         P.rot_cos = lx_lab(L, un(L, IR_COS, freqs), "rotary.cos");
         P.rot_sin = lx_lab(L, un(L, IR_SIN, freqs), "rotary.sin");
     }

@@ -3,6 +3,9 @@
  * and what xtc supports today. It is the only place that knows option names: the checker
  * (check.c) and the accessors (access.c) read it, and the lowering asks the accessors.
  *
+ * Rows say in which x-transformers versions (versions.h) xtc accepts them (.vers; none: 0.23.0
+ * only): the options of 1.29.2 and 2.26.4 xtc implements, under their names there.
+ *
  * Every option and constructor of 0.23.0 is SUPPORTED or FORBIDDEN (with the reason) today
  * (test_frontend checks it); NOT_YET, refused by name, is for what a later version adds before
  * xtc implements it: ship it by flipping its row to SUPPORTED. */
@@ -36,36 +39,42 @@
 #define BLOCKS XTF_T_BLOCKS
 #define LAYERS XTF_T_LAYERS
 
+/* Versions (versions.h) in which xtc accepts an option; rows without .vers are 0.23.0's */
+#define ALLV XT_V_ALL
+#define NEWER XT_V_NEWER
+#define V2 XT_V_BIT(XT_V2_26)
+
 #define DEC_OR_ENC (XTF_C_BIT(XTF_C_DECODER) | XTF_C_BIT(XTF_C_ENCODER))
 #define END {.name = NULL}
 
 /* ---- TransformerWrapper(num_tokens, max_seq_len, attn_layers, ...) ---- */
 static const XtfOption WRAPPER[] = {
     /* name                  type    default      range     status */
-    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
     {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED,
-     .accepts = DEC_OR_ENC | XTF_C_BIT(XTF_C_CROSS_ATTENDER)},
+     .accepts = DEC_OR_ENC | XTF_C_BIT(XTF_C_CROSS_ATTENDER), .vers = ALLV},
     {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED},
     {"max_mem_len",          INT,    INT_(0),     GE(0),    SUPPORTED},
     {"shift_mem_down",       INT,    INT_(0),     GE(0),    SUPPORTED},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
-    {"tie_embedding",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"tie_embedding",        BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      SUPPORTED},
+    {"use_abs_pos_emb",      BOOL,   BOOL_(1),    ANY,      SUPPORTED, .vers = NEWER}, /* renamed */
     END};
 
 /* ---- AttentionLayers (through Decoder, Encoder, CrossAttender) ---- */
 static const XtfOption LAYERS_DIM[] = {
-    {"dim",                  INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"dim",                  INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
     END};
 
 static const XtfOption LAYERS_COMMON[] = {
     /* name                  type    default      range     status */
-    {"depth",                INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"heads",                INT,    INT_(8),     GE(1),    SUPPORTED},
-    {"use_scalenorm",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"use_rmsnorm",          BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"depth",                INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"heads",                INT,    INT_(8),     GE(1),    SUPPORTED, .vers = ALLV},
+    {"use_scalenorm",        BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
+    {"use_rmsnorm",          BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"use_rezero",           BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"alibi_pos_bias",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"alibi_num_heads",      INT,    NONE_,       GE(1),    SUPPORTED},
@@ -74,8 +83,8 @@ static const XtfOption LAYERS_COMMON[] = {
     {"rel_pos_num_buckets",  INT,    INT_(32),    GE(2),    SUPPORTED},
     {"rel_pos_max_distance", INT,    INT_(128),   GE(1),    SUPPORTED},
     {"position_infused_attn",BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"rotary_pos_emb",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"rotary_emb_dim",       INT,    NONE_,       GE(1),    SUPPORTED},
+    {"rotary_pos_emb",       BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
+    {"rotary_emb_dim",       INT,    NONE_,       GE(1),    SUPPORTED, .vers = ALLV},
     {"custom_layers",        BLOCKS, NONE_,       ANY,      SUPPORTED},
     {"sandwich_coef",        INT,    NONE_,       GE(1),    SUPPORTED},
     {"par_ratio",            INT,    NONE_,       GE(1),    SUPPORTED},
@@ -90,9 +99,11 @@ static const XtfOption LAYERS_COMMON[] = {
     {"use_qk_norm_attn",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"qk_norm_attn_seq_len", INT,    NONE_,       GE(2),    SUPPORTED},
     {"zero_init_branch_output", BOOL, BOOL_(0),   ANY,      SUPPORTED},
+    {"use_simple_rmsnorm",   BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
+    {"norm_add_unit_offset", BOOL,   BOOL_(1),    ANY,      SUPPORTED, .vers = V2},
 
     /* Attention(dim, heads = heads, causal = causal, **attn_kwargs) */
-    {"attn_dim_head",        INT,    INT_(64),    GE(1),    SUPPORTED},
+    {"attn_dim_head",        INT,    INT_(64),    GE(1),    SUPPORTED, .vers = ALLV},
     {"attn_talking_heads",   BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_head_scale",      BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_collab_heads",    BOOL,   BOOL_(0),    ANY,      SUPPORTED},
@@ -100,25 +111,32 @@ static const XtfOption LAYERS_COMMON[] = {
     {"attn_sparse_topk",     INT,    NONE_,       GE(1),    SUPPORTED},
     {"attn_use_entmax15",    BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_num_mem_kv",      INT,    INT_(0),     GE(0),    SUPPORTED},
-    {"attn_dropout",         NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"attn_dropout",         NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     {"attn_on_attn",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"attn_gate_values",     BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"attn_zero_init_output",BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"attn_max_attend_past", INT,    NONE_,       GE(1),    SUPPORTED},
-    {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"attn_qk_norm",         BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
+    {"attn_qk_norm_scale",   NUM,    NUM_(10.0),  GT(0),    SUPPORTED, .vers = NEWER},
+    {"attn_qk_norm_groups",  INT,    INT_(1),     GE(1),    SUPPORTED, .vers = NEWER},
+    {"attn_qk_norm_dim_scale", BOOL, BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
     {"attn_scale_init_value",NUM,    NONE_,       ANY,      SUPPORTED},
+    {"attn_kv_heads",        INT,    NONE_,       GE(1),    SUPPORTED, .vers = NEWER},
+    {"attn_one_kv_head",     BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
     {"attn_heads",           INT,    INT_(8),     GE(1),    FORBIDDEN,
      .why = "the layers pass their own 'heads'; set 'heads' instead"},
     {"attn_causal",          BOOL,   BOOL_(0),    ANY,      FORBIDDEN,
      .why = "Decoder attention is causal and Encoder attention is not; choose the class instead"},
 
     /* FeedForward(dim, **ff_kwargs) */
-    {"ff_mult",              NUM,    INT_(4),     GT(0),    SUPPORTED},
-    {"ff_glu",               BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"ff_relu_squared",      BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"ff_mult",              NUM,    INT_(4),     GT(0),    SUPPORTED, .vers = ALLV},
+    {"ff_glu",               BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
+    {"ff_relu_squared",      BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"ff_post_act_ln",       BOOL,   BOOL_(0),    ANY,      SUPPORTED},
-    {"ff_dropout",           NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"ff_dropout",           NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     {"ff_zero_init_output",  BOOL,   BOOL_(0),    ANY,      SUPPORTED},
+    {"ff_swish",             BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
+    {"ff_no_bias",           BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
     {"ff_dim_out",           INT,    NONE_,       GE(1),    FORBIDDEN,
      .why = "the feed-forward output is added to the residual stream, so its width is 'dim'"},
     END};
@@ -148,38 +166,38 @@ static const XtfOption VIT[] = {
      .accepts = XTF_C_BIT(XTF_C_ENCODER)},
     {"num_classes",          INT,    NONE_,       GE(1),    SUPPORTED},
     {"dropout",              NUM,    NUM_(0.0),   PROB,     SUPPORTED},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     END};
 
 /* ---- ContinuousTransformerWrapper(max_seq_len, attn_layers, ...) ---- */
 static const XtfOption CONTINUOUS[] = {
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
     {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED, .accepts = DEC_OR_ENC},
     {"dim_in",               INT,    NONE_,       GE(1),    SUPPORTED},
     {"dim_out",              INT,    NONE_,       GE(1),    SUPPORTED},
     {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED}, /* accepted, unused */
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      SUPPORTED},
     END};
 
 /* ---- XTransformer(dim, tie_token_emb, enc_*, dec_*) ---- */
 static const XtfOption XFORMER[] = {
-    {"dim",                  INT,    REQUIRED,    GE(1),    SUPPORTED},
+    {"dim",                  INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
     {"tie_token_emb",        BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     END};
 
 /* enc_* keys XTransformer hands to the encoder's TransformerWrapper; the rest go to Encoder. */
 static const XtfOption XFORMER_ENC_WRAPPER[] = {
-    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
     END};
 
 static const XtfOption XFORMER_DEC_WRAPPER[] = {
-    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED},
-    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED},
+    {"num_tokens",           INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"max_seq_len",          INT,    REQUIRED,    GE(1),    SUPPORTED, .vers = ALLV},
+    {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
     END};
 
 static const XtfOption XFORMER_FIXED[] = {
@@ -301,6 +319,11 @@ int xtf_option_each(const XtfCtor *c, int (*visit)(void *arg, const char *key, c
             }
     }
     return 0;
+}
+
+unsigned xtf_option_versions(const XtfOption *o)
+{
+    return o->vers ? o->vers : XT_V_BIT(XT_V0_23);
 }
 
 const char *xtf_option_type_name(const XtfOption *o, char *buf, size_t cap)

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 
+#include "versions.h"
 #include "xtf.h"
 
 typedef enum {
@@ -71,7 +72,12 @@ typedef struct {
     XtfStatus status;
     unsigned accepts;    /* XTF_T_LAYERS: XTF_C_BIT()s of the classes allowed */
     const char *why;     /* XTF_FORBIDDEN: what to do instead */
+    unsigned vers;       /* XT_V_BIT()s of the x-transformers versions (versions.h) in which xtc
+                            accepts it; 0 = 0.23.0 only */
 } XtfOption;
+
+/* The versions in which xtc accepts option o (its vers, 0 read as 0.23.0 only). */
+unsigned xtf_option_versions(const XtfOption *o);
 
 typedef struct {
     const char *prefix;                /* "enc_": the key minus this prefix is looked up in */

@@ -65,6 +65,9 @@ typedef struct XtfFile {
     XtfStmt *stmts;
     int nstmts;
     void *pool;         /* allocation pool, freed by xtf_free */
+    int version;        /* the x-transformers version it mirrors (versions.h: XtVersionId), set
+                           by xtf_check from a first statement xtransformers = "2.26.4";
+                           0 (0.23.0) without one */
 } XtfFile;
 
 /* Diagnostics accumulate as text: "file:line:col: error: msg\n<line>\n<caret>\n" each. */

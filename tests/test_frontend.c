@@ -624,6 +624,64 @@ START_TEST(lowering_refusals)
 }
 END_TEST
 
+/* The version statement: which x-transformers a file mirrors (0.23.0 without one), and the
+ * state_dict names and shapes each version's table gives the same layers. */
+START_TEST(versions)
+{
+    ck_assert_int_eq(xt_version_find("2.26.4"), XT_V2_26);
+    ck_assert_int_eq(xt_version_find("2.26"), XT_V2_26);
+    ck_assert_int_eq(xt_version_find("1"), XT_V1_29);
+    ck_assert_int_eq(xt_version_find("0.23.0"), XT_V0_23);
+    ck_assert_int_eq(xt_version_find("2.2"), -1);
+    ck_assert_int_eq(xt_version_find(""), -1);
+    static const char *layers = "Decoder(dim = 32, depth = 1, heads = 4, attn_dim_head = 8, %s use_rmsnorm = true, "
+                                "ff_glu = true))\n";
+    static const struct {
+        const char *version, *kv;
+        int id;
+        const char *present[4], *absent[3];
+    } cases[] = {
+        {NULL, "", XT_V0_23,
+         {"token_emb.weight", "norm.weight", "attn_layers.layers.1.1.net.0.proj.weight", "to_logits.bias"},
+         {"attn_layers.final_norm.g", "attn_layers.layers.1.1.ff.0.proj.weight", NULL}},
+        {"1.29.2", "attn_kv_heads = 2,", XT_V1_29,
+         {"token_emb.emb.weight", "attn_layers.final_norm.g", "attn_layers.layers.1.1.ff.2.bias",
+          "attn_layers.layers.1.1.ff.0.proj.bias"},
+         {"to_logits.bias", "attn_layers.layers.0.1.to_out.bias", "norm.weight"}},
+        {"2.26.4", "attn_one_kv_head = true,", XT_V2_26,
+         {"token_emb.emb.weight", "attn_layers.final_norm.g", "attn_layers.layers.0.1.to_out.weight",
+          "attn_layers.layers.1.1.ff.2.weight"},
+         {"to_logits.bias", "attn_layers.layers.0.1.to_out.bias", "attn_layers.layers.1.1.net.3.weight"}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char src[600], lay[300];
+        snprintf(lay, sizeof lay, layers, cases[i].kv);
+        int n = 0;
+        if (cases[i].version)
+            n = snprintf(src, sizeof src, "xtransformers = \"%s\"\n", cases[i].version);
+        snprintf(src + n, sizeof src - (size_t)n, "m = TransformerWrapper(num_tokens = 8, max_seq_len = 8, "
+                 "attn_layers = %s", lay);
+        XtfFile *f = load_ok(src);
+        ck_assert_int_eq(f->version, cases[i].id);
+        XtfDiag d;
+        xtf_diag_init(&d);
+        IrGraph *g = xt_lower(f, NULL, NULL, &d);
+        ck_assert_msg(g != NULL, "%s", d.text ? d.text : "");
+        for (int k = 0; k < 4; k++)
+            ck_assert_msg(ir_find_leaf(g, IR_PARAM, cases[i].present[k]), "case %zu: no %s", i, cases[i].present[k]);
+        for (int k = 0; k < 3 && cases[i].absent[k]; k++)
+            ck_assert_msg(!ir_find_leaf(g, IR_PARAM, cases[i].absent[k]), "case %zu: %s", i, cases[i].absent[k]);
+        /* key/value width: heads (0.23.0), 2 kv heads, 1 kv head, of dim_head 8 */
+        const IrNode *wk = ir_find_leaf(g, IR_PARAM, "attn_layers.layers.0.1.to_k.weight");
+        ck_assert_ptr_nonnull(wk);
+        ck_assert_int_eq(wk->shape[0].c, i == 0 ? 32 : i == 1 ? 16 : 8);
+        ir_graph_free(g);
+        xtf_diag_free(&d);
+        xtf_free(f);
+    }
+}
+END_TEST
+
 /* The initialisation rules the lowering records (ir.h IrInit), one per weight: x-transformers
  * 0.23.0's Linear, Embedding and norm defaults, the constants it sets by hand (gate_values,
  * head_scale, scale_residual, Rezero), GRU gating's and talking heads' torch defaults, ALiBi's
@@ -895,6 +953,7 @@ static Suite *frontend_suite(void)
     tcase_add_test(tc, nul_bytes_and_long_lines);
     tcase_add_test(tc, many_statements);
     tcase_add_test(tc, initial_values);
+    tcase_add_test(tc, versions);
     suite_add_tcase(s, tc);
     return s;
 }

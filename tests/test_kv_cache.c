@@ -1,7 +1,8 @@
 /* test_kv_cache.c: incremental decoding with a KV cache (xt_lower with .kv_cache) gives the
  * logits of full recomputation, through the reference interpreter: a prompt call with an
  * empty cache, then one token per call, for models whose attention depends on positions in
- * every way the lowering supports (absolute, rotary, T5 buckets, PIA, memory key/values).
+ * every way the lowering supports (absolute, rotary, T5 buckets, PIA, memory key/values), and
+ * with grouped or single key/value heads (x-transformers 1.x and 2.x), the cache sized by them.
  * The same decoding through compiled modules, CPU and emulated CUDA, with the caches carried
  * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
  * without crossing the bus), gives those logits and, after the last call, those caches too. */
@@ -321,6 +322,31 @@ START_TEST(pia_talking_heads_residual_attn)
 }
 END_TEST
 
+/* grouped-query attention of x-transformers 2.26.4 (4 query heads over 2 key/value heads, rotary
+ * on interleaved pairs, SwiGLU, RMSNorm): the cache holds the 2 key/value heads, not 4 */
+#define XT2 "xtransformers = \"2.26.4\"\n"
+START_TEST(grouped_kv_heads_2x)
+{
+    const char *src = XT2 MODEL("dim = 16, depth = 2, heads = 4, attn_kv_heads = 2, attn_dim_head = 8,"
+                                " rotary_pos_emb = true, ff_swish = true, ff_glu = true, use_rmsnorm = true");
+    IrGraph *step = lower(src, 1);
+    IrNode *ck = ir_find_leaf(step, IR_INPUT, "cache.0.k");
+    ck_assert_ptr_nonnull(ck);
+    ck_assert_int_eq(ck->rank, 4);
+    ck_assert_int_eq(ck->shape[2].c, 2); /* [b, c, kv_heads, dim_head] */
+    ir_graph_free(step);
+    check_model(src);
+}
+END_TEST
+
+START_TEST(one_kv_head_1x)
+{
+    check_model("xtransformers = \"1.29.2\"\n"
+                MODEL("dim = 16, depth = 1, heads = 2, attn_one_kv_head = true, attn_dim_head = 32,"
+                      " rotary_pos_emb = true"));
+}
+END_TEST
+
 /* a sliding window (max_attend_past): the cached keys older than it are masked in each step as in
  * the full recomputation, memory key/values too */
 START_TEST(window_mem_kv)
@@ -457,6 +483,8 @@ int main(void)
     tcase_add_test(tc, rel_pos_and_mem_kv);
     tcase_add_test(tc, pia_talking_heads_residual_attn);
     tcase_add_test(tc, window_mem_kv);
+    tcase_add_test(tc, grouped_kv_heads_2x);
+    tcase_add_test(tc, one_kv_head_1x);
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);
