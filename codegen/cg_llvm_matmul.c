@@ -680,10 +680,26 @@ static LLVMValueRef pack_a_bf16_function(Cg *cg)
     LLVMValueRef ap = LLVMGetParam(fn, 0), a = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2);
     LLVMValueRef rows = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4);
     LLVMTypeRef i16 = LLVMInt16TypeInContext(cg->ctx);
+    int vw = lanes(cg);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
+    LLVMValueRef sh[16];
+    for (int l = 0; l < vw; l++)
+        sh[l] = cg_i32(cg, 16);
+    LLVMValueRef vfull = LLVMBuildMul(b, LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), cg_i64(cg, vw), "");
     CgLoop lr, lp;
     cg_for(f, &lr, cg_i64(cg, 0), rows, "r");
     LLVMValueRef src = LLVMBuildMul(b, lr.iv, lda, ""), dst = LLVMBuildMul(b, lr.iv, cg_i64(cg, KC), "");
-    cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+    /* VW values at a time (rounded as vectors), then the rest one by one */
+    cg_for(f, &lp, cg_i64(cg, 0), LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), "pv");
+    LLVMValueRef p0 = LLVMBuildMul(b, lp.iv, cg_i64(cg, vw), "");
+    LLVMValueRef x = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, a, LLVMBuildAdd(b, src, p0, "")), "");
+    LLVMSetAlignment(x, 4);
+    x = LLVMBuildLShr(b, LLVMBuildBitCast(b, cg_bf16_round(cg, x), vi, ""), LLVMConstVector(sh, (unsigned)vw), "");
+    LLVMValueRef vat = LLVMBuildAdd(b, dst, p0, "");
+    LLVMSetAlignment(LLVMBuildStore(b, LLVMBuildTrunc(b, x, LLVMVectorType(i16, (unsigned)vw), ""),
+                                    LLVMBuildInBoundsGEP2(b, i16, ap, &vat, 1, "")), 2);
+    cg_for_end(f, &lp);
+    cg_for(f, &lp, vfull, kc, "p");
     LLVMValueRef v = LLVMBuildBitCast(b, cg_bf16_round(cg, cg_load(f, IR_F32, a, LLVMBuildAdd(b, src, lp.iv, ""))), cg->t_i32, "");
     v = LLVMBuildTrunc(b, LLVMBuildLShr(b, v, cg_i32(cg, 16), ""), i16, "");
     LLVMValueRef at = LLVMBuildAdd(b, dst, lp.iv, "");
