@@ -1,6 +1,6 @@
 /* cg_plan.h: the backend-independent part of code generation: which nodes become kernel calls
  * (steps) and in which order, which buffer holds each value and for how long, which steps share
- * one generated kernel, and the metadata text the module carries (format in runtime/rt_abi.h). */
+ * one generated kernel, and the metadata text the module carries (format in include/abi/rt_abi.h). */
 #ifndef XTC_CG_PLAN_H
 #define XTC_CG_PLAN_H
 

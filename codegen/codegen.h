@@ -7,7 +7,7 @@
  *
  * A backend is a struct of function pointers plus capability fields (STYLE.md, practice 5);
  * shared code never asks which backend it is talking to. The module format and the ABI between
- * a module and the runtime are described in runtime/rt_abi.h. */
+ * a module and the runtime are described in include/abi/rt_abi.h. */
 #ifndef XTC_CODEGEN_H
 #define XTC_CODEGEN_H
 
@@ -115,7 +115,7 @@ typedef struct CgBackend {
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;
-extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cg_cuda.c */
+extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cuda/cg_cuda.c */
 
 /* CgOptions.dtype as a storage format: 0 = f32 (NULL, "" or "f32"), 1 = bf16, 2 = fp16; -1 with
  * a message naming the accepted values. */
@@ -126,7 +126,7 @@ int cg_dtype_parse(const char *dtype, char *err, size_t n);
 const char *cg_loss_scale_input(const char *dtype);
 
 /* A GPU architecture for CgOptions.cuda_arch: "sm_80", "compute_80" or "80" -> 80; -1 with a
- * message when it is none of these (codegen/cg_cuda_nvrtc.c). */
+ * message when it is none of these (codegen/cuda/cg_cuda_nvrtc.c). */
 int cg_cuda_arch_number(const char *arch, char *err, size_t n);
 
 /* CgOptions.cpu and .features: 0 when LLVM accepts them (NULL, "" or "native", or a 64-bit x86 CPU

@@ -17,7 +17,7 @@
  *
  * Integer values stay exact: an i32 result outside the i32 range, or an i64 result beyond 2^53
  * (where doubles stop being exact), is reported as an error rather than wrapped. */
-#include "ir.h"
+#include "interp_internal.h"
 #include "interp_fused.h"
 
 #include <float.h>
@@ -26,33 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXACT_INT_MAX 9007199254740992.0 /* 2^53 */
-#define MAX_SYM_VALUE ((int64_t)1 << 40) /* keeps c + sum k*sym far from int64 overflow */
-#define MAX_DIM_CONST ((int64_t)1 << 61)
-#define SYM_DERIVED (-1) /* sym_from of a derived symbol: computed, not bound by a leaf */
-
-/* A value: row-major, contiguous doubles. data is NULL before the node runs and after its last
- * use. */
-typedef struct {
-    int rank;
-    int64_t shape[IR_MAXRANK];
-    int64_t numel;
-    double *data;
-} Val;
-
-typedef struct {
-    const IrGraph *g;
-    int64_t sym[IR_MAXSYM];
-    int sym_from[IR_MAXSYM];  /* 0 = unbound, else 1 + id of the leaf that bound it, or SYM_DERIVED */
-    IrHostTensor *host;       /* [nnodes]: the caller's tensor for each bound leaf */
-    char *have_host;          /* [nnodes] */
-    Val *val;                 /* [nnodes] */
-    int f64;                  /* ir_interp_f64: f32 tensors cross the API as double */
-    IrRoundFn round;          /* ir_interp_rounded: applied to every f32 value computed */
-    void *round_ctx;
-    char *err;
-    size_t nerr;
-} Interp;
 
 typedef int (*EvalFn)(Interp *it, const IrNode *n, Val *out, const Val *const *in);
 typedef double (*Scalar1)(double x);
@@ -66,7 +39,7 @@ typedef struct {
 
 /* ---- errors ---- */
 
-static int fail(Interp *it, const char *fmt, ...)
+int ii_fail(Interp *it, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -84,11 +57,11 @@ static int node_fail(Interp *it, const IrNode *n, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     if (n->label)
-        return fail(it, "%s %%%s: %s", ir_ops[n->op].name, n->label, msg);
-    return fail(it, "%s (node %d): %s", ir_ops[n->op].name, n->id, msg);
+        return ii_fail(it, "%s %%%s: %s", ir_ops[n->op].name, n->label, msg);
+    return ii_fail(it, "%s (node %d): %s", ir_ops[n->op].name, n->id, msg);
 }
 
-static const char *leaf_kind(IrOp op)
+const char *ii_leaf_kind(IrOp op)
 {
     return op == IR_INPUT ? "input" : op == IR_PARAM ? "parameter" : "buffer";
 }
@@ -104,7 +77,7 @@ static int64_t numel_of(int rank, const int64_t *shape)
 }
 
 /* Product of the dims, or -1 if it overflows int64. Dims are >= 0. */
-static int64_t numel_checked(int rank, const int64_t *shape)
+int64_t ii_numel_checked(int rank, const int64_t *shape)
 {
     int64_t n = 1;
     for (int i = 0; i < rank; i++) {
@@ -125,7 +98,7 @@ static void strides_of(int rank, const int64_t *shape, int64_t *st)
 }
 
 /* First symbol of d that is not bound yet, or -1. */
-static int unbound_sym(const Interp *it, IrDim d)
+int ii_unbound_sym(const Interp *it, IrDim d)
 {
     for (int s = 0; s < IR_MAXSYM; s++)
         if (d.k[s] && (s >= it->g->nsyms || !it->sym_from[s]))
@@ -133,18 +106,18 @@ static int unbound_sym(const Interp *it, IrDim d)
     return -1;
 }
 
-static const char *sym_name(const Interp *it, int s)
+const char *ii_sym_name(const Interp *it, int s)
 {
     return s < it->g->nsyms ? it->g->sym_name[s] : "?";
 }
 
 /* Evaluates d with the bound symbols; -1 with the error set (naming n) if a symbol is unbound or
  * the constant is absurd. The value itself may be negative; callers decide. */
-static int dim_value(Interp *it, const IrNode *n, IrDim d, int64_t *out)
+int ii_dim_value(Interp *it, const IrNode *n, IrDim d, int64_t *out)
 {
-    int s = unbound_sym(it, d);
+    int s = ii_unbound_sym(it, d);
     if (s >= 0)
-        return node_fail(it, n, "symbol '%s' is not bound by any input", sym_name(it, s));
+        return node_fail(it, n, "symbol '%s' is not bound by any input", ii_sym_name(it, s));
     if (d.c > MAX_DIM_CONST || d.c < -MAX_DIM_CONST)
         return node_fail(it, n, "dimension constant %lld too large", (long long)d.c);
     *out = ir_dim_eval(d, it->sym);
@@ -156,7 +129,7 @@ static int alloc_val(Interp *it, const IrNode *n, Val *v)
 {
     v->rank = n->rank;
     for (int i = 0; i < n->rank; i++) {
-        if (dim_value(it, n, n->shape[i], &v->shape[i]) < 0)
+        if (ii_dim_value(it, n, n->shape[i], &v->shape[i]) < 0)
             return -1;
         if (v->shape[i] < 0) {
             char buf[64];
@@ -165,7 +138,7 @@ static int alloc_val(Interp *it, const IrNode *n, Val *v)
                              (long long)v->shape[i]);
         }
     }
-    v->numel = numel_checked(v->rank, v->shape);
+    v->numel = ii_numel_checked(v->rank, v->shape);
     if (v->numel < 0 || (uint64_t)v->numel > SIZE_MAX / sizeof(double))
         return node_fail(it, n, "tensor too large");
     size_t bytes = (size_t)(v->numel ? v->numel : 1) * sizeof(double);
@@ -251,8 +224,8 @@ static int eval_bound(Interp *it, const IrNode *n, Val *out, const Val *const *i
         case IR_I64: {
             int64_t x = ((const int64_t *)t->data)[i];
             if (x > (int64_t)EXACT_INT_MAX || x < -(int64_t)EXACT_INT_MAX)
-                return fail(it, "%s '%s': value %lld beyond 2^53 cannot be held exactly",
-                            leaf_kind(n->op), n->s, (long long)x);
+                return ii_fail(it, "%s '%s': value %lld beyond 2^53 cannot be held exactly",
+                            ii_leaf_kind(n->op), n->s, (long long)x);
             v = (double)x;
             break;
         }
@@ -286,7 +259,7 @@ static int eval_arange(Interp *it, const IrNode *n, Val *out, const Val *const *
 {
     (void)in;
     int64_t start;
-    if (dim_value(it, n, n->d, &start) < 0)
+    if (ii_dim_value(it, n, n->d, &start) < 0)
         return -1;
     for (int64_t i = 0; i < out->numel; i++)
         out->data[i] = (double)(start + i);
@@ -302,8 +275,8 @@ static int eval_arange(Interp *it, const IrNode *n, Val *out, const Val *const *
  * buckets for |n| <= 20000 in every setting tried, but this is the form torch evaluates.) */
 static int relpos_bucket(Interp *it, const IrNode *n, int64_t i, int64_t j, int64_t *bucket)
 {
-    int64_t nb = n->ia[0], max_distance = n->ia[1];
-    int causal = n->ia[2] != 0;
+    int64_t nb = n->ia[IR_IA_BUCKETS], max_distance = n->ia[IR_IA_MAX_DISTANCE];
+    int causal = n->ia[IR_IA_REL_CAUSAL] != 0;
     int64_t ret = 0, d = i - j;
     if (causal) {
         if (d < 0)
@@ -324,7 +297,7 @@ static int relpos_bucket(Interp *it, const IrNode *n, int64_t i, int64_t j, int6
     float r = logf((float)d / (float)max_exact) / den * (float)(nb - max_exact);
     if (isnan(r))
         return node_fail(it, n, "bucket of distance %lld is undefined (buckets %lld, max_distance %lld)",
-                         (long long)d, (long long)n->ia[0], (long long)max_distance);
+                         (long long)d, (long long)n->ia[IR_IA_BUCKETS], (long long)max_distance);
     if (r > 1e18f) /* +inf included: the min below clamps it anyway */
         r = 1e18f;
     if (r < -1e18f)
@@ -455,7 +428,7 @@ static int eval_sum(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     (void)it;
     int64_t outer, len, inner;
-    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    split_axis(in[0], (int)n->ia[IR_IA_AXIS], &outer, &len, &inner);
     memset(out->data, 0, sizeof(double) * (size_t)out->numel);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < len; k++) {
@@ -470,7 +443,7 @@ static int eval_sum(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 static int eval_rmax(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     int64_t outer, len, inner;
-    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    split_axis(in[0], (int)n->ia[IR_IA_AXIS], &outer, &len, &inner);
     if (len == 0 && out->numel > 0)
         return node_fail(it, n, "maximum over an empty axis");
     for (int64_t o = 0; o < outer; o++) {
@@ -572,7 +545,7 @@ static int eval_entmax15(Interp *it, const IrNode *n, Val *out, const Val *const
 static int eval_kth_largest(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     const Val *x = in[0];
-    int64_t len = x->shape[x->rank - 1], k = n->ia[0];
+    int64_t len = x->shape[x->rank - 1], k = n->ia[IR_IA_K];
     double *tmp = malloc(sizeof(double) * (size_t)(len ? len : 1));
     if (!tmp)
         return node_fail(it, n, "out of memory");
@@ -616,9 +589,9 @@ static int eval_permute(Interp *it, const IrNode *n, Val *out, const Val *const 
 
 static int eval_slice(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     int64_t start, outer, len, inner, xlen = in[0]->shape[axis];
-    if (dim_value(it, n, n->d, &start) < 0)
+    if (ii_dim_value(it, n, n->d, &start) < 0)
         return -1;
     split_axis(out, axis, &outer, &len, &inner);
     if (start < 0 || start > xlen || len > xlen - start)
@@ -632,7 +605,7 @@ static int eval_slice(Interp *it, const IrNode *n, Val *out, const Val *const *i
 
 static int eval_concat(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     int64_t outer, len, inner, la = in[0]->shape[axis], lb = in[1]->shape[axis];
     split_axis(out, axis, &outer, &len, &inner);
     if (la + lb != len)
@@ -696,7 +669,7 @@ static int eval_gather_grad(Interp *it, const IrNode *n, Val *out, const Val *co
 static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     const Val *a = in[0], *b = in[1];
-    int tb = n->ia[0] != 0, r = out->rank;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, r = out->rank;
     int64_t m = out->shape[r - 2], nn = out->shape[r - 1], k = a->shape[a->rank - 1];
     int64_t bk = b->shape[b->rank - (tb ? 1 : 2)], bn = b->shape[b->rank - (tb ? 2 : 1)];
     if (a->shape[a->rank - 2] != m || bk != k || bn != nn)
@@ -746,7 +719,7 @@ static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *
 
 /* Element i of rand_like(seed, x, stream): splitmix64 (Steele et al.) started at a state made of
  * the seed and the stream, its i+1-th output's top 24 bits as a float in [0, 1). Every backend
- * computes exactly these bits (codegen/cg_llvm_ops.c, the CUDA lowering). */
+ * computes exactly these bits (codegen/llvm/cg_llvm_ops.c, the CUDA lowering). */
 static double rand_at(int64_t seed, int64_t stream, int64_t i)
 {
     uint64_t z = (uint64_t)seed * 0xd1b54a32d192ed03ull + (uint64_t)stream * 0xabc98388fb8fac03ull +
@@ -762,7 +735,7 @@ static int eval_rand(Interp *it, const IrNode *n, Val *out, const Val *const *in
     (void)it;
     int64_t seed = (int64_t)in[0]->data[0];
     for (int64_t i = 0; i < out->numel; i++)
-        out->data[i] = rand_at(seed, n->ia[0], i);
+        out->data[i] = rand_at(seed, n->ia[IR_IA_STREAM], i);
     return 0;
 }
 
@@ -851,7 +824,7 @@ static const OpImpl op_impl[] = {
     [IR_OR]      = {eval_map2, 0, f_or},      /* bool a || b */
     [IR_WHERE]   = {eval_where, 0, 0},        /* cond ? a : b, three-way broadcast */
 
-    /* reductions over ia[0], the axis kept with size 1 */
+    /* reductions over the axis attribute, the axis kept with size 1 */
     [IR_SUM]     = {eval_sum, 0, 0},          /* sum; 0 over an empty axis */
     [IR_RMAX]    = {eval_rmax, 0, 0},         /* max, NaN propagates; empty axis is an error */
     [IR_SOFTMAX] = {eval_softmax, 0, 0},      /* last axis: e^(x - max) / sum */
@@ -861,22 +834,22 @@ static const OpImpl op_impl[] = {
     /* data movement */
     [IR_RESHAPE] = {eval_reshape, 0, 0},      /* row-major reinterpretation */
     [IR_PERMUTE] = {eval_permute, 0, 0},      /* out.shape[i] = in.shape[perm[i]] */
-    [IR_SLICE]   = {eval_slice, 0, 0},        /* axis ia[0], [eval(d), eval(d) + len) */
-    [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis ia[0] */
+    [IR_SLICE]   = {eval_slice, 0, 0},        /* axis, [eval(d), eval(d) + len) */
+    [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis */
     [IR_EXPAND]  = {eval_expand, 0, 0},       /* broadcast to the node's shape */
     [IR_GATHER]  = {eval_gather, 0, 0},       /* table[V, D] rows; index outside [0, V) is an error */
     [IR_GATHER_GRAD] = {eval_gather_grad, 0, 0}, /* zeros[rows, D], then row idx[i] += src[i]; index
                                                     outside [0, rows) is an error */
 
     /* contractions */
-    [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; ia[0]: b is [.., n, k] */
+    [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; transpose_b: b is [.., n, k] */
 
     /* losses */
     [IR_XENT]    = {eval_xent, 0, 0},         /* mean over targets >= 0 of lse(z) - z[t]; target >= V
                                                  is an error; 0 if none counts */
 
     /* random numbers */
-    [IR_RAND]    = {eval_rand, 0, 0},         /* [i] = rand_at(seed, ia[0], i), x only gives the shape */
+    [IR_RAND]    = {eval_rand, 0, 0},         /* [i] = rand_at(seed, stream, i), x only gives the shape */
 
     /* fused ops (interp_fused.c): what the subgraphs they replace compute */
     [IR_ATTENTION]      = {eval_fused, 0, 0},  /* softmax(scale q k^T + bias, masked) v (+ logsumexp) */
@@ -889,159 +862,6 @@ _Static_assert(sizeof op_impl / sizeof op_impl[0] == IR_NUM_OPS,
 static const OpImpl *impl_of(IrOp op) { return &op_impl[op]; }
 
 int ir_interp_has_op(IrOp op) { return (unsigned)op < IR_NUM_OPS && op_impl[op].eval != NULL; }
-
-/* ---- binding the leaves ---- */
-
-static int is_leaf_bound(IrOp op) { return op == IR_INPUT || op == IR_PARAM || op == IR_BUFFER; }
-
-/* index of the symbol if d is exactly one symbol (coefficient 1, constant 0), else -1 */
-static int pure_sym(IrDim d)
-{
-    int s = -1;
-    if (d.c != 0)
-        return -1;
-    for (int k = 0; k < IR_MAXSYM; k++) {
-        if (!d.k[k])
-            continue;
-        if (d.k[k] != 1 || s >= 0)
-            return -1;
-        s = k;
-    }
-    return s;
-}
-
-static int dtype_class(IrDType t) { return t == IR_F32 ? 0 : ir_dtype_is_int(t) ? 1 : 2; }
-
-/* "input 'tokens': expected i64[b, n] (b=2, n=16), got i64[2, 17]" */
-static int leaf_mismatch(Interp *it, const IrNode *n, const IrHostTensor *t)
-{
-    char want[256], got[256], dim[64];
-    size_t len = (size_t)snprintf(want, sizeof want, "%s[", ir_dtype_name(n->dtype));
-    int used[IR_MAXSYM] = {0};
-    for (int i = 0; i < n->rank && len < sizeof want; i++) {
-        len += (size_t)snprintf(want + len, sizeof want - len, "%s%s", i ? ", " : "",
-                                ir_dim_str(it->g, n->shape[i], dim, sizeof dim));
-        for (int s = 0; s < IR_MAXSYM; s++)
-            used[s] |= n->shape[i].k[s] != 0;
-    }
-    if (len < sizeof want)
-        len += (size_t)snprintf(want + len, sizeof want - len, "]");
-    int first = 1;
-    for (int s = 0; s < it->g->nsyms && len < sizeof want; s++) {
-        if (!used[s] || !it->sym_from[s])
-            continue;
-        len += (size_t)snprintf(want + len, sizeof want - len, "%s%s=%lld", first ? " (" : ", ",
-                                it->g->sym_name[s], (long long)it->sym[s]);
-        first = 0;
-    }
-    if (!first && len < sizeof want)
-        snprintf(want + len, sizeof want - len, ")");
-
-    len = (size_t)snprintf(got, sizeof got, "%s[", ir_dtype_name(t->dtype));
-    for (int i = 0; i < t->rank && len < sizeof got; i++)
-        len += (size_t)snprintf(got + len, sizeof got - len, "%s%lld", i ? ", " : "",
-                                (long long)t->shape[i]);
-    if (len < sizeof got)
-        snprintf(got + len, sizeof got - len, "]");
-    return fail(it, "%s '%s': expected %s, got %s", leaf_kind(n->op), n->s, want, got);
-}
-
-/* Derived symbols (ir_graph_add_derived_sym), in order, once the symbols they use are bound:
- * min(def, cap). One whose symbols are not all bound stays unbound (an error only if used). */
-static int derive_syms(Interp *it)
-{
-    const IrGraph *g = it->g;
-    for (int s = 0; s < g->nsyms; s++) {
-        if (!g->sym_derived[s] || unbound_sym(it, g->sym_def[s]) >= 0)
-            continue;
-        int64_t v[IR_MAXSYM];
-        memcpy(v, it->sym, sizeof v);
-        ir_graph_derive_syms(g, v);
-        if (v[s] < 0) {
-            char def[128];
-            ir_dim_str(g, g->sym_def[s], def, sizeof def);
-            return fail(it, "symbol '%s' = %s is %lld with these inputs", g->sym_name[s], def, (long long)v[s]);
-        }
-        it->sym[s] = v[s];
-        it->sym_from[s] = SYM_DERIVED;
-    }
-    return 0;
-}
-
-/* Pass 1 asks for every leaf and binds symbols (not the derived ones, computed next); pass 2
- * checks each bound leaf's dtype class and shape, the dims that name derived symbols included.
- * A leaf the outputs do not need may be missing. */
-static int bind_leaves(Interp *it, IrBindFn bind, void *ctx, const char *needed)
-{
-    const IrGraph *g = it->g;
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *n = g->nodes[i];
-        if (!is_leaf_bound(n->op))
-            continue;
-        IrHostTensor t;
-        memset(&t, 0, sizeof t);
-        if (bind(ctx, n, &t) != 0) {
-            if (needed[i])
-                return fail(it, "missing %s '%s'", leaf_kind(n->op), n->s);
-            continue;
-        }
-        if (t.dtype >= IR_NUM_DTYPES || t.rank < 0 || t.rank > IR_MAXRANK)
-            return fail(it, "%s '%s': bad dtype or rank", leaf_kind(n->op), n->s);
-        for (int d = 0; d < t.rank; d++)
-            if (t.shape[d] < 0 || t.shape[d] > MAX_SYM_VALUE)
-                return fail(it, "%s '%s': bad dimension %lld", leaf_kind(n->op), n->s,
-                            (long long)t.shape[d]);
-        int64_t numel = numel_checked(t.rank, t.shape);
-        if (numel < 0)
-            return fail(it, "%s '%s': too many elements", leaf_kind(n->op), n->s);
-        if (numel > 0 && !t.data)
-            return fail(it, "%s '%s': no data", leaf_kind(n->op), n->s);
-        it->host[i] = t;
-        it->have_host[i] = 1;
-        if (t.rank != n->rank)
-            continue; /* reported in pass 2 */
-        for (int d = 0; d < n->rank; d++) {
-            int s = pure_sym(n->shape[d]);
-            if (s < 0 || s >= g->nsyms || it->sym_from[s] || g->sym_derived[s])
-                continue;
-            it->sym[s] = t.shape[d];
-            it->sym_from[s] = i + 1;
-            if (g->sym_max[s] > 0 && t.shape[d] > g->sym_max[s])
-                return fail(it, "symbol '%s' = %lld exceeds its bound %lld (from %s '%s')",
-                            g->sym_name[s], (long long)t.shape[d], (long long)g->sym_max[s],
-                            leaf_kind(n->op), n->s);
-        }
-    }
-    if (derive_syms(it) < 0)
-        return -1;
-    for (int l = 0; l < g->nlimits; l++) /* c+n <= max_seq_len (ir_graph_add_limit) */
-        if (unbound_sym(it, g->limit_def[l]) < 0 && ir_dim_eval(g->limit_def[l], it->sym) > g->limit_max[l]) {
-            char def[128];
-            ir_dim_str(g, g->limit_def[l], def, sizeof def);
-            return fail(it, "%s = %lld with these inputs exceeds its bound %lld", def,
-                        (long long)ir_dim_eval(g->limit_def[l], it->sym), (long long)g->limit_max[l]);
-        }
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *n = g->nodes[i];
-        if (!it->have_host[i])
-            continue;
-        const IrHostTensor *t = &it->host[i];
-        if (dtype_class(t->dtype) != dtype_class(n->dtype) || t->rank != n->rank)
-            return leaf_mismatch(it, n, t);
-        for (int d = 0; d < n->rank; d++) {
-            int s = unbound_sym(it, n->shape[d]);
-            if (s >= 0)
-                return fail(it, "%s '%s': symbol '%s' in its shape is not bound by any input",
-                            leaf_kind(n->op), n->s, sym_name(it, s));
-            int64_t want;
-            if (dim_value(it, n, n->shape[d], &want) < 0)
-                return -1;
-            if (want != t->shape[d])
-                return leaf_mismatch(it, n, t);
-        }
-    }
-    return 0;
-}
 
 /* ---- the driver ---- */
 
@@ -1065,11 +885,11 @@ static int to_host(Interp *it, const IrOutput *o, const Val *v, IrHostTensor *h)
     int wide = it->f64 && t == IR_F32; /* ir_interp_f64: double data */
     size_t es = wide ? sizeof(double) : ir_dtype_size(t);
     if ((uint64_t)v->numel > SIZE_MAX / es)
-        return fail(it, "output '%s': tensor too large", o->name);
+        return ii_fail(it, "output '%s': tensor too large", o->name);
     size_t bytes = (size_t)(v->numel ? v->numel : 1) * es;
     void *data = malloc(bytes);
     if (!data)
-        return fail(it, "output '%s': out of memory allocating %zu bytes", o->name, bytes);
+        return ii_fail(it, "output '%s': out of memory allocating %zu bytes", o->name, bytes);
     for (int64_t i = 0; i < v->numel; i++) {
         double x = v->data[i];
         switch (t) {
@@ -1097,7 +917,7 @@ static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *n
     const IrGraph *g = it->g;
     char msg[400];
     if (ir_verify(g, msg, sizeof msg) < 0)
-        return fail(it, "graph does not verify: %s", msg);
+        return ii_fail(it, "graph does not verify: %s", msg);
 
     /* what the outputs need, and where each value is used last (outputs: never) */
     for (int o = 0; o < g->noutputs; o++)
@@ -1115,7 +935,7 @@ static int run(Interp *it, IrBindFn bind, void *ctx, IrHostTensor *outs, char *n
     for (int o = 0; o < g->noutputs; o++)
         last_use[g->outputs[o].node->id] = g->nnodes;
 
-    if (bind_leaves(it, bind, ctx, needed) < 0)
+    if (ii_bind_leaves(it, bind, ctx, needed) < 0)
         return -1;
 
     for (int i = 0; i < g->nnodes; i++) {
@@ -1158,7 +978,7 @@ static int interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs
     it.nerr = err && n ? n : sizeof sink;
     it.err[0] = 0;
     if (!bind || (!outs && g->noutputs > 0))
-        return fail(&it, "ir_interp needs a bind callback and room for %d outputs", g->noutputs);
+        return ii_fail(&it, "ir_interp needs a bind callback and room for %d outputs", g->noutputs);
     for (int o = 0; o < g->noutputs; o++)
         memset(&outs[o], 0, sizeof outs[o]);
 
@@ -1170,7 +990,7 @@ static int interp(const IrGraph *g, IrBindFn bind, void *ctx, IrHostTensor *outs
     int *last_use = calloc(nn, sizeof *last_use);
     int rc;
     if (!it.host || !it.have_host || !it.val || !needed || !last_use)
-        rc = fail(&it, "out of memory");
+        rc = ii_fail(&it, "out of memory");
     else
         rc = run(&it, bind, ctx, outs, needed, last_use);
 

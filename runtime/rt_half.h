@@ -1,5 +1,5 @@
 /* rt_half.h: f32 <-> bf16 and fp16, bit for bit as the generated CUDA C converts (the prelude's
- * xtc_bf16_bits/_float and xtc_f16_bits/_float in codegen/cg_cuda_gen.c, which the 16-bit
+ * xtc_bf16_bits/_float and xtc_f16_bits/_float in codegen/cuda/cg_cuda_gen.c, which the 16-bit
  * storage and the tensor-core matmul share): the runtime converts inputs and weights to
  * a 16-bit module's storage on upload and outputs back on download, and the tests round their
  * random inputs with the same functions.

@@ -1,5 +1,6 @@
-/* rt_session.c: sessions: weights, inputs, symbol binding, the memory plan, running a module's
- * schedule and handing out its outputs (the session half of include/xtc.h).
+/* rt_session.c: sessions: creation, weights, inputs, symbol binding, running a module's schedule
+ * and handing out its outputs (the session half of include/xtc.h). The memory plan is in
+ * rt_arena.c, limits and carries in rt_carry.c, loss scaling in rt_scaler.c (rt_session.h).
  *
  * Memory: inputs, parameters and state buffers live in allocations of their own. Every
  * intermediate value and output lives in one arena per session, at offsets chosen from the
@@ -13,9 +14,8 @@
  * bytes per element for a CUDA module's 16-bit storage), whose offsets the device receives. The
  * host arena of such a session holds only the outputs, in f32, where the device copies them
  * back. */
-#include "safetensors.h"
-#include "rt_alloc.h"
-#include "rt_internal.h"
+#include "rt_session.h"
+#include "init.h"
 
 #include <errno.h>
 #include <math.h>
@@ -25,69 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ARENA_ALIGN 64
-
-/* One layout of a module's temps in an arena, made by plan_offsets. */
-typedef struct {
-    size_t *elem;   /* per buffer: bytes per element of a temp in this arena; 0: not in it */
-    size_t *offset; /* per temp: its offset */
-    size_t *bytes;  /* per temp: its planned size (a multiple of ARENA_ALIGN) */
-    size_t total;
-} ArenaPlan;
-
-struct XtcSession {
-    const XtcModule *m;
-    char err[1024];
-    RtPool *pool;
-    XtcRtApi api;
-    int64_t cap[RT_MAXSYM];      /* session limits, 0 = none */
-    int64_t planned[RT_MAXSYM];  /* symbol values the arena plan is for */
-    int64_t syms[RT_MAXSYM];     /* values of the last run (-1 before) */
-    void **ptr;                  /* per buffer: its memory for the next run */
-    void **own;                  /* per input/param/state buffer: our copy */
-    int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
-    uint8_t *set;                /* per input/param/state: bound yet? */
-    uint8_t *fresh;              /* per input/param/state: bound since the last run (early limits) */
-    ArenaPlan host;              /* the temps in the host arena (every temp, or a device's outputs) */
-    char *arena;
-    size_t arena_bytes;
-    ArenaPlan devplan;           /* a device module's temps in the device arena; elem NULL otherwise */
-    size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
-    int outputs_valid;
-    uint8_t stepped;             /* xtc_session_step used the last run's gradients (rt_optim.c) */
-    /* a training module run without its targets (bind_no_targets): they were all -1 (ignored),
-     * and the outputs computed from them (loss, gradients) are not available */
-    int targets;                 /* the targets input's buffer, -1: none */
-    int targetless;              /* the last run had no targets */
-    void *no_targets;            /* the -1s bound instead, no_targets_bytes long */
-    size_t no_targets_bytes;
-    uint8_t *from_targets;       /* per buffer: computed from the targets (NULL until needed) */
-    struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
-    RtScaler scaler;             /* loss scaling (fp16 training modules), scaler.buf -1 otherwise */
-    int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
-    int nunscale;
-    RtDevice *dev;               /* a device module's device (m->device), else NULL */
-    uint8_t *changed;            /* device: per buffer, rebound since the last run */
-    /* xtc_session_carry (NULL until its first use): per buffer, */
-    int *carried;                /* a temp output carried into an input (1 + that input's buffer, 0:
-                                    not carried): written outside the arena, ... */
-    void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
-    size_t *spare_cap;
-    size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
-    /* a device module's carries (device_carry; NULL until the first): per buffer, */
-    uint8_t *lazy;               /* an output carried on the device: left there by the runs, ... */
-    uint8_t *fetched;            /* ... and copied to the host when read after the last run */
-    int *into;                   /* the input it was carried into (1 + its buffer, 0: none) */
-    int *place;                  /* for the next run: 1 + the input it appends to (appends_to) */
-    /* profiling */
-    double *step_s;              /* per step: seconds over the profiled runs */
-    int profiled_runs;
-    int64_t last_ns;
-};
-
-static int fail(XtcSession *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static int fail(XtcSession *s, int status, const char *fmt, ...)
+int rs_fail(XtcSession *s, int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -96,205 +34,12 @@ static int fail(XtcSession *s, int status, const char *fmt, ...)
     return status;
 }
 
-static int scaler_init(XtcSession *s);
-static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name);
-static size_t memory_bytes(void);
-
 static int64_t sym_bound(const XtcSession *s, int sym)
 {
     int64_t b = s->m->sym_max[sym];
     if (s->cap[sym] > 0 && (b == 0 || s->cap[sym] < b))
         b = s->cap[sym];
     return b;
-}
-
-/* ---- the memory plan ---- */
-
-typedef struct {
-    int buf;
-    size_t bytes;
-} Item;
-
-static int by_size_desc(const void *a, const void *b)
-{
-    const Item *x = a, *y = b;
-    if (x->bytes != y->bytes)
-        return x->bytes < y->bytes ? 1 : -1;
-    return x->buf - y->buf;
-}
-
-/* Bytes of buffer b at these symbol values, elem bytes per element; SIZE_MAX when that does not
- * fit (an allocation of it then fails cleanly). */
-static size_t buffer_bytes(const RtBuffer *b, size_t elem, const int64_t *syms)
-{
-    size_t n = elem;
-    for (int i = 0; i < b->rank; i++) {
-        int64_t d = rt_dim_eval(&b->shape[i], syms);
-        if (d <= 0)
-            return 0;
-        if (__builtin_mul_overflow(n, (size_t)d, &n) || n > ((size_t)1 << 50))
-            return SIZE_MAX;
-    }
-    return n;
-}
-
-/* Greedy best-fit by decreasing size: each buffer goes at the lowest offset where it overlaps
- * no already placed buffer whose lifetime intersects its own. Fills p's offset[] and bytes[] of
- * the temps, each p->elem[b] bytes per element (one with 0 gets offset 0 and no bytes), and
- * p->total; -1 when out of memory, -2 - b when buffer b would not fit at these sizes. */
-static int plan_offsets(const XtcModule *m, const int64_t *syms, ArenaPlan *p)
-{
-    size_t *offset = p->offset, *bytes = p->bytes;
-    Item *items = rt_malloc(((size_t)m->nbufs + 1) * sizeof *items);
-    int *placed = rt_malloc(((size_t)m->nbufs + 1) * sizeof *placed);
-    if (!items || !placed) {
-        free(items);
-        free(placed);
-        return -1;
-    }
-    int n = 0, nplaced = 0;
-    for (int i = 0; i < m->nbufs; i++)
-        if (m->bufs[i].kind == RT_BUF_TEMP && !p->elem[i]) {
-            offset[i] = bytes[i] = 0;
-        } else if (m->bufs[i].kind == RT_BUF_TEMP) {
-            size_t b = buffer_bytes(&m->bufs[i], p->elem[i], syms);
-            if (b == SIZE_MAX) {
-                free(items);
-                free(placed);
-                return -2 - i;
-            }
-            items[n].buf = i;
-            items[n].bytes = (b + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-            n++;
-        }
-    qsort(items, (size_t)n, sizeof *items, by_size_desc);
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        const RtBuffer *b = &m->bufs[items[i].buf];
-        size_t off = 0;
-        /* retry until a pass over the conflicting buffers moves nothing */
-        for (int moved = 1; moved;) {
-            moved = 0;
-            for (int j = 0; j < nplaced; j++) {
-                int o = placed[j];
-                const RtBuffer *c = &m->bufs[o];
-                if (c->last < b->first || b->last < c->first)
-                    continue;
-                size_t lo = offset[o], hi = lo + bytes[o];
-                if (off < hi && lo < off + items[i].bytes) {
-                    off = hi;
-                    moved = 1;
-                }
-            }
-        }
-        offset[items[i].buf] = off;
-        bytes[items[i].buf] = items[i].bytes;
-        placed[nplaced++] = items[i].buf;
-        if (off + items[i].bytes > total)
-            total = off + items[i].bytes;
-    }
-    free(items);
-    free(placed);
-    p->total = total;
-    return 0;
-}
-
-/* The element sizes of m's temps: in the host arena (host) and, for a device module, in the
- * device arena (dev, else untouched). A device module's host arena holds only its outputs. */
-static void plan_elem_sizes(const XtcModule *m, size_t *host, size_t *dev)
-{
-    for (int b = 0; b < m->nbufs; b++) {
-        host[b] = m->device ? 0 : xtc_dtype_size(m->bufs[b].dtype);
-        if (m->device)
-            dev[b] = m->device->elem_bytes(m, b);
-    }
-    for (int o = 0; o < m->nouts && m->device; o++)
-        host[m->outs[o].buf] = xtc_dtype_size(m->bufs[m->outs[o].buf].dtype);
-}
-
-/* Allocates a plan's per-buffer arrays; -1 when out of memory (free_plan frees what it took). */
-static int alloc_plan(const XtcModule *m, ArenaPlan *p)
-{
-    size_t nb = (size_t)m->nbufs + 1;
-    p->elem = rt_calloc(nb, sizeof *p->elem);
-    p->offset = rt_calloc(nb, sizeof *p->offset);
-    p->bytes = rt_calloc(nb, sizeof *p->bytes);
-    p->total = 0;
-    return p->elem && p->offset && p->bytes ? 0 : -1;
-}
-
-static void free_plan(ArenaPlan *p)
-{
-    free(p->elem);
-    free(p->offset);
-    free(p->bytes);
-}
-
-/* Whether every temp at these symbol values fits in its planned bytes of plan p. */
-static int plan_fits(const XtcModule *m, const ArenaPlan *p, const int64_t *syms)
-{
-    for (int i = 0; i < m->nbufs; i++)
-        if (m->bufs[i].kind == RT_BUF_TEMP && buffer_bytes(&m->bufs[i], p->elem[i], syms) > p->bytes[i])
-            return 0;
-    return 1;
-}
-
-static int plan_arena(XtcSession *s, const int64_t *syms)
-{
-    const XtcModule *m = s->m;
-    /* the device's plan first: the device sizes its arena from it at every run, whereas the
-     * host plan must stay the one s->arena was allocated for when its planning fails */
-    int rc = s->devplan.elem ? plan_offsets(m, syms, &s->devplan) : 0;
-    if (rc == 0)
-        rc = plan_offsets(m, syms, &s->host);
-    if (rc == -1)
-        return fail(s, XTC_ERR_MEMORY, "out of memory planning the arena");
-    if (rc < -1)
-        return fail(s, XTC_ERR_MEMORY, "intermediate %%%s would not fit in memory with these sizes",
-                    m->bufs[-2 - rc].name);
-    if (s->devplan.total > s->dev_arena_bytes)
-        s->dev_arena_bytes = s->devplan.total;
-    size_t total = s->host.total;
-    if (total > s->arena_bytes || !s->arena) {
-        if (s->dev && s->arena)
-            s->m->device->host_arena(s->dev, NULL, 0);
-        free(s->arena);
-        s->arena = NULL;
-        s->arena_bytes = 0;
-        size_t alloc = total ? total : ARENA_ALIGN;
-        if (total > ((size_t)1 << 30) && total > memory_bytes()) /* as a failed allocation */
-            return fail(s, XTC_ERR_MEMORY, "these sizes need a %.1f GiB arena, more than this machine's memory "
-                        "(%.1f GiB)", (double)total / (1 << 30), (double)memory_bytes() / (1 << 30));
-        s->arena = rt_aligned_alloc(ARENA_ALIGN, alloc);
-        if (!s->arena)
-            return fail(s, XTC_ERR_MEMORY, "out of memory allocating a %zu-byte arena", alloc);
-        s->arena_bytes = total;
-        if (s->dev)
-            s->m->device->host_arena(s->dev, s->arena, alloc);
-    }
-    memcpy(s->planned, syms, sizeof s->planned);
-    return XTC_OK;
-}
-
-int64_t xtc_module_arena_bytes(const XtcModule *m, const int64_t *syms)
-{
-    if (!m || !m->abi || !syms)
-        return -1;
-    int64_t v[RT_MAXSYM] = {0};
-    for (int i = 0; i < m->nsyms; i++)
-        v[i] = syms[i];
-    rt_derive_syms(m, v);
-    /* the arena the schedule runs in: a device module's device arena */
-    ArenaPlan host, dev;
-    int rc = alloc_plan(m, &host) | alloc_plan(m, &dev);
-    if (rc == 0) {
-        plan_elem_sizes(m, host.elem, dev.elem);
-        rc = plan_offsets(m, v, m->device ? &dev : &host);
-    }
-    size_t total = m->device ? dev.total : host.total;
-    free_plan(&host);
-    free_plan(&dev);
-    return rc == 0 ? (int64_t)total : -1;
 }
 
 /* ---- creation ---- */
@@ -308,19 +53,19 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     if (!s)
         return XTC_ERR_MEMORY;
     if (!m || !m->abi)
-        return fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_new: no loaded module");
     s->m = m;
     s->scaler.buf = -1; /* until scaler_init finds the loss-scale input */
-    s->targets = find_buffer(m, RT_BUF_INPUT, "targets");
+    s->targets = rs_find_buffer(m, RT_BUF_INPUT, "targets");
     XtcSessionOptions o = {0};
     if (opts)
         o = *opts;
     if (o.threads == XTC_THREADS_AUTO)
         o.threads = rt_cpus_available();
     if (o.threads < 0 || o.max_batch < 0 || o.max_seq < 0)
-        return fail(s, XTC_ERR_ARG, "xtc_session_new: negative option");
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_new: negative option");
     if (o.threads > 1024)
-        return fail(s, XTC_ERR_ARG, "xtc_session_new: %d threads is too many", o.threads);
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_new: %d threads is too many", o.threads);
     int64_t init[RT_MAXSYM];
     for (int i = 0; i < RT_MAXSYM; i++) {
         s->syms[i] = -1;
@@ -339,30 +84,30 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
     s->shape = rt_calloc(nb, sizeof *s->shape);
     s->set = rt_calloc(nb, 1);
     s->fresh = rt_calloc(nb, 1);
-    if (!s->ptr || !s->own || !s->shape || !s->set || !s->fresh || alloc_plan(m, &s->host) < 0 ||
-        (m->device && alloc_plan(m, &s->devplan) < 0))
-        return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
-    plan_elem_sizes(m, s->host.elem, s->devplan.elem);
-    if (scaler_init(s) < 0)
-        return fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    if (!s->ptr || !s->own || !s->shape || !s->set || !s->fresh || rs_alloc_plan(m, &s->host) < 0 ||
+        (m->device && rs_alloc_plan(m, &s->devplan) < 0))
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    rs_plan_elem_sizes(m, s->host.elem, s->devplan.elem);
+    if (rs_scaler_init(s) < 0)
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     if (m->device) { /* before the pool: a session whose device fails stays unusable */
         char msg[sizeof s->err];
         int st = (s->changed = rt_calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
         if (st)
-            return fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
+            return rs_fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
     }
     s->pool = rt_pool_new(o.threads ? o.threads : 1);
     if (!s->pool) {
         char why[128] = "";
         int e = errno;
         if (e == ENOMEM)
-            return fail(s, XTC_ERR_MEMORY, "out of memory starting %d threads", o.threads);
-        return fail(s, XTC_ERR_MEMORY, "cannot start %d threads: %s", o.threads, strerror_r(e, why, sizeof why));
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory starting %d threads", o.threads);
+        return rs_fail(s, XTC_ERR_MEMORY, "cannot start %d threads: %s", o.threads, strerror_r(e, why, sizeof why));
     }
     s->api.pool = s->pool;
     s->api.parallel_for = rt_pool_parallel_for;
     s->api.nthreads = o.threads ? o.threads : 1;
-    return plan_arena(s, init);
+    return rs_plan_arena(s, init);
 }
 
 /* frees the n blocks of a (NULL ones too) and a itself */
@@ -396,8 +141,8 @@ void xtc_session_free(XtcSession *s)
     free(s->shape);
     free(s->set);
     free(s->fresh);
-    free_plan(&s->host);
-    free_plan(&s->devplan);
+    rs_free_plan(&s->host);
+    rs_free_plan(&s->devplan);
     free(s->arena);
     free(s->step_s);
     free(s->unscale);
@@ -433,19 +178,19 @@ int64_t xtc_session_symbol(const XtcSession *s, int i)
 
 /* Whether the session can take a call; clears the last error, so that it describes the last
  * call that failed only until another succeeds. */
-static int ready(XtcSession *s, const char *what)
+int rs_ready(XtcSession *s, const char *what)
 {
     if (!s)
         return 0;
     if (!s->m || !s->pool) {
-        fail(s, XTC_ERR_STATE, "%s: the session was not created successfully", what);
+        rs_fail(s, XTC_ERR_STATE, "%s: the session was not created successfully", what);
         return 0;
     }
     s->err[0] = 0;
     return 1;
 }
 
-static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name)
+int rs_find_buffer(const XtcModule *m, RtBufKind kind, const char *name)
 {
     for (int i = 0; i < m->nby_kind[kind]; i++) {
         int b = m->by_kind[kind][i];
@@ -457,8 +202,8 @@ static int find_buffer(const XtcModule *m, RtBufKind kind, const char *name)
 
 static int find_weight(const XtcModule *m, const char *name)
 {
-    int b = find_buffer(m, RT_BUF_PARAM, name);
-    return b >= 0 ? b : find_buffer(m, RT_BUF_STATE, name);
+    int b = rs_find_buffer(m, RT_BUF_PARAM, name);
+    return b >= 0 ? b : rs_find_buffer(m, RT_BUF_STATE, name);
 }
 
 static const RtAlias *find_alias(const XtcModule *m, const char *name)
@@ -490,7 +235,7 @@ static void index_text(char *buf, size_t n, int rank, const int64_t *shape, int6
     shape_text(buf, n, rank, idx);
 }
 
-static void dims_text(char *buf, size_t n, const RtBuffer *b)
+void rs_dims_text(char *buf, size_t n, const RtBuffer *b)
 {
     size_t len = (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < b->rank && len < n; i++)
@@ -505,7 +250,7 @@ static int shape_problem(const XtcSession *s, const RtBuffer *b, const char *wha
                          char *msg, size_t n)
 {
     char want[256], got[256];
-    dims_text(want, sizeof want, b);
+    rs_dims_text(want, sizeof want, b);
     shape_text(got, sizeof got, rank, shape);
     if (rank != b->rank) {
         snprintf(msg, n, "%s '%s': rank %d given, expected %d %s", what, b->name, rank, b->rank, want);
@@ -558,7 +303,7 @@ static int shape_problem(const XtcSession *s, const RtBuffer *b, const char *wha
     return XTC_OK;
 }
 
-static int check_shape(XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape)
+int rs_check_shape(XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape)
 {
     char msg[sizeof s->err];
     int st = shape_problem(s, b, what, rank, shape, msg, sizeof msg);
@@ -567,7 +312,7 @@ static int check_shape(XtcSession *s, const RtBuffer *b, const char *what, int r
     return st;
 }
 
-static int64_t numel_of(int rank, const int64_t *shape)
+int64_t rs_numel_of(int rank, const int64_t *shape)
 {
     int64_t n = 1;
     for (int i = 0; i < rank; i++)
@@ -576,7 +321,7 @@ static int64_t numel_of(int rank, const int64_t *shape)
 }
 
 /* Takes ownership of data as the value of bound buffer b (input or weight) of that shape. */
-static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape)
+void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape)
 {
     free(s->own[b]);
     s->own[b] = data;
@@ -591,122 +336,59 @@ static void bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_
     s->outputs_valid = 0;
 }
 
-/* ---- limits on sums of symbols (m->limit_def: a KV cache's c+n <= max_seq_len) ---- */
-
-/* The symbol a dimension is exactly (sym + constant), or -1. */
-static int plain_sym(const XtcModule *m, const RtDim *d)
-{
-    int sym = -1;
-    for (int k = 0; k < m->nsyms; k++)
-        if (d->k[k] == 1 && sym < 0)
-            sym = k;
-        else if (d->k[k])
-            return -1;
-    return sym;
-}
-
-/* The input that gives symbol k its value in syms (one with a dimension that is k plus a
- * constant, bound to that value), for messages: "" when none. Buffer b has shape (else its
- * bound one). */
-static const char *sym_source(const XtcSession *s, int k, const int64_t *syms, int b, const int64_t *shape)
-{
-    const XtcModule *m = s->m;
-    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
-        int ib = m->by_kind[RT_BUF_INPUT][i];
-        const int64_t *sh = ib == b ? shape : s->set[ib] ? s->shape[ib] : NULL;
-        for (int d = 0; sh && d < m->bufs[ib].rank; d++)
-            if (plain_sym(m, &m->bufs[ib].shape[d]) == k && sh[d] - m->bufs[ib].shape[d].c == syms[k])
-                return m->bufs[ib].name;
-    }
-    return "";
-}
-
-/* Checks the limits whose symbols are all known (known NULL: all are) at the values syms; with
- * the session's error set, XTC_ERR_RANGE naming the form, its value and each symbol's value and
- * the input it comes from. Buffer b (or -1) is being bound with shape. */
-static int check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape)
-{
-    const XtcModule *m = s->m;
-    for (int l = 0; l < m->nlimits; l++) {
-        const RtDim *d = &m->limit_def[l];
-        int all = 1;
-        for (int k = 0; k < m->nsyms && known; k++)
-            all &= !d->k[k] || known[k];
-        int64_t v = rt_dim_eval(d, syms);
-        if (!all || v <= m->limit_max[l])
-            continue;
-        char parts[400] = "";
-        size_t len = 0;
-        for (int k = 0; k < m->nsyms && len < sizeof parts; k++) {
-            if (!d->k[k])
-                continue;
-            const char *from = sym_source(s, k, syms, b, shape);
-            len += (size_t)snprintf(parts + len, sizeof parts - len, "%s%s = %lld%s%s%s", len ? ", " : "",
-                                    m->sym_name[k], (long long)syms[k], *from ? " (input '" : "", from,
-                                    *from ? "')" : "");
-        }
-        return fail(s, XTC_ERR_RANGE, "%s = %lld exceeds %lld (the model's max_seq_len): %s", m->limit_text[l],
-                    (long long)v, (long long)m->limit_max[l], parts);
-    }
-    return XTC_OK;
-}
-
-/* The limits before binding input b with shape: over the symbols that b and the inputs bound
- * since the last run give (older bindings may be about to change: a new prompt of a session
- * whose cache is still the last one's). The run checks them all again. */
-static int check_limits_early(XtcSession *s, int b, const int64_t *shape)
-{
-    const XtcModule *m = s->m;
-    if (!m->nlimits)
-        return XTC_OK;
-    int64_t syms[RT_MAXSYM] = {0};
-    int known[RT_MAXSYM] = {0}, conflict[RT_MAXSYM] = {0};
-    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT]; i++) {
-        int ib = m->by_kind[RT_BUF_INPUT][i];
-        const int64_t *sh = ib == b ? shape : s->fresh[ib] && s->set[ib] ? s->shape[ib] : NULL;
-        for (int d = 0; sh && d < m->bufs[ib].rank; d++) {
-            int k = plain_sym(m, &m->bufs[ib].shape[d]);
-            int64_t v = k >= 0 ? sh[d] - m->bufs[ib].shape[d].c : 0;
-            if (k < 0 || m->sym_derived[k])
-                continue;
-            conflict[k] |= known[k] && syms[k] != v; /* half rebound: the run decides */
-            syms[k] = v;
-            known[k] = 1;
-        }
-    }
-    for (int k = 0; k < RT_MAXSYM; k++)
-        known[k] &= !conflict[k];
-    return check_limits(s, syms, known, b, shape);
-}
-
 /* ---- weights ---- */
 
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape, const float *data)
 {
-    if (!ready(s, "xtc_session_set_weight"))
+    if (!rs_ready(s, "xtc_session_set_weight"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     if (!name || (rank > 0 && !shape) || rank < 0 || rank > XTC_MAX_RANK)
-        return fail(s, XTC_ERR_ARG, "xtc_session_set_weight: bad arguments");
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_set_weight: bad arguments");
     int b = find_weight(s->m, name);
     const RtAlias *alias = b < 0 ? find_alias(s->m, name) : NULL;
     if (alias)
-        return fail(s, XTC_ERR_NAME, "'%s' is tied to '%s': set that one", name, s->m->bufs[alias->buf].name);
+        return rs_fail(s, XTC_ERR_NAME, "'%s' is tied to '%s': set that one", name, s->m->bufs[alias->buf].name);
     if (b < 0)
-        return fail(s, XTC_ERR_NAME, "the model has no parameter or buffer named '%s'", name);
-    int st = check_shape(s, &s->m->bufs[b], "weight", rank, shape);
+        return rs_fail(s, XTC_ERR_NAME, "the model has no parameter or buffer named '%s'", name);
+    int st = rs_check_shape(s, &s->m->bufs[b], "weight", rank, shape);
     if (st)
         return st;
-    size_t bytes = (size_t)numel_of(rank, shape) * sizeof(float);
+    size_t bytes = (size_t)rs_numel_of(rank, shape) * sizeof(float);
     float *copy = rt_malloc(bytes ? bytes : 1);
     if (!copy)
-        return fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
     if (bytes && !data) {
         free(copy);
-        return fail(s, XTC_ERR_ARG, "weight '%s': no data", name);
+        return rs_fail(s, XTC_ERR_ARG, "weight '%s': no data", name);
     }
     if (bytes)
         memcpy(copy, data, bytes);
-    bind_buffer(s, b, copy, rank, shape);
+    rs_bind_buffer(s, b, copy, rank, shape);
+    return XTC_OK;
+}
+
+int xtc_session_init_weights(XtcSession *s, uint64_t seed)
+{
+    if (!rs_ready(s, "xtc_session_init_weights"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    /* the order of xtc init (cli/cmd_compile.c): parameters, then state buffers, each drawing
+     * from one generator, so that the same seed gives the same values */
+    RtRng rng;
+    rt_rng_seed(&rng, seed);
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(s->m, (XtcKind)kind); i++) {
+            XtcTensorInfo t;
+            xtc_module_tensor(s->m, (XtcKind)kind, i, &t);
+            int64_t n = rs_numel_of(t.rank, t.shape);
+            float *data = rt_malloc((size_t)(n ? n : 1) * sizeof *data);
+            if (!data)
+                return rs_fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", t.name);
+            rt_init_module_param(s->m, t.name, t.rank, t.shape, data, &rng);
+            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, data);
+            free(data);
+            if (st)
+                return st;
+        }
     return XTC_OK;
 }
 
@@ -723,16 +405,16 @@ static void list_add(char *list, size_t n, int *count, const char *item)
 
 int xtc_session_load_weights(XtcSession *s, const char *path)
 {
-    if (!ready(s, "xtc_session_load_weights"))
+    if (!rs_ready(s, "xtc_session_load_weights"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     if (!path)
-        return fail(s, XTC_ERR_ARG, "xtc_session_load_weights: no path");
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_load_weights: no path");
     const XtcModule *m = s->m;
     RtStFile *f;
     char msg[512];
     int st = rt_st_open(path, &f, msg, sizeof msg);
     if (st)
-        return fail(s, st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT,
+        return rs_fail(s, st == RT_ST_ENOMEM ? XTC_ERR_MEMORY : st == RT_ST_EIO ? XTC_ERR_IO : XTC_ERR_FORMAT,
                     "%s", msg);
     char missing[400] = "", extra[400] = "", wrong[600] = "";
     int nmissing = 0, nextra = 0, nwrong = 0;
@@ -750,7 +432,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
                      shape_problem(s, b, "weight", t->rank, t->shape, item, sizeof item) == XTC_OK;
             if (!ok) {
                 char want[128], got[128];
-                dims_text(want, sizeof want, b);
+                rs_dims_text(want, sizeof want, b);
                 shape_text(got, sizeof got, t->rank, t->shape);
                 snprintf(item, sizeof item, "'%s' is %s %s, expected f32 %s", b->name, rt_dtype_name(t->dtype), got,
                          want);
@@ -798,7 +480,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
     float **fresh = rt_calloc((size_t)m->nbufs + 1, sizeof *fresh);
     if (!fresh) {
         rt_st_close(f);
-        return fail(s, XTC_ERR_MEMORY, "out of memory loading %s", path);
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory loading %s", path);
     }
     st = XTC_OK;
     for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
@@ -808,9 +490,9 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
             int64_t n = rt_st_numel(t);
             fresh[b] = rt_malloc(n ? (size_t)n * sizeof(float) : 1);
             if (!fresh[b])
-                st = fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
+                st = rs_fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
             else if (rt_st_to_f32(t, fresh[b], msg, sizeof msg))
-                st = fail(s, XTC_ERR_FORMAT, "%s: '%s': %s", path, t->name, msg);
+                st = rs_fail(s, XTC_ERR_FORMAT, "%s: '%s': %s", path, t->name, msg);
         }
     for (int b = 0; b < m->nbufs; b++) {
         if (!fresh[b])
@@ -819,7 +501,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
             free(fresh[b]);
         } else {
             const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
-            bind_buffer(s, b, fresh[b], t->rank, t->shape);
+            rs_bind_buffer(s, b, fresh[b], t->rank, t->shape);
         }
     }
     free(fresh);
@@ -832,31 +514,31 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
 int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank, const int64_t *shape,
                           const void *data)
 {
-    if (!ready(s, "xtc_session_set_input"))
+    if (!rs_ready(s, "xtc_session_set_input"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     if (!name || rank < 0 || rank > XTC_MAX_RANK || (rank > 0 && !shape) || (unsigned)dtype >= XTC_NUM_DTYPES)
-        return fail(s, XTC_ERR_ARG, "xtc_session_set_input: bad arguments");
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_set_input: bad arguments");
     const XtcModule *m = s->m;
-    int b = find_buffer(m, RT_BUF_INPUT, name);
+    int b = rs_find_buffer(m, RT_BUF_INPUT, name);
     if (b < 0)
-        return fail(s, XTC_ERR_NAME, "the model has no input named '%s'", name);
+        return rs_fail(s, XTC_ERR_NAME, "the model has no input named '%s'", name);
     const RtBuffer *buf = &m->bufs[b];
     int ints = (dtype == XTC_I32 || dtype == XTC_I64) && (buf->dtype == XTC_I32 || buf->dtype == XTC_I64);
     if (dtype != buf->dtype && !ints)
-        return fail(s, XTC_ERR_SHAPE, "input '%s': %s given, expected %s", name, xtc_dtype_name(dtype),
+        return rs_fail(s, XTC_ERR_SHAPE, "input '%s': %s given, expected %s", name, xtc_dtype_name(dtype),
                     xtc_dtype_name(buf->dtype));
-    int st = check_shape(s, buf, "input", rank, shape);
+    int st = rs_check_shape(s, buf, "input", rank, shape);
     if (!st)
-        st = check_limits_early(s, b, shape);
+        st = rs_check_limits_early(s, b, shape);
     if (st)
         return st;
-    int64_t n = numel_of(rank, shape); /* checked by check_shape */
+    int64_t n = rs_numel_of(rank, shape); /* checked by check_shape */
     if (n > 0 && !data)
-        return fail(s, XTC_ERR_ARG, "input '%s': no data", name);
+        return rs_fail(s, XTC_ERR_ARG, "input '%s': no data", name);
     size_t esize = xtc_dtype_size(buf->dtype);
     char *copy = rt_malloc(n ? (size_t)n * esize : 1);
     if (!copy)
-        return fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", name);
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", name);
     /* integers are range-checked and converted, bools normalised, one by one; floats copied whole
      * (a loop that did nothing for them was half the time of decoding with a long KV cache) */
     for (int64_t i = 0; buf->dtype != XTC_F32 && i < n; i++) {
@@ -867,15 +549,15 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
                 char at[200];
                 index_text(at, sizeof at, rank, shape, i);
                 if (buf->lo == INT64_MIN) /* targets */
-                    return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [0, %lld) (a negative "
+                    return rs_fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [0, %lld) (a negative "
                                 "target is ignored)", name, (long long)v, at, (long long)buf->hi);
-                return fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [%lld, %lld)", name,
+                return rs_fail(s, XTC_ERR_RANGE, "input '%s': value %lld at %s is outside [%lld, %lld)", name,
                             (long long)v, at, (long long)buf->lo, (long long)buf->hi);
             }
             if (buf->dtype == XTC_I32) {
                 if (v != (int32_t)v) {
                     free(copy);
-                    return fail(s, XTC_ERR_RANGE, "input '%s': value %lld does not fit i32", name, (long long)v);
+                    return rs_fail(s, XTC_ERR_RANGE, "input '%s': value %lld does not fit i32", name, (long long)v);
                 }
                 ((int32_t *)copy)[i] = (int32_t)v;
             } else {
@@ -887,7 +569,7 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     }
     if (buf->dtype == XTC_F32 && n)
         memcpy(copy, data, (size_t)n * esize);
-    bind_buffer(s, b, copy, rank, shape);
+    rs_bind_buffer(s, b, copy, rank, shape);
     if (b == s->scaler.buf)
         s->scaler.by_caller = 1; /* until xtc_session_set_loss_scale */
     return XTC_OK;
@@ -909,7 +591,7 @@ static int derive_known(XtcSession *s, int64_t *syms, int *known)
             continue;
         rt_derive_syms(m, syms); /* the symbols before k are final, so k's value is */
         if (syms[k] < 0) {
-            fail(s, XTC_ERR_SHAPE, "symbol %s = %lld with these inputs (derived from the others)", m->sym_name[k],
+            rs_fail(s, XTC_ERR_SHAPE, "symbol %s = %lld with these inputs (derived from the others)", m->sym_name[k],
                  (long long)syms[k]);
             return -1;
         }
@@ -954,7 +636,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
                 if (nunknown != 1 || m->sym_derived[unknown])
                     continue;
                 if (rest % dim->k[unknown] != 0 || rest / dim->k[unknown] < 0)
-                    return fail(s, XTC_ERR_SHAPE, "'%s': dimension %d (%lld) does not fit %s for any %s",
+                    return rs_fail(s, XTC_ERR_SHAPE, "'%s': dimension %d (%lld) does not fit %s for any %s",
                                 buf->name, d, (long long)s->shape[b][d], buf->dims[d], m->sym_name[unknown]);
                 syms[unknown] = rest / dim->k[unknown];
                 known[unknown] = 1;
@@ -979,7 +661,7 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
                 for (int k = 0; k < m->nsyms && len < sizeof names; k++)
                     len += (size_t)snprintf(names + len, sizeof names - len, "%s%s = %lld", len ? ", " : "",
                                             m->sym_name[k], (long long)syms[k]);
-                return fail(s, XTC_ERR_SHAPE,
+                return rs_fail(s, XTC_ERR_SHAPE,
                             "%s '%s': dimension %d is %lld but %s = %lld with the other inputs (%s)",
                             buf->kind == RT_BUF_INPUT ? "input" : "weight", buf->name, d, (long long)s->shape[b][d],
                             buf->dims[d], (long long)want, names);
@@ -989,10 +671,10 @@ static int bind_symbols(XtcSession *s, int64_t *syms)
     for (int k = 0; k < m->nsyms; k++) {
         int64_t bound = sym_bound(s, k);
         if (bound > 0 && syms[k] > bound)
-            return fail(s, XTC_ERR_RANGE, "symbol %s = %lld exceeds its bound %lld", m->sym_name[k],
+            return rs_fail(s, XTC_ERR_RANGE, "symbol %s = %lld exceeds its bound %lld", m->sym_name[k],
                         (long long)syms[k], (long long)bound);
     }
-    return check_limits(s, syms, NULL, -1, NULL);
+    return rs_check_limits(s, syms, NULL, -1, NULL);
 }
 
 /* Why a step of the schedule can fail, by op (the kernels report a status, not a message). */
@@ -1011,7 +693,7 @@ static int run_failure(XtcSession *s, int32_t r)
 {
     const XtcModule *m = s->m;
     if (r < 1 || r > m->nsteps)
-        return fail(s, XTC_ERR_RANGE, "run failed with status %d", r);
+        return rs_fail(s, XTC_ERR_RANGE, "run failed with status %d", r);
     const RtStep *step = &m->steps[r - 1];
     const char *why = "failed";
     for (size_t i = 0; i < sizeof step_errors / sizeof step_errors[0]; i++)
@@ -1024,7 +706,7 @@ static int run_failure(XtcSession *s, int32_t r)
         if (b >= 0 && m->bufs[b].kind == RT_BUF_INPUT && m->bufs[b].dtype != XTC_F32)
             snprintf(from, sizeof from, " (input '%s')", m->bufs[b].name);
     }
-    return fail(s, XTC_ERR_RANGE, "step %d (%s %%%s): %s%s", r - 1, step->op, step->label, why, from);
+    return rs_fail(s, XTC_ERR_RANGE, "step %d (%s %%%s): %s%s", r - 1, step->op, step->label, why, from);
 }
 
 static int64_t now_ns(void)
@@ -1044,7 +726,7 @@ static void step_done(void *ctx, int32_t step)
 
 int xtc_session_set_profiling(XtcSession *s, int on)
 {
-    if (!ready(s, "xtc_session_set_profiling"))
+    if (!rs_ready(s, "xtc_session_set_profiling"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     free(s->step_s);
     s->step_s = NULL;
@@ -1055,7 +737,7 @@ int xtc_session_set_profiling(XtcSession *s, int on)
         return XTC_OK;
     s->step_s = rt_calloc((size_t)s->m->nsteps + 1, sizeof *s->step_s);
     if (!s->step_s)
-        return fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the profile");
     s->api.step_done = step_done;
     s->api.hook_ctx = s;
     return XTC_OK;
@@ -1116,7 +798,6 @@ int xtc_session_print_profile(const XtcSession *s, FILE *out)
     return XTC_OK;
 }
 
-static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
 
 /* A device module's schedule runs on its device (rt_cuda.c), which copies the outputs back into
  * s->ptr (but those carried on the device, which it writes over their inputs where they append
@@ -1124,7 +805,7 @@ static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
 static int32_t device_run(XtcSession *s, const int64_t *syms)
 {
     for (int b = 0; s->into && b < s->m->nbufs; b++) { /* carried outputs appending to their input */
-        s->place[b] = s->into[b] && appends_to(s, b, s->into[b] - 1, syms) ? s->into[b] : 0;
+        s->place[b] = s->into[b] && rs_appends_to(s, b, s->into[b] - 1, syms) ? s->into[b] : 0;
         for (int e = 0; e < b && s->place[b]; e++) /* one output per input's memory */
             if (s->place[e] == s->place[b])
                 s->place[b] = 0;
@@ -1135,386 +816,12 @@ static int32_t device_run(XtcSession *s, const int64_t *syms)
     char msg[sizeof s->err];
     int32_t r = s->m->device->run(s->dev, &run, msg, sizeof msg);
     if (r < 0)
-        fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
+        rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "%s", msg);
     else
         memset(s->changed, 0, (size_t)s->m->nbufs);
     if (s->fetched)
         memset(s->fetched, 0, (size_t)s->m->nbufs);
     return r;
-}
-
-/* ---- loss scaling (see RtScaler) ---- */
-
-/* Finds the loss-scale input of a training module and the buffers of its grad.<param> outputs
- * (tied names share one; each is divided once). 0, or -1 when out of memory. */
-static int scaler_init(XtcSession *s)
-{
-    const XtcModule *m = s->m;
-    RtScaler *sc = &s->scaler;
-    sc->buf = -1;
-    sc->scale = 65536;
-    sc->interval = 2000;
-    int b = -1;
-    for (int i = 0; i < m->nby_kind[RT_BUF_INPUT] && b < 0; i++) {
-        int k = m->by_kind[RT_BUF_INPUT][i];
-        if (strcmp(m->bufs[k].name, XTC_LOSS_SCALE_INPUT) == 0 && m->bufs[k].rank == 0 &&
-            m->bufs[k].dtype == XTC_F32)
-            b = k;
-    }
-    if (b < 0)
-        return 0;
-    s->unscale = rt_calloc((size_t)m->nouts + 1, sizeof *s->unscale);
-    if (!s->unscale)
-        return -1;
-    for (int o = 0; o < m->nouts; o++) {
-        int ob = m->outs[o].buf, seen = 0;
-        if (strncmp(m->outs[o].name, "grad.", 5) != 0 || m->outs[o].dtype != XTC_F32 ||
-            m->bufs[ob].kind != RT_BUF_TEMP)
-            continue;
-        for (int k = 0; k < s->nunscale; k++)
-            seen |= s->unscale[k] == ob;
-        if (!seen)
-            s->unscale[s->nunscale++] = ob;
-    }
-    if (s->nunscale)
-        sc->buf = b;
-    return 0;
-}
-
-/* Before a run: binds S unless the caller bound the input. */
-static int scaler_bind(XtcSession *s)
-{
-    RtScaler *sc = &s->scaler;
-    int b = sc->buf;
-    if (b < 0 || sc->by_caller)
-        return XTC_OK;
-    if (!s->set[b]) {
-        float *v = rt_malloc(sizeof *v);
-        if (!v)
-            return fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", XTC_LOSS_SCALE_INPUT);
-        bind_buffer(s, b, v, 0, NULL);
-    }
-    *(float *)s->own[b] = (float)sc->scale;
-    if (s->changed)
-        s->changed[b] = 1;
-    return XTC_OK;
-}
-
-/* After a successful run: the gradients divided by the scale the run used, and whether one of
- * them is not finite. */
-static void scaler_unscale(XtcSession *s)
-{
-    RtScaler *sc = &s->scaler;
-    if (sc->buf < 0)
-        return;
-    const float used = *(const float *)s->own[sc->buf];
-    int overflow = 0;
-    for (int k = 0; k < s->nunscale; k++) {
-        const RtBuffer *b = &s->m->bufs[s->unscale[k]];
-        float *g = s->ptr[s->unscale[k]];
-        int64_t n = rt_numel(b->shape, b->rank, s->syms);
-        for (int64_t i = 0; i < n; i++) {
-            g[i] /= used;
-            overflow |= !isfinite(g[i]);
-        }
-    }
-    sc->overflow = overflow;
-}
-
-int xtc_session_set_loss_scale(XtcSession *s, double scale, int64_t growth_interval)
-{
-    if (!ready(s, "xtc_session_set_loss_scale"))
-        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
-    if (!(scale >= 1 && scale <= 0x1p64) || growth_interval < 0)
-        return fail(s, XTC_ERR_RANGE, "xtc_session_set_loss_scale: scale %g outside [1, 2^64] or a negative "
-                    "growth interval", scale);
-    RtScaler *sc = &s->scaler;
-    sc->scale = scale;
-    if (growth_interval > 0)
-        sc->interval = growth_interval;
-    sc->good = 0;
-    sc->by_caller = 0;
-    return XTC_OK;
-}
-
-double xtc_session_loss_scale(const XtcSession *s)
-{
-    return s && s->m && s->scaler.buf >= 0 ? s->scaler.scale : 1;
-}
-
-int xtc_session_step_skipped(const XtcSession *s) { return s && s->m ? s->scaler.skipped : 0; }
-
-RtScaler *rt_session_scaler(XtcSession *s) { return &s->scaler; }
-
-/* ---- carrying outputs into inputs (KV caches) ---- */
-
-/* the index of the output named name, or -1 */
-static int find_output(const XtcModule *m, const char *name)
-{
-    for (int i = 0; i < m->nouts; i++)
-        if (!strcmp(m->outs[i].name, name))
-            return i;
-    return -1;
-}
-
-/* whether an output of the last run lies in memory p */
-static int output_in(const XtcSession *s, const void *p)
-{
-    for (int o = 0; p && o < s->m->nouts; o++)
-        if (s->ptr[s->m->outs[o].buf] == p)
-            return 1;
-    return 0;
-}
-
-/* Whether output buffer ob is the concatenation of input buffer ib and more, along an axis that
- * only dimensions of size 1 precede: ib's value is then the first bytes of ob's, and a run may
- * write ob in place over ib's memory (the concat kernel skips copying its first operand onto
- * itself), as a KV cache grows by the new positions at its end. */
-static int appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms)
-{
-    const XtcModule *m = s->m;
-    const RtStep *st = NULL;
-    for (int i = 0; i < m->nsteps; i++)
-        if (m->steps[i].out == ob) {
-            if (st) /* written by two steps: not just the concatenation */
-                return 0;
-            st = &m->steps[i];
-        }
-    if (!st || strcmp(st->op, "concat") || st->in[0] != ib)
-        return 0;
-    const RtBuffer *o = &m->bufs[ob];
-    for (int d = 0; d < o->rank; d++) {
-        int64_t size = rt_dim_eval(&o->shape[d], syms);
-        if (size != s->shape[ib][d]) /* the concat axis: all before it are 1 */
-            return 1;
-        if (size != 1)
-            return 0;
-    }
-    return 1;
-}
-
-/* The outputs carried by xtc_session_carry are written to their spare memory, not the arena, so
- * that the next carry hands that memory to the input without copying (host modules); an output
- * that appends to the input it was carried into is written in place over that input's memory
- * when it has room (appends_to). */
-static int place_carried(XtcSession *s, const int64_t *syms)
-{
-    if (!s->carried)
-        return XTC_OK;
-    for (int i = 0; i < s->m->nbufs; i++) {
-        if (!s->carried[i])
-            continue;
-        size_t need = buffer_bytes(&s->m->bufs[i], s->host.elem[i], syms);
-        int ib = s->carried[i] - 1, taken = 0;
-        for (int e = 0; e < i; e++) /* one output per input's memory */
-            taken |= s->carried[e] && s->ptr[e] == s->own[ib];
-        if (s->own[ib] && s->own_cap[ib] >= need && !taken && appends_to(s, i, ib, syms)) {
-            s->ptr[i] = s->own[ib];
-            continue;
-        }
-        if (need > s->spare_cap[i]) { /* a cache grows by a row a call: room for a quarter more */
-            size_t cap = need + need / 4 + 64;
-            free(s->spare[i]);
-            s->spare[i] = rt_malloc(cap);
-            s->spare_cap[i] = s->spare[i] ? cap : 0;
-            if (!s->spare[i]) {
-                const char *name = s->m->bufs[i].name;
-                for (int o = 0; o < s->m->nouts; o++)
-                    if (s->m->outs[o].buf == i)
-                        name = s->m->outs[o].name;
-                return fail(s, XTC_ERR_MEMORY, "out of memory for output '%s'", name);
-            }
-        }
-        s->ptr[i] = s->spare[i];
-    }
-    return XTC_OK;
-}
-
-/* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):
- * XTC_OK, an error status, or -1 when the device cannot (then the carry copies through the host).
- * For f32 outputs of the arena into f32 inputs (no index inputs, whose values are range-checked
- * on the host), and not in fp16 training (the loss scaler reads gradient outputs on the host). */
-static int device_carry(XtcSession *s, int oi, int ib)
-{
-    const XtcModule *m = s->m;
-    const RtOutput *o = &m->outs[oi];
-    const RtBuffer *in = &m->bufs[ib];
-    if (!s->dev || !m->device->carry || !s->outputs_valid || m->bufs[o->buf].kind != RT_BUF_TEMP ||
-        o->dtype != XTC_F32 || in->dtype != XTC_F32 || s->scaler.buf >= 0)
-        return -1;
-    int64_t shape[XTC_MAX_RANK];
-    for (int d = 0; d < o->rank; d++)
-        shape[d] = rt_dim_eval(&o->shape[d], s->syms);
-    int st = check_shape(s, in, "input", o->rank, shape);
-    if (!st)
-        st = check_limits_early(s, ib, shape);
-    if (st)
-        return st;
-    if (!s->lazy) {
-        size_t nb = (size_t)m->nbufs;
-        s->lazy = rt_calloc(nb, 1);
-        s->fetched = rt_calloc(nb, 1);
-        s->into = rt_calloc(nb, sizeof *s->into);
-        s->place = rt_calloc(nb, sizeof *s->place);
-        if (!s->lazy || !s->fetched || !s->into || !s->place) {
-            free(s->lazy), free(s->fetched), free(s->into), free(s->place);
-            s->lazy = s->fetched = NULL;
-            s->into = s->place = NULL;
-            return -1;
-        }
-    }
-    int ob = o->buf;
-    char msg[sizeof s->err];
-    int r = m->device->carry(s->dev, ob, ib, s->syms, msg, sizeof msg);
-    if (r > 0)
-        return -1;
-    if (r < 0) { /* the input's device copy may be gone, and its host copy is stale: unset */
-        s->set[ib] = 0;
-        return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "carrying output '%s' into input '%s': %s", o->name,
-                    in->name, msg);
-    }
-    /* the input's value is its device copy now (the host one is stale, and not uploaded again
-     * until the input is set) */
-    s->set[ib] = 1;
-    s->fresh[ib] = 1;
-    s->changed[ib] = 0;
-    for (int d = 0; d < o->rank; d++)
-        s->shape[ib][d] = shape[d];
-    s->lazy[ob] = 1;
-    s->into[ob] = ib + 1;
-    return XTC_OK;
-}
-
-int xtc_session_carry(XtcSession *s, const char *output, const char *input)
-{
-    if (!ready(s, "xtc_session_carry"))
-        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
-    if (!output || !input)
-        return fail(s, XTC_ERR_ARG, "xtc_session_carry: bad arguments");
-    const XtcModule *m = s->m;
-    int oi = find_output(m, output);
-    if (oi < 0)
-        return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", output);
-    int ib = find_buffer(m, RT_BUF_INPUT, input);
-    if (ib < 0)
-        return fail(s, XTC_ERR_NAME, "the model has no input named '%s'", input);
-    int st = device_carry(s, oi, ib);
-    if (st >= 0)
-        return st;
-    XtcTensor t;
-    st = xtc_session_get_output(s, output, &t);
-    if (st)
-        return st;
-    const RtBuffer *in = &m->bufs[ib];
-    if (t.dtype != in->dtype)
-        return fail(s, XTC_ERR_SHAPE, "carrying output '%s' (%s) into input '%s' (%s)", output,
-                    xtc_dtype_name(t.dtype), input, xtc_dtype_name(in->dtype));
-    if ((st = check_shape(s, in, "input", t.rank, t.shape)) || (st = check_limits_early(s, ib, t.shape)))
-        return st;
-    int ob = m->outs[oi].buf;
-    if (s->carried && s->carried[ob] == ib + 1 && s->ptr[ob] == s->own[ib]) {
-        /* written in place over the input (place_carried): the input only grows */
-        for (int d = 0; d < t.rank; d++)
-            s->shape[ib][d] = t.shape[d];
-        s->fresh[ib] = 1;
-        if (s->changed)
-            s->changed[ib] = 1;
-        s->outputs_valid = 1;
-        return XTC_OK;
-    }
-    if (s->carried && s->carried[ob] && s->ptr[ob] == s->spare[ob]) {
-        /* the output's memory becomes the input's, the input's old memory the next spare */
-        void *old = s->own[ib];
-        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : (size_t)numel_of(in->rank, s->shape[ib]) * xtc_dtype_size(in->dtype);
-        size_t cap = s->spare_cap[ob];
-        s->own[ib] = NULL;
-        bind_buffer(s, ib, s->spare[ob], t.rank, t.shape);
-        s->own_cap[ib] = cap;
-        s->spare[ob] = old;
-        s->spare_cap[ob] = old ? oldcap : 0;
-        s->outputs_valid = 1; /* the other outputs are untouched, this one is the input's value now */
-        return XTC_OK;
-    }
-    /* the first time (or a device module, or an output that is not an activation): a copy. The
-     * outputs stay readable unless one of them was in the input's memory, which this frees (the
-     * same output carried twice without a run between). */
-    int kept = !output_in(s, s->own[ib]);
-    if ((st = xtc_session_set_input(s, input, t.dtype, t.rank, t.shape, t.data)))
-        return st;
-    s->outputs_valid = kept;
-    if (s->dev || m->bufs[ob].kind != RT_BUF_TEMP)
-        return XTC_OK;
-    if (!s->carried) { /* without these the carries stay copies: still correct */
-        size_t nb = (size_t)m->nbufs;
-        s->carried = rt_calloc(nb, sizeof *s->carried);
-        s->spare = rt_calloc(nb, sizeof *s->spare);
-        s->spare_cap = rt_calloc(nb, sizeof *s->spare_cap);
-        s->own_cap = rt_calloc(nb, sizeof *s->own_cap);
-        if (!s->carried || !s->spare || !s->spare_cap || !s->own_cap) {
-            free(s->carried), free(s->spare), free(s->spare_cap), free(s->own_cap);
-            s->carried = NULL, s->spare = NULL, s->spare_cap = s->own_cap = NULL;
-            return XTC_OK;
-        }
-    }
-    s->carried[ob] = ib + 1;
-    return XTC_OK;
-}
-
-/* ---- bounds of a call's work ---- */
-
-/* The memory of this machine: the bound of an arena and of a call's work (sysconf). */
-static size_t memory_bytes(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || size <= 0)
-        return (size_t)1 << 50;
-    return (size_t)pages * (size_t)size;
-}
-
-/* Whether every output has zero elements at these symbol values (a run would compute nothing). */
-static int no_output_elements(const XtcModule *m, const int64_t *syms)
-{
-    for (int o = 0; o < m->nouts; o++)
-        if (rt_numel(m->outs[o].shape, m->outs[o].rank, syms) != 0)
-            return 0;
-    return m->nouts > 0;
-}
-
-/* The work of a call: kernels loop over their outputs' dimensions, some of them over the
- * dimensions that are not empty when others are (a batch of 2^40 empty sequences loops 2^40
- * times). Every temp counted with its empty dimensions as 1 must fit in memory, as it would
- * have to if they were 1: XTC_ERR_RANGE naming the sizes otherwise. */
-static int check_work(XtcSession *s, const int64_t *syms)
-{
-    const XtcModule *m = s->m;
-    size_t limit = 0;
-    for (int i = 0; i < m->nbufs; i++) {
-        const RtBuffer *b = &m->bufs[i];
-        if (b->kind != RT_BUF_TEMP)
-            continue;
-        size_t n = xtc_dtype_size(b->dtype);
-        int big = 0;
-        for (int d = 0; d < b->rank && !big; d++) {
-            int64_t v = rt_dim_eval(&b->shape[d], syms);
-            big = __builtin_mul_overflow(n, (size_t)(v > 1 ? v : 1), &n);
-        }
-        if (!big && n <= ((size_t)1 << 30))
-            continue;
-        if (!limit)
-            limit = memory_bytes();
-        if (!big && n <= limit)
-            continue;
-        char names[200] = "", dims[256];
-        size_t len = 0;
-        for (int k = 0; k < m->nsyms && len < sizeof names; k++)
-            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s = %lld", len ? ", " : "", m->sym_name[k],
-                                    (long long)syms[k]);
-        dims_text(dims, sizeof dims, b);
-        return fail(s, XTC_ERR_RANGE, "sizes %s are too large: intermediate %%%s %s, its empty dimensions "
-                    "counted as 1 (the loops over it), would exceed this machine's memory (%.1f GiB)", names, b->name,
-                    dims, (double)limit / (1 << 30));
-    }
-    return XTC_OK;
 }
 
 /* ---- a training module's forward pass without targets ---- */
@@ -1530,16 +837,16 @@ static int bind_no_targets(XtcSession *s, const int64_t *syms)
     if (!s->targetless)
         return XTC_OK;
     const RtBuffer *t = &m->bufs[b];
-    size_t bytes = buffer_bytes(t, xtc_dtype_size(t->dtype), syms);
+    size_t bytes = rs_buffer_bytes(t, xtc_dtype_size(t->dtype), syms);
     if (bytes == SIZE_MAX)
-        return fail(s, XTC_ERR_MEMORY, "input 'targets' would not fit in memory with these sizes");
+        return rs_fail(s, XTC_ERR_MEMORY, "input 'targets' would not fit in memory with these sizes");
     if (!s->from_targets && !(s->from_targets = rt_calloc((size_t)m->nbufs + 1, 1)))
-        return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
     if (bytes > s->no_targets_bytes || !s->no_targets) {
         free(s->no_targets);
         s->no_targets_bytes = 0;
         if (!(s->no_targets = rt_malloc(bytes ? bytes : 1)))
-            return fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for a run without targets");
         s->no_targets_bytes = bytes;
     }
     memset(s->no_targets, 0xff, bytes); /* -1 as i32 and i64 */
@@ -1567,24 +874,24 @@ int rt_session_withheld(const XtcSession *s, int out) { return s && s->m && outp
 
 int xtc_session_run(XtcSession *s)
 {
-    if (!ready(s, "xtc_session_run"))
+    if (!rs_ready(s, "xtc_session_run"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     const XtcModule *m = s->m;
     s->outputs_valid = 0;
-    int st = scaler_bind(s);
+    int st = rs_scaler_bind(s);
     if (st)
         return st;
     if (s->scaler.buf >= 0 && s->set[s->scaler.buf]) {
         float used = *(const float *)s->own[s->scaler.buf];
         if (!(used > 0) || !isfinite(used))
-            return fail(s, XTC_ERR_RANGE, "input '%s' is %g: a loss scale must be positive and finite",
+            return rs_fail(s, XTC_ERR_RANGE, "input '%s' is %g: a loss scale must be positive and finite",
                         XTC_LOSS_SCALE_INPUT, (double)used);
     }
     for (int k = RT_BUF_INPUT; k <= RT_BUF_STATE; k++)
         for (int i = 0; i < m->nby_kind[k]; i++) {
             int b = m->by_kind[k][i];
             if (!s->set[b] && b != s->targets)
-                return fail(s, XTC_ERR_STATE, k == RT_BUF_INPUT ? "input '%s' is not set" : "weight '%s' is not loaded",
+                return rs_fail(s, XTC_ERR_STATE, k == RT_BUF_INPUT ? "input '%s' is not set" : "weight '%s' is not loaded",
                             m->bufs[b].name);
         }
     int64_t syms[RT_MAXSYM];
@@ -1597,10 +904,10 @@ int xtc_session_run(XtcSession *s)
             continue;
         for (int d = 0; d < b->rank; d++)
             if (rt_dim_eval(&b->shape[d], syms) < 0)
-                return fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
+                return rs_fail(s, XTC_ERR_SHAPE, "buffer %%%s: dimension %s is negative with these inputs", b->name,
                             b->dims[d]);
     }
-    if (no_output_elements(m, syms)) { /* an empty batch or sequence: nothing to compute */
+    if (rs_no_output_elements(m, syms)) { /* an empty batch or sequence: nothing to compute */
         for (int i = 0; i < m->nbufs; i++)
             s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? (void *)s->arena : s->own[i];
         memcpy(s->syms, syms, sizeof s->syms);
@@ -1612,29 +919,29 @@ int xtc_session_run(XtcSession *s)
         s->outputs_valid = 1;
         return XTC_OK;
     }
-    if ((st = check_work(s, syms)))
+    if ((st = rs_check_work(s, syms)))
         return st;
-    int fits = plan_fits(m, &s->host, syms) && (!s->devplan.elem || plan_fits(m, &s->devplan, syms));
+    int fits = rs_plan_fits(m, &s->host, syms) && (!s->devplan.elem || rs_plan_fits(m, &s->devplan, syms));
     if (!fits || !s->arena) { /* no arena: the last plan's allocation failed */
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
-        if ((st = plan_arena(s, next)))
+        if ((st = rs_plan_arena(s, next)))
             return st;
-        if (!plan_fits(m, &s->host, syms) || (s->devplan.elem && !plan_fits(m, &s->devplan, syms)))
-            st = plan_arena(s, syms); /* a shape that shrinks as a symbol grows */
+        if (!rs_plan_fits(m, &s->host, syms) || (s->devplan.elem && !rs_plan_fits(m, &s->devplan, syms)))
+            st = rs_plan_arena(s, syms); /* a shape that shrinks as a symbol grows */
         if (st)
             return st;
     }
     for (int i = 0; i < m->nbufs; i++)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
-    if ((st = place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
+    if ((st = rs_place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
     s->last_ns = now_ns();
     int32_t r = s->dev ? device_run(s, syms) : rt_run_module(m->abi->run, s->ptr, syms, &s->api);
     if (r == RT_RUN_NO_STACK)
-        return fail(s, XTC_ERR_MEMORY, "xtc_session_run: the calling thread has less than 4 MiB of stack left and "
+        return rs_fail(s, XTC_ERR_MEMORY, "xtc_session_run: the calling thread has less than 4 MiB of stack left and "
                                        "no thread with more could be started");
     if (r < 0 && s->dev)
         return r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO; /* the device's message is set */
@@ -1642,7 +949,7 @@ int xtc_session_run(XtcSession *s)
         return run_failure(s, r);
     if (s->step_s)
         s->profiled_runs++;
-    scaler_unscale(s);
+    rs_scaler_unscale(s);
     memset(s->fresh, 0, (size_t)m->nbufs);
     s->stepped = 0;
     s->outputs_valid = 1;
@@ -1658,25 +965,25 @@ static int output_on_host(XtcSession *s, int b, const char *name)
     char msg[sizeof s->err];
     int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, msg, sizeof msg);
     if (r < 0)
-        return fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
+        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
     s->fetched[b] = 1;
     return XTC_OK;
 }
 
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
 {
-    if (!ready(s, "xtc_session_get_output"))
+    if (!rs_ready(s, "xtc_session_get_output"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
     if (!name || !out)
-        return fail(s, XTC_ERR_ARG, "xtc_session_get_output: bad arguments");
-    int i = find_output(s->m, name);
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_get_output: bad arguments");
+    int i = rs_find_output(s->m, name);
     if (i < 0)
-        return fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
+        return rs_fail(s, XTC_ERR_NAME, "the model has no output named '%s'", name);
     const RtOutput *o = &s->m->outs[i];
     if (!s->outputs_valid)
-        return fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
+        return rs_fail(s, XTC_ERR_STATE, "output '%s': no successful run since the inputs changed", name);
     if (output_withheld(s, i))
-        return fail(s, XTC_ERR_STATE, "output '%s': the last run had no targets (input 'targets' not set): "
+        return rs_fail(s, XTC_ERR_STATE, "output '%s': the last run had no targets (input 'targets' not set): "
                     "only the outputs that do not depend on them (logits) were computed", name);
     int st = output_on_host(s, o->buf, name);
     if (st)
@@ -1717,7 +1024,7 @@ void rt_session_adopt(XtcSession *s, int buf, float *data)
     int64_t shape[XTC_MAX_RANK];
     for (int d = 0; d < b->rank; d++)
         shape[d] = b->shape[d].c;
-    bind_buffer(s, buf, data, b->rank, shape);
+    rs_bind_buffer(s, buf, data, b->rank, shape);
 }
 
 RtPool *rt_session_pool(XtcSession *s) { return s ? s->pool : NULL; }
@@ -1736,5 +1043,5 @@ void rt_session_begin(XtcSession *s)
 
 int rt_session_fail(XtcSession *s, int status, const char *msg)
 {
-    return fail(s, status, "%s", msg);
+    return rs_fail(s, status, "%s", msg);
 }

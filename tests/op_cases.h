@@ -19,7 +19,7 @@
  *   3. ir/autodiff.c: its gradient rule (test_autodiff checks it by central differences), or a
  *      refusal naming it.
  *   4. The backends: the LLVM lowering (codegen/, cg_llvm_backend.supports) and a CUDA kernel
- *      row in codegen/cg_cuda_ops.c (cg_cuda_backend.supports); test_every_op_has_a_lowering
+ *      row in codegen/cuda/cg_cuda_ops.c (cg_cuda_backend.supports); test_every_op_has_a_lowering
  *      and test_every_op_has_a_kernel fail until both exist.
  *   5. Here: use it in a case (extend the builder of its kind, or add a row to OP_CASES with
  *      the backends that run it); op_cases_missing() makes test_every_op_has_a_case fail in

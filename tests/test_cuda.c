@@ -1,5 +1,5 @@
 /* test_cuda.c: the CUDA backend's kernels checked against the reference interpreter without a
- * GPU, through the CUDA emulator (codegen/xtc_cuda_emu.h) and the runtime's emulated Driver API
+ * GPU, through the CUDA emulator (codegen/cuda/xtc_cuda_emu.h) and the runtime's emulated Driver API
  * (runtime/rt_cuda_emu.c): the same CUDA C that NVRTC compiles for the GPU, the same launch path.
  *
  * Each case builds a graph holding several ops, compiles it once to a cuda-emu module and runs it

@@ -150,7 +150,7 @@ static void lib_open(Lib *l)
     ir_graph_free(g);
     fputs(kernels_source, f);
     fclose(f);
-    /* as the cuda-emu modules are compiled (codegen/cg_cuda.c) */
+    /* as the cuda-emu modules are compiled (codegen/cuda/cg_cuda.c) */
     emu_bind(&l->e, emu_build_so("mma_test", src, "-std=gnu11 -O2 -fPIC -shared -fwrapv -fno-strict-aliasing -w"));
     free(src);
     *(void **)&l->bf16_bits = dlsym(l->e.dl, "t_bf16_bits");

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # extract_meta.py OUT_DIR MODULE.so...: writes the metadata text each compiled module embeds (from
-# "xtc-module 1" to its NUL terminator, runtime/rt_abi.h) to OUT_DIR/<module name>.meta: the seed
+# "xtc-module 1" to its NUL terminator, include/abi/rt_abi.h) to OUT_DIR/<module name>.meta: the seed
 # corpus of fuzz_module_meta (tests/fuzz/README.md says how it was made).
 import os
 import sys

@@ -9,7 +9,7 @@
  *   --target cuda      ptx holds the PTX of every kernel (NVRTC at compile time); the runtime
  *                      loads libcuda.so.1 and JIT-loads the PTX on the device.
  *   --target cuda-emu  emu holds the same CUDA C compiled for the host with the emulation header
- *                      (codegen/xtc_cuda_emu.h); the runtime drives it through an emulated
+ *                      (codegen/cuda/xtc_cuda_emu.h); the runtime drives it through an emulated
  *                      Driver API (runtime/rt_cuda_emu.c), so no GPU or driver is needed.
  *
  * Kernel arguments are those of cuLaunchKernel: args[i] points at the value of parameter i.
@@ -71,7 +71,7 @@ typedef struct XtcCudaModuleV1 {
 
 enum { XTC_CUDA_F32 = 0, XTC_CUDA_BF16 = 1, XTC_CUDA_FP16 = 2 };
 
-/* ---- emulated modules (codegen/xtc_cuda_emu.h implements the launcher) ---- */
+/* ---- emulated modules (codegen/cuda/xtc_cuda_emu.h implements the launcher) ---- */
 
 /* Calls the kernel for the current emulated thread with cuLaunchKernel-style arguments. */
 typedef void (*XtcEmuCallFn)(void **args);

@@ -16,7 +16,7 @@
  * Every kernel is one __global__ function per plan signature (steps of the twelve layers of a
  * model share it), taking (out, in0.., the symbol values as i64, status). The generated code is
  * the C-compatible subset of CUDA C, so the same text also compiles as C for the emulator
- * (codegen/xtc_cuda_emu.h). */
+ * (codegen/cuda/xtc_cuda_emu.h). */
 #ifndef XTC_CG_CUDA_H
 #define XTC_CG_CUDA_H
 
@@ -164,7 +164,7 @@ int cg_nvrtc_available(char *version, size_t nversion, char *why, size_t nwhy);
  * (or why NVRTC could not be loaded) in err. */
 int cg_nvrtc_compile(const char *source, const char *name, const char *arch, char **ptx, char *err, size_t n);
 
-/* The texts of codegen/xtc_cuda_emu.h, runtime/rt_abi.h and runtime/rt_cuda_abi.h, embedded at
+/* The texts of codegen/cuda/xtc_cuda_emu.h, include/abi/rt_abi.h and include/abi/rt_cuda_abi.h, embedded at
  * build time (CMake writes cg_cuda_embed.c): the compiled code includes them. */
 extern const char cg_embed_emu_h[], cg_embed_rt_abi_h[], cg_embed_rt_cuda_abi_h[];
 

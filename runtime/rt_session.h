@@ -1,0 +1,97 @@
+/* rt_session.h: the session object and the helpers its files share (rt_session.c: creation,
+ * binding, runs and outputs; rt_arena.c: the memory plan and the bounds of a call's work;
+ * rt_carry.c: limits on sums of symbols and carrying outputs into inputs; rt_scaler.c: loss
+ * scaling). Private to the runtime. */
+#ifndef XTC_RT_SESSION_H
+#define XTC_RT_SESSION_H
+
+#include "safetensors.h"
+#include "rt_alloc.h"
+#include "rt_internal.h"
+
+#define ARENA_ALIGN 64
+
+/* One layout of a module's temps in an arena, made by plan_offsets. */
+typedef struct {
+    size_t *elem;   /* per buffer: bytes per element of a temp in this arena; 0: not in it */
+    size_t *offset; /* per temp: its offset */
+    size_t *bytes;  /* per temp: its planned size (a multiple of ARENA_ALIGN) */
+    size_t total;
+} ArenaPlan;
+
+struct XtcSession {
+    const XtcModule *m;
+    char err[1024];
+    RtPool *pool;
+    XtcRtApi api;
+    int64_t cap[RT_MAXSYM];      /* session limits, 0 = none */
+    int64_t planned[RT_MAXSYM];  /* symbol values the arena plan is for */
+    int64_t syms[RT_MAXSYM];     /* values of the last run (-1 before) */
+    void **ptr;                  /* per buffer: its memory for the next run */
+    void **own;                  /* per input/param/state buffer: our copy */
+    int64_t (*shape)[XTC_MAX_RANK]; /* per input: the bound shape */
+    uint8_t *set;                /* per input/param/state: bound yet? */
+    uint8_t *fresh;              /* per input/param/state: bound since the last run (early limits) */
+    ArenaPlan host;              /* the temps in the host arena (every temp, or a device's outputs) */
+    char *arena;
+    size_t arena_bytes;
+    ArenaPlan devplan;           /* a device module's temps in the device arena; elem NULL otherwise */
+    size_t dev_arena_bytes;      /* the largest device plan so far (the device keeps that much) */
+    int outputs_valid;
+    uint8_t stepped;             /* xtc_session_step used the last run's gradients (rt_optim.c) */
+    /* a training module run without its targets (bind_no_targets): they were all -1 (ignored),
+     * and the outputs computed from them (loss, gradients) are not available */
+    int targets;                 /* the targets input's buffer, -1: none */
+    int targetless;              /* the last run had no targets */
+    void *no_targets;            /* the -1s bound instead, no_targets_bytes long */
+    size_t no_targets_bytes;
+    uint8_t *from_targets;       /* per buffer: computed from the targets (NULL until needed) */
+    struct RtOptim *optim;       /* optimizer state (rt_optim.c), NULL before the first step */
+    RtScaler scaler;             /* loss scaling (fp16 training modules), scaler.buf -1 otherwise */
+    int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
+    int nunscale;
+    RtDevice *dev;               /* a device module's device (m->device), else NULL */
+    uint8_t *changed;            /* device: per buffer, rebound since the last run */
+    /* xtc_session_carry (NULL until its first use): per buffer, */
+    int *carried;                /* a temp output carried into an input (1 + that input's buffer, 0:
+                                    not carried): written outside the arena, ... */
+    void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
+    size_t *spare_cap;
+    size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
+    /* a device module's carries (device_carry; NULL until the first): per buffer, */
+    uint8_t *lazy;               /* an output carried on the device: left there by the runs, ... */
+    uint8_t *fetched;            /* ... and copied to the host when read after the last run */
+    int *into;                   /* the input it was carried into (1 + its buffer, 0: none) */
+    int *place;                  /* for the next run: 1 + the input it appends to (appends_to) */
+    /* profiling */
+    double *step_s;              /* per step: seconds over the profiled runs */
+    int profiled_runs;
+    int64_t last_ns;
+};
+
+/* shared by the session's files (see each for what it does) */
+int rs_fail(XtcSession *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape);
+int rs_check_shape(XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape);
+void rs_dims_text(char *buf, size_t n, const RtBuffer *b);
+int rs_find_buffer(const XtcModule *m, RtBufKind kind, const char *name);
+int64_t rs_numel_of(int rank, const int64_t *shape);
+int rs_ready(XtcSession *s, const char *what);
+int rs_alloc_plan(const XtcModule *m, ArenaPlan *p);
+size_t rs_buffer_bytes(const RtBuffer *b, size_t elem, const int64_t *syms);
+int rs_check_work(XtcSession *s, const int64_t *syms);
+void rs_free_plan(ArenaPlan *p);
+int rs_no_output_elements(const XtcModule *m, const int64_t *syms);
+int rs_plan_arena(XtcSession *s, const int64_t *syms);
+void rs_plan_elem_sizes(const XtcModule *m, size_t *host, size_t *dev);
+int rs_plan_fits(const XtcModule *m, const ArenaPlan *p, const int64_t *syms);
+int rs_appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
+int rs_check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape);
+int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
+int rs_find_output(const XtcModule *m, const char *name);
+int rs_place_carried(XtcSession *s, const int64_t *syms);
+int rs_scaler_bind(XtcSession *s);
+int rs_scaler_init(XtcSession *s);
+void rs_scaler_unscale(XtcSession *s);
+
+#endif
