@@ -9,11 +9,13 @@ xtc against PyTorch (torch / xtc, above 1 when xtc is faster). The machines are 
 noisy: compare ratios of medians taken in the same run, never figures from different runs.
 
   bench/compare.py [--xtc build/xtc] [--model models/gpt.xtf] [--batch 1] [--seq 1024]
-                   [--threads 2] [--repeat 5] [--rounds 1] [--train] [--json]
+                   [--threads 2] [--repeat 5] [--rounds 1] [--train] [--mma bf16] [--json]
 
 The PyTorch model is torch_gpt.py's x-transformers-style decoder with the vocabulary, width,
 depth and heads read from the .xtf (num_tokens, dim, depth, heads); --train compares xtc's
-training step (loss and every gradient) with PyTorch's forward + backward ('fwdbwd').
+training step (loss and every gradient) with PyTorch's forward + backward ('fwdbwd'). --mma bf16
+compiles xtc's matmuls with bf16 operands and f32 sums (xtc compile --mma=bf16) and runs PyTorch
+under its bf16 autocast (torch_gpt.py --bf16-autocast, oneDNN's bf16 kernels).
 """
 import argparse
 import json
@@ -38,6 +40,8 @@ def parse():
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="alternate xtc and torch this many times")
     p.add_argument("--train", action="store_true")
+    p.add_argument("--mma", choices=["off", "bf16"], default="off",
+                   help="bf16: xtc's matmul operands in bf16, PyTorch under bf16 autocast")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", action="store_true")
     return p.parse_args()
@@ -57,7 +61,7 @@ def model_dims(path):
 
 def run_xtc(a):
     cmd = [a.xtc, "bench", a.model, "--batch", str(a.batch), "--seq", str(a.seq), "--threads",
-           str(a.threads), "--repeat", str(a.repeat), "--json"] + (["--train"] if a.train else [])
+           str(a.threads), "--repeat", str(a.repeat), "--json", "--mma", a.mma] + (["--train"] if a.train else [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         sys.exit("compare.py: %s failed:\n%s" % (" ".join(cmd), out.stderr))
@@ -72,7 +76,7 @@ def run_torch(a, dims):
     cmd = ["/usr/bin/python3", a.torch_script, "model", "--config", "custom", "--vocab", str(dims["vocab"]),
            "--dim", str(dims["dim"]), "--depth", str(dims["depth"]), "--heads", str(dims["heads"]), "--seq",
            str(a.seq), "--batch", str(a.batch), "--threads", str(a.threads), "--iters", str(a.repeat),
-           "--phases", phase, "--json"]
+           "--phases", phase, "--json"] + (["--bf16-autocast"] if a.mma == "bf16" else [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     if out.returncode != 0:
         sys.exit("compare.py: %s failed:\n%s" % (" ".join(cmd), out.stderr))
@@ -100,7 +104,7 @@ def main():
     med = lambda v: statistics.median(v) if v else None
     res = {
         "model": a.model, "batch": a.batch, "seq": a.seq, "threads": a.threads, "train": a.train,
-        "dims": dims, "rounds": a.rounds,
+        "dims": dims, "rounds": a.rounds, "mma": a.mma,
         "xtc_fused_ms": med(fused), "xtc_unfused_ms": med(unfused), "torch_ms": med(torch),
         "xtc_arena_bytes": arena, "torch_peak_delta_bytes": torch_peak,
     }
@@ -114,6 +118,8 @@ def main():
         print(json.dumps(res))
         return
     what = "training step (loss + gradients)" if a.train else "forward"
+    if a.mma == "bf16":
+        what += ", bf16 matmuls (PyTorch: bf16 autocast)"
     print("%s: batch %d, seq %d, %d threads, %s; medians of %d round(s) x %d runs" %
           (os.path.basename(a.model), a.batch, a.seq, a.threads, what, a.rounds, a.repeat))
     fmt = lambda v: "%10.1f ms" % v if v else "%13s" % "-"

@@ -47,10 +47,12 @@ int cli_check_finite_module_file(const XtcModule *m, const char *path, const cha
 
 /* Callbacks (CLI_FN) of options several commands share. --disable-pass=NAME: ptr is a
  * PassOptions whose disable array holds CLI_MAX_DISABLE names; --mask: ptr is an XtLowerOpts
- * (every padding-mask input); --dtype: ptr is a const char * (f32, bf16 or fp16). */
+ * (every padding-mask input); --dtype: ptr is a const char * (f32, bf16 or fp16); --mma: ptr is
+ * an int (CgOptions.mma: auto, off, bf16, fp16). */
 #define CLI_MAX_DISABLE 64
 int cli_opt_disable_pass(const char *v, void *ptr, char *err, size_t n);
 int cli_opt_mask(const char *v, void *ptr, char *err, size_t n);
 int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n);
+int cli_opt_mma(const char *v, void *ptr, char *err, size_t n);
 
 #endif

@@ -40,6 +40,15 @@ int cli_opt_dtype(const char *v, void *ptr, char *err, size_t n)
     return 0;
 }
 
+int cli_opt_mma(const char *v, void *ptr, char *err, size_t n)
+{
+    if ((*(int *)ptr = cg_mma_parse(v)) < 0) {
+        snprintf(err, n, "expected bf16, fp16 or off, got '%s'", v);
+        return -1;
+    }
+    return 0;
+}
+
 /* A compiled module or another binary file given where a .xtf source belongs: one line naming it,
  * before the parser quotes its bytes as source lines. Only regular files are looked at (reading
  * a FIFO or a terminal would take what the parser is to read). Returns -1 after printing. */

@@ -35,6 +35,7 @@
 typedef struct {
     const char *path, *model, *target;
     const char *dtype;       /* --dtype: storage of cuda and cuda-emu modules, NULL = f32 */
+    int mma;                 /* --mma: CgOptions.mma (bf16 matmul operands on the cpu too) */
     int64_t batch, seq;
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
@@ -129,6 +130,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
          "cuda-emu (the CUDA path emulated on the CPU: not GPU figures)", .fn = opt_target},
         {"--dtype", CLI_FN, &o->dtype, "D", .help = "cuda, cuda-emu: storage on the device, f32 (default), bf16 or fp16\n"
          "(as xtc compile --dtype; the device arena is planned at that size)", .fn = cli_opt_dtype},
+        {"--mma", CLI_FN, &o->mma, "M", .help = "matmul operands in bf16 (or fp16 on cuda), sums in f32, as xtc compile --mma",
+         .fn = cli_opt_mma},
         {"--train", CLI_FLAG, &o->train, .help = "time the training step (loss and every grad.<param>)"},
         {"--mask", CLI_FLAG, &o->mask, .help = "add the padding-mask inputs (all true)"},
         {"--threads", CLI_THREADS, &o->threads, "T", .help = "worker threads (default 1): the cpu target's kernels; cuda and\n"
@@ -239,6 +242,7 @@ static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fu
     co.output = v->so;
     co.target = o->target;
     co.dtype = o->dtype;
+    co.mma = o->mma;
     co.opt_level = o->opt_level;
     co.source_name = o->path;
     CgStats st;

@@ -30,15 +30,6 @@ static int opt_cuda_arch(const char *v, void *ptr, char *err, size_t n)
     return 0;
 }
 
-static int opt_mma(const char *v, void *ptr, char *err, size_t n)
-{
-    if ((*(int *)ptr = cg_mma_parse(v)) < 0) {
-        snprintf(err, n, "expected bf16, fp16 or off, got '%s'", v);
-        return -1;
-    }
-    return 0;
-}
-
 int cli_compile(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL, *model = NULL;
@@ -74,9 +65,10 @@ int cli_compile(int argc, char **argv)
         {"--disable-pass", CLI_FN, &po, "NAME", .help = "skip one pass (repeatable; xtc ir --list-passes)",
          .fn = cli_opt_disable_pass},
         {"--emit-llvm", CLI_STR, &co.emit_llvm, "PATH", .help = "also write the optimised LLVM IR as text"},
-        {"--mma", CLI_FN, &co.mma, "M", .help = "cuda, cuda-emu: matmuls on tensor cores, bf16, fp16 or off: operands in\n"
-         "bf16 or fp16, sums in f32 (needs sm_80). Default: that of --dtype bf16/fp16\n(off below sm_80), off with f32; "
-         "--mma of the other 16-bit format than\n--dtype is refused", .fn = opt_mma},
+        {"--mma", CLI_FN, &co.mma, "M", .help = "matmul operands in bf16, fp16 or off, sums in f32. cuda, cuda-emu: on tensor\n"
+         "cores (needs sm_80). Default: that of --dtype bf16/fp16\n(off below sm_80), off with f32; "
+         "--mma of the other 16-bit format than\n--dtype is refused. cpu: bf16 or off (default): vdpbf16ps where\n"
+         "--cpu has AVX512_BF16 (the module then needs it), else the\nsame rounding in software", .fn = cli_opt_mma},
         {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
     };
     const CliCmd cmd = {

@@ -29,8 +29,10 @@ typedef struct {
     const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
     const char *dtype;       /* storage of floating-point tensors: NULL or "f32", "bf16", "fp16" (computed
                               * in f32 whatever the storage; backends with CG_CAP_HALF only) */
-    int mma;                 /* CG_MMA_*: matrix multiplications on tensor cores (backends with CG_CAP_MMA);
-                              * 0 = CG_MMA_AUTO, which follows dtype */
+    int mma;                 /* CG_MMA_*: matmul operands rounded to bf16 or fp16, sums in f32 (backends with
+                              * CG_CAP_MMA: tensor cores on cuda; on the cpu bf16 only, by vdpbf16ps where the
+                              * CPU has AVX512_BF16, else rounded in software); 0 = CG_MMA_AUTO, which
+                              * follows dtype */
     int parts;               /* cpu: modules the kernels are split into, compiled in parallel threads;
                               * 0 = by the number of kernels (cg_llvm.c); --emit-llvm makes one */
 } CgOptions;
@@ -94,7 +96,7 @@ enum {
     CG_CAP_HOST_RUN = 4,  /* modules run on this machine (tests can execute them) */
     CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
     CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
-    CG_CAP_MMA = 32,      /* matmuls can run on tensor cores (CgOptions.mma) */
+    CG_CAP_MMA = 32,      /* matmuls can take 16-bit operands (CgOptions.mma) */
     CG_CAP_HEAD_VIEWS = 64, /* attention reads q, k, v through, and writes its output through, the
                              * head-split permutes around it (cg_plan_build_views) */
 };

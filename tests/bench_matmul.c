@@ -7,7 +7,9 @@
  * compiled fused (the bias and GELU as the matmul's epilogue) and unfused (three kernels), and
  * the unfused / fused ratio: what the epilogue fusion saves on one layer's worth of work.
  * With 1 thread the work runs on the calling thread, and the thread's CPU time is reported too:
- * it is what the kernel costs even when other processes share the cores. */
+ * it is what the kernel costs even when other processes share the cores.
+ * bench_matmul --bf16 [M K N] ...: the matmuls compiled with --mma=bf16 (operands rounded to
+ * bf16, f32 sums: vdpbf16ps on CPUs with AVX512_BF16), then the same in f32, and the ratio. */
 #include "codegen.h"
 #include "passes.h"
 #include "xtc.h"
@@ -65,11 +67,13 @@ static int time_runs(XtcSession *s, double *wall, double *cpu)
     return 0;
 }
 
+static int mma = CG_MMA_AUTO; /* --bf16: CG_MMA_BF16 for the matmul benches */
+
 /* Compiles g at -O3 into path and loads it; NULL, with the message on stderr, when either fails. */
 static XtcModule *compile_and_load(const IrGraph *g, const char *path)
 {
     char err[1024];
-    CgOptions opt = {.output = path, .opt_level = 3};
+    CgOptions opt = {.output = path, .opt_level = 3, .mma = mma};
     CgStats st;
     if (cg_compile(g, &opt, &st, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
@@ -92,7 +96,7 @@ static void print_rate(double flop, int threads, double wall, double cpu)
     printf("\n");
 }
 
-static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
+static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir, double *wall2)
 {
     IrGraph *g = ir_graph_new("bench");
     IrDim sa[] = {ir_dim(m), ir_dim(k)}, sb[] = {ir_dim(tb ? n : k), ir_dim(tb ? k : n)};
@@ -125,15 +129,17 @@ static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir)
             for (int64_t p = 0; p < k; p++)
                 ref += (double)A[i * k + p] * (double)(tb ? B[j * k + p] : B[p * n + j]);
             double got = ((const float *)c.data)[i * n + j];
-            if (fabs(got - ref) > 1e-3 * (1 + fabs(ref))) {
+            if (fabs(got - ref) > (mma == CG_MMA_BF16 ? 1e-2 : 1e-3) * (1 + fabs(ref))) { /* bf16: 2^-8 a product */
                 fprintf(stderr, "wrong result at [%lld, %lld]: %g, expected %g\n", (long long)i, (long long)j, got, ref);
                 return 1;
             }
         }
         double flop = 2.0 * (double)m * (double)n * (double)k;
-        printf("matmul [%lldx%lld]x[%lldx%lld]%s", (long long)m, (long long)k, (long long)k, (long long)n,
-               tb ? "^T" : "  ");
+        printf("matmul [%lldx%lld]x[%lldx%lld]%s%s", (long long)m, (long long)k, (long long)k, (long long)n,
+               tb ? "^T" : "  ", mma == CG_MMA_BF16 ? " bf16" : "");
         print_rate(flop, threads, med, cpu);
+        if (wall2 && threads == 2)
+            *wall2 = med;
         xtc_session_free(s);
     }
     free(A);
@@ -321,13 +327,30 @@ int main(int argc, char **argv)
     } else if (argc >= 5 && !strcmp(argv[1], "--epilogue")) {
         for (int i = 2; i + 2 < argc; i += 3)
             rc |= bench_epilogue(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
+    } else if (argc >= 2 && !strcmp(argv[1], "--bf16")) {
+        /* the models' shapes by default: GPT-M's rows (batch 2 x seq 512) against d 512, 4d, vocab */
+        static const int64_t shapes[][4] = {{1024, 512, 512, 1}, {1024, 512, 2048, 1}, {1024, 2048, 512, 1},
+                                            {1024, 512, 2048, 0}};
+        int nshapes = argc >= 5 ? (argc - 2) / 3 : (int)(sizeof shapes / sizeof shapes[0]);
+        for (int i = 0; i < nshapes; i++) {
+            int64_t m = argc >= 5 ? atoll(argv[2 + 3 * i]) : shapes[i][0], k = argc >= 5 ? atoll(argv[3 + 3 * i]) : shapes[i][1];
+            int64_t n = argc >= 5 ? atoll(argv[4 + 3 * i]) : shapes[i][2];
+            int tb = argc >= 5 ? 1 : (int)shapes[i][3];
+            double t16 = 0, t32 = 0;
+            mma = CG_MMA_BF16;
+            rc |= bench(m, k, n, tb, dir, &t16);
+            mma = CG_MMA_AUTO;
+            rc |= bench(m, k, n, tb, dir, &t32);
+            if (t16 > 0)
+                printf("  bf16 / f32 speed (2 threads): %.2fx\n", t32 / t16);
+        }
     } else if (argc >= 4) {
         for (int i = 1; i + 2 < argc; i += 3)
-            rc |= bench(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), 0, dir);
+            rc |= bench(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), 0, dir, NULL);
     } else {
-        rc |= bench(512, 512, 512, 0, dir);
-        rc |= bench(1024, 512, 2048, 0, dir);
-        rc |= bench(1024, 512, 2048, 1, dir);
+        rc |= bench(512, 512, 512, 0, dir, NULL);
+        rc |= bench(1024, 512, 2048, 0, dir, NULL);
+        rc |= bench(1024, 512, 2048, 1, dir, NULL);
     }
     rmdir(dir);
     return rc;

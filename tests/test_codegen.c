@@ -32,6 +32,7 @@
 #include "harness.h"
 #include "harness_bind.h"
 #include "op_cases.h"
+#include "parity_run.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("codegen"); }
 
@@ -852,143 +853,9 @@ START_TEST(test_weights_and_files)
 }
 END_TEST
 
-/* ---- x-transformers parity cases through compiled modules ---- */
+/* ---- x-transformers parity cases through compiled modules (tests/parity_run.h) ---- */
 
-/* 0: passed; 1: the language refuses the case (fine); -1: failed, message in err */
-static int parity_case(const char *name, char *err, size_t n)
-{
-    char xtf[512], dir[512], path[600];
-    snprintf(xtf, sizeof xtf, "%s/tests/parity/%s.xtf", XTC_SOURCE_DIR, name);
-    snprintf(dir, sizeof dir, "%s/parity/%s", XTC_SHARED_DIR, name);
-    RtStFile *in = NULL, *exp = NULL;
-    snprintf(path, sizeof path, "%s/inputs.safetensors", dir);
-    if (rt_st_open(path, &in, err, n))
-        return -1;
-    XtfDiag d;
-    xtf_diag_init(&d);
-    XtfFile *f = xtf_parse_file(xtf, &d);
-    if (f && !d.nerrors)
-        xtf_check(f, &d);
-    XtLowerOpts lo = {
-        .train = rt_st_find(in, "targets") != NULL,
-        .mask = rt_st_find(in, "mask") != NULL,
-        .src_mask = rt_st_find(in, "src_mask") != NULL,
-        .context_mask = rt_st_find(in, "context_mask") != NULL,
-        .tgt_mask = rt_st_find(in, "tgt_mask") != NULL,
-    };
-    IrGraph *g = f && !d.nerrors ? xt_lower(f, NULL, &lo, &d) : NULL;
-    xtf_diag_free(&d);
-    xtf_free(f);
-    if (!g) {
-        rt_st_close(in);
-        return 1;
-    }
-    int rc = -1;
-    XtcModule *m = NULL;
-    XtcSession *s = NULL;
-    snprintf(path, sizeof path, "%s/parity_%s.so", tmpdir, name);
-    CgOptions opt = {.output = path, .opt_level = 2};
-    if (cg_compile(g, &opt, NULL, err, n))
-        goto done;
-    if (xtc_module_load(path, &m) || xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s)) {
-        snprintf(err, n, "%s", s ? xtc_session_error(s) : xtc_module_error(m));
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/weights.safetensors", dir);
-    if (xtc_session_load_weights(s, path)) {
-        snprintf(err, n, "%s", xtc_session_error(s));
-        goto done;
-    }
-    if (bind_inputs(s, m, in, err, n))
-        goto done;
-    if (xtc_session_run(s)) {
-        snprintf(err, n, "%s", xtc_session_error(s));
-        goto done;
-    }
-    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
-    if (rt_st_open(path, &exp, err, n))
-        goto done;
-    int compared = 0;
-    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
-        XtcTensorInfo info;
-        xtc_module_tensor(m, XTC_OUTPUT, o, &info);
-        const RtStTensor *e = rt_st_find(exp, info.name);
-        XtcTensor t;
-        if (!e || info.dtype != XTC_F32 || xtc_session_get_output(s, info.name, &t))
-            continue;
-        int64_t numel = rt_st_numel(e);
-        float *ev = malloc((size_t)(numel ? numel : 1) * sizeof *ev);
-        rt_st_to_f32(e, ev, err, n);
-        double maxe = 0, maxd = 0;
-        for (int64_t i = 0; i < numel; i++)
-            maxe = fmax(maxe, fabs(ev[i]));
-        for (int64_t i = 0; i < numel; i++) { /* a NaN or infinite output fails (fmax drops NaN) */
-            double a = ((const float *)t.data)[i];
-            maxd = isfinite(a) ? fmax(maxd, fabs(a - ev[i])) : INFINITY;
-            if (!isfinite(a))
-                break;
-        }
-        free(ev);
-        if (!(maxd <= 1e-5 + 1e-3 * maxe)) {
-            snprintf(err, n, "%s: output '%s' differs from x-transformers by %g (max |e| %g)", name, info.name,
-                     maxd, maxe);
-            goto done;
-        }
-        compared++;
-    }
-    if (!compared) {
-        snprintf(err, n, "%s: no output to compare", name);
-        goto done;
-    }
-    rc = 0;
-done:
-    rt_st_close(exp);
-    rt_st_close(in);
-    xtc_session_free(s);
-    xtc_module_free(m);
-    ir_graph_free(g);
-    return rc;
-}
-
-START_TEST(test_parity_compiled)
-{
-    char dirpath[512];
-    snprintf(dirpath, sizeof dirpath, "%s/tests/parity", XTC_SOURCE_DIR);
-    DIR *dir = opendir(dirpath);
-    if (!dir) {
-        fprintf(stderr, "test_parity_compiled: skipped, no %s\n", dirpath);
-        return;
-    }
-    struct dirent *e;
-    int passed = 0, refused = 0, failed = 0;
-    char failures[2048] = "";
-    while ((e = readdir(dir))) {
-        size_t len = strlen(e->d_name);
-        if (len < 5 || strcmp(e->d_name + len - 4, ".xtf") != 0)
-            continue;
-        char name[256], err[1024] = "";
-        snprintf(name, sizeof name, "%.*s", (int)(len - 4), e->d_name);
-        char probe[700];
-        snprintf(probe, sizeof probe, "%s/parity/%s/inputs.safetensors", XTC_SHARED_DIR, name);
-        if (access(probe, R_OK) != 0 || strcmp(name, "transformer_xl") == 0)
-            continue; /* no reference, or a two-segment protocol this test does not drive */
-        int rc = parity_case(name, err, sizeof err);
-        if (rc == 0)
-            passed++;
-        else if (rc == 1)
-            refused++;
-        else {
-            failed++;
-            size_t fl = strlen(failures);
-            snprintf(failures + fl, sizeof failures - fl, "\n  %s: %s", name, err);
-        }
-    }
-    closedir(dir);
-    fprintf(stderr, "parity through compiled modules: %d passed, %d refused by the language, %d failed\n", passed,
-            refused, failed);
-    ck_assert_msg(failed == 0, "parity failures:%s", failures);
-    ck_assert_int_gt(passed, 0);
-}
+START_TEST(test_parity_compiled) { parity_run_all(&PARITY_F32, "parity through compiled modules"); }
 END_TEST
 
 /* ---- the thread pool: every index exactly once, job after job, oversubscribed ---- */

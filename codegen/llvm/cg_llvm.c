@@ -578,6 +578,12 @@ static int setup_target(Cg *cg, const CgOptions *opt)
     }
     cpu_requires(cg->cpu, cg->features, cg->requires, sizeof cg->requires);
     cg->vec = has_feature(cg->requires, "avx512f") ? 16 : has_feature(cg->requires, "avx2") ? 8 : 4;
+    if (opt->mma == CG_MMA_FP16) {
+        LLVMDisposeMessage(triple);
+        return cg_error(cg, "the cpu backend's --mma is bf16 or off (fp16 operands are for the cuda targets)");
+    }
+    if (opt->mma == CG_MMA_BF16) /* vdpbf16ps with AVX-512 vectors; the same rounding in software elsewhere */
+        cg->bf16 = cg->vec == 16 && has_feature(cg->requires, "avx512bf16") ? CG_BF16_DPBF16 : CG_BF16_SOFT;
     LLVMCodeGenOptLevel level = opt->opt_level <= 0 ? LLVMCodeGenLevelNone
                                 : opt->opt_level == 1 ? LLVMCodeGenLevelLess
                                 : opt->opt_level == 2 ? LLVMCodeGenLevelDefault
@@ -783,6 +789,7 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         "opt", level,
         "cpu", cg->cpu,
         "vector_lanes", lanes,
+        "mma", cg->bf16 == CG_BF16_DPBF16 ? "bf16" : cg->bf16 ? "bf16-soft" : NULL,
         "features", cg->features[0] ? cg->features : NULL,
         "requires", cg->requires[0] ? cg->requires : NULL,
         "source", opt->source_name,
@@ -1092,7 +1099,7 @@ static void llvm_release(void *unit) { unit_free(unit); }
 const CgBackend cg_llvm_backend = {
     .name = "cpu",
     .description = "LLVM CPU backend: native code in a shared library",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA,
     .supports = llvm_supports,
     .render = llvm_render,
     .compile = llvm_compile,

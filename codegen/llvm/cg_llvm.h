@@ -33,12 +33,20 @@ typedef struct Cg {
     char requires[2048];     /* CPU features the code may use, "avx2,fma,..." (cpu_requires) */
     int vec;                 /* f32 lanes of the widest vector: 16 (AVX-512), 8 (AVX2), 4 */
     int has_fma;
+    int bf16;                /* matmul operands (CgOptions.mma = CG_MMA_BF16): CG_BF16_* */
     int split;               /* the module is one part of several (llvm_render): kernel entries are
                               * hidden external symbols, called from part 0's schedule */
     LLVMTypeRef t_void, t_i1, t_i8, t_i32, t_i64, t_f32, t_f64, t_ptr;
     LLVMTypeRef t_impl, t_body, t_kernel, t_run, t_rtapi;
     char err[1024];
 } Cg;
+
+/* Cg.bf16: how a matmul treats its f32 operands. With bf16, both are rounded to bf16 (to nearest,
+ * ties to even, as rt_half.h and the interpreter's reference round) and the products summed in f32:
+ * by vdpbf16ps (AVX512_BF16) on packed bf16 pairs, or, on CPUs without it, by the same rounding in
+ * software and f32 fused multiply-adds of the rounded values (exact products either way, so the
+ * two differ only in the order of the f32 sums). Attention kernels stay in f32. */
+enum { CG_BF16_OFF, CG_BF16_SOFT, CG_BF16_DPBF16 };
 
 /* The function being emitted and what it can see. */
 typedef struct CgFn {
@@ -186,6 +194,9 @@ LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x);
  * forward attention kernel keeps its scores in units of log2 */
 LLVMValueRef cg_exp2_finite(Cg *cg, LLVMValueRef x);
 LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x);
+/* x (float or a vector of floats) rounded to bf16 and widened back: the bits of rt_f32_to_bf16
+ * (to nearest, ties to even; a NaN stays a quiet NaN) in the upper half, zeros below */
+LLVMValueRef cg_bf16_round(Cg *cg, LLVMValueRef x);
 /* maximum with NaN propagation, like torch.maximum */
 LLVMValueRef cg_fmax(Cg *cg, LLVMValueRef a, LLVMValueRef b);
 LLVMValueRef cg_fmin(Cg *cg, LLVMValueRef a, LLVMValueRef b);

@@ -183,6 +183,10 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
                            : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
     LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
     LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, bbase, bidx, ""));
+    if (cg->bf16) { /* bf16 operands, rounded as they are read */
+        av = cg_bf16_round(cg, av);
+        bv = cg_bf16_round(cg, bv);
+    }
     LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av, bv, ""), fm);
     LLVMBuildStore(b, cg_fmf(LLVMBuildFAdd(b, cg_get(f, cg->t_f32, acc), prod, ""), fm), acc);
     cg_for_end(f, &lp);
@@ -232,9 +236,14 @@ static void gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const
     for (int t = 0; t < nj; t++) {
         LLVMValueRef bidx = LLVMBuildAdd(b, LLVMBuildAdd(b, brow0, LLVMBuildMul(b, cg_i64(cg, t), k, ""), ""), lp.iv, "");
         bv[t] = cg_load(f, IR_F32, f->in[1], bidx);
+        if (cg->bf16)
+            bv[t] = cg_bf16_round(cg, bv[t]);
     }
-    for (int r = 0; r < nr; r++)
+    for (int r = 0; r < nr; r++) {
         av[r] = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow[r], lp.iv, ""));
+        if (cg->bf16)
+            av[r] = cg_bf16_round(cg, av[r]);
+    }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nj; t++) {
             LLVMValueRef prod = cg_fmf(LLVMBuildFMul(b, av[r], bv[t], ""), fm);
@@ -454,13 +463,6 @@ static LLVMValueRef pack_function(Cg *cg, int transposed)
     return fn;
 }
 
-static LLVMValueRef splat(Cg *cg, LLVMValueRef x, int n)
-{
-    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)n);
-    LLVMValueRef v = LLVMBuildInsertElement(cg->b, LLVMGetPoison(vt), x, cg_i32(cg, 0), "");
-    return LLVMBuildShuffleVector(cg->b, v, LLVMGetPoison(vt), LLVMConstNull(LLVMVectorType(cg->t_i32, (unsigned)n)), "");
-}
-
 /* The mask of lanes [0, valid) of a vector of n lanes. */
 static LLVMValueRef lane_mask(Cg *cg, LLVMValueRef valid, int n)
 {
@@ -509,17 +511,22 @@ static void store_tile_vector(CgFn *f, LLVMValueRef cptr, LLVMValueRef acc, LLVM
 
 /* micro(a, lda, i0, mlast, kc, bp, c, ldc, mr, nc, accumulate):
  *   rows r < MR of A start at a + min(i0 + r, mlast) * lda; C rows at c + (i0 + r) * ldc;
- *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr. */
-static LLVMValueRef micro_function(Cg *cg)
+ *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr.
+ * With bf16 operands (Cg.bf16, the micro_bf16 function): a and bp hold bf16 pairs, one i32 per
+ * pair of k steps (the lower k in the low half), kc counts pairs and lda is in pairs; bp[p2][j]
+ * is the pair (B(2 p2, j), B(2 p2 + 1, j)) (pack_bf16 below); a is the packed block of A, whose
+ * rows are numbered apart from C's: a twelfth argument ai0 gives A's row of C's row i0. */
+static LLVMValueRef micro_build(Cg *cg, int bf16)
 {
-    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_micro");
+    const char *name = bf16 ? "xtc_gemm_micro_bf16" : "xtc_gemm_micro";
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
     if (fn)
         return fn;
     int vw = lanes(cg), mr_max = tile_rows(cg);
     LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
-    LLVMTypeRef params[11] = {p, i64, i64, i64, i64, p, p, i64, i64, i64, cg->t_i1};
+    LLVMTypeRef params[12] = {p, i64, i64, i64, i64, p, p, i64, i64, i64, cg->t_i1, i64};
     Helper h;
-    fn = helper_begin(cg, &h, "xtc_gemm_micro", cg->t_void, params, 11);
+    fn = helper_begin(cg, &h, name, cg->t_void, params, bf16 ? 12 : 11);
     cg_attr(cg, fn, 1, "noalias");
     cg_attr(cg, fn, 6, "noalias");
     cg_attr(cg, fn, 7, "noalias");
@@ -529,29 +536,69 @@ static LLVMValueRef micro_function(Cg *cg)
     LLVMValueRef mlast = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4), bp = LLVMGetParam(fn, 5);
     LLVMValueRef c = LLVMGetParam(fn, 6), ldc = LLVMGetParam(fn, 7), mr = LLVMGetParam(fn, 8);
     LLVMValueRef nc = LLVMGetParam(fn, 9), accumulate = LLVMGetParam(fn, 10);
-    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw);
+    LLVMValueRef ai0 = bf16 ? LLVMGetParam(fn, 11) : i0;
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
+    LLVMTypeRef et = bf16 ? cg->t_i32 : cg->t_f32, evt = bf16 ? vi : vt;
+    IrDType edt = bf16 ? IR_I32 : IR_F32;
 
     LLVMValueRef arow[16], acc[16][2];
     for (int r = 0; r < mr_max; r++) {
-        LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, i0, cg_i64(cg, r), ""), mlast);
-        arow[r] = LLVMBuildInBoundsGEP2(b, cg->t_f32, a, (LLVMValueRef[]){LLVMBuildMul(b, row, lda, "")}, 1, "");
+        LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
+        arow[r] = LLVMBuildInBoundsGEP2(b, et, a, (LLVMValueRef[]){LLVMBuildMul(b, row, lda, "")}, 1, "");
         for (int h2 = 0; h2 < 2; h2++)
             acc[r][h2] = cg_var(f, vt, LLVMConstNull(vt), "acc");
+    }
+    /* vdpbf16ps: its operand types are those of the LLVM in use (<32 x bfloat>, or <16 x i32>) */
+    LLVMValueRef dp = NULL;
+    LLVMTypeRef dpty = NULL, dparg[3];
+    if (bf16 == CG_BF16_DPBF16) {
+        const char *iname = "llvm.x86.avx512bf16.dpbf16ps.512";
+        unsigned id = LLVMLookupIntrinsicID(iname, strlen(iname));
+        dp = LLVMGetIntrinsicDeclaration(cg->mod, id, NULL, 0);
+        dpty = LLVMIntrinsicGetType(cg->ctx, id, NULL, 0);
+        LLVMGetParamTypes(dpty, dparg);
     }
     CgLoop lp;
     cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
     LLVMValueRef brow = LLVMBuildMul(b, lp.iv, cg_i64(cg, 2 * vw), "");
-    LLVMValueRef bv[2];
+    LLVMValueRef bv[2], bhi[2];
     for (int h2 = 0; h2 < 2; h2++) {
-        LLVMValueRef ptr = cg_addr(f, IR_F32, bp, LLVMBuildAdd(b, brow, cg_i64(cg, h2 * vw), ""));
-        bv[h2] = LLVMBuildLoad2(b, vt, ptr, "");
+        LLVMValueRef ptr = cg_addr(f, edt, bp, LLVMBuildAdd(b, brow, cg_i64(cg, h2 * vw), ""));
+        bv[h2] = LLVMBuildLoad2(b, evt, ptr, "");
         LLVMSetAlignment(bv[h2], (unsigned)(vw * 4));
     }
-    for (int r = 0; r < mr_max; r++) {
-        LLVMValueRef av = splat(cg, cg_load(f, IR_F32, arow[r], lp.iv), vw);
+    LLVMValueRef lo16 = NULL, hi16 = NULL;
+    if (bf16 == CG_BF16_SOFT) { /* the pairs widened: the low k step's values, then the high one's */
+        LLVMValueRef e16[16], emask[16];
+        for (int l = 0; l < vw; l++) {
+            e16[l] = cg_i32(cg, 16);
+            emask[l] = LLVMConstInt(cg->t_i32, 0xffff0000u, 0);
+        }
+        lo16 = LLVMConstVector(e16, (unsigned)vw);
+        hi16 = LLVMConstVector(emask, (unsigned)vw);
         for (int h2 = 0; h2 < 2; h2++) {
-            LLVMValueRef args[3] = {av, bv[h2], cg_get(f, vt, acc[r][h2])};
-            LLVMBuildStore(b, cg_intrinsic(cg, "llvm.fmuladd", vt, args, 3), acc[r][h2]);
+            bhi[h2] = LLVMBuildBitCast(b, LLVMBuildAnd(b, bv[h2], hi16, ""), vt, "");
+            bv[h2] = LLVMBuildBitCast(b, LLVMBuildShl(b, bv[h2], lo16, ""), vt, "");
+        }
+    }
+    for (int r = 0; r < mr_max; r++) {
+        LLVMValueRef av = LLVMBuildLoad2(b, et, cg_addr(f, edt, arow[r], lp.iv), "");
+        av = LLVMBuildShuffleVector(b, LLVMBuildInsertElement(b, LLVMGetPoison(evt), av, cg_i32(cg, 0), ""),
+                                    LLVMGetPoison(evt), LLVMConstNull(vi), "");
+        for (int h2 = 0; h2 < 2; h2++) {
+            LLVMValueRef sum = cg_get(f, vt, acc[r][h2]);
+            if (bf16 == CG_BF16_DPBF16) {
+                LLVMValueRef args[3] = {sum, LLVMBuildBitCast(b, av, dparg[1], ""), LLVMBuildBitCast(b, bv[h2], dparg[2], "")};
+                sum = LLVMBuildCall2(b, dpty, dp, args, 3, "");
+            } else if (bf16 == CG_BF16_SOFT) {
+                LLVMValueRef alo = LLVMBuildBitCast(b, LLVMBuildShl(b, av, lo16, ""), vt, "");
+                LLVMValueRef ahi = LLVMBuildBitCast(b, LLVMBuildAnd(b, av, hi16, ""), vt, "");
+                sum = cg_intrinsic(cg, "llvm.fmuladd", vt, (LLVMValueRef[]){alo, bv[h2], sum}, 3);
+                sum = cg_intrinsic(cg, "llvm.fmuladd", vt, (LLVMValueRef[]){ahi, bhi[h2], sum}, 3);
+            } else {
+                sum = cg_intrinsic(cg, "llvm.fmuladd", vt, (LLVMValueRef[]){av, bv[h2], sum}, 3);
+            }
+            LLVMBuildStore(b, sum, acc[r][h2]);
         }
     }
     cg_for_end(f, &lp);
@@ -570,6 +617,104 @@ static LLVMValueRef micro_function(Cg *cg)
     return fn;
 }
 
+static LLVMValueRef micro_function(Cg *cg) { return micro_build(cg, CG_BF16_OFF); }
+
+/* pack_bf16(bp, kc): a panel packed in f32 (pack_function) turned into bf16 pairs in place:
+ * bp32[p2][j] = bf16(bp[2 p2][j]) | bf16(bp[2 p2 + 1][j]) << 16 (0 for 2 p2 + 1 = kc), for
+ * p2 < ceil(kc / 2). Row p2 of the pairs overwrites f32 row p2 once rows 2 p2 and 2 p2 + 1,
+ * at or after it, are read. */
+static LLVMValueRef pack_bf16_function(Cg *cg)
+{
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_pack_bf16");
+    if (fn)
+        return fn;
+    int vw = lanes(cg), nr = 2 * vw;
+    LLVMTypeRef params[2] = {cg->t_ptr, cg->t_i64};
+    Helper h;
+    fn = helper_begin(cg, &h, "xtc_gemm_pack_bf16", cg->t_void, params, 2);
+    CgFn *f = &h.f;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef bp = LLVMGetParam(fn, 0), kc = LLVMGetParam(fn, 1);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
+    LLVMValueRef sh[16];
+    for (int l = 0; l < vw; l++)
+        sh[l] = cg_i32(cg, 16);
+    CgLoop lp;
+    cg_for(f, &lp, cg_i64(cg, 0), ceil_div(cg, kc, 2), "p2");
+    LLVMValueRef p0 = LLVMBuildMul(b, lp.iv, cg_i64(cg, 2), "");
+    LLVMValueRef has_hi = LLVMBuildICmp(b, LLVMIntSLT, LLVMBuildAdd(b, p0, cg_i64(cg, 1), ""), kc, "");
+    for (int h2 = 0; h2 < nr; h2 += vw) {
+        LLVMValueRef x[2];
+        for (int q = 0; q < 2; q++) {
+            LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, p0, cg_i64(cg, q), ""), cg_i64(cg, nr), ""),
+                                           cg_i64(cg, h2), "");
+            x[q] = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, bp, at), "");
+            LLVMSetAlignment(x[q], 4);
+            x[q] = LLVMBuildBitCast(b, cg_bf16_round(cg, x[q]), vi, "");
+        }
+        x[1] = LLVMBuildSelect(b, has_hi, x[1], LLVMConstNull(vi), "");
+        LLVMValueRef pair = LLVMBuildOr(b, LLVMBuildLShr(b, x[0], LLVMConstVector(sh, (unsigned)vw), ""), x[1], "");
+        LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), ""), cg_i64(cg, h2), "");
+        LLVMSetAlignment(LLVMBuildStore(b, pair, cg_addr(f, IR_I32, bp, at)), 4);
+    }
+    cg_for_end(f, &lp);
+    helper_end(cg, &h);
+    return fn;
+}
+
+/* pack_a_bf16(ap, a, lda, rows, kc): ap16[r][p] = bf16(a[r lda + p]) for r < rows, p < kc, and
+ * ap16[r][kc] = 0 when kc is odd: rows of KC bf16 values (KC / 2 pairs), for micro_bf16 */
+static LLVMValueRef pack_a_bf16_function(Cg *cg)
+{
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_pack_a_bf16");
+    if (fn)
+        return fn;
+    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
+    LLVMTypeRef params[5] = {p, p, i64, i64, i64};
+    Helper h;
+    fn = helper_begin(cg, &h, "xtc_gemm_pack_a_bf16", cg->t_void, params, 5);
+    cg_attr(cg, fn, 1, "noalias");
+    cg_attr(cg, fn, 2, "noalias");
+    CgFn *f = &h.f;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef ap = LLVMGetParam(fn, 0), a = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2);
+    LLVMValueRef rows = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4);
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(cg->ctx);
+    int vw = lanes(cg);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
+    LLVMValueRef sh[16];
+    for (int l = 0; l < vw; l++)
+        sh[l] = cg_i32(cg, 16);
+    LLVMValueRef vfull = LLVMBuildMul(b, LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), cg_i64(cg, vw), "");
+    CgLoop lr, lp;
+    cg_for(f, &lr, cg_i64(cg, 0), rows, "r");
+    LLVMValueRef src = LLVMBuildMul(b, lr.iv, lda, ""), dst = LLVMBuildMul(b, lr.iv, cg_i64(cg, KC), "");
+    /* VW values at a time (rounded as vectors), then the rest one by one */
+    cg_for(f, &lp, cg_i64(cg, 0), LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), "pv");
+    LLVMValueRef p0 = LLVMBuildMul(b, lp.iv, cg_i64(cg, vw), "");
+    LLVMValueRef x = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, a, LLVMBuildAdd(b, src, p0, "")), "");
+    LLVMSetAlignment(x, 4);
+    x = LLVMBuildLShr(b, LLVMBuildBitCast(b, cg_bf16_round(cg, x), vi, ""), LLVMConstVector(sh, (unsigned)vw), "");
+    LLVMValueRef vat = LLVMBuildAdd(b, dst, p0, "");
+    LLVMSetAlignment(LLVMBuildStore(b, LLVMBuildTrunc(b, x, LLVMVectorType(i16, (unsigned)vw), ""),
+                                    LLVMBuildInBoundsGEP2(b, i16, ap, &vat, 1, "")), 2);
+    cg_for_end(f, &lp);
+    cg_for(f, &lp, vfull, kc, "p");
+    LLVMValueRef v = LLVMBuildBitCast(b, cg_bf16_round(cg, cg_load(f, IR_F32, a, LLVMBuildAdd(b, src, lp.iv, ""))), cg->t_i32, "");
+    v = LLVMBuildTrunc(b, LLVMBuildLShr(b, v, cg_i32(cg, 16), ""), i16, "");
+    LLVMValueRef at = LLVMBuildAdd(b, dst, lp.iv, "");
+    LLVMBuildStore(b, v, LLVMBuildInBoundsGEP2(b, i16, ap, &at, 1, ""));
+    cg_for_end(f, &lp);
+    CgIf odd;
+    cg_if(f, &odd, LLVMBuildICmp(b, LLVMIntNE, LLVMBuildSRem(b, kc, cg_i64(cg, 2), ""), cg_i64(cg, 0), ""));
+    LLVMValueRef at2 = LLVMBuildAdd(b, dst, kc, "");
+    LLVMBuildStore(b, LLVMConstNull(i16), LLVMBuildInBoundsGEP2(b, i16, ap, &at2, 1, ""));
+    cg_if_end(f, &odd);
+    cg_for_end(f, &lr);
+    helper_end(cg, &h);
+    return fn;
+}
+
 /* ---- the blocked path ---- */
 
 static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
@@ -580,8 +725,10 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
     int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
-    LLVMValueRef pack = pack_function(cg, tb), micro = micro_function(cg);
+    LLVMValueRef pack = pack_function(cg, tb), micro = micro_build(cg, cg->bf16);
     LLVMTypeRef pack_type = LLVMGlobalGetValueType(pack), micro_type = LLVMGlobalGetValueType(micro);
+    /* bf16 operands: each packed B panel turned into pairs, each MC x KC block of A packed too */
+    LLVMValueRef pack16 = cg->bf16 ? pack_bf16_function(cg) : NULL, packa = cg->bf16 ? pack_a_bf16_function(cg) : NULL;
 
     MmDims d;
     mm_dims(f, &d);
@@ -607,7 +754,11 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)(nr * npanels_max)), NULL, "bpanels");
     LLVMSetAlignment(bp, 64);
     /* a split product: the item's rows (at most MC) of both halves, side by side, [MC][2 icols] */
-    LLVMValueRef scratch = NULL, sld = cg_i64(cg, 2 * icols);
+    LLVMValueRef scratch = NULL, sld = cg_i64(cg, 2 * icols), ap = NULL;
+    if (cg->bf16) {
+        ap = cg_var(f, LLVMArrayType(LLVMInt16TypeInContext(cg->ctx), MC * KC), NULL, "apacked");
+        LLVMSetAlignment(ap, 64);
+    }
     if (d.split) {
         scratch = cg_var(f, LLVMArrayType(cg->t_f32, MC * 2 * (unsigned)icols), NULL, "product");
         LLVMSetAlignment(scratch, 64);
@@ -647,6 +798,8 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bcol = LLVMBuildAdd(b, j0, LLVMBuildMul(b, part, d.w, ""), ""); /* the product's column */
     LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, bcol, nc};
     LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
+    if (pack16)
+        LLVMBuildCall2(b, LLVMGlobalGetValueType(pack16), pack16, (LLVMValueRef[]){bpj, kc}, 2, "");
     cg_for_end(f, &lj);
 
     /* ... then MC rows at a time, so that their slice of A stays in L2 across the panels */
@@ -654,6 +807,11 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef ii0 = LLVMBuildAdd(b, i_start, LLVMBuildMul(b, lm.iv, cg_i64(cg, MC), ""), "");
     LLVMValueRef ii1 = cg_min_i64(f, i_end, LLVMBuildAdd(b, ii0, cg_i64(cg, MC), ""));
     LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, ii1, ii0, ""), mrows);
+    if (packa) { /* rows [ii0, ii1) of A, from aptr's row ii0 - arow0 */
+        LLVMValueRef asrc = cg_addr(f, IR_F32, aptr, LLVMBuildMul(b, LLVMBuildSub(b, ii0, arow0, ""), d.k, ""));
+        LLVMValueRef aargs[5] = {ap, asrc, d.k, LLVMBuildSub(b, ii1, ii0, ""), kc};
+        LLVMBuildCall2(b, LLVMGlobalGetValueType(packa), packa, aargs, 5, "");
+    }
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
     part = LLVMBuildSDiv(b, lj.iv, npart, "");
     pj = LLVMBuildSRem(b, lj.iv, npart, "");
@@ -671,9 +829,16 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     cg_for(f, &lr, cg_i64(cg, 0), ntiles, "tile");
     LLVMValueRef i0 = LLVMBuildAdd(b, ii0, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
     LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, ii1, i0, ""));
-    LLVMValueRef margs[11] = {aptr, d.k, LLVMBuildSub(b, i0, arow0, ""), LLVMBuildSub(b, mlast, arow0, ""), kc, bpj, cptr, ldc,
+    LLVMValueRef margs[12] = {aptr, d.k, LLVMBuildSub(b, i0, arow0, ""), LLVMBuildSub(b, mlast, arow0, ""), kc, bpj, cptr, ldc,
                               mr, nc, accumulate};
-    LLVMBuildCall2(b, micro_type, micro, margs, 11, "");
+    if (cg->bf16) { /* the packed block: pairs, rows from ii0 */
+        margs[0] = ap;
+        margs[1] = cg_i64(cg, KC / 2);
+        margs[3] = LLVMBuildSub(b, ii1, LLVMBuildAdd(b, ii0, cg_i64(cg, 1), ""), "");
+        margs[4] = ceil_div(cg, kc, 2);
+        margs[11] = LLVMBuildSub(b, i0, ii0, "");
+    }
+    LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 ? 12 : 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
     if (epi) { /* after the last k block, these MC rows of the item's columns are final and in L2 */

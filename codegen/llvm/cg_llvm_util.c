@@ -399,3 +399,16 @@ LLVMValueRef cg_fmin(Cg *cg, LLVMValueRef a, LLVMValueRef b)
     LLVMValueRef m = LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealOLT, a, b, ""), a, b, "");
     return LLVMBuildSelect(bl, LLVMBuildFCmp(bl, LLVMRealUNO, a, b, ""), fadd(cg, a, b), m, "");
 }
+
+LLVMValueRef cg_bf16_round(Cg *cg, LLVMValueRef x)
+{
+    LLVMBuilderRef b = cg->b;
+    LLVMTypeRef ft = LLVMTypeOf(x);
+    LLVMValueRef u = LLVMBuildBitCast(b, x, int_like(cg, x), "");
+    /* u + 0x7fff + (bit 16 of u), upper half kept: to nearest, ties to the even upper half */
+    LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, u, iconst(cg, x, 16), ""), iconst(cg, x, 1), "");
+    LLVMValueRef r = LLVMBuildAdd(b, LLVMBuildAdd(b, u, iconst(cg, x, 0x7fff), ""), lsb, "");
+    LLVMValueRef nan = LLVMBuildICmp(b, LLVMIntUGT, LLVMBuildAnd(b, u, iconst(cg, x, 0x7fffffff), ""), iconst(cg, x, 0x7f800000), "");
+    r = LLVMBuildSelect(b, nan, LLVMBuildOr(b, u, iconst(cg, x, 0x400000), ""), r, "");
+    return LLVMBuildBitCast(b, LLVMBuildAnd(b, r, iconst(cg, x, (int64_t)0xffff0000u), ""), ft, "");
+}

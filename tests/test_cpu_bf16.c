@@ -1,0 +1,307 @@
+/* test_cpu_bf16.c: bf16 matmuls on the CPU (CgOptions.mma = CG_MMA_BF16, xtc compile --target cpu
+ * --mma=bf16): operands rounded to bf16, products summed in f32.
+ *
+ *   matmuls   every matmul form of the op table (tests/op_cases.h: the OC_MMA rows, and the CPU's
+ *             "matmul" row: B packed past one k block of 256 with an odd k, row blocks past 192,
+ *             the matrix-vector path, two-part GLU epilogues) compiled for this CPU (vdpbf16ps
+ *             where it has AVX512_BF16), for x86-64-v4 (AVX-512 without it: the rounding in
+ *             software) and for x86-64-v3 (AVX2), run with 2 threads on random inputs against
+ *             the interpreter fed the matmul operands rounded to bf16 by rt_half.h: the kernels
+ *             must round as it does, so only the order of the f32 sums differs, held to
+ *             OC_ATOL + rtol max|ref| (the row's rtol). A variant this CPU cannot run is named
+ *             on stderr; this CPU's own always runs.
+ *   paths     the code for cooperlake (AVX512_BF16) calls vdpbf16ps, that for x86-64-v4 does not;
+ *             --mma=fp16 is refused on the cpu target.
+ *             (Modules here are compiled at -O0: the same kernels, compiled several times faster.)
+ *   parity    the x-transformers parity cases (tests/parity_run.h) through --mma=bf16 modules
+ *             against the library's f32 outputs: within 1e-4 + 2e-2 max|e| per output (the bound
+ *             test_cuda_mma puts on tensor-core logits; bf16 has 8 significant bits), and not
+ *             all equal to the f32 module's (the bf16 path is the one that ran). attn_sparse_topk is not
+ *             run: its top-k choice of scores is discontinuous in them (the reason is printed). */
+#include "codegen.h"
+#include "ir.h"
+#include "passes.h"
+#include "rt_half.h"
+#include "xtc.h"
+#include "xtf.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "harness_bind.h"
+#include "op_cases.h"
+#include "parity_run.h"
+
+static void make_tmpdir(void) { harness_make_tmpdir("cpu_bf16"); }
+
+/* ---- matmuls against the interpreter on rounded operands ---- */
+
+/* the names of the leaves that are matmul operands (before fusion hides the matmuls) */
+typedef struct {
+    int n;
+    const char *name[HARNESS_MAXLEAF];
+} Names;
+
+static void matmul_operands(const IrGraph *g, Names *ops)
+{
+    ops->n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        for (int j = 0; j < 2 && x->op == IR_MATMUL; j++) {
+            ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
+            ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
+            ops->name[ops->n++] = x->in[j]->s;
+        }
+    }
+}
+
+static int is_named(const Names *ops, const char *name)
+{
+    for (int i = 0; i < ops->n; i++)
+        if (strcmp(ops->name[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* the interpreter's leaves: the module's, with the matmul operands rounded to bf16 */
+typedef struct {
+    Binding b;
+    IrHostTensor ref[HARNESS_MAXLEAF];
+} RefBinding;
+
+static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, const Names *round)
+{
+    bind_random(&rb->b, g, syms, NULL);
+    for (int i = 0; i < rb->b.n; i++) {
+        const IrNode *n = rb->b.leaf[i];
+        IrHostTensor *r = &rb->ref[i];
+        int64_t numel = ir_host_numel(&rb->b.t[i]);
+        size_t bytes = (size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype);
+        *r = rb->b.t[i];
+        r->data = malloc(bytes);
+        memcpy(r->data, rb->b.t[i].data, bytes);
+        if (n->dtype == IR_F32 && is_named(round, n->s))
+            for (int64_t k = 0; k < numel; k++) {
+                float *v = &((float *)r->data)[k];
+                *v = rt_bf16_to_f32(rt_f32_to_bf16(*v));
+            }
+    }
+}
+
+static void bind_rounded_free(RefBinding *rb)
+{
+    for (int i = 0; i < rb->b.n; i++)
+        free(rb->ref[i].data);
+    bind_free(&rb->b);
+}
+
+static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
+{
+    RefBinding *rb = ctx;
+    int i = bind_index(&rb->b, leaf);
+    if (i < 0)
+        return -1;
+    *out = rb->ref[i];
+    return 0;
+}
+
+/* Compiles g for cpu (NULL: this one) with --mma=bf16 into tmpdir/name.so; emit (or NULL) gets
+ * the LLVM IR. Returns the loaded module, or NULL with the loader's reason in why (a CPU this
+ * one is not). */
+static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *cpu, const char *emit, char *why,
+                               size_t n)
+{
+    make_tmpdir();
+    char path[512], err[1024];
+    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, cpu ? cpu : "native");
+    CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = CG_MMA_BF16, .emit_llvm = emit,
+                     .source = "# test\n", .source_name = "t.xtf"};
+    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, cpu ? cpu : "this CPU",
+                  err);
+    XtcModule *m = NULL;
+    if (xtc_module_load(path, &m) != XTC_OK) {
+        snprintf(why, n, "%s", xtc_module_error(m));
+        xtc_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* max |got - ref| / max |ref| over the outputs, each held to atol + rtol max|ref| */
+static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTensor *ref, const char *what, double rtol)
+{
+    double worst = 0;
+    for (int o = 0; o < g->noutputs; o++) {
+        XtcTensor t;
+        ck_assert_msg(xtc_session_get_output(s, g->outputs[o].name, &t) == XTC_OK, "%s", xtc_session_error(s));
+        double maxabs;
+        int64_t numel = compare_layout(what, &ref[o], &t, &maxabs);
+        const float *a = t.data, *e = ref[o].data;
+        double tol = OC_ATOL + rtol * maxabs, maxerr = 0;
+        for (int64_t i = 0; i < numel; i++) {
+            double err = fabs((double)a[i] - e[i]);
+            ck_assert_msg(err <= tol, "%s output '%s': element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
+                          g->outputs[o].name, (long long)i, (double)a[i], (double)e[i], tol);
+            maxerr = fmax(maxerr, err);
+        }
+        if (maxabs > 0)
+            worst = fmax(worst, maxerr / maxabs);
+    }
+    return worst;
+}
+
+/* the cases: the tensor-core rows and the CPU's matmul row */
+static const OpCase *bf16_case(int k)
+{
+    int nmma = op_case_count(OC_MMA);
+    if (k < nmma)
+        return op_case_for(OC_MMA, k);
+    for (int i = 0; i < OP_NCASES; i++)
+        if (!strcmp(OP_CASES[i].name, "matmul"))
+            return &OP_CASES[i];
+    return NULL;
+}
+
+static const int64_t SIZES[][2] = {{1, 7}, {3, 33}, {2, 0}};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
+
+START_TEST(test_matmul_forms)
+{
+    const OpCase *c = bf16_case(_i);
+    ck_assert_ptr_nonnull(c);
+    IrGraph *built = harness_new_graph(c->name, c->build, 256), *g = built;
+    Names ops;
+    matmul_operands(built, &ops);
+    if (c->flags & OC_FUSE) {
+        PassOptions po = {.verify_each = 1, .supports = cg_llvm_backend.supports};
+        char err[1024];
+        g = pass_run_pipeline(built, &po, err, sizeof err);
+        ck_assert_msg(g != NULL, "%s: passes: %s", c->name, err);
+        int fused = 0;
+        for (int i = 0; i < g->nnodes; i++)
+            fused += g->nodes[i]->op == IR_FUSED;
+        ck_assert_msg(fused >= 3, "%s: the pipeline fused %d matmul epilogues", c->name, fused);
+    }
+    static const char *const cpus[] = {NULL, "x86-64-v4", "x86-64-v3"};
+    int ran = 0;
+    for (size_t v = 0; v < sizeof cpus / sizeof cpus[0]; v++) {
+        const char *cpu = cpus[v] ? cpus[v] : "this CPU";
+        char why[512];
+        XtcModule *m = compile_bf16(g, c->name, cpus[v], NULL, why, sizeof why);
+        if (!m) {
+            ck_assert_ptr_nonnull(cpus[v]); /* this CPU runs its own code */
+            fprintf(stderr, "test_cpu_bf16: %s for %s not run here: %s\n", c->name, cpu, why);
+            continue;
+        }
+        double worst = 0;
+        for (int k = 0; k < NSIZES; k++) {
+            if ((SIZES[k][0] == 0 || SIZES[k][1] == 0) && !(c->flags & OC_EMPTY))
+                continue;
+            RefBinding rb;
+            bind_rounded(&rb, g, SIZES[k], &ops);
+            IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, c->name);
+            char what[256];
+            snprintf(what, sizeof what, "%s --mma=bf16 --cpu=%s (b=%lld n=%lld)", c->name, cpu, (long long)SIZES[k][0],
+                     (long long)SIZES[k][1]);
+            XtcSession *s = NULL;
+            ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s",
+                          xtc_session_error(s));
+            bind_session(s, &rb.b, what);
+            ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: %s", what, xtc_session_error(s));
+            worst = fmax(worst, compare_outputs(g, s, ref, what, c->rtol));
+            xtc_session_free(s);
+            free_outputs(g, ref);
+            bind_rounded_free(&rb);
+        }
+        fprintf(stderr, "test_cpu_bf16: %s --mma=bf16 for %s: largest error %.2g of max|ref| (interpreter on rounded "
+                "operands)\n", c->name, cpu, worst);
+        xtc_module_free(m);
+        ran++;
+    }
+    ck_assert_int_ge(ran, 1);
+    if (g != built)
+        ir_graph_free(g);
+    ir_graph_free(built);
+}
+END_TEST
+
+/* ---- which instructions, and what is refused ---- */
+
+static void build_one(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sa[] = {b, n, ir_dim(64)}, sw[] = {ir_dim(64), ir_dim(48)};
+    out(g, "y", ir_matmul(g, input(g, "a", IR_F32, 3, sa), ir_param(g, "w", 2, sw), 0));
+}
+
+static int ir_text_has(const char *path, const char *what)
+{
+    size_t len;
+    char *text = harness_read_file(path, &len);
+    ck_assert_msg(text != NULL, "no %s", path);
+    int has = strstr(text, what) != NULL;
+    free(text);
+    return has;
+}
+
+START_TEST(test_paths)
+{
+    IrGraph *g = harness_new_graph("one", build_one, 64);
+    make_tmpdir();
+    static const struct {
+        const char *cpu;
+        int dpbf16;
+    } cases[] = {{"cooperlake", 1}, {"x86-64-v4", 0}, {"x86-64-v3", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char ll[600], why[512];
+        snprintf(ll, sizeof ll, "%s/one.%s.ll", tmpdir, cases[i].cpu);
+        XtcModule *m = compile_bf16(g, "one", cases[i].cpu, ll, why, sizeof why);
+        xtc_module_free(m);
+        ck_assert_msg(ir_text_has(ll, "llvm.x86.avx512bf16.dpbf16ps.512") == cases[i].dpbf16, "%s: vdpbf16ps %s",
+                      cases[i].cpu, cases[i].dpbf16 ? "missing" : "used without AVX512_BF16");
+    }
+    char path[600], err[1024];
+    snprintf(path, sizeof path, "%s/fp16.so", tmpdir);
+    CgOptions opt = {.output = path, .opt_level = 1, .mma = CG_MMA_FP16};
+    ck_assert_int_eq(cg_compile(g, &opt, NULL, err, sizeof err), -1);
+    ck_assert_msg(strstr(err, "bf16 or off"), "%s", err);
+    ir_graph_free(g);
+}
+END_TEST
+
+/* ---- the parity cases ---- */
+
+START_TEST(test_parity_bf16)
+{
+    make_tmpdir();
+    double worst = 0;
+    static const char *const unfit[] = {
+        "attn_sparse_topk: keeps the k largest scores of each row, a choice that rounding q and k to bf16 changes "
+        "where scores are close (a discontinuity, not an error bound)",
+        NULL};
+    ParityRun run = {CG_MMA_BF16, 0, 1e-4, 2e-2, &worst, unfit};
+    parity_run_all(&run, "parity through --mma=bf16 modules");
+    fprintf(stderr, "test_cpu_bf16: parity cases with bf16 matmuls: largest error %.2g of max|expected|\n", worst);
+    ck_assert_msg(worst > 1e-6, "bf16 modules gave the f32 outputs (largest error %g): were the matmuls rounded?", worst);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+    Suite *s = suite_create("cpu_bf16");
+    TCase *tc = tcase_create("bf16");
+    tcase_set_timeout(tc, 600);
+    int ncases = 0;
+    while (bf16_case(ncases) && ncases < op_case_count(OC_MMA) + 1)
+        ncases++;
+    tcase_add_loop_test(tc, test_matmul_forms, 0, ncases);
+    tcase_add_test(tc, test_paths);
+    tcase_add_test(tc, test_parity_bf16);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return harness_run(suite(), "cpu_bf16"); }
