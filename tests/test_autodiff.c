@@ -25,6 +25,7 @@
 #include "ir.h"
 #include "safetensors.h"
 #include "xtf.h"
+#include "harness_drive.h"
 
 #include <check.h>
 #include <float.h>
@@ -1104,7 +1105,7 @@ START_TEST(test_parity_grads)
         .context_mask = rt_st_find(in, "context_mask") != NULL,
         .tgt_mask = rt_st_find(in, "tgt_mask") != NULL,
     };
-    IrGraph *g = d.nerrors ? NULL : xt_lower(f, NULL, &lo, &d);
+    IrGraph *g = d.nerrors ? NULL : harness_build(f, NULL, &lo, 0, harness_target("interp"), NULL, &d, err, sizeof err);
     if (!g) {
         ck_assert_msg(!parity_cases[_i].required, "%s: %s", name, d.text ? d.text : "");
         ck_assert_msg(d.text && strstr(d.text, "not supported"), "%s fails without naming an unsupported feature: %s",
@@ -1112,8 +1113,8 @@ START_TEST(test_parity_grads)
         printf("parity %-22s refused by the language (not supported yet)\n", name);
     } else {
         int nfwd = g->nnodes;
-        IrGradOpts o = {.loss = has_output(g, "loss") ? "loss" : NULL, .seed_outputs = 1};
-        ck_assert_msg(ir_autodiff(g, &o, err, sizeof err) == 0, "%s: %s", name, err);
+        /* the loss, or the outputs seeded by grad.<output> */
+        ck_assert_msg(harness_autodiff(g, "interp", err, sizeof err) == 0, "%s: %s", name, err);
         check_roundtrip(g);
 
         IrHostTensor *outs = calloc((size_t)g->noutputs, sizeof *outs);

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_drive.h"
 #include "harness_bind.h"
 #include "op_cases.h"
 
@@ -46,7 +47,7 @@ static XtcModule *compile_with(const IrGraph *g, const char *name, CgStats *stat
     snprintf(path, sizeof path, "%s/%s.so", tmpdir, name);
     CgOptions opt = {.output = path, .opt_level = opt_level, .cpu = cpu, .source = "# test source\n",
                      .source_name = "test.xtf"};
-    ck_assert_msg(cg_compile(g, &opt, stats, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_msg(harness_cg(g, &opt, stats, err, sizeof err) == 0, "compiling %s: %s", name, err);
     XtcModule *m = NULL;
     int st = xtc_module_load(path, &m);
     ck_assert_msg(st == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
@@ -269,7 +270,7 @@ START_TEST(test_epilogue_vectorized)
     CgOptions opt = {.output = path, .opt_level = 2, .cpu = "skylake-avx512", .emit_llvm = llpath,
                      .source = "# test source\n", .source_name = "test.xtf"};
     CgStats stats;
-    ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "compiling: %s", err);
+    ck_assert_msg(harness_cg(g, &opt, &stats, err, sizeof err) == 0, "compiling: %s", err);
     FILE *f = fopen(llpath, "r");
     ck_assert_msg(f != NULL, "%s: not written", llpath);
     static char text[1 << 22];
@@ -596,7 +597,7 @@ static int cache_compile(const IrGraph *g, const char *name, const char *target,
     CgOptions opt = {.output = path, .target = target, .opt_level = opt_level, .source = "# test source\n",
                      .source_name = "test.xtf"};
     CgStats st;
-    ck_assert_msg(cg_compile(g, &opt, &st, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_msg(harness_cg(g, &opt, &st, err, sizeof err) == 0, "compiling %s: %s", name, err);
     ck_assert_int_gt(st.module_bytes, 0);
     return st.cached;
 }
@@ -876,7 +877,7 @@ static int parity_case(const char *name, char *err, size_t n)
         .context_mask = rt_st_find(in, "context_mask") != NULL,
         .tgt_mask = rt_st_find(in, "tgt_mask") != NULL,
     };
-    IrGraph *g = f && !d.nerrors ? xt_lower(f, NULL, &lo, &d) : NULL;
+    IrGraph *g = f && !d.nerrors ? harness_build(f, NULL, &lo, 0, harness_target("cpu"), NULL, &d, err, n) : NULL;
     xtf_diag_free(&d);
     xtf_free(f);
     if (!g) {
@@ -888,7 +889,7 @@ static int parity_case(const char *name, char *err, size_t n)
     XtcSession *s = NULL;
     snprintf(path, sizeof path, "%s/parity_%s.so", tmpdir, name);
     CgOptions opt = {.output = path, .opt_level = 2};
-    if (cg_compile(g, &opt, NULL, err, n))
+    if (harness_cg(g, &opt, NULL, err, n))
         goto done;
     if (xtc_module_load(path, &m) || xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s)) {
         snprintf(err, n, "%s", s ? xtc_session_error(s) : xtc_module_error(m));

@@ -44,6 +44,7 @@
 
 #include "gpu.h"
 #include "harness.h"
+#include "harness_drive.h"
 #define HARNESS_MAXLEAF 96
 #include "harness_bind.h"
 #include "emu_lib.h"
@@ -265,7 +266,7 @@ static XtcModule *compile_target(const IrGraph *g, const char *name, const char 
     snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, target, STORAGE_NAME[storage]);
     CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf",
                      .dtype = STORAGE_NAME[storage]};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
     return m;
@@ -341,9 +342,9 @@ static void run_case_sizes(const OpCase *c, const char *target, int nsizes)
     for (int k = 0; k < nsizes; k++)
         check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
     xtc_module_free(m);
-    PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
+    PassOptions po = {.verify_each = 1};
     char err[1024], fname[128];
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    IrGraph *h = harness_passes(g, target, &po, err, sizeof err);
     ck_assert_msg(h != NULL, "%s: passes: %s", name, err);
     int fused = 0;
     for (int i = 0; i < h->nnodes; i++)
@@ -466,8 +467,8 @@ START_TEST(test_half_arena)
     char err[1024];
     for (int c = 0; c < 3; c++) {
         IrGraph *g0 = new_graph(names[c], builds[c]);
-        PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
-        IrGraph *g = pass_run_pipeline(g0, &po, err, sizeof err);
+        PassOptions po = {.verify_each = 1};
+        IrGraph *g = harness_passes(g0, "cuda-emu", &po, err, sizeof err);
         ck_assert_msg(g != NULL, "%s: passes: %s", names[c], err);
         int64_t arena[2] = {0};
         for (storage = 0; storage < 2; storage++) {
@@ -794,7 +795,7 @@ END_TEST
 /* every op has a case for CUDA: built by it, or made from it by the pass pipeline (run_case runs both) */
 START_TEST(test_every_op_has_a_case)
 {
-    int op = op_cases_missing(OP_CASES, OP_NCASES, OC_CUDA, cg_cuda_emu_backend.supports);
+    int op = op_cases_missing(OP_CASES, OP_NCASES, OC_CUDA, "cuda-emu");
     ck_assert_msg(op < 0, "op '%s' has no case for CUDA in tests/op_cases.h", op < 0 ? "" : ir_ops[op].name);
 }
 END_TEST
@@ -1415,8 +1416,8 @@ START_TEST(test_declared_names_reserved)
         for (int fused = 0; fused < 2; fused++) {
             IrGraph *g = new_graph(c->name, c->build), *h = g;
             if (fused) {
-                PassOptions po = {.verify_each = 1, .supports = cg_cuda_backend.supports};
-                h = pass_run_pipeline(g, &po, err, sizeof err);
+                PassOptions po = {.verify_each = 1};
+                h = harness_passes(g, "cuda", &po, err, sizeof err);
                 ck_assert_msg(h != NULL, "%s", err);
             }
             CgPlan plan;
