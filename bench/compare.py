@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench/compare.py: xtc beside PyTorch on one GPT shape, in one run (ISSUE 5, section 3).
+"""bench/compare.py: xtc beside PyTorch on one GPT shape, in one run.
 
 Runs `xtc bench MODEL --json` (the model compiled fused and unfused, run alternately) and
 ../shared/bench/torch_gpt.py (PyTorch in its tuned setting: the OpenMP OpenBLAS build with the

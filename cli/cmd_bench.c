@@ -1,4 +1,4 @@
-/* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured (ISSUE 5, section 3).
+/* cmd_bench.c: `xtc bench`: what the fusion passes buy, measured.
  *
  * Lowers a model once (and differentiates it with --train), then compiles it twice with the
  * backend of --target (cpu, cuda, cuda-emu): with every pass ("fused") and with --no-fuse
@@ -255,26 +255,11 @@ static int bind_session(const BenchOpts *o, const IrGraph *g, Variant *v)
         fprintf(stderr, "xtc bench: %s\n", v->sess ? xtc_session_error(v->sess) : "out of memory");
         return -1;
     }
+    if (xtc_session_init_weights(v->sess, 1234) != XTC_OK) {
+        fprintf(stderr, "xtc bench: %s\n", xtc_session_error(v->sess));
+        return -1;
+    }
     RtRng rng;
-    rt_rng_seed(&rng, 1234);
-    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
-        for (int i = 0; i < xtc_module_count(v->mod, (XtcKind)kind); i++) {
-            XtcTensorInfo t;
-            xtc_module_tensor(v->mod, (XtcKind)kind, i, &t);
-            int64_t n = 1;
-            for (int d = 0; d < t.rank; d++)
-                n *= t.shape[d];
-            float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
-            if (!data)
-                return -1;
-            rt_init_module_param(v->mod, t.name, t.rank, t.shape, data, &rng);
-            int rc = xtc_session_set_weight(v->sess, t.name, t.rank, t.shape, data);
-            free(data);
-            if (rc != XTC_OK) {
-                fprintf(stderr, "xtc bench: %s\n", xtc_session_error(v->sess));
-                return -1;
-            }
-        }
     int64_t syms[16] = {0};
     symbol_values(v->mod, o, syms);
     rt_rng_seed(&rng, 5678);

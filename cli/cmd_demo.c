@@ -173,7 +173,8 @@ int cli_demo(int argc, char **argv)
             numel *= shape[k] = n->shape[k].c;
         if (!(d.vals[i] = malloc((size_t)numel * sizeof(float))))
             goto done;
-        rt_init_tensor(n->s, n->rank, shape, d.vals[i], &rng);
+        const IrInit *rule = ir_find_init(g, n);
+        rt_init_by_name(rule ? ir_init_name(rule->kind) : NULL, rule ? rule->value : 0, n->rank, shape, d.vals[i], &rng);
         nparams += numel;
         if (xtc_session_set_weight(s, n->s, n->rank, shape, d.vals[i]) != XTC_OK) {
             fprintf(stderr, "xtc demo: %s\n", xtc_session_error(s));

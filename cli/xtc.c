@@ -25,6 +25,7 @@ static const struct {
     {"check", cli_check, "parse and check a .xtf file, reporting every error"},
     {"options", cli_options, "list the constructors and options of the language, and what is supported"},
     {"demo", cli_demo_train, "train the bundled tiny GPT on generated text, then sample from it"},
+    {"version", cli_version, "print the version, the commit, LLVM, and whether CUDA is available (--version, -V)"},
     {"help", cmd_help, "show this help"},
 };
 
@@ -45,6 +46,8 @@ int main(int argc, char **argv)
         cmd_help(0, NULL);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V"))
+        return cli_version(argc - 1, argv + 1);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return commands[i].fn(argc - 1, argv + 1);

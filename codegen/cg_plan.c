@@ -61,7 +61,7 @@ int cg_keeps_f32(const IrNode *n)
     case IR_ENTMAX15:
     case IR_RAND: return 1;
     case IR_INPUT: return n->rank == 0; /* a scalar: the loss scale (2^16 is past fp16's 65504) */
-    case IR_ATTENTION: return n->ia[1] != 0;
+    case IR_ATTENTION: return n->ia[IR_IA_STATS] != 0;
     default: return 0;
     }
 }
@@ -175,7 +175,7 @@ static void head_views(const IrGraph *g, const char *needed, unsigned *views, ch
         const IrNode *pm = g->nodes[i], *a = pm->in[0];
         if (!needed[i] || !is_head_split(pm))
             continue;
-        if (a->op == IR_ATTENTION && a->ia[1] == 0 && uses[a->id] == 1 && !output[a->id]) {
+        if (a->op == IR_ATTENTION && a->ia[IR_IA_STATS] == 0 && uses[a->id] == 1 && !output[a->id]) {
             views[a->id] |= CG_VIEW_OUT;
             elide[i] = 1;
         } else if (!other[i] && !output[i] && uses[i] > 0 && !cg_keeps_f32(a)) {
@@ -427,7 +427,7 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
     for (int i = 0; i < g->ninits; i++) {
         int b = p->buf_of[g->inits[i].target->id];
         if (b >= 0)
-            fprintf(f, "init %d %a\n", b, g->inits[i].value);
+            fprintf(f, "init %d %s %a\n", b, ir_init_name(g->inits[i].kind), g->inits[i].value);
     }
     for (int i = 0; i < p->nbufs; i++)
         if (p->range_hi[i]) {

@@ -49,12 +49,14 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
         }
         ir_alias(g, alias, emb_w);
     } else {
-        emb_w = lx_paramv(L, 0, 2, es, "token_emb.weight");
+        emb_w = lx_init(L, lx_paramv(L, 0, 2, es, "token_emb.weight"), IR_INIT_NORMAL, /* kaiming_normal_ */
+                        sqrt(2.0 / emb_dim));
     }
     IrNode *x = lx_lab(L, ir_gather(g, emb_w, tokens), "token_emb");
     if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(emb_dim)};
-        IrNode *pos = ir_slice(g, lx_paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, L->pos_offset, seq_of(tokens));
+        IrNode *pe = lx_init(L, lx_paramv(L, 0, 2, ps, "pos_emb.emb.weight"), IR_INIT_NORMAL, 1.0);
+        IrNode *pos = ir_slice(g, pe, 0, L->pos_offset, seq_of(tokens));
         x = lx_lab(L, add(L, x, mul(L, pos, cf(L, pow((double)emb_dim, -0.5)))), "embed");
     }
     x = lx_dropout(L, x, xtf_float(call, "emb_dropout"));
@@ -63,7 +65,8 @@ static IrNode *transformer_wrapper(Lx *L, const XtfValue *call, IrNode *tokens, 
     IrNode *saved_mask = L->mask;
     if (M > 0) { /* memory tokens, prepended; the mask is padded with true */
         IrDim ms[2] = {C(M), C(S.dim)}, bs[3] = {L->B, C(M), C(S.dim)};
-        x = ir_concat(g, ir_expand(g, lx_paramv(L, 0, 2, ms, "memory_tokens"), 3, bs), x, 1);
+        IrNode *mem = lx_init(L, lx_paramv(L, 0, 2, ms, "memory_tokens"), IR_INIT_NORMAL, 1.0);
+        x = ir_concat(g, ir_expand(g, mem, 3, bs), x, 1);
         if (L->mask) {
             IrDim pm[2] = {L->B, C(M)};
             L->mask = ir_concat(g, ir_expand(g, ir_const(g, 1, IR_BOOL), 2, pm), L->mask, 1);
@@ -224,7 +227,8 @@ static IrNode *continuous_forward(Lx *L, const XtfValue *call, IrNode *x, IrNode
         x = lx_linear(L, x, "project_in", (int)di->i, S.dim, 1);
     if (xtf_bool(call, "use_pos_emb") && !(S.rotary || S.rel_pos || S.pia)) {
         IrDim ps[2] = {C(maxlen), C(S.dim)};
-        IrNode *pos = ir_slice(g, lx_paramv(L, 0, 2, ps, "pos_emb.emb.weight"), 0, C(0), seq_of(x));
+        IrNode *pe = lx_init(L, lx_paramv(L, 0, 2, ps, "pos_emb.emb.weight"), IR_INIT_NORMAL, 1.0);
+        IrNode *pos = ir_slice(g, pe, 0, C(0), seq_of(x));
         x = add(L, x, mul(L, pos, cf(L, pow((double)S.dim, -0.5))));
     }
     x = lx_dropout(L, x, xtf_float(call, "emb_dropout"));
@@ -288,8 +292,9 @@ static IrNode *vit_forward(Lx *L, const XtfValue *call, IrNode *image, IrNode **
     IrNode *x = ir_reshape(g, ir_permute(g, ir_reshape(g, image, 6, s6), perm), 3, s3);
     x = lx_lab(L, lx_linear(L, x, "patch_to_embedding", pdim, dim, 1), "patches");
     IrDim cs[3] = {C(1), C(1), C(dim)}, cb[3] = {L->B, C(1), C(dim)}, pe[3] = {C(1), C(np + 1), C(dim)};
-    x = ir_concat(g, ir_expand(g, lx_paramv(L, 0, 3, cs, "cls_token"), 3, cb), x, 1);
-    x = add(L, x, lx_paramv(L, 0, 3, pe, "pos_embedding"));
+    IrNode *cls_tok = lx_init(L, lx_paramv(L, 0, 3, cs, "cls_token"), IR_INIT_NORMAL, 1.0); /* torch.randn */
+    x = ir_concat(g, ir_expand(g, cls_tok, 3, cb), x, 1);
+    x = add(L, x, lx_init(L, lx_paramv(L, 0, 3, pe, "pos_embedding"), IR_INIT_NORMAL, 1.0));
     x = lx_dropout(L, x, xtf_float(call, "emb_dropout")); /* `dropout` is the mlp_head's */
     x = lx_attention_layers(L, &S, x);
     x = *emb = lx_lab(L, lx_layer_norm(L, x, "norm", dim), "final_norm");
@@ -550,6 +555,14 @@ IrGraph *xt_lower(const XtfFile *f, const char *model, const XtLowerOpts *opts, 
     if (rc == 0 && ir_graph_error(g)) {
         xtf_diag_error(d, f, call->loc, "internal error while lowering '%s': %s", st->name, ir_graph_error(g));
         rc = -1;
+    }
+    for (int i = 0; rc == 0 && i < g->nnodes; i++) { /* every leaf with values of its own starts by a rule */
+        const IrNode *n = g->nodes[i];
+        if ((n->op == IR_PARAM || n->op == IR_BUFFER) && !ir_find_init(g, n)) {
+            xtf_diag_error(d, f, call->loc, "internal error while lowering '%s': '%s' has no initialisation rule",
+                           st->name, n->s);
+            rc = -1;
+        }
     }
     free(Lp);
     if (rc != 0) {

@@ -16,6 +16,7 @@
 
 #include "ir.h"
 #include "options.h"
+#include "rt_abi.h" /* xtc_alibi_slope: the one definition, shared with the runtime's init rule */
 
 typedef enum { NORM_LAYER, NORM_SCALE, NORM_RMS } NormKind;
 
@@ -90,6 +91,14 @@ static inline IrNode *mul(Lx *L, IrNode *a, IrNode *b) { return ir_binary(L->g, 
 static inline IrNode *un(Lx *L, IrOp op, IrNode *x) { return ir_unary(L->g, op, x); }
 static inline IrDim seq_of(IrNode *x) { return x ? x->shape[1] : C(0); }
 
+/* Fresh values of leaf p start by this rule (IrInit; a later one replaces it). Returns p. Every
+ * parameter and buffer the lowering creates gets one (xt_lower checks). */
+static inline IrNode *lx_init(Lx *L, IrNode *p, IrInitKind kind, double value)
+{
+    ir_init(L->g, p, kind, value);
+    return p;
+}
+
 /* ---- the builders the files share ---- */
 
 IrNode *lx_paramv(Lx *L, int buffer, int rank, const IrDim *shape, const char *fmt, ...);
@@ -99,7 +108,6 @@ IrNode *lx_linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int bia
 IrNode *lx_layer_norm(Lx *L, IrNode *x, const char *prefix, int d);
 IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix);
 IrNode *lx_dropout(Lx *L, IrNode *x, double p);
-double lx_alibi_slope(int heads, int h);
 IrNode *lx_per_head(Lx *L, IrNode *v, int nv, int heads);
 IrNode *lx_shift_tokens(Lx *L, const Stack *S, IrNode *x, int s, IrNode *mask);
 IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer, int cross, const Positions *P, IrNode **prev, IrNode *mem);

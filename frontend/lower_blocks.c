@@ -36,21 +36,22 @@ IrNode *lx_lab(Lx *L, IrNode *n, const char *fmt, ...)
 IrNode *lx_linear(Lx *L, IrNode *x, const char *prefix, int in, int out, int bias)
 {
     IrDim ws[2] = {C(out), C(in)};
-    IrNode *y = ir_matmul(L->g, x, lx_paramv(L, 0, 2, ws, "%s.weight", prefix), 1);
+    double bound = 1.0 / sqrt((double)in); /* torch's default: U(-1/sqrt(in), 1/sqrt(in)) */
+    IrNode *y = ir_matmul(L->g, x, lx_init(L, lx_paramv(L, 0, 2, ws, "%s.weight", prefix), IR_INIT_UNIFORM, bound), 1);
     if (bias)
-        y = add(L, y, lx_param1(L, out, prefix, "bias"));
+        y = add(L, y, lx_init(L, lx_param1(L, out, prefix, "bias"), IR_INIT_UNIFORM, bound));
     return y;
 }
 
-/* fresh weights of the Linear at prefix start at zero, weight and bias (x-transformers'
- * init_zero_, for zero_init_output) */
-static void zero_init_linear(Lx *L, const char *prefix)
+/* fresh weights of the Linear at prefix start at constants, weight w and bias b (x-transformers'
+ * init_zero_ for zero_init_output; gate_values' constant_ 0 and 1) */
+static void init_linear_const(Lx *L, const char *prefix, double w, double b)
 {
     char name[300];
     const char *leaf[2] = {"weight", "bias"};
     for (int i = 0; i < 2; i++) {
         snprintf(name, sizeof name, "%s%s.%s", L->root, prefix, leaf[i]);
-        ir_init_const(L->g, ir_find_leaf(L->g, IR_PARAM, name), 0.0);
+        ir_init(L->g, ir_find_leaf(L->g, IR_PARAM, name), IR_INIT_CONST, i ? b : w);
     }
 }
 
@@ -65,8 +66,8 @@ IrNode *lx_layer_norm(Lx *L, IrNode *x, const char *prefix, int d)
     IrNode *xc = sub(L, x, mean_last(L, x, d));
     IrNode *var = mean_last(L, mul(L, xc, xc), d);
     IrNode *y = mul(L, xc, un(L, IR_RSQRT, add(L, var, cf(L, 1e-5))));
-    IrNode *w = lx_param1(L, d, prefix, "weight"); /* declared in state_dict order */
-    IrNode *b = lx_param1(L, d, prefix, "bias");
+    IrNode *w = lx_init(L, lx_param1(L, d, prefix, "weight"), IR_INIT_CONST, 1.0); /* state_dict order */
+    IrNode *b = lx_init(L, lx_param1(L, d, prefix, "bias"), IR_INIT_CONST, 0.0);
     return add(L, mul(L, y, w), b);
 }
 
@@ -75,7 +76,7 @@ static IrNode *scale_norm(Lx *L, IrNode *x, const char *prefix, int d, int gdim,
 {
     IrNode *nrm = un(L, IR_SQRT, ir_reduce(L->g, IR_SUM, mul(L, x, x), -1));
     nrm = ir_binary(L->g, IR_MAX, mul(L, nrm, cf(L, 1.0 / sqrt((double)d))), cf(L, eps));
-    return mul(L, ir_binary(L->g, IR_DIV, x, nrm), lx_param1(L, gdim, prefix, "g"));
+    return mul(L, ir_binary(L->g, IR_DIV, x, nrm), lx_init(L, lx_param1(L, gdim, prefix, "g"), IR_INIT_CONST, 1.0));
 }
 
 IrNode *lx_block_norm(Lx *L, const Stack *S, IrNode *x, const char *prefix)
@@ -138,7 +139,8 @@ static IrNode *merge_heads(Lx *L, IrNode *x, int h, int dh)
 static IrNode *mix_heads(Lx *L, IrNode *dots, const char *prefix, const char *which, int h)
 {
     IrDim ws[4] = {C(h), C(h), C(1), C(1)}, w2[2] = {C(h), C(h)};
-    IrNode *w = ir_reshape(L->g, lx_paramv(L, 0, 4, ws, "%s.%s.weight", prefix, which), 2, w2);
+    IrNode *w = lx_paramv(L, 0, 4, ws, "%s.%s.weight", prefix, which); /* Conv2d's default init */
+    w = ir_reshape(L->g, lx_init(L, w, IR_INIT_UNIFORM, 1.0 / sqrt((double)h)), 2, w2);
     static const int to_last[4] = {0, 2, 3, 1}, back[4] = {0, 3, 1, 2};
     return ir_permute(L->g, ir_matmul(L->g, ir_permute(L->g, dots, to_last), w, 1), back);
 }
@@ -192,20 +194,6 @@ static IrNode *alibi_bias(Lx *L, const Stack *S, const Positions *P, IrDim I, Ir
     IrNode *past = ir_where(g, ir_binary(g, IR_LE, d, zero), mul(L, dist, P->alibi_past), zero);
     IrNode *future = ir_where(g, ir_binary(g, IR_LE, zero, d), mul(L, dist, P->alibi_future), zero);
     return add(L, past, future);
-}
-
-/* Slope h of ALiBi over `heads` heads as x-transformers 0.23.0 computes it (a Python list of
- * doubles, then a float32 tensor): for a power of two n, start * start^h with
- * start = 2^(-2^-(log2 n - 3)); otherwise the slopes of the power of two p below n, then every
- * other slope of 2p. */
-double lx_alibi_slope(int heads, int h)
-{
-    int p2 = 1;
-    while (p2 * 2 <= heads)
-        p2 *= 2;
-    int n = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
-    double start = pow(2.0, -pow(2.0, -(log2((double)n) - 3)));
-    return (float)(start * pow(start, (double)i));
 }
 
 /* [1, heads, 1, 1]: slopes v[0 .. nv) then zeros (the heads ALiBi leaves alone) */
@@ -277,7 +265,8 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         IrNode *ks = lx_lab(L, lx_linear(L, k_in, name, S->dim, qk, 0), "layer%d.attn.k", layer);
         IrDim ms[2] = {C(h), C(qk)}, m4[4] = {C(1), C(h), C(1), C(qk)};
         IrDim q4[4] = {L->B, C(1), seq_of(qs), C(qk)}, k4[4] = {L->B, C(1), seq_of(ks), C(qk)};
-        IrNode *mix = ir_reshape(g, lx_paramv(L, 0, 2, ms, "%s.collab_mixing", p), 4, m4);
+        IrNode *mix = lx_init(L, lx_paramv(L, 0, 2, ms, "%s.collab_mixing", p), IR_INIT_NORMAL, 1.0);
+        mix = ir_reshape(g, mix, 4, m4);
         q = qs ? mul(L, ir_reshape(g, qs, 4, q4), mix) : NULL;
         k = ks ? ir_reshape(g, ks, 4, k4) : NULL;
     } else {
@@ -324,8 +313,10 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     if (S->num_mem_kv) {
         int M = S->num_mem_kv;
         IrDim ms[3] = {C(h), C(M), C(dh)}, bs[4] = {L->B, C(h), C(M), C(dh)};
-        IrNode *mk = ir_expand(g, lx_paramv(L, 0, 3, ms, "%s.mem_k", p), 4, bs);
-        IrNode *mv = ir_expand(g, lx_paramv(L, 0, 3, ms, "%s.mem_v", p), 4, bs);
+        IrNode *mk = lx_init(L, lx_paramv(L, 0, 3, ms, "%s.mem_k", p), IR_INIT_NORMAL, 1.0); /* torch.randn */
+        IrNode *mv = lx_init(L, lx_paramv(L, 0, 3, ms, "%s.mem_v", p), IR_INIT_NORMAL, 1.0);
+        mk = ir_expand(g, mk, 4, bs);
+        mv = ir_expand(g, mv, 4, bs);
         k = ir_concat(g, mk, k, 2);
         v = ir_concat(g, mv, v, 2);
         if (input_mask) {
@@ -347,7 +338,7 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         k = l2norm(L, k);
         IrDim ss[4] = {C(1), C(h), C(1), C(1)};
         IrNode *s = lx_paramv(L, 0, 4, ss, "%s.scale", p);
-        ir_init_const(g, s, S->qk_scale_init);
+        lx_init(L, s, IR_INIT_CONST, S->qk_scale_init);
         scale = ir_unary(g, IR_RECIP, ir_binary(g, IR_MAX, un(L, IR_EXP, s), cf(L, 1e-2)));
     } else {
         scale = cf(L, pow((double)dh, -0.5));
@@ -405,12 +396,13 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     IrNode *out = ir_matmul(g, attn, v, 0); /* step 16 */
     if (S->head_scale) {
         IrDim ss[4] = {C(1), C(h), C(1), C(1)};
-        out = mul(L, out, lx_paramv(L, 0, 4, ss, "%s.head_scale_params", p));
+        out = mul(L, out, lx_init(L, lx_paramv(L, 0, 4, ss, "%s.head_scale_params", p), IR_INIT_CONST, 1.0));
     }
     out = merge_heads(L, out, h, dh);
     if (S->gate_values) { /* step 17 */
         snprintf(name, sizeof name, "%s.to_v_gate", p);
         out = mul(L, out, un(L, IR_SIGMOID, lx_linear(L, x, name, S->dim, inner, 1)));
+        init_linear_const(L, name, 0.0, 1.0);
     }
     if (S->on_attn) { /* step 18: Linear(inner, 2 dim) + GLU: a * sigmoid(gate) */
         snprintf(name, sizeof name, "%s.to_out.0", p);
@@ -422,7 +414,7 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         snprintf(name, sizeof name, "%s.to_out", p);
         out = lx_linear(L, out, name, inner, S->dim, 1);
         if (S->attn_zero_init) /* zero_init_output: init_zero_(to_out) */
-            zero_init_linear(L, name);
+            init_linear_const(L, name, 0.0, 0.0);
     }
     return lx_lab(L, out, "layer%d.attn.out", layer);
 }
@@ -463,7 +455,7 @@ IrNode *lx_feed_forward(Lx *L, const Stack *S, IrNode *x, const char *p, int lay
     snprintf(name, sizeof name, "%s.net.3", p);
     IrNode *y = lx_linear(L, hdn, name, inner, S->dim, 1);
     if (S->ff_zero_init) /* zero_init_output: init_zero_(net[-1]) */
-        zero_init_linear(L, name);
+        init_linear_const(L, name, 0.0, 0.0);
     return lx_lab(L, y, "layer%d.ff.out", layer);
 }
 
@@ -473,10 +465,11 @@ IrNode *lx_gru_gate(Lx *L, const Stack *S, IrNode *out, IrNode *res, const char 
     IrGraph *g = L->g;
     int d = S->dim;
     IrDim ws[2] = {C(3 * d), C(d)};
-    IrNode *w_ih = lx_paramv(L, 0, 2, ws, "%s.gru.weight_ih", p); /* state_dict order */
-    IrNode *w_hh = lx_paramv(L, 0, 2, ws, "%s.gru.weight_hh", p);
-    IrNode *b_ih = lx_param1(L, 3 * d, p, "gru.bias_ih");
-    IrNode *b_hh = lx_param1(L, 3 * d, p, "gru.bias_hh");
+    double bound = 1.0 / sqrt((double)d); /* nn.GRUCell's default: all U(-1/sqrt(d), 1/sqrt(d)) */
+    IrNode *w_ih = lx_init(L, lx_paramv(L, 0, 2, ws, "%s.gru.weight_ih", p), IR_INIT_UNIFORM, bound); /* state_dict order */
+    IrNode *w_hh = lx_init(L, lx_paramv(L, 0, 2, ws, "%s.gru.weight_hh", p), IR_INIT_UNIFORM, bound);
+    IrNode *b_ih = lx_init(L, lx_param1(L, 3 * d, p, "gru.bias_ih"), IR_INIT_UNIFORM, bound);
+    IrNode *b_hh = lx_init(L, lx_param1(L, 3 * d, p, "gru.bias_hh"), IR_INIT_UNIFORM, bound);
     IrNode *gi = add(L, ir_matmul(g, out, w_ih, 1), b_ih);
     IrNode *gh = add(L, ir_matmul(g, res, w_hh, 1), b_hh);
     IrNode *r = un(L, IR_SIGMOID, add(L, ir_slice(g, gi, -1, C(0), C(d)), ir_slice(g, gh, -1, C(0), C(d))));

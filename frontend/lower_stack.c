@@ -214,31 +214,33 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
 
     if (S->rel_pos) {
         IrDim ts[2] = {C(S->rel_buckets), C(S->heads)};
-        P.relpos_table = lx_paramv(L, 0, 2, ts, "attn_layers.rel_pos.relative_attention_bias.weight");
+        P.relpos_table = lx_init(L, lx_paramv(L, 0, 2, ts, "attn_layers.rel_pos.relative_attention_bias.weight"),
+                                 IR_INIT_NORMAL, 1.0); /* nn.Embedding */
     }
     if (S->alibi && S->alibi_learned) {
         /* exp of the learned log-slopes (and the future ones). 0.23.0 makes both parameters of one
          * tensor, so they share storage: its state dicts hold equal values (load_state_dict leaves
          * both with the second's), while each gets its own gradient, as here */
         IrDim ls[4] = {C(1), C(S->alibi_heads), C(1), C(1)};
-        IrNode *past = lx_paramv(L, 0, 4, ls, "attn_layers.rel_pos.learned_logslopes");
+        IrNode *past = lx_init(L, lx_paramv(L, 0, 4, ls, "attn_layers.rel_pos.learned_logslopes"), IR_INIT_ALIBI, 0);
         P.alibi_past = lx_per_head(L, un(L, IR_EXP, past), S->alibi_heads, S->heads);
         if (!S->causal) {
             IrNode *future = lx_paramv(L, 0, 4, ls, "attn_layers.rel_pos.learned_logslopes_future");
+            lx_init(L, future, IR_INIT_ALIBI, 0);
             P.alibi_future = lx_per_head(L, un(L, IR_EXP, future), S->alibi_heads, S->heads);
         }
     } else if (S->alibi) { /* fixed slopes: constants (non-persistent buffers, not in the weights) */
         IrDim one[4] = {C(1), C(1), C(1), C(1)};
         IrNode *v = NULL;
         for (int h = 0; h < S->alibi_heads; h++) {
-            IrNode *c = ir_expand(g, cf(L, lx_alibi_slope(S->alibi_heads, h)), 4, one);
+            IrNode *c = ir_expand(g, cf(L, xtc_alibi_slope(S->alibi_heads, h)), 4, one);
             v = v ? ir_concat(g, v, c, 1) : c;
         }
         P.alibi_past = lx_per_head(L, v, S->alibi_heads, S->heads);
     }
     if (S->rotary) { /* theta[p] = p * inv_freq, freqs = cat(theta, theta) */
         IrDim fs[1] = {C(S->rotary_dim / 2)};
-        IrNode *inv = lx_paramv(L, 1, 1, fs, "attn_layers.rotary_pos_emb.inv_freq");
+        IrNode *inv = lx_init(L, lx_paramv(L, 1, 1, fs, "attn_layers.rotary_pos_emb.inv_freq"), IR_INIT_INV_FREQ, 10000);
         IrDim sp[2] = {n, C(1)}, sf[2] = {C(1), C(S->rotary_dim / 2)};
         IrNode *pos = ir_reshape(g, ir_arange(g, C(0), n, IR_F32), 2, sp);
         IrNode *theta = mul(L, pos, ir_reshape(g, inv, 2, sf));
@@ -248,7 +250,7 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
     }
     if (S->pia) { /* S(p) = cat(sin(p * inv_freq), cos(p * inv_freq)) */
         IrDim fs[1] = {C(S->dim / 2)};
-        IrNode *inv = lx_paramv(L, 1, 1, fs, "attn_layers.pia_pos_emb.inv_freq");
+        IrNode *inv = lx_init(L, lx_paramv(L, 1, 1, fs, "attn_layers.pia_pos_emb.inv_freq"), IR_INIT_INV_FREQ, 10000);
         IrDim sp[2] = {n, C(1)}, sf[2] = {C(1), C(S->dim / 2)};
         IrNode *pos = ir_reshape(g, ir_arange(g, C(0), n, IR_F32), 2, sp);
         IrNode *ang = mul(L, pos, ir_reshape(g, inv, 2, sf));
@@ -296,7 +298,7 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
         }
         if (S->rezero) {
             snprintf(np, sizeof np, "%s.1", p);
-            out = mul(L, out, lx_param1(L, 1, np, "g"));
+            out = mul(L, out, lx_init(L, lx_param1(L, 1, np, "g"), IR_INIT_CONST, 0.0)); /* Rezero: 0 */
         }
         if (S->sandwich_norm || qk_layer) {
             snprintf(np, sizeof np, "%s.0.1", p);
@@ -304,7 +306,7 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
         }
         snprintf(np, sizeof np, "%s.2", p);
         if (S->scale_residual)
-            residual = mul(L, residual, lx_param1(L, S->dim, np, "residual_scale"));
+            residual = mul(L, residual, lx_init(L, lx_param1(L, S->dim, np, "residual_scale"), IR_INIT_CONST, 1.0));
         if (S->gate_residual)
             x = lx_gru_gate(L, S, out, residual, np);
         else

@@ -36,7 +36,10 @@
  * max_seq_len.
  *
  * Depends on libc, libm, libdl and pthreads only: link with libxtc.a -lm -ldl -lpthread, or with
- * libxtc.so; both define the xtc_* names of this header and no other global symbol.
+ * libxtc.so; both define the xtc_* names of this header and no other global symbol. Installed
+ * (cmake --install build --prefix P): cc prog.c $(pkg-config --cflags --libs xtc) links
+ * libxtc.so (the loader finds it in P/lib by LD_LIBRARY_PATH or a -Wl,-rpath, unless P is a
+ * system prefix), and pkg-config's xtc-static links libxtc.a into the program.
  */
 #ifndef XTC_H
 #define XTC_H
@@ -48,6 +51,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The version of this header: MAJOR.MINOR.PATCH. The library's soname carries MAJOR
+ * (libxtc.so.0); CMakeLists.txt reads the number from here. */
+#define XTC_VERSION "0.2.0"
+/* The version of the library the program runs with ("0.2.0"): XTC_VERSION of the header it was
+ * built from, which differs from the program's XTC_VERSION when another libxtc.so is loaded. */
+const char *xtc_version(void);
 
 #define XTC_MAX_RANK 8
 
@@ -113,10 +123,10 @@ int xtc_module_count(const XtcModule *m, XtcKind kind);   /* 0 for a failed modu
 int xtc_module_tensor(const XtcModule *m, XtcKind kind, int i, XtcTensorInfo *info);
 /* Index of the tensor of that kind and name, or -1. */
 int xtc_module_find(const XtcModule *m, XtcKind kind, const char *name);
-/* 1 and *value when the model fixes the value parameter `name` starts at in fresh weights
- * (x-transformers' zero_init_branch_output / attn_ / ff_zero_init_output: 0; qk_norm's
- * scale_init_value); 0 when it follows the library's default for its kind (xtc init's rules);
- * -1 when the module has no such parameter. */
+/* 1 and *value when parameter `name` starts at one constant in fresh weights (norm gains 1,
+ * x-transformers' zero_init_*: 0, qk_norm's scale_init_value, ...); 0 when it starts random (by
+ * its rule: Linear U(-1/sqrt(in), ..), Embedding N(0, 1), ...; xtc_module_describe and
+ * `xtc info` list every weight's rule); -1 when the module has no such parameter. */
 int xtc_module_param_init(const XtcModule *m, const char *name, double *value);
 
 /* Symbols: name and upper bound (0 = unbounded). */
@@ -167,6 +177,13 @@ int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
                            const float *data);
+/* Sets every parameter and state buffer to fresh values drawn reproducibly from seed, by
+ * x-transformers' initialisation rules (token embeddings kaiming normal, Linear layers torch's
+ * uniform, norm gains 1, rotary frequencies, the constants a model fixes such as
+ * zero_init_branch_output): the values `xtc init --seed SEED` writes. A parameter no rule covers
+ * starts at 0 (xtc init names it). To train from scratch without a weights file. On failure (out
+ * of memory) the weights set before it keep their new values. */
+int xtc_session_init_weights(XtcSession *s, uint64_t seed);
 
 /* Binds an input (copied). The dtype must be the input's, except that integer inputs accept
  * XTC_I32 or XTC_I64 (converted) and bool inputs accept any non-zero byte as true. The rank and

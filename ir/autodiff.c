@@ -278,7 +278,7 @@ static void grad_rmax(Ad *A, IrNode *n, IrNode *g)
 {
     IrNode *x = n->in[0];
     IrNode *hit = f32_of(A, ir_binary(A->g, IR_EQ, x, n));  /* x's shape */
-    IrNode *count = ir_reduce(A->g, IR_SUM, hit, (int)n->ia[0]);      /* n's shape, >= 1 */
+    IrNode *count = ir_reduce(A->g, IR_SUM, hit, (int)n->ia[IR_IA_AXIS]);      /* n's shape, >= 1 */
     accum(A, x, mul(A, hit, dvd(A, g, count)));
 }
 
@@ -320,7 +320,7 @@ static void grad_permute(Ad *A, IrNode *n, IrNode *g)
 static void grad_slice(Ad *A, IrNode *n, IrNode *g)
 {
     const IrNode *x = n->in[0];
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     IrDim before = n->d;
     IrDim after = ir_dim_sub(ir_dim_sub(x->shape[axis], n->d), n->shape[axis]);
     IrDim shape[IR_MAXRANK];
@@ -340,7 +340,7 @@ static void grad_slice(Ad *A, IrNode *n, IrNode *g)
 static void grad_concat(Ad *A, IrNode *n, IrNode *g)
 {
     const IrNode *a = n->in[0], *b = n->in[1];
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     if (want(A, n, 0))
         accum(A, a, ir_slice(A->g, g, axis, ir_dim(0), a->shape[axis]));
     if (want(A, n, 1))
@@ -370,7 +370,7 @@ static void grad_gather_grad(Ad *A, IrNode *n, IrNode *g)
 static void grad_matmul(Ad *A, IrNode *n, IrNode *g)
 {
     IrNode *a = n->in[0], *b = n->in[1];
-    int tb = n->ia[0] != 0;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0;
     if (want(A, n, 0))
         accum(A, a, ir_matmul(A->g, g, b, !tb));
     if (want(A, n, 1))
@@ -413,7 +413,7 @@ static void grad_attention(Ad *A, IrNode *n, IrNode *g)
                            n->label ? n->label : "?");
         return;
     }
-    IrNode *o = n->ia[1] ? n : ir_attention_window(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[0], 1, n->ia[2]);
+    IrNode *o = n->ia[IR_IA_STATS] ? n : ir_attention_window(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[IR_IA_CAUSAL], 1, n->ia[IR_IA_WINDOW]);
     IrNode *b = ir_attention_grad(A->g, o, g);
     int r = q->rank;
     IrDim I = q->shape[r - 2], J = k->shape[r - 2];

@@ -317,7 +317,7 @@ int ir_epilogue_parts(const IrNode *const *nodes, int n, const IrNode *mm)
         if (!my || y == mm)
             continue;
         int to = my;
-        if (y->op == IR_SLICE && y->ia[0] == y->rank - 1 && ir_dim_is_const(y->d)) {
+        if (y->op == IR_SLICE && y->ia[IR_IA_AXIS] == y->rank - 1 && ir_dim_is_const(y->d)) {
             int64_t s = y->d.c;
             to = my & AT_OTHER;
             if (my & AT_OWN)

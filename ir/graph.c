@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -468,32 +469,55 @@ int ir_alias(IrGraph *g, const char *name, IrNode *target)
     return 0;
 }
 
-int ir_init_const(IrGraph *g, IrNode *p, double value)
+static const char *const init_names[IR_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq"};
+
+const char *ir_init_name(IrInitKind k) { return (unsigned)k < IR_NUM_INITS ? init_names[k] : "?"; }
+
+int ir_init_lookup(const char *name)
+{
+    for (int k = 0; k < IR_NUM_INITS; k++)
+        if (strcmp(init_names[k], name) == 0)
+            return k;
+    return -1;
+}
+
+const IrInit *ir_find_init(const IrGraph *g, const IrNode *p)
+{
+    for (int i = 0; i < g->ninits; i++)
+        if (g->inits[i].target == p)
+            return &g->inits[i];
+    return NULL;
+}
+
+int ir_init(IrGraph *g, IrNode *p, IrInitKind kind, double value)
 {
     if (!p)
         return -1;
-    if (p->op != IR_PARAM) {
-        ir_graph_set_error(g, "init: %%%s is not a param", p->label ? p->label : "?");
+    if (p->op != IR_PARAM && p->op != IR_BUFFER) {
+        ir_graph_set_error(g, "init: %%%s is not a param or buffer", p->label ? p->label : "?");
         return -1;
     }
-    for (int i = 0; i < g->ninits; i++)
-        if (g->inits[i].target == p) {
-            ir_graph_set_error(g, "init: param '%s' has an initial value already", p->s);
-            return -1;
-        }
-    if (g->ninits == g->initcap) {
-        int cap = g->initcap ? g->initcap * 2 : 4;
-        IrInit *a = realloc(g->inits, cap * sizeof *a);
-        if (!a) {
-            ir_graph_set_error(g, "out of memory");
-            return -1;
-        }
-        g->inits = a;
-        g->initcap = cap;
+    if ((unsigned)kind >= IR_NUM_INITS || !isfinite(value)) {
+        ir_graph_set_error(g, "init: bad rule for '%s'", p->s);
+        return -1;
     }
-    g->inits[g->ninits].target = p;
-    g->inits[g->ninits].value = value;
-    g->ninits++;
+    IrInit *r = (IrInit *)ir_find_init(g, p);
+    if (!r) {
+        if (g->ninits == g->initcap) {
+            int cap = g->initcap ? g->initcap * 2 : 4;
+            IrInit *a = realloc(g->inits, cap * sizeof *a);
+            if (!a) {
+                ir_graph_set_error(g, "out of memory");
+                return -1;
+            }
+            g->inits = a;
+            g->initcap = cap;
+        }
+        r = &g->inits[g->ninits++];
+    }
+    r->target = p;
+    r->kind = kind;
+    r->value = value;
     return 0;
 }
 
@@ -650,9 +674,9 @@ IrNode *ir_arange(IrGraph *g, IrDim start, IrDim len, IrDType t)
 IrNode *ir_relpos(IrGraph *g, IrDim nq, IrDim nk, int buckets, int max_distance, int causal)
 {
     IrNode p = proto_of(IR_RELPOS);
-    p.ia[0] = buckets;
-    p.ia[1] = max_distance;
-    p.ia[2] = causal;
+    p.ia[IR_IA_BUCKETS] = buckets;
+    p.ia[IR_IA_MAX_DISTANCE] = max_distance;
+    p.ia[IR_IA_REL_CAUSAL] = causal;
     p.dtype = IR_I64;
     p.rank = 2;
     p.shape[0] = nq;
@@ -702,7 +726,7 @@ IrNode *ir_reduce(IrGraph *g, IrOp op, IrNode *x, int axis)
         return NULL;
     IrNode p = proto_of(op);
     p.in[0] = x;
-    p.ia[0] = axis < 0 ? axis + x->rank : axis;
+    p.ia[IR_IA_AXIS] = axis < 0 ? axis + x->rank : axis;
     return ir_node(g, &p);
 }
 
@@ -714,7 +738,7 @@ IrNode *ir_kth_largest(IrGraph *g, IrNode *x, int64_t k)
 {
     IrNode p = proto_of(IR_KTH_LARGEST);
     p.in[0] = x;
-    p.ia[0] = k;
+    p.ia[IR_IA_K] = k;
     return ir_node(g, &p);
 }
 
@@ -760,7 +784,7 @@ IrNode *ir_slice(IrGraph *g, IrNode *x, int axis, IrDim start, IrDim len)
         return x;
     IrNode p = proto_of(IR_SLICE);
     p.in[0] = x;
-    p.ia[0] = axis;
+    p.ia[IR_IA_AXIS] = axis;
     p.d = start;
     p.dtype = x->dtype;
     p.rank = x->rank;
@@ -778,7 +802,7 @@ IrNode *ir_concat(IrGraph *g, IrNode *a, IrNode *b, int axis)
     IrNode p = proto_of(IR_CONCAT);
     p.in[0] = a;
     p.in[1] = b;
-    p.ia[0] = axis < 0 ? axis + a->rank : axis;
+    p.ia[IR_IA_AXIS] = axis < 0 ? axis + a->rank : axis;
     return ir_node(g, &p);
 }
 
@@ -800,7 +824,7 @@ IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b)
     IrNode p = proto_of(IR_MATMUL);
     p.in[0] = a;
     p.in[1] = b;
-    p.ia[0] = transpose_b;
+    p.ia[IR_IA_TRANSPOSE_B] = transpose_b;
     return ir_node(g, &p);
 }
 
@@ -827,7 +851,7 @@ IrNode *ir_rand(IrGraph *g, IrNode *seed, IrNode *like, int stream)
     IrNode p = proto_of(IR_RAND);
     p.in[0] = seed;
     p.in[1] = like;
-    p.ia[0] = stream;
+    p.ia[IR_IA_STREAM] = stream;
     return ir_node(g, &p);
 }
 
@@ -847,9 +871,9 @@ IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode 
     p.in[3] = bias ? bias : ir_const(g, 0, IR_F32);
     p.in[4] = mask ? mask : ir_const(g, 1, IR_BOOL);
     p.in[5] = scale;
-    p.ia[0] = causal;
-    p.ia[1] = stats;
-    p.ia[2] = window;
+    p.ia[IR_IA_CAUSAL] = causal;
+    p.ia[IR_IA_STATS] = stats;
+    p.ia[IR_IA_WINDOW] = window;
     return ir_node(g, &p);
 }
 
@@ -887,7 +911,7 @@ IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout)
     p.in[5] = o->in[3];
     p.in[6] = o->in[4];
     p.in[7] = o->in[5];
-    p.ia[0] = o->ia[0];
-    p.ia[1] = o->ia[2];
+    p.ia[IR_IA_GRAD_CAUSAL] = o->ia[IR_IA_CAUSAL];
+    p.ia[IR_IA_GRAD_WINDOW] = o->ia[IR_IA_WINDOW];
     return ir_node(g, &p);
 }

@@ -275,8 +275,8 @@ static int eval_arange(Interp *it, const IrNode *n, Val *out, const Val *const *
  * buckets for |n| <= 20000 in every setting tried, but this is the form torch evaluates.) */
 static int relpos_bucket(Interp *it, const IrNode *n, int64_t i, int64_t j, int64_t *bucket)
 {
-    int64_t nb = n->ia[0], max_distance = n->ia[1];
-    int causal = n->ia[2] != 0;
+    int64_t nb = n->ia[IR_IA_BUCKETS], max_distance = n->ia[IR_IA_MAX_DISTANCE];
+    int causal = n->ia[IR_IA_REL_CAUSAL] != 0;
     int64_t ret = 0, d = i - j;
     if (causal) {
         if (d < 0)
@@ -297,7 +297,7 @@ static int relpos_bucket(Interp *it, const IrNode *n, int64_t i, int64_t j, int6
     float r = logf((float)d / (float)max_exact) / den * (float)(nb - max_exact);
     if (isnan(r))
         return node_fail(it, n, "bucket of distance %lld is undefined (buckets %lld, max_distance %lld)",
-                         (long long)d, (long long)n->ia[0], (long long)max_distance);
+                         (long long)d, (long long)n->ia[IR_IA_BUCKETS], (long long)max_distance);
     if (r > 1e18f) /* +inf included: the min below clamps it anyway */
         r = 1e18f;
     if (r < -1e18f)
@@ -428,7 +428,7 @@ static int eval_sum(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     (void)it;
     int64_t outer, len, inner;
-    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    split_axis(in[0], (int)n->ia[IR_IA_AXIS], &outer, &len, &inner);
     memset(out->data, 0, sizeof(double) * (size_t)out->numel);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t k = 0; k < len; k++) {
@@ -443,7 +443,7 @@ static int eval_sum(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 static int eval_rmax(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     int64_t outer, len, inner;
-    split_axis(in[0], (int)n->ia[0], &outer, &len, &inner);
+    split_axis(in[0], (int)n->ia[IR_IA_AXIS], &outer, &len, &inner);
     if (len == 0 && out->numel > 0)
         return node_fail(it, n, "maximum over an empty axis");
     for (int64_t o = 0; o < outer; o++) {
@@ -545,7 +545,7 @@ static int eval_entmax15(Interp *it, const IrNode *n, Val *out, const Val *const
 static int eval_kth_largest(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     const Val *x = in[0];
-    int64_t len = x->shape[x->rank - 1], k = n->ia[0];
+    int64_t len = x->shape[x->rank - 1], k = n->ia[IR_IA_K];
     double *tmp = malloc(sizeof(double) * (size_t)(len ? len : 1));
     if (!tmp)
         return node_fail(it, n, "out of memory");
@@ -589,7 +589,7 @@ static int eval_permute(Interp *it, const IrNode *n, Val *out, const Val *const 
 
 static int eval_slice(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     int64_t start, outer, len, inner, xlen = in[0]->shape[axis];
     if (ii_dim_value(it, n, n->d, &start) < 0)
         return -1;
@@ -605,7 +605,7 @@ static int eval_slice(Interp *it, const IrNode *n, Val *out, const Val *const *i
 
 static int eval_concat(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     int64_t outer, len, inner, la = in[0]->shape[axis], lb = in[1]->shape[axis];
     split_axis(out, axis, &outer, &len, &inner);
     if (la + lb != len)
@@ -669,7 +669,7 @@ static int eval_gather_grad(Interp *it, const IrNode *n, Val *out, const Val *co
 static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *in)
 {
     const Val *a = in[0], *b = in[1];
-    int tb = n->ia[0] != 0, r = out->rank;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, r = out->rank;
     int64_t m = out->shape[r - 2], nn = out->shape[r - 1], k = a->shape[a->rank - 1];
     int64_t bk = b->shape[b->rank - (tb ? 1 : 2)], bn = b->shape[b->rank - (tb ? 2 : 1)];
     if (a->shape[a->rank - 2] != m || bk != k || bn != nn)
@@ -735,7 +735,7 @@ static int eval_rand(Interp *it, const IrNode *n, Val *out, const Val *const *in
     (void)it;
     int64_t seed = (int64_t)in[0]->data[0];
     for (int64_t i = 0; i < out->numel; i++)
-        out->data[i] = rand_at(seed, n->ia[0], i);
+        out->data[i] = rand_at(seed, n->ia[IR_IA_STREAM], i);
     return 0;
 }
 
@@ -824,7 +824,7 @@ static const OpImpl op_impl[] = {
     [IR_OR]      = {eval_map2, 0, f_or},      /* bool a || b */
     [IR_WHERE]   = {eval_where, 0, 0},        /* cond ? a : b, three-way broadcast */
 
-    /* reductions over ia[0], the axis kept with size 1 */
+    /* reductions over the axis attribute, the axis kept with size 1 */
     [IR_SUM]     = {eval_sum, 0, 0},          /* sum; 0 over an empty axis */
     [IR_RMAX]    = {eval_rmax, 0, 0},         /* max, NaN propagates; empty axis is an error */
     [IR_SOFTMAX] = {eval_softmax, 0, 0},      /* last axis: e^(x - max) / sum */
@@ -834,22 +834,22 @@ static const OpImpl op_impl[] = {
     /* data movement */
     [IR_RESHAPE] = {eval_reshape, 0, 0},      /* row-major reinterpretation */
     [IR_PERMUTE] = {eval_permute, 0, 0},      /* out.shape[i] = in.shape[perm[i]] */
-    [IR_SLICE]   = {eval_slice, 0, 0},        /* axis ia[0], [eval(d), eval(d) + len) */
-    [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis ia[0] */
+    [IR_SLICE]   = {eval_slice, 0, 0},        /* axis, [eval(d), eval(d) + len) */
+    [IR_CONCAT]  = {eval_concat, 0, 0},       /* a then b along axis */
     [IR_EXPAND]  = {eval_expand, 0, 0},       /* broadcast to the node's shape */
     [IR_GATHER]  = {eval_gather, 0, 0},       /* table[V, D] rows; index outside [0, V) is an error */
     [IR_GATHER_GRAD] = {eval_gather_grad, 0, 0}, /* zeros[rows, D], then row idx[i] += src[i]; index
                                                     outside [0, rows) is an error */
 
     /* contractions */
-    [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; ia[0]: b is [.., n, k] */
+    [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; transpose_b: b is [.., n, k] */
 
     /* losses */
     [IR_XENT]    = {eval_xent, 0, 0},         /* mean over targets >= 0 of lse(z) - z[t]; target >= V
                                                  is an error; 0 if none counts */
 
     /* random numbers */
-    [IR_RAND]    = {eval_rand, 0, 0},         /* [i] = rand_at(seed, ia[0], i), x only gives the shape */
+    [IR_RAND]    = {eval_rand, 0, 0},         /* [i] = rand_at(seed, stream, i), x only gives the shape */
 
     /* fused ops (interp_fused.c): what the subgraphs they replace compute */
     [IR_ATTENTION]      = {eval_fused, 0, 0},  /* softmax(scale q k^T + bias, masked) v (+ logsumexp) */

@@ -72,8 +72,8 @@ static void att_init(Att *a, const IrNode *n, const IrFusedArg *q, const IrFused
     bcast_strides(bias, a->r, full, a->bst);
     bcast_strides(mask, a->r, full, a->mst);
     bcast_strides(scale, a->r, full, a->sst);
-    a->causal = n->ia[0] != 0;
-    a->window = n->op == IR_ATTENTION ? n->ia[2] : n->ia[1];
+    a->causal = n->ia[IR_IA_CAUSAL] != 0;
+    a->window = n->op == IR_ATTENTION ? n->ia[IR_IA_WINDOW] : n->ia[IR_IA_GRAD_WINDOW];
 }
 
 /* offsets of batch index bi in bias, mask and scale */
@@ -150,7 +150,7 @@ int ir_fused_attention(const IrNode *n, const IrFusedArg *in, const int64_t *out
 {
     Att a;
     att_init(&a, n, &in[0], &in[1], &in[2], &in[3], &in[4], &in[5]);
-    int stats = n->ia[1] != 0;
+    int stats = n->ia[IR_IA_STATS] != 0;
     int64_t ocols = out_shape[a.r - 1]; /* E, or E + 1 with stats */
     double *s, *p;
     char *keep;

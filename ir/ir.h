@@ -85,6 +85,23 @@ int64_t ir_dim_eval(IrDim a, const int64_t *symvals);
 /* Writes "n+3", "m+n", "64"; returns buf. */
 char *ir_dim_str(const struct IrGraph *g, IrDim a, char *buf, size_t n);
 
+/* Indices into IrNode.ia[], named after the i-attributes of ops.def's signatures (an op's
+ * k-th "i:" attribute is ia[k]; test_ir_text checks every name here against ops.def). */
+enum {
+    IR_IA_AXIS = 0,         /* the reductions, slice, concat */
+    IR_IA_K = 0,            /* kth_largest */
+    IR_IA_TRANSPOSE_B = 0,  /* matmul */
+    IR_IA_STREAM = 0,       /* rand_like */
+    IR_IA_BUCKETS = 0,      /* relpos_bucket: buckets, max_distance, causal */
+    IR_IA_MAX_DISTANCE = 1,
+    IR_IA_REL_CAUSAL = 2,
+    IR_IA_CAUSAL = 0,       /* attention: causal, stats, window */
+    IR_IA_STATS = 1,
+    IR_IA_WINDOW = 2,
+    IR_IA_GRAD_CAUSAL = 0,  /* attention_grad: causal, window */
+    IR_IA_GRAD_WINDOW = 1,
+};
+
 typedef struct IrNode {
     int id;             /* index in graph->nodes, topological */
     IrOp op;
@@ -115,11 +132,25 @@ typedef struct {
     IrNode *target;
 } IrAlias;
 
-/* The value a parameter starts at when xtc initialises fresh weights, where the model fixes it
- * (x-transformers' zero_init_* options, qk_norm's scale_init_value): the module carries it to
- * xtc init and xtc train. Nothing at run time reads it. */
+/* How a parameter or buffer starts when xtc initialises fresh weights (xtc init, xtc train):
+ * the lowering records one rule per leaf, from the module that creates it (x-transformers' Linear,
+ * Embedding, norms, the zero_init_* options, qk_norm's scale_init_value, ...), and the module
+ * carries it to the runtime, which fills the tensor by it (runtime/init.c). Nothing at run time
+ * reads it. The value is the rule's one parameter: */
+typedef enum {
+    IR_INIT_CONST,    /* every element = value */
+    IR_INIT_NORMAL,   /* N(0, value^2) */
+    IR_INIT_UNIFORM,  /* U(-value, value) */
+    IR_INIT_ALIBI,    /* [.., heads, ..]: log of ALiBi's fixed slope of each head (value unused, 0) */
+    IR_INIT_INV_FREQ, /* [n]: 1 / value^(k / n), rotary's inverse frequencies (value: the base) */
+    IR_NUM_INITS
+} IrInitKind;
+const char *ir_init_name(IrInitKind k); /* "const", "normal", "uniform", "alibi", "inv_freq" */
+int ir_init_lookup(const char *name);   /* -1 if unknown */
+
 typedef struct {
-    IrNode *target; /* the PARAM */
+    IrNode *target; /* the PARAM or BUFFER */
+    IrInitKind kind;
     double value;
 } IrInit;
 
@@ -226,8 +257,10 @@ int ir_output(IrGraph *g, const char *name, IrNode *n);
 /* Declares name as another name of the PARAM or BUFFER leaf target. */
 int ir_alias(IrGraph *g, const char *name, IrNode *target);
 const IrAlias *ir_find_alias(const IrGraph *g, const char *name);
-/* Fresh weights of the PARAM p start at the constant value (IrInit); once per parameter. */
-int ir_init_const(IrGraph *g, IrNode *p, double value);
+/* Fresh weights of the PARAM or BUFFER p start by this rule (IrInit); a later rule for the same
+ * leaf replaces the earlier one (zero_init_output over a Linear's default). */
+int ir_init(IrGraph *g, IrNode *p, IrInitKind kind, double value);
+const IrInit *ir_find_init(const IrGraph *g, const IrNode *p); /* NULL: no rule */
 IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name);
 
 /* Shape inference for one node (ops.def's infer column); NULL or an error message. */

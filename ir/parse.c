@@ -29,6 +29,7 @@
 #include "ir.h"
 
 #include <assert.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -833,7 +834,7 @@ static int parse_alias(Parser *P)
     return 0;
 }
 
-/* init %param = number ('init' already read) */
+/* init %leaf = [RULE] number ('init' already read; RULE: ir_init_name, none: const) */
 static int parse_init(Parser *P)
 {
     skip_ws(P);
@@ -841,10 +842,24 @@ static int parse_init(Parser *P)
     IrNode *n = use_value(P);
     if (!n || expect(P, '=', "'=' after the parameter") < 0)
         return -1;
+    skip_ws(P);
+    int kind = IR_INIT_CONST;
+    if (isalpha((unsigned char)*P->p)) {
+        const char *w = P->p;
+        char name[16];
+        size_t len = 0;
+        while (isalnum((unsigned char)P->p[len]) || P->p[len] == '_')
+            len++;
+        snprintf(name, sizeof name, "%.*s", (int)len, w);
+        kind = len < sizeof name ? ir_init_lookup(name) : -1;
+        if (kind < 0)
+            return perr(P, w, "unknown init rule '%.*s' (const, normal, uniform, alibi, inv_freq)", (int)len, w);
+        P->p += len;
+    }
     double v;
     if (read_float(P, &v) < 0 || check_eol(P) < 0)
         return -1;
-    if (ir_init_const(P->g, n, v) < 0)
+    if (ir_init(P->g, n, (IrInitKind)kind, v) < 0)
         return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
     return 0;
 }

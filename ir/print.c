@@ -247,6 +247,10 @@ static void print_graph(Buf *b, const IrGraph *g)
         put(b, "  init ");
         put_value(b, g->inits[i].target);
         put(b, " = ");
+        if (g->inits[i].kind != IR_INIT_CONST) { /* a constant is the number alone */
+            put(b, ir_init_name(g->inits[i].kind));
+            put(b, " ");
+        }
         put_double(b, g->inits[i].value);
         put(b, "\n");
     }

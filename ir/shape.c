@@ -71,7 +71,7 @@ static const char *infer_relpos(IrNode *n, char *buf, size_t nb)
 {
     if (n->rank != 2 || n->dtype != IR_I64)
         return fail(buf, nb, "relpos_bucket is i64[I, J]");
-    if (n->ia[0] < 2 || n->ia[1] < 1)
+    if (n->ia[IR_IA_BUCKETS] < 2 || n->ia[IR_IA_MAX_DISTANCE] < 1)
         return fail(buf, nb, "relpos_bucket needs buckets >= 2 and max_distance >= 1");
     return NULL;
 }
@@ -184,7 +184,7 @@ static const char *infer_where(IrNode *n, char *buf, size_t nb)
 static const char *infer_reduce(IrNode *n, char *buf, size_t nb)
 {
     IrNode *x = n->in[0];
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     if (axis < 0 || axis >= x->rank)
         return fail(buf, nb, "axis %d out of range for rank %d", axis, x->rank);
     if (x->dtype != IR_F32)
@@ -204,8 +204,8 @@ static const char *infer_kth(IrNode *n, char *buf, size_t nb)
         return fail(buf, nb, "expects f32, got %s", ir_dtype_name(x->dtype));
     if (x->rank < 1)
         return fail(buf, nb, "kth_largest of a scalar");
-    if (n->ia[0] < 1)
-        return fail(buf, nb, "k must be at least 1, got %lld", (long long)n->ia[0]);
+    if (n->ia[IR_IA_K] < 1)
+        return fail(buf, nb, "k must be at least 1, got %lld", (long long)n->ia[IR_IA_K]);
     n->dtype = IR_F32;
     n->rank = x->rank;
     memcpy(n->shape, x->shape, sizeof n->shape);
@@ -278,7 +278,7 @@ static const char *infer_permute(IrNode *n, char *buf, size_t nb)
 static const char *infer_slice(IrNode *n, char *buf, size_t nb)
 {
     IrNode *x = n->in[0];
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     if (axis < 0 || axis >= x->rank)
         return fail(buf, nb, "axis %d out of range for rank %d", axis, x->rank);
     if (n->rank != x->rank)
@@ -298,7 +298,7 @@ static const char *infer_slice(IrNode *n, char *buf, size_t nb)
 static const char *infer_concat(IrNode *n, char *buf, size_t nb)
 {
     IrNode *a = n->in[0], *b = n->in[1];
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     if (a->rank != b->rank || a->dtype != b->dtype)
         return fail(buf, nb, "operands differ in rank or dtype");
     if (axis < 0 || axis >= a->rank)
@@ -372,7 +372,7 @@ static const char *infer_matmul(IrNode *n, char *buf, size_t nb)
         return fail(buf, nb, "expects f32 operands");
     if (a->rank < 2 || b->rank < 2)
         return fail(buf, nb, "operands must have rank >= 2");
-    int tb = n->ia[0] != 0;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0;
     IrDim m = a->shape[a->rank - 2], k = a->shape[a->rank - 1];
     IrDim kb = b->shape[b->rank - (tb ? 1 : 2)], nn = b->shape[b->rank - (tb ? 2 : 1)];
     if (!ir_dim_eq(k, kb)) {
@@ -421,7 +421,7 @@ static const char *infer_rand(IrNode *n, char *buf, size_t nb)
     IrNode *seed = n->in[0], *x = n->in[1];
     if (!ir_dtype_is_int(seed->dtype) || seed->rank != 0)
         return fail(buf, nb, "rand_like's seed is an integer scalar");
-    if (n->ia[0] < 0)
+    if (n->ia[IR_IA_STREAM] < 0)
         return fail(buf, nb, "rand_like's stream is not negative");
     n->dtype = IR_F32;
     n->rank = x->rank;
@@ -466,7 +466,7 @@ static const char *check_attention_operands(const IrNode *n, const IrNode *const
         return fail(buf, nb, "q and k differ in their last dimension");
     if (!ir_dim_eq(k->shape[r - 2], v->shape[r - 2]))
         return fail(buf, nb, "k and v differ in their number of keys");
-    if (n->ia[0] != 0 && n->ia[0] != 1)
+    if (n->ia[IR_IA_CAUSAL] != 0 && n->ia[IR_IA_CAUSAL] != 1)
         return fail(buf, nb, "causal is 0 or 1");
     const char *e = check_scores_operand(bias, q, k->shape[r - 2], "bias", buf, nb);
     if (!e)
@@ -484,15 +484,15 @@ static const char *infer_attention(IrNode *n, char *buf, size_t nb)
     const char *e = check_attention_operands(n, (const IrNode *const *)n->in, buf, nb);
     if (e)
         return e;
-    if (n->ia[1] != 0 && n->ia[1] != 1)
+    if (n->ia[IR_IA_STATS] != 0 && n->ia[IR_IA_STATS] != 1)
         return fail(buf, nb, "stats is 0 or 1");
-    if (n->ia[2] < 0)
+    if (n->ia[IR_IA_WINDOW] < 0)
         return fail(buf, nb, "window is 0 (none) or a positive number of keys");
     const IrNode *q = n->in[0], *v = n->in[2];
     n->dtype = IR_F32;
     n->rank = q->rank;
     memcpy(n->shape, q->shape, sizeof n->shape);
-    n->shape[q->rank - 1] = ir_dim_addc(v->shape[v->rank - 1], n->ia[1]);
+    n->shape[q->rank - 1] = ir_dim_addc(v->shape[v->rank - 1], n->ia[IR_IA_STATS]);
     return NULL;
 }
 
@@ -506,7 +506,7 @@ static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
         return e;
     const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->in[3], *dout = n->in[4];
     int r = q->rank;
-    if (o->op != IR_ATTENTION || o->ia[1] != 1 || o->ia[0] != n->ia[0] || o->ia[2] != n->ia[1])
+    if (o->op != IR_ATTENTION || o->ia[IR_IA_STATS] != 1 || o->ia[IR_IA_CAUSAL] != n->ia[IR_IA_GRAD_CAUSAL] || o->ia[IR_IA_WINDOW] != n->ia[IR_IA_GRAD_WINDOW])
         return fail(buf, nb, "operand 4 must be the attention (with stats) whose gradient this is");
     for (int i = 0; i < 6; i++)
         if (o->in[i] != x[i])

@@ -1,4 +1,4 @@
-/* fuse_attention.c: the attention fusion (ISSUE 5, section 2; STYLE.md, practice 4).
+/* fuse_attention.c: the attention fusion (STYLE.md, practice 4).
  *
  * Requires: a graph that verifies, after cse (the recognizer of match.h matches the lowering's
  * subgraphs in cse's operand order); for the backward half, a graph differentiated by
@@ -221,17 +221,17 @@ static int match_backward(const IrGraph *g, const Users *u, const int *uses, Fus
         return 0;
     /* dV = matmul(P^T, dO) */
     const IrNode *dvn = sole_user(g, u, uses, tP);
-    if (!dvn || dvn->op != IR_MATMUL || dvn->ia[0] != 0 || dvn->in[0] != tP)
+    if (!dvn || dvn->op != IR_MATMUL || dvn->ia[IR_IA_TRANSPOSE_B] != 0 || dvn->in[0] != tP)
         return 0;
     const IrNode *gout = dvn->in[1];
     /* m1 = P dP, summed over the last axis; m2 = P (dP - sum) */
     for (int swap = 0; swap < 2; swap++) {
         const IrNode *a = swap ? m2 : m1, *b = swap ? m1 : m2;
         const IrNode *dP = a->in[0] == P ? a->in[1] : a->in[0];
-        if (!is_mul_of(a, P, dP) || dP->op != IR_MATMUL || dP->ia[0] != 1 || dP->in[0] != gout || dP->in[1] != m->v)
+        if (!is_mul_of(a, P, dP) || dP->op != IR_MATMUL || dP->ia[IR_IA_TRANSPOSE_B] != 1 || dP->in[0] != gout || dP->in[1] != m->v)
             continue;
         const IrNode *dot = sole_user(g, u, uses, a);
-        if (!dot || dot->op != IR_SUM || dot->ia[0] != r - 1)
+        if (!dot || dot->op != IR_SUM || dot->ia[IR_IA_AXIS] != r - 1)
             continue;
         const IrNode *sb = sole_user(g, u, uses, dot);
         if (!sb || sb->op != IR_SUB || sb->in[0] != dP || sb->in[1] != dot || !is_mul_of(b, P, sb))
@@ -271,10 +271,10 @@ chain:;
         b = t;
     }
     /* dQ = matmul(dS, k); dK = matmul(dS^T, q) */
-    if (a->op != IR_MATMUL || a->ia[0] != 0 || a->in[0] != dqk || a->in[1] != m->k || !is_transpose_last2(b, dqk))
+    if (a->op != IR_MATMUL || a->ia[IR_IA_TRANSPOSE_B] != 0 || a->in[0] != dqk || a->in[1] != m->k || !is_transpose_last2(b, dqk))
         return 0;
     const IrNode *dkn = sole_user(g, u, uses, b);
-    if (!dkn || dkn->op != IR_MATMUL || dkn->ia[0] != 0 || dkn->in[0] != b || dkn->in[1] != m->q)
+    if (!dkn || dkn->op != IR_MATMUL || dkn->ia[IR_IA_TRANSPOSE_B] != 0 || dkn->in[0] != b || dkn->in[1] != m->q)
         return 0;
     /* the forward interior has no reader but the forward */
     const IrNode *inner[] = {m->qk, m->scores, m->add, m->masked, m->causal};

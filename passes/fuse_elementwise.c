@@ -1,4 +1,4 @@
-/* fuse_elementwise.c: elementwise and row fusion (ISSUE 5, section 2: chains of elementwise ops
+/* fuse_elementwise.c: elementwise and row fusion (chains of elementwise ops
  * generally, bias + activation, residual norms, softmax + cross-entropy, GLU).
  *
  * Requires: a graph that verifies; after the attention fusion, so that attention is taken whole
@@ -87,13 +87,13 @@ static int is_const_like(const IrNode *x)
 
 static int is_row_op(const IrNode *x)
 {
-    return ((x->op == IR_SUM || x->op == IR_RMAX) && x->in[0]->rank >= 1 && x->ia[0] == x->in[0]->rank - 1) ||
+    return ((x->op == IR_SUM || x->op == IR_RMAX) && x->in[0]->rank >= 1 && x->ia[IR_IA_AXIS] == x->in[0]->rank - 1) ||
            x->op == IR_SOFTMAX;
 }
 
 static int is_last_slice(const IrNode *x)
 {
-    return x->op == IR_SLICE && x->ia[0] == x->rank - 1 && ir_dim_is_const(x->d) && ir_dim_is_const(x->shape[x->rank - 1]);
+    return x->op == IR_SLICE && x->ia[IR_IA_AXIS] == x->rank - 1 && ir_dim_is_const(x->d) && ir_dim_is_const(x->shape[x->rank - 1]);
 }
 
 static int is_const_like(const IrNode *x);
@@ -102,7 +102,7 @@ static int is_const_like(const IrNode *x);
  * halves; not a slice's gradient, which pads with a constant: constants inline as scalars) */
 static int is_last_concat(const IrNode *x)
 {
-    if (x->op != IR_CONCAT || x->ia[0] != x->rank - 1 || is_const_like(x->in[0]) || is_const_like(x->in[1]))
+    if (x->op != IR_CONCAT || x->ia[IR_IA_AXIS] != x->rank - 1 || is_const_like(x->in[0]) || is_const_like(x->in[1]))
         return 0;
     IrDim a = x->in[0]->shape[x->rank - 1], b = x->in[1]->shape[x->rank - 1];
     return ir_dim_is_const(a) && ir_dim_is_const(b) && a.c > 0 && b.c > 0;
@@ -230,7 +230,7 @@ static int write_program(const Ctx *c, Grow *gr, const int *ext, int next, char 
         if (m->op == IR_CAST)
             st->cast_to = m->dtype;
         if (m->op == IR_MATMUL)
-            st->start = m->ia[0];
+            st->start = m->ia[IR_IA_TRANSPOSE_B];
         if (m->op == IR_PERMUTE) {
             st->nperm = m->rank;
             memcpy(st->perm, m->perm, sizeof st->perm);

@@ -1,4 +1,4 @@
-/* match.h: recognizers for the subgraphs the fusion passes replace (ISSUE 5, section 2).
+/* match.h: recognizers for the subgraphs the fusion passes replace.
  *
  * Each recognizer takes the root of a candidate subgraph and fills a description of its parts,
  * matching exactly what frontend/lower.c emits after the cleanup passes (cse's operand order

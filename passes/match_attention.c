@@ -53,7 +53,7 @@ static int match_scores(const IrNode *s, PassAttention *m)
         return 0;
     for (int side = 0; side < 2; side++) {
         const IrNode *qk = s->in[side], *scale = s->in[1 - side];
-        if (qk->op != IR_MATMUL || qk->ia[0] != 1 || !pass_same_shape(qk, s))
+        if (qk->op != IR_MATMUL || qk->ia[IR_IA_TRANSPOSE_B] != 1 || !pass_same_shape(qk, s))
             continue;
         m->qk = qk;
         m->q = qk->in[0];
@@ -69,7 +69,7 @@ static int match_scores(const IrNode *s, PassAttention *m)
 int pass_match_attention(const IrNode *out, PassAttention *m)
 {
     memset(m, 0, sizeof *m);
-    if (out->op != IR_MATMUL || out->ia[0] != 0 || out->in[0]->op != IR_SOFTMAX)
+    if (out->op != IR_MATMUL || out->ia[IR_IA_TRANSPOSE_B] != 0 || out->in[0]->op != IR_SOFTMAX)
         return 0;
     m->out = out;
     m->softmax = out->in[0];

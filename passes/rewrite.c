@@ -122,9 +122,9 @@ IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char 
             goto fail;
         }
     }
-    for (int k = 0; k < g->ninits; k++) { /* a parameter's fixed initial value, if it is still used */
+    for (int k = 0; k < g->ninits; k++) { /* a leaf's initialisation rule, if it is still used */
         IrNode *img = map[g->inits[k].target->id];
-        if (img && ir_init_const(ng, img, g->inits[k].value) < 0) {
+        if (img && ir_init(ng, img, g->inits[k].kind, g->inits[k].value) < 0) {
             snprintf(err, n, "init of '%s': %s", g->inits[k].target->s,
                      ir_graph_error(ng) ? ir_graph_error(ng) : "out of memory");
             goto fail;

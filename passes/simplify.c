@@ -120,9 +120,9 @@ static IrNode *simplify_view(PassRewriter *rw, IrNode *p)
         return ir_permute(g, x, perm);
     }
     case IR_SLICE: {
-        int axis = (int)p->ia[0];
+        int axis = (int)p->ia[IR_IA_AXIS];
         IrDim start = p->d;
-        if (x->op == IR_SLICE && x->ia[0] == axis) {
+        if (x->op == IR_SLICE && x->ia[IR_IA_AXIS] == axis) {
             start = ir_dim_add(start, x->d);
             x = x->in[0];
         }

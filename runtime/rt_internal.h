@@ -31,7 +31,8 @@ typedef struct {
     int first, last;                /* temps: steps that write it first and read it last */
     int has_range;                  /* inputs used as indices: valid values [lo, hi) */
     int64_t lo, hi;
-    int has_init;                   /* params: fresh weights start at init (the init line) */
+    int has_init;                   /* params, state: fresh values start by init_rule (XtcInitRule) */
+    int init_rule;                  /* with its parameter init (the init line) */
     double init;
 } RtBuffer;
 

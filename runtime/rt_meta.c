@@ -363,18 +363,27 @@ static int record(Parser *p)
         if (m->bufs[a->buf].kind != RT_BUF_PARAM && m->bufs[a->buf].kind != RT_BUF_STATE)
             return bad(p, "alias '%s' of a buffer that is not a weight", a->name);
         m->naliases++;
-    } else if (strcmp(kind, "init") == 0) {
-        int b = 0;
-        if (need(p, 3) < 0 || parse_index(p, t[1], 0, m->nbufs, &b) < 0)
+    } else if (strcmp(kind, "init") == 0) { /* init BUFFER RULE VALUE, or BUFFER VALUE (const) */
+        int b = 0, rule = XTC_INIT_CONST;
+        if ((p->ntok != 3 && need(p, 4) < 0) || parse_index(p, t[1], 0, m->nbufs, &b) < 0)
             return -1;
+        const char *vt = t[2];
+        if (p->ntok == 4) {
+            for (rule = 0; rule < XTC_NUM_INITS && strcmp(t[2], xtc_init_rule_name(rule)) != 0; rule++)
+                ;
+            if (rule == XTC_NUM_INITS)
+                return bad(p, "unknown init rule '%s'", t[2]);
+            vt = t[3];
+        }
         char *end = NULL;
         errno = 0;
-        double v = strtod(t[2], &end);
-        if (!*t[2] || *end || errno || !isfinite(v))
-            return bad(p, "bad initial value '%s'", t[2]);
-        if (m->bufs[b].kind != RT_BUF_PARAM || m->bufs[b].has_init)
-            return bad(p, "init of buffer %s, which is not a parameter or has one already", t[1]);
+        double v = strtod(vt, &end);
+        if (!*vt || *end || errno || !isfinite(v))
+            return bad(p, "bad initial value '%s'", vt);
+        if ((m->bufs[b].kind != RT_BUF_PARAM && m->bufs[b].kind != RT_BUF_STATE) || m->bufs[b].has_init)
+            return bad(p, "init of buffer %s, which is not a weight or has one already", t[1]);
         m->bufs[b].has_init = 1;
+        m->bufs[b].init_rule = rule;
         m->bufs[b].init = v;
     } else if (strcmp(kind, "range") == 0) {
         if (need(p, 4) < 0 || !name_field(p, t[1]))

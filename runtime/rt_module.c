@@ -12,6 +12,11 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+const char *xtc_version(void)
+{
+    return XTC_VERSION;
+}
+
 const char *xtc_status_name(int status)
 {
     static const char *names[] = {
@@ -297,9 +302,10 @@ int xtc_module_param_init(const XtcModule *m, const char *name, double *value)
     if (i < 0)
         return -1;
     const RtBuffer *b = &m->bufs[m->by_kind[kind_index(XTC_PARAM)][i]];
-    if (b->has_init && value)
+    int fixed = b->has_init && b->init_rule == XTC_INIT_CONST;
+    if (fixed && value)
         *value = b->init;
-    return b->has_init;
+    return fixed;
 }
 
 int xtc_module_num_symbols(const XtcModule *m) { return loaded(m) ? m->nsyms : 0; }
@@ -419,9 +425,12 @@ int xtc_module_describe(const XtcModule *m, FILE *out)
                 if (b->has_range)
                     fprintf(out, "  values in [%lld, %lld)", (long long)b->lo, (long long)b->hi);
             }
-            double v;
-            if (kinds[k] == XTC_PARAM && xtc_module_param_init(m, ti.name, &v) == 1)
-                fprintf(out, "  starts at %.17g", v);
+            const RtBuffer *w = kinds[k] == XTC_PARAM || kinds[k] == XTC_STATE
+                                    ? &m->bufs[m->by_kind[kind_index(kinds[k])][i]] : NULL;
+            if (w && w->has_init && w->init_rule == XTC_INIT_CONST)
+                fprintf(out, "  starts at %.17g", w->init);
+            else if (w && w->has_init)
+                fprintf(out, "  starts %s %.9g", xtc_init_rule_name(w->init_rule), w->init);
             fputc('\n', out);
         }
     }

@@ -15,6 +15,7 @@
  * host arena of such a session holds only the outputs, in f32, where the device copies them
  * back. */
 #include "rt_session.h"
+#include "init.h"
 
 #include <errno.h>
 #include <math.h>
@@ -363,6 +364,31 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
     if (bytes)
         memcpy(copy, data, bytes);
     rs_bind_buffer(s, b, copy, rank, shape);
+    return XTC_OK;
+}
+
+int xtc_session_init_weights(XtcSession *s, uint64_t seed)
+{
+    if (!rs_ready(s, "xtc_session_init_weights"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    /* the order of xtc init (cli/cmd_compile.c): parameters, then state buffers, each drawing
+     * from one generator, so that the same seed gives the same values */
+    RtRng rng;
+    rt_rng_seed(&rng, seed);
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(s->m, (XtcKind)kind); i++) {
+            XtcTensorInfo t;
+            xtc_module_tensor(s->m, (XtcKind)kind, i, &t);
+            int64_t n = rs_numel_of(t.rank, t.shape);
+            float *data = rt_malloc((size_t)(n ? n : 1) * sizeof *data);
+            if (!data)
+                return rs_fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", t.name);
+            rt_init_module_param(s->m, t.name, t.rank, t.shape, data, &rng);
+            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, data);
+            free(data);
+            if (st)
+                return st;
+        }
     return XTC_OK;
 }
 

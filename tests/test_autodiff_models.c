@@ -38,7 +38,7 @@ static void check_roundtrip(const IrGraph *g)
 
 /* ---- whole models: x-transformers parity gradients through the interpreter ----
  *
- * Every case of ../shared/parity. The ten of the issue (required = 1) must lower and pass; any
+ * Every case of ../shared/parity. The ten required cases (required = 1) must lower and pass; any
  * other case must pass too when the language accepts it, or be refused by name ("... is not
  * supported yet"). Inputs come from the case's files; three kinds need more than that:
  *   transformer_xl  segment 2 alone: tokens2/targets2, and segment 1's mems from

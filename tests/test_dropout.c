@@ -82,7 +82,9 @@ static void bind_init(Bind *b, const IrGraph *g, int64_t seed)
         ck_assert_int_lt(b->nw, 256);
         b->names[b->nw] = n->s;
         b->w[b->nw] = malloc((size_t)numel * sizeof(float));
-        rt_init_tensor(n->s, n->rank, shape, b->w[b->nw], &r);
+        const IrInit *rule = ir_find_init(g, n);
+        ck_assert_msg(rule, "%s has no init rule", n->s);
+        rt_init_by_name(ir_init_name(rule->kind), rule->value, n->rank, shape, b->w[b->nw], &r);
         for (int64_t k = 0; k < numel; k++) /* away from special values */
             b->w[b->nw][k] += (float)(0.05 * rt_rng_normal(&r));
         b->nw++;

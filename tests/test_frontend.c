@@ -624,39 +624,62 @@ START_TEST(lowering_refusals)
 }
 END_TEST
 
-/* Initial values the model fixes (ir.h IrInit): zero_init_branch_output zeroes to_out and the
- * feed-forward's last Linear, weight and bias; qk_norm's log-temperature starts at
- * -log(log2(L^2 - L)) under use_qk_norm_attn, scale_init_value otherwise, -3 by default. */
+/* The initialisation rules the lowering records (ir.h IrInit), one per weight: x-transformers
+ * 0.23.0's Linear, Embedding and norm defaults, the constants it sets by hand (gate_values,
+ * head_scale, scale_residual, Rezero), GRU gating's and talking heads' torch defaults, ALiBi's
+ * learned slopes, rotary's inverse frequencies; zero_init_branch_output over a Linear's default;
+ * qk_norm's log-temperature at -log(log2(L^2 - L)) under use_qk_norm_attn, scale_init_value
+ * otherwise, -3 by default. */
 START_TEST(initial_values)
 {
     static const struct {
-        const char *layers;
-        int ninits;
-        const char *name;
+        const char *layers, *name;
+        IrInitKind kind;
         double value;
     } cases[] = {
-        {"Decoder(dim = 16, depth = 2, zero_init_branch_output = true)", 8, "attn_layers.layers.3.1.net.3.bias", 0},
-        {"Decoder(dim = 16, depth = 1, attn_zero_init_output = true)", 2, "attn_layers.layers.0.1.to_out.weight", 0},
-        {"Decoder(dim = 16, depth = 1, ff_zero_init_output = true)", 2, "attn_layers.layers.1.1.net.3.weight", 0},
-        {"Decoder(dim = 16, depth = 1, use_qk_norm_attn = true, qk_norm_attn_seq_len = 32)", 1,
-         "attn_layers.layers.0.1.scale", -2.297994202000669},
-        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true, attn_scale_init_value = -1.5)", 1,
-         "attn_layers.layers.0.1.scale", -1.5},
-        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true)", 1, "attn_layers.layers.0.1.scale", -3},
-        {"Decoder(dim = 16, depth = 1)", 0, NULL, 0},
+        {"Decoder(dim = 16, depth = 2, zero_init_branch_output = true)", "attn_layers.layers.3.1.net.3.bias", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 2, zero_init_branch_output = true)", "attn_layers.layers.3.1.net.0.0.bias", IR_INIT_UNIFORM, 0.25},
+        {"Decoder(dim = 16, depth = 1, attn_zero_init_output = true)", "attn_layers.layers.0.1.to_out.weight", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 1, ff_zero_init_output = true)", "attn_layers.layers.1.1.net.3.weight", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 1, use_qk_norm_attn = true, qk_norm_attn_seq_len = 32)",
+         "attn_layers.layers.0.1.scale", IR_INIT_CONST, -2.297994202000669},
+        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true, attn_scale_init_value = -1.5)",
+         "attn_layers.layers.0.1.scale", IR_INIT_CONST, -1.5},
+        {"Decoder(dim = 16, depth = 1, attn_qk_norm = true)", "attn_layers.layers.0.1.scale", IR_INIT_CONST, -3},
+        {"Decoder(dim = 16, depth = 1)", "token_emb.weight", IR_INIT_NORMAL, 0.35355339059327379}, /* sqrt(2/16) */
+        {"Decoder(dim = 16, depth = 1)", "pos_emb.emb.weight", IR_INIT_NORMAL, 1},
+        {"Decoder(dim = 16, depth = 1)", "attn_layers.layers.0.1.to_q.weight", IR_INIT_UNIFORM, 0.25},
+        {"Decoder(dim = 16, depth = 1)", "attn_layers.layers.0.0.0.weight", IR_INIT_CONST, 1},
+        {"Decoder(dim = 16, depth = 1)", "attn_layers.layers.0.0.0.bias", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 1)", "to_logits.bias", IR_INIT_UNIFORM, 0.25},
+        {"Decoder(dim = 16, depth = 1, attn_gate_values = true)", "attn_layers.layers.0.1.to_v_gate.weight", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 1, attn_gate_values = true)", "attn_layers.layers.0.1.to_v_gate.bias", IR_INIT_CONST, 1},
+        {"Decoder(dim = 16, depth = 1, attn_head_scale = true)", "attn_layers.layers.0.1.head_scale_params", IR_INIT_CONST, 1},
+        {"Decoder(dim = 16, depth = 1, scale_residual = true)", "attn_layers.layers.0.2.residual_scale", IR_INIT_CONST, 1},
+        {"Decoder(dim = 16, depth = 1, use_rezero = true)", "attn_layers.layers.0.1.g", IR_INIT_CONST, 0},
+        {"Decoder(dim = 16, depth = 1, use_scalenorm = true)", "attn_layers.layers.0.0.0.g", IR_INIT_CONST, 1},
+        {"Decoder(dim = 16, depth = 1, gate_residual = true)", "attn_layers.layers.0.2.gru.bias_hh", IR_INIT_UNIFORM, 0.25},
+        {"Decoder(dim = 16, depth = 1, heads = 4, attn_talking_heads = true)",
+         "attn_layers.layers.0.1.pre_softmax_talking_heads.weight", IR_INIT_UNIFORM, 0.5},
+        {"Decoder(dim = 16, depth = 1, attn_num_mem_kv = 2)", "attn_layers.layers.0.1.mem_k", IR_INIT_NORMAL, 1},
+        {"Decoder(dim = 16, depth = 1, rotary_pos_emb = true)", "attn_layers.rotary_pos_emb.inv_freq", IR_INIT_INV_FREQ, 10000},
+        {"Encoder(dim = 16, depth = 1, alibi_pos_bias = true, alibi_learned = true)",
+         "attn_layers.rel_pos.learned_logslopes_future", IR_INIT_ALIBI, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         XtfDiag d;
         IrGraph *g = lower_layers(cases[i].layers, &d);
         ck_assert_msg(g != NULL, "case %zu: %s", i, d.text ? d.text : "");
-        ck_assert_int_eq(g->ninits, cases[i].ninits);
-        int found = cases[i].name == NULL;
-        for (int k = 0; k < g->ninits; k++)
-            if (cases[i].name && strcmp(g->inits[k].target->s, cases[i].name) == 0) {
-                ck_assert_double_eq_tol(g->inits[k].value, cases[i].value, 1e-12);
-                found = 1;
-            }
-        ck_assert_msg(found, "case %zu: no initial value for %s", i, cases[i].name);
+        int leaves = 0;
+        for (int k = 0; k < g->nnodes; k++)
+            leaves += g->nodes[k]->op == IR_PARAM || g->nodes[k]->op == IR_BUFFER;
+        ck_assert_int_eq(g->ninits, leaves); /* every weight has its rule */
+        const IrInit *r = ir_find_init(g, ir_find_leaf(g, IR_PARAM, cases[i].name));
+        if (!r)
+            r = ir_find_init(g, ir_find_leaf(g, IR_BUFFER, cases[i].name));
+        ck_assert_msg(r != NULL, "case %zu: no rule for %s", i, cases[i].name);
+        ck_assert_msg(r->kind == cases[i].kind, "case %zu: %s starts by %s", i, cases[i].name, ir_init_name(r->kind));
+        ck_assert_double_eq_tol(r->value, cases[i].value, 1e-12);
         ir_graph_free(g);
         xtf_diag_free(&d);
     }

@@ -390,10 +390,10 @@ START_TEST(test_window_fuses)
             for (int i = 0; i < fused->nnodes; i++) {
                 const IrNode *x = fused->nodes[i];
                 if (x->op == IR_ATTENTION) {
-                    windowed += x->ia[2] == 8;
+                    windowed += x->ia[IR_IA_WINDOW] == 8;
                     masked += x->in[4]->op != IR_CONST;
                 }
-                grads += x->op == IR_ATTENTION_GRAD && x->ia[1] == 8;
+                grads += x->op == IR_ATTENTION_GRAD && x->ia[IR_IA_GRAD_WINDOW] == 8;
             }
             ck_assert_int_eq(windowed, 2);
             ck_assert_int_eq(masked, mask ? 2 : 0);

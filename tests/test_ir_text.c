@@ -311,6 +311,39 @@ START_TEST(test_every_op_covered)
 }
 END_TEST
 
+/* The named indices into ia[] (ir.h, IR_IA_*) agree with ops.def: each names the k-th "i:"
+ * attribute of its ops, and every i-attribute of every op has a name in this table. */
+START_TEST(test_attr_names)
+{
+    static const struct { IrOp op; const char *name; int index; } named[] = {
+        {IR_SUM, "axis", IR_IA_AXIS}, {IR_RMAX, "axis", IR_IA_AXIS}, {IR_SLICE, "axis", IR_IA_AXIS},
+        {IR_CONCAT, "axis", IR_IA_AXIS}, {IR_KTH_LARGEST, "k", IR_IA_K},
+        {IR_MATMUL, "transpose_b", IR_IA_TRANSPOSE_B}, {IR_RAND, "stream", IR_IA_STREAM},
+        {IR_RELPOS, "buckets", IR_IA_BUCKETS}, {IR_RELPOS, "max_distance", IR_IA_MAX_DISTANCE},
+        {IR_RELPOS, "causal", IR_IA_REL_CAUSAL}, {IR_ATTENTION, "causal", IR_IA_CAUSAL},
+        {IR_ATTENTION, "stats", IR_IA_STATS}, {IR_ATTENTION, "window", IR_IA_WINDOW},
+        {IR_ATTENTION_GRAD, "causal", IR_IA_GRAD_CAUSAL}, {IR_ATTENTION_GRAD, "window", IR_IA_GRAD_WINDOW},
+    };
+    int n = (int)(sizeof named / sizeof named[0]);
+    for (int op = 0; op < IR_NUM_OPS; op++) {
+        IrSigIter it = {ir_ops[op].attrs, 0, "", 0};
+        while (ir_sig_next(&it)) {
+            if (it.kind != 'i')
+                continue;
+            int found = 0;
+            for (int i = 0; i < n; i++)
+                if ((int)named[i].op == op && !strcmp(named[i].name, it.name)) {
+                    ck_assert_msg(named[i].index == it.ik, "%s's %s is ia[%d] in ops.def, ia[%d] in ir.h",
+                                  ir_ops[op].name, it.name, it.ik, named[i].index);
+                    found = 1;
+                }
+            ck_assert_msg(found, "%s's i-attribute %s has no IR_IA_* name in ir.h (add it, and here)",
+                          ir_ops[op].name, it.name);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_gpt_text)
 {
     /* spot checks of the format itself */
@@ -852,6 +885,7 @@ static Suite *ir_text_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_roundtrip, 0, NBUILDERS);
     tcase_add_test(tc, test_every_op_covered);
+    tcase_add_test(tc, test_attr_names);
     tcase_add_test(tc, test_gpt_text);
     tcase_add_test(tc, test_labels);
     tcase_add_test(tc, test_derived_symbols);

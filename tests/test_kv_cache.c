@@ -103,7 +103,9 @@ static void make_weights(const IrGraph *g, Bind *b)
         for (int d = 0; d < n->rank; d++)
             numel *= shape[d] = n->shape[d].c;
         float *w = malloc((size_t)numel * sizeof *w);
-        rt_init_tensor(n->s, n->rank, shape, w, &rng);
+        const IrInit *rule = ir_find_init(g, n);
+        ck_assert_msg(rule, "%s has no init rule", n->s);
+        rt_init_by_name(ir_init_name(rule->kind), rule->value, n->rank, shape, w, &rng);
         if (n->op == IR_PARAM)
             for (int64_t k = 0; k < numel; k++)
                 w[k] += (float)(0.05 * rt_rng_normal(&rng));

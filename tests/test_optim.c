@@ -11,6 +11,7 @@
 #include "harness.h"
 #include "harness_drive.h"
 #include "init.h"
+#include "rt_abi.h"
 #include "ir.h"
 #include "safetensors.h"
 #include "xtc.h"
@@ -404,21 +405,25 @@ START_TEST(test_errors)
 }
 END_TEST
 
-/* A parameter's fixed initial value (IrInit) survives the IR text and the passes' rewrite, goes
- * into the module, and rt_init_module_param uses it over the name's rule. */
+/* A weight's initialisation rule (IrInit) survives the IR text and the passes' rewrite, goes into
+ * the module, and rt_init_module_param fills by it; a later rule replaces an earlier one. */
 START_TEST(test_init_hint)
 {
     IrGraph *g = build(0);
-    ck_assert_int_eq(ir_init_const(g, ir_find_leaf(g, IR_PARAM, "w"), 0.25), 0);
-    ck_assert_int_lt(ir_init_const(g, ir_find_leaf(g, IR_PARAM, "w"), 0.5), 0); /* once */
-    ck_assert_int_lt(ir_init_const(g, ir_find_leaf(g, IR_INPUT, "x"), 0.5), 0); /* a param */
+    ck_assert_int_eq(ir_init(g, ir_find_leaf(g, IR_PARAM, "w"), IR_INIT_CONST, 0.5), 0);
+    ck_assert_int_eq(ir_init(g, ir_find_leaf(g, IR_PARAM, "w"), IR_INIT_CONST, 0.25), 0); /* replaces */
+    ck_assert_int_eq(ir_init(g, ir_find_leaf(g, IR_PARAM, "layer.b"), IR_INIT_UNIFORM, 0.125), 0);
+    ck_assert_int_lt(ir_init(g, ir_find_leaf(g, IR_INPUT, "x"), IR_INIT_CONST, 0.5), 0); /* a weight */
+    ck_assert_int_eq(g->ninits, 2);
     char *text = ir_print_str(g);
     ck_assert_ptr_nonnull(strstr(text, "init %w = 0.25"));
+    ck_assert_ptr_nonnull(strstr(text, " = uniform 0.125"));
     char err[1024];
     IrGraph *back = ir_parse(text, "hint.ir", err, sizeof err);
     ck_assert_msg(back != NULL, "%s", err);
-    ck_assert_int_eq(back->ninits, 1);
-    ck_assert_double_eq(back->inits[0].value, 0.25);
+    ck_assert_int_eq(back->ninits, 2);
+    ck_assert_double_eq(ir_find_init(back, ir_find_leaf(back, IR_PARAM, "w"))->value, 0.25);
+    ck_assert_int_eq(ir_find_init(back, ir_find_leaf(back, IR_PARAM, "layer.b"))->kind, IR_INIT_UNIFORM);
     char path[600];
     snprintf(path, sizeof path, "%s/hint.so", tmpdir);
     CgOptions opt = {.output = path, .opt_level = 0};
@@ -426,9 +431,9 @@ START_TEST(test_init_hint)
     XtcModule *m = NULL;
     ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
     double v = 0;
-    ck_assert_int_eq(xtc_module_param_init(m, "w", &v), 1);
+    ck_assert_int_eq(xtc_module_param_init(m, "w", &v), 1); /* a constant */
     ck_assert_double_eq(v, 0.25);
-    ck_assert_int_eq(xtc_module_param_init(m, "layer.b", &v), 0);
+    ck_assert_int_eq(xtc_module_param_init(m, "layer.b", &v), 0); /* a rule, not a constant */
     ck_assert_int_eq(xtc_module_param_init(m, "nope", &v), -1);
     float w[NW];
     int64_t ws[2] = {WR, WC};
@@ -437,6 +442,13 @@ START_TEST(test_init_hint)
     ck_assert_int_eq(rt_init_module_param(m, "w", 2, ws, w, &rng), 0);
     ck_assert_float_eq(w[0], 0.25f);
     ck_assert_float_eq(w[NW - 1], 0.25f);
+    int64_t bs[1] = {WR};
+    float b[WR];
+    ck_assert_int_eq(rt_init_module_param(m, "layer.b", 1, bs, b, &rng), 0);
+    for (int i = 0; i < WR; i++)
+        ck_assert(fabsf(b[i]) <= 0.125f);
+    ck_assert_int_eq(rt_init_module_param(m, "nope", 1, bs, b, &rng), -1); /* no rule: zeros */
+    ck_assert_float_eq(b[0], 0.0f);
     xtc_module_free(m);
     free(text);
     ir_graph_free(back);
@@ -444,58 +456,34 @@ START_TEST(test_init_hint)
 }
 END_TEST
 
-/* Fresh weights (xtc init, xtc train) by x-transformers 0.23.0's rules, from the name: the
- * constants it sets by hand, GRU gating's and talking heads' torch defaults, ViT's randn; and
- * the norm gains next to a Rezero gain of the same name's shape */
-static void init_of(const char *name, int rank, const int64_t *shape, float *out, int want_rc)
+/* The runtime's fill of each init rule (include/abi/rt_abi.h, XtcInitRule) */
+START_TEST(test_init_rules)
 {
     RtRng rng;
     rt_rng_seed(&rng, 7);
-    ck_assert_msg(rt_init_tensor(name, rank, shape, out, &rng) == want_rc, "%s", name);
-}
-
-START_TEST(test_init_rules)
-{
-    float v[48];
-    int64_t s1[1] = {4}, s2[2] = {12, 4}, s12[1] = {12}, s4[4] = {1, 3, 1, 1}, sh[4] = {3, 3, 1, 1}, sg[1] = {1};
-    init_of("attn_layers.layers.0.1.to_v_gate.weight", 2, s2, v, 0);
-    for (int i = 0; i < 48; i++)
-        ck_assert_float_eq(v[i], 0.0f);
-    init_of("attn_layers.layers.0.1.to_v_gate.bias", 1, s12, v, 0);
-    for (int i = 0; i < 12; i++)
-        ck_assert_float_eq(v[i], 1.0f);
-    init_of("attn_layers.layers.0.1.head_scale_params", 4, s4, v, 0);
-    ck_assert_float_eq(v[2], 1.0f);
-    init_of("attn_layers.layers.1.2.residual_scale", 1, s1, v, 0);
-    ck_assert_float_eq(v[3], 1.0f);
-    init_of("attn_layers.layers.1.1.scale", 4, s4, v, 1); /* scale_init_value's default */
-    ck_assert_float_eq(v[1], -3.0f);
-    init_of("attn_layers.layers.3.1.g", 1, sg, v, 0); /* Rezero */
-    ck_assert_float_eq(v[0], 0.0f);
-    init_of("attn_layers.layers.3.0.0.g", 1, sg, v, 0); /* ScaleNorm */
+    float v[4096];
+    int64_t s8[4] = {1, 8, 1, 1}, s4[1] = {4}, big[1] = {4096};
+    ck_assert_int_eq(rt_init_fill(XTC_INIT_CONST, -3, 1, s4, v, &rng), 0);
+    ck_assert_float_eq(v[3], -3.0f);
+    /* ALiBi, 8 heads: slopes 2^-1 .. 2^-8 */
+    ck_assert_int_eq(rt_init_fill(XTC_INIT_ALIBI, 0, 4, s8, v, &rng), 0);
+    for (int h = 0; h < 8; h++)
+        ck_assert_double_eq_tol(v[h], log(pow(2.0, -(h + 1))), 1e-6);
+    ck_assert_int_eq(rt_init_by_name("inv_freq", 10000, 1, s4, v, &rng), 0); /* 1 / 10000^(k/4) */
     ck_assert_float_eq(v[0], 1.0f);
-    init_of("attn_layers.layers.13.1.g", 1, sg, v, 0);
-    ck_assert_float_eq(v[0], 0.0f);
-    /* uniform within torch's default bound, and not all zero */
-    struct { const char *name; int rank; const int64_t *shape; int n; double bound; } u[] = {
-        {"attn_layers.layers.1.2.gru.weight_ih", 2, s2, 48, 0.5},
-        {"attn_layers.layers.1.2.gru.bias_hh", 1, s12, 12, 0.5},
-        {"attn_layers.layers.0.1.pre_softmax_talking_heads.weight", 4, sh, 9, 1 / sqrt(3.0)},
-    };
-    for (size_t c = 0; c < sizeof u / sizeof u[0]; c++) {
-        init_of(u[c].name, u[c].rank, u[c].shape, v, 0);
-        double mx = 0;
-        for (int i = 0; i < u[c].n; i++)
-            mx = fmax(mx, fabs(v[i]));
-        ck_assert_msg(mx > 0.1 * u[c].bound && mx <= u[c].bound, "%s: max |w| %g, bound %g", u[c].name, mx, u[c].bound);
-    }
-    int64_t sc[3] = {1, 1, 16};
-    init_of("cls_token", 3, sc, v, 0);
-    double ss = 0;
-    for (int i = 0; i < 16; i++)
+    ck_assert_double_eq_tol(v[2], 0.01, 1e-8);
+    ck_assert_int_eq(rt_init_fill(XTC_INIT_UNIFORM, 0.5, 1, big, v, &rng), 0);
+    double mx = 0, ss = 0;
+    for (int i = 0; i < 4096; i++)
+        mx = fmax(mx, fabs(v[i]));
+    ck_assert(mx <= 0.5 && mx > 0.49);
+    ck_assert_int_eq(rt_init_fill(XTC_INIT_NORMAL, 2.0, 1, big, v, &rng), 0);
+    for (int i = 0; i < 4096; i++)
         ss += v[i] * v[i];
-    ck_assert_double_gt(ss, 1.0); /* N(0, 1): about 16 */
-    init_of("attn_layers.layers.0.1.unknown_thing", 1, s1, v, -1);
+    ck_assert_double_eq_tol(sqrt(ss / 4096), 2.0, 0.1); /* std 2 */
+    ck_assert_int_eq(rt_init_by_name("nonsense", 1, 1, s4, v, &rng), -1);
+    ck_assert_float_eq(v[0], 0.0f);
+    ck_assert_int_eq(rt_init_by_name(NULL, 1, 1, s4, v, &rng), -1);
 }
 END_TEST
 

@@ -3,7 +3,9 @@
  * call succeeds; a step uses a run's gradients once; a training module gives its logits without
  * targets (the loss and gradients withheld); token ids and targets (tokens, tgt, targets) are
  * checked against their tables when bound, naming the input, the value and its position; a call
- * with no output elements computes nothing, and one whose loops are absurdly long is refused
+ * with no output elements computes nothing, and one whose loops are absurdly long is refused;
+ * xtc_session_init_weights sets every weight to the values the initialisation rules write to a
+ * file for the same seed (what xtc init writes), and a run may follow it.
  * The modules are tiny_train.h's decoder (training form, and the
  * forward form) and a tiny XTransformer. */
 #include "harness.h"
@@ -212,6 +214,50 @@ START_TEST(test_empty_batches)
 }
 END_TEST
 
+/* fresh weights in the session: bitwise those tiny_write_weights wrote with the same seed */
+START_TEST(test_init_weights)
+{
+    ck_assert_int_eq(xtc_session_init_weights(NULL, 7), XTC_ERR_ARG);
+    XtcModule *m = NULL;
+    XtcSession *file = open_session(train_path, &m), *s = NULL, *other = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    ck_assert_int_eq(xtc_session_new(m, NULL, &other), XTC_OK);
+    ck_assert_msg(xtc_session_init_weights(s, 7) == XTC_OK, "%s", xtc_session_error(s));
+    ck_assert_msg(xtc_session_init_weights(other, 8) == XTC_OK, "%s", xtc_session_error(other));
+    int checked = 0, random = 0;
+    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
+        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
+            XtcTensorInfo info;
+            XtcTensor a, e, o;
+            ck_assert_int_eq(xtc_module_tensor(m, (XtcKind)kind, i, &info), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_weight(s, info.name, &a), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_weight(file, info.name, &e), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_weight(other, info.name, &o), XTC_OK);
+            size_t bytes = (size_t)tiny_numel(&e) * sizeof(float);
+            ck_assert_int_eq(tiny_numel(&a), tiny_numel(&e));
+            ck_assert_msg(memcmp(a.data, e.data, bytes) == 0, "%s differs from the seed's initial values", info.name);
+            /* a drawn tensor (not a constant such as a norm's gain) changes with the seed */
+            const float *ev = e.data;
+            int drawn = 0;
+            for (int64_t k = 1; k < tiny_numel(&e); k++)
+                drawn |= ev[k] != ev[0];
+            ck_assert_msg(!drawn || memcmp(o.data, e.data, bytes) != 0, "%s is the same for another seed", info.name);
+            random += drawn;
+            checked++;
+        }
+    ck_assert_msg(checked > 5 && random > 5, "%d weights, %d drawn", checked, random);
+    int64_t tokens[B * N], targets[B * N], shape[2] = {B, N};
+    tiny_batch(tokens, targets, B, N, 5);
+    ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tokens), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_input(s, "targets", XTC_I64, 2, shape, targets), XTC_OK);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+    xtc_session_free(other);
+    xtc_session_free(s);
+    xtc_session_free(file);
+    xtc_module_free(m);
+}
+END_TEST
+
 int main(void)
 {
     (void)tiny_hash; /* tiny_train.h's, for the suites comparing runs bitwise */
@@ -222,6 +268,7 @@ int main(void)
     tcase_add_test(tc, test_error_cleared_and_steps);
     tcase_add_test(tc, test_id_ranges);
     tcase_add_test(tc, test_empty_batches);
+    tcase_add_test(tc, test_init_weights);
     suite_add_tcase(s, tc);
     return harness_run(s, "session_api");
 }

@@ -71,7 +71,7 @@ static void tiny_write_weights(const char *module_path, const char *weights_path
                 n *= t.shape[d];
             float *v = malloc((size_t)n * sizeof *v);
             ck_assert_ptr_nonnull(v);
-            ck_assert_msg(rt_init_tensor(t.name, t.rank, t.shape, v, &rng) == 0, "no initialiser for %s", t.name);
+            ck_assert_msg(rt_init_module_param(m, t.name, t.rank, t.shape, v, &rng) == 0, "no initialiser for %s", t.name);
             ck_assert_int_eq(rt_st_writer_add(w, t.name, RT_F32, t.rank, t.shape, v), 0);
             free(v);
         }

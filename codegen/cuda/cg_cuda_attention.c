@@ -485,9 +485,9 @@ int cg_cuda_attention(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[0] != 0, x->ia[2]) < 0)
+    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[IR_IA_CAUSAL] != 0, x->ia[IR_IA_WINDOW]) < 0)
         return -1;
-    int stats = x->ia[1] != 0, br, bc;
+    int stats = x->ia[IR_IA_STATS] != 0, br, bc;
     if (att_tile(a.D, a.E, &br, &bc)) {
         attention_tiled(k, &a, stats, br, bc);
         return 0;
@@ -746,7 +746,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[0] != 0, x->ia[1]) < 0)
+    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[IR_IA_GRAD_CAUSAL] != 0, x->ia[IR_IA_GRAD_WINDOW]) < 0)
         return -1;
     int r = a.r;
     char gcols[CU_EXPR];

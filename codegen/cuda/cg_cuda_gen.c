@@ -224,8 +224,8 @@ void cu_kernel_begin(CuKernel *k)
     case IR_SUM:
     case IR_RMAX:
     case IR_CONCAT:
-    case IR_SLICE: fprintf(f, " over axis %lld", (long long)x->ia[0]); break;
-    case IR_MATMUL: fprintf(f, "%s", x->ia[0] ? ", b transposed" : ""); break;
+    case IR_SLICE: fprintf(f, " over axis %lld", (long long)x->ia[IR_IA_AXIS]); break;
+    case IR_MATMUL: fprintf(f, "%s", x->ia[IR_IA_TRANSPOSE_B] ? ", b transposed" : ""); break;
     default: break;
     }
     fprintf(f, ", %d step%s */\n", k->k->uses, k->k->uses == 1 ? "" : "s");

@@ -302,7 +302,7 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
     if (k->gen->mma != CG_MMA_OFF)
         return matmul_mma(k, x, ia, ib, parts, epilogue, ctx);
     FILE *f = k->f;
-    int tb = x->ia[0] != 0;
+    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
     k->sync = 1;
     /* two blocks resident per SM: the registers capped at 128 a thread (the large tiles' 64
      * accumulators fit; uncapped, the compiler takes ~167 and one block runs per SM) */
@@ -408,7 +408,7 @@ static void stage_operand(CuKernel *k, const char *dst, const char *src, const c
 static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
-    int tb = x->ia[0] != 0;
+    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
     k->sync = 1;
     cu_kernel_begin(k);

@@ -188,7 +188,7 @@ static int emit_rand(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(k->f, "    const i64 total = %s;\n", total);
     fprintf(k->f, "    const unsigned long long base = (unsigned long long)(i64)in0[0] * 0xd1b54a32d192ed03ull + "
-                  "%lluull;\n", (unsigned long long)((uint64_t)x->ia[0] * 0xabc98388fb8fac03ull));
+                  "%lluull;\n", (unsigned long long)((uint64_t)x->ia[IR_IA_STREAM] * 0xabc98388fb8fac03ull));
     fprintf(k->f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
     fprintf(k->f, "        unsigned long long z = base + (unsigned long long)(i + 1) * 0x9e3779b97f4a7c15ull;\n");
     fprintf(k->f, "        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;\n");
@@ -222,8 +222,8 @@ static int64_t relpos_large(int64_t d, int64_t nb, int64_t max_exact, int64_t ma
 static int emit_relpos(CuKernel *k)
 {
     const IrNode *x = k->node;
-    int64_t nb = x->ia[0], max_distance = x->ia[1];
-    int causal = x->ia[2] != 0;
+    int64_t nb = x->ia[IR_IA_BUCKETS], max_distance = x->ia[IR_IA_MAX_DISTANCE];
+    int causal = x->ia[IR_IA_REL_CAUSAL] != 0;
     if (!causal)
         nb /= 2;
     int64_t max_exact = nb / 2;
@@ -312,7 +312,7 @@ static int emit_copy(CuKernel *k)
     if (x->op == IR_SLICE) {
         char start[CU_EXPR], st[CU_EXPR];
         cu_dim(gen, x->d, start, sizeof start);
-        cu_dims_prod(gen, in->shape, (int)x->ia[0] + 1, in->rank, st, sizeof st);
+        cu_dims_prod(gen, in->shape, (int)x->ia[IR_IA_AXIS] + 1, in->rank, st, sizeof st);
         if (strcmp(start, "0") == 0)
             snprintf(base, sizeof base, "0");
         else if (strcmp(st, "1") == 0)
@@ -361,7 +361,7 @@ static int emit_concat(CuKernel *k)
 {
     const IrNode *x = k->node;
     CuGen *gen = k->gen;
-    int axis = (int)x->ia[0];
+    int axis = (int)x->ia[IR_IA_AXIS];
     char outer[CU_EXPR], inner[CU_EXPR], la[CU_EXPR], lb[CU_EXPR];
     cu_dims_prod(gen, x->shape, 0, axis, outer, sizeof outer);
     cu_dims_prod(gen, x->shape, axis + 1, x->rank, inner, sizeof inner);

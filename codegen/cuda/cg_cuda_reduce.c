@@ -34,7 +34,7 @@ int cg_cuda_reduce(CuKernel *k)
     const IrNode *x = k->node, *in = x->in[0];
     CuGen *gen = k->gen;
     FILE *f = k->f;
-    int axis = (int)x->ia[0], is_max = x->op == IR_RMAX;
+    int axis = (int)x->ia[IR_IA_AXIS], is_max = x->op == IR_RMAX;
     char outer[CU_EXPR], len[CU_EXPR], inner[CU_EXPR];
     cu_dims_prod(gen, in->shape, 0, axis, outer, sizeof outer);
     cu_dim(gen, in->shape[axis], len, sizeof len);

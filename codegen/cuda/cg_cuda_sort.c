@@ -81,7 +81,7 @@ int cg_cuda_kth_largest(CuKernel *k)
     cu_dim(k->gen, in->shape[in->rank - 1], len, sizeof len);
     FILE *f = k->f;
     cu_kernel_begin(k);
-    fprintf(f, "    const i64 rows = %s, len = %s, kth = %lld;\n", rows, len, (long long)x->ia[0]);
+    fprintf(f, "    const i64 rows = %s, len = %s, kth = %lld;\n", rows, len, (long long)x->ia[IR_IA_K]);
     fprintf(f, "    for (i64 e = xtc_global_id(); e < rows * len; e += xtc_global_size()) {\n");
     fprintf(f, "        const i64 row = e / len, j = e %% len;\n");
     fprintf(f, "        const %s *x = in0 + row * len;\n", cu_mem_type(in));

@@ -379,8 +379,8 @@ int cg_attention_impl(CgFn *f)
     Dims d;
     if (dims_of(&k, n, &d) < 0)
         return -1;
-    int causal = n->ia[0] != 0, stats = n->ia[1] != 0;
-    int64_t window = n->ia[2];
+    int causal = n->ia[IR_IA_CAUSAL] != 0, stats = n->ia[IR_IA_STATS] != 0;
+    int64_t window = n->ia[IR_IA_WINDOW];
     int D = d.D, E = d.E, nr = k.nr;
     int64_t Eo = E + stats;
     int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
@@ -683,8 +683,8 @@ int cg_attention_grad_impl(CgFn *f)
     Dims d;
     if (dims_of(&k, n, &d) < 0)
         return -1;
-    int causal = n->ia[0] != 0, D = d.D, E = d.E, nr = k.nr;
-    int64_t window = n->ia[1];
+    int causal = n->ia[IR_IA_GRAD_CAUSAL] != 0, D = d.D, E = d.E, nr = k.nr;
+    int64_t window = n->ia[IR_IA_GRAD_WINDOW];
     int r = q->rank;
     int64_t Eo = E + 1, Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == E ? E : E + 1;
     ScoreOp bias, mask;

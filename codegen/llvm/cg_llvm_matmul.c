@@ -128,7 +128,7 @@ void cg_matmul_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     LLVMValueRef rows = rows_per_block(f, &d, ngrp);
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     *items = LLVMBuildMul(b, d.batch, LLVMBuildMul(b, nmb, ngrp, ""), "items");
-    if (f->node->ia[0]) /* B transposed: a few rows go the matrix-vector path */
+    if (f->node->ia[IR_IA_TRANSPOSE_B]) /* B transposed: a few rows go the matrix-vector path */
         *items = LLVMBuildSelect(b, gemv_case(f, &d), gemv_item_count(f, &d), *items, "");
 }
 
@@ -162,7 +162,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
-    int tb = n->ia[0] != 0;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0;
     MmDims d;
     mm_dims(f, &d);
     LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, "");
@@ -579,7 +579,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
-    int tb = n->ia[0] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
     LLVMValueRef pack = pack_function(cg, tb), micro = micro_function(cg);
     LLVMTypeRef pack_type = LLVMGlobalGetValueType(pack), micro_type = LLVMGlobalGetValueType(micro);
 

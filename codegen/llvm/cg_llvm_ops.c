@@ -284,8 +284,8 @@ static int impl_relpos(CgFn *f)
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
-    int64_t nb = n->ia[0], max_distance = n->ia[1];
-    int causal = n->ia[2] != 0;
+    int64_t nb = n->ia[IR_IA_BUCKETS], max_distance = n->ia[IR_IA_MAX_DISTANCE];
+    int causal = n->ia[IR_IA_REL_CAUSAL] != 0;
     if (!causal)
         nb /= 2;
     int64_t max_exact = nb / 2;
@@ -336,13 +336,13 @@ static void reduce_dims(CgFn *f, int axis, LLVMValueRef *outer, LLVMValueRef *le
 static int reduces_last(const IrNode *n)
 {
     const IrNode *x = n->in[0];
-    return cg_dims_are_one(x->shape, (int)n->ia[0] + 1, x->rank);
+    return cg_dims_are_one(x->shape, (int)n->ia[IR_IA_AXIS] + 1, x->rank);
 }
 
 static void work_reduce(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     LLVMValueRef outer, len, inner;
-    reduce_dims(f, (int)f->node->ia[0], &outer, &len, &inner);
+    reduce_dims(f, (int)f->node->ia[IR_IA_AXIS], &outer, &len, &inner);
     *items = reduces_last(f->node) ? outer : LLVMBuildMul(f->cg->b, outer, nchunks(f->cg, inner), "");
     *cost = LLVMBuildMul(f->cg->b, outer, LLVMBuildMul(f->cg->b, len, inner, ""), "");
 }
@@ -386,7 +386,7 @@ static int impl_reduce(CgFn *f)
     const IrNode *n = f->node;
     int is_max = n->op == IR_RMAX;
     LLVMValueRef outer, len, inner;
-    reduce_dims(f, (int)n->ia[0], &outer, &len, &inner);
+    reduce_dims(f, (int)n->ia[IR_IA_AXIS], &outer, &len, &inner);
     if (is_max) /* the maximum of nothing is an error, as in the interpreter */
         cg_flag_error(f, LLVMBuildAnd(b, LLVMBuildICmp(b, LLVMIntEQ, len, cg_i64(cg, 0), ""),
                                       LLVMBuildICmp(b, LLVMIntSLT, f->lo, f->hi, ""), ""));
@@ -503,7 +503,7 @@ static void copy_spec(CgFn *f, CopySpec *cs)
     case IR_SLICE:
         for (int d = 0; d < r; d++)
             cs->stride[d] = xst[d];
-        cs->base = LLVMBuildMul(cg->b, cg_dim(f, n->d), xst[n->ia[0]], "");
+        cs->base = LLVMBuildMul(cg->b, cg_dim(f, n->d), xst[n->ia[IR_IA_AXIS]], "");
         cs->last_const = 1;
         break;
     default: /* EXPAND */
@@ -675,7 +675,7 @@ static int impl_copy(CgFn *f)
 static void concat_dims(CgFn *f, LLVMValueRef *outer, LLVMValueRef *la, LLVMValueRef *lb)
 {
     const IrNode *n = f->node;
-    int axis = (int)n->ia[0];
+    int axis = (int)n->ia[IR_IA_AXIS];
     LLVMValueRef inner = cg_dims_prod(f, n->shape, axis + 1, n->rank);
     *outer = cg_dims_prod(f, n->shape, 0, axis);
     *la = LLVMBuildMul(f->cg->b, cg_dim(f, n->in[0]->shape[axis]), inner, "");
@@ -822,7 +822,7 @@ static int impl_rand(CgFn *f)
     const IrNode *n = f->node;
     LLVMValueRef seed = cg_convert(f, cg_load(f, n->in[0]->dtype, f->in[0], cg_i64(cg, 0)), n->in[0]->dtype, IR_I64);
     LLVMValueRef base = LLVMBuildAdd(b, LLVMBuildMul(b, seed, u64(cg, 0xd1b54a32d192ed03ull), ""),
-                                     u64(cg, (uint64_t)n->ia[0] * 0xabc98388fb8fac03ull), "");
+                                     u64(cg, (uint64_t)n->ia[IR_IA_STREAM] * 0xabc98388fb8fac03ull), "");
     CgLoop l;
     cg_for(f, &l, f->lo, f->hi, "i");
     LLVMValueRef z = LLVMBuildAdd(b, base, LLVMBuildMul(b, LLVMBuildAdd(b, l.iv, cg_i64(cg, 1), ""),

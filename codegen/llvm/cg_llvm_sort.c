@@ -65,7 +65,7 @@ int cg_kth_largest_impl(CgFn *f)
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node, *x = n->in[0];
     LLVMValueRef len = cg_dim(f, x->shape[x->rank - 1]);
-    LLVMValueRef k = cg_i64(cg, n->ia[0]);
+    LLVMValueRef k = cg_i64(cg, n->ia[IR_IA_K]);
     LLVMValueRef hist = cg_var(f, LLVMArrayType(cg->t_i32, 256), NULL, "hist");
     LLVMValueRef prefix = cg_var(f, cg->t_i32, NULL, "prefix");
     LLVMValueRef want = cg_var(f, cg->t_i64, NULL, "want");

@@ -30,8 +30,11 @@
  *                                           input or another buffer through a reshape)
  *   alias NAME BUFFER                       a second weights-file name of a param or state
  *                                           buffer (tied weights): it must hold the same values
- *   init BUFFER VALUE                       fresh weights of that param start at the constant VALUE
- *                                           (%a; zero_init_*, qk_norm's scale_init_value)
+ *   init BUFFER RULE VALUE                  how fresh values of that param or state buffer start
+ *                                           (xtc init, xtc train): RULE one of XtcInitRule's
+ *                                           names below, VALUE its parameter (%a); the lowering
+ *                                           records one per weight. (A module of an earlier xtc
+ *                                           writes "init BUFFER VALUE": const.)
  *   range INPUT LO HI                       integer input used as indices: values in [LO, HI);
  *                                           LO INT64_MIN: targets (negative ones are ignored)
  *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
@@ -42,6 +45,7 @@
 #ifndef XTC_RT_ABI_H
 #define XTC_RT_ABI_H
 
+#include <math.h>
 #include <stdint.h>
 
 #define XTC_ABI_MAGIC 0x31435458u /* "XTC1" little-endian */
@@ -49,6 +53,31 @@
 #define XTC_ABI_SYMBOL "xtc_module_v1"
 #define XTC_META_HEADER "xtc-module 1"
 #define XTC_ABI_MAXIN 8 /* operands of a schedule step (the IR's IR_MAXIN; checked in codegen) */
+
+/* The rules of "init" records (the IR's IrInitKind, by name), each with one parameter v:
+ *   const v     every element v             normal v    N(0, v^2)      uniform v   U(-v, v)
+ *   alibi       element h of H: log(xtc_alibi_slope(H, h)) (v unused)
+ *   inv_freq v  element k of n: 1 / v^(k / n) (rotary's inverse frequencies, v the base) */
+typedef enum { XTC_INIT_CONST, XTC_INIT_NORMAL, XTC_INIT_UNIFORM, XTC_INIT_ALIBI, XTC_INIT_INV_FREQ, XTC_NUM_INITS } XtcInitRule;
+static inline const char *xtc_init_rule_name(int r)
+{
+    static const char *const names[XTC_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq"};
+    return r >= 0 && r < XTC_NUM_INITS ? names[r] : "?";
+}
+
+/* ALiBi's fixed slope of head h of `heads` (XT-SEMANTICS.md 7.4): for a power of two n,
+ * start^(h+1) with start = 2^(-2^-(log2 n - 3)); otherwise the slopes of the power of two p below,
+ * then every other slope of 2p. Rounded to f32 as x-transformers' tensor holds it. The lowering's
+ * fixed slopes and the runtime's "alibi" rule both use this one definition. */
+static inline double xtc_alibi_slope(int64_t heads, int64_t h)
+{
+    int64_t p2 = 1;
+    while (p2 * 2 <= heads)
+        p2 *= 2;
+    int64_t n = h < p2 ? p2 : 2 * p2, i = h < p2 ? h : 2 * (h - p2);
+    double start = pow(2.0, -pow(2.0, -(log2((double)n) - 3)));
+    return (float)(start * pow(start, (double)i));
+}
 
 /* Runs fn(ctx, lo, hi) over disjoint ranges covering [0, n), possibly on several threads, and
  * returns when all are done. */

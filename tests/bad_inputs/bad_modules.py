@@ -1,5 +1,5 @@
 # bad_modules.py MODULE OUT_DIR: writes the damaged copies of a compiled module that
-# test_bad_inputs.sh loads (issue 8): cuts at several points, corrupted ELF headers, another module
+# test_bad_inputs.sh loads: cuts at several points, corrupted ELF headers, another module
 # format version, damaged metadata. Each file name says what was done to it. Standard library only.
 import os
 import struct
