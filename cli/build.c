@@ -1,6 +1,5 @@
-/* build.c: the compile pipeline shared by the commands that make modules (see build.h): lower,
- * differentiate for training, run the passes, generate code; and the small helpers around
- * loading modules and the .xtf text they carry. */
+/* build.c: the command line's side of the compile driver (see build.h): jobs run with their
+ * errors printed, temporary modules for train/generate, and loading modules and their .xtf text. */
 #include "build.h"
 
 #include <stdio.h>
@@ -10,56 +9,21 @@
 
 #include "cli.h"
 
-static int has_output(const IrGraph *g, const char *name)
+int cli_drive(const char *prefix, const DrvJob *job, const DrvTarget *t, IrGraph **out, CgStats *stats)
 {
-    for (int i = 0; i < g->noutputs; i++)
-        if (strcmp(g->outputs[i].name, name) == 0)
-            return 1;
-    return 0;
-}
-
-IrGraph *cli_build_graph(const XtfFile *f, const CliBuild *b)
-{
-    IrGraph *g = cli_lower((XtfFile *)f, b->model, &b->lower);
-    if (!g)
-        return NULL;
+    XtfDiag d;
+    xtf_diag_init(&d);
+    DrvJob j = *job;
+    j.diag = job->file ? &d : NULL;
     char err[1024];
-    if (b->grads) {
-        int loss = has_output(g, "loss");
-        IrGradOpts go = {.loss = loss ? "loss" : NULL, .seed_outputs = !loss,
-                         .loss_scale = cg_loss_scale_input(b->cg.dtype)};
-        if (ir_autodiff(g, &go, err, sizeof err) != 0) {
-            fprintf(stderr, "xtc: %s: cannot differentiate: %s\n", f->path, err);
-            ir_graph_free(g);
-            return NULL;
-        }
+    int rc = drv_run(&j, t, out, stats, err, sizeof err);
+    if (rc != 0 && d.nerrors) {
+        fputs(d.text ? d.text : "", stderr);
+        fprintf(stderr, "xtc: %s\n", err);
+    } else if (rc != 0) {
+        fprintf(stderr, "%s: %s\n", prefix, err);
     }
-    const CgBackend *be = cg_backend_find(b->cg.target);
-    PassOptions every = {.verify_each = 1, .supports = be ? be->supports : NULL}; /* fusions it can lower */
-    IrGraph *h = pass_run_pipeline(g, b->passes ? b->passes : &every, err, sizeof err);
-    ir_graph_free(g);
-    if (!h)
-        fprintf(stderr, "xtc: %s: %s\n", f->path, err);
-    return h;
-}
-
-int cli_build_module(const XtfFile *f, const CliBuild *b, CgStats *stats)
-{
-    IrGraph *g = cli_build_graph(f, b);
-    if (!g)
-        return -1;
-    CgOptions cg = b->cg;
-    if (!cg.source) {
-        cg.source = f->src;
-        cg.source_name = f->path;
-    }
-    if (!cg.opt_level)
-        cg.opt_level = 2;
-    char err[1024];
-    int rc = cg_compile(g, &cg, stats, err, sizeof err);
-    if (rc != 0)
-        fprintf(stderr, "xtc: %s: %s\n", f->path, err);
-    ir_graph_free(g);
+    xtf_diag_free(&d);
     return rc;
 }
 
@@ -74,21 +38,28 @@ XtcModule *cli_load_module(const char *path)
     return m;
 }
 
-XtcModule *cli_build_load(const XtfFile *f, CliBuild *b, CgStats *stats)
+XtcModule *cli_build_load(const XtfFile *f, const DrvJob *job)
 {
-    const char *tmp = getenv("TMPDIR");
-    char dir[512], path[600];
-    snprintf(dir, sizeof dir, "%s/xtc-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "xtc: cannot create a temporary directory under %s\n", tmp && *tmp ? tmp : "/tmp");
+    DrvTarget cpu;
+    char err[1024];
+    if (drv_target(&cpu, NULL, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc: %s\n", err);
         return NULL;
     }
-    snprintf(path, sizeof path, "%s/model.so", dir);
-    b->cg.output = path;
-    XtcModule *m = cli_build_module(f, b, stats) == 0 ? cli_load_module(path) : NULL;
-    b->cg.output = NULL;
-    unlink(path);
-    rmdir(dir);
+    DrvJob j = *job;
+    j.file = f;
+    j.cg.opt_level = 2;
+    XtfDiag d;
+    xtf_diag_init(&d);
+    j.diag = &d;
+    XtcModule *m = drv_build_load(&j, &cpu, NULL, err, sizeof err);
+    if (!m && d.nerrors) {
+        fputs(d.text ? d.text : "", stderr);
+        fprintf(stderr, "xtc: %s\n", err);
+    } else if (!m) {
+        fprintf(stderr, "xtc: %s: %s\n", f->path, err);
+    }
+    xtf_diag_free(&d);
     return m;
 }
 

@@ -1,36 +1,20 @@
-/* build.h: the compile pipeline behind `xtc compile`, `xtc train` and `xtc generate`:
- *
- *   .xtf --xt_lower--> IrGraph --ir_autodiff (training)--> --pass_run_pipeline--> --cg_compile--> model.so
- *
- * A training module (.grads) computes "loss" and one "grad.<name>" per parameter: the gradient of
- * the built-in loss when the lowering made one (XtLowerOpts.train), else of sum(O * grad.O) over
- * the f32 outputs O with caller-supplied inputs grad.O (PyTorch's y.backward(g); ViT features,
- * continuous outputs). Errors are printed on stderr, CLI style. */
+/* build.h: the command line's side of the compile driver (driver/driver.h): running a job with
+ * the errors printed CLI style, building a temporary module for train/generate, and the small
+ * helpers around loading modules and the .xtf text they carry. */
 #ifndef XTC_CLI_BUILD_H
 #define XTC_CLI_BUILD_H
 
-#include "codegen.h"
-#include "passes.h"
+#include "driver.h"
 #include "xtf.h"
 #include "xtc.h"
 
-typedef struct {
-    const char *model;          /* statement name; NULL = the file's last */
-    XtLowerOpts lower;          /* .train adds targets/loss, .kv_cache the decoding graph */
-    int grads;                  /* append the backward graph (see above) */
-    const PassOptions *passes;  /* NULL = every pass (fusions the target can lower), verified */
-    CgOptions cg;               /* .output is required; .source defaults to the .xtf text */
-} CliBuild;
+/* drv_run, printing why it failed: lowering's diagnostics and "xtc: cannot lower PATH", or
+ * "PREFIX: <why>" ("xtc compile"). job->diag is the helper's own. Returns drv_run's status. */
+int cli_drive(const char *prefix, const DrvJob *job, const DrvTarget *t, IrGraph **out, CgStats *stats);
 
-/* Lowers (and differentiates) and runs the pass pipeline; NULL after printing why. */
-IrGraph *cli_build_graph(const XtfFile *f, const CliBuild *b);
-
-/* The whole pipeline into b->cg.output; 0, or -1 after printing why. stats may be NULL. */
-int cli_build_module(const XtfFile *f, const CliBuild *b, CgStats *stats);
-
-/* For train/generate: compiles f with b into a fresh temporary file, loads it and removes the
- * file (the loaded module keeps its mapping). NULL after printing why. */
-XtcModule *cli_build_load(const XtfFile *f, CliBuild *b, CgStats *stats);
+/* For train/generate: compiles model of f with job (its file and -O2 set here) for the cpu
+ * target into a temporary module and loads it. NULL after printing why. */
+XtcModule *cli_build_load(const XtfFile *f, const DrvJob *job);
 
 /* Loads a module file, printing the error; NULL on failure. */
 XtcModule *cli_load_module(const char *path);

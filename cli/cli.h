@@ -30,8 +30,6 @@ XtfFile *cli_load_xtf(const char *path);
 /* 1 after printing "xtc CMD: OUT_NAME OUT is the same file as IN_NAME IN; ..." when out and in are
  * the same existing file (device and inode, symlinks followed): writing it would destroy it. */
 int cli_output_is_input(const char *cmd, const char *out_name, const char *out, const char *in_name, const char *in);
-/* Lowers a checked file; prints diagnostics; NULL on error. */
-IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt);
 
 /* Checks of `xtc run` on its files (run_checks.c); each prints one line naming the file and the
  * tensor, and returns -1, on a problem. Ids of inputs that index an embedding or a loss against

@@ -1,10 +1,12 @@
-/* cli_common.c: helpers shared by the subcommands: loading and lowering .xtf, `xtc check`. */
+/* cli_common.c: helpers shared by the subcommands: loading .xtf, `xtc check` (which lowers
+ * through the compile driver). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "build.h"
 #include "cli.h"
 #include "codegen.h"
 #include "rt_fileio.h"
@@ -111,28 +113,6 @@ XtfFile *cli_load_xtf(const char *path)
     return f;
 }
 
-IrGraph *cli_lower(XtfFile *f, const char *model, const XtLowerOpts *opt)
-{
-    XtfDiag d;
-    xtf_diag_init(&d);
-    IrGraph *g = xt_lower(f, model, opt, &d);
-    if (!g || d.nerrors) {
-        fputs(d.text ? d.text : "", stderr);
-        fprintf(stderr, "xtc: cannot lower %s\n", f->path);
-        xtf_diag_free(&d);
-        ir_graph_free(g);
-        return NULL;
-    }
-    xtf_diag_free(&d);
-    char err[512];
-    if (ir_verify(g, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc: internal error: lowered IR does not verify: %s\n", err);
-        ir_graph_free(g);
-        return NULL;
-    }
-    return g;
-}
-
 int cli_check(int argc, char **argv)
 {
     const char *path = NULL;
@@ -155,6 +135,9 @@ int cli_check(int argc, char **argv)
     static const char *const wrappers[] = {"TransformerWrapper", "ContinuousTransformerWrapper",
                                            "ViTransformerWrapper", "XTransformer", "EncoderDecoder"};
     int bad = 0;
+    DrvTarget interp; /* lowering reads no target */
+    char err[512];
+    drv_target(&interp, &(CgOptions){.target = "interp"}, err, sizeof err);
     for (int i = 0; i < f->nstmts; i++) {
         const XtfValue *call = f->stmts[i].value;
         while (call && call->kind == XV_REF)
@@ -166,12 +149,14 @@ int cli_check(int argc, char **argv)
             continue;
         XtfDiag d;
         xtf_diag_init(&d);
-        IrGraph *g = xt_lower(f, f->stmts[i].name, NULL, &d);
-        if (!g || d.nerrors) {
-            fputs(d.text ? d.text : "", stderr);
+        DrvJob job = {.file = f, .model = f->stmts[i].name, .diag = &d, .stop_after = DRV_LOWER};
+        if (drv_run(&job, &interp, NULL, NULL, err, sizeof err) != 0) {
+            if (d.nerrors)
+                fputs(d.text ? d.text : "", stderr);
+            else
+                fprintf(stderr, "xtc: %s\n", err);
             bad++;
         }
-        ir_graph_free(g);
         xtf_diag_free(&d);
     }
     if (bad) {

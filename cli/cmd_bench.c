@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "build.h"
 #include "cli.h"
 #include "codegen.h"
 #include "init.h"
@@ -40,6 +41,7 @@ typedef struct {
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
     int opt_level;
+    DrvTarget t;             /* --target and --dtype, resolved once */
 } BenchOpts;
 
 /* How each target's per-kernel times are taken, for the report (see the top of the file). */
@@ -161,11 +163,9 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
     if (!o->path || !o->batch || !o->seq)
         return cli_usage_error(&cmd, !o->path ? "no model file given" : !o->batch ? "no --batch given" : "no --seq given"),
                -1;
-    const CgBackend *be = cg_backend_find(o->target);
-    char err[256];
-    if (o->dtype && cg_dtype_parse(o->dtype, err, sizeof err) > 0 && !(be->caps & CG_CAP_HALF)) {
-        fprintf(stderr, "xtc bench: --dtype %s: the %s backend stores in f32 only (use --target cuda or cuda-emu)\n",
-                o->dtype, be->name);
+    char err[512];
+    if (drv_target(&o->t, &(CgOptions){.target = o->target, .dtype = o->dtype, .mma = o->mma}, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc bench: %s\n", err);
         return -1;
     }
     return 0;
@@ -182,23 +182,11 @@ static IrGraph *build_graph(const BenchOpts *o)
     lo.train = o->train;
     if (o->mask)
         lo.mask = lo.src_mask = lo.tgt_mask = lo.context_mask = 1;
-    IrGraph *g = cli_lower(f, o->model, &lo);
+    /* --train: the built-in loss, or the outputs seeded by grad.<output>; fp16 scales the loss */
+    DrvJob job = {.file = f, .model = o->model, .lower = lo, .grads = o->train, .stop_after = DRV_AUTODIFF};
+    IrGraph *g = NULL;
+    cli_drive("xtc bench", &job, &o->t, &g, NULL);
     xtf_free(f);
-    if (!g || !o->train)
-        return g;
-    IrGradOpts go = {.loss = "loss"};
-    int has_loss = 0;
-    for (int i = 0; i < g->noutputs; i++)
-        has_loss |= !strcmp(g->outputs[i].name, "loss");
-    if (!has_loss)
-        go = (IrGradOpts){.loss = NULL, .seed_outputs = 1};
-    go.loss_scale = cg_loss_scale_input(o->dtype);
-    char err[1024];
-    if (ir_autodiff(g, &go, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc bench: %s\n", err);
-        ir_graph_free(g);
-        return NULL;
-    }
     return g;
 }
 
@@ -226,33 +214,19 @@ static int64_t int_input_range(const IrGraph *g, const IrNode *in)
 
 static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fuse, const char *dir)
 {
-    char err[1024];
-    const CgBackend *be = cg_backend_find(o->target);
-    PassOptions po = {0};
-    po.no_fuse = no_fuse;
-    po.supports = be ? be->supports : NULL;
+    PassOptions po = {.no_fuse = no_fuse};
     double t0 = now_s();
-    IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
-    if (!opt) {
-        fprintf(stderr, "xtc bench: %s: %s\n", v->name, err);
-        return -1;
-    }
     snprintf(v->so, sizeof v->so, "%s/%s.so", dir, v->name);
-    CgOptions co = {0};
-    co.output = v->so;
-    co.target = o->target;
-    co.dtype = o->dtype;
-    co.mma = o->mma;
-    co.opt_level = o->opt_level;
-    co.source_name = o->path;
+    DrvJob job = {.graph = g, .start = DRV_PASSES, .passes = &po,
+                  .cg = {.output = v->so, .opt_level = o->opt_level, .source_name = o->path}};
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "xtc bench: %s", v->name);
+    IrGraph *opt = NULL;
     CgStats st;
-    int rc = cg_compile(opt, &co, &st, err, sizeof err);
+    if (cli_drive(prefix, &job, &o->t, &opt, &st) != 0)
+        return -1;
     v->nodes = opt->nnodes;
     ir_graph_free(opt);
-    if (rc != 0) {
-        fprintf(stderr, "xtc bench: %s: %s\n", v->name, err);
-        return -1;
-    }
     v->compile_s = now_s() - t0;
     if (xtc_module_load(v->so, &v->mod) != XTC_OK) {
         fprintf(stderr, "xtc bench: %s\n", v->mod ? xtc_module_error(v->mod) : "out of memory");

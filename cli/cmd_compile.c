@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "build.h"
 #include "cli.h"
 #include "codegen.h"
 #include "init.h"
@@ -87,78 +88,30 @@ int cli_compile(int argc, char **argv)
             printf("  %s\n", names[k]);
         return 0;
     }
-    if (cg_cpu_check(co.cpu, co.features, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc compile: --cpu: %s\n", err);
+    lo.dropout = lo.train; /* the model's dropout, seeded by the dropout_seed input */
+    DrvTarget target; /* the options that name the target, checked before anything is read */
+    if (drv_target(&target, &co, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc compile: %s\n", err);
         return 2;
     }
-    lo.dropout = lo.train; /* the model's dropout, seeded by the dropout_seed input */
     if (!path || !out)
         return cli_usage_error(&cmd, !path ? "no model file given" : "no output given (-o model.so)");
     if (cli_output_is_input("compile", "-o", out, "the source", path))
         return 2;
-    const CgBackend *be = cg_backend_find(co.target ? co.target : "cpu");
-    if (!be) {
-        fprintf(stderr, "xtc compile: unknown target '%s'\n", co.target);
-        return 2;
-    }
-    if (co.dtype && cg_dtype_parse(co.dtype, err, sizeof err) > 0 && !(be->caps & CG_CAP_HALF)) {
-        fprintf(stderr, "xtc compile: --dtype %s: the %s backend computes and stores in f32 only (use --target cuda "
-                "or cuda-emu)\n", co.dtype, be->name);
-        return 2;
-    }
-    if ((co.cuda_arch || co.emit_cuda) && !(be->caps & CG_CAP_CUDA)) {
-        fprintf(stderr, "xtc compile: --cuda-arch and --emit-cuda apply to --target cuda and cuda-emu, not %s\n",
-                be->name);
-        return 2;
-    }
-    po.supports = be->supports;
     double t0 = now();
     XtfFile *f = cli_load_xtf(path);
     if (!f)
         return 1;
-    IrGraph *g = cli_lower(f, model, &lo);
-    char *src = g ? strdup(f->src) : NULL; /* embedded: exactly the text compiled, read once */
-    xtf_free(f);
-    if (!g || !src) {
-        if (g)
-            fprintf(stderr, "xtc compile: out of memory\n");
-        ir_graph_free(g);
-        free(src);
-        return 1;
-    }
-    if (lo.train) {
-        IrGradOpts go = {.loss = "loss"};
-        int has_loss = 0;
-        for (int i = 0; i < g->noutputs; i++)
-            has_loss |= !strcmp(g->outputs[i].name, "loss");
-        if (!has_loss) /* no built-in loss: the caller supplies grad.<output> */
-            go = (IrGradOpts){.loss = NULL, .seed_outputs = 1};
-        go.loss_scale = cg_loss_scale_input(co.dtype); /* fp16: the session scales the loss */
-        if (ir_autodiff(g, &go, err, sizeof err) != 0) {
-            fprintf(stderr, "xtc compile: %s\n", err);
-            ir_graph_free(g);
-            free(src);
-            return 1;
-        }
-    }
-    IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
-    ir_graph_free(g);
-    if (!opt) {
-        fprintf(stderr, "xtc compile: %s\n", err);
-        free(src);
-        return 1;
-    }
     co.output = out;
-    co.source = src;
-    co.source_name = path;
+    /* --train: the gradient of the built-in loss, or without one of the outputs the caller seeds
+     * with grad.<output>; fp16 storage adds the loss scale the session manages */
+    DrvJob job = {.file = f, .model = model, .lower = lo, .grads = lo.train, .passes = &po, .cg = co};
+    IrGraph *opt = NULL;
     CgStats st = {0};
-    int rc = cg_compile(opt, &co, &st, err, sizeof err);
-    free(src);
-    if (rc != 0) {
-        fprintf(stderr, "xtc compile: %s\n", err);
-        ir_graph_free(opt);
+    int rc = cli_drive("xtc compile", &job, &target, &opt, &st);
+    xtf_free(f);
+    if (rc != 0)
         return 1;
-    }
     char parts[64] = "";
     if (st.parts > 1)
         snprintf(parts, sizeof parts, ", %d parts compiled in parallel", st.parts);

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "build.h"
 #include "cli.h"
 #include "codegen.h"
 #include "init.h"
@@ -109,39 +110,39 @@ int cli_demo(int argc, char **argv)
     }
     xtf_diag_free(&diag);
     double t0 = now();
-    XtLowerOpts lo = {0};
-    IrGraph *g = cli_lower(f, NULL, &lo);
-    xtf_free(f);
-    if (!g)
-        return 1;
     char err[1024];
-    IrGraph *opt = pass_run_pipeline(g, NULL, err, sizeof err);
-    if (!opt) {
+    DrvTarget cpu;
+    if (drv_target(&cpu, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "xtc demo: %s\n", err);
-        ir_graph_free(g);
+        xtf_free(f);
         return 1;
     }
+    /* the lowered graph is kept: the interpreter checks the module against it */
+    IrGraph *g = NULL, *opt = NULL;
+    DrvJob lower = {.file = f, .stop_after = DRV_LOWER};
+    int lowered = cli_drive("xtc demo", &lower, &cpu, &g, NULL);
+    xtf_free(f);
+    if (lowered != 0)
+        return 1;
 
     /* 2. code generation: a native module in a temporary directory */
     char dir[] = "/tmp/xtc-demo-XXXXXX", so[64];
     if (!mkdtemp(dir)) {
         perror("xtc demo: mkdtemp");
         ir_graph_free(g);
-        ir_graph_free(opt);
         return 1;
     }
     snprintf(so, sizeof so, "%s/gpt.so", dir);
-    CgOptions co = {.output = so, .opt_level = 2, .source = (const char *)xtc_bundled_gpt,
-                    .source_name = "models/gpt.xtf"};
+    DrvJob compile = {.graph = g, .start = DRV_PASSES,
+                      .cg = {.output = so, .opt_level = 2, .source = (const char *)xtc_bundled_gpt,
+                             .source_name = "models/gpt.xtf"}};
     CgStats st = {0};
     int rc = 1;
     Demo d = {.g = g, .n = (int64_t)len};
     XtcModule *m = NULL;
     XtcSession *s = NULL;
-    if (cg_compile(opt, &co, &st, err, sizeof err) != 0) {
-        fprintf(stderr, "xtc demo: %s\n", err);
+    if (cli_drive("xtc demo", &compile, &cpu, &opt, &st) != 0)
         goto done;
-    }
     double t1 = now();
     printf("compiled models/gpt.xtf (bundled) in %.2f s: %d IR nodes, %d kernels for %d steps, "
            "module %lld KB\n", t1 - t0, opt->nnodes, st.nkernels, st.nsteps, (long long)st.module_bytes / 1024);

@@ -133,17 +133,17 @@ static int get_module(const XtfFile *f, const char *model, const char *module_pa
         }
         f = owned;
         int rc = cli_check_byte_lm(f, model, "generate");
-        CliBuild b = {.model = model, .lower = {.kv_cache = !no_cache}};
+        DrvJob b = {.model = model, .lower = {.kv_cache = !no_cache}};
         if (rc == 0)
             fprintf(stderr, "compiling the %s form of %s ...\n", no_cache ? "forward" : "KV-cache", path);
-        G->m = rc == 0 ? cli_build_load(f, &b, NULL) : NULL;
+        G->m = rc == 0 ? cli_build_load(f, &b) : NULL;
         xtc_module_free(m);
     } else {
         if (cli_check_byte_lm(f, model, "generate") != 0)
             return -1;
-        CliBuild b = {.model = model, .lower = {.kv_cache = !no_cache}};
+        DrvJob b = {.model = model, .lower = {.kv_cache = !no_cache}};
         fprintf(stderr, "compiling the %s form of %s ...\n", no_cache ? "forward" : "KV-cache", path);
-        G->m = cli_build_load(f, &b, NULL);
+        G->m = cli_build_load(f, &b);
     }
     xtf_free(owned);
     if (!G->m)

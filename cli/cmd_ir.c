@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "build.h"
 #include "cli.h"
 #include "passes.h"
 
@@ -22,6 +23,7 @@ int cli_ir(int argc, char **argv)
     po.verify_each = 1;
     char err[512];
     XtLowerOpts opt = {0};
+    CgOptions co = {0};
     int list_passes = 0;
     const CliOpt opts[] = {
         {"--after", CLI_FN, &after, "PASS", .help = "run the pipeline up to and including PASS ('all': the whole pipeline)",
@@ -36,6 +38,10 @@ int cli_ir(int argc, char **argv)
         {"--kv-cache", CLI_FLAG, &opt.kv_cache, .help = "the incremental-decoding form (cache.<l>.k/.v in and out)"},
         {"--mask", CLI_FN, &opt, .help = "include the padding-mask inputs (mask, src_mask, tgt_mask, context_mask)",
          .fn = cli_opt_mask},
+        {"--target", CLI_STR, &co.target, "T", .help = "the backend whose compile the passes prepare for: cpu (default), cuda,\n"
+         "cuda-emu (the fusions it can lower, within its kernels' limits)"},
+        {"--dtype", CLI_FN, &co.dtype, "D", .help = "cuda, cuda-emu: the storage compiled for; --train --dtype fp16 adds the\n"
+         "loss_scale input (as xtc compile does)", .fn = cli_opt_dtype},
     };
     const CliCmd cmd = {
         .name = "ir", .usage = "model.xtf [options]",
@@ -52,33 +58,25 @@ int cli_ir(int argc, char **argv)
     }
     if (!path)
         return cli_usage_error(&cmd, "no model file given");
+    DrvTarget target; /* the IR the target's compile would see: its fusions, its loss scale */
+    if (drv_target(&target, &co, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc ir: %s\n", err);
+        return 2;
+    }
     XtfFile *f = cli_load_xtf(path);
     if (!f)
         return 1;
-    IrGraph *g = cli_lower(f, model, &opt);
+    /* --train: the loss when the model has one, else every output seeded by an input
+     * grad.<output>; autodiff first, then the passes (STYLE.md 4) */
+    int passes = after && strcmp(after, "lower");
+    po.stop_after = passes && strcmp(after, "all") ? after : NULL;
+    DrvJob job = {.file = f, .model = model, .lower = opt, .grads = opt.train, .passes = &po,
+                  .stop_after = passes ? DRV_PASSES : DRV_AUTODIFF};
+    IrGraph *g = NULL;
+    int rc = cli_drive("xtc ir", &job, &target, &g, NULL);
     xtf_free(f);
-    if (!g)
+    if (rc != 0)
         return 1;
-    /* the loss when the model has one, else every output seeded by an input grad.<output> */
-    IrGradOpts grad = {.seed_outputs = 1};
-    for (int i = 0; i < g->noutputs; i++)
-        if (!strcmp(g->outputs[i].name, "loss"))
-            grad.loss = "loss";
-    if (opt.train && ir_autodiff(g, &grad, err, sizeof err) < 0) {
-        fprintf(stderr, "xtc ir: %s\n", err);
-        ir_graph_free(g);
-        return 1;
-    }
-    if (after && strcmp(after, "lower")) { /* autodiff first, then the passes (STYLE.md 4) */
-        po.stop_after = strcmp(after, "all") ? after : NULL;
-        IrGraph *opt_g = pass_run_pipeline(g, &po, err, sizeof err);
-        ir_graph_free(g);
-        if (!opt_g) {
-            fprintf(stderr, "xtc ir: %s\n", err);
-            return 1;
-        }
-        g = opt_g;
-    }
     ir_print(g, stdout);
     ir_graph_free(g);
     return 0;

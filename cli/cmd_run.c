@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "build.h"
 #include "cli.h"
 #include "rt_internal.h"
 #include "safetensors.h"
@@ -237,20 +238,16 @@ int cli_run(int argc, char **argv)
         .context_mask = rt_st_find(b.inputs, "context_mask") != NULL,
         .tgt_mask = rt_st_find(b.inputs, "tgt_mask") != NULL,
     };
-    if (!(g = cli_lower(f, model, &opt)))
+    /* --grads: the built-in loss when the model has one (targets given), else the caller's
+     * output gradients grad.<output> from the input file; for the interpreter, unscaled */
+    DrvTarget interp;
+    DrvJob job = {.file = f, .model = model, .lower = opt, .grads = grads, .stop_after = DRV_AUTODIFF};
+    if (drv_target(&interp, &(CgOptions){.target = "interp"}, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc: %s\n", err);
         goto done;
-    if (grads) {
-        /* the built-in loss when the model has one (targets given), else the caller's output
-         * gradients grad.<output> from the input file */
-        int has_loss = 0;
-        for (int i = 0; i < g->noutputs; i++)
-            has_loss |= !strcmp(g->outputs[i].name, "loss");
-        IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
-        if (ir_autodiff(g, &go, err, sizeof err) != 0) {
-            fprintf(stderr, "xtc: %s\n", err);
-            goto done;
-        }
     }
+    if (cli_drive("xtc", &job, &interp, &g, NULL) != 0)
+        goto done;
     if (check_weights(g, b.weights, wpath) != 0 || cli_check_ids(g, b.inputs, ipath) != 0)
         goto done;
     if (check_finite && (cli_check_finite_file(g, b.weights, wpath, 0) != 0 ||

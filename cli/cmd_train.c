@@ -308,8 +308,8 @@ static int get_models(const XtfFile *f, const char *model, const char *module_pa
         if (has_grads(m)) { /* with dropout: validation needs a module that does not drop */
             M->train_mod = m;
             fprintf(stderr, "compiling the evaluation module of %s ...\n", module_path);
-            CliBuild e = {.model = model, .lower = {.train = 1}};
-            M->eval_mod = cli_build_load(owned, &e, NULL);
+            DrvJob e = {.model = model, .lower = {.train = 1}};
+            M->eval_mod = cli_build_load(owned, &e);
             xtf_free(owned);
             if (!M->eval_mod)
                 return -1;
@@ -324,10 +324,10 @@ static int get_models(const XtfFile *f, const char *model, const char *module_pa
     }
     fprintf(stderr, "compiling %s (training and evaluation modules) ...\n", path);
     double t0 = now_s();
-    CliBuild b = {.model = model, .lower = {.train = 1, .dropout = 1}, .grads = 1};
-    M->train_mod = cli_build_load(f, &b, NULL);
-    CliBuild e = {.model = model, .lower = {.train = 1}};
-    M->eval_mod = M->train_mod ? cli_build_load(f, &e, NULL) : NULL;
+    DrvJob b = {.model = model, .lower = {.train = 1, .dropout = 1}, .grads = 1};
+    M->train_mod = cli_build_load(f, &b);
+    DrvJob e = {.model = model, .lower = {.train = 1}};
+    M->eval_mod = M->train_mod ? cli_build_load(f, &e) : NULL;
     xtf_free(owned);
     if (!M->eval_mod)
         return -1;

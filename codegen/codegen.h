@@ -112,6 +112,9 @@ typedef struct CgBackend {
     /* Optimises and writes the module file; fills the optimize/emit/link times. */
     int (*compile)(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n);
     void (*release)(void *unit);
+    /* Limits of the fused kernels, which the passes respect (PassTarget): the largest constant
+     * head size the attention kernel and its gradient kernel take. */
+    int attention_max_head, attention_grad_max_head;
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;

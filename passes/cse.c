@@ -40,7 +40,8 @@ static IrNode *canonical(PassRewriter *rw, const IrNode *old, IrNode *p)
     return pass_build(rw, p);
 }
 
-IrGraph *pass_cse(IrGraph *g, char *err, size_t n)
+IrGraph *pass_cse(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
+    (void)t; /* no capability decides here */
     return pass_rewrite(g, canonical, NULL, NULL, err, n);
 }

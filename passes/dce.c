@@ -16,8 +16,9 @@
 
 #include "rewrite.h"
 
-IrGraph *pass_dce(IrGraph *g, char *err, size_t n)
+IrGraph *pass_dce(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
+    (void)t; /* no capability decides here */
     char *keep = pass_liveness(g, NULL);
     if (!keep) {
         snprintf(err, n, "out of memory");

@@ -69,7 +69,8 @@ static IrNode *fold(PassRewriter *rw, const IrNode *old, IrNode *p)
     return pass_broadcast_to(rw->g, ir_const(rw->g, r, old->dtype), old);
 }
 
-IrGraph *pass_fold(IrGraph *g, char *err, size_t n)
+IrGraph *pass_fold(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
+    (void)t; /* no capability decides here */
     return pass_rewrite(g, fold, NULL, NULL, err, n);
 }

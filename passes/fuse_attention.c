@@ -15,8 +15,9 @@
  * Not fused (left as they are): talking heads (the recognizer does not match a mix of heads
  * around the softmax), a bias or scale that takes a gradient (T5 relative position bias and the
  * learned cosine-similarity temperature in training, residual attention's previous scores), a
- * scale tensor that is not per batch and head, head sizes that are not constants up to 256, and
- * in training q, k, v of different head sizes.
+ * scale tensor that is not per batch and head, head sizes that are not constants within the
+ * target's bounds (PassTarget: the backend's fused attention kernel, and in training its gradient
+ * kernel too), and in training q, k, v of different head sizes.
  * Exact: the fused ops compute the replaced subgraph (ir/interp_fused.c), in the interpreter bit
  * for bit; compiled kernels round differently (online softmax, tiled sums). */
 #include "passes.h"
@@ -26,8 +27,6 @@
 
 #include "match.h"
 #include "rewrite.h"
-
-#define MAX_HEAD 256 /* the CPU kernel's bound on head sizes (codegen/llvm/cg_llvm_attention.c) */
 
 enum { ROLE_NONE, ROLE_OUT, ROLE_DQ, ROLE_DK, ROLE_DV };
 
@@ -45,6 +44,7 @@ typedef struct {
     int nfus;
     int *role;   /* per old node */
     int *which;  /* per old node: the fusion */
+    int max_head, max_grad_head; /* the target's bounds on head sizes; 0: none */
 } Ctx;
 
 /* ---- consumers of live nodes (CSR) ---- */
@@ -109,7 +109,8 @@ static int is_transpose_last2(const IrNode *t, const IrNode *x)
     return t->perm[x->rank - 2] == x->rank - 1 && t->perm[x->rank - 1] == x->rank - 2;
 }
 
-static int head_ok(IrDim d) { return ir_dim_is_const(d) && d.c >= 1 && d.c <= MAX_HEAD; }
+/* a constant head size within max (0: any) */
+static int head_ok(IrDim d, int max) { return ir_dim_is_const(d) && d.c >= 1 && (max <= 0 || d.c <= max); }
 
 /* x broadcasts to the scores [batch of q, I, J] */
 static int scores_operand_ok(const IrNode *x, const IrNode *q, IrDim J)
@@ -135,7 +136,7 @@ static const IrNode *strip_expand(const IrNode *x)
 }
 
 /* The forward parts the fused op needs: operand shapes, scale, bias and mask. */
-static int forward_ok(Fusion *fu)
+static int forward_ok(Fusion *fu, int max_head)
 {
     const PassAttention *m = &fu->m;
     const IrNode *q = m->q, *k = m->k, *v = m->v;
@@ -145,7 +146,7 @@ static int forward_ok(Fusion *fu)
     for (int d = 0; d < r - 2; d++)
         if (!ir_dim_eq(k->shape[d], q->shape[d]) || !ir_dim_eq(v->shape[d], q->shape[d]))
             return 0;
-    if (!head_ok(q->shape[r - 1]) || !head_ok(v->shape[r - 1]))
+    if (!head_ok(q->shape[r - 1], max_head) || !head_ok(v->shape[r - 1], max_head))
         return 0;
     IrDim J = k->shape[r - 2];
     /* a scalar, or a tensor [.., 1, 1]: one value per batch and head */
@@ -328,7 +329,7 @@ static IrNode *fuse(PassRewriter *rw, const IrNode *old, IrNode *p)
     return ir_slice(g, fu->bwd, r - 2, ir_dim_add(I, J), J);
 }
 
-IrGraph *pass_fuse_attention(IrGraph *g, char *err, size_t n)
+IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
     size_t nn = (size_t)g->nnodes + 1;
     int *uses = calloc(nn, sizeof *uses);
@@ -337,6 +338,8 @@ IrGraph *pass_fuse_attention(IrGraph *g, char *err, size_t n)
     c.fus = calloc(nn, sizeof *c.fus);
     c.role = calloc(nn, sizeof *c.role);
     c.which = calloc(nn, sizeof *c.which);
+    c.max_head = t ? t->attention_max_head : 0;
+    c.max_grad_head = t ? t->attention_grad_max_head : 0;
     Users u = {0};
     IrGraph *out = NULL;
     if (!live || !c.fus || !c.role || !c.which || users_build(g, live, &u) < 0) {
@@ -346,11 +349,14 @@ IrGraph *pass_fuse_attention(IrGraph *g, char *err, size_t n)
     for (int i = 0; i < g->nnodes; i++) {
         Fusion *fu = &c.fus[c.nfus];
         memset(fu, 0, sizeof *fu);
-        if (!live[i] || !pass_match_attention(g->nodes[i], &fu->m) || !forward_ok(fu))
+        if (!live[i] || !pass_match_attention(g->nodes[i], &fu->m) || !forward_ok(fu, c.max_head))
             continue;
         const IrNode *dq = NULL, *dk = NULL, *dv = NULL;
         if (!pass_attention_private(&fu->m, uses)) {
-            if (!match_backward(g, &u, uses, fu, &dq, &dk, &dv))
+            /* trained: both kernels or neither (the forward keeps the statistics its gradient reads) */
+            int r = fu->m.q->rank;
+            if (!head_ok(fu->m.q->shape[r - 1], c.max_grad_head) || !head_ok(fu->m.v->shape[r - 1], c.max_grad_head) ||
+                !match_backward(g, &u, uses, fu, &dq, &dk, &dv))
                 continue;
             fu->train = 1;
             c.role[dq->id] = ROLE_DQ;

@@ -324,8 +324,9 @@ static IrNode *fuse(PassRewriter *rw, const IrNode *old, IrNode *p)
     return pass_build(rw, &proto);
 }
 
-IrGraph *pass_fuse_elementwise(IrGraph *g, char *err, size_t n)
+IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
+    (void)t; /* no capability decides here */
     size_t nn = (size_t)g->nnodes + 1;
     Ctx c;
     memset(&c, 0, sizeof c);

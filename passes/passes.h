@@ -10,9 +10,8 @@
  * graphs are differentiated (ir_autodiff) before the pipeline runs, so fusions see forward and
  * backward together (practice 4).
  *
- *   IrGraph *g = xt_lower(...);               (and ir_autodiff(g, ...) when training)
- *   PassOptions o = {.verify_each = 1};
- *   IrGraph *opt = pass_run_pipeline(g, &o, err, sizeof err);
+ * The compile driver (driver/driver.h) runs it between lowering (and autodiff) and codegen,
+ * with the target's PassTarget; tests of the passes call pass_run_pipeline on IR text.
  */
 #ifndef XTC_PASSES_H
 #define XTC_PASSES_H
@@ -22,11 +21,25 @@
 
 #include "ir.h"
 
+/* What the backend can take, as the passes see it: plain data, resolved once from the target by
+ * the compile driver (driver/driver.h, drv_target). A pass that makes an op the backend cannot
+ * lower, or a fused kernel past its limits, leaves the pattern unfused for that backend. */
+typedef struct {
+    /* Whether the backend has a lowering for op (CgBackend.supports): fusions whose op it cannot
+     * lower are skipped. NULL: every op (the interpreter runs them all). */
+    int (*supports)(IrOp op);
+    /* The largest constant head size (of q and k, and of v) the backend's fused attention kernel
+     * takes, and that of its gradient kernel (attention_grad); 0: no bound (the interpreter). */
+    int attention_max_head;
+    int attention_grad_max_head;
+} PassTarget;
+
 typedef struct {
     const char *name;    /* for --disable-pass=NAME and xtc ir --after=NAME */
     const char *summary; /* one line, for listings */
-    /* Returns a new graph (g is not freed), or NULL with a message in err. */
-    IrGraph *(*run)(IrGraph *g, char *err, size_t n);
+    /* Returns a new graph (g is not freed), or NULL with a message in err. t: the target's
+     * capabilities (NULL: no bounds, every op). */
+    IrGraph *(*run)(IrGraph *g, const PassTarget *t, char *err, size_t n);
     int is_fusion;       /* turned off as a group by --no-fuse */
     /* A fusion: the op it creates. When PassOptions.supports says the backend cannot lower it,
      * the pass is skipped and the pattern stays unfused for that backend. IR_NUM_OPS: none. */
@@ -60,9 +73,9 @@ typedef struct {
     FILE *dump;
     const char *dump_after;
     FILE *log;                  /* when set: one line per pass with the node counts */
-    /* The backend's capability (CgBackend.supports): fusions whose op it cannot lower are
-     * skipped. NULL: every op is supported (the interpreter runs them all). */
-    int (*supports)(IrOp op);
+    /* The backend's capabilities (see PassTarget); NULL: every op, no bounds (the interpreter).
+     * The compile driver sets it from the target. */
+    const PassTarget *target;
 } PassOptions;
 
 /* Runs the pipeline on g (not freed) and returns a new graph owned by the caller, or NULL with a
@@ -73,11 +86,11 @@ IrGraph *pass_run_pipeline(IrGraph *g, const PassOptions *o, char *err, size_t n
 IrGraph *pass_run_list(const Pass *list, IrGraph *g, const PassOptions *o, char *err, size_t n);
 
 /* The passes themselves, one per file. */
-IrGraph *pass_dce(IrGraph *g, char *err, size_t n);
-IrGraph *pass_cse(IrGraph *g, char *err, size_t n);
-IrGraph *pass_fold(IrGraph *g, char *err, size_t n);
-IrGraph *pass_simplify(IrGraph *g, char *err, size_t n);
-IrGraph *pass_fuse_attention(IrGraph *g, char *err, size_t n);
-IrGraph *pass_fuse_elementwise(IrGraph *g, char *err, size_t n);
+IrGraph *pass_dce(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_cse(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_fold(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_simplify(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n);
 
 #endif

@@ -117,10 +117,11 @@ static const char *skipped(const PassOptions *o, const Pass *p)
 {
     if (o->no_fuse && p->is_fusion)
         return "no-fuse";
-    if (p->is_fusion && o->supports && p->produces < IR_NUM_OPS && !o->supports(p->produces))
+    int (*supports)(IrOp) = o->target ? o->target->supports : NULL;
+    if (p->is_fusion && supports && p->produces < IR_NUM_OPS && !supports(p->produces))
         return "the backend cannot lower its op";
-    if (p->is_fusion && o->supports && p->produces_also > 0 && p->produces_also < IR_NUM_OPS &&
-        !o->supports(p->produces_also))
+    if (p->is_fusion && supports && p->produces_also > 0 && p->produces_also < IR_NUM_OPS &&
+        !supports(p->produces_also))
         return "the backend cannot lower its op";
     for (int i = 0; i < o->ndisable; i++)
         if (strcmp(o->disable[i], p->name) == 0)
@@ -157,7 +158,7 @@ IrGraph *pass_run_list(const Pass *list, IrGraph *g, const PassOptions *o, char 
         const char *why = skipped(o, p);
         if (!why[0]) {
             int before = cur->nnodes;
-            IrGraph *next = p->run(cur, msg, sizeof msg);
+            IrGraph *next = p->run(cur, o->target, msg, sizeof msg);
             if (!next) {
                 snprintf(err, n, "pass '%s': %s", p->name, msg);
                 if (cur != g)

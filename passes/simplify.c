@@ -172,8 +172,9 @@ static IrNode *simplify(PassRewriter *rw, const IrNode *old, IrNode *p)
     return pass_build(rw, p);
 }
 
-IrGraph *pass_simplify(IrGraph *g, char *err, size_t n)
+IrGraph *pass_simplify(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
+    (void)t; /* no capability decides here */
     return pass_rewrite(g, simplify, NULL, NULL, err, n);
 }
 

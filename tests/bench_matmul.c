@@ -11,6 +11,7 @@
  * bench_matmul --bf16 [M K N] ...: the matmuls compiled with --mma=bf16 (operands rounded to
  * bf16, f32 sums: vdpbf16ps on CPUs with AVX512_BF16), then the same in f32, and the ratio. */
 #include "codegen.h"
+#include "driver.h"
 #include "passes.h"
 #include "xtc.h"
 
@@ -69,13 +70,16 @@ static int time_runs(XtcSession *s, double *wall, double *cpu)
 
 static int mma = CG_MMA_AUTO; /* --bf16: CG_MMA_BF16 for the matmul benches */
 
-/* Compiles g at -O3 into path and loads it; NULL, with the message on stderr, when either fails. */
-static XtcModule *compile_and_load(const IrGraph *g, const char *path)
+/* Compiles g (after the passes po asks for, when set) at -O3 for this CPU into path through the
+ * compile driver, and loads it; NULL, with the message on stderr, when either fails. */
+static XtcModule *compile_and_load(IrGraph *g, const PassOptions *po, const char *path)
 {
     char err[1024];
-    CgOptions opt = {.output = path, .opt_level = 3, .mma = mma};
+    DrvTarget cpu;
+    DrvJob job = {.graph = g, .start = po ? DRV_PASSES : DRV_CODEGEN, .passes = po,
+                  .cg = {.output = path, .opt_level = 3}};
     CgStats st;
-    if (cg_compile(g, &opt, &st, err, sizeof err)) {
+    if (drv_target(&cpu, &(CgOptions){.mma = mma}, err, sizeof err) || drv_run(&job, &cpu, NULL, &st, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         return NULL;
     }
@@ -104,7 +108,7 @@ static int bench(int64_t m, int64_t k, int64_t n, int tb, const char *dir, doubl
     ir_output(g, "c", ir_matmul(g, a, b, tb));
     char path[600];
     snprintf(path, sizeof path, "%s/bench_%lld_%lld_%lld_%d.so", dir, (long long)m, (long long)k, (long long)n, tb);
-    XtcModule *mod = compile_and_load(g, path);
+    XtcModule *mod = compile_and_load(g, NULL, path);
     if (!mod)
         return 1;
     float *A = malloc((size_t)(m * k) * 4), *B = malloc((size_t)(k * n) * 4);
@@ -160,7 +164,7 @@ static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
     ir_output(g, "o", ir_attention(g, q, k, v, NULL, NULL, ir_const(g, 1.0 / sqrt((double)d), IR_F32), 1, 0));
     char path[600];
     snprintf(path, sizeof path, "%s/attn_%lld_%lld_%lld.so", dir, (long long)h, (long long)n, (long long)d);
-    XtcModule *mod = compile_and_load(g, path);
+    XtcModule *mod = compile_and_load(g, NULL, path);
     if (!mod)
         return 1;
     int64_t count = h * n * d, shape[4] = {1, h, n, d};
@@ -249,17 +253,9 @@ static int bench_epilogue(int64_t m, int64_t k, int64_t n, const char *dir)
     char path[2][600];
     int rc = 0;
     for (int fuse = 0; fuse < 2 && !rc; fuse++) {
-        char err[1024];
         PassOptions po = {.no_fuse = !fuse};
-        IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
-        if (!opt) {
-            fprintf(stderr, "%s\n", err);
-            rc = 1;
-            break;
-        }
         snprintf(path[fuse], sizeof path[fuse], "%s/ff_%d.so", dir, fuse);
-        mod[fuse] = compile_and_load(opt, path[fuse]);
-        ir_graph_free(opt);
+        mod[fuse] = compile_and_load(g, &po, path[fuse]);
         rc = !mod[fuse];
     }
     double flop = 2.0 * (double)m * (double)n * (double)k;

@@ -34,6 +34,7 @@
 #define XTC_TESTS_OP_CASES_H
 
 #include "ir.h"
+#include "harness_drive.h"
 #include "passes.h"
 
 #include <check.h>
@@ -815,9 +816,10 @@ static inline int op_case_count(unsigned backend)
 }
 
 /* The first op of ops.def that no case of cases[0..n) run on backend uses, -1 when every op but the
- * exempt ones has one. With supports (the backend's), an op also counts as used where the pass
- * pipeline makes it from a case, as the suites that run the pipeline over their cases do. */
-static inline int op_cases_missing(const OpCase *cases, int n, unsigned backend, int (*supports)(IrOp))
+ * exempt ones has one. With target (the backend's, through the compile driver), an op also counts
+ * as used where the pass pipeline makes it from a case, as the suites that run the pipeline over
+ * their cases do. */
+static inline int op_cases_missing(const OpCase *cases, int n, unsigned backend, const char *target)
 {
     int seen[IR_NUM_OPS] = {0};
     for (int c = 0; c < n; c++) {
@@ -826,10 +828,10 @@ static inline int op_cases_missing(const OpCase *cases, int n, unsigned backend,
         IrGraph *g = harness_new_graph(cases[c].name, cases[c].build, 256);
         for (int i = 0; i < g->nnodes; i++)
             seen[g->nodes[i]->op] = 1;
-        if (supports) {
-            PassOptions po = {.supports = supports};
+        if (target) {
+            PassOptions po = {0};
             char err[512];
-            IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+            IrGraph *h = harness_passes(g, target, &po, err, sizeof err);
             ck_assert_msg(h != NULL, "%s: passes: %s", cases[c].name, err);
             for (int i = 0; i < h->nnodes; i++)
                 seen[h->nodes[i]->op] = 1;

@@ -6,6 +6,7 @@
 #define XTC_TESTS_PARITY_RUN_H
 
 #include "codegen.h"
+#include "harness_drive.h"
 #include "safetensors.h"
 #include "xtc.h"
 #include "xtf.h"
@@ -53,7 +54,7 @@ static inline int parity_case(const char *name, const ParityRun *run, char *err,
         .context_mask = rt_st_find(in, "context_mask") != NULL,
         .tgt_mask = rt_st_find(in, "tgt_mask") != NULL,
     };
-    IrGraph *g = f && !d.nerrors ? xt_lower(f, NULL, &lo, &d) : NULL;
+    IrGraph *g = f && !d.nerrors ? harness_build(f, NULL, &lo, 0, harness_target("cpu"), NULL, &d, err, n) : NULL;
     xtf_diag_free(&d);
     xtf_free(f);
     if (!g) {
@@ -65,7 +66,7 @@ static inline int parity_case(const char *name, const ParityRun *run, char *err,
     XtcSession *s = NULL;
     snprintf(path, sizeof path, "%s/parity_%s.so", tmpdir, name);
     CgOptions opt = {.output = path, .opt_level = run->opt_level, .mma = run->mma};
-    if (cg_compile(g, &opt, NULL, err, n))
+    if (harness_cg(g, &opt, NULL, err, n))
         goto done;
     if (xtc_module_load(path, &m) || xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s)) {
         snprintf(err, n, "%s", s ? xtc_session_error(s) : xtc_module_error(m));

@@ -115,4 +115,14 @@ refuse "grads of an inference module" "compile it with --train" "$xtc" run "$tmp
   --weights "$case/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o3.safetensors"
 refuse "weights of another model" "missing tensor\|unexpected tensor\|shape" "$xtc" run "$tmp/m.so" \
   --weights "$parity/decoder_plain/weights.safetensors" --input "$case/inputs.safetensors" --output "$tmp/o4.safetensors"
+# xtc ir shows the graph the target's compile gets: heads of 512 fuse for cuda, whose attention
+# kernels take heads up to 1024, and not for the cpu (256); fp16 training adds the loss scale
+printf 'wide = TransformerWrapper(num_tokens = 11, max_seq_len = 8,\n    attn_layers = Decoder(dim = 16, depth = 1, heads = 1, attn_dim_head = 512))\n' > "$tmp/wide.xtf"
+check "ir --target cuda --dtype fp16 --train" "$xtc" ir "$tmp/wide.xtf" --after=all --train --target cuda --dtype fp16
+grep -q "= attention " "$tmp/out" && grep -q "= attention_grad " "$tmp/out" && grep -q "%loss_scale = input" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL heads of 512 fuse for cuda, and fp16 training has the loss-scale input"; }
+check "ir --train (the cpu)" "$xtc" ir "$tmp/wide.xtf" --after=all --train
+! grep -q "= attention" "$tmp/out" && ! grep -q "loss_scale" "$tmp/out" ||
+  { fail=$((fail + 1)); echo "FAIL heads of 512 stay unfused for the cpu, whose kernel takes up to 256"; }
+refuse "ir --dtype on the cpu" "computes and stores in f32 only" "$xtc" ir "$tmp/wide.xtf" --dtype bf16
 checks_done cli

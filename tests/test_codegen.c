@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_drive.h"
 #include "harness_bind.h"
 #include "op_cases.h"
 #include "parity_run.h"
@@ -47,7 +48,7 @@ static XtcModule *compile_with(const IrGraph *g, const char *name, CgStats *stat
     snprintf(path, sizeof path, "%s/%s.so", tmpdir, name);
     CgOptions opt = {.output = path, .opt_level = opt_level, .cpu = cpu, .source = "# test source\n",
                      .source_name = "test.xtf"};
-    ck_assert_msg(cg_compile(g, &opt, stats, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_msg(harness_cg(g, &opt, stats, err, sizeof err) == 0, "compiling %s: %s", name, err);
     XtcModule *m = NULL;
     int st = xtc_module_load(path, &m);
     ck_assert_msg(st == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
@@ -270,7 +271,7 @@ START_TEST(test_epilogue_vectorized)
     CgOptions opt = {.output = path, .opt_level = 2, .cpu = "skylake-avx512", .emit_llvm = llpath,
                      .source = "# test source\n", .source_name = "test.xtf"};
     CgStats stats;
-    ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "compiling: %s", err);
+    ck_assert_msg(harness_cg(g, &opt, &stats, err, sizeof err) == 0, "compiling: %s", err);
     FILE *f = fopen(llpath, "r");
     ck_assert_msg(f != NULL, "%s: not written", llpath);
     static char text[1 << 22];
@@ -597,7 +598,7 @@ static int cache_compile(const IrGraph *g, const char *name, const char *target,
     CgOptions opt = {.output = path, .target = target, .opt_level = opt_level, .source = "# test source\n",
                      .source_name = "test.xtf"};
     CgStats st;
-    ck_assert_msg(cg_compile(g, &opt, &st, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_msg(harness_cg(g, &opt, &st, err, sizeof err) == 0, "compiling %s: %s", name, err);
     ck_assert_int_gt(st.module_bytes, 0);
     return st.cached;
 }

@@ -56,6 +56,7 @@
 
 #define HARNESS_SEED 0x2545F4914F6CDD1Dull
 #include "harness.h"
+#include "harness_drive.h"
 #include "harness_bind.h"
 #include "emu_lib.h"
 #include "op_cases.h"
@@ -449,7 +450,7 @@ static XtcModule *compile_mma(const IrGraph *g, const char *name, int mma)
     snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, cg_mma_name(mma), STORAGE_NAME[storage]);
     CgOptions opt = {.output = path, .target = "cuda-emu", .opt_level = 2, .source = "# test\n",
                      .source_name = "t.xtf", .mma = mma, .dtype = STORAGE_NAME[storage]};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", name, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
     return m;
@@ -516,9 +517,9 @@ static void check_graph(const Lib *l, const OpCase *c, int mma)
     Names ops; /* names in built, kept until the end */
     matmul_operands(built, &ops);
     if (fuse) {
-        PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
+        PassOptions po = {.verify_each = 1};
         char err[1024];
-        IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+        IrGraph *h = harness_passes(g, "cuda-emu", &po, err, sizeof err);
         ck_assert_msg(h != NULL, "%s: passes: %s", name, err);
         g = h;
         int fused = 0;
@@ -677,17 +678,11 @@ static IrGraph *lower_model(const char *path, int train)
     XtfFile *f = xtf_parse_file(path, &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s: %s", path, d.text ? d.text : "");
     XtLowerOpts lo = {.train = train};
-    IrGraph *g = xt_lower(f, NULL, &lo, &d);
-    ck_assert_msg(g != NULL, "%s: %s", path, d.text ? d.text : "");
+    char err[1024];
+    IrGraph *h = harness_build(f, NULL, &lo, train, harness_target("cuda-emu"), HARNESS_EVERY_PASS, &d, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s: %s %s", path, err, d.text ? d.text : "");
     xtf_diag_free(&d);
     xtf_free(f);
-    char err[1024];
-    if (train)
-        ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "%s: autodiff: %s", path, err);
-    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-    ck_assert_msg(h != NULL, "%s: passes: %s", path, err);
-    ir_graph_free(g);
     return h;
 }
 
@@ -788,17 +783,14 @@ static IrGraph *lower_scaled(void)
     XtfFile *f = xtf_parse("tiny.xtf", src, strlen(src), &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
     XtLowerOpts lo = {.train = 1};
-    IrGraph *g = xt_lower(f, NULL, &lo, &d);
-    ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
+    char err[1024];
+    DrvTarget fp16; /* its loss scale is the loss-scale input */
+    ck_assert_msg(drv_target(&fp16, &(CgOptions){.target = "cuda-emu", .dtype = "fp16"}, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(fp16.loss_scale, XTC_LOSS_SCALE_INPUT);
+    IrGraph *h = harness_build(f, NULL, &lo, 1, &fp16, HARNESS_EVERY_PASS, &d, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s %s", err, d.text ? d.text : "");
     xtf_diag_free(&d);
     xtf_free(f);
-    char err[1024];
-    IrGradOpts go = {.loss = "loss", .loss_scale = cg_loss_scale_input("fp16")};
-    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
-    PassOptions po = {.verify_each = 1, .supports = cg_cuda_emu_backend.supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-    ck_assert_msg(h != NULL, "passes: %s", err);
-    ir_graph_free(g);
     return h;
 }
 

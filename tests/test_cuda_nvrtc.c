@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_drive.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("nvrtc"); }
 
@@ -140,9 +141,9 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
 /* The pipeline as xtc compile --target cuda runs it (fusions the backend cannot lower skipped). */
 static void add_lowered(KernelSet *ks, IrGraph *g, const char *what)
 {
-    PassOptions po = {.verify_each = 1, .supports = cg_cuda_backend.supports};
+    PassOptions po = {.verify_each = 1};
     char err[1024];
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    IrGraph *h = harness_passes(g, "cuda", &po, err, sizeof err);
     ck_assert_msg(h != NULL, "%s: passes: %s", what, err);
     add_graph(ks, h, what);
     ir_graph_free(h);
@@ -150,11 +151,8 @@ static void add_lowered(KernelSet *ks, IrGraph *g, const char *what)
 
 static IrGraph *lower(XtfFile *f, const char *model, const XtLowerOpts *o)
 {
-    XtfDiag d;
-    xtf_diag_init(&d);
-    IrGraph *g = xt_lower(f, model, o, &d);
-    xtf_diag_free(&d);
-    return g;
+    char err[512];
+    return harness_build(f, model, o, 0, harness_target("cuda"), NULL, NULL, err, sizeof err);
 }
 
 static void add_model(KernelSet *ks, XtfFile *f, const char *model, const char *base)
@@ -187,12 +185,8 @@ static void add_model(KernelSet *ks, XtfFile *f, const char *model, const char *
     if (!g)
         return;
     add_lowered(ks, g, what);
-    int has_loss = 0;
-    for (int o = 0; o < g->noutputs; o++)
-        has_loss |= strcmp(g->outputs[o].name, "loss") == 0;
-    IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
-    char err[512];
-    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s: autodiff: %s", what, err);
+    char err[512]; /* the loss, or the outputs seeded by grad.<output> */
+    ck_assert_msg(harness_autodiff(g, "cuda", err, sizeof err) == 0, "%s: autodiff: %s", what, err);
     add_lowered(ks, g, what);
     ir_graph_free(g);
 }
@@ -501,18 +495,16 @@ static void compile_module(const char *xtf, int train, const char *arch, const c
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s: %s", xtf, d.text ? d.text : "");
     xtf_diag_free(&d);
     XtLowerOpts lo = {.train = train};
-    IrGraph *g = lower(f, NULL, &lo);
-    ck_assert_ptr_nonnull(g);
     char err[2048];
-    if (train)
-        ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "%s", err);
+    IrGraph *g = harness_build(f, NULL, &lo, train, harness_target("cuda"), NULL, NULL, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
     char path[512], cu[512];
     snprintf(path, sizeof path, "%s/module_%d.so", tmpdir, train);
     snprintf(cu, sizeof cu, "%s/module_%d.cu", tmpdir, train);
     CgOptions opt = {.output = path, .target = "cuda", .cuda_arch = arch, .source = f->src, .source_name = xtf,
                      .emit_cuda = cu, .dtype = dtype};
     CgStats stats;
-    ck_assert_msg(cg_compile(g, &opt, &stats, err, sizeof err) == 0, "%s: %s", xtf, err);
+    ck_assert_msg(harness_cg(g, &opt, &stats, err, sizeof err) == 0, "%s: %s", xtf, err);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
     ck_assert_int_eq(xtc_module_num_kernels(m), stats.nkernels);

@@ -13,6 +13,7 @@
  *    pass pipeline, fusions included) equal the interpreter's for the same seed. */
 #include "codegen.h"
 #include "harness.h"
+#include "harness_drive.h"
 #include "init.h"
 #include "ir.h"
 #include "passes.h"
@@ -34,9 +35,10 @@ static IrGraph *lower(const char *src, int train, int dropout)
     ck_assert_ptr_nonnull(f);
     xtf_check(f, &d);
     XtLowerOpts o = {.train = train, .dropout = dropout};
-    IrGraph *g = d.nerrors ? NULL : xt_lower(f, NULL, &o, &d);
+    char err[512];
+    IrGraph *g = d.nerrors ? NULL : harness_build(f, NULL, &o, 0, harness_target("cpu"), NULL, &d, err, sizeof err);
     if (!g)
-        ck_abort_msg("%s", d.text ? d.text : "lowering failed");
+        ck_abort_msg("%s", d.text ? d.text : err);
     xtf_diag_free(&d);
     xtf_free(f);
     return g;
@@ -220,7 +222,7 @@ START_TEST(test_rand_like)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/r.so", dir);
     CgOptions co = {.output = path, .opt_level = 2};
-    ck_assert_msg(cg_compile(g, &co, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(g, &co, NULL, err, sizeof err) == 0, "%s", err);
     XtcModule *m;
     XtcSession *s;
     ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
@@ -263,7 +265,7 @@ START_TEST(test_lowering)
     ck_assert_ptr_null(ir_find_leaf(eval, IR_INPUT, "dropout_seed"));
     char err[512];
     ck_assert_msg(ir_verify(train, err, sizeof err) == 0, "%s", err);
-    ck_assert_msg(ir_autodiff(train, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_autodiff(train, "cpu", err, sizeof err) == 0, "%s", err);
     /* rates of 0 in training: nothing to drop, no seed */
     IrGraph *zero = lower(without, 1, 1);
     char *c = ir_print_str(zero);
@@ -331,7 +333,7 @@ START_TEST(test_compiled_gradients)
 {
     IrGraph *g = lower(with_rates, 1, 1);
     char err[512];
-    ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_autodiff(g, "cpu", err, sizeof err) == 0, "%s", err);
     Bind b;
     bind_init(&b, g, 4242);
     IrHostTensor *ref = calloc((size_t)g->noutputs, sizeof *ref);
@@ -339,11 +341,11 @@ START_TEST(test_compiled_gradients)
     char dir[] = "/tmp/xtc-test-dropout-XXXXXX", path[300];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/m.so", dir);
-    PassOptions po = {.verify_each = 1, .supports = cg_llvm_backend.supports};
-    IrGraph *opt = pass_run_pipeline(g, &po, err, sizeof err);
+    PassOptions po = {.verify_each = 1};
+    IrGraph *opt = harness_passes(g, "cpu", &po, err, sizeof err);
     ck_assert_msg(opt != NULL, "%s", err);
     CgOptions co = {.output = path, .opt_level = 1};
-    ck_assert_msg(cg_compile(opt, &co, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(opt, &co, NULL, err, sizeof err) == 0, "%s", err);
     ck_assert_int_eq(opt->noutputs, g->noutputs);
     ir_graph_free(opt);
     XtcModule *m;

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "harness_drive.h"
 #include "harness_bind.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("fuse"); }
@@ -40,26 +41,18 @@ static IrGraph *lower_xtf(const char *path, const char *text, const XtLowerOpts 
     XtfFile *f = text ? xtf_parse("test.xtf", text, strlen(text), &d) : xtf_parse_file(path, &d);
     if (f && !d.nerrors)
         xtf_check(f, &d);
-    IrGraph *g = f && !d.nerrors ? xt_lower(f, NULL, lo, &d) : NULL;
-    if (g && d.nerrors) {
-        ir_graph_free(g);
-        g = NULL;
-    }
+    char err[512];
+    IrGraph *g = f && !d.nerrors ? harness_build(f, NULL, lo, grads, harness_target("cpu"), NULL, &d, err, sizeof err) : NULL;
     xtf_diag_free(&d);
     xtf_free(f);
-    if (g && grads) {
-        char err[512];
-        IrGradOpts go = {.loss = "loss"};
-        ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "%s", err);
-    }
     return g;
 }
 
 static IrGraph *optimize(IrGraph *g, int no_fuse)
 {
     char err[1024];
-    PassOptions po = {.no_fuse = no_fuse, .verify_each = 1, .supports = cg_llvm_backend.supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
+    PassOptions po = {.no_fuse = no_fuse, .verify_each = 1};
+    IrGraph *h = harness_passes(g, "cpu", &po, err, sizeof err);
     ck_assert_msg(h != NULL, "%s", err);
     return h;
 }
@@ -141,7 +134,7 @@ static int parity_case(const char *name, int no_fuse, ParityStats *ps, char *err
     /* unfused, each module in three parts (compiled in parallel threads), whatever the machine
      * has: the split is then taken by every model, not only where there are processors for it */
     CgOptions opt = {.output = path, .opt_level = 2, .parts = no_fuse ? 3 : 0};
-    if (cg_compile(h, &opt, NULL, err, n))
+    if (harness_cg(h, &opt, NULL, err, n))
         goto done;
     if (xtc_module_load(path, &m)) {
         snprintf(err, n, "%s", xtc_module_error(m));
@@ -296,7 +289,7 @@ START_TEST(test_module_parts)
         snprintf(path, sizeof path, "%s/parts_%d.so", tmpdir, parts[pi]);
         CgOptions opt = {.output = path, .opt_level = 2, .parts = parts[pi]};
         CgStats st = {0};
-        ck_assert_msg(cg_compile(h, &opt, &st, err, sizeof err) == 0, "%d parts: %s", parts[pi], err);
+        ck_assert_msg(harness_cg(h, &opt, &st, err, sizeof err) == 0, "%d parts: %s", parts[pi], err);
         nkernels = st.nkernels;
         ck_assert_int_eq(st.parts, parts[pi] < st.nkernels ? parts[pi] : st.nkernels);
         XtcModule *m = NULL;
@@ -425,7 +418,7 @@ START_TEST(test_arena_linear)
         char path[600], err[1024];
         snprintf(path, sizeof path, "%s/arena_%d.so", tmpdir, no_fuse);
         CgOptions opt = {.output = path, .opt_level = 0};
-        ck_assert_msg(cg_compile(h, &opt, NULL, err, sizeof err) == 0, "%s", err);
+        ck_assert_msg(harness_cg(h, &opt, NULL, err, sizeof err) == 0, "%s", err);
         XtcModule *m = NULL;
         ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
         int64_t syms[8] = {0}, bytes[2];

@@ -15,6 +15,7 @@
 #include "codegen.h"
 #include "gpu.h"
 #include "harness.h"
+#include "harness_drive.h"
 #include "init.h"
 #include "ir.h"
 #include "passes.h"
@@ -79,9 +80,10 @@ static IrGraph *lower(const char *src, int kv)
     ck_assert_ptr_nonnull(f);
     xtf_check(f, &d);
     XtLowerOpts o = {.kv_cache = kv};
-    IrGraph *g = d.nerrors ? NULL : xt_lower(f, NULL, &o, &d);
+    char err[512];
+    IrGraph *g = d.nerrors ? NULL : harness_build(f, NULL, &o, 0, harness_target("cpu"), NULL, &d, err, sizeof err);
     if (!g)
-        ck_abort_msg("%s", d.text ? d.text : "lowering failed");
+        ck_abort_msg("%s", d.text ? d.text : err);
     xtf_diag_free(&d);
     xtf_free(f);
     return g;
@@ -123,15 +125,15 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
 {
     char err[1024], path[600];
     int cpu = !strcmp(target, "cpu"), emu = !strcmp(target, "cuda-emu");
-    PassOptions po = {.verify_each = 1, .supports = cg_backend_find(target)->supports};
-    IrGraph *h = pass_run_pipeline((IrGraph *)step, &po, err, sizeof err);
+    PassOptions po = {.verify_each = 1};
+    IrGraph *h = harness_passes((IrGraph *)step, target, &po, err, sizeof err);
     ck_assert_msg(h != NULL, "passes: %s", err);
     harness_make_tmpdir("kv_cache");
     snprintf(path, sizeof path, "%s/step_%s.so", tmpdir, target);
     CgOptions opt = {.output = path, .target = cpu ? NULL : target, .opt_level = 1, .source = "# test\n",
                      .source_name = "t.xtf", .mma = mma};
     CgStats st;
-    ck_assert_msg(cg_compile(h, &opt, &st, err, sizeof err) == 0, "%s: %s", target, err);
+    ck_assert_msg(harness_cg(h, &opt, &st, err, sizeof err) == 0, "%s: %s", target, err);
     ir_graph_free(h);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
@@ -400,14 +402,14 @@ START_TEST(past_max_seq_len)
     ck_assert_msg(strstr(err, "n+c = 34 with these inputs exceeds its bound 32"), "%s", err);
 
     char path[600];
-    PassOptions po = {.verify_each = 1, .supports = cg_backend_find("cpu")->supports};
-    IrGraph *h = pass_run_pipeline(step, &po, err, sizeof err);
+    PassOptions po = {.verify_each = 1};
+    IrGraph *h = harness_passes(step, "cpu", &po, err, sizeof err);
     ck_assert_msg(h != NULL, "passes: %s", err);
     harness_make_tmpdir("kv_cache");
     snprintf(path, sizeof path, "%s/limit.so", tmpdir);
     CgOptions opt = {.output = path, .opt_level = 0, .source = "# test\n", .source_name = "t.xtf"};
     CgStats cs;
-    ck_assert_msg(cg_compile(h, &opt, &cs, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(h, &opt, &cs, err, sizeof err) == 0, "%s", err);
     ir_graph_free(h);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
@@ -473,7 +475,8 @@ static void refused(const char *layers, const char *message)
     XtfFile *f = xtf_parse("t.xtf", src, strlen(src), &d);
     xtf_check(f, &d);
     XtLowerOpts o = {.kv_cache = 1};
-    ck_assert_ptr_null(xt_lower(f, NULL, &o, &d));
+    char err[512];
+    ck_assert_ptr_null(harness_build(f, NULL, &o, 0, harness_target("cpu"), NULL, &d, err, sizeof err));
     ck_assert_msg(d.text && strstr(d.text, message), "%s: expected '%s' in: %s", layers, message, d.text ? d.text : "");
     xtf_diag_free(&d);
     xtf_free(f);

@@ -5,6 +5,7 @@
  * corpus (test_bad_inputs.sh) checks the same errors through the command line. */
 #include "codegen.h"
 #include "harness.h"
+#include "harness_drive.h"
 #include "ir.h"
 #include "rt_internal.h"
 #include "xtc.h"
@@ -30,7 +31,7 @@ static void compile_to_features(const char *path, const char *cpu, const char *f
     ck_assert_msg(!ir_graph_error(g), "%s", ir_graph_error(g));
     char err[1024];
     CgOptions opt = {.output = path, .opt_level = 1, .cpu = cpu, .features = features};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
     ir_graph_free(g);
 }
 
@@ -300,7 +301,7 @@ static void compile_other(const char *path)
     ck_assert_msg(!ir_graph_error(g), "%s", ir_graph_error(g));
     char err[1024];
     CgOptions opt = {.output = path, .opt_level = 1};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
     ir_graph_free(g);
 }
 

@@ -10,6 +10,7 @@
  * elements than the optimizer's block (8192), so steps cross block and parameter boundaries. */
 #include "codegen.h"
 #include "harness.h"
+#include "harness_drive.h"
 #include "init.h"
 #include "rt_abi.h"
 #include "ir.h"
@@ -55,7 +56,7 @@ static void compile_to(const char *path, int grads)
     IrGraph *g = build(grads);
     char err[1024];
     CgOptions opt = {.output = path, .opt_level = 1};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "%s", err);
     ir_graph_free(g);
 }
 
@@ -538,7 +539,7 @@ START_TEST(test_init_hint)
     char path[600];
     snprintf(path, sizeof path, "%s/hint.so", tmpdir);
     CgOptions opt = {.output = path, .opt_level = 0};
-    ck_assert_msg(cg_compile(back, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(harness_cg(back, &opt, NULL, err, sizeof err) == 0, "%s", err);
     XtcModule *m = NULL;
     ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
     double v = 0;

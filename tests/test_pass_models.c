@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "harness.h"
+#include "harness_drive.h"
 #include "pass_equiv.h"
 
 typedef struct {
@@ -90,13 +91,13 @@ static void pipeline_case(const char *what, IrGraph *g, ModelStats *st)
     char err[1024];
     PassOptions o = {.verify_each = 1};
     clock_t t0 = clock();
-    IrGraph *h = pass_run_pipeline(g, &o, err, sizeof err);
+    IrGraph *h = harness_passes(g, NULL, &o, err, sizeof err);
     double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
     ck_assert_msg(h != NULL, "%s: %s", what, err);
     ck_assert_msg(ir_verify(h, err, sizeof err) == 0, "%s: result: %s", what, err);
     ck_assert_msg(h->nnodes <= g->nnodes, "%s: %d nodes grew to %d", what, g->nnodes, h->nnodes);
     /* the pipeline is idempotent: a second run finds nothing more to do */
-    IrGraph *h2 = pass_run_pipeline(h, &o, err, sizeof err);
+    IrGraph *h2 = harness_passes(h, NULL, &o, err, sizeof err);
     ck_assert_msg(h2 != NULL, "%s: second run: %s", what, err);
     char *s1 = ir_print_str(h), *s2 = ir_print_str(h2);
     ck_assert_msg(strcmp(s1, s2) == 0, "%s: a second run of the pipeline changes the graph", what);
@@ -105,7 +106,7 @@ static void pipeline_case(const char *what, IrGraph *g, ModelStats *st)
     ir_graph_free(h2);
     /* the recognizer's coverage, on the graph the fusions start from (they take its matches) */
     PassOptions cleanup = {.verify_each = 1, .no_fuse = 1};
-    IrGraph *hc = pass_run_pipeline(g, &cleanup, err, sizeof err);
+    IrGraph *hc = harness_passes(g, NULL, &cleanup, err, sizeof err);
     ck_assert_msg(hc != NULL, "%s: --no-fuse: %s", what, err);
     int priv, matched = count_attention(what, hc, st, &priv);
     ir_graph_free(hc);
@@ -133,11 +134,8 @@ static void pipeline_case(const char *what, IrGraph *g, ModelStats *st)
 
 static IrGraph *lower(XtfFile *f, const XtLowerOpts *opts)
 {
-    XtfDiag d;
-    xtf_diag_init(&d);
-    IrGraph *g = xt_lower(f, NULL, opts, &d);
-    xtf_diag_free(&d);
-    return g;
+    char err[512];
+    return harness_build(f, NULL, opts, 0, harness_target("interp"), NULL, NULL, err, sizeof err);
 }
 
 static void check_model_file(const char *path, ModelStats *st)
@@ -177,12 +175,8 @@ static void check_model_file(const char *path, ModelStats *st)
     pipeline_case(what, g, st);
 
     /* forward + backward, as the compiler sees a training graph */
-    int has_loss = 0;
-    for (int o = 0; o < g->noutputs; o++)
-        has_loss |= strcmp(g->outputs[o].name, "loss") == 0;
-    IrGradOpts go = {.loss = has_loss ? "loss" : NULL, .seed_outputs = !has_loss};
-    char err[512];
-    if (ir_autodiff(g, &go, err, sizeof err) == 0) {
+    char err[512]; /* the loss, or the outputs seeded by grad.<output> */
+    if (harness_autodiff(g, "interp", err, sizeof err) == 0) {
         snprintf(what, sizeof what, "%s --train%s +grad", base, t == &train_mask ? " --mask" : "");
         pipeline_case(what, g, st);
     } else {

@@ -79,7 +79,7 @@ static int golden_dir(const char *pass_dir, Compared *c)
             } else {
                 const Pass *p = pass_find(names[i]);
                 ck_assert_msg(p != NULL, "%s: no pass '%s'", in, names[i]);
-                next = p->run(cur, err, sizeof err);
+                next = p->run(cur, NULL, err, sizeof err);
             }
             ck_assert_msg(next != NULL, "%s: %s: %s", in, names[i], err);
             ck_assert_msg(ir_verify(next, err, sizeof err) == 0, "%s: after %s: %s", in, names[i], err);
@@ -267,7 +267,7 @@ START_TEST(test_stop_after)
         /* stopping after pass i = running passes 0..i by hand */
         IrGraph *cur = g;
         for (int j = 0; j <= i; j++) {
-            IrGraph *next = pass_pipeline[j].run(cur, err, sizeof err);
+            IrGraph *next = pass_pipeline[j].run(cur, NULL, err, sizeof err);
             ck_assert_msg(next != NULL, "%s", err);
             if (cur != g)
                 ir_graph_free(cur);
@@ -286,7 +286,7 @@ START_TEST(test_stop_after)
     const char *no_simplify[] = {"simplify"};
     PassOptions o = {.stop_after = "simplify", .disable = no_simplify, .ndisable = 1};
     char *got = run_to_text(g, &o);
-    IrGraph *f1 = pass_fold(g, err, sizeof err);
+    IrGraph *f1 = pass_fold(g, NULL, err, sizeof err);
     char *want = ir_print_str(f1);
     ck_assert_str_eq(got, want);
     free(got);
@@ -388,7 +388,7 @@ START_TEST(test_backend_capability)
     ck_assert_msg(!strstr(fused, "mul %x"), "%s", fused); /* x * 1 went */
 
     FILE *l = open_memstream(&lbuf, &llen);
-    o = (PassOptions){.verify_each = 1, .supports = no_softmax, .log = l};
+    o = (PassOptions){.verify_each = 1, .target = &(PassTarget){.supports = no_softmax}, .log = l};
     h = pass_run_list(list, g, &o, err, sizeof err);
     fclose(l);
     ck_assert_msg(h != NULL, "%s", err);

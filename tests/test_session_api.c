@@ -9,6 +9,7 @@
  * The modules are tiny_train.h's decoder (training form, and the
  * forward form) and a tiny XTransformer. */
 #include "harness.h"
+#include "harness_drive.h"
 #include "tiny_train.h"
 
 #include <stdio.h>
@@ -35,18 +36,11 @@ static void compile_form(const char *src, const char *path, int train)
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse("tiny.xtf", src, strlen(src), &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
-    XtLowerOpts lo = {0};
-    IrGraph *g = xt_lower(f, NULL, &lo, &d);
-    ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
-    xtf_diag_free(&d);
     char err[1024];
-    PassOptions po = {.verify_each = 1, .supports = cg_backend_find("cpu")->supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-    ck_assert_msg(h != NULL, "passes: %s", err);
-    ir_graph_free(g);
-    CgOptions opt = {.output = path, .opt_level = 1, .source = src, .source_name = "tiny.xtf"};
-    ck_assert_msg(cg_compile(h, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", path, err);
-    ir_graph_free(h);
+    DrvJob job = {.file = f, .diag = &d, .cg = {.output = path, .opt_level = 1, .source_name = "tiny.xtf"}};
+    ck_assert_msg(drv_run(&job, harness_target("cpu"), NULL, NULL, err, sizeof err) == 0, "compiling %s: %s %s", path,
+                  err, d.text ? d.text : "");
+    xtf_diag_free(&d);
     xtf_free(f);
 }
 

@@ -14,6 +14,7 @@
 #include "safetensors.h"
 #include "xtc.h"
 #include "xtf.h"
+#include "harness_drive.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -38,20 +39,12 @@ static void tiny_compile_form(const char *src, const char *path, const char *tar
     XtfFile *f = xtf_parse("tiny.xtf", src, strlen(src), &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
     XtLowerOpts lo = {.train = !kv_cache, .kv_cache = kv_cache};
-    IrGraph *g = xt_lower(f, NULL, &lo, &d);
-    ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
-    xtf_diag_free(&d);
     char err[1024];
-    IrGradOpts go = {.loss = "loss"};
-    ck_assert_msg(kv_cache || ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
-    const CgBackend *be = cg_backend_find(target);
-    ck_assert_ptr_nonnull(be);
-    PassOptions po = {.verify_each = 1, .supports = be->supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-    ck_assert_msg(h != NULL, "passes: %s", err);
-    ir_graph_free(g);
+    IrGraph *h = harness_build(f, NULL, &lo, !kv_cache, harness_target(target), HARNESS_EVERY_PASS, &d, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s: %s", err, d.text ? d.text : "");
+    xtf_diag_free(&d);
     CgOptions opt = {.output = path, .target = target, .opt_level = 1, .source = src, .source_name = "tiny.xtf"};
-    ck_assert_msg(cg_compile(h, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", path, err);
+    ck_assert_msg(harness_cg(h, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", path, err);
     ir_graph_free(h);
     xtf_free(f);
 }

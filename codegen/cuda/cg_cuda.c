@@ -378,6 +378,8 @@ const CgBackend cg_cuda_backend = {
     .render = cuda_render,
     .compile = compile,
     .release = cuda_release,
+    .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
+    .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
 };
 
 const CgBackend cg_cuda_emu_backend = {
@@ -388,4 +390,6 @@ const CgBackend cg_cuda_emu_backend = {
     .render = emu_render,
     .compile = compile,
     .release = cuda_release,
+    .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
+    .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
 };

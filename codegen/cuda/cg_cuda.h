@@ -26,6 +26,10 @@
 
 #define CU_DEFAULT_ARCH "sm_80"
 #define CU_EXPR 512 /* room for one expression over the symbols */
+/* The attention kernels' bound on the head sizes D and E, forward and gradient (past the tiled
+ * kernels' shared memory, the row kernels keep a query row and per-thread sums of D/128 floats);
+ * the cuda backends advertise it to the passes (CgBackend.attention_max_head). */
+#define CG_CUDA_ATTENTION_MAX_HEAD 1024
 
 typedef struct {
     const CgPlan *plan;

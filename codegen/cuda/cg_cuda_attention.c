@@ -34,7 +34,7 @@
 #include <string.h>
 
 #define ATT_BLOCK 128
-#define MAX_HEAD 1024
+#define MAX_HEAD CG_CUDA_ATTENTION_MAX_HEAD
 #define ATT_MANY 512 /* query tiles of 64 rows from which the tiled forward keeps 64 (attention_tiled) */
 
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }

@@ -1104,4 +1104,6 @@ const CgBackend cg_llvm_backend = {
     .render = llvm_render,
     .compile = llvm_compile,
     .release = llvm_release,
+    .attention_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
+    .attention_grad_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
 };

@@ -107,6 +107,10 @@ int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);
  *                                      A rows at a + min(i0 + r, mlast) lda, C rows at c + (i0 + r) ldc
  * NR (packed panel width) and MR (rows of a micro tile) depend on the vector width; kc <= KC. */
 #define CG_GEMM_KC 256
+
+/* The attention kernels' bound on the head sizes D and E (their stack tiles are sized by them);
+ * cg_llvm_backend advertises it to the passes (CgBackend.attention_max_head). */
+#define CG_LLVM_ATTENTION_MAX_HEAD 256
 LLVMValueRef cg_gemm_pack(Cg *cg, int transposed);
 LLVMValueRef cg_gemm_micro(Cg *cg);
 int cg_gemm_nr(Cg *cg);

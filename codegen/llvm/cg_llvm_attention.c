@@ -52,7 +52,7 @@
 #define BBR 48  /* backward: query rows per tile */
 #define BBC 64  /* backward: keys per tile */
 _Static_assert(BBR % 16 == 0 && BBC % 16 == 0, "transpose_tile moves whole blocks of up to 16 x 16");
-#define MAX_HEAD 256 /* D and E: constants up to this (the stack tiles are sized by them) */
+#define MAX_HEAD CG_LLVM_ATTENTION_MAX_HEAD /* D and E: constants up to this (the stack tiles are sized by them) */
 #define FEW_ROWS 4  /* forward: a work item of at most this many query rows (decoding) and no
                      * bias or mask reads K and V in place instead of packing them */
 
