@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "build.h"
 #include "cli.h"
 #include "options.h"
 
@@ -275,7 +276,11 @@ int cli_convert(int argc, char **argv)
     cv.off_s = cv.S->unit_offset_option && xtf_bool(layers, "norm_add_unit_offset");
     cv.off_t = cv.T->unit_offset_option && xtf_bool(layers, "norm_add_unit_offset");
     f->version = target; /* the same model under the target's table */
-    gt = cli_lower(f, model, &(XtLowerOpts){0});
+    DrvTarget interp;
+    DrvJob job = {.file = f, .model = model, .stop_after = DRV_LOWER};
+    if (drv_target(&interp, &(CgOptions){.target = "interp"}, err, sizeof err) != 0 ||
+        cli_drive("xtc convert", &job, &interp, &gt, NULL) != 0)
+        gt = NULL;
     f->version = source;
     if (!gt)
         goto done;

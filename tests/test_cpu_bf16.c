@@ -120,7 +120,7 @@ static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *c
     snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, cpu ? cpu : "native");
     CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = CG_MMA_BF16, .emit_llvm = emit,
                      .source = "# test\n", .source_name = "t.xtf"};
-    ck_assert_msg(cg_compile(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, cpu ? cpu : "this CPU",
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, cpu ? cpu : "this CPU",
                   err);
     XtcModule *m = NULL;
     if (xtc_module_load(path, &m) != XTC_OK) {
@@ -177,9 +177,9 @@ START_TEST(test_matmul_forms)
     Names ops;
     matmul_operands(built, &ops);
     if (c->flags & OC_FUSE) {
-        PassOptions po = {.verify_each = 1, .supports = cg_llvm_backend.supports};
+        PassOptions po = {.verify_each = 1};
         char err[1024];
-        g = pass_run_pipeline(built, &po, err, sizeof err);
+        g = harness_passes(built, "cpu", &po, err, sizeof err);
         ck_assert_msg(g != NULL, "%s: passes: %s", c->name, err);
         int fused = 0;
         for (int i = 0; i < g->nnodes; i++)
@@ -266,7 +266,7 @@ START_TEST(test_paths)
     char path[600], err[1024];
     snprintf(path, sizeof path, "%s/fp16.so", tmpdir);
     CgOptions opt = {.output = path, .opt_level = 1, .mma = CG_MMA_FP16};
-    ck_assert_int_eq(cg_compile(g, &opt, NULL, err, sizeof err), -1);
+    ck_assert_int_eq(harness_cg(g, &opt, NULL, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "bf16 or off"), "%s", err);
     ir_graph_free(g);
 }

@@ -10,6 +10,7 @@
  * steps there (the emulator's traffic counters), and its state must survive the paths that move
  * it: a checkpoint saved from the device and loaded into a fresh session, and a weight set by
  * the caller between steps (sent to the device before the next). */
+#include "driver.h"
 #include "harness.h"
 #include "rt_cuda.h"
 #include "tiny_train.h"
@@ -29,22 +30,14 @@ static void compile_dtype(const char *path, const char *dtype)
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse("tiny.xtf", tiny_gpt_src, strlen(tiny_gpt_src), &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
-    XtLowerOpts lo = {.train = 1};
-    IrGraph *g = xt_lower(f, NULL, &lo, &d);
-    ck_assert_msg(g != NULL, "%s", d.text ? d.text : "lower");
-    xtf_diag_free(&d);
     char err[1024];
-    IrGradOpts go = {.loss = "loss"};
-    ck_assert_msg(ir_autodiff(g, &go, err, sizeof err) == 0, "autodiff: %s", err);
-    const CgBackend *be = cg_backend_find("cuda-emu");
-    PassOptions po = {.verify_each = 1, .supports = be->supports};
-    IrGraph *h = pass_run_pipeline(g, &po, err, sizeof err);
-    ck_assert_msg(h != NULL, "passes: %s", err);
-    ir_graph_free(g);
-    CgOptions opt = {.output = path, .target = "cuda-emu", .opt_level = 1, .dtype = dtype, .source = tiny_gpt_src,
-                     .source_name = "tiny.xtf"};
-    ck_assert_msg(cg_compile(h, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", path, err);
-    ir_graph_free(h);
+    DrvTarget t;
+    ck_assert_msg(drv_target(&t, &(CgOptions){.target = "cuda-emu", .dtype = dtype}, err, sizeof err) == 0, "%s", err);
+    DrvJob job = {.file = f, .lower = {.train = 1}, .grads = 1, .diag = &d,
+                  .cg = {.output = path, .opt_level = 1, .source = tiny_gpt_src, .source_name = "tiny.xtf"}};
+    ck_assert_msg(drv_run(&job, &t, NULL, NULL, err, sizeof err) == 0, "compiling %s: %s %s", path, err,
+                  d.text ? d.text : "");
+    xtf_diag_free(&d);
     xtf_free(f);
 }
 
