@@ -76,7 +76,7 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            }\n");
     fprintf(f, "        i64 rjb[2], rje[2]; /* each row's keys */\n");
     fprintf(f, "        float mx[2], lsum[2], o[%lld][4]; /* running max and (this lane's part of the) sum; O */\n", en);
-    fprintf(f, "        for (int h = 0; h < 2; h++) {\n");
+    fprintf(f, "#pragma unroll\n        for (int h = 0; h < 2; h++) {\n");
     fprintf(f, "            const i64 i = r0 + 8 * h;\n");
     cu_att_key_range(k, a, "            ");
     fprintf(f, "            rjb[h] = i < I ? jb : 0;\n            rje[h] = i < I ? je : 0;\n");
@@ -130,7 +130,7 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "                    rmax[h] = xtc_fmax(rmax[h], sc);\n");
     fprintf(f, "                }\n");
     fprintf(f, "            float alpha[2];\n");
-    fprintf(f, "            for (int h = 0; h < 2; h++) {\n");
+    fprintf(f, "#pragma unroll\n            for (int h = 0; h < 2; h++) {\n");
     fprintf(f, "                for (int w = 1; w < 4; w <<= 1) /* the row's four lanes */\n");
     fprintf(f, "                    rmax[h] = xtc_fmax(rmax[h], __shfl_xor_sync(0xffffffffu, rmax[h], w));\n");
     fprintf(f, "                const float m_new = xtc_fmax(mx[h], rmax[h]);\n");
@@ -161,7 +161,7 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "                }\n            }\n");
     fprintf(f, "            __syncthreads(); /* before the next stage replaces Ks, Vt */\n");
     fprintf(f, "        }\n");
-    fprintf(f, "        for (int h = 0; h < 2; h++) {\n");
+    fprintf(f, "#pragma unroll\n        for (int h = 0; h < 2; h++) {\n");
     fprintf(f, "            for (int w = 1; w < 4; w <<= 1) /* the row's sum over its four lanes */\n");
     fprintf(f, "                lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], w);\n");
     fprintf(f, "            const i64 i = r0 + 8 * h;\n");
@@ -169,7 +169,7 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            %s *orow = ob + i * os;\n", cu_mem_type(x));
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "            for (int n = 0; n < %lld; n++)\n", en);
-    fprintf(f, "                for (int u = 0; u < 2; u++) {\n");
+    fprintf(f, "#pragma unroll\n                for (int u = 0; u < 2; u++) {\n");
     fprintf(f, "                    const int col = 8 * n + 2 * t + u;\n");
     fprintf(f, "                    if (col < E)\n");
     fprintf(f, "                        xtc_st(orow, col, J > 0 ? o[n][2 * h + u] / lsum[h] : 0.0f);\n");
