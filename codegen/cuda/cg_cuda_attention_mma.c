@@ -61,7 +61,7 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
     cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
     cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
-    /* the lane's two rows: h = 0 row g, h = 1 row g + 8 of the warp's 16 */
+    /* the lane's two rows: r = 0 row g, r = 1 row g + 8 of the warp's 16 */
     fprintf(f, "        const i64 r0 = i0 + warp * 16 + g;\n");
     fprintf(f, "        unsigned qf[%lld][4]; /* the warp's query rows: A fragments, one per k-step of 16 */\n", dk);
     fprintf(f, "#pragma unroll\n");
@@ -76,15 +76,15 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            }\n");
     fprintf(f, "        i64 rjb[2], rje[2]; /* each row's keys */\n");
     fprintf(f, "        float mx[2], lsum[2], o[%lld][4]; /* running max and (this lane's part of the) sum; O */\n", en);
-    fprintf(f, "#pragma unroll\n        for (int h = 0; h < 2; h++) {\n");
-    fprintf(f, "            const i64 i = r0 + 8 * h;\n");
+    fprintf(f, "#pragma unroll\n        for (int r = 0; r < 2; r++) {\n");
+    fprintf(f, "            const i64 i = r0 + 8 * r;\n");
     cu_att_key_range(k, a, "            ");
-    fprintf(f, "            rjb[h] = i < I ? jb : 0;\n            rje[h] = i < I ? je : 0;\n");
-    fprintf(f, "            mx[h] = -XTC_INF;\n            lsum[h] = 0.0f;\n        }\n");
+    fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
+    fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n        }\n");
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "        for (int n = 0; n < %lld; n++)\n", en);
+    fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n", en);
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "            for (int u = 0; u < 4; u++)\n                o[n][u] = 0.0f;\n");
+    fprintf(f, "            for (int u = 0; u < 4; u++)\n                o[ci][u] = 0.0f;\n");
     cu_att_tile_keys(k, a, BR, "        ");
     fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", BC);
     fprintf(f, "            for (int e = threadIdx.x; e < %d * %lld; e += blockDim.x) {\n", BC, dpairs);
@@ -109,8 +109,8 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            for (int kd = 0; kd < %lld; kd++)\n", dk);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                for (int c = 0; c < %d; c++) {\n", sn);
-    fprintf(f, "                    const unsigned b[2] = {Ks[8 * c + g][8 * kd + t], Ks[8 * c + g][8 * kd + t + 4]};\n");
-    fprintf(f, "                    %s(s[c], qf[kd], b, s[c]);\n", mma);
+    fprintf(f, "                    const unsigned bf[2] = {Ks[8 * c + g][8 * kd + t], Ks[8 * c + g][8 * kd + t + 4]};\n");
+    fprintf(f, "                    %s(s[c], qf[kd], bf, s[c]);\n", mma);
     fprintf(f, "                }\n");
     /* the scores as the CUDA-core kernel makes them, then the online softmax */
     fprintf(f, "            float rmax[2] = {-XTC_INF, -XTC_INF};\n");
@@ -118,25 +118,25 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            for (int c = 0; c < %d; c++)\n", sn);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                for (int u = 0; u < 4; u++) { /* d[u]: row g + 8 (u / 2), key 8 c + 2 t + u %% 2 */\n");
-    fprintf(f, "                    const int h = u / 2;\n");
-    fprintf(f, "                    const i64 i = r0 + 8 * h, j = j0 + 8 * c + 2 * t + u %% 2;\n");
+    fprintf(f, "                    const int r = u / 2;\n");
+    fprintf(f, "                    const i64 i = r0 + 8 * r, j = j0 + 8 * c + 2 * t + u %% 2;\n");
     fprintf(f, "                    float sc = -XTC_INF; /* outside the row's keys: weight 0 */\n");
-    fprintf(f, "                    if (j >= rjb[h] && j < rje[h]) {\n");
+    fprintf(f, "                    if (j >= rjb[r] && j < rje[r]) {\n");
     fprintf(f, "                        const float scale = %s;\n", a->scale);
     fprintf(f, "                        sc = %s ? s[c][u] * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n",
             a->keep, a->bias);
     fprintf(f, "                    }\n");
     fprintf(f, "                    s[c][u] = sc;\n");
-    fprintf(f, "                    rmax[h] = xtc_fmax(rmax[h], sc);\n");
+    fprintf(f, "                    rmax[r] = xtc_fmax(rmax[r], sc);\n");
     fprintf(f, "                }\n");
     fprintf(f, "            float alpha[2];\n");
-    fprintf(f, "#pragma unroll\n            for (int h = 0; h < 2; h++) {\n");
+    fprintf(f, "#pragma unroll\n            for (int r = 0; r < 2; r++) {\n");
     fprintf(f, "                for (int w = 1; w < 4; w <<= 1) /* the row's four lanes */\n");
-    fprintf(f, "                    rmax[h] = xtc_fmax(rmax[h], __shfl_xor_sync(0xffffffffu, rmax[h], w));\n");
-    fprintf(f, "                const float m_new = xtc_fmax(mx[h], rmax[h]);\n");
-    fprintf(f, "                alpha[h] = m_new == -XTC_INF ? 1.0f : expf(mx[h] - m_new);\n");
-    fprintf(f, "                mx[h] = m_new;\n");
-    fprintf(f, "                lsum[h] *= alpha[h];\n            }\n");
+    fprintf(f, "                    rmax[r] = xtc_fmax(rmax[r], __shfl_xor_sync(0xffffffffu, rmax[r], w));\n");
+    fprintf(f, "                const float m_new = xtc_fmax(mx[r], rmax[r]);\n");
+    fprintf(f, "                alpha[r] = m_new == -XTC_INF ? 1.0f : expf(mx[r] - m_new);\n");
+    fprintf(f, "                mx[r] = m_new;\n");
+    fprintf(f, "                lsum[r] *= alpha[r];\n            }\n");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "            for (int c = 0; c < %d; c++)\n", sn);
     fprintf(f, "#pragma unroll\n");
@@ -145,9 +145,9 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "                    s[c][u] = p;\n");
     fprintf(f, "                    lsum[u / 2] += p;\n                }\n");
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "            for (int n = 0; n < %lld; n++)\n", en);
+    fprintf(f, "            for (int ci = 0; ci < %lld; ci++)\n", en);
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "                for (int u = 0; u < 4; u++)\n                    o[n][u] *= alpha[u / 2];\n");
+    fprintf(f, "                for (int u = 0; u < 4; u++)\n                    o[ci][u] *= alpha[u / 2];\n");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "            for (int kc = 0; kc < %d; kc++) { /* O += P V: keys 16 kc .. 16 kc + 15 */\n", pk);
     fprintf(f, "                const unsigned pa[4] = {%s(s[2 * kc][0], s[2 * kc][1]), %s(s[2 * kc][2], s[2 * kc][3]),\n",
@@ -155,27 +155,27 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "                                        %s(s[2 * kc + 1][0], s[2 * kc + 1][1]), %s(s[2 * kc + 1][2], s[2 * kc + 1][3])};\n",
             pack, pack);
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "                for (int n = 0; n < %lld; n++) {\n", en);
-    fprintf(f, "                    const unsigned b[2] = {Vt[8 * n + g][8 * kc + t], Vt[8 * n + g][8 * kc + t + 4]};\n");
-    fprintf(f, "                    %s(o[n], pa, b, o[n]);\n", mma);
+    fprintf(f, "                for (int ci = 0; ci < %lld; ci++) {\n", en);
+    fprintf(f, "                    const unsigned bf[2] = {Vt[8 * ci + g][8 * kc + t], Vt[8 * ci + g][8 * kc + t + 4]};\n");
+    fprintf(f, "                    %s(o[ci], pa, bf, o[ci]);\n", mma);
     fprintf(f, "                }\n            }\n");
     fprintf(f, "            __syncthreads(); /* before the next stage replaces Ks, Vt */\n");
     fprintf(f, "        }\n");
-    fprintf(f, "#pragma unroll\n        for (int h = 0; h < 2; h++) {\n");
+    fprintf(f, "#pragma unroll\n        for (int r = 0; r < 2; r++) {\n");
     fprintf(f, "            for (int w = 1; w < 4; w <<= 1) /* the row's sum over its four lanes */\n");
-    fprintf(f, "                lsum[h] += __shfl_xor_sync(0xffffffffu, lsum[h], w);\n");
-    fprintf(f, "            const i64 i = r0 + 8 * h;\n");
+    fprintf(f, "                lsum[r] += __shfl_xor_sync(0xffffffffu, lsum[r], w);\n");
+    fprintf(f, "            const i64 i = r0 + 8 * r;\n");
     fprintf(f, "            if (i >= I)\n                continue;\n");
     fprintf(f, "            %s *orow = ob + i * os;\n", cu_mem_type(x));
     fprintf(f, "#pragma unroll\n");
-    fprintf(f, "            for (int n = 0; n < %lld; n++)\n", en);
+    fprintf(f, "            for (int ci = 0; ci < %lld; ci++)\n", en);
     fprintf(f, "#pragma unroll\n                for (int u = 0; u < 2; u++) {\n");
-    fprintf(f, "                    const int col = 8 * n + 2 * t + u;\n");
+    fprintf(f, "                    const int col = 8 * ci + 2 * t + u;\n");
     fprintf(f, "                    if (col < E)\n");
-    fprintf(f, "                        xtc_st(orow, col, J > 0 ? o[n][2 * h + u] / lsum[h] : 0.0f);\n");
+    fprintf(f, "                        xtc_st(orow, col, J > 0 ? o[ci][2 * r + u] / lsum[r] : 0.0f);\n");
     fprintf(f, "                }\n");
     if (stats)
-        fprintf(f, "            if (t == 0)\n                xtc_st(orow, E, J > 0 ? mx[h] + logf(lsum[h]) : -XTC_INF); /* the logsumexp */\n");
+        fprintf(f, "            if (t == 0)\n                xtc_st(orow, E, J > 0 ? mx[r] + logf(lsum[r]) : -XTC_INF); /* the logsumexp */\n");
     fprintf(f, "        }\n");
     fprintf(f, "    }\n");
     cu_kernel_end(k);
