@@ -21,6 +21,13 @@
  *                output rounded once on store, so within one unit in the last place of the
  *                16-bit value (2^-7 / 2^-10 of max|ref|).
  *   defaults     what --dtype and --mma give together (CG_MMA_AUTO, sm_75, mismatches).
+ *   flash        the attention forward on tensor cores (cg_cuda_attention_mma.c): taken for heads
+ *                up to 128 with --mma, not above nor without; every bias, mask, scale, causal and
+ *                window form, ragged I and J (n = 1, 7, 17, 70 with J = n + 3 and n - 1), heads
+ *                8 by 12, 64, 128 by 40, head-split views, the backward reading its statistics;
+ *                against the interpreter on q, k, v rounded as the kernel rounds them, within
+ *                the rounding of the probabilities before P V (u of max|v|; 16 u for the
+ *                gradient), bf16 and fp16, f32 and 16-bit storage.
  *   a model      models/tiny_gpt.xtf through cuda-emu with --mma against the interpreter in f64
  *                on the unrounded weights: forward logits within 2e-2 max|ref| (bf16, 8-bit
  *                significands: about 10 units of rounding) and 4e-3 max|ref| (fp16, 11 bits:

@@ -19,6 +19,9 @@
  * instructions of that type. Three whole modules go through cg_compile --target cuda and load:
  * f32, bf16 training on tensor cores for sm_90, fp16 inference on tensor cores.
  *
+ * The tensor-core attention forward (flash): its PTX holds the mma.sync of its type, and ptxas -v
+ * assembles it for sm_80 and sm_90 with no spills and no stack frame (CK_RUN_CASE=flash).
+ *
  * CI has the CUDA toolkit: without NVRTC or ptxas this test fails, saying so. On a machine
  * without the toolkit, XTC_SKIP_NVRTC=1 turns that into a visible skip. */
 #include "cg_cuda.h"
