@@ -21,6 +21,13 @@
  *                output rounded once on store, so within one unit in the last place of the
  *                16-bit value (2^-7 / 2^-10 of max|ref|).
  *   defaults     what --dtype and --mma give together (CG_MMA_AUTO, sm_75, mismatches).
+ *   flash        the attention forward on tensor cores (cg_cuda_attention_mma.c): taken for heads
+ *                up to 128 with --mma, not above nor without; every bias, mask, scale, causal and
+ *                window form, ragged I and J (n = 1, 7, 17, 70 with J = n + 3 and n - 1), heads
+ *                8 by 12, 64, 128 by 40, head-split views, the backward reading its statistics;
+ *                against the interpreter on q, k, v rounded as the kernel rounds them, within
+ *                the rounding of the probabilities before P V (u of max|v|; 16 u for the
+ *                gradient), bf16 and fp16, f32 and 16-bit storage.
  *   a model      models/tiny_gpt.xtf through cuda-emu with --mma against the interpreter in f64
  *                on the unrounded weights: forward logits within 2e-2 max|ref| (bf16, 8-bit
  *                significands: about 10 units of rounding) and 4e-3 max|ref| (fp16, 11 bits:
@@ -486,9 +493,12 @@ static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTenso
         const float *a = t.data, *e = ref[o].data;
         double maxabs = 0, maxerr = 0;
         for (int64_t i = 0; i < numel; i++)
-            maxabs = fmax(maxabs, fabs(e[i]));
+            if (isfinite(e[i]))
+                maxabs = fmax(maxabs, fabs(e[i]));
         double tol = atol + rtol * maxabs;
         for (int64_t i = 0; i < numel; i++) {
+            if (a[i] == e[i]) /* also -inf where the reference has it: a row without keys' logsumexp */
+                continue;
             ck_assert_msg(isfinite(a[i]), "%s output '%s': element %lld is %g", what, g->outputs[o].name,
                           (long long)i, (double)a[i]);
             double err = fabs((double)a[i] - e[i]);
@@ -665,6 +675,153 @@ START_TEST(test_matmul_source)
     ck_assert_int_eq(cg_mma_parse("tf32"), -1);
     ck_assert_int_eq(cg_mma_parse("auto"), CG_MMA_AUTO);
     ir_graph_free(g);
+}
+END_TEST
+
+/* ---- attention on tensor cores ---- */
+
+/* The attention forms the tensor-core forward (cg_cuda_attention_mma.c) takes, every one with
+ * the logsumexp column the backward reads: heads 8 by 12 (padded to the mma's 16 and 8), every
+ * form of bias, mask and scale, causal with J = n + 3 and J = n - 1 (row 0 sees no key; J = 0
+ * at n = 1), windows, heads 64 and 128 by 40, heads split in place (CG_VIEW_*), and one
+ * gradient (the CUDA-core backward on the tensor-core forward's output and statistics). */
+static void build_flash(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1);
+    IrDim sq[] = {b, h, n, ir_dim(8)}, sk[] = {b, h, J, ir_dim(8)}, sv[] = {b, h, J, ir_dim(12)};
+    IrDim sk0[] = {b, h, J0, ir_dim(8)}, sbias[] = {h, n, J}, smask[] = {b, one, one, J};
+    IrDim sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one}, sd[] = {b, h, n, ir_dim(9)};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
+    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
+    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    IrNode *vd = input(g, "vd", IR_F32, 4, sk), *od = ir_attention(g, q, k, vd, bias, mask, scale, 1, 1);
+    out(g, "all_grad", ir_attention_grad(g, od, input(g, "dout", IR_F32, 4, sd)));
+    out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
+    out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
+    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 0));
+    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
+    out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
+    out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
+    IrDim s64[] = {b, one, n, ir_dim(64)}, s64k[] = {b, one, J, ir_dim(64)};
+    out(g, "head64", ir_attention(g, input(g, "q64", IR_F32, 4, s64), input(g, "k64", IR_F32, 4, s64k),
+                                  input(g, "v64", IR_F32, 4, s64k), NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 1));
+    IrDim s128[] = {b, one, n, ir_dim(128)}, s128k[] = {b, one, J, ir_dim(128)}, s40[] = {b, one, J, ir_dim(40)};
+    out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
+                                   input(g, "v40", IR_F32, 4, s40), NULL, NULL, ir_const(g, 0.09, IR_F32), 0, 1));
+    IrDim sxq[] = {b, n, h, ir_dim(16)}, sxk[] = {b, J, h, ir_dim(16)};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
+    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+}
+
+/* The leaves of q, k and v of g's attention nodes (through views): what the kernel rounds. */
+static void attention_operands(const IrGraph *g, Names *ops)
+{
+    ops->n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        if (x->op != IR_ATTENTION)
+            continue;
+        for (int j = 0; j < 3; j++) {
+            const IrNode *l = x->in[j];
+            while (l->op == IR_PERMUTE || l->op == IR_RESHAPE)
+                l = l->in[0];
+            ck_assert_msg(l->op == IR_INPUT, "attention operands must be leaves or their views here");
+            if (!is_named(ops, l->s)) {
+                ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
+                ops->name[ops->n++] = l->s;
+            }
+        }
+    }
+}
+
+/* build_flash compiled with mma (and the storage set), against the
+ * interpreter fed q, k, v rounded as the kernel rounds them. What is left is the probabilities'
+ * rounding to 16 bits before P V (relative u = 2^-8 bf16, 2^-11 fp16 each; |v| < 1, so at most
+ * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
+ * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
+ * 16 u of its max|ref|. */
+static void check_flash(const Lib *l, int mma)
+{
+    IrGraph *g = new_graph("flash", build_flash);
+    Names ops;
+    attention_operands(g, &ops);
+    XtcModule *m = compile_mma(g, "flash", mma);
+    int f16 = mma == CG_MMA_FP16;
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
+    double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        RefBinding rb;
+        bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
+        IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
+        char what[128];
+        snprintf(what, sizeof what, "flash --mma=%s --dtype %s (b=%lld n=%lld)", cg_mma_name(mma),
+                 STORAGE_NAME[storage], (long long)sizes[z][0], (long long)sizes[z][1]);
+        XtcSession *s = run_module(m, &rb.b, what, ORDERS[z % 3]);
+        for (int o = 0; o < g->noutputs; o++) { /* one output at a time: its own tolerance */
+            IrGraph one = *g;
+            one.outputs = &g->outputs[o];
+            one.noutputs = 1;
+            int grad = strstr(g->outputs[o].name, "grad") != NULL;
+            worst = fmax(worst, compare_outputs(&one, s, &ref[o], what, OC_ATOL + u, (grad ? 16 * u : 1e-5) + unit));
+        }
+        xtc_session_free(s);
+        free_outputs(g, ref);
+        bind_rounded_free(&rb);
+    }
+    fprintf(stderr, "test_cuda_mma: flash attention --mma=%s --dtype %s: largest error %.2g of max|ref|\n",
+            cg_mma_name(mma), STORAGE_NAME[storage], worst);
+    xtc_module_free(m);
+    ir_graph_free(g);
+}
+
+/* The forward is the tensor-core kernel (its comment names it) for every head up to 128, and
+ * the CUDA-core one above that and without --mma; then the numbers against the interpreter. */
+START_TEST(test_flash_attention)
+{
+    IrGraph *g = new_graph("flash", build_flash);
+    IrDim sw[] = {ir_dim(1), ir_dim(1), ir_dim(5), ir_dim(130)};
+    IrNode *qw = input(g, "qw", IR_F32, 4, sw);
+    out(g, "wide", ir_attention(g, qw, qw, qw, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1));
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int mma = CG_MMA_OFF; mma <= CG_MMA_FP16; mma++) {
+        CgOptions opt = {.output = "-", .mma = mma};
+        CuUnit cu;
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+        int flash = 0, forward = 0;
+        for (int i = 0; i < cu.nkernels; i++) {
+            const IrNode *x = plan.kernels[i].node;
+            if (x->op != IR_ATTENTION)
+                continue;
+            forward++;
+            int on_tc = strstr(cu.kernel_text[i], "FlashAttention-2 on tensor cores") != NULL;
+            flash += on_tc;
+            ck_assert_msg(on_tc == (mma != CG_MMA_OFF && x->in[0]->shape[3].c <= 128), "%s", cu.kernel_text[i]);
+        }
+        fprintf(stderr, "test_cuda_mma: flash: --mma=%s: %d of %d forward kernels on tensor cores\n", cg_mma_name(mma), flash, forward);
+        ck_assert_int_ge(forward, 8);
+        ck_assert_int_eq(flash, mma == CG_MMA_OFF ? 0 : forward - 1);
+        cg_cuda_unit_free(&cu);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    check_flash(&l, CG_MMA_BF16);
+    check_flash(&l, CG_MMA_FP16);
+    for (storage = 1; storage <= 2; storage++)
+        check_flash(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
+    storage = 0;
+    lib_close(&l);
 }
 END_TEST
 
@@ -983,6 +1140,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_model);
     tcase_add_test(tc, test_model_train);
     suite_add_tcase(s, tc);
+    TCase *fl = tcase_create("flash");
+    tcase_add_test(fl, test_flash_attention);
+    suite_add_tcase(s, fl);
     TCase *ls = tcase_create("loss_scale");
     tcase_add_test(ls, test_loss_scale_accuracy);
     tcase_add_test(ls, test_loss_scale_overflow);

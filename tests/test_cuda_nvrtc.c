@@ -1,6 +1,9 @@
 /* test_cuda_nvrtc.c: every CUDA kernel xtc generates compiles with NVRTC, and its PTX assembles
  * with ptxas (for sm_80 with one prelude, for sm_90 with the others). No GPU is needed.
  *
+ * The tensor-core attention forward (flash): its PTX holds the mma.sync of its type, and ptxas -v
+ * assembles it for sm_80 and sm_90 with no spills and no stack frame (CK_RUN_CASE=flash).
+ *
  * The graphs: every .xtf of models/ (every model statement of each file) and of tests/parity/,
  * lowered for inference, for inference with the padding masks, for incremental decoding (KV
  * cache) where the model allows it, and for training with the backward graph (ir_autodiff),
@@ -595,6 +598,125 @@ START_TEST(test_library_kernels)
 }
 END_TEST
 
+/* The tensor-core attention forward (cg_cuda_attention_mma.c) as the GPU gets it: heads of 64
+ * (causal, statistics), 128 (a bias and a mask), 40 by 24 (a window) and 128 by 128 (the widest
+ * it takes, through head-split views), with --mma=bf16 and --mma=fp16, each with the f32 prelude
+ * and that of its 16-bit storage. Its PTX (sm_80) holds, per kernel, the mma.sync of the type
+ * asked for (D / 16 per score tile, E / 8 per value k-step) and none of the other; ptxas -v
+ * assembles it for sm_80 and sm_90 with no spills and no stack frame (no local memory). The
+ * registers and shared memory are printed. */
+START_TEST(test_flash_instruction_mix)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    static const int split[4] = {0, 2, 1, 3};
+    IrGraph *g = ir_graph_new("flash");
+    IrDim b = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), n = ir_dim_sym(ir_graph_add_sym(g, "n", 16384)), h = ir_dim(4), one = ir_dim(1);
+    IrDim s64[] = {b, h, n, ir_dim(64)}, s128[] = {b, h, n, ir_dim(128)}, s40[] = {b, h, n, ir_dim(40)};
+    IrDim s24[] = {b, h, n, ir_dim(24)}, sbias[] = {h, n, n}, smask[] = {b, one, one, n}, sx[] = {b, n, h, ir_dim(128)};
+    IrNode *q64 = ir_input(g, "q64", IR_F32, 4, s64), *q128 = ir_input(g, "q128", IR_F32, 4, s128);
+    IrNode *q40 = ir_input(g, "q40", IR_F32, 4, s40), *v24 = ir_input(g, "v24", IR_F32, 4, s24);
+    IrNode *bias = ir_input(g, "bias", IR_F32, 3, sbias), *mask = ir_input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *c = ir_const(g, 0.125, IR_F32);
+    ir_output(g, "causal64", ir_attention(g, q64, q64, q64, NULL, NULL, c, 1, 1));
+    ir_output(g, "masked128", ir_attention(g, q128, q128, q128, bias, mask, c, 0, 0));
+    ir_output(g, "window40", ir_attention_window(g, q40, q40, v24, NULL, NULL, c, 1, 1, 256));
+    IrNode *hx = ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), split);
+    ir_output(g, "heads128", ir_permute(g, ir_attention(g, hx, hx, hx, NULL, NULL, c, 1, 0), split));
+    CgPlan plan;
+    char err[4096];
+    ck_assert_msg(ir_graph_error(g) == NULL && ir_verify(g, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
+        CgOptions opt = {.output = "-", .mma = mma};
+        CuUnit u;
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+        for (int si = 0; si < 2; si++) {
+            const int storage = si ? (mma == CG_MMA_BF16 ? 1 : 2) : 0; /* f32, or the format's 16-bit storage */
+            char *src = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&src, &len);
+            cu_prelude(f, g, u.nkernels, storage);
+            int flash = 0;
+            for (int k = 0; k < u.nkernels; k++)
+                if (plan.kernels[k].node->op == IR_ATTENTION) {
+                    ck_assert_msg(strstr(u.kernel_text[k], "FlashAttention-2 on tensor cores"), "%s", u.kernel_text[k]);
+                    fprintf(f, "\n%s", u.kernel_text[k]);
+                    flash++;
+                }
+            fclose(f);
+            ck_assert_int_eq(flash, 4);
+            char *ptx = NULL;
+            ck_assert_msg(cg_nvrtc_compile(src, "flash.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+            free(src);
+            /* per entry: its mma.sync of each type */
+            const char *want = mma == CG_MMA_FP16 ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+                                                  : "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+            const char *other = mma == CG_MMA_FP16 ? "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+                                                   : "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32";
+            int entries = 0;
+            for (const char *e = strstr(ptx, ".entry "); e; e = strstr(e + 1, ".entry ")) {
+                const char *end = strstr(e + 1, ".entry ");
+                int have = 0, bad = 0;
+                for (const char *p = strstr(e, want); p && (!end || p < end); p = strstr(p + 1, want))
+                    have++;
+                for (const char *p = strstr(e, other); p && (!end || p < end); p = strstr(p + 1, other))
+                    bad++;
+                /* unrolled: at least one k-step of Q K^T over the 8 score tiles and one of P V */
+                ck_assert_msg(have >= 8 + 3 && !bad, "entry %d: %d %s, %d of the other type", entries, have, want, bad);
+                entries++;
+            }
+            ck_assert_int_eq(entries, 4);
+            char ptx_path[512], log[512];
+            snprintf(ptx_path, sizeof ptx_path, "%s/flash_%d_%d.ptx", tmpdir, mma, storage);
+            FILE *pf = fopen(ptx_path, "w");
+            ck_assert(pf && fputs(ptx, pf) >= 0);
+            fclose(pf);
+            free(ptx);
+            for (int a = 0; a < 2; a++) {
+                const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
+                snprintf(log, sizeof log, "%s/flash_%d_%d_%d.log", tmpdir, mma, storage, a);
+                char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
+                int rc = cg_run_program(argv, log);
+                char *text = harness_read_file(log, NULL);
+                ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
+                int infos = 0;
+                for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
+                    const char *line = p;
+                    while (line > text && line[-1] != '\n')
+                        line--;
+                    ck_assert_msg(strncmp(line + strspn(line, " "), "0 bytes stack frame, 0 bytes spill stores, 0 bytes "
+                                          "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
+                    infos++;
+                }
+                ck_assert_int_eq(infos, 4);
+                char fig[256] = "";
+                size_t fl = 0;
+                for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
+                    int regs = 0, smem = 0;
+                    const char *sm = strstr(p, "bytes smem");
+                    while (sm && sm > p && sm[-1] == ' ')
+                        sm--;
+                    while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
+                        sm--;
+                    sscanf(p, "Used %d registers", &regs);
+                    if (sm)
+                        sscanf(sm, "%d", &smem);
+                    fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
+                }
+                fprintf(stderr, "test_cuda_nvrtc: flash --mma=%s, %s storage, %s: registers/shared bytes per kernel %s\n",
+                        cg_mma_name(mma), storage_name[storage], arch + 6, fig);
+                free(text);
+            }
+        }
+        cg_cuda_unit_free(&u);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* NVRTC's log reaches the message */
 START_TEST(test_nvrtc_errors)
 {
@@ -624,6 +746,10 @@ static Suite *suite(void)
     tcase_set_timeout(lib, 600);
     tcase_add_test(lib, test_library_kernels);
     suite_add_tcase(s, lib);
+    TCase *fl = tcase_create("flash");
+    tcase_set_timeout(fl, 300);
+    tcase_add_test(fl, test_flash_instruction_mix);
+    suite_add_tcase(s, fl);
     return s;
 }
 

@@ -11,7 +11,9 @@
  *   head-split views (cg_plan.h, CG_VIEW_*) it reads q, k, v as [b, rows, H, width] with row
  *   stride H width, and writes its result so, as the merge permute's value; the backward never
  *   reads through views. Head sizes whose tiles do not fit 48 KiB of shared memory take the row
- *   kernel: a block per query row, the keys in chunks of one per thread.
+ *   kernel: a block per query row, the keys in chunks of one per thread. When the module's
+ *   matmuls run on tensor cores (--mma, the default of --dtype bf16|fp16) and the heads are at
+ *   most 128 wide, the forward is cg_cuda_attention_mma.c's FlashAttention-2 kernel instead.
  * attention_grad(q, k, v, o, dout, bias, mask, scale) -> [.., I + 2J, D]: dq, dk, dv stacked
  *   Blocks of query rows (their dq rows) and blocks of keys (their dk and dv rows), so that
  *   every output row has one writer: no atomics, the same result on every run; tiled
@@ -23,12 +25,12 @@
  *     ds_ij = p_ij (dout_i . v_j - D_i + dlse_i) * scale, 0 where masked
  *     dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
  *
- * Without a mask operand, the causal and window limits bound the loops (key_range,
+ * Without a mask operand, the causal and window limits bound the loops (cu_att_key_range,
  * query_ranges): a causal row visits keys up to its limit, not all J (half the work of causal
  * self-attention). The head sizes D and E must be constants (they size shared memory). A bias
  * that is the constant 0, a mask that is the constant true and a constant scale are folded into
  * the code. */
-#include "cg_cuda.h"
+#include "cg_cuda_attention.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -70,17 +72,7 @@ static void operand_at(CuKernel *k, const IrNode *x, int r, const char *base, ch
         snprintf(buf + len, n - len, "%s%s", terms ? "" : "0", f32 ? ")" : "]");
 }
 
-typedef struct {
-    int r;
-    int limits;         /* no mask operand and a causal or window limit: loops skip unseen keys */
-    int causal;
-    long long window;
-    long long D, E;
-    char I[CU_EXPR], J[CU_EXPR], batches[CU_EXPR];
-    char bias[1100], keep[2200], scale[1024];
-} Att;
-
-static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,
+int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,
                      const IrNode *mask, const IrNode *scale, const char *bias_in, const char *mask_in,
                      const char *scale_in, int causal, long long window)
 {
@@ -114,7 +106,7 @@ static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, con
     if (causal && len < sizeof a->keep)
         len += (size_t)snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
     /* a sliding window: masked like the rest (and, without a mask operand, its keys skipped:
-     * key_range, query_ranges) */
+     * cu_att_key_range, query_ranges) */
     if (window > 0 && len < sizeof a->keep)
         snprintf(a->keep + len, sizeof a->keep - len, "%s(j >= i + J - I - %lld)", len ? " && " : "", window);
     if (!a->keep[0])
@@ -129,7 +121,7 @@ static int att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, con
 /* The keys [jb, je) query row i visits: all J, or without a mask operand only those within its
  * causal and window limits (the others have p = 0 exactly). A row that sees no key (i + J - I < 0
  * under causal) visits all J: it attends uniformly to them, as defined. */
-static void key_range(CuKernel *k, const Att *a, const char *indent)
+void cu_att_key_range(CuKernel *k, const Att *a, const char *indent)
 {
     FILE *f = k->f;
     fprintf(f, "%si64 jb = 0, je = J;\n", indent);
@@ -160,7 +152,7 @@ static void query_ranges(CuKernel *k, const Att *a, const char *indent)
 }
 
 /* the batch index split into the batch dims ix0, ix1, ... (bias, mask and scale broadcast) */
-static void batch_indices(CuKernel *k, const IrNode *q, const char *indent)
+void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent)
 {
     FILE *f = k->f;
     int r = q->rank;
@@ -185,7 +177,7 @@ static void batch_indices(CuKernel *k, const IrNode *q, const char *indent)
  * [.., rows, width]; or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, H, width]
  * read or written in place for the node's [b, H, rows, width]: the rows of head `batch % H` are
  * width elements every H width. */
-static void operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
+void cu_att_operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
                          const char *base, const char *rows, const char *width, const char *stride)
 {
     if (!view)
@@ -198,7 +190,7 @@ static void operand_rows(CuKernel *k, unsigned view, const char *qual, const cha
 
 /* The forward kernels' sizes: I, J, batches, the head sizes, the output's columns OC, and with
  * head-split views the heads H. */
-static void forward_sizes(CuKernel *k, const Att *a, long long ocols)
+void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols)
 {
     FILE *f = k->f;
     unsigned views = k->k->views;
@@ -247,7 +239,7 @@ static void lds_run(FILE *f, const char *dst, const char *src, int n, const char
 
 /* tjb, tje: the keys of the tile of rows [i0, i0 + rows) (declared at indent), the union of
  * their key ranges, which the tile's first and last rows bound. */
-static void tile_keys(CuKernel *k, const Att *a, int rows, const char *indent)
+void cu_att_tile_keys(CuKernel *k, const Att *a, int rows, const char *indent)
 {
     FILE *f = k->f;
     char in[64], last[64];
@@ -255,10 +247,10 @@ static void tile_keys(CuKernel *k, const Att *a, int rows, const char *indent)
     snprintf(last, sizeof last, "(i0 + %d < I ? i0 + %d : I) - 1", rows, rows);
     fprintf(f, "%si64 tjb, tje; /* the keys of the tile's rows: its first and last rows bound them */\n", indent);
     fprintf(f, "%s{\n%s    const i64 i = i0;\n", indent, indent);
-    key_range(k, a, in);
+    cu_att_key_range(k, a, in);
     fprintf(f, "%s    tjb = jb;\n%s    tje = je;\n%s}\n", indent, indent, indent);
     fprintf(f, "%s{\n%s    const i64 i = %s;\n", indent, indent, last);
-    key_range(k, a, in);
+    cu_att_key_range(k, a, in);
     fprintf(f, "%s    tjb = jb < tjb ? jb : tjb;\n%s    tje = je > tje ? je : tje;\n%s}\n", indent, indent, indent);
 }
 
@@ -314,11 +306,11 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
     fprintf(f, "    const i64 tiles = (I + %d) / %d;\n", br - 1, br);
     fprintf(f, "    for (i64 tile = blockIdx.x; tile < batches * tiles; tile += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = tile / tiles, i0 = tile %% tiles * %d;\n", br);
-    batch_indices(k, q, "        ");
-    operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_batch_indices(k, q, "        ");
+    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", br);
     fprintf(f, "            const int r = t / D, d = t %% D;\n");
     fprintf(f, "            Qs[d][r] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
@@ -326,11 +318,11 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
     fprintf(f, "        float mx[%d], lsum[%d], acc[%d][%lld];\n", rm, rm, rm, en);
     fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
     fprintf(f, "            const i64 i = i0 + ty * %d + r;\n", rm);
-    key_range(k, a, "            ");
+    cu_att_key_range(k, a, "            ");
     fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
     fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
     fprintf(f, "            for (int e = 0; e < %lld; e++)\n                acc[r][e] = 0.0f;\n        }\n", en);
-    tile_keys(k, a, br, "        ");
+    cu_att_tile_keys(k, a, br, "        ");
     fprintf(f, "        __syncthreads(); /* Qs */\n");
     fprintf(f, "        for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", bc);
     fprintf(f, "            for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", bc);
@@ -449,7 +441,7 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
             a->D, br, a->D, bc);
     fprintf(f, "    __shared__ XTC_ALIGN16 float Vs[%d][%lld], Ps[%d][%d + 4]; /* a value tile, its probabilities [key][row] */\n",
             bc, ew, bc, br);
-    forward_sizes(k, a, a->E + stats);
+    cu_att_forward_sizes(k, a, a->E + stats);
     fprintf(f, "    const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;\n");
     int half = br == 64 ? 32 : 0; /* the few-tiles choice */
     if (half) {
@@ -485,9 +477,11 @@ int cg_cuda_attention(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[IR_IA_CAUSAL] != 0, x->ia[IR_IA_WINDOW]) < 0)
+    if (cu_att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[IR_IA_CAUSAL] != 0, x->ia[IR_IA_WINDOW]) < 0)
         return -1;
     int stats = x->ia[IR_IA_STATS] != 0, br, bc;
+    if (cu_attention_mma(k, &a, stats)) /* tensor cores (cg_cuda_attention_mma.c) */
+        return 0;
     if (att_tile(a.D, a.E, &br, &bc)) {
         attention_tiled(k, &a, stats, br, bc);
         return 0;
@@ -499,14 +493,14 @@ int cg_cuda_attention(CuKernel *k)
     cu_kernel_begin(k);
     fprintf(f, "    __shared__ float qi[%lld]; /* the query row */\n", a.D > 0 ? a.D : 1);
     fprintf(f, "    __shared__ float probs[%d]; /* a chunk of probabilities (before the division by l) */\n", ATT_BLOCK);
-    forward_sizes(k, &a, ocols);
+    cu_att_forward_sizes(k, &a, ocols);
     fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
-    batch_indices(k, q, "        ");
-    operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_batch_indices(k, q, "        ");
+    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        const float scale = %s;\n", a.scale);
     fprintf(f, "        %s *o = ob + i * os;\n", cu_mem_type(x));
     fprintf(f, "        for (int d = threadIdx.x; d < D; d += blockDim.x)\n");
@@ -514,7 +508,7 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "        __syncthreads();\n");
     fprintf(f, "        float mx = -XTC_INF, lsum = 0.0f, acc[%lld];\n", accs > 0 ? accs : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = 0.0f;\n", accs);
-    key_range(k, &a, "        ");
+    cu_att_key_range(k, &a, "        ");
     fprintf(f, "        for (i64 j0 = jb; j0 < je; j0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "            const i64 j = j0 + threadIdx.x;\n");
     fprintf(f, "            float score = -XTC_INF;\n");
@@ -599,7 +593,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", t - 1, t, t - 1, t);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
-    batch_indices(k, q, "        ");
+    cu_att_batch_indices(k, q, "        ");
     fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
     fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
     fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
@@ -620,7 +614,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "            float lse[%d], dl[%d], acc[%d][%lld];\n", rm, rm, rm, dn);
     fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
     fprintf(f, "                const i64 i = i0 + ty + 16 * r;\n");
-    key_range(k, a, "                ");
+    cu_att_key_range(k, a, "                ");
     fprintf(f, "                rjb[r] = i < I ? jb : 0;\n                rje[r] = i < I ? je : 0;\n");
     fprintf(f, "                float dsum = 0.0f; /* D_i = dout_i . o_i, over the row's eight lanes */\n");
     fprintf(f, "                for (int e = tx; e < E && i < I; e += 8)\n");
@@ -630,7 +624,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                lse[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
     fprintf(f, "                dl[r] = (i < I && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] = 0.0f;\n            }\n", dn);
-    tile_keys(k, a, t, "            ");
+    cu_att_tile_keys(k, a, t, "            ");
     fprintf(f, "            __syncthreads(); /* Qs, Gs */\n");
     fprintf(f, "            for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", t);
     load_tile(k, "Ks", "kb", "j0", "tje", "D", t, "                ");
@@ -699,7 +693,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        const i64 j = jt0 + ty + 16 * r, i = i0 + tx + 8 * c;\n");
     fprintf(f, "                        float ds = 0.0f, pij = 0.0f;\n");
     fprintf(f, "                        if (i < ihi && j < J) {\n");
-    key_range(k, a, "                            ");
+    cu_att_key_range(k, a, "                            ");
     fprintf(f, "                            if (j >= jb && j < je) {\n");
     {
         char dl[64];
@@ -746,7 +740,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     Att a;
-    if (att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[IR_IA_GRAD_CAUSAL] != 0, x->ia[IR_IA_GRAD_WINDOW]) < 0)
+    if (cu_att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[IR_IA_GRAD_CAUSAL] != 0, x->ia[IR_IA_GRAD_WINDOW]) < 0)
         return -1;
     int r = a.r;
     char gcols[CU_EXPR];
@@ -768,7 +762,7 @@ int cg_cuda_attention_grad(CuKernel *k)
             a.E, a.E + 1, gcols);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (I + J); blk += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = blk / (I + J), r = blk %% (I + J);\n");
-    batch_indices(k, q, "        ");
+    cu_att_batch_indices(k, q, "        ");
     fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
     fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
     fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
@@ -788,7 +782,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
     fprintf(f, "            dsum = xtc_block_sum(dsum); /* also makes row_a, row_b visible */\n");
     fprintf(f, "            const float lse = xtc_ld(ob, i * OC + E), dlse = GC > E ? xtc_ld(gb, i * GC + E) : 0.0f;\n");
-    key_range(k, &a, "            ");
+    cu_att_key_range(k, &a, "            ");
     fprintf(f, "            for (i64 j0 = jb; j0 < je; j0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 j = j0 + threadIdx.x;\n");
     fprintf(f, "                float ds = 0.0f;\n");

@@ -1,0 +1,39 @@
+/* cg_cuda_attention.h: what the attention kernels' two files share (cg_cuda_attention.c, the
+ * CUDA-core kernels and the helpers below; cg_cuda_attention_mma.c, the tensor-core forward). */
+#ifndef XTC_CG_CUDA_ATTENTION_H
+#define XTC_CG_CUDA_ATTENTION_H
+
+#include "cg_cuda.h"
+
+/* One attention node's sizes and its bias, mask and scale as C expressions of the batch indices
+ * ix0.., the query row i and the key j (cu_att_setup). */
+typedef struct {
+    int r;
+    int limits;         /* no mask operand and a causal or window limit: loops skip unseen keys */
+    int causal;
+    long long window;
+    long long D, E;
+    char I[CU_EXPR], J[CU_EXPR], batches[CU_EXPR];
+    char bias[1100], keep[2200], scale[1024];
+} Att;
+
+int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,
+                 const IrNode *mask, const IrNode *scale, const char *bias_in, const char *mask_in,
+                 const char *scale_in, int causal, long long window);
+/* jb, je: the keys query row i (in scope) visits */
+void cu_att_key_range(CuKernel *k, const Att *a, const char *indent);
+/* tjb, tje: the keys of the tile of rows [i0, i0 + rows), the union of its rows' ranges */
+void cu_att_tile_keys(CuKernel *k, const Att *a, int rows, const char *indent);
+/* ix0, ix1, ..: the batch dims of the flat batch index `batch` */
+void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent);
+/* pointer `name` to the [rows, width] matrix of batch `batch`, row stride `stride` (head views) */
+void cu_att_operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
+                         const char *base, const char *rows, const char *width, const char *stride);
+/* I, J, batches, D, E, OC (and H with head views) */
+void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
+
+/* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
+ * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then). */
+int cu_attention_mma(CuKernel *k, const Att *a, int stats);
+
+#endif
