@@ -90,7 +90,7 @@ refuse "compile without -o" "usage: xtc compile" "$xtc" compile "$src/models/gpt
 refuse "unknown target" "unknown target" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target tpu
 refuse "unknown pass" "unknown pass" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --disable-pass=nope
 refuse "unknown --mma" "expected bf16, fp16 or off" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=tf32
-refuse "--mma on the cpu" "no tensor-core matmul" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=fp16
+refuse "--mma=fp16 on the cpu" "bf16 or off" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --mma=fp16
 check "compile --target cuda-emu --mma=bf16" "$xtc" compile "$src/models/tiny_gpt.xtf" -o "$tmp/mma.so" \
   --target cuda-emu --mma=bf16
 check "info of the --mma module" "$xtc" info "$tmp/mma.so"
