@@ -56,6 +56,10 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
                  cg_mma_name(ask->mma));
         return -1;
     }
+    if (ask->mma == CG_MMA_FP16 && !(be->caps & CG_CAP_HALF)) { /* the CPU's vdpbf16ps has no fp16 form */
+        snprintf(err, n, "the %s backend's --mma is bf16 or off (fp16 operands are for the cuda targets)", be->name);
+        return -1;
+    }
     if ((ask->cpu || ask->features) && cg_cpu_check(ask->cpu, ask->features, err, n) != 0) {
         char why[512];
         snprintf(why, sizeof why, "%s", err);

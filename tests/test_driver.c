@@ -84,7 +84,7 @@ START_TEST(test_targets)
         {{.dtype = "bf16"}, "the cpu backend computes and stores in f32 only"},
         {{.dtype = "f8"}, "unknown dtype 'f8'"},
         {{.cuda_arch = "sm_80"}, "apply to --target cuda and cuda-emu, not cpu"},
-        {{.mma = CG_MMA_BF16}, "no tensor-core matmul"},
+        {{.mma = CG_MMA_FP16}, "the cpu backend's --mma is bf16 or off"},
         {{.target = "cuda", .cuda_arch = "sm_8x"}, "sm_8x"},
         {{.cpu = "nosuch"}, "--cpu: unknown CPU 'nosuch'"},
         {{.target = "interp", .dtype = "fp16"}, "the interpreter computes in double precision"},
