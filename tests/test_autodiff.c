@@ -24,6 +24,8 @@
 #include "safetensors.h"
 #include "xtf.h"
 
+#include "ir_check_roundtrip.h"
+
 #include <check.h>
 #include <float.h>
 #include <math.h>
@@ -236,26 +238,6 @@ static IrGraph *build_case(Ctx *c, const GradCase *cs)
     ir_output(g, "f", objective(c, y));
     ck_assert_msg(!ir_graph_error(g), "%s: %s", cs->name, ir_graph_error(g));
     return g;
-}
-
-/* The text form of g reads back as the same text; both verify. */
-static void check_roundtrip(const IrGraph *g)
-{
-    char err[1024];
-    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s", err);
-    char *s1 = ir_print_str(g);
-    ck_assert_ptr_nonnull(s1);
-    IrGraph *g2 = ir_parse(s1, "autodiff.ir", err, sizeof err);
-    ck_assert_msg(g2 != NULL, "%s", err);
-    char *s2 = ir_print_str(g2);
-    ck_assert_ptr_nonnull(s2);
-    ck_assert_msg(strcmp(s1, s2) == 0, "%s: printed text differs after a round trip", g->name);
-    ck_assert_int_eq(g2->nnodes, g->nnodes);
-    ck_assert_int_eq(g2->noutputs, g->noutputs);
-    ck_assert_msg(ir_verify(g2, err, sizeof err) == 0, "%s", err);
-    free(s1);
-    free(s2);
-    ir_graph_free(g2);
 }
 
 static double eval_f(Ctx *c, const IrGraph *gf)
