@@ -14,7 +14,9 @@
  * ("kernels_ms", CUDA events) with the attention kernels' share ("attention_ms" and
  * "attention_grad_ms", the ops of those names). decode reports tokens/s of the one-token calls
  * (each reads its logits back, as a sampler would). Weights are random (the speed does not
- * depend on them). */
+ * depend on them). With GPU_BENCH_PROFILE set in the environment, fwd, train and decode also
+ * write the per-kernel profile (xtc_session_print_profile) to stderr, and decode the time per
+ * token spent in carries, runs and reading the logits. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +121,8 @@ static int profile(const XtcModule *m, XtcSession *s, int runs, double ms[3])
         if (op && !strcmp(op, "attention_grad"))
             ms[2] += v;
     }
+    if (getenv("GPU_BENCH_PROFILE"))
+        xtc_session_print_profile(s, stderr);
     xtc_session_set_profiling(s, 0);
     free(secs);
     return 0;
@@ -210,22 +214,39 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
         free(tok);
         return die(s, "prompt");
     }
+    int prof = getenv("GPU_BENCH_PROFILE") != NULL;
+    double t_carry = 0, t_run = 0, t_get = 0;
+    if (prof)
+        xtc_session_set_profiling(s, 1);
     double t1 = now();
     for (int64_t i = 0; i < tokens; i++) {
         shape[1] = 1;
         XtcTensor lg;
+        double a = now();
         for (int c = 0; c < nc; c++)
             if (xtc_session_carry(s, names[c], names[c])) {
                 free(tok);
                 return die(s, "carry");
             }
-        if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok + prompt + i) || xtc_session_run(s) ||
-            xtc_session_get_output(s, "logits", &lg)) {
+        double b = now();
+        if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok + prompt + i) || xtc_session_run(s)) {
             free(tok);
             return die(s, "one-token call");
         }
+        double c = now();
+        if (xtc_session_get_output(s, "logits", &lg)) {
+            free(tok);
+            return die(s, "one-token logits");
+        }
+        double d = now();
+        t_carry += b - a, t_run += c - b, t_get += d - c;
     }
     double t2 = now();
+    if (prof) {
+        fprintf(stderr, "decode: per token carry %.3f ms, set+run %.3f ms, logits %.3f ms\n",
+                1e3 * t_carry / (double)tokens, 1e3 * t_run / (double)tokens, 1e3 * t_get / (double)tokens);
+        xtc_session_print_profile(s, stderr);
+    }
     printf("{\"mode\": \"decode\", \"module\": \"%s\", \"device\": \"%s\", \"context\": %lld, \"tokens\": %lld, "
            "\"prompt_ms\": %.3f, \"ms_per_token\": %.4f, \"tok_per_s\": %.1f}\n",
            path, xtc_session_device(s), (long long)ctx, (long long)tokens, 1e3 * (t1 - t0),
