@@ -276,8 +276,8 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     cu_matmul_prologue(k, x, ia, ib, parts);
     if (vec) {
         fprintf(f, "        /* 16-byte copies: rows of multiples of 8 values, aligned operands */\n");
-        fprintf(f, "        const int vec = K %% 8 == 0 && %s && ((unsigned long long)in%d & 15) == 0 &&\n",
-                tb ? "1" : parts == 2 ? "Nout % 8 == 0" : "N % 8 == 0", ia);
+        fprintf(f, "        const int vec = K %% 8 == 0 && %s((unsigned long long)in%d & 15) == 0 &&\n",
+                tb ? "" : parts == 2 ? "Nout % 8 == 0 && " : "N % 8 == 0 && ", ia);
         fprintf(f, "                        ((unsigned long long)in%d & 15) == 0;\n", ib);
     }
     char big[6 * CU_EXPR];
