@@ -2,7 +2,8 @@
  * with ptxas (for sm_80 with one prelude, for sm_90 with the others). No GPU is needed.
  *
  * The tensor-core attention forward (flash): its PTX holds the mma.sync of its type, and ptxas -v
- * assembles it for sm_80 and sm_90 with no spills and no stack frame (CK_RUN_CASE=flash).
+ * assembles it for sm_80 and sm_90 with no spills and no stack frame (CK_RUN_CASE=flash). The same
+ * for the tensor-core matmul of 16-bit operands, with its ldmatrix and cp.async (flash too).
  *
  * The graphs: every .xtf of models/ (every model statement of each file) and of tests/parity/,
  * lowered for inference, for inference with the padding masks, for incremental decoding (KV
@@ -717,6 +718,145 @@ START_TEST(test_flash_instruction_mix)
 }
 END_TEST
 
+/* The tensor-core matmul for 16-bit operands as stored (cg_cuda_matmul_mma.c), as the GPU gets
+ * it: plain, transposed, batched with broadcasting, with fused epilogues (bias + GELU, residual,
+ * a GLU split) over symbolic sizes, and known sizes with rows of a multiple of 8 values (K = 40)
+ * and not (K = 36: no 16-bit copies possible, so none are emitted), with --dtype bf16 and fp16.
+ * Every kernel's PTX (sm_80) holds ldmatrix and mma.sync of its type, those that can copy 16
+ * bytes cp.async (ldmatrix .trans where B is [K, N]); ptxas -v assembles them for sm_80 and
+ * sm_90 with no spills and no stack frame. Registers and shared memory are printed. */
+static void build_mma16(IrGraph *g)
+{
+    IrDim b = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), n = ir_dim_sym(ir_graph_add_sym(g, "n", 16384));
+    IrDim sx[] = {b, n, ir_dim(64)}, sw[] = {ir_dim(64), ir_dim(192)}, sbias[] = {ir_dim(192)};
+    IrDim swt[] = {ir_dim(64), ir_dim(64)}, sy[] = {b, n, ir_dim(64)}, sg[] = {ir_dim(256), ir_dim(64)};
+    IrNode *x = ir_input(g, "x", IR_F32, 3, sx);
+    ir_output(g, "gelu", ir_unary(g, IR_GELU, ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "w", 2, sw), 0),
+                                                          ir_param(g, "bias", 1, sbias))));
+    IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wt", 2, swt), 1), ir_input(g, "res", IR_F32, 3, sy));
+    ir_output(g, "residual", y);
+    IrNode *p = ir_matmul(g, x, ir_param(g, "wg", 2, sg), 1);
+    ir_output(g, "glu", ir_binary(g, IR_MUL, ir_slice(g, p, -1, ir_dim(0), ir_dim(128)),
+                                  ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(128), ir_dim(128)))));
+    IrDim sq[] = {b, ir_dim(4), n, ir_dim(32)}, sk[] = {ir_dim(1), ir_dim(4), ir_dim(32), n};
+    ir_output(g, "bcast", ir_matmul(g, ir_input(g, "q", IR_F32, 4, sq), ir_input(g, "k", IR_F32, 4, sk), 0));
+    IrDim s40[] = {ir_dim(100), ir_dim(40)}, s40b[] = {ir_dim(40), ir_dim(72)};
+    ir_output(g, "known", ir_matmul(g, ir_input(g, "u", IR_F32, 2, s40), ir_input(g, "v", IR_F32, 2, s40b), 0));
+    IrDim s36[] = {ir_dim(100), ir_dim(36)}, s36b[] = {ir_dim(36), ir_dim(72)};
+    ir_output(g, "odd", ir_matmul(g, ir_input(g, "u2", IR_F32, 2, s36), ir_input(g, "v2", IR_F32, 2, s36b), 0));
+}
+
+/* occurrences of what in [from, end) (end NULL: to the end) */
+static int count_in(const char *from, const char *end, const char *what)
+{
+    int c = 0;
+    for (const char *p = strstr(from, what); p && (!end || p < end); p = strstr(p + 1, what))
+        c++;
+    return c;
+}
+
+START_TEST(test_matmul_instruction_mix)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    IrGraph *built = ir_graph_new("mma16");
+    build_mma16(built);
+    char err[4096];
+    ck_assert_msg(ir_graph_error(built) == NULL && ir_verify(built, err, sizeof err) == 0, "%s", err);
+    PassOptions po = {0};
+    IrGraph *g = harness_passes(built, "cuda", &po, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    CgPlan plan;
+    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
+        CgOptions opt = {.output = "-", .mma = mma, .dtype = mma == CG_MMA_BF16 ? "bf16" : "fp16"};
+        CuUnit u;
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+        char *src = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&src, &len);
+        cu_prelude(f, g, u.nkernels, mma == CG_MMA_BF16 ? 1 : 2);
+        int kernels = 0, copying = 0, trans = 0;
+        for (int k = 0; k < u.nkernels; k++)
+            if (strstr(u.kernel_text[k], "cp.async pipeline")) {
+                fprintf(f, "\n%s", u.kernel_text[k]);
+                kernels++;
+                copying += strstr(u.kernel_text[k], "xtc_cp_async16(") != NULL;
+                trans += strstr(u.kernel_text[k], "xtc_ldmatrix_x4_trans(") != NULL;
+            }
+        fclose(f);
+        ck_assert_int_eq(kernels, 6);
+        ck_assert_int_eq(copying, 5); /* all but K = 36 */
+        ck_assert_int_eq(trans, 4);   /* B as [K, N]: gelu, bcast, known, odd */
+        char *ptx = NULL;
+        ck_assert_msg(cg_nvrtc_compile(src, "mma16.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+        free(src);
+        const char *want = mma == CG_MMA_FP16 ? "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+                                              : "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32";
+        int entries = 0, with_cp = 0, with_trans = 0;
+        for (const char *e = strstr(ptx, ".entry "); e; e = strstr(e + 1, ".entry ")) {
+            const char *end = strstr(e + 1, ".entry ");
+            int mmas = count_in(e, end, want), lds = count_in(e, end, "ldmatrix.sync.aligned.m8n8.x4.");
+            /* unrolled over a stage's two k-steps: at least the small tiles' 2 x 4 mma and 2 x 3
+             * ldmatrix (known sizes with few tiles leave out the large tiles' branch) */
+            ck_assert_msg(mmas >= 16 && lds >= 6, "entry %d: %d %s, %d ldmatrix", entries, mmas, want, lds);
+            with_cp += count_in(e, end, "cp.async.cg.shared.global") > 0 && count_in(e, end, "cp.async.wait_group") > 0;
+            with_trans += count_in(e, end, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") > 0;
+            entries++;
+        }
+        ck_assert_int_eq(entries, kernels);
+        ck_assert_int_eq(with_cp, copying);
+        ck_assert_int_eq(with_trans, trans);
+        char ptx_path[512], log[512];
+        snprintf(ptx_path, sizeof ptx_path, "%s/mma16_%d.ptx", tmpdir, mma);
+        FILE *pf = fopen(ptx_path, "w");
+        ck_assert(pf && fputs(ptx, pf) >= 0);
+        fclose(pf);
+        free(ptx);
+        for (int a = 0; a < 2; a++) {
+            const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
+            snprintf(log, sizeof log, "%s/mma16_%d_%d.log", tmpdir, mma, a);
+            char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
+            int rc = cg_run_program(argv, log);
+            char *text = harness_read_file(log, NULL);
+            ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
+            int infos = 0;
+            for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
+                const char *line = p;
+                while (line > text && line[-1] != '\n')
+                    line--;
+                ck_assert_msg(strncmp(line + strspn(line, " "), "0 bytes stack frame, 0 bytes spill stores, 0 bytes "
+                                      "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
+                infos++;
+            }
+            ck_assert_int_eq(infos, kernels);
+            char fig[512] = "";
+            size_t fl = 0;
+            for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
+                int regs = 0, smem = 0;
+                const char *sm = strstr(p, "bytes smem");
+                while (sm && sm > p && sm[-1] == ' ')
+                    sm--;
+                while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
+                    sm--;
+                sscanf(p, "Used %d registers", &regs);
+                if (sm)
+                    sscanf(sm, "%d", &smem);
+                fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
+            }
+            fprintf(stderr, "test_cuda_nvrtc: matmul --dtype %s, %s: registers/shared bytes per kernel %s\n",
+                    opt.dtype, arch + 6, fig);
+            free(text);
+        }
+        cg_cuda_unit_free(&u);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    ir_graph_free(built);
+}
+END_TEST
+
 /* NVRTC's log reaches the message */
 START_TEST(test_nvrtc_errors)
 {
@@ -749,6 +889,7 @@ static Suite *suite(void)
     TCase *fl = tcase_create("flash");
     tcase_set_timeout(fl, 300);
     tcase_add_test(fl, test_flash_instruction_mix);
+    tcase_add_test(fl, test_matmul_instruction_mix);
     suite_add_tcase(s, fl);
     return s;
 }

@@ -5,6 +5,7 @@
  *             cg_cuda_ops.c      the per-op table and the kernels of every op but those below
  *             cg_cuda_reduce.c   sum, max, softmax, cross-entropy: warp shuffles, shared memory
  *             cg_cuda_matmul.c   matrix multiplication tiled in shared memory
+ *             cg_cuda_matmul_mma.c  ... on tensor cores, 16-bit operands as stored (cp.async, ldmatrix)
  *             cg_cuda_sort.c     entmax15, kth_largest: ops defined by a sort of each row
  *             cg_cuda_attention.c  the fused attention ops, forward and backward
  *             cg_cuda_fused.c    the fused op: elementwise chains with last-axis reductions
@@ -113,6 +114,15 @@ int cg_cuda_matmul(CuKernel *k);
  * matrix of row length Nout. 0, or -1 with gen->err set. */
 typedef int (*CuEpilogue)(void *ctx, CuKernel *k, const char *indent);
 int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
+/* cg_cuda_matmul_mma.c: the tensor-core kernel for operands stored in the mma's 16-bit format
+ * (cg_cuda_mma16_fits), with cg_cuda_matmul_with's arguments; and the pieces of the matmul
+ * kernels in cg_cuda_matmul.c it shares: the sizes and batch loop down to A, B and C; a GLU
+ * split's output and product column of tile column v; the epilogue or store of one value. */
+int cg_cuda_mma16_fits(const CuKernel *k, int ia, int ib);
+int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
+void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts);
+void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn);
+int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent);
 int cg_cuda_reduce(CuKernel *k);
 int cg_cuda_softmax(CuKernel *k);
 int cg_cuda_xent(CuKernel *k);

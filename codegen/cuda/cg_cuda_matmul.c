@@ -299,8 +299,9 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
 {
     if (parts == 2 && !epilogue)
         return cu_error(k->gen, "a split matmul needs an epilogue");
-    if (k->gen->mma != CG_MMA_OFF)
-        return matmul_mma(k, x, ia, ib, parts, epilogue, ctx);
+    if (k->gen->mma != CG_MMA_OFF) /* operands stored in the mma's format: cg_cuda_matmul_mma.c */
+        return cg_cuda_mma16_fits(k, ia, ib) ? cg_cuda_matmul_mma16(k, x, ia, ib, parts, epilogue, ctx)
+                                             : matmul_mma(k, x, ia, ib, parts, epilogue, ctx);
     FILE *f = k->f;
     int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
     k->sync = 1;
@@ -481,4 +482,13 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
     cu_kernel_end(k);
     matmul_geometry(k, x, MTHREADS);
     return 0;
+}
+
+/* ---- for cg_cuda_matmul_mma.c ---- */
+
+void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts) { matmul_prologue(k, x, ia, ib, parts); }
+void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn) { split_col(v, R, oc, on, col, cn); }
+int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent)
+{
+    return matmul_store(k, epilogue, ctx, value, value1, indent);
 }
