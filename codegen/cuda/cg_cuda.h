@@ -113,6 +113,17 @@ int cg_cuda_matmul(CuKernel *k);
  * matrix of row length Nout. 0, or -1 with gen->err set. */
 typedef int (*CuEpilogue)(void *ctx, CuKernel *k, const char *indent);
 int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
+/* The pieces of the matmul kernels that cg_cuda_gemv.c shares: the sizes M N K (Nout), the loop
+ * over batch matrices (left open) with the batch's A, B, C; and the store of the product value
+ * (value1: the second half's, split products) at C[row, col] through the epilogue. */
+void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts);
+int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1,
+                    const char *indent);
+/* cg_cuda_gemv.c: inside the matmul kernel's batch loop, the path taken when M is small (at run
+ * time); nothing where M is a constant too large. Then, after the kernel's geometry, the grid of
+ * that path (threads: the kernel's block size). */
+int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads);
+void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads);
 int cg_cuda_reduce(CuKernel *k);
 int cg_cuda_softmax(CuKernel *k);
 int cg_cuda_xent(CuKernel *k);
