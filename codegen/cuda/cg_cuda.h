@@ -60,6 +60,7 @@ typedef struct {
     /* when bound_blocks > 0: compiled for blocks of at most bound_threads threads, at least
      * bound_blocks of them resident per SM (__launch_bounds__: caps the registers per thread) */
     int bound_threads, bound_blocks;
+    int inner; /* the attention forward being written inside its decode path's kernel (cu_attention_decode) */
 } CuKernel;
 
 /* A row of the per-op table. */

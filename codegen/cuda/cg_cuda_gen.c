@@ -45,6 +45,7 @@ static const char *const reserved[] = {
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
     "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow",
+    "dlast", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
