@@ -742,6 +742,64 @@ static void build_mma_forms(IrGraph *g, IrDim b, IrDim n)
     out(g, "one_tile", ir_matmul(g, input(g, "e1", IR_F32, 2, s64a), input(g, "e2", IR_F32, 2, s64b), 0));
 }
 
+/* Incremental decoding's shapes: few rows against long operands, the CUDA kernels' run-time
+ * paths for them (cg_cuda_gemv.c: M <= 16; cg_cuda_attention_decode.c: I <= 8). M and I grow
+ * with b (1 to 3), the keys with n: J = 3 n (3 to 390 keys, one warp to four blocks of them).
+ * Products: B transposed with K a multiple of 8 (16-byte loads) and not (37), B as stored, 6 b
+ * rows (two runs of 8 rows at b = 2, past 16 at b = 3: the tiles), a bias with GELU and GLU halves
+ * both ways (epilogues the pipeline fuses), a B per batch index. Attention: plain, causal, every
+ * operand (bias, mask, scale) with the logsumexp, a padding mask, windows, more queries than
+ * keys (J = 2 b - 2: no key at b = 1; under causal, rows without keys), heads 64 and 40 wide,
+ * heads split in place. */
+static void build_decode(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_add(ir_dim_add(n, n), n), J0 = ir_dim_addc(ir_dim_add(b, b), -2), h = ir_dim(2), one = ir_dim(1);
+    IrDim sx[] = {ir_dim(2), b, ir_dim(72)}, sw[] = {ir_dim(37), ir_dim(72)}, sx37[] = {b, ir_dim(37)};
+    IrDim sw37[] = {ir_dim(45), ir_dim(37)}, swn[] = {ir_dim(72), ir_dim(45)}, sbias[] = {ir_dim(45)};
+    IrDim sn[] = {n};
+    out(g, "n_bound", ir_unary(g, IR_NEG, input(g, "nb", IR_F32, 1, sn))); /* n from an input: J = 3 n follows */
+    IrNode *x = input(g, "x", IR_F32, 3, sx);
+    out(g, "gemv_t", ir_matmul(g, x, ir_param(g, "w", 2, sw), 1));
+    out(g, "gemv_t37", ir_matmul(g, input(g, "x37", IR_F32, 2, sx37), ir_param(g, "w37", 2, sw37), 1));
+    IrNode *hn = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wn", 2, swn), 0), ir_param(g, "bn", 1, sbias));
+    out(g, "gemv_bias_gelu", ir_unary(g, IR_GELU, hn));
+    IrDim s6[] = {ir_dim_add(ir_dim_add(ir_dim_add(b, b), ir_dim_add(b, b)), ir_dim_add(b, b)), ir_dim(72)};
+    out(g, "gemv_rows", ir_matmul(g, input(g, "x6", IR_F32, 2, s6), ir_param(g, "w", 2, sw), 1));
+    IrDim sgl[] = {ir_dim(74), ir_dim(72)}, sgln[] = {ir_dim(72), ir_dim(80)}, sglb[] = {ir_dim(74)};
+    IrNode *proj = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wglu", 2, sgl), 1), ir_param(g, "bglu", 1, sglb));
+    out(g, "gemv_glu_t", ir_binary(g, IR_MUL, ir_slice(g, proj, -1, ir_dim(0), ir_dim(37)),
+                                   ir_unary(g, IR_GELU, ir_slice(g, proj, -1, ir_dim(37), ir_dim(37)))));
+    IrNode *proj2 = ir_matmul(g, x, ir_param(g, "wglu2", 2, sgln), 0);
+    out(g, "gemv_glu", ir_binary(g, IR_MUL, ir_unary(g, IR_SIGMOID, ir_slice(g, proj2, -1, ir_dim(0), ir_dim(40))),
+                                 ir_slice(g, proj2, -1, ir_dim(40), ir_dim(40))));
+    IrDim sgq[] = {ir_dim(3), b, ir_dim(40)}, sgk[] = {ir_dim(3), J, ir_dim(40)};
+    out(g, "gemv_batched_t", ir_matmul(g, input(g, "gq", IR_F32, 3, sgq), input(g, "gk", IR_F32, 3, sgk), 1));
+    IrDim sq[] = {ir_dim(2), h, b, ir_dim(8)}, sk[] = {ir_dim(2), h, J, ir_dim(8)}, sv[] = {ir_dim(2), h, J, ir_dim(12)};
+    IrDim sk0[] = {ir_dim(2), h, J0, ir_dim(8)}, sab[] = {h, b, J}, smask[] = {ir_dim(2), one, one, J};
+    IrDim sscale[] = {ir_dim(2), h, one, one}, sqm[] = {ir_dim(2), one, b, one};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sab), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
+    out(g, "att_plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 0));
+    out(g, "att_causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
+    out(g, "att_all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    out(g, "att_padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
+    out(g, "att_window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 40));
+    out(g, "att_window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
+    out(g, "att_few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
+    IrDim s64[] = {ir_dim(2), one, b, ir_dim(64)}, s64k[] = {ir_dim(2), one, J, ir_dim(64)}, s40[] = {ir_dim(2), one, J, ir_dim(40)};
+    out(g, "att_head64", ir_attention(g, input(g, "q64", IR_F32, 4, s64), input(g, "k64", IR_F32, 4, s64k),
+                                      input(g, "v40", IR_F32, 4, s40), NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 1));
+    IrDim sxq[] = {ir_dim(2), b, h, ir_dim(16)}, sxk[] = {ir_dim(2), J, h, ir_dim(16)};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
+    out(g, "att_heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+}
+
 /* matmuls with epilogues for the fusion pass: bias, activation, residual, GLU */
 static void build_mma_epilogues(IrGraph *g, IrDim b, IrDim n)
 {
@@ -781,6 +839,7 @@ static const OpCase OP_CASES[] = {
     {"matmul_large", build_matmul_large, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA kernels' 128 x 128 tiles"},
     {"attention_many", build_attention_many, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA kernel's 64-row tiles"},
     {"reduce_long", build_reduce_long, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA reductions' block splits"},
+    {"decode", build_decode, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"mma_forms", build_mma_forms, OC_MMA, OC_EMPTY, 1e-5, "tensor cores only"},
     {"mma_epilogues", build_mma_epilogues, OC_MMA, OC_EMPTY | OC_FUSE, 1e-5, "tensor cores only"},
 };

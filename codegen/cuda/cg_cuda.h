@@ -61,6 +61,7 @@ typedef struct {
     /* when bound_blocks > 0: compiled for blocks of at most bound_threads threads, at least
      * bound_blocks of them resident per SM (__launch_bounds__: caps the registers per thread) */
     int bound_threads, bound_blocks;
+    int inner; /* the attention forward being written inside its decode path's kernel (cu_attention_decode) */
 } CuKernel;
 
 /* A row of the per-op table. */
@@ -123,6 +124,11 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
 void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts);
 void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn);
 int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent);
+/* cg_cuda_gemv.c: inside the matmul kernel's batch loop, the path taken when M is small (at run
+ * time); nothing where M is a constant too large. Then, after the kernel's geometry, the grid of
+ * that path (threads: the kernel's block size). */
+int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads);
+void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads);
 int cg_cuda_reduce(CuKernel *k);
 int cg_cuda_softmax(CuKernel *k);
 int cg_cuda_xent(CuKernel *k);

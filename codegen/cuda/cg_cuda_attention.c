@@ -474,6 +474,9 @@ static void attention_tiled(CuKernel *k, const Att *a, int stats, int br, int bc
 
 int cg_cuda_attention(CuKernel *k)
 {
+    int decode = cu_attention_decode(k); /* with the path of few query rows (cg_cuda_attention_decode.c) */
+    if (decode)
+        return decode < 0 ? -1 : 0;
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     Att a;

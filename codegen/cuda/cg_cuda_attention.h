@@ -36,4 +36,9 @@ void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
  * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then). */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);
 
+/* The forward kernel with, in front of the others' body, the path of few query rows against many
+ * keys taken at run time (cg_cuda_attention_decode.c; it writes the others' kernel through
+ * cg_cuda_attention): 1 written, 0 not taken (the node cannot have few rows), -1 error. */
+int cu_attention_decode(CuKernel *k);
+
 #endif

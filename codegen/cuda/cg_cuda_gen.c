@@ -44,10 +44,12 @@ static const char *const reserved[] = {
     "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
-    "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow", NULL};
+    "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow",
+    "dlast", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
+    "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
-                                                "size", "x", "sym", NULL};
+                                                "size", "x", "sym", "gb", "gbv", NULL};
 
 int cu_name_reserved(const char *name)
 {
@@ -324,6 +326,16 @@ static const char *const prelude[] = {
     "    v[3] = q.w;",
     "}",
     "#endif",
+    "/* four consecutive floats of global memory, p + i 16-byte aligned: one 128-bit load on the GPU */",
+    "XTC_INLINE void xtc_ld4_f32(float v[4], const float *p, i64 i)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    for (int j = 0; j < 4; j++)",
+    "        v[j] = p[i + j];",
+    "#else",
+    "    xtc_lds4(v, p + i);",
+    "#endif",
+    "}",
     "",
     "/* maximum and minimum propagating NaN, like torch.maximum */",
     "XTC_INLINE float xtc_fmax(float a, float b) { return a != a || b != b ? a + b : a > b ? a : b; }",
@@ -695,6 +707,23 @@ static const char *const storage_fp16[] = {
     NULL};
 
 static const char *const storage_half_access[] = {
+    "/* eight consecutive 16-bit values of global memory as floats, p + i 16-byte aligned: one",
+    " * 128-bit load on the GPU */",
+    "XTC_INLINE void xtc_ld8_fs(float v[8], const xtc_fs *p, i64 i)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    for (int j = 0; j < 8; j++)",
+    "        v[j] = xtc_fs_to_f32(p[i + j]);",
+    "#else",
+    "    const uint4 q = *(const uint4 *)(p + i);",
+    "    const unsigned w[4] = {q.x, q.y, q.z, q.w};",
+    "#pragma unroll",
+    "    for (int j = 0; j < 4; j++) {",
+    "        v[2 * j] = xtc_fs_to_f32((unsigned short)(w[j] & 0xffffu));",
+    "        v[2 * j + 1] = xtc_fs_to_f32((unsigned short)(w[j] >> 16));",
+    "    }",
+    "#endif",
+    "}",
     "XTC_INLINE float xtc_ld_fs(const xtc_fs *p, i64 i) { return xtc_fs_to_f32(p[i]); }",
     "XTC_INLINE void xtc_st_fs(xtc_fs *p, i64 i, float v) { p[i] = xtc_f32_to_fs(v); }",
     "XTC_INLINE float xtc_ld_f32(const float *p, i64 i) { return p[i]; }",

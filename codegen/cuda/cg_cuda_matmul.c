@@ -74,7 +74,7 @@ static void split_col(const char *v, int R, char *oc, size_t on, char *col, size
 
 /* The sizes and the loop over batch matrices, down to the pointers A, B and C of the batch;
  * leaves the loop open. */
-static void matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts)
+void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts)
 {
     const IrNode *a = x->in[0];
     CuGen *gen = k->gen;
@@ -139,7 +139,7 @@ static void matmul_geometry(CuKernel *k, const IrNode *x, unsigned threads)
 
 /* What becomes of the product value (an expression) at C[row, col] (both in range): the
  * epilogue's code, or the store. */
-static int matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1,
+int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1,
                         const char *indent)
 {
     FILE *f = k->f;
@@ -271,13 +271,13 @@ static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int parts, CuEpilo
         fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = %s;\n", half, oc);
         fprintf(f, "                        if (row < M && col < Nout)\n");
         snprintf(partner, sizeof partner, "acc[q][w + %d]", per / 2);
-        if (matmul_store(k, epilogue, ctx, "acc[q][w]", partner, "                            ") < 0)
+        if (cu_matmul_store(k, epilogue, ctx, "acc[q][w]", partner, "                            ") < 0)
             return -1;
     } else {
         fprintf(f, "                        const i64 row = m0 + q / 4 * %d + ty * 4 + q %% 4, col = n0 + w / 4 * %d + tx * 4 + w %% 4;\n",
                 half, half);
         fprintf(f, "                        if (row < M && col < N)\n");
-        if (matmul_store(k, epilogue, ctx, "acc[q][w]", NULL, "                            ") < 0)
+        if (cu_matmul_store(k, epilogue, ctx, "acc[q][w]", NULL, "                            ") < 0)
             return -1;
     }
     fprintf(f, "                    }\n");
@@ -320,7 +320,9 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
         fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][n] */\n", sh->bs, sh->kt, sh->tile);
     }
     fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
-    matmul_prologue(k, x, ia, ib, parts);
+    cu_matmul_prologue(k, x, ia, ib, parts);
+    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS) < 0)
+        return -1;
     char big[6 * CU_EXPR];
     large_test(big, sizeof big, "M", "N");
     fprintf(f, "        if (%s) {\n", big);
@@ -344,7 +346,8 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
     size_t len = (size_t)snprintf(grid, sizeof grid, "(%s) ? (%s) * (%s) : %s", big, tm, tn, k->geom.grid_x);
     if (len < sizeof k->geom.grid_x) /* else the small tiles' grid, which the grid-stride loop also covers */
         memcpy(k->geom.grid_x, grid, len + 1);
-    return 0;
+    cg_cuda_gemv_geometry(k, x, parts, THREADS);
+    return k->gen->err[0] ? -1 : 0;
 }
 
 /* ---- tensor cores ---- */
@@ -419,7 +422,9 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
     fprintf(f, "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const int wm = warp / 2 * 32, wn = warp %% 2 * 32; /* the warp's quarter of the tile */\n");
-    matmul_prologue(k, x, ia, ib, parts);
+    cu_matmul_prologue(k, x, ia, ib, parts);
+    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, MTHREADS) < 0)
+        return -1;
     /* split: a warp's columns 8 j + 2 t (+ 1), j < 4, pair up 16 apart */
     int R = parts == 2 ? 16 : 0, tw = R ? TILE / 2 : TILE;
     fprintf(f, "        const i64 tiles_n = (%s + %d) / %d, tiles = (M + %d) / %d * tiles_n;\n", R ? "Nout" : "N", tw - 1, tw,
@@ -469,26 +474,22 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
         fprintf(f, "                        const int v = wn + 8 * j + 2 * t + q %% 2;\n");
         fprintf(f, "                        const i64 col = %s;\n", oc);
         fprintf(f, "                        if (row < M && col < Nout)\n");
-        if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", "acc[i][j + 2][q]", "                            ") < 0)
+        if (cu_matmul_store(k, epilogue, ctx, "acc[i][j][q]", "acc[i][j + 2][q]", "                            ") < 0)
             return -1;
     } else {
         fprintf(f, "                        const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");
         fprintf(f, "                        if (row < M && col < N)\n");
-        if (matmul_store(k, epilogue, ctx, "acc[i][j][q]", NULL, "                            ") < 0)
+        if (cu_matmul_store(k, epilogue, ctx, "acc[i][j][q]", NULL, "                            ") < 0)
             return -1;
     }
     fprintf(f, "                    }\n");
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
     matmul_geometry(k, x, MTHREADS);
-    return 0;
+    cg_cuda_gemv_geometry(k, x, parts, MTHREADS);
+    return k->gen->err[0] ? -1 : 0;
 }
 
 /* ---- for cg_cuda_matmul_mma.c ---- */
 
-void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts) { matmul_prologue(k, x, ia, ib, parts); }
 void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn) { split_col(v, R, oc, on, col, cn); }
-int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent)
-{
-    return matmul_store(k, epilogue, ctx, value, value1, indent);
-}
