@@ -817,6 +817,73 @@ static void build_mma_epilogues(IrGraph *g, IrDim b, IrDim n)
                                   ir_unary(g, IR_GELU, ir_slice(g, p, -1, ir_dim(72), ir_dim(72)))));
 }
 
+/* ---- attention on tensor cores (test_cuda_mma's flash case, not table rows) ---- */
+
+/* The attention forms the tensor-core forward (cg_cuda_attention_mma.c) takes, every one with
+ * the logsumexp column the backward reads: heads 8 by 12 (padded to the mma's 16 and 8), every
+ * form of bias, mask and scale, causal with J = n + 3 and J = n - 1 (row 0 sees no key; J = 0
+ * at n = 1), windows, heads 64 and 128 by 40, heads split in place (CG_VIEW_*), and one
+ * gradient (the CUDA-core backward on the tensor-core forward's output and statistics). */
+static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1);
+    IrDim sq[] = {b, h, n, ir_dim(8)}, sk[] = {b, h, J, ir_dim(8)}, sv[] = {b, h, J, ir_dim(12)};
+    IrDim sk0[] = {b, h, J0, ir_dim(8)}, sbias[] = {h, n, J}, smask[] = {b, one, one, J};
+    IrDim sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
+    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
+    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
+    out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
+    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 0));
+    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
+    out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
+    out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
+    IrDim s64[] = {b, one, n, ir_dim(64)}, s64k[] = {b, one, J, ir_dim(64)};
+    out(g, "head64", ir_attention(g, input(g, "q64", IR_F32, 4, s64), input(g, "k64", IR_F32, 4, s64k),
+                                  input(g, "v64", IR_F32, 4, s64k), NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 1));
+    IrDim s128[] = {b, one, n, ir_dim(128)}, s128k[] = {b, one, J, ir_dim(128)}, s40[] = {b, one, J, ir_dim(40)};
+    out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
+                                   input(g, "v40", IR_F32, 4, s40), NULL, NULL, ir_const(g, 0.09, IR_F32), 0, 1));
+    IrDim sxq[] = {b, n, h, ir_dim(16)}, sxk[] = {b, J, h, ir_dim(16)};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
+    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+}
+
+/* Gradients on the tensor-core backward (heads up to 64): a bias, a mask and a scale operand,
+ * causal and window limits, rows that see no key or whose every key is masked, a ragged head
+ * of 40 (and no logsumexp gradient), two tiles of 64 of a head of 64. */
+static inline void build_flash_grad(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1), d8 = ir_dim(8);
+    IrDim sq[] = {b, h, n, d8}, sk[] = {b, h, J, d8}, sk0[] = {b, h, J0, d8}, sd[] = {b, h, n, ir_dim(9)};
+    IrDim sbias[] = {h, n, J}, smask[] = {b, one, one, J}, sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
+    IrDim s40q[] = {b, one, n, ir_dim(40)}, s40[] = {b, one, J, ir_dim(40)}, s64[] = {b, one, n, ir_dim(64)};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *dout = input(g, "dout", IR_F32, 4, sd);
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
+    IrNode *k40 = input(g, "k40", IR_F32, 4, s40), *q64 = input(g, "q64", IR_F32, 4, s64);
+    out(g, "all_grad", ir_attention_grad(g, ir_attention(g, q, k, v, bias, mask, scale, 1, 1), dout));
+    out(g, "causal_grad", ir_attention_grad(g, ir_attention(g, q, k, v, NULL, NULL, c, 1, 1), dout));
+    out(g, "window_grad", ir_attention_grad(g, ir_attention_window(g, q, k, v, NULL, NULL, scale, 1, 1, 2), dout));
+    out(g, "row0_grad", ir_attention_grad(g, ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1), dout));
+    out(g, "padded_grad", ir_attention_grad(g, ir_attention(g, q, k, v, bias, pad, c, 0, 1), dout));
+    IrNode *a40 = ir_attention(g, input(g, "q40", IR_F32, 4, s40q), k40, k40, NULL, NULL, ir_const(g, 0.15, IR_F32), 0, 1);
+    out(g, "head40_grad", ir_attention_grad(g, a40, input(g, "dout40", IR_F32, 4, s40q)));
+    IrNode *a64 = ir_attention(g, q64, input(g, "k64", IR_F32, 4, s64), input(g, "v64", IR_F32, 4, s64), NULL, NULL, c, 1, 1);
+    out(g, "head64_grad", ir_attention_grad(g, a64, input(g, "dout64", IR_F32, 4, s64)));
+}
+
 /* ---- the table ---- */
 
 static const OpCase OP_CASES[] = {

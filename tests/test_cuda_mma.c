@@ -27,7 +27,11 @@
  *                8 by 12, 64, 128 by 40, head-split views, the backward reading its statistics;
  *                against the interpreter on q, k, v rounded as the kernel rounds them, within
  *                the rounding of the probabilities before P V (u of max|v|; 16 u for the
- *                gradient), bf16 and fp16, f32 and 16-bit storage.
+ *                gradient), bf16 and fp16, f32 and 16-bit storage. The backward on tensor cores
+ *                (cg_cuda_attention_mma_grad.c): taken for heads up to 64; dq, dk, dv of every
+ *                mask form, limits, rows without keys, heads 8, 40 and 64 over two tiles, within
+ *                16 u of max|ref| (P and dS rounded before their products), bf16 with f32 storage
+ *                and fp16 with fp16 storage. The graphs are op_cases.h's build_flash*.
  *   a model      models/tiny_gpt.xtf through cuda-emu with --mma against the interpreter in f64
  *                on the unrounded weights: forward logits within 2e-2 max|ref| (bf16, 8-bit
  *                significands: about 10 units of rounding) and 4e-3 max|ref| (fp16, 11 bits:
@@ -740,47 +744,6 @@ END_TEST
 
 /* ---- attention on tensor cores ---- */
 
-/* The attention forms the tensor-core forward (cg_cuda_attention_mma.c) takes, every one with
- * the logsumexp column the backward reads: heads 8 by 12 (padded to the mma's 16 and 8), every
- * form of bias, mask and scale, causal with J = n + 3 and J = n - 1 (row 0 sees no key; J = 0
- * at n = 1), windows, heads 64 and 128 by 40, heads split in place (CG_VIEW_*), and one
- * gradient (the CUDA-core backward on the tensor-core forward's output and statistics). */
-static void build_flash(IrGraph *g, IrDim b, IrDim n)
-{
-    static const int split[4] = {0, 2, 1, 3};
-    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1);
-    IrDim sq[] = {b, h, n, ir_dim(8)}, sk[] = {b, h, J, ir_dim(8)}, sv[] = {b, h, J, ir_dim(12)};
-    IrDim sk0[] = {b, h, J0, ir_dim(8)}, sbias[] = {h, n, J}, smask[] = {b, one, one, J};
-    IrDim sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one}, sd[] = {b, h, n, ir_dim(9)};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
-    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
-    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
-    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
-    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
-    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
-    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
-    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
-    IrNode *vd = input(g, "vd", IR_F32, 4, sk), *od = ir_attention(g, q, k, vd, bias, mask, scale, 1, 1);
-    out(g, "all_grad", ir_attention_grad(g, od, input(g, "dout", IR_F32, 4, sd)));
-    out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
-    out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
-    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 0));
-    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
-    out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
-    out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
-    IrDim s64[] = {b, one, n, ir_dim(64)}, s64k[] = {b, one, J, ir_dim(64)};
-    out(g, "head64", ir_attention(g, input(g, "q64", IR_F32, 4, s64), input(g, "k64", IR_F32, 4, s64k),
-                                  input(g, "v64", IR_F32, 4, s64k), NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 1));
-    IrDim s128[] = {b, one, n, ir_dim(128)}, s128k[] = {b, one, J, ir_dim(128)}, s40[] = {b, one, J, ir_dim(40)};
-    out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
-                                   input(g, "v40", IR_F32, 4, s40), NULL, NULL, ir_const(g, 0.09, IR_F32), 0, 1));
-    IrDim sxq[] = {b, n, h, ir_dim(16)}, sxk[] = {b, J, h, ir_dim(16)};
-    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
-    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
-    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
-    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
-}
-
 /* The leaves of q, k and v of g's attention nodes (through views): what the kernel rounds. */
 static void attention_operands(const IrGraph *g, Names *ops)
 {
@@ -808,9 +771,9 @@ static void attention_operands(const IrGraph *g, Names *ops)
  * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
  * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
  * 16 u of its max|ref|. */
-static void check_flash(const Lib *l, int mma)
+static void check_flash(const Lib *l, int mma, BuildFn build)
 {
-    IrGraph *g = new_graph("flash", build_flash);
+    IrGraph *g = new_graph("flash", build);
     Names ops;
     attention_operands(g, &ops);
     XtcModule *m = compile_mma(g, "flash", mma);
@@ -842,6 +805,33 @@ static void check_flash(const Lib *l, int mma)
     ir_graph_free(g);
 }
 
+/* How many of g's kernels of op the renderer puts on tensor cores with --mma=mma (their comment
+ * says `marker`), of `all`: each one whose head is at most max_head, none without --mma. */
+static int flash_kernels(IrGraph *g, int mma, IrOp op, const char *marker, long long max_head, int *all)
+{
+    CgPlan plan;
+    CuUnit cu;
+    CgOptions opt = {.output = "-", .mma = mma};
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+    int on = *all = 0;
+    for (int i = 0; i < cu.nkernels; i++) {
+        const IrNode *x = plan.kernels[i].node;
+        int tc = strstr(cu.kernel_text[i], marker) != NULL;
+        if (x->op == op) {
+            ck_assert_msg(tc == (mma != CG_MMA_OFF && x->in[0]->shape[3].c <= max_head), "%s", cu.kernel_text[i]);
+            on += tc, ++*all;
+        }
+    }
+    fprintf(stderr, "test_cuda_mma: flash: --mma=%s: %d of %d %s kernels on tensor cores\n", cg_mma_name(mma), on, *all,
+            op == IR_ATTENTION ? "forward" : "backward");
+    cg_cuda_unit_free(&cu);
+    cg_plan_free(&plan);
+    ck_assert_int_eq(on, mma == CG_MMA_OFF ? 0 : *all - 1); /* all but the one too wide */
+    return on;
+}
+
 /* The forward is the tensor-core kernel (its comment names it) for every head up to 128, and
  * the CUDA-core one above that and without --mma; then the numbers against the interpreter. */
 START_TEST(test_flash_attention)
@@ -850,36 +840,41 @@ START_TEST(test_flash_attention)
     IrDim sw[] = {ir_dim(1), ir_dim(1), ir_dim(5), ir_dim(130)};
     IrNode *qw = input(g, "qw", IR_F32, 4, sw);
     out(g, "wide", ir_attention(g, qw, qw, qw, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1));
-    CgPlan plan;
-    char err[1024];
-    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-    for (int mma = CG_MMA_OFF; mma <= CG_MMA_FP16; mma++) {
-        CgOptions opt = {.output = "-", .mma = mma};
-        CuUnit cu;
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
-        int flash = 0, forward = 0;
-        for (int i = 0; i < cu.nkernels; i++) {
-            const IrNode *x = plan.kernels[i].node;
-            if (x->op != IR_ATTENTION)
-                continue;
-            forward++;
-            int on_tc = strstr(cu.kernel_text[i], "FlashAttention-2 on tensor cores") != NULL;
-            flash += on_tc;
-            ck_assert_msg(on_tc == (mma != CG_MMA_OFF && x->in[0]->shape[3].c <= 128), "%s", cu.kernel_text[i]);
-        }
-        fprintf(stderr, "test_cuda_mma: flash: --mma=%s: %d of %d forward kernels on tensor cores\n", cg_mma_name(mma), flash, forward);
-        ck_assert_int_ge(forward, 8);
-        ck_assert_int_eq(flash, mma == CG_MMA_OFF ? 0 : forward - 1);
-        cg_cuda_unit_free(&cu);
+    for (int mma = CG_MMA_OFF, all; mma <= CG_MMA_FP16; mma++) {
+        flash_kernels(g, mma, IR_ATTENTION, "FlashAttention-2 on tensor cores", 128, &all);
+        ck_assert_int_ge(all, 8);
     }
-    cg_plan_free(&plan);
     ir_graph_free(g);
     Lib l;
     lib_open(&l);
-    check_flash(&l, CG_MMA_BF16);
-    check_flash(&l, CG_MMA_FP16);
+    check_flash(&l, CG_MMA_BF16, build_flash);
+    check_flash(&l, CG_MMA_FP16, build_flash);
     for (storage = 1; storage <= 2; storage++)
-        check_flash(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
+        check_flash(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash);
+    storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
+/* The backward on tensor cores (cg_cuda_attention_mma_grad.c) for heads up to 64, not above nor
+ * without --mma; then its gradients against the interpreter's, bf16 with f32 storage and fp16
+ * with fp16 storage (the other two combinations share every line of its code). */
+START_TEST(test_flash_grad)
+{
+    IrGraph *g = new_graph("flash", build_flash_grad);
+    IrDim s80[] = {ir_dim(1), ir_dim(1), ir_dim(5), ir_dim(80)};
+    IrNode *q80 = input(g, "q80", IR_F32, 4, s80), *a80 = ir_attention(g, q80, q80, q80, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
+    out(g, "wide_grad", ir_attention_grad(g, a80, input(g, "d80", IR_F32, 4, s80)));
+    for (int mma = CG_MMA_OFF, all; mma <= CG_MMA_FP16; mma++) {
+        flash_kernels(g, mma, IR_ATTENTION_GRAD, "FlashAttention-2 backward on tensor cores", 64, &all);
+        ck_assert_int_eq(all, 8);
+    }
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    check_flash(&l, CG_MMA_BF16, build_flash_grad);
+    storage = 2;
+    check_flash(&l, CG_MMA_FP16, build_flash_grad);
     storage = 0;
     lib_close(&l);
 }
@@ -1205,6 +1200,7 @@ static Suite *suite(void)
     suite_add_tcase(s, m16);
     TCase *fl = tcase_create("flash");
     tcase_add_test(fl, test_flash_attention);
+    tcase_add_test(fl, test_flash_grad);
     suite_add_tcase(s, fl);
     TCase *ls = tcase_create("loss_scale");
     tcase_add_test(ls, test_loss_scale_accuracy);

@@ -17,7 +17,8 @@
  * attention_grad(q, k, v, o, dout, bias, mask, scale) -> [.., I + 2J, D]: dq, dk, dv stacked
  *   Blocks of query rows (their dq rows) and blocks of keys (their dk and dv rows), so that
  *   every output row has one writer: no atomics, the same result on every run; tiled
- *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row. The
+ *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row; with --mma
+ *   and heads up to 64, cg_cuda_attention_mma_grad.c's tensor-core kernel, split the same way. The
  *   probabilities come back from the forward output's logsumexp (o's last column),
  *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
  *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's
@@ -26,7 +27,7 @@
  *     dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
  *
  * Without a mask operand, the causal and window limits bound the loops (cu_att_key_range,
- * query_ranges): a causal row visits keys up to its limit, not all J (half the work of causal
+ * cu_att_query_ranges): a causal row visits keys up to its limit, not all J (half the work of causal
  * self-attention). The head sizes D and E must be constants (they size shared memory). A bias
  * that is the constant 0, a mask that is the constant true and a constant scale are folded into
  * the code. */
@@ -106,7 +107,7 @@ int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const I
     if (causal && len < sizeof a->keep)
         len += (size_t)snprintf(a->keep + len, sizeof a->keep - len, "%s(j <= i + J - I)", len ? " && " : "");
     /* a sliding window: masked like the rest (and, without a mask operand, its keys skipped:
-     * cu_att_key_range, query_ranges) */
+     * cu_att_key_range, cu_att_query_ranges) */
     if (window > 0 && len < sizeof a->keep)
         snprintf(a->keep + len, sizeof a->keep - len, "%s(j >= i + J - I - %lld)", len ? " && " : "", window);
     if (!a->keep[0])
@@ -138,7 +139,7 @@ void cu_att_key_range(CuKernel *k, const Att *a, const char *indent)
 /* The query rows key j gets gradient from: [0, fm), the rows that see no key (they attend to all
  * J uniformly), and [ib, ie), those whose causal and window limits keep key j; [0, 0) and
  * [0, I) with a mask operand or no limit. */
-static void query_ranges(CuKernel *k, const Att *a, const char *indent)
+void cu_att_query_ranges(CuKernel *k, const Att *a, const char *indent)
 {
     FILE *f = k->f;
     fprintf(f, "%si64 fm = 0, ib = 0, ie = I;\n", indent);
@@ -669,10 +670,10 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
                "                    acc[r][e] = acc2[r][e] = 0.0f;\n", rm, dn);
     fprintf(f, "            i64 fmq, tib, tie; /* the query rows of the tile's keys: [0, fmq) and [tib, tie) */\n");
     fprintf(f, "            {\n                const i64 j = jt0;\n");
-    query_ranges(k, a, "                ");
+    cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                fmq = fm; /* the same for every key */\n                tib = ib;\n                (void)ie;\n            }\n");
     fprintf(f, "            {\n                const i64 j = (jt0 + %d < J ? jt0 + %d : J) - 1;\n", t, t);
-    query_ranges(k, a, "                ");
+    cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", t);
@@ -748,6 +749,8 @@ int cg_cuda_attention_grad(CuKernel *k)
     int r = a.r;
     char gcols[CU_EXPR];
     cu_dim(k->gen, dout->shape[r - 1], gcols, sizeof gcols);
+    if (cu_attention_grad_mma(k, &a, gcols)) /* tensor cores (cg_cuda_attention_mma_grad.c) */
+        return 0;
     int t = att_grad_tile(a.D);
     if (t) {
         attention_grad_tiled(k, &a, gcols, t);
@@ -817,7 +820,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(kb, j * D + d);\n                row_b[d] = xtc_ld(vb, j * E + d);\n            }\n");
     fprintf(f, "            __syncthreads();\n");
-    query_ranges(k, &a, "            ");
+    cu_att_query_ranges(k, &a, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? ib : 0, ihi = seg ? ie : fm; i0 < ihi; i0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");

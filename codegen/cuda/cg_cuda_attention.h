@@ -1,5 +1,6 @@
-/* cg_cuda_attention.h: what the attention kernels' two files share (cg_cuda_attention.c, the
- * CUDA-core kernels and the helpers below; cg_cuda_attention_mma.c, the tensor-core forward). */
+/* cg_cuda_attention.h: what the attention kernels' files share (cg_cuda_attention.c, the
+ * CUDA-core kernels and the helpers below; cg_cuda_attention_mma.c and
+ * cg_cuda_attention_mma_grad.c, the tensor-core forward and backward). */
 #ifndef XTC_CG_CUDA_ATTENTION_H
 #define XTC_CG_CUDA_ATTENTION_H
 
@@ -24,6 +25,8 @@ int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const I
 void cu_att_key_range(CuKernel *k, const Att *a, const char *indent);
 /* tjb, tje: the keys of the tile of rows [i0, i0 + rows), the union of its rows' ranges */
 void cu_att_tile_keys(CuKernel *k, const Att *a, int rows, const char *indent);
+/* fm, ib, ie: the query rows key j (in scope) gets gradient from, [0, fm) and [ib, ie) */
+void cu_att_query_ranges(CuKernel *k, const Att *a, const char *indent);
 /* ix0, ix1, ..: the batch dims of the flat batch index `batch` */
 void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent);
 /* pointer `name` to the [rows, width] matrix of batch `batch`, row stride `stride` (head views) */
@@ -35,6 +38,9 @@ void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
 /* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
  * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then). */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);
+/* attention_grad on tensor cores (cg_cuda_attention_mma_grad.c), the output gradient's columns
+ * gcols: 1 written, 0 not taken (heads over 64, no --mma: the CUDA-core kernels then). */
+int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols);
 
 /* The forward kernel with, in front of the others' body, the path of few query rows against many
  * keys taken at run time (cg_cuda_attention_decode.c; it writes the others' kernel through
