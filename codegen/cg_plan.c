@@ -49,12 +49,40 @@ static void put_shape(FILE *f, const IrNode *n)
     fputc(']', f);
 }
 
+/* 1 when n is a table of positions: computed within a few elementwise or view steps from
+ * ARANGE or RELPOS (with constants and buffers), reading no parameter and no input but scalars.
+ * Such tables (rotary angles t * inv_freq, ALiBi's slope * distance) hold values that grow with
+ * the position: in 16 bits an angle of 300 radians is off by up to 1 (bf16) and a bias of -500
+ * by 2, which moves attention far more than rounding the activations does. They are small (a
+ * row per position), so they stay f32 under 16-bit storage, as PyTorch's rotary code keeps its
+ * angles in f32 under autocast. *seen: an ARANGE or RELPOS was found. */
+static int positional(const IrNode *n, int depth, int *seen)
+{
+    switch (n->op) {
+    case IR_ARANGE:
+    case IR_RELPOS: *seen = 1; return 1;
+    case IR_CONST:
+    case IR_BUFFER: return 1;
+    case IR_INPUT: return n->rank == 0;
+    default: break;
+    }
+    if (depth == 0 || n->nin < 1 || !(ir_ops[n->op].flags & (IR_ELEM | IR_VIEW) || n->op == IR_FUSED))
+        return 0;
+    for (int i = 0; i < n->nin; i++)
+        if (!positional(n->in[i], depth - 1, seen))
+            return 0;
+    return 1;
+}
+
 int cg_keeps_f32(const IrNode *n)
 {
     while (n->op == IR_RESHAPE)
         n = n->in[0];
     if (n->dtype != IR_F32)
         return 0;
+    int seen = 0;
+    if (n->op != IR_BUFFER && n->op != IR_CONST && positional(n, 8, &seen) && seen)
+        return 1;
     switch (n->op) {
     case IR_XENT:
     case IR_GATHER_GRAD:
