@@ -276,7 +276,7 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     k->bound_threads = THREADS;
     k->bound_blocks = 2;
     cu_kernel_begin(k);
-    fprintf(f, "    /* tensor cores: operands stored in %s, sums in f32; %d-stage cp.async pipeline */\n",
+    fprintf(f, "    /* tensor cores: operands in %s as stored, sums in f32; %d-stage cp.async pipeline */\n",
             k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16", STAGES);
     fprintf(f, "    __shared__ XTC_ALIGN16 unsigned short As[%d][%d]; /* [stage][m][k], swizzled chunks */\n", STAGES,
             shape_large.bm * KT);
