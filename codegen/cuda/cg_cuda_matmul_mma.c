@@ -24,8 +24,9 @@
  * generation; the pointers (and symbolic sizes) at run time, in the kernel: where the copies are
  * not possible the same kernel fills the same tiles a value at a time (the stage's loads then
  * complete before its barrier). Past the edges of M, N and K the tiles hold zeros (cp.async's
- * src-size 0). Operands stored in f32 (f32 storage with --mma, or a buffer that keeps f32) take
- * cg_cuda_matmul.c's tensor-core kernel, which converts as it stages. */
+ * src-size 0). Without an epilogue a lane's two neighbouring columns of C go out in one store
+ * (xtc_st2) where the row length is even. Operands stored in f32 (f32 storage with --mma, or a
+ * buffer that keeps f32) take cg_cuda_matmul.c's tensor-core kernel, which converts as it stages. */
 #include "cg_cuda.h"
 
 #include <string.h>
