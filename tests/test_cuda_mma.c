@@ -590,61 +590,16 @@ START_TEST(test_matmul_forms)
 }
 END_TEST
 
-/* The paths of the kernel for operands stored in the mma's format (cg_cuda_matmul_mma.c, --dtype
- * bf16 and fp16): K = 136 (a 5-stage run through the 3 buffers) with B as [K, N] and [N, K];
- * symbolic K = n + 7, which allows the 16-byte copies at n = 1, 17, 33, 65 and not at 7, 130, 0
- * (the kernel's run-time branch both ways); broadcast batches; and 44 b batches of n x 24 by
- * 24 x 16 and 24 x 24 transposed: at b = 3 these are 132 tiles, the 128 x 128 tiles' side of the
- * choice (ragged in M, N and K), the others the 64 x 64 tiles. */
-static void build_mma16_forms(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(136)}, sw[] = {ir_dim(136), ir_dim(72)}, swt[] = {ir_dim(80), ir_dim(136)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx);
-    out(g, "deep", ir_matmul(g, x, ir_param(g, "w", 2, sw), 0));
-    out(g, "deep_t", ir_matmul(g, x, ir_param(g, "wt", 2, swt), 1));
-    IrDim k7 = ir_dim_addc(n, 7), sl[] = {ir_dim(24), k7}, sr[] = {k7, ir_dim(40)}, srt[] = {ir_dim(40), k7};
-    IrNode *l = input(g, "l", IR_F32, 2, sl);
-    out(g, "symbolic_k", ir_matmul(g, l, input(g, "r", IR_F32, 2, sr), 0));
-    out(g, "symbolic_k_t", ir_matmul(g, l, input(g, "rt", IR_F32, 2, srt), 1));
-    IrDim sq[] = {b, ir_dim(4), n, ir_dim(16)}, sk[] = {ir_dim(1), ir_dim(4), ir_dim(16), ir_dim(24)};
-    out(g, "bcast", ir_matmul(g, input(g, "q", IR_F32, 4, sq), input(g, "k", IR_F32, 4, sk), 0));
-    IrDim sm[] = {b, ir_dim(44), n, ir_dim(24)}, smw[] = {ir_dim(24), ir_dim(16)}, smt[] = {ir_dim(24), ir_dim(24)};
-    IrNode *many = input(g, "many", IR_F32, 4, sm);
-    out(g, "many", ir_matmul(g, many, ir_param(g, "mw", 2, smw), 0));
-    out(g, "many_t", ir_matmul(g, many, ir_param(g, "mwt", 2, smt), 1));
-}
-
-/* ... with the fused epilogues: bias and GELU, a residual, the GLU split with B as [K, N] (its
- * halves 80 wide: 16-byte copies) and as [N, K] */
-static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim sx[] = {b, n, ir_dim(136)}, sw[] = {ir_dim(136), ir_dim(72)}, sbias[] = {ir_dim(72)};
-    IrNode *x = input(g, "x", IR_F32, 3, sx);
-    IrNode *h = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "w", 2, sw), 0), ir_param(g, "bias", 1, sbias));
-    out(g, "gelu", ir_unary(g, IR_GELU, h));
-    IrDim swt[] = {ir_dim(72), ir_dim(136)}, sy[] = {b, n, ir_dim(72)};
-    IrNode *y = ir_binary(g, IR_ADD, ir_matmul(g, x, ir_param(g, "wt", 2, swt), 1), input(g, "res", IR_F32, 3, sy));
-    out(g, "residual", ir_binary(g, IR_MUL, y, ir_const(g, 0.5, IR_F32)));
-    IrDim sg[] = {ir_dim(136), ir_dim(160)}, sgt[] = {ir_dim(144), ir_dim(136)};
-    IrNode *p = ir_matmul(g, x, ir_param(g, "wg", 2, sg), 0);
-    out(g, "glu", ir_binary(g, IR_MUL, ir_unary(g, IR_SIGMOID, ir_slice(g, p, -1, ir_dim(0), ir_dim(80))),
-                            ir_slice(g, p, -1, ir_dim(80), ir_dim(80))));
-    IrNode *pt = ir_matmul(g, x, ir_param(g, "wgt", 2, sgt), 1);
-    out(g, "glu_t", ir_binary(g, IR_MUL, ir_slice(g, pt, -1, ir_dim(0), ir_dim(72)),
-                              ir_unary(g, IR_GELU, ir_slice(g, pt, -1, ir_dim(72), ir_dim(72)))));
-}
-
+/* The OC_MMA16 cases: the kernel for operands stored in the mma's format (cg_cuda_matmul_mma.c),
+ * which only 16-bit storage of that format takes */
 START_TEST(test_matmul_16bit_operands)
 {
-    static const OpCase cases[] = {
-        {"mma16_forms", build_mma16_forms, OC_MMA, OC_EMPTY, 1e-5, NULL},
-        {"mma16_epilogues", build_mma16_epilogues, OC_MMA, OC_EMPTY | OC_FUSE, 1e-5, NULL},
-    };
     Lib l;
     lib_open(&l);
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    const OpCase *c;
+    for (int k = 0; (c = op_case_for(OC_MMA16, k)) != NULL; k++)
         for (storage = 1; storage <= 2; storage++)
-            check_graph(&l, &cases[c], storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
+            check_graph(&l, c, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16);
     storage = 0;
     lib_close(&l);
 }

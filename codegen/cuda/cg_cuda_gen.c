@@ -46,7 +46,8 @@ static const char *const reserved[] = {
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
     "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow",
     "dlast", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
-    "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", NULL};
+    "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
+    "slot", "gn", "ok", "vec", "pair", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", "gb", "gbv", NULL};
@@ -688,6 +689,12 @@ static const char *const storage_f32[] = {
     "typedef float xtc_fs;",
     "#define xtc_ld(p, i) ((p)[i])",
     "#define xtc_st(p, i, v) ((p)[i] = (v))",
+    "/* two neighbours at once, p + i 8-byte aligned: one 64-bit store on the GPU */",
+    "#ifdef XTC_CUDA_EMULATION",
+    "#define xtc_st2(p, i, v0, v1) ((p)[i] = (v0), (p)[(i) + 1] = (v1))",
+    "#else",
+    "#define xtc_st2(p, i, v0, v1) (*(float2 *)((p) + (i)) = make_float2((v0), (v1)))",
+    "#endif",
     NULL};
 
 static const char *const storage_bf16[] = {
@@ -728,14 +735,37 @@ static const char *const storage_half_access[] = {
     "XTC_INLINE void xtc_st_fs(xtc_fs *p, i64 i, float v) { p[i] = xtc_f32_to_fs(v); }",
     "XTC_INLINE float xtc_ld_f32(const float *p, i64 i) { return p[i]; }",
     "XTC_INLINE void xtc_st_f32(float *p, i64 i, float v) { p[i] = v; }",
+    "/* xtc_st2: two neighbours at once, p + i aligned to their size (one 32-bit store of 16-bit",
+    " * values, one 64-bit store of floats on the GPU) */",
+    "XTC_INLINE void xtc_st2_fs(xtc_fs *p, i64 i, float v0, float v1)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    p[i] = xtc_f32_to_fs(v0);",
+    "    p[i + 1] = xtc_f32_to_fs(v1);",
+    "#else",
+    "    *(unsigned *)(p + i) = xtc_f32_to_fs(v0) | (unsigned)xtc_f32_to_fs(v1) << 16;",
+    "#endif",
+    "}",
+    "XTC_INLINE void xtc_st2_f32(float *p, i64 i, float v0, float v1)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    p[i] = v0;",
+    "    p[i + 1] = v1;",
+    "#else",
+    "    *(float2 *)(p + i) = make_float2(v0, v1);",
+    "#endif",
+    "}",
     "#ifdef XTC_CUDA_EMULATION",
     "#define xtc_ld(p, i) _Generic((p) + 0, float *: xtc_ld_f32, const float *: xtc_ld_f32, default: xtc_ld_fs)(p, i)",
     "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
+    "#define xtc_st2(p, i, v0, v1) _Generic((p) + 0, float *: xtc_st2_f32, default: xtc_st2_fs)(p, i, v0, v1)",
     "#else",
     "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
     "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
     "XTC_INLINE void xtc_st(xtc_fs *p, i64 i, float v) { xtc_st_fs(p, i, v); }",
     "XTC_INLINE void xtc_st(float *p, i64 i, float v) { p[i] = v; }",
+    "XTC_INLINE void xtc_st2(xtc_fs *p, i64 i, float v0, float v1) { xtc_st2_fs(p, i, v0, v1); }",
+    "XTC_INLINE void xtc_st2(float *p, i64 i, float v0, float v1) { xtc_st2_f32(p, i, v0, v1); }",
     "#endif",
     NULL};
 

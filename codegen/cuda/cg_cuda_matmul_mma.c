@@ -24,8 +24,9 @@
  * generation; the pointers (and symbolic sizes) at run time, in the kernel: where the copies are
  * not possible the same kernel fills the same tiles a value at a time (the stage's loads then
  * complete before its barrier). Past the edges of M, N and K the tiles hold zeros (cp.async's
- * src-size 0). Operands stored in f32 (f32 storage with --mma, or a buffer that keeps f32) take
- * cg_cuda_matmul.c's tensor-core kernel, which converts as it stages. */
+ * src-size 0). Without an epilogue a lane's two neighbouring columns of C go out in one store
+ * (xtc_st2) where the row length is even. Operands stored in f32 (f32 storage with --mma, or a
+ * buffer that keeps f32) take cg_cuda_matmul.c's tensor-core kernel, which converts as it stages. */
 #include "cg_cuda.h"
 
 #include <string.h>
@@ -236,6 +237,17 @@ static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpi
         snprintf(partner, sizeof partner, "acc[i][j + %d][q]", nj / 2);
         if (cu_matmul_store(k, epilogue, ctx, "acc[i][j][q]", partner, ind) < 0)
             return -1;
+    } else if (!epilogue) { /* the store: the pairs of columns 2t, 2t + 1 in one store where aligned */
+        fprintf(f, "                            if (q %% 2)\n");
+        fprintf(f, "                                continue;\n");
+        fprintf(f, "                            const i64 col = n0 + wn + 8 * j + 2 * t;\n");
+        fprintf(f, "                            if (row < M && col + 1 < N && pair)\n");
+        fprintf(f, "                                xtc_st2(C, row * N + col, acc[i][j][q], acc[i][j][q + 1]);\n");
+        fprintf(f, "                            else if (row < M && col < N) {\n");
+        fprintf(f, "                                xtc_st(C, row * N + col, acc[i][j][q]);\n");
+        fprintf(f, "                                if (col + 1 < N)\n");
+        fprintf(f, "                                    xtc_st(C, row * N + col + 1, acc[i][j][q + 1]);\n");
+        fprintf(f, "                            }\n");
     } else {
         fprintf(f, "                            const i64 col = n0 + wn + 8 * j + 2 * t + q %% 2;\n");
         fprintf(f, "                            if (row < M && col < N)\n");
@@ -265,7 +277,7 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     k->bound_threads = THREADS;
     k->bound_blocks = 2;
     cu_kernel_begin(k);
-    fprintf(f, "    /* tensor cores: operands stored in %s, sums in f32; %d-stage cp.async pipeline */\n",
+    fprintf(f, "    /* tensor cores: operands in %s as stored, sums in f32; %d-stage cp.async pipeline */\n",
             k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16", STAGES);
     fprintf(f, "    __shared__ XTC_ALIGN16 unsigned short As[%d][%d]; /* [stage][m][k], swizzled chunks */\n", STAGES,
             shape_large.bm * KT);
@@ -282,6 +294,8 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
                 tb ? "" : parts == 2 ? "Nout % 8 == 0 && " : "N % 8 == 0 && ", ia);
         fprintf(f, "                        ((unsigned long long)in%d & 15) == 0;\n", ib);
     }
+    if (!epilogue) /* C's pairs of columns 2t, 2t + 1 stored at once: even rows, C aligned (8 bytes) */
+        fprintf(f, "        const int pair = N %% 2 == 0 && ((unsigned long long)out & 7) == 0;\n");
     char big[6 * CU_EXPR];
     tile_large(big, sizeof big, "M", "N", "batches");
     fprintf(f, "        if (%s) {\n", big);
