@@ -433,6 +433,24 @@ int xtc_session_set_comm_paused(XtcSession *s, int paused);
  * the schedule is done (the remaining buckets and the wait for all: what the backward pass did not
  * hide). Zeros without a communicator. */
 int xtc_session_comm_time(const XtcSession *s, double *during, double *after);
+/* ZeRO-1 (on != 0; a collective: every rank calls it, as every call below): each rank keeps the
+ * AdamW moments (m, v) of its shard only, about 1/size of them: the parameters concatenated in
+ * module order, cut into whole blocks of 8192 values, blocks [n*r/size, n*(r+1)/size) on rank r.
+ * The gradients are summed over the ranks as above; every rank takes the global norm of all of
+ * them (the clip is over the whole batch), updates the weights of its shard, and xtc_session_step
+ * then hands every rank the other shards' updated weights (a broadcast from each owner). The
+ * arithmetic is the replicated optimizer's, value for value: the same bits. The step is the host's
+ * (a CUDA module's session uploads the weights). Checkpoints: xtc_session_gather_optim gives
+ * every rank the whole state (until its next step, which drops the others' shards again); call it
+ * on every rank before xtc_session_save_checkpoint or xtc_session_get_optim, which refuse a
+ * sharded state with XTC_ERR_STATE. Loading a checkpoint (or xtc_session_set_optim) keeps this
+ * rank's shard of the file's state; xtc_session_sync gives each rank its shard of rank 0's state
+ * (rank 0's whole state, or the owners' shards when rank 0's is sharded). Off (on = 0) gathers
+ * the state first. Needs a communicator (XTC_ERR_STATE); it ends when another is attached. */
+int xtc_session_set_zero1(XtcSession *s, int on);
+/* With ZeRO-1: every rank's shard of the optimizer state to every rank (a collective); without,
+ * nothing. */
+int xtc_session_gather_optim(XtcSession *s);
 
 /* ---- files ---- */
 

@@ -286,7 +286,19 @@ void rt_optim_free(struct RtOptim *o);
 int rt_session_has_comm(const XtcSession *s);
 const float *rt_comm_grad(XtcSession *s, int param);
 int rt_comm_broadcast(XtcSession *s, void *data, int64_t bytes);
+int rt_comm_broadcast_from(XtcSession *s, void *data, int64_t bytes, int root);
 int rt_optim_sync(XtcSession *s, int64_t step);
+/* ZeRO-1 (rt_comm.c): the ranks' number (1 without a communicator); rt_comm_shard sets [*lo, *hi),
+ * the elements of a vector of `total` (parameters concatenated) whose optimizer state rank `rank`
+ * (-1: this one) keeps, whole blocks of RT_ADAMW_BLOCK, and returns 1 when ZeRO-1 is on (0: off,
+ * or no communicator: the range is then all of it); rt_comm_gather_params gives every rank the
+ * others' shards of the weights p[nparams] (cut at offset[]) after a step updated its own;
+ * rt_optim_gather (rt_optim.c) every rank's shard of the optimizer state to every rank. All three
+ * collectives are XTC_OK or a status with the session's error set. */
+int rt_comm_size(const XtcSession *s);
+int rt_comm_shard(const XtcSession *s, int64_t total, int rank, int64_t *lo, int64_t *hi);
+int rt_comm_gather_params(XtcSession *s, float *const *p, const int64_t *offset, int nparams);
+int rt_optim_gather(XtcSession *s);
 /* A checkpoint's optimizer state: for a tensor name "optim.m.<param>" or "optim.v.<param>", the
  * <param> it belongs to, else NULL. Wherever weights load, such a tensor of a parameter of the
  * model is ignored (a checkpoint loads as weights). */

@@ -9,6 +9,10 @@
 #   (b) a checkpoint written by 2 ranks at step 25 resumes with 2 ranks to the uninterrupted
 #       2-rank run bit for bit (losses and final checkpoint), and with 1 process to the
 #       uninterrupted 1-process run within f32 rounding;
+#   (d) ZeRO-1 (--zero1: each rank keeps the optimizer state of its shard) on a model of 9 blocks
+#       of the optimizer's vector: stopped at step 15 and resumed with --zero1, both ranks hold the
+#       weights of the replicated optimizer bit for bit after every step, and the final
+#       checkpoint (the state gathered from the shards on save) is the replicated run's, byte for byte;
 #   a CUDA module (through the CUDA emulator) sums after its run, with the same results; a user's
 #   MPI program (examples/train_mpi.c) trains the same on 2 ranks as on 1;
 #   (c) SIGTERM to one rank stops both at the same step with one checkpoint (exit 143) that
@@ -119,6 +123,30 @@ if [ "$(head -c 3 "$tmp/h5.0")" = "26 " ] && losses_close "$tmp/h1.0" "$tmp/h5.0
   ok "2 ranks, stopped at 25 and resumed with 1 process: the uninterrupted run within f32 rounding: $r"
 else
   bad "the 2-rank checkpoint resumed by 1 process differs from the uninterrupted run ${r:-}"
+fi
+
+# (d) ZeRO-1 against the replicated optimizer: a model of 0.07M parameters, 9 blocks of 8192
+cat > "$tmp/small.xtf" <<'EOF2'
+small = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
+    attn_layers = Decoder(dim = 32, depth = 2, heads = 2))
+EOF2
+z=(--data "$tmp/data.txt" --steps 30 --batch 8 --seq 32 --threads 1 --val-every 15 --val-tokens 96 --seed 3 --quiet
+  --lr 3e-3)
+if "$xtc" compile "$tmp/small.xtf" --train -O1 -o "$tmp/small.so" 2> "$tmp/err"; then
+  XTC_TRAIN_HASHES=$tmp/zr "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --ckpt "$tmp/zr.safetensors" > /dev/null 2>&1
+  XTC_TRAIN_HASHES=$tmp/z1 "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --zero1 --stop-at 15 \
+    --ckpt "$tmp/z.safetensors" > "$tmp/z1.out" 2>&1
+  XTC_TRAIN_HASHES=$tmp/z2 "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --zero1 --resume "$tmp/z.safetensors" \
+    --ckpt "$tmp/z.safetensors" > "$tmp/z2.out" 2>&1
+  if [ "$(wc -l < "$tmp/zr.0" 2> /dev/null)" = 30 ] && cat "$tmp/z1.0" "$tmp/z2.0" | cmp -s - "$tmp/zr.0" &&
+    cat "$tmp/z1.1" "$tmp/z2.1" | cmp -s - "$tmp/zr.0" && cmp -s "$tmp/z.safetensors" "$tmp/zr.safetensors" &&
+    grep -q 'ZeRO-1' "$tmp/z1.out"; then
+    ok "ZeRO-1 (stopped at 15, resumed): the replicated optimizer's weights bit for bit on both ranks, the same checkpoint"
+  else
+    bad "ZeRO-1 differs from the replicated optimizer: $(cat "$tmp/z1.out" "$tmp/z2.out" | head -12)"
+  fi
+else
+  bad "xtc compile small.xtf: $(cat "$tmp/err")"
 fi
 
 # a CUDA module's path (no step hook: the sums start after the run, through host memory), on the
