@@ -452,6 +452,34 @@ int xtc_session_set_zero1(XtcSession *s, int on);
  * nothing. */
 int xtc_session_gather_optim(XtcSession *s);
 
+/* NCCL (runtime/rt_nccl.c) for CUDA training modules: the gradients summed over the ranks on the
+ * device, never leaving it. NCCL is not linked: libnccl.so.2, or the file the environment's
+ * XTC_NCCL names, is loaded with dlopen on first use (NCCL 2.11 or later; PyTorch's wheels carry
+ * one: python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' plus
+ * /lib/libnccl.so.2). With an NCCL communicator, xtc_session_run queues, after the schedule on the
+ * session's stream, one ncclAllReduce per gradient (in place, each rank's gradient times its share
+ * of the batch: a pre-multiplied sum), so the grad.<name> outputs hold the sums (read back from
+ * the device when asked), and xtc_session_step takes the device's AdamW step from them (with
+ * ZeRO-1, or where the device has no step, the host's, from the sums read back); the global-norm
+ * clip is of the summed gradients. Weights and optimizer state still go from rank 0 to every
+ * rank through the host communicator (xtc_session_sync). */
+#define XTC_NCCL_ID_BYTES 128
+/* A new NCCL unique id (ncclGetUniqueId), on one rank, to send to the others: XTC_OK, or
+ * XTC_ERR_IO with why in err (NCCL cannot be loaded). */
+int xtc_nccl_unique_id(unsigned char id[XTC_NCCL_ID_BYTES], char *err, size_t errlen);
+/* 1 when session s can sum its gradients with NCCL (a CUDA training module, f32 gradients on the
+ * device, no loss scaling, and NCCL loads), with NCCL's version and file in why; else 0 with the
+ * reason in why. */
+int xtc_session_nccl_usable(XtcSession *s, char *why, size_t n);
+/* Creates the NCCL communicator of rank `rank` of `size` (ncclCommInitRank: a collective of every
+ * rank, with the same id from xtc_nccl_unique_id) on the session's device and sums the gradients
+ * with it from the next run on. Several ranks need a host communicator of the same rank and size
+ * attached first (xtc_session_set_comm, xtc_session_set_mpi_nccl of include/xtc_mpi.h does both);
+ * one rank alone needs none (id may then be NULL) and gets a host communicator of one rank.
+ * XTC_ERR_STATE when the session cannot (xtc_session_nccl_usable's reason), XTC_ERR_IO when NCCL
+ * cannot be loaded or fails. Attaching another communicator ends it. */
+int xtc_session_set_nccl(XtcSession *s, int rank, int size, const unsigned char *id);
+
 /* ---- files ---- */
 
 typedef struct {

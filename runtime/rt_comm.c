@@ -42,6 +42,7 @@ struct RtComm {
     int paused;       /* xtc_session_set_comm_paused: runs sum nothing */
     int overlap;      /* buckets start from the step hook (off for loss scaling: they wait for the unscale) */
     int failed;       /* a reduction failed during the run (message in err) */
+    RtNccl *nccl;     /* xtc_session_set_nccl: the sums on the device, or NULL */
     int zero1;        /* xtc_session_set_zero1: each rank keeps the optimizer state of its shard */
     double during, after; /* seconds in the step hook, and waiting after the schedule */
     char err[512];
@@ -51,6 +52,7 @@ static void comm_free(struct RtComm *c)
 {
     if (!c)
         return;
+    rt_nccl_free(c->nccl);
     if (c->c.release)
         c->c.release(c->c.ctx);
     free(c->order);
@@ -307,12 +309,64 @@ void rt_comm_abandon(XtcSession *s)
         wait_all(s->comm);
 }
 
+int rt_comm_rank(const XtcSession *s) { return s->comm ? s->comm->c.rank : -1; }
+
+int rt_comm_set_nccl(XtcSession *s, RtNccl *nc)
+{
+    struct RtComm *c = s->comm;
+    for (int i = 0; i < c->nparams; i++) /* the runs leave the gradients on the device */
+        if (rt_session_keep_on_device(s, s->m->outs[c->grad_out[i]].buf)) {
+            rt_nccl_free(nc);
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the NCCL communicator");
+        }
+    rt_nccl_free(c->nccl);
+    c->nccl = nc;
+    return XTC_OK;
+}
+
+int rt_comm_on_device(const XtcSession *s)
+{
+    const struct RtComm *c = s->comm;
+    return c && c->nccl && !c->zero1 && c->valid;
+}
+
+/* The device's gradients, each times the rank's share, summed over the ranks in place by NCCL on
+ * the session's stream (queued after the run's kernels; the step's kernels queue after them). */
+static int nccl_sum(XtcSession *s, struct RtComm *c)
+{
+    const RtDeviceOps *ops = s->m->device;
+    void *stream = NULL;
+    int failed = rt_nccl_group(c->nccl, 1, c->err, sizeof c->err);
+    for (int i = 0; i < c->nparams && !failed; i++) {
+        int b = s->m->outs[c->grad_out[i]].buf;
+        void *p = NULL;
+        int r = ops->locate(s->dev, b, &p, &stream, c->err, sizeof c->err);
+        if (r > 0)
+            snprintf(c->err, sizeof c->err, "'%s' is not f32 on the device", s->m->outs[c->grad_out[i]].name);
+        failed = r || rt_nccl_allreduce(c->nccl, p, c->numel[i], c->share, stream, c->err, sizeof c->err);
+    }
+    char err[sizeof c->err];
+    if (rt_nccl_group(c->nccl, 0, err, sizeof err) && !failed) {
+        memcpy(c->err, err, sizeof err);
+        failed = 1;
+    }
+    return failed;
+}
+
 int rt_comm_finish(XtcSession *s)
 {
     struct RtComm *c = s->comm;
     if (c->paused)
         return XTC_OK; /* valid stays 0: no step on this run */
     double t0 = seconds();
+    if (c->nccl) {
+        int failed = nccl_sum(s, c);
+        c->after += seconds() - t0;
+        if (failed)
+            return rs_fail(s, XTC_ERR_IO, "summing the gradients over %d ranks with NCCL: %s", c->c.size, c->err);
+        c->valid = 1;
+        return XTC_OK;
+    }
     while (c->next < c->nbk)
         start_bucket(s, &c->bk[c->next++]);
     wait_all(c);
@@ -333,7 +387,10 @@ int rt_comm_finish(XtcSession *s)
 const float *rt_comm_grad(XtcSession *s, int param)
 {
     struct RtComm *c = s->comm;
-    return c && c->valid && param >= 0 && param < c->nparams ? c->red + c->roff[param] : NULL;
+    if (!c || !c->valid || param < 0 || param >= c->nparams)
+        return NULL;
+    /* NCCL summed them on the device, over the run's gradients: read back from there */
+    return c->nccl ? rt_session_output(s, c->grad_out[param]) : c->red + c->roff[param];
 }
 
 /* ---- rank 0's state to every rank ---- */

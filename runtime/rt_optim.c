@@ -15,7 +15,8 @@
  * order as here. The host's copies of the weights and moments are brought up to date when read
  * (xtc_session_get_weight, checkpoints, xtc_session_get_optim: rt_optim_pull) and sent back
  * before the next device step when the caller changed them. Loss scaling (fp16), a communicator
- * (gradients summed over ranks in host memory) and XTC_OPTIM=host keep the step on the host. */
+ * that sums the gradients in host memory (NCCL sums them on the device: the device steps), ZeRO-1
+ * and XTC_OPTIM=host keep the step on the host. */
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "rt_internal.h"
@@ -427,9 +428,10 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     int st = optim_get(s, &o);
     if (st)
         return st;
-    /* the device step reads the gradients where the device left them; summed over ranks they are
-     * on the host (rt_comm_grad), and the host step takes them there */
-    if (o->device >= 0 && rt_session_scaler(s)->buf < 0 && !rt_session_has_comm(s) &&
+    /* the device step reads the gradients where the device left them (NCCL sums them there);
+     * summed over ranks through host memory they are on the host (rt_comm_grad), and the host
+     * step takes them there */
+    if (o->device >= 0 && rt_session_scaler(s)->buf < 0 && (!rt_session_has_comm(s) || rt_comm_on_device(s)) &&
         (st = device_step(s, o, opt)) >= 0)
         return st;
     st = XTC_OK;
