@@ -138,6 +138,12 @@ static int not_usable(XtcSession *s, char *why, size_t n)
         rt_set_error(why, n, "the module is not a CUDA module (NCCL sums device memory)");
         return -1;
     }
+    const char *env = getenv("XTC_NCCL");
+    if (!strncmp(m->device->device_name(s->dev), "the xtc CUDA emulator", 21) && (!env || !*env)) {
+        rt_set_error(why, n, "the CUDA emulator's device memory is host memory: NCCL only as $XTC_NCCL names it "
+                             "(a stand-in for tests)");
+        return -1;
+    }
     if (s->scaler.buf >= 0) {
         rt_set_error(why, n, "the module scales its loss (fp16): its gradients are unscaled and checked on the host");
         return -1;

@@ -13,7 +13,9 @@
 #       of the optimizer's vector: stopped at step 15 and resumed with --zero1, both ranks hold the
 #       weights of the replicated optimizer bit for bit after every step, and the final
 #       checkpoint (the state gathered from the shards on save) is the replicated run's, byte for byte;
-#   a CUDA module (through the CUDA emulator) sums after its run, with the same results; a user's
+#   a CUDA module (through the CUDA emulator) sums after its run, with the same results; with a
+#   stand-in NCCL (tests/fake_nccl.c) one rank sums on the "device" with the plain run's bits, and
+#   a missing NCCL falls back to MPI, saying so once; a user's
 #   MPI program (examples/train_mpi.c) trains the same on 2 ranks as on 1;
 #   (c) SIGTERM to one rank stops both at the same step with one checkpoint (exit 143) that
 #       resumes; a rank killed (SIGKILL) ends the job non-zero within 60 s with mpirun's message;
@@ -159,6 +161,24 @@ if "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/tiny_em
     ok "a cuda-emu module (sums after the run): 2 ranks equal 1 process over 3 steps, ranks bit-identical"
   else
     bad "cuda-emu module on 2 ranks: $(tail -3 "$tmp/emu.out")"
+  fi
+  # NCCL through MPI's bootstrap: one rank with the stand-in library (tests/fake_nccl.c) trains
+  # the losses and weights of the plain run bit for bit; XTC_NCCL naming a missing file falls back
+  # to the sums through host memory, saying so once, with the bits of the run above
+  XTC_NCCL=$build/libfake_nccl.so XTC_TRAIN_HASHES=$tmp/e3 "${mpi[@]:0:5}" -np 1 "$xtc" train "$tmp/tiny_emu.so" \
+    "${emu[@]}" > "$tmp/e3.out" 2>&1
+  if grep -q '^gradient sums: on the device with NCCL' "$tmp/e3.out" && grep -q '^fake nccl: [1-9]' "$tmp/e3.out" &&
+    cmp -s "$tmp/e1.0" "$tmp/e3.0"; then
+    ok "NCCL (stand-in) under mpirun -np 1: the plain run's losses and weights bit for bit"
+  else
+    bad "NCCL under mpirun -np 1: $(head -5 "$tmp/e3.out")"
+  fi
+  XTC_NCCL=$tmp/missing.so XTC_TRAIN_HASHES=$tmp/e4 "${mpi[@]}" "$xtc" train "$tmp/tiny_emu.so" "${emu[@]}" \
+    > "$tmp/e4.out" 2>&1
+  if [ "$(grep -c 'not NCCL: no NCCL: cannot load' "$tmp/e4.out")" = 1 ] && cmp -s "$tmp/e2.0" "$tmp/e4.0"; then
+    ok "XTC_NCCL missing on 2 ranks: sums through host memory, said once, the same bits"
+  else
+    bad "XTC_NCCL missing on 2 ranks: $(head -5 "$tmp/e4.out")"
   fi
 else
   bad "xtc compile --target cuda-emu --train: $(cat "$tmp/err")"
