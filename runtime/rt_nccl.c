@@ -211,7 +211,7 @@ int xtc_session_set_nccl(XtcSession *s, int rank, int size, const unsigned char 
     if (have)
         return rs_fail(s, have == -1 ? XTC_ERR_STATE : XTC_ERR_IO, "xtc_session_set_nccl: %s", why);
     int csize = s->comm ? rt_comm_size(s) : 0;
-    if (size > 1 && (rt_comm_rank(s) != rank || csize != size))
+    if ((size > 1 || csize > 1) && (rt_comm_rank(s) != rank || csize != size))
         return rs_fail(s, XTC_ERR_STATE, "xtc_session_set_nccl: attach a communicator of the same %d ranks first "
                                          "(xtc_session_set_comm: rank %d of %d)", size, rank, size);
     NcclUniqueId u;

@@ -486,7 +486,8 @@ START_TEST(test_comm_sums_gradients)
     ck_assert_int_eq(f.floats, 3 * (NW + NB));
     ck_assert_int_eq(f.waits, f.starts);
     ck_assert_int_eq(xtc_session_sync(ranked), XTC_OK); /* now with the optimizer's m and v */
-    ck_assert_int_eq(f.bcasts, 3 + 5);
+    /* the weights, the step count, whether rank 0 holds all of the state (not ZeRO-1 shards), m, v */
+    ck_assert_int_eq(f.bcasts, 3 + 6);
     /* paused (evaluation): the run sums nothing, and no step follows it */
     int starts = f.starts;
     ck_assert_int_eq(xtc_session_set_comm_paused(ranked, 1), XTC_OK);
