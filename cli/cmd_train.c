@@ -944,7 +944,9 @@ int cli_train(int argc, char **argv)
                  "stop after the step in progress with a checkpoint (exit 128 + the signal). A step whose\n"
                  "loss or weights are not finite stops the run (exit 1); no such checkpoint is written.\n"
                  "Data parallel: mpirun -np N xtc train ... splits each batch over N processes (gradients,\n"
-                 "losses and validation averaged; rank 0 prints and checkpoints; --resume takes any N).\n",
+                 "losses and validation averaged; rank 0 prints and checkpoints; --resume takes any N).\n"
+                 "A CUDA module's gradients are summed on the GPU with NCCL (libnccl.so.2, or $XTC_NCCL)\n"
+                 "where every rank has it, else through host memory over MPI (said once).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
     };
     int prc = cli_parse(&cmd, argc, argv);
