@@ -46,9 +46,12 @@ for round in 1 2; do
   one+=("$(tps "$tmp/one.out")")
   two+=("$(tps "$tmp/two.out")")
   zero+=("$(tps "$tmp/zero.out")")
-  echo "  round $round: 1 process x 2 threads ${one[-1]} tok/s; 2 ranks x 1 thread ${two[-1]} tok/s, with --zero1 ${zero[-1]}; $(grep '^gradient sums' "$tmp/two.out")"
+  echo "  round $round: 1 process x 2 threads ${one[-1]} tok/s; 2 ranks x 1 thread ${two[-1]} tok/s," \
+    "with --zero1 ${zero[-1]}; $(grep '^gradient sums' "$tmp/two.out")"
 done
 o=$(printf '%s\n' "${one[@]}" | sort -g | tail -1)
 t=$(printf '%s\n' "${two[@]}" | sort -g | tail -1)
 z=$(printf '%s\n' "${zero[@]}" | sort -g | tail -1)
-awk -v o="$o" -v t="$t" -v z="$z" 'BEGIN { printf "GPT-S, global batch 4 x 256: 1 process x 2 threads %d tok/s, 2 ranks x 1 thread %d tok/s, ratio %.2f; with --zero1 %d tok/s (%.2f of the replicated optimizer)\n", o, t, t / o, z, z / t }'
+awk -v o="$o" -v t="$t" -v z="$z" 'BEGIN { printf "GPT-S, global batch 4 x 256: 1 process x 2 threads %d tok/s, " \
+  "2 ranks x 1 thread %d tok/s, ratio %.2f; with --zero1 %d tok/s (%.2f of the replicated optimizer)\n",
+  o, t, t / o, z, z / t }'

@@ -468,8 +468,8 @@ int xtc_session_gather_optim(XtcSession *s);
  * XTC_ERR_IO with why in err (NCCL cannot be loaded). */
 int xtc_nccl_unique_id(unsigned char id[XTC_NCCL_ID_BYTES], char *err, size_t errlen);
 /* 1 when session s can sum its gradients with NCCL (a CUDA training module, f32 gradients on the
- * device, no loss scaling, and NCCL loads; a cuda-emu module only with $XTC_NCCL set), with NCCL's version and file in why; else 0 with the
- * reason in why. */
+ * device, no loss scaling, and NCCL loads; a cuda-emu module only with $XTC_NCCL set), with
+ * NCCL's version and file in why; else 0 with the reason in why. */
 int xtc_session_nccl_usable(XtcSession *s, char *why, size_t n);
 /* Creates the NCCL communicator of rank `rank` of `size` (ncclCommInitRank: a collective of every
  * rank, with the same id from xtc_nccl_unique_id) on the session's device and sums the gradients
