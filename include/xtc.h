@@ -446,7 +446,8 @@ int xtc_session_comm_time(const XtcSession *s, double *during, double *after);
  * sharded state with XTC_ERR_STATE. Loading a checkpoint (or xtc_session_set_optim) keeps this
  * rank's shard of the file's state; xtc_session_sync gives each rank its shard of rank 0's state
  * (rank 0's whole state, or the owners' shards when rank 0's is sharded). Off (on = 0) gathers
- * the state first. Needs a communicator (XTC_ERR_STATE); it ends when another is attached. */
+ * the state first. Needs a communicator (XTC_ERR_STATE); while it is on, attaching another
+ * communicator (or none) is XTC_ERR_STATE: turn it off first. */
 int xtc_session_set_zero1(XtcSession *s, int on);
 /* With ZeRO-1: every rank's shard of the optimizer state to every rank (a collective); without,
  * nothing. */

@@ -110,6 +110,9 @@ int xtc_session_set_comm(XtcSession *s, const XtcComm *comm)
                  !comm->wait || !comm->broadcast))
         return rs_fail(s, XTC_ERR_ARG, "xtc_session_set_comm: the communicator needs 0 <= rank < size and the "
                                        "functions allreduce_start, wait and broadcast");
+    if (s->comm && s->comm->zero1) /* the other ranks' shards of the state would be lost */
+        return rs_fail(s, XTC_ERR_STATE, "xtc_session_set_comm: ZeRO-1 is on: xtc_session_set_zero1(s, 0) on every "
+                                         "rank first (it gathers the optimizer state)");
     const XtcModule *m = s->m;
     struct RtComm *c = NULL;
     if (comm) {

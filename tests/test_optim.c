@@ -551,7 +551,9 @@ START_TEST(test_zero1)
     ck_assert_msg(xtc_session_save_checkpoint(s, ckpt, NULL, NULL, 0) == XTC_OK, "%s", xtc_session_error(s));
     run_step(s, &o); /* sharded again */
     ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_ERR_STATE);
+    ck_assert_int_eq(xtc_session_set_comm(s, NULL), XTC_ERR_STATE); /* the shards would be lost */
     ck_assert_int_eq(xtc_session_set_zero1(s, 0), XTC_OK); /* off: gathered */
+    ck_assert_int_eq(xtc_session_set_comm(s, NULL), XTC_OK);
     ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_OK);
     xtc_session_free(s);
     xtc_module_free(m);
