@@ -616,6 +616,7 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
     if (cli_dist_attach(M.train) != 0)
         goto done;
     if (nranks > 1 && (xtc_session_set_grad_share(M.train, (double)rows / (double)o->batch) != XTC_OK ||
+                       (o->zero1 && xtc_session_set_zero1(M.train, 1) != XTC_OK) ||
                        xtc_session_sync(M.train) != XTC_OK)) {
         fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
         goto done;
@@ -641,7 +642,8 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
            o->cosine ? "cosine" : "constant", warmup, o->weight_decay, o->clip, start ? ", resumed" : "");
     if (nranks > 1)
         printf("data parallel: %d ranks, %" PRId64 " to %" PRId64 " sequences each; gradients, losses and "
-               "validation averaged over the ranks\n", nranks, o->batch / nranks, (o->batch + nranks - 1) / nranks);
+               "validation averaged over the ranks%s\n", nranks, o->batch / nranks, (o->batch + nranks - 1) / nranks,
+               o->zero1 ? "; optimizer state sharded (ZeRO-1)" : "");
     }
     if (start >= last) {
         if (lead)
@@ -747,7 +749,11 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
         }
         int ckpt_now = o->ckpt && (is_val || stop || (o->ckpt_every > 0 && step % o->ckpt_every == 0));
         if (ckpt_now) {
-            int st = lead ? save_ckpt(M.train, o->ckpt, &rng, &id, o, seed, step, skipped) : XTC_OK;
+            int st = xtc_session_gather_optim(M.train); /* ZeRO-1: the whole state on every rank */
+            if (st != XTC_OK)
+                fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
+            else if (lead)
+                st = save_ckpt(M.train, o->ckpt, &rng, &id, o, seed, step, skipped);
             cli_dist_bcast_int(&st); /* rank 0's outcome: every rank goes on or stops */
             if (!lead && st != XTC_OK) /* rank 0 said why */
                 goto done;
@@ -924,6 +930,8 @@ int cli_train(int argc, char **argv)
         {"--model", CLI_STR, &model, "NAME", .help = "which model of the .xtf file (the last)"},
         {"--log-every", CLI_I64, &o.log_every, "K", .help = "progress lines when stderr is not a terminal (steps/10)", .lo = 1},
         {"--quiet", CLI_FLAG, &o.quiet, .help = "no progress line"},
+        {"--zero1", CLI_FLAG, &o.zero1, .help = "under mpirun: each rank keeps the optimizer state of its\n"
+         "shard of the parameters only (ZeRO-1; the same updates)"},
     };
     const CliCmd cmd = {
         .name = "train", .usage = "model.xtf|model.so --data FILE [options]",
@@ -936,7 +944,9 @@ int cli_train(int argc, char **argv)
                  "stop after the step in progress with a checkpoint (exit 128 + the signal). A step whose\n"
                  "loss or weights are not finite stops the run (exit 1); no such checkpoint is written.\n"
                  "Data parallel: mpirun -np N xtc train ... splits each batch over N processes (gradients,\n"
-                 "losses and validation averaged; rank 0 prints and checkpoints; --resume takes any N).\n",
+                 "losses and validation averaged; rank 0 prints and checkpoints; --resume takes any N).\n"
+                 "A CUDA module's gradients are summed on the GPU with NCCL (libnccl.so.2, or $XTC_NCCL)\n"
+                 "where every rank has it, else through host memory over MPI (said once).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "model",
     };
     int prc = cli_parse(&cmd, argc, argv);

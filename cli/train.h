@@ -31,6 +31,7 @@ typedef struct {
     uint64_t seed;          /* --resume: the checkpoint's (another one given is refused) */
     int seed_given;         /* seed was given explicitly */
     int quiet;              /* no progress line (validation and summary lines only) */
+    int zero1;              /* several ranks: each keeps the optimizer state of its shard (ZeRO-1) */
 } CliTrainOpts;
 
 void cli_train_defaults(CliTrainOpts *o);

@@ -3,6 +3,7 @@
  * never touches MPI; built without MPI (XTC_WITH_MPI off) every process is rank 0 of 1. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train.h"
 #include "xtc.h"
@@ -44,10 +45,17 @@ int cli_dist_attach(XtcSession *s)
 {
     if (!active)
         return 0;
-    int st = xtc_session_set_mpi_comm(s, MPI_COMM_WORLD);
+    /* a CUDA module: NCCL where every rank has it, else sums through host memory (said once) */
+    int cuda = strcmp(xtc_session_device(s), "cpu") != 0, nccl = 0;
+    char why[1024] = "";
+    int st = cuda ? xtc_session_set_mpi_nccl(s, MPI_COMM_WORLD, &nccl, why, sizeof why)
+                  : xtc_session_set_mpi_comm(s, MPI_COMM_WORLD);
     if (st)
         fprintf(stderr, "xtc train: rank %d: cannot attach MPI_COMM_WORLD to the session: %s %s\n", rank,
                 xtc_status_name(st), xtc_session_error(s));
+    else if (cuda && rank == 0)
+        printf(nccl ? "gradient sums: on the device with %s\n"
+                    : "gradient sums: through host memory over MPI, not NCCL: %s\n", why);
     return st ? -1 : 0;
 }
 

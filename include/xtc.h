@@ -433,6 +433,53 @@ int xtc_session_set_comm_paused(XtcSession *s, int paused);
  * the schedule is done (the remaining buckets and the wait for all: what the backward pass did not
  * hide). Zeros without a communicator. */
 int xtc_session_comm_time(const XtcSession *s, double *during, double *after);
+/* ZeRO-1 (on != 0; a collective: every rank calls it, as every call below): each rank keeps the
+ * AdamW moments (m, v) of its shard only, about 1/size of them: the parameters concatenated in
+ * module order, cut into whole blocks of 8192 values, blocks [n*r/size, n*(r+1)/size) on rank r.
+ * The gradients are summed over the ranks as above; every rank takes the global norm of all of
+ * them (the clip is over the whole batch), updates the weights of its shard, and xtc_session_step
+ * then hands every rank the other shards' updated weights (a broadcast from each owner). The
+ * arithmetic is the replicated optimizer's, value for value: the same bits. The step is the host's
+ * (a CUDA module's session uploads the weights). Checkpoints: xtc_session_gather_optim gives
+ * every rank the whole state (until its next step, which drops the others' shards again); call it
+ * on every rank before xtc_session_save_checkpoint or xtc_session_get_optim, which refuse a
+ * sharded state with XTC_ERR_STATE. Loading a checkpoint (or xtc_session_set_optim) keeps this
+ * rank's shard of the file's state; xtc_session_sync gives each rank its shard of rank 0's state
+ * (rank 0's whole state, or the owners' shards when rank 0's is sharded). Off (on = 0) gathers
+ * the state first. Needs a communicator (XTC_ERR_STATE); while it is on, attaching another
+ * communicator (or none) is XTC_ERR_STATE: turn it off first. */
+int xtc_session_set_zero1(XtcSession *s, int on);
+/* With ZeRO-1: every rank's shard of the optimizer state to every rank (a collective); without,
+ * nothing. */
+int xtc_session_gather_optim(XtcSession *s);
+
+/* NCCL (runtime/rt_nccl.c) for CUDA training modules: the gradients summed over the ranks on the
+ * device, never leaving it. NCCL is not linked: libnccl.so.2, or the file the environment's
+ * XTC_NCCL names, is loaded with dlopen on first use (NCCL 2.11 or later; PyTorch's wheels carry
+ * one: python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' plus
+ * /lib/libnccl.so.2). With an NCCL communicator, xtc_session_run queues, after the schedule on the
+ * session's stream, one ncclAllReduce per gradient (in place, each rank's gradient times its share
+ * of the batch: a pre-multiplied sum), so the grad.<name> outputs hold the sums (read back from
+ * the device when asked), and xtc_session_step takes the device's AdamW step from them (with
+ * ZeRO-1, or where the device has no step, the host's, from the sums read back); the global-norm
+ * clip is of the summed gradients. Weights and optimizer state still go from rank 0 to every
+ * rank through the host communicator (xtc_session_sync). */
+#define XTC_NCCL_ID_BYTES 128
+/* A new NCCL unique id (ncclGetUniqueId), on one rank, to send to the others: XTC_OK, or
+ * XTC_ERR_IO with why in err (NCCL cannot be loaded). */
+int xtc_nccl_unique_id(unsigned char id[XTC_NCCL_ID_BYTES], char *err, size_t errlen);
+/* 1 when session s can sum its gradients with NCCL (a CUDA training module, f32 gradients on the
+ * device, no loss scaling, and NCCL loads; a cuda-emu module only with $XTC_NCCL set), with
+ * NCCL's version and file in why; else 0 with the reason in why. */
+int xtc_session_nccl_usable(XtcSession *s, char *why, size_t n);
+/* Creates the NCCL communicator of rank `rank` of `size` (ncclCommInitRank: a collective of every
+ * rank, with the same id from xtc_nccl_unique_id) on the session's device and sums the gradients
+ * with it from the next run on. Several ranks need a host communicator of the same rank and size
+ * attached first (xtc_session_set_comm, xtc_session_set_mpi_nccl of include/xtc_mpi.h does both);
+ * one rank alone needs none (id may then be NULL) and gets a host communicator of one rank.
+ * XTC_ERR_STATE when the session cannot (xtc_session_nccl_usable's reason), XTC_ERR_IO when NCCL
+ * cannot be loaded or fails. Attaching another communicator ends it. */
+int xtc_session_set_nccl(XtcSession *s, int rank, int size, const unsigned char *id);
 
 /* ---- files ---- */
 

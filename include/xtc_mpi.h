@@ -33,6 +33,15 @@ extern "C" {
 #endif
 
 int xtc_session_set_mpi_comm(XtcSession *s, MPI_Comm comm);
+/* xtc_session_set_mpi_comm, then for a CUDA training module an NCCL communicator over the same
+ * ranks (xtc_session_set_nccl), bootstrapped through comm: every rank checks that it can use
+ * NCCL (xtc_session_nccl_usable), and only when all can, rank 0's ncclGetUniqueId goes to every
+ * rank (MPI_Bcast) and each calls ncclCommInitRank. Otherwise the gradients are summed through
+ * host memory over MPI, as with xtc_session_set_mpi_comm. *nccl: 1 when NCCL sums them (why: its
+ * version and file), 0 when it does not (why: the reason, the same on every rank where the ranks
+ * disagree). Returns what xtc_session_set_mpi_comm returns, or an error of ncclCommInitRank. A
+ * collective over comm. */
+int xtc_session_set_mpi_nccl(XtcSession *s, MPI_Comm comm, int *nccl, char *why, size_t n);
 
 #ifdef __cplusplus
 }

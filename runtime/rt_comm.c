@@ -42,6 +42,8 @@ struct RtComm {
     int paused;       /* xtc_session_set_comm_paused: runs sum nothing */
     int overlap;      /* buckets start from the step hook (off for loss scaling: they wait for the unscale) */
     int failed;       /* a reduction failed during the run (message in err) */
+    RtNccl *nccl;     /* xtc_session_set_nccl: the sums on the device, or NULL */
+    int zero1;        /* xtc_session_set_zero1: each rank keeps the optimizer state of its shard */
     double during, after; /* seconds in the step hook, and waiting after the schedule */
     char err[512];
 };
@@ -50,6 +52,7 @@ static void comm_free(struct RtComm *c)
 {
     if (!c)
         return;
+    rt_nccl_free(c->nccl);
     if (c->c.release)
         c->c.release(c->c.ctx);
     free(c->order);
@@ -107,6 +110,9 @@ int xtc_session_set_comm(XtcSession *s, const XtcComm *comm)
                  !comm->wait || !comm->broadcast))
         return rs_fail(s, XTC_ERR_ARG, "xtc_session_set_comm: the communicator needs 0 <= rank < size and the "
                                        "functions allreduce_start, wait and broadcast");
+    if (s->comm && s->comm->zero1) /* the other ranks' shards of the state would be lost */
+        return rs_fail(s, XTC_ERR_STATE, "xtc_session_set_comm: ZeRO-1 is on: xtc_session_set_zero1(s, 0) on every "
+                                         "rank first (it gathers the optimizer state)");
     const XtcModule *m = s->m;
     struct RtComm *c = NULL;
     if (comm) {
@@ -306,12 +312,64 @@ void rt_comm_abandon(XtcSession *s)
         wait_all(s->comm);
 }
 
+int rt_comm_rank(const XtcSession *s) { return s->comm ? s->comm->c.rank : -1; }
+
+int rt_comm_set_nccl(XtcSession *s, RtNccl *nc)
+{
+    struct RtComm *c = s->comm;
+    for (int i = 0; i < c->nparams; i++) /* the runs leave the gradients on the device */
+        if (rt_session_keep_on_device(s, s->m->outs[c->grad_out[i]].buf)) {
+            rt_nccl_free(nc);
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the NCCL communicator");
+        }
+    rt_nccl_free(c->nccl);
+    c->nccl = nc;
+    return XTC_OK;
+}
+
+int rt_comm_on_device(const XtcSession *s)
+{
+    const struct RtComm *c = s->comm;
+    return c && c->nccl && !c->zero1 && c->valid;
+}
+
+/* The device's gradients, each times the rank's share, summed over the ranks in place by NCCL on
+ * the session's stream (queued after the run's kernels; the step's kernels queue after them). */
+static int nccl_sum(XtcSession *s, struct RtComm *c)
+{
+    const RtDeviceOps *ops = s->m->device;
+    void *stream = NULL;
+    int failed = rt_nccl_group(c->nccl, 1, c->err, sizeof c->err);
+    for (int i = 0; i < c->nparams && !failed; i++) {
+        int b = s->m->outs[c->grad_out[i]].buf;
+        void *p = NULL;
+        int r = ops->locate(s->dev, b, &p, &stream, c->err, sizeof c->err);
+        if (r > 0)
+            snprintf(c->err, sizeof c->err, "'%s' is not f32 on the device", s->m->outs[c->grad_out[i]].name);
+        failed = r || rt_nccl_allreduce(c->nccl, p, c->numel[i], c->share, stream, c->err, sizeof c->err);
+    }
+    char err[sizeof c->err];
+    if (rt_nccl_group(c->nccl, 0, err, sizeof err) && !failed) {
+        memcpy(c->err, err, sizeof err);
+        failed = 1;
+    }
+    return failed;
+}
+
 int rt_comm_finish(XtcSession *s)
 {
     struct RtComm *c = s->comm;
     if (c->paused)
         return XTC_OK; /* valid stays 0: no step on this run */
     double t0 = seconds();
+    if (c->nccl) {
+        int failed = nccl_sum(s, c);
+        c->after += seconds() - t0;
+        if (failed)
+            return rs_fail(s, XTC_ERR_IO, "summing the gradients over %d ranks with NCCL: %s", c->c.size, c->err);
+        c->valid = 1;
+        return XTC_OK;
+    }
     while (c->next < c->nbk)
         start_bucket(s, &c->bk[c->next++]);
     wait_all(c);
@@ -332,17 +390,100 @@ int rt_comm_finish(XtcSession *s)
 const float *rt_comm_grad(XtcSession *s, int param)
 {
     struct RtComm *c = s->comm;
-    return c && c->valid && param >= 0 && param < c->nparams ? c->red + c->roff[param] : NULL;
+    if (!c || !c->valid || param < 0 || param >= c->nparams)
+        return NULL;
+    /* NCCL summed them on the device, over the run's gradients: read back from there */
+    return c->nccl ? rt_session_output(s, c->grad_out[param]) : c->red + c->roff[param];
 }
 
 /* ---- rank 0's state to every rank ---- */
 
-static int bcast(XtcSession *s, void *data, int64_t bytes)
+static int bcast_from(XtcSession *s, void *data, int64_t bytes, int root)
 {
     struct RtComm *c = s->comm;
-    if (c->c.broadcast(c->c.ctx, data, bytes, 0, c->err, sizeof c->err) != 0)
-        return rs_fail(s, XTC_ERR_IO, "xtc_session_sync: %s", c->err);
+    if (bytes > 0 && c->c.broadcast(c->c.ctx, data, bytes, root, c->err, sizeof c->err) != 0)
+        return rs_fail(s, XTC_ERR_IO, "broadcasting over %d ranks: %s", c->c.size, c->err);
     return XTC_OK;
+}
+
+static int bcast(XtcSession *s, void *data, int64_t bytes) { return bcast_from(s, data, bytes, 0); }
+
+int rt_comm_broadcast_from(XtcSession *s, void *data, int64_t bytes, int root)
+{
+    return bcast_from(s, data, bytes, root);
+}
+
+/* ---- ZeRO-1 ---- */
+
+int rt_comm_size(const XtcSession *s) { return s->comm ? s->comm->c.size : 1; }
+
+int rt_comm_shard(const XtcSession *s, int64_t total, int rank, int64_t *lo, int64_t *hi)
+{
+    const struct RtComm *c = s->comm;
+    int size = c ? c->c.size : 1, r = rank < 0 && c ? c->c.rank : (rank < 0 ? 0 : rank);
+    int64_t nblocks = (total + RT_ADAMW_BLOCK - 1) / RT_ADAMW_BLOCK;
+    int64_t b0 = nblocks * r / size, b1 = nblocks * (r + 1) / size;
+    *lo = b0 * RT_ADAMW_BLOCK < total ? b0 * RT_ADAMW_BLOCK : total;
+    *hi = b1 * RT_ADAMW_BLOCK < total ? b1 * RT_ADAMW_BLOCK : total;
+    return c && c->zero1;
+}
+
+/* Copies elements [lo, hi) of the vector of the p[] (cut at offset[]) into vec[lo, hi), or back. */
+static void pieces(float *const *p, const int64_t *offset, int nparams, int64_t lo, int64_t hi, float *vec,
+                   int to_vec)
+{
+    for (int i = 0; i < nparams; i++) {
+        int64_t a = offset[i] > lo ? offset[i] : lo, b = offset[i + 1] < hi ? offset[i + 1] : hi;
+        if (b <= a)
+            continue;
+        float *w = p[i] + (a - offset[i]);
+        if (to_vec)
+            memcpy(vec + a, w, (size_t)(b - a) * sizeof *vec);
+        else
+            memcpy(w, vec + a, (size_t)(b - a) * sizeof *vec);
+    }
+}
+
+int rt_comm_gather_params(XtcSession *s, float *const *p, const int64_t *offset, int nparams)
+{
+    struct RtComm *c = s->comm;
+    int64_t total = offset[nparams], lo, hi;
+    double t0 = seconds();
+    c->valid = 0; /* red is the staging buffer now: the step used the sums */
+    rt_comm_shard(s, total, -1, &lo, &hi);
+    pieces(p, offset, nparams, lo, hi, c->red, 1);
+    int st = XTC_OK;
+    for (int r = 0; r < c->c.size && !st; r++) {
+        rt_comm_shard(s, total, r, &lo, &hi);
+        st = bcast_from(s, c->red + lo, (hi - lo) * (int64_t)sizeof *c->red, r);
+        if (!st && r != c->c.rank)
+            pieces(p, offset, nparams, lo, hi, c->red, 0);
+    }
+    c->after += seconds() - t0;
+    return st;
+}
+
+int xtc_session_set_zero1(XtcSession *s, int on)
+{
+    if (!rs_ready(s, "xtc_session_set_zero1"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!s->comm)
+        return rs_fail(s, XTC_ERR_STATE, "xtc_session_set_zero1: no communicator (xtc_session_set_comm)");
+    int st = XTC_OK;
+    if (on && !s->comm->zero1)
+        st = rt_optim_host_write(s); /* the host steps: the device's newer state first */
+    else if (!on && s->comm->zero1)
+        st = rt_optim_gather(s);
+    if (!st)
+        s->comm->zero1 = on != 0;
+    return st;
+}
+
+int xtc_session_gather_optim(XtcSession *s)
+{
+    if (!rs_ready(s, "xtc_session_gather_optim"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    return s->comm && s->comm->zero1 ? rt_optim_gather(s) : XTC_OK;
 }
 
 int xtc_session_sync(XtcSession *s)

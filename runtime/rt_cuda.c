@@ -803,6 +803,20 @@ static size_t cuda_elem_bytes(const XtcModule *m, int b)
 
 static const char *cuda_device_name(const RtDevice *d) { return d->device_name; }
 
+static int cuda_locate(RtDevice *d, int b, void **ptr, void **stream, char *err, size_t n)
+{
+    CUresult r = d->drv.CtxSetCurrent(d->ctx);
+    if (r != CUDA_SUCCESS)
+        return cu_fail(d, r, "cannot make the CUDA context current", err, n);
+    *stream = d->stream;
+    if (b < 0)
+        return 0;
+    if (cuda_elem_bytes(d->m, b) != sizeof(float) || d->m->bufs[b].dtype != XTC_F32)
+        return 1;
+    *ptr = d->dptr ? d->dptr[b] : NULL;
+    return 0;
+}
+
 const RtDeviceOps rt_cuda_device = {
     .name = "cuda",
     .open = cuda_open,
@@ -814,4 +828,5 @@ const RtDeviceOps rt_cuda_device = {
     .fetch = cuda_fetch,
     .host_arena = cuda_host_arena,
     .adamw = cuda_adamw,
+    .locate = cuda_locate,
 };

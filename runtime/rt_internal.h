@@ -157,6 +157,11 @@ typedef struct RtDeviceOps {
     /* The AdamW step on the device (struct RtAdamW below), NULL where the device has none. 0,
      * 1 when the module has no optimizer kernels (the host steps), or -1 / -2 as run. */
     int (*adamw)(RtDevice *dev, const struct RtAdamW *a, char *err, size_t n);
+    /* For a library of collectives on the device's memory (NCCL: rt_nccl.c), NULL where the device
+     * has none: makes the device's context current on this thread, sets *stream to the stream the
+     * runs queue their work on and, for b >= 0, *ptr to the device address of output buffer b of
+     * the last run. 0; 1 when b is not f32 on the device (stored in 16 bits); -1 with a message. */
+    int (*locate)(RtDevice *dev, int b, void **ptr, void **stream, char *err, size_t n);
 } RtDeviceOps;
 
 /* What rt_optim.c asks of a device's AdamW step (codegen/cuda/kernels/adamw.cuh), phase by
@@ -285,8 +290,23 @@ void rt_optim_free(struct RtOptim *o);
  * (0: none, the state is dropped), with rt_comm_broadcast (rank 0's bytes to every rank). */
 int rt_session_has_comm(const XtcSession *s);
 const float *rt_comm_grad(XtcSession *s, int param);
+/* 1 when the last run's gradients were summed on the device (NCCL) and the device may step from
+ * them (not with ZeRO-1, which steps on the host) */
+int rt_comm_on_device(const XtcSession *s);
 int rt_comm_broadcast(XtcSession *s, void *data, int64_t bytes);
+int rt_comm_broadcast_from(XtcSession *s, void *data, int64_t bytes, int root);
 int rt_optim_sync(XtcSession *s, int64_t step);
+/* ZeRO-1 (rt_comm.c): the ranks' number (1 without a communicator); rt_comm_shard sets [*lo, *hi),
+ * the elements of a vector of `total` (parameters concatenated) whose optimizer state rank `rank`
+ * (-1: this one) keeps, whole blocks of RT_ADAMW_BLOCK, and returns 1 when ZeRO-1 is on (0: off,
+ * or no communicator: the range is then all of it); rt_comm_gather_params gives every rank the
+ * others' shards of the weights p[nparams] (cut at offset[]) after a step updated its own;
+ * rt_optim_gather (rt_optim.c) every rank's shard of the optimizer state to every rank. All three
+ * collectives are XTC_OK or a status with the session's error set. */
+int rt_comm_size(const XtcSession *s);
+int rt_comm_shard(const XtcSession *s, int64_t total, int rank, int64_t *lo, int64_t *hi);
+int rt_comm_gather_params(XtcSession *s, float *const *p, const int64_t *offset, int nparams);
+int rt_optim_gather(XtcSession *s);
 /* A checkpoint's optimizer state: for a tensor name "optim.m.<param>" or "optim.v.<param>", the
  * <param> it belongs to, else NULL. Wherever weights load, such a tensor of a parameter of the
  * model is ignored (a checkpoint loads as weights). */

@@ -15,7 +15,8 @@
  * order as here. The host's copies of the weights and moments are brought up to date when read
  * (xtc_session_get_weight, checkpoints, xtc_session_get_optim: rt_optim_pull) and sent back
  * before the next device step when the caller changed them. Loss scaling (fp16), a communicator
- * (gradients summed over ranks in host memory) and XTC_OPTIM=host keep the step on the host. */
+ * that sums the gradients in host memory (NCCL sums them on the device: the device steps), ZeRO-1
+ * and XTC_OPTIM=host keep the step on the host. */
 #include "safetensors.h"
 #include "rt_alloc.h"
 #include "rt_internal.h"
@@ -35,7 +36,9 @@ struct RtOptim {
     int *grad;         /* [nparams] output index of grad.<name> */
     int64_t *offset;   /* [nparams + 1] start of each parameter in the concatenated vector */
     int64_t total;
-    float *m, *v;      /* [total] first and second moments */
+    float *m, *v;      /* first and second moments of elements [mv_lo, mv_hi) of the vector: all
+                          of them, or with ZeRO-1 this rank's shard (rt_comm_shard) */
+    int64_t mv_lo, mv_hi;
     int64_t step;
     double last_norm;  /* before clipping; -1 before the first step */
     double *partial;   /* [nblocks] sums of squares, per block */
@@ -79,6 +82,65 @@ static int64_t numel_of(const RtBuffer *b)
     return n;
 }
 
+/* The part of the vector whose moments this rank keeps: with ZeRO-1 its shard, else all. */
+static void wanted_range(const XtcSession *s, const struct RtOptim *o, int64_t *lo, int64_t *hi)
+{
+    if (!rt_comm_shard(s, o->total, -1, lo, hi)) {
+        *lo = 0;
+        *hi = o->total;
+    }
+}
+
+static int is_full(const struct RtOptim *o) { return o->mv_lo == 0 && o->mv_hi == o->total; }
+
+/* Makes m and v cover [lo, hi), keeping the values of the part both cover (zeros elsewhere). */
+static int relayout(struct RtOptim *o, int64_t lo, int64_t hi)
+{
+    if (lo == o->mv_lo && hi == o->mv_hi)
+        return 0;
+    size_t n = (size_t)(hi > lo ? hi - lo : 1);
+    float *m = rt_calloc(n, sizeof *m), *v = rt_calloc(n, sizeof *v);
+    if (!m || !v) {
+        free(m);
+        free(v);
+        return -1;
+    }
+    int64_t a = lo > o->mv_lo ? lo : o->mv_lo, b = hi < o->mv_hi ? hi : o->mv_hi;
+    if (b > a) {
+        memcpy(m + (a - lo), o->m + (a - o->mv_lo), (size_t)(b - a) * sizeof *m);
+        memcpy(v + (a - lo), o->v + (a - o->mv_lo), (size_t)(b - a) * sizeof *v);
+    }
+    free(o->m);
+    free(o->v);
+    o->m = m;
+    o->v = v;
+    o->mv_lo = lo;
+    o->mv_hi = hi;
+    return 0;
+}
+
+/* Every rank's shard to every rank (a collective): the whole state on each. */
+static int gather_state(XtcSession *s, struct RtOptim *o)
+{
+    if (relayout(o, 0, o->total))
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state (%" PRId64 " parameters)", o->total);
+    int st = XTC_OK;
+    for (int r = 0; r < rt_comm_size(s) && !st; r++) {
+        int64_t lo, hi;
+        rt_comm_shard(s, o->total, r, &lo, &hi);
+        st = rt_comm_broadcast_from(s, o->m + lo, (hi - lo) * (int64_t)sizeof *o->m, r);
+        if (!st)
+            st = rt_comm_broadcast_from(s, o->v + lo, (hi - lo) * (int64_t)sizeof *o->v, r);
+    }
+    return st;
+}
+
+int rt_optim_gather(XtcSession *s)
+{
+    struct RtOptim *o = *rt_session_optim(s);
+    return o && o->step > 0 ? gather_state(s, o) : XTC_OK;
+}
+
 /* The session's optimizer, created (zero state) on first use. */
 static int optim_get(XtcSession *s, struct RtOptim **out)
 {
@@ -118,7 +180,8 @@ static int optim_get(XtcSession *s, struct RtOptim **out)
     }
     o->total = o->offset[np];
     o->nblocks = (o->total + BLOCK - 1) / BLOCK;
-    size_t n = (size_t)(o->total ? o->total : 1);
+    wanted_range(s, o, &o->mv_lo, &o->mv_hi);
+    size_t n = (size_t)(o->mv_hi > o->mv_lo ? o->mv_hi - o->mv_lo : 1);
     o->m = rt_calloc(n, sizeof *o->m);
     o->v = rt_calloc(n, sizeof *o->v);
     o->partial = rt_calloc((size_t)o->nblocks + 1, sizeof *o->partial);
@@ -180,6 +243,7 @@ typedef struct {
     float bc2_sqrt;       /* sqrt(1 - beta2^t) */
     float clip;           /* gradient scale */
     int clipping;
+    int64_t blk0;         /* the update's first block (ZeRO-1: this rank's shard) */
 } StepCtx;
 
 /* Calls fn(ctx, param, lo, hi, at) for the pieces of each parameter inside block blk, where [lo,
@@ -234,7 +298,8 @@ static void norm_task(void *ctx, int64_t lo, int64_t hi)
 static void update_piece(StepCtx *c, int param, int64_t lo, int64_t hi, int64_t at)
 {
     /* the settings in locals: the stores below could otherwise alias them */
-    float *restrict p = c->p[param], *restrict m = c->o->m + at - lo, *restrict v = c->o->v + at - lo;
+    const int64_t base = at - c->o->mv_lo - lo; /* m and v hold the vector from mv_lo on */
+    float *restrict p = c->p[param], *restrict m = c->o->m + base, *restrict v = c->o->v + base;
     const float *restrict g = c->g[param];
     const float clip = c->clipping ? c->clip : 1.0f, decay = c->decay, b1 = c->b1, b2 = c->b2;
     const float omb1 = c->omb1, omb2 = c->omb2, eps = c->eps, step_size = c->step_size, bc2 = c->bc2_sqrt;
@@ -251,8 +316,9 @@ static void update_piece(StepCtx *c, int param, int64_t lo, int64_t hi, int64_t 
 
 static void update_task(void *ctx, int64_t lo, int64_t hi)
 {
+    StepCtx *c = ctx;
     for (int64_t blk = lo; blk < hi; blk++)
-        for_pieces(ctx, blk, update_piece);
+        for_pieces(c, c->blk0 + blk, update_piece);
 }
 
 /* The step's settings after the gradient norm (the host's and the device's step use them). */
@@ -362,9 +428,10 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
     int st = optim_get(s, &o);
     if (st)
         return st;
-    /* the device step reads the gradients where the device left them; summed over ranks they are
-     * on the host (rt_comm_grad), and the host step takes them there */
-    if (o->device >= 0 && rt_session_scaler(s)->buf < 0 && !rt_session_has_comm(s) &&
+    /* the device step reads the gradients where the device left them (NCCL sums them there);
+     * summed over ranks through host memory they are on the host (rt_comm_grad), and the host
+     * step takes them there */
+    if (o->device >= 0 && rt_session_scaler(s)->buf < 0 && (!rt_session_has_comm(s) || rt_comm_on_device(s)) &&
         (st = device_step(s, o, opt)) >= 0)
         return st;
     st = XTC_OK;
@@ -415,17 +482,32 @@ int xtc_session_step(XtcSession *s, const XtcAdamW *opt)
             sc->good = 0;
         }
     }
-    StepCtx c = {.o = o, .p = p, .g = g};
+    /* ZeRO-1: every rank has the summed gradients and takes the norm of all of them (the same
+     * bits everywhere), updates its shard, and the shards of the weights go to every rank */
+    int64_t lo, hi;
+    int zero1 = rt_comm_shard(s, o->total, -1, &lo, &hi);
+    if (!zero1) {
+        lo = 0;
+        hi = o->total;
+    }
+    if (relayout(o, lo, hi)) {
+        free(p);
+        free(g);
+        return failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state");
+    }
+    StepCtx c = {.o = o, .p = p, .g = g, .blk0 = lo / BLOCK};
     RtPool *pool = rt_session_pool(s);
     rt_pool_parallel_for(pool, norm_task, &c, o->nblocks);
     double sq = 0;
     for (int64_t b = 0; b < o->nblocks; b++)
         sq += o->partial[b];
     step_settings(&c, o, opt, sqrt(sq));
-    rt_pool_parallel_for(pool, update_task, &c, o->nblocks);
+    rt_pool_parallel_for(pool, update_task, &c, (hi + BLOCK - 1) / BLOCK - lo / BLOCK);
+    if (zero1)
+        st = rt_comm_gather_params(s, p, o->offset, o->nparams);
     free(p);
     free(g);
-    return XTC_OK;
+    return st;
 }
 
 int rt_optim_sync(XtcSession *s, int64_t step)
@@ -438,9 +520,18 @@ int rt_optim_sync(XtcSession *s, int64_t step)
     }
     struct RtOptim *o;
     int st = optim_get(s, &o);
+    /* rank 0 holds all of the state (ZeRO-1 after a load, or replicated): its copy to every rank;
+     * else (ZeRO-1, sharded) each shard's owner has it */
+    int64_t full = is_full(o);
     if (!st)
+        st = rt_comm_broadcast(s, &full, sizeof full);
+    if (!st && !full)
+        st = gather_state(s, o);
+    else if (!st && relayout(o, 0, o->total))
+        st = failf(s, XTC_ERR_MEMORY, "out of memory for the optimizer state (%" PRId64 " parameters)", o->total);
+    if (!st && full)
         st = rt_comm_broadcast(s, o->m, o->total * (int64_t)sizeof *o->m);
-    if (!st)
+    if (!st && full)
         st = rt_comm_broadcast(s, o->v, o->total * (int64_t)sizeof *o->v);
     if (!st)
         o->step = step;
@@ -508,6 +599,9 @@ int xtc_session_get_optim(XtcSession *s, const char *param, XtcTensor *mt, XtcTe
     struct RtOptim *o = *rt_session_optim(s);
     if (!o || o->step == 0)
         return failf(s, XTC_ERR_STATE, "no optimizer state yet: no step was taken");
+    if (!is_full(o))
+        return failf(s, XTC_ERR_STATE, "xtc_session_get_optim: the optimizer state is sharded over the ranks "
+                                       "(ZeRO-1): xtc_session_gather_optim on every rank first");
     int st = rt_optim_pull(s);
     if (st)
         return st;
@@ -539,10 +633,13 @@ int xtc_session_set_optim(XtcSession *s, int64_t step, const float *const *mv, c
             return failf(s, XTC_ERR_ARG, "xtc_session_set_optim: no state for parameter %d", i);
     if ((st = rt_optim_host_write(s)))
         return st;
-    for (int i = 0; i < o->nparams; i++) {
-        size_t bytes = (size_t)(o->offset[i + 1] - o->offset[i]) * sizeof(float);
-        memcpy(o->m + o->offset[i], mv[i], bytes);
-        memcpy(o->v + o->offset[i], vv[i], bytes);
+    for (int i = 0; i < o->nparams; i++) { /* the part this rank keeps (ZeRO-1: its shard) */
+        int64_t a = o->offset[i] > o->mv_lo ? o->offset[i] : o->mv_lo;
+        int64_t b = o->offset[i + 1] < o->mv_hi ? o->offset[i + 1] : o->mv_hi;
+        if (b <= a)
+            continue;
+        memcpy(o->m + (a - o->mv_lo), mv[i] + (a - o->offset[i]), (size_t)(b - a) * sizeof(float));
+        memcpy(o->v + (a - o->mv_lo), vv[i] + (a - o->offset[i]), (size_t)(b - a) * sizeof(float));
     }
     o->step = step;
     return XTC_OK;
@@ -579,6 +676,9 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
     struct RtOptim *o = *rt_session_optim(s);
     char name[600], num[32];
     int st = rt_optim_pull(s); /* the device's weights and moments, where it stepped */
+    if (!st && o && o->step > 0 && !is_full(o))
+        st = failf(s, XTC_ERR_STATE, "cannot save %s: the optimizer state is sharded over the ranks (ZeRO-1): "
+                   "xtc_session_gather_optim on every rank first", path);
     for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
         for (int i = 0; i < m->nby_kind[k] && !st; i++) {
             int b = m->by_kind[k][i];

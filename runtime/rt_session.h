@@ -103,5 +103,14 @@ void rt_comm_step_done(XtcSession *s, int32_t step);
 int rt_comm_finish(XtcSession *s);
 void rt_comm_abandon(XtcSession *s);
 void rt_comm_free(XtcSession *s);
+int rt_comm_rank(const XtcSession *s);
+/* rt_nccl.c: an NCCL communicator (xtc_session_set_nccl); rt_comm_set_nccl hands it to the
+ * session's communicator, which then sums the gradients with it on the device (rt_comm.c) and
+ * frees it with itself. The functions return 0, or -1 with a message in err. */
+typedef struct RtNccl RtNccl;
+int rt_comm_set_nccl(XtcSession *s, RtNccl *nc);
+int rt_nccl_allreduce(RtNccl *nc, void *dptr, int64_t n, double weight, void *stream, char *err, size_t errlen);
+int rt_nccl_group(RtNccl *nc, int start, char *err, size_t errlen);
+void rt_nccl_free(RtNccl *nc);
 
 #endif

@@ -9,7 +9,13 @@
 #   (b) a checkpoint written by 2 ranks at step 25 resumes with 2 ranks to the uninterrupted
 #       2-rank run bit for bit (losses and final checkpoint), and with 1 process to the
 #       uninterrupted 1-process run within f32 rounding;
-#   a CUDA module (through the CUDA emulator) sums after its run, with the same results; a user's
+#   (d) ZeRO-1 (--zero1: each rank keeps the optimizer state of its shard) on a model of 9 blocks
+#       of the optimizer's vector: stopped at step 15 and resumed with --zero1, both ranks hold the
+#       weights of the replicated optimizer bit for bit after every step, and the final
+#       checkpoint (the state gathered from the shards on save) is the replicated run's, byte for byte;
+#   a CUDA module (through the CUDA emulator) sums after its run, with the same results; with a
+#   stand-in NCCL (tests/fake_nccl.c) one rank sums on the "device" with the plain run's bits, and
+#   a missing NCCL falls back to MPI, saying so once; a user's
 #   MPI program (examples/train_mpi.c) trains the same on 2 ranks as on 1;
 #   (c) SIGTERM to one rank stops both at the same step with one checkpoint (exit 143) that
 #       resumes; a rank killed (SIGKILL) ends the job non-zero within 60 s with mpirun's message;
@@ -121,6 +127,30 @@ else
   bad "the 2-rank checkpoint resumed by 1 process differs from the uninterrupted run ${r:-}"
 fi
 
+# (d) ZeRO-1 against the replicated optimizer: a model of 0.07M parameters, 9 blocks of 8192
+cat > "$tmp/small.xtf" <<'EOF2'
+small = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
+    attn_layers = Decoder(dim = 32, depth = 2, heads = 2))
+EOF2
+z=(--data "$tmp/data.txt" --steps 30 --batch 8 --seq 32 --threads 1 --val-every 15 --val-tokens 96 --seed 3 --quiet
+  --lr 3e-3)
+if "$xtc" compile "$tmp/small.xtf" --train -O1 -o "$tmp/small.so" 2> "$tmp/err"; then
+  XTC_TRAIN_HASHES=$tmp/zr "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --ckpt "$tmp/zr.safetensors" > /dev/null 2>&1
+  XTC_TRAIN_HASHES=$tmp/z1 "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --zero1 --stop-at 15 \
+    --ckpt "$tmp/z.safetensors" > "$tmp/z1.out" 2>&1
+  XTC_TRAIN_HASHES=$tmp/z2 "${mpi[@]}" "$xtc" train "$tmp/small.so" "${z[@]}" --zero1 --resume "$tmp/z.safetensors" \
+    --ckpt "$tmp/z.safetensors" > "$tmp/z2.out" 2>&1
+  if [ "$(wc -l < "$tmp/zr.0" 2> /dev/null)" = 30 ] && cat "$tmp/z1.0" "$tmp/z2.0" | cmp -s - "$tmp/zr.0" &&
+    cat "$tmp/z1.1" "$tmp/z2.1" | cmp -s - "$tmp/zr.0" && cmp -s "$tmp/z.safetensors" "$tmp/zr.safetensors" &&
+    grep -q 'ZeRO-1' "$tmp/z1.out"; then
+    ok "ZeRO-1 (stopped at 15, resumed): the replicated optimizer's weights bit for bit on both ranks, the same checkpoint"
+  else
+    bad "ZeRO-1 differs from the replicated optimizer: $(cat "$tmp/z1.out" "$tmp/z2.out" | head -12)"
+  fi
+else
+  bad "xtc compile small.xtf: $(cat "$tmp/err")"
+fi
+
 # a CUDA module's path (no step hook: the sums start after the run, through host memory), on the
 # CPU through the CUDA emulator: 3 steps of 2 ranks against 1 process
 if "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/tiny_emu.so" 2> "$tmp/err"; then
@@ -131,6 +161,24 @@ if "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/tiny_em
     ok "a cuda-emu module (sums after the run): 2 ranks equal 1 process over 3 steps, ranks bit-identical"
   else
     bad "cuda-emu module on 2 ranks: $(tail -3 "$tmp/emu.out")"
+  fi
+  # NCCL through MPI's bootstrap: one rank with the stand-in library (tests/fake_nccl.c) trains
+  # the losses and weights of the plain run bit for bit; XTC_NCCL naming a missing file falls back
+  # to the sums through host memory, saying so once, with the bits of the run above
+  XTC_NCCL=$build/libfake_nccl.so XTC_TRAIN_HASHES=$tmp/e3 "${mpi[@]:0:5}" -np 1 "$xtc" train "$tmp/tiny_emu.so" \
+    "${emu[@]}" > "$tmp/e3.out" 2>&1
+  if grep -q '^gradient sums: on the device with NCCL' "$tmp/e3.out" && grep -q '^fake nccl: [1-9]' "$tmp/e3.out" &&
+    cmp -s "$tmp/e1.0" "$tmp/e3.0"; then
+    ok "NCCL (stand-in) under mpirun -np 1: the plain run's losses and weights bit for bit"
+  else
+    bad "NCCL under mpirun -np 1: $(head -5 "$tmp/e3.out")"
+  fi
+  XTC_NCCL=$tmp/missing.so XTC_TRAIN_HASHES=$tmp/e4 "${mpi[@]}" "$xtc" train "$tmp/tiny_emu.so" "${emu[@]}" \
+    > "$tmp/e4.out" 2>&1
+  if [ "$(grep -c 'not NCCL: no NCCL: cannot load' "$tmp/e4.out")" = 1 ] && cmp -s "$tmp/e2.0" "$tmp/e4.0"; then
+    ok "XTC_NCCL missing on 2 ranks: sums through host memory, said once, the same bits"
+  else
+    bad "XTC_NCCL missing on 2 ranks: $(head -5 "$tmp/e4.out")"
   fi
 else
   bad "xtc compile --target cuda-emu --train: $(cat "$tmp/err")"

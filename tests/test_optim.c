@@ -486,7 +486,8 @@ START_TEST(test_comm_sums_gradients)
     ck_assert_int_eq(f.floats, 3 * (NW + NB));
     ck_assert_int_eq(f.waits, f.starts);
     ck_assert_int_eq(xtc_session_sync(ranked), XTC_OK); /* now with the optimizer's m and v */
-    ck_assert_int_eq(f.bcasts, 3 + 5);
+    /* the weights, the step count, whether rank 0 holds all of the state (not ZeRO-1 shards), m, v */
+    ck_assert_int_eq(f.bcasts, 3 + 6);
     /* paused (evaluation): the run sums nothing, and no step follows it */
     int starts = f.starts;
     ck_assert_int_eq(xtc_session_set_comm_paused(ranked, 1), XTC_OK);
@@ -514,6 +515,48 @@ START_TEST(test_comm_sums_gradients)
     xtc_session_free(alone);
     xtc_module_free(m1);
     xtc_module_free(m2);
+}
+END_TEST
+
+/* ZeRO-1's interface through the fake communicator (whose broadcasts move nothing: the values
+ * are tested with MPI, test_mpi.sh (d)): this module's parameters are two blocks of the optimizer's
+ * vector, one per rank; after a step the state is sharded, refused by get_optim and checkpoints
+ * with the way out, until xtc_session_gather_optim (one broadcast of m and one of v per rank);
+ * turning ZeRO-1 off gathers too, and it needs a communicator. */
+START_TEST(test_zero1)
+{
+    static Data d;
+    fill(&d, 7);
+    XtcModule *m;
+    XtcSession *s = session(&m, module_path, 1, &d);
+    ck_assert_int_eq(xtc_session_set_zero1(s, 1), XTC_ERR_STATE); /* no communicator */
+    ck_assert_int_eq(xtc_session_gather_optim(s), XTC_OK);        /* nothing to gather */
+    FakeComm f = {0};
+    XtcComm c = {.rank = 0, .size = 2, .ctx = &f, .allreduce_start = fake_start, .test = fake_test,
+                 .wait = fake_wait, .broadcast = fake_bcast};
+    ck_assert_int_eq(xtc_session_set_comm(s, &c), XTC_OK);
+    ck_assert_int_eq(xtc_session_set_zero1(s, 1), XTC_OK);
+    XtcAdamW o = settings(0);
+    run_step(s, &o);
+    ck_assert_int_eq(f.bcasts, 2); /* each shard of the weights from its owner */
+    XtcTensor mt, vt;
+    ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_ERR_STATE);
+    ck_assert_msg(strstr(xtc_session_error(s), "xtc_session_gather_optim"), "%s", xtc_session_error(s));
+    char ckpt[600];
+    snprintf(ckpt, sizeof ckpt, "%s/zero1.safetensors", tmpdir);
+    ck_assert_int_eq(xtc_session_save_checkpoint(s, ckpt, NULL, NULL, 0), XTC_ERR_STATE);
+    ck_assert_int_eq(xtc_session_gather_optim(s), XTC_OK);
+    ck_assert_int_eq(f.bcasts, 2 + 4);
+    ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_OK);
+    ck_assert_msg(xtc_session_save_checkpoint(s, ckpt, NULL, NULL, 0) == XTC_OK, "%s", xtc_session_error(s));
+    run_step(s, &o); /* sharded again */
+    ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_ERR_STATE);
+    ck_assert_int_eq(xtc_session_set_comm(s, NULL), XTC_ERR_STATE); /* the shards would be lost */
+    ck_assert_int_eq(xtc_session_set_zero1(s, 0), XTC_OK); /* off: gathered */
+    ck_assert_int_eq(xtc_session_set_comm(s, NULL), XTC_OK);
+    ck_assert_int_eq(xtc_session_get_optim(s, "w", &mt, &vt), XTC_OK);
+    xtc_session_free(s);
+    xtc_module_free(m);
 }
 END_TEST
 
@@ -612,6 +655,7 @@ int main(void)
     tcase_add_test(tc, test_init_rules);
     tcase_add_test(tc, test_init_hint);
     tcase_add_test(tc, test_comm_sums_gradients);
+    tcase_add_test(tc, test_zero1);
     suite_add_tcase(su, tc);
     return harness_run(su, "optim");
 }

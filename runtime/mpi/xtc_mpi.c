@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     MPI_Comm comm; /* the session's duplicate */
@@ -113,4 +114,41 @@ int xtc_session_set_mpi_comm(XtcSession *s, MPI_Comm comm)
     if (st)
         release(c);
     return st;
+}
+
+int xtc_session_set_mpi_nccl(XtcSession *s, MPI_Comm comm, int *nccl, char *why, size_t n)
+{
+    char msg[1024] = "";
+    int one = 0;
+    if (!nccl)
+        nccl = &one;
+    *nccl = 0;
+    int st = xtc_session_set_mpi_comm(s, comm);
+    if (st)
+        return st;
+    int rank = 0, size = 1, ok = xtc_session_nccl_usable(s, msg, sizeof msg), all = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+        all = 0, snprintf(msg, sizeof msg, "MPI_Allreduce failed");
+    else if (!all && ok)
+        snprintf(msg, sizeof msg, "another rank cannot use NCCL (its log says why)");
+    unsigned char id[XTC_NCCL_ID_BYTES];
+    memset(id, 0, sizeof id);
+    int got = all && rank == 0 ? xtc_nccl_unique_id(id, msg, sizeof msg) : XTC_OK;
+    if (all && (MPI_Bcast(&got, 1, MPI_INT, 0, comm) != MPI_SUCCESS || got != XTC_OK)) {
+        all = 0;
+        if (rank != 0)
+            snprintf(msg, sizeof msg, "rank 0 could not make an NCCL id (its log says why)");
+    }
+    if (all && MPI_Bcast(id, (int)sizeof id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
+        return XTC_ERR_IO;
+    if (all) {
+        if ((st = xtc_session_set_nccl(s, rank, size, id)) != XTC_OK)
+            return st;
+        *nccl = 1;
+    }
+    if (why && n)
+        snprintf(why, n, "%s", msg);
+    return XTC_OK;
 }
