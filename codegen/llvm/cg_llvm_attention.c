@@ -28,6 +28,11 @@
  * A row with every key masked attends uniformly to all J keys (the -FLT_MAX fill does that in the
  * unfused graph): its m stays -FLT_MAX, and it gets the mean of v instead (keys skipped under
  * causal would otherwise be missing from that mean); its logsumexp is -FLT_MAX.
+ * Bounded (cosine-sim attention, the attribute bound = b > 0: |q_i . k_j| <= b, a constant
+ * scale s, b s <= IR_ATTENTION_BOUND_MAX): m = b s log2(e) for every row from the start, so the
+ * score pass finds no maximum and nothing is rescaled (no alpha, l += sum P, O += P V); each
+ * 2^(s - m) >= 2^(-2 b s log2 e) >= 2^-116 stays a normal float, so l = 0 exactly for a row that
+ * sees no key, which is how such a row is recognised then.
  *
  * Backward, one work item = one batch index (dq accumulates in place, with no other thread
  * writing it):
@@ -381,6 +386,10 @@ int cg_attention_impl(CgFn *f)
         return -1;
     int causal = n->ia[IR_IA_CAUSAL] != 0, stats = n->ia[IR_IA_STATS] != 0;
     int64_t window = n->ia[IR_IA_WINDOW];
+    /* bounded (cosine-sim attention, ops.def): every score is at most bound x scale, a constant
+     * (the verifier checks that the scale is one), taken as each row's maximum from the start */
+    int bounded = n->ia[IR_IA_BOUND] > 0;
+    double mfixed = bounded ? (double)n->ia[IR_IA_BOUND] * n->in[5]->f * M_LOG2E : 0;
     int D = d.D, E = d.E, nr = k.nr;
     int64_t Eo = E + stats;
     int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
@@ -434,7 +443,7 @@ int cg_attention_impl(CgFn *f)
         jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
     if (window) /* ... and its first row none below g0 + off - window */
         jbeg = imax(&k, ci(&k, 0), isub(&k, iadd(&k, g0, off), ci(&k, window)));
-    fill(&k, M, ci(&k, GROUP * BR), -INFINITY);
+    fill(&k, M, ci(&k, GROUP * BR), bounded ? mfixed : -INFINITY);
     fill(&k, L, ci(&k, GROUP * BR), 0);
     fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
 
@@ -513,7 +522,9 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bcq;
     LLVMValueRef lo = window ? isub(&k, isub(&k, iadd(&k, i, off), ci(&k, window)), j0) : NULL;
     LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
-    if (plain) {
+    if (plain && bounded) {
+        /* no maximum to find: the bound is the row's */
+    } else if (plain) {
         /* the keys past the causal limit (and before the window) are left out here and given
          * p = 0 below */
         LLVMValueRef mend = imax(&k, ci(&k, 0), imin(&k, lim, bcq));
@@ -535,24 +546,29 @@ int cg_attention_impl(CgFn *f)
         }
         x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
         st(&k, S, si, x);
-        LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
+        if (!bounded)
+            LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
         cg_for_end(f, &lc);
     }
     /* a row with keys of the tile masked has -FLT_MAX among its scores: its maximum is at least
      * that (which is how a row with every key masked is recognised at the end) */
-    st(&k, MT, lr.iv, fmaxv(&k, fget(&k, mt), neg_max));
+    if (!bounded)
+        st(&k, MT, lr.iv, fmaxv(&k, fget(&k, mt), neg_max));
     cg_for_end(f, &lr);
     /* ... the new maxima and the rescale factors, a vector of rows at a time, ... */
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    LLVMValueRef sr = iadd(&k, sbase, lr.iv);
-    LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
-    st(&k, AL, lr.iv, cg_exp2_finite(k.cg, f_sub(&k, mold, mnew)));
-    st(&k, M, sr, mnew);
-    cg_for_end(f, &lr);
+    LLVMValueRef sr;
+    if (!bounded) {
+        cg_for(f, &lr, ci(&k, 0), rows, "row");
+        sr = iadd(&k, sbase, lr.iv);
+        LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
+        st(&k, AL, lr.iv, cg_exp2_finite(k.cg, f_sub(&k, mold, mnew)));
+        st(&k, M, sr, mnew);
+        cg_for_end(f, &lr);
+    }
     /* ... the probabilities, row by row, ... */
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     srow = imul(&k, lr.iv, cBC);
-    LLVMValueRef mnew_r = ld(&k, M, iadd(&k, sbase, lr.iv));
+    LLVMValueRef mnew_r = bounded ? fc(&k, mfixed) : ld(&k, M, iadd(&k, sbase, lr.iv));
     LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
     LLVMValueRef pend = bcq;
     if (plain && causal) { /* p = 0 past the row's causal limit */
@@ -578,17 +594,21 @@ int cg_attention_impl(CgFn *f)
     cg_for_end(f, &lc);
     st(&k, SM, lr.iv, fget(&k, sum));
     cg_for_end(f, &lr);
-    /* ... and the sums and outputs so far rescaled */
+    /* ... and the sums and outputs so far rescaled (bounded: the maximum never moves, nothing to
+     * rescale) */
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     sr = iadd(&k, sbase, lr.iv);
-    st(&k, L, sr, f_add(&k, f_mul(&k, ld(&k, L, sr), ld(&k, AL, lr.iv)), ld(&k, SM, lr.iv)));
+    LLVMValueRef lold = ld(&k, L, sr);
+    st(&k, L, sr, f_add(&k, bounded ? lold : f_mul(&k, lold, ld(&k, AL, lr.iv)), ld(&k, SM, lr.iv)));
     cg_for_end(f, &lr);
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    LLVMValueRef orow = imul(&k, iadd(&k, sbase, lr.iv), cE), alpha = ld(&k, AL, lr.iv);
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
-    cg_for_end(f, &lc);
-    cg_for_end(f, &lr);
+    if (!bounded) {
+        cg_for(f, &lr, ci(&k, 0), rows, "row");
+        LLVMValueRef orow = imul(&k, iadd(&k, sbase, lr.iv), cE), alpha = ld(&k, AL, lr.iv);
+        cg_for(f, &lc, ci(&k, 0), cE, "e");
+        st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
+        cg_for_end(f, &lc);
+        cg_for_end(f, &lr);
+    }
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
@@ -618,7 +638,10 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lr, ci(&k, 0), grows, "row");
     LLVMValueRef orow_out = imul(&k, iadd(&k, g0, lr.iv), os);
     LLVMValueRef mrow_v = ld(&k, M, lr.iv), lrow = ld(&k, L, lr.iv);
-    LLVMValueRef full = LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
+    /* bounded: every key the row sees adds at least 2^-116 to l (the verifier's bound), so
+     * l = 0 exactly when it sees none */
+    LLVMValueRef full = bounded ? LLVMBuildFCmp(k.b, LLVMRealOLE, lrow, fc(&k, 0), "")
+                                : LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
     LLVMValueRef jpos = LLVMBuildICmp(k.b, LLVMIntSGT, d.J, ci(&k, 0), "");
     CgIf cf, cn, cm;
     cg_if(f, &cf, LLVMBuildAnd(k.b, full, jpos, ""));
