@@ -2,7 +2,8 @@
  *
  * Lowers a model once (and differentiates it with --train), then compiles it twice with the
  * backend of --target (cpu, cuda, cuda-emu): with every pass ("fused") and with --no-fuse
- * ("unfused"). Both modules get the same seeded weights and inputs; after warm-up runs, the two
+ * ("unfused"), or with --against PASS, with every pass but PASS (named "without-PASS": what one
+ * pass buys, e.g. cosine_sim's bounded attention against the general one). Both modules get the same seeded weights and inputs; after warm-up runs, the two
  * sessions run alternately, R times each, so that the noise of a shared machine falls on both
  * alike. Reported per variant: the median time of every kernel (from the runtime's per-step
  * profile, summed over the steps sharing the kernel), the median of their sum, the total's
@@ -41,6 +42,7 @@ typedef struct {
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
     int opt_level;
+    const char *against;     /* --against PASS: the second variant runs every pass but PASS */
     DrvTarget t;             /* --target and --dtype, resolved once */
 } BenchOpts;
 
@@ -149,6 +151,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"-O2", CLI_LEVEL, &o->opt_level, .set = 2},
         {"-O3", CLI_LEVEL, &o->opt_level, .set = 3},
         {"--json", CLI_FLAG, &o->json, .help = "one JSON object on stdout instead of tables"},
+        {"--against", CLI_STR, &o->against, "PASS", .help = "compare with every pass but PASS (xtc ir --list-passes)\n"
+         "instead of the unfused program; JSON keeps the key \"unfused\" for it"},
     };
     const CliCmd cmd = {
         .name = "bench", .usage = "model.xtf --batch B --seq N [options]",
@@ -164,6 +168,10 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         return cli_usage_error(&cmd, !o->path ? "no model file given" : !o->batch ? "no --batch given" : "no --seq given"),
                -1;
     char err[512];
+    if (o->against && pass_check_name(o->against, err, sizeof err) != 0) {
+        fprintf(stderr, "xtc bench: --against: %s\n", err);
+        return -1;
+    }
     if (drv_target(&o->t, &(CgOptions){.target = o->target, .dtype = o->dtype, .mma = o->mma}, err, sizeof err) != 0) {
         fprintf(stderr, "xtc bench: %s\n", err);
         return -1;
@@ -214,7 +222,11 @@ static int64_t int_input_range(const IrGraph *g, const IrNode *in)
 
 static int compile_variant(const BenchOpts *o, IrGraph *g, Variant *v, int no_fuse, const char *dir)
 {
-    PassOptions po = {.no_fuse = no_fuse};
+    PassOptions po = {.no_fuse = no_fuse && !o->against};
+    if (no_fuse && o->against) {
+        po.disable = &o->against;
+        po.ndisable = 1;
+    }
     double t0 = now_s();
     snprintf(v->so, sizeof v->so, "%s/%s.so", dir, v->name);
     DrvJob job = {.graph = g, .start = DRV_PASSES, .passes = &po,
@@ -597,7 +609,9 @@ int cli_bench(int argc, char **argv)
     Variant var[2];
     memset(var, 0, sizeof var);
     var[0].name = "fused";
-    var[1].name = "unfused";
+    char without[96];
+    snprintf(without, sizeof without, "without-%s", o.against ? o.against : "");
+    var[1].name = o.against ? without : "unfused";
     rc = 0;
     for (int i = 0; i < 2 && rc == 0; i++) {
         Variant *v = &var[i];
@@ -716,14 +730,14 @@ int cli_bench(int argc, char **argv)
             print_variant(&o, &var[1]);
             printf("\n");
             if (mf > 0 && mu > 0 && kf > 0 && ku > 0)
-                printf("speed-up (unfused / fused median): %.2fx total, %.2fx kernels\n", mu / mf, ku / kf);
+                printf("speed-up (%s / fused median): %.2fx total, %.2fx kernels\n", var[1].name, mu / mf, ku / kf);
             if (paired && o.repeat > 1)
                 printf("speed-up of neighbouring runs: median %.2fx, from %.2fx to %.2fx\n", median(pair, o.repeat, 1),
                        min_of(pair, o.repeat), max_of(pair, o.repeat));
             char what[128] = "";
             if (ti->device_arena)
                 snprintf(what, sizeof what, " (device memory, %s storage)", o.dtype ? o.dtype : "f32");
-            printf("arena%s: fused %.1f MiB, unfused %.1f MiB%s\n", what, var[0].peak / 1048576.0,
+            printf("arena%s: fused %.1f MiB, %s %.1f MiB%s\n", what, var[0].peak / 1048576.0, var[1].name,
                    var[1].peak / 1048576.0, var[1].ran ? "" : " (planned, not run)");
         }
         free(pair);

@@ -413,7 +413,12 @@ static void grad_attention(Ad *A, IrNode *n, IrNode *g)
                            n->label ? n->label : "?");
         return;
     }
-    IrNode *o = n->ia[IR_IA_STATS] ? n : ir_attention_window(A->g, q, k, v, n->in[3], n->in[4], n->in[5], (int)n->ia[IR_IA_CAUSAL], 1, n->ia[IR_IA_WINDOW]);
+    IrNode *o = n;
+    if (!n->ia[IR_IA_STATS]) { /* the same attention with its row statistics */
+        IrNode p = *n;
+        p.ia[IR_IA_STATS] = 1;
+        o = ir_node(A->g, &p);
+    }
     IrNode *b = ir_attention_grad(A->g, o, g);
     int r = q->rank;
     IrDim I = q->shape[r - 2], J = k->shape[r - 2];

@@ -861,8 +861,8 @@ IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, 
     return ir_attention_window(g, q, k, v, bias, mask, scale, causal, stats, 0);
 }
 
-IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
-                            int causal, int stats, int64_t window)
+static IrNode *attention_node(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                              int causal, int stats, int64_t window, int64_t bound)
 {
     IrNode p = proto_of(IR_ATTENTION);
     p.in[0] = q;
@@ -874,7 +874,20 @@ IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode 
     p.ia[IR_IA_CAUSAL] = causal;
     p.ia[IR_IA_STATS] = stats;
     p.ia[IR_IA_WINDOW] = window;
+    p.ia[IR_IA_BOUND] = bound;
     return ir_node(g, &p);
+}
+
+IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
+                            int causal, int stats, int64_t window)
+{
+    return attention_node(g, q, k, v, bias, mask, scale, causal, stats, window, 0);
+}
+
+IrNode *ir_attention_bounded(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *mask, IrNode *scale, int causal,
+                             int stats, int64_t window, int64_t bound)
+{
+    return attention_node(g, q, k, v, NULL, mask, scale, causal, stats, window, bound);
 }
 
 IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, int rank, const IrDim *shape)

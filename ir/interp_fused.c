@@ -15,7 +15,8 @@
  * Every sum runs in the order the unfused graph's ops run theirs, so the interpreter gives the
  * fused graph's outputs bit for bit (up to the sign of zeros).
  * The o operand (the forward output with its statistics) is not read here: the backends use it
- * to save work, the semantics do not depend on it. */
+ * to save work, the semantics do not depend on it. Nor do they depend on attention's bound,
+ * which is checked here (att_check_bound). */
 #include "interp_fused.h"
 #include "fused_expr.h"
 
@@ -145,6 +146,29 @@ static int att_alloc(const Att *a, double **s, double **p, char **keep, char *er
     return -1;
 }
 
+/* A bounded attention (bound b > 0) claims |q_i . k_j| <= b for every pair (the pass derives it
+ * from l2-normalised q and k, ops.def): the kernels take b scale as each row's maximum, so a
+ * wrong claim is a wrong program. The semantics do not depend on b; this checks it, allowing
+ * for the rounding of f32 norms. */
+static int att_check_bound(const Att *a, int64_t bound, char *err, size_t nerr)
+{
+    double lim = (double)bound * (1 + 1e-4);
+    for (int64_t bi = 0; bi < a->nb; bi++)
+        for (int64_t i = 0; i < a->I; i++)
+            for (int64_t j = 0; j < a->J; j++) {
+                const double *qi = a->q->data + (bi * a->I + i) * a->D, *kj = a->k->data + (bi * a->J + j) * a->D;
+                double dot = 0;
+                for (int64_t d = 0; d < a->D; d++)
+                    dot += qi[d] * kj[d];
+                if (!(fabs(dot) <= lim)) {
+                    snprintf(err, nerr, "attention with bound=%lld: |q . k| = %g exceeds the bound", (long long)bound,
+                             fabs(dot));
+                    return -1;
+                }
+            }
+    return 0;
+}
+
 int ir_fused_attention(const IrNode *n, const IrFusedArg *in, const int64_t *out_shape, double *out, char *err,
                        size_t nerr)
 {
@@ -152,6 +176,8 @@ int ir_fused_attention(const IrNode *n, const IrFusedArg *in, const int64_t *out
     att_init(&a, n, &in[0], &in[1], &in[2], &in[3], &in[4], &in[5]);
     int stats = n->ia[IR_IA_STATS] != 0;
     int64_t ocols = out_shape[a.r - 1]; /* E, or E + 1 with stats */
+    if (n->ia[IR_IA_BOUND] > 0 && att_check_bound(&a, n->ia[IR_IA_BOUND], err, nerr) < 0)
+        return -1;
     double *s, *p;
     char *keep;
     if (att_alloc(&a, &s, &p, &keep, err, nerr) < 0)

@@ -98,6 +98,7 @@ enum {
     IR_IA_CAUSAL = 0,       /* attention: causal, stats, window */
     IR_IA_STATS = 1,
     IR_IA_WINDOW = 2,
+    IR_IA_BOUND = 3,
     IR_IA_GRAD_CAUSAL = 0,  /* attention_grad: causal, window */
     IR_IA_GRAD_WINDOW = 1,
 };
@@ -246,6 +247,14 @@ IrNode *ir_attention(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, 
 /* ... with a window w > 0: query i also drops the keys j < i + J - I - w (max_attend_past) */
 IrNode *ir_attention_window(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *bias, IrNode *mask, IrNode *scale,
                             int causal, int stats, int64_t window);
+/* ... with a bound b > 0 on |q_i| |k_j| (cosine-sim attention; ops.def): needs no bias and a
+ * constant scale s > 0 with b s <= IR_ATTENTION_BOUND_MAX, which the verifier checks. */
+IrNode *ir_attention_bounded(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode *mask, IrNode *scale, int causal,
+                             int stats, int64_t window, int64_t bound);
+/* The largest bound x scale the attention's bounded variant takes: its softmax subtracts
+ * m = b s from every score, which lies in [-b s, b s], so the smallest exp(score - m) of a row,
+ * exp(-2 b s) >= exp(-80), stays above f32's smallest normal (exp(-87.3)): no row underflows. */
+#define IR_ATTENTION_BOUND_MAX 40.0
 /* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv. */
 IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout);
 /* A fused program (ir/fused_expr.h) over nin operands, its value broadcast to shape. */

@@ -488,6 +488,17 @@ static const char *infer_attention(IrNode *n, char *buf, size_t nb)
         return fail(buf, nb, "stats is 0 or 1");
     if (n->ia[IR_IA_WINDOW] < 0)
         return fail(buf, nb, "window is 0 (none) or a positive number of keys");
+    if (n->ia[IR_IA_BOUND] < 0)
+        return fail(buf, nb, "bound is 0 (none) or a positive bound on |q_i| |k_j|");
+    if (n->ia[IR_IA_BOUND] > 0) {
+        const IrNode *bias = n->in[3], *scale = n->in[5];
+        if (!(bias->op == IR_CONST && bias->f == 0))
+            return fail(buf, nb, "a bounded attention takes no bias (a bias has no known bound)");
+        if (scale->op != IR_CONST || !(scale->f > 0) ||
+            !((double)n->ia[IR_IA_BOUND] * scale->f <= IR_ATTENTION_BOUND_MAX))
+            return fail(buf, nb, "a bounded attention needs a constant scale s > 0 with bound x s <= %g",
+                        IR_ATTENTION_BOUND_MAX);
+    }
     const IrNode *q = n->in[0], *v = n->in[2];
     n->dtype = IR_F32;
     n->rank = q->rank;

@@ -91,6 +91,7 @@ IrGraph *pass_cse(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fold(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_simplify(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_attention_bound(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n);
 
 #endif

@@ -3,6 +3,10 @@
  * (plain and with B transposed), each with 1 and 2 threads, medians of repeated runs.
  * bench_matmul --attention H N D ...: the fused causal attention of H heads, N queries and keys,
  * head size D (the FLOPs counted are the 4 N^2 D H / 2 of the causal half).
+ * bench_matmul --cosine H N D ...: cosine-sim attention (unit q and k rows, scale 10), causal, by
+ * the bounded kernel (bound=1: the scale as every row's softmax maximum, passes/attention_bound.c)
+ * and the general one (a running maximum), runs alternating, with 1 and 2 threads: both medians,
+ * general / bounded, and the largest difference between their outputs.
  * bench_matmul --epilogue M K N ...: a feed-forward projection, gelu(A W^T + bias) with W [N, K],
  * compiled fused (the bias and GELU as the matmul's epilogue) and unfused (three kernels), and
  * the unfused / fused ratio: what the epilogue fusion saves on one layer's worth of work.
@@ -223,6 +227,99 @@ static int bench_attention(int64_t h, int64_t n, int64_t d, const char *dir)
     return 0;
 }
 
+/* bench_matmul --cosine: the bounded attention kernel against the general one (see the top). */
+static int bench_cosine(int64_t h, int64_t n, int64_t d, const char *dir)
+{
+    int64_t count = h * n * d, shape[4] = {1, h, n, d};
+    float *x[3];
+    for (int t = 0; t < 3; t++) {
+        x[t] = malloc((size_t)count * 4);
+        for (int64_t i = 0; i < count; i++)
+            x[t][i] = (float)(((i + t) * (7 + 2 * t)) % 17) * 0.1f - 0.8f + (float)((i * 31 + t) % 5) * 0.013f;
+    }
+    for (int t = 0; t < 2; t++) /* q and k rows of unit norm */
+        for (int64_t r = 0; r < h * n; r++) {
+            double ss = 0;
+            for (int64_t c = 0; c < d; c++)
+                ss += (double)x[t][r * d + c] * x[t][r * d + c];
+            for (int64_t c = 0; c < d; c++)
+                x[t][r * d + c] = (float)(x[t][r * d + c] / sqrt(ss));
+        }
+    XtcModule *mod[2] = {NULL, NULL}; /* [0] general, [1] bounded */
+    IrGraph *g[2] = {NULL, NULL};
+    char path[2][600];
+    int rc = 0;
+    for (int v = 0; v < 2 && !rc; v++) {
+        g[v] = ir_graph_new("bench");
+        IrDim sh[] = {ir_dim(1), ir_dim(h), ir_dim(n), ir_dim(d)};
+        IrNode *q = ir_input(g[v], "q", IR_F32, 4, sh), *k = ir_input(g[v], "k", IR_F32, 4, sh);
+        IrNode *vv = ir_input(g[v], "v", IR_F32, 4, sh);
+        ir_output(g[v], "o", ir_attention_bounded(g[v], q, k, vv, NULL, ir_const(g[v], 10.0, IR_F32), 1, 0, 0, v));
+        snprintf(path[v], sizeof path[v], "%s/cosine_%d.so", dir, v);
+        mod[v] = compile_and_load(g[v], NULL, path[v]);
+        rc = !mod[v];
+    }
+    double flop = 4.0 * (double)h * (double)n * (double)n * (double)d / 2;
+    for (int threads = 1; threads <= 2 && !rc; threads++) {
+        XtcSession *s[2];
+        double t[2][15], c[2][15];
+        for (int v = 0; v < 2; v++) {
+            xtc_session_new(mod[v], &(XtcSessionOptions){.threads = threads}, &s[v]);
+            xtc_session_set_input(s[v], "q", XTC_F32, 4, shape, x[0]);
+            xtc_session_set_input(s[v], "k", XTC_F32, 4, shape, x[1]);
+            xtc_session_set_input(s[v], "v", XTC_F32, 4, shape, x[2]);
+            if (xtc_session_run(s[v])) { /* warm up */
+                fprintf(stderr, "%s\n", xtc_session_error(s[v]));
+                rc = 1;
+            }
+        }
+        for (int r = 0; r < 15 && !rc; r++)
+            for (int v = 0; v < 2; v++) {
+                double t0 = now_s(), c0 = cpu_s();
+                xtc_session_run(s[v]);
+                t[v][r] = now_s() - t0;
+                c[v][r] = cpu_s() - c0;
+            }
+        if (!rc) {
+            XtcTensor o[2];
+            xtc_session_get_output(s[0], "o", &o[0]);
+            xtc_session_get_output(s[1], "o", &o[1]);
+            double diff = 0, big = 0;
+            for (int64_t i = 0; i < count; i++) {
+                double a = ((const float *)o[0].data)[i], b = ((const float *)o[1].data)[i];
+                diff = fmax(diff, fabs(a - b));
+                big = fmax(big, fabs(a));
+            }
+            if (!(diff <= 1e-5 + 1e-4 * big)) {
+                fprintf(stderr, "cosine: the bounded kernel differs from the general one by %g\n", diff);
+                rc = 1;
+            }
+            for (int v = 0; v < 2; v++) {
+                qsort(t[v], 15, sizeof t[v][0], cmp_double);
+                qsort(c[v], 15, sizeof c[v][0], cmp_double);
+            }
+            printf("cosine-sim attention causal h %lld n %lld d %lld  threads %d  bounded %8.3f ms %6.1f GFLOP/s  "
+                   "general %8.3f ms  general/bounded %.2fx  max|diff| %.1e\n", (long long)h, (long long)n, (long long)d,
+                   threads, t[1][7] * 1e3, flop / t[1][7] * 1e-9, t[0][7] * 1e3, t[0][7] / t[1][7], diff);
+            if (threads == 1) /* the calling thread's CPU time: what each costs even on a shared machine */
+                printf("  thread CPU time: bounded %8.3f ms  general %8.3f ms  general/bounded %.2fx\n", c[1][7] * 1e3,
+                       c[0][7] * 1e3, c[0][7] / c[1][7]);
+        }
+        xtc_session_free(s[0]);
+        xtc_session_free(s[1]);
+    }
+    for (int v = 0; v < 2; v++) {
+        if (mod[v]) {
+            xtc_module_free(mod[v]);
+            unlink(path[v]);
+        }
+        ir_graph_free(g[v]);
+    }
+    for (int t = 0; t < 3; t++)
+        free(x[t]);
+    return rc;
+}
+
 /* The reference for bench_epilogue: gelu(A W^T + bias) at row i, column j, in double. */
 static double ff_ref(const float *A, const float *W, const float *B, int64_t k, int64_t i, int64_t j)
 {
@@ -320,6 +417,9 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "--attention")) {
         for (int i = 2; i + 2 < argc; i += 3)
             rc |= bench_attention(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
+    } else if (argc >= 5 && !strcmp(argv[1], "--cosine")) {
+        for (int i = 2; i + 2 < argc; i += 3)
+            rc |= bench_cosine(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
     } else if (argc >= 5 && !strcmp(argv[1], "--epilogue")) {
         for (int i = 2; i + 2 < argc; i += 3)
             rc |= bench_epilogue(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);

@@ -462,6 +462,59 @@ static void build_heads(IrGraph *g, IrDim b, IrDim n)
     out(g, "heads_f32", ir_attention(g, hq, hk, hve, NULL, NULL, c, 0, 0));
 }
 
+/* rows of x scaled to unit L2 norm, as F.normalize (1.x/2.x's qk-norm) */
+static IrNode *unit_rows(IrGraph *g, IrNode *x)
+{
+    IrNode *nrm = ir_unary(g, IR_SQRT, ir_reduce(g, IR_SUM, ir_binary(g, IR_MUL, x, x), -1));
+    return ir_binary(g, IR_DIV, x, ir_binary(g, IR_MAX, nrm, ir_const(g, 1e-12, IR_F32)));
+}
+
+/* The bounded variant (cosine-sim attention, passes/attention_bound.c): l2-normalised q and k,
+ * a constant scale, the bound as each row's softmax maximum: causal with keys offset from the
+ * queries over several key tiles, a padding mask with fully masked rows, a window, the statistics
+ * and the gradient, grouped key/values (one key/value head expanded to three), groups of the head
+ * (bound 2), the largest scale the verifier takes (bound x scale = 40: probabilities down to
+ * 2^-115), decoding rows over two key tiles, and n queries and keys (none at the empty sizes). */
+static void build_attention_bounded(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2), n8 = ir_dim_add(n4, n4);
+    IrDim I = ir_dim_addc(n8, 60), J = ir_dim_addc(I, 5), h = ir_dim(2), hd = ir_dim(16); /* J = 329: 2 key tiles */
+    IrDim sq[] = {b, h, I, hd}, sk[] = {b, h, J, hd}, sqm[] = {b, ir_dim(1), I, ir_dim(1)};
+    IrDim skm[] = {b, ir_dim(1), ir_dim(1), J}, sg[] = {b, h, I, ir_dim(17)};
+    IrNode *q = unit_rows(g, input(g, "q", IR_F32, 4, sq)), *k = unit_rows(g, input(g, "k", IR_F32, 4, sk));
+    IrNode *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *mask = ir_binary(g, IR_AND, input(g, "qm", IR_BOOL, 4, sqm), input(g, "km", IR_BOOL, 4, skm));
+    IrNode *c = ir_const(g, 10.0, IR_F32);
+    out(g, "causal", ir_attention_bounded(g, q, k, v, NULL, c, 1, 0, 0, 1));
+    IrNode *f = ir_attention_bounded(g, q, k, v, mask, c, 1, 1, 0, 1);
+    out(g, "masked_stats", f);
+    out(g, "grad", ir_attention_grad(g, f, input(g, "dout", IR_F32, 4, sq)));
+    out(g, "grad_lse", ir_attention_grad(g, f, input(g, "dout_lse", IR_F32, 4, sg)));
+    out(g, "masked", ir_attention_bounded(g, q, k, v, mask, c, 0, 1, 0, 1));
+    out(g, "window", ir_attention_bounded(g, q, k, v, NULL, c, 1, 0, 37, 1));
+    /* one key/value head read by both query heads (attn_one_kv_head) */
+    IrDim sk1[] = {b, ir_dim(1), J, hd};
+    IrNode *k1 = ir_expand(g, unit_rows(g, input(g, "k1", IR_F32, 4, sk1)), 4, sk);
+    IrNode *v1 = ir_expand(g, input(g, "v1", IR_F32, 4, sk1), 4, sk);
+    IrNode *fg = ir_attention_bounded(g, q, k1, v1, mask, c, 1, 1, 0, 1);
+    out(g, "grouped", fg);
+    out(g, "grouped_grad", ir_attention_grad(g, fg, input(g, "doutg", IR_F32, 4, sq)));
+    /* qk_norm_groups = 2: each half of a row normalised, so |q| = |k| = sqrt 2 */
+    IrDim sq5[] = {b, h, I, ir_dim(2), ir_dim(8)}, sk5[] = {b, h, J, ir_dim(2), ir_dim(8)};
+    IrNode *q2 = ir_reshape(g, unit_rows(g, ir_reshape(g, input(g, "q2", IR_F32, 4, sq), 5, sq5)), 4, sq);
+    IrNode *k2 = ir_reshape(g, unit_rows(g, ir_reshape(g, input(g, "k2", IR_F32, 4, sk), 5, sk5)), 4, sk);
+    out(g, "groups", ir_attention_bounded(g, q2, k2, v, mask, c, 1, 1, 0, 2));
+    out(g, "scale40", ir_attention_bounded(g, q, k, v, NULL, ir_const(g, 40.0, IR_F32), 1, 1, 0, 1));
+    IrDim se[] = {b, h, n, hd}; /* n queries and keys: 0 at the empty sizes */
+    out(g, "self_n", ir_attention_bounded(g, unit_rows(g, input(g, "qe", IR_F32, 4, se)), unit_rows(g, input(g, "ke", IR_F32, 4, se)),
+                                          input(g, "ve", IR_F32, 4, se), NULL, c, 1, 1, 0, 1));
+    IrDim Jd = ir_dim_addc(n8, 200), one = ir_dim(1);
+    IrDim sd1[] = {b, h, one, hd}, sdk[] = {b, h, Jd, hd};
+    out(g, "decode", ir_attention_bounded(g, unit_rows(g, input(g, "dq1", IR_F32, 4, sd1)),
+                                          unit_rows(g, input(g, "dk", IR_F32, 4, sdk)), input(g, "dv", IR_F32, 4, sdk),
+                                          NULL, c, 1, 1, 0, 1));
+}
+
 /* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
  * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 588 and
  * J = 593 at n = 33: three key tiles, two query groups), without a score operand, a padding mask
@@ -944,6 +997,9 @@ static const OpCase OP_CASES[] = {
     {"heads", build_heads, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"attention_tiles", build_attention_tiles, OC_CPU, OC_EMPTY, 1e-4,
      "CPU tiles: 16 n + 60 queries are 2140 at the CUDA sizes' n = 130, too slow for the emulator"},
+    {"attention_bounded", build_attention_bounded, OC_CPU, OC_EMPTY, 1e-4,
+     "CPU tiles, too slow for the emulator; the CUDA kernels take the bounded variant as the general one "
+     "(test_parity_newer runs one through the emulator)"},
     {"fused", build_fused, OC_CPU, OC_EMPTY, 1e-4,
      "hand-written programs for the CPU epilogue paths; CUDA gets its fused ops from the pipeline over every case"},
     {"train_block", build_train_block, OC_CUDA, 0, 1e-4, "CPU training graphs: test_train, test_parity_train"},

@@ -80,6 +80,15 @@ cp "$tmp/out" "$tmp/cpu.txt"
 expect "text: target cpu" "target cpu, 1 thread, 2 runs after 1 warm-up" "$tmp/cpu.txt"
 expect "text: wall-clock kernel times" "^kernel times: wall clock per step" "$tmp/cpu.txt"
 
+# --against PASS: the second variant runs every pass but PASS (cosine-sim attention, the bound)
+check "bench --against cosine_sim" "$xtc" bench "$src/tests/parity_newer/v2_qk_norm_rotary_mqa_mask.xtf" --batch 1 --seq 8 \
+  --repeat 1 --against cosine_sim
+cp "$tmp/out" "$tmp/against.txt"
+expect "text: the variant without the pass" "^without-cosine_sim: [0-9]+ nodes" "$tmp/against.txt"
+expect "text: its speed-up" "^speed-up \(without-cosine_sim / fused median\)" "$tmp/against.txt"
+refuse "--against an unknown pass" "xtc bench: --against: unknown pass 'cosine' (passes: fold" "$xtc" bench "$model" --batch 1 \
+  --seq 8 --against cosine
+
 # the CUDA path, emulated
 check "bench --target cuda-emu" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2 --target cuda-emu
 cp "$tmp/out" "$tmp/emu.txt"

@@ -447,6 +447,30 @@ START_TEST(test_integer_errors)
 }
 END_TEST
 
+/* A bounded attention (cosine-sim attention) claims |q_i . k_j| <= bound: the interpreter checks
+ * the claim, since the compiled kernels take bound x scale as every row's softmax maximum. */
+START_TEST(test_attention_bound_checked)
+{
+    IrGraph *g = ir_graph_new("bounded");
+    IrNode *q = ir_input(g, "q", IR_F32, 2, DIMS(ir_dim(2), ir_dim(2)));
+    IrNode *a = ir_attention_bounded(g, q, q, q, NULL, ir_const(g, 10, IR_F32), 0, 0, 0, 1);
+    ir_output(g, "o", ir_label(g, a, "o"));
+    Env e = {0};
+    float unit[4] = {0.6f, 0.8f, 1, 0}, longer[4] = {0.6f, 0.8f, 1.5f, 0};
+    env_set(&e, "q", IR_F32, 2, SHAPE(2, 2), unit);
+    run_ok(g, &e); /* row 0: softmax(10 (1, 0.6)) of the rows (0.6, 0.8) and (1, 0) */
+    double p1 = 1 / (1 + exp(4.0));
+    ck_assert_double_eq_tol(F(0, 0), 0.6 * (1 - p1) + p1, 1e-6);
+    ck_assert_double_eq_tol(F(0, 1), 0.8 * (1 - p1), 1e-6);
+    for (int o = 0; o < g->noutputs; o++)
+        ir_host_free(&outs[o]);
+    Env e2 = {0};
+    env_set(&e2, "q", IR_F32, 2, SHAPE(2, 2), longer);
+    ck_assert_str_eq(run_err(g, &e2), "attention %o: attention with bound=1: |q . k| = 2.25 exceeds the bound");
+    done(g);
+}
+END_TEST
+
 /* ---- reductions ---- */
 
 START_TEST(test_reduce_softmax)
@@ -875,6 +899,7 @@ static Suite *interp_suite(void)
     tcase_add_test(t, test_binary_broadcast);
     tcase_add_test(t, test_compare_logic_where);
     tcase_add_test(t, test_integer_arith);
+    tcase_add_test(t, test_attention_bound_checked);
     tcase_add_test(t, test_reduce_softmax);
     tcase_add_test(t, test_row_order_ops);
     tcase_add_test(t, test_derived_symbols);

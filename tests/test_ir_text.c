@@ -322,6 +322,7 @@ START_TEST(test_attr_names)
         {IR_RELPOS, "buckets", IR_IA_BUCKETS}, {IR_RELPOS, "max_distance", IR_IA_MAX_DISTANCE},
         {IR_RELPOS, "causal", IR_IA_REL_CAUSAL}, {IR_ATTENTION, "causal", IR_IA_CAUSAL},
         {IR_ATTENTION, "stats", IR_IA_STATS}, {IR_ATTENTION, "window", IR_IA_WINDOW},
+        {IR_ATTENTION, "bound", IR_IA_BOUND},
         {IR_ATTENTION_GRAD, "causal", IR_IA_GRAD_CAUSAL}, {IR_ATTENTION_GRAD, "window", IR_IA_GRAD_WINDOW},
     };
     int n = (int)(sizeof named / sizeof named[0]);
@@ -633,6 +634,19 @@ static const ErrorCase error_cases[] = {
     {HEAD "  %y = sum %x [dim=1] : f32[b, 1]\n}\n", "sum has no attribute 'dim' (its attributes: axis)"},
     {HEAD "  %y = exp %x [axis=1] : f32[b, n]\n}\n", "exp has no attribute 'axis' (it has none)"},
     {HEAD "  %y = sum %x [axis=1, axis=1] : f32[b, 1]\n}\n", "attribute 'axis' given twice"},
+    /* attention's bound (cosine-sim attention): no bias, a constant scale s > 0, bound x s <= 40 */
+    {HEAD "  %z = input \"bias\" : f32[1, 1]\n  %t = const 1 : bool[]\n  %s = const 10 : f32[]\n"
+          "  %y = attention %x, %x, %x, %z, %t, %s [causal=0, stats=0, window=0, bound=1] : f32[b, n]\n}\n",
+     "a bounded attention takes no bias (a bias has no known bound)"},
+    {HEAD "  %z = const 0 : f32[]\n  %t = const 1 : bool[]\n  %s = const 50 : f32[]\n"
+          "  %y = attention %x, %x, %x, %z, %t, %s [causal=0, stats=0, window=0, bound=1] : f32[b, n]\n}\n",
+     "a bounded attention needs a constant scale s > 0 with bound x s <= 40"},
+    {HEAD "  %z = const 0 : f32[]\n  %t = const 1 : bool[]\n  %s = input \"s\" : f32[1, 1]\n"
+          "  %y = attention %x, %x, %x, %z, %t, %s [causal=0, stats=0, window=0, bound=1] : f32[b, n]\n}\n",
+     "a bounded attention needs a constant scale s > 0 with bound x s <= 40"},
+    {HEAD "  %z = const 0 : f32[]\n  %t = const 1 : bool[]\n  %s = const 10 : f32[]\n"
+          "  %y = attention %x, %x, %x, %z, %t, %s [causal=0, stats=0, window=0, bound=-1] : f32[b, n]\n}\n",
+     "bound is 0 (none) or a positive bound on |q_i| |k_j|"},
     {HEAD "  %y = sum %x [axis=99999999999999999999] : f32[b, 1]\n}\n", "integer out of range"},
     {HEAD "  %y = sum %x [axis=5] : f32[b, 1]\n}\n", "sum %x: axis 5 out of range for rank 2"},
     {HEAD "  %y = kth_largest %x [k=0] : f32[b, 1]\n}\n", "kth_largest %x: k must be at least 1, got 0"},

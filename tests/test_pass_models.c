@@ -30,6 +30,7 @@ typedef struct {
     int cases, skipped, interp_skipped;
     Compared c;
     int attn_softmax, attn_matched, attn_private, attn_causal, attn_mask, attn_bias, attn_const;
+    int attn_bounded; /* fused attentions the pipeline gave a bound (cosine_sim) */
 } ModelStats;
 
 /* The attention recognizer (match.h) on a cleaned graph: it must find every attention of the
@@ -96,6 +97,8 @@ static void pipeline_case(const char *what, IrGraph *g, ModelStats *st)
     ck_assert_msg(h != NULL, "%s: %s", what, err);
     ck_assert_msg(ir_verify(h, err, sizeof err) == 0, "%s: result: %s", what, err);
     ck_assert_msg(h->nnodes <= g->nnodes, "%s: %d nodes grew to %d", what, g->nnodes, h->nnodes);
+    for (int i = 0; i < h->nnodes; i++)
+        st->attn_bounded += h->nodes[i]->op == IR_ATTENTION && h->nodes[i]->ia[IR_IA_BOUND] > 0;
     /* the pipeline is idempotent: a second run finds nothing more to do */
     IrGraph *h2 = harness_passes(h, NULL, &o, err, sizeof err);
     ck_assert_msg(h2 != NULL, "%s: second run: %s", what, err);
@@ -239,6 +242,27 @@ START_TEST(test_parity_models)
 }
 END_TEST
 
+/* Cosine-sim attention of 1.x and 2.x (attn_qk_norm, with rotary in both pair layouts, one
+ * key/value head, a padding mask, qk_norm_groups): the pipeline bounds every attention
+ * (cosine_sim), in inference and in training, and the interpreter, which checks each bound
+ * against the values, gives the same outputs and gradients before and after. */
+START_TEST(test_cosine_models)
+{
+    static const char *files[] = {"v1_qk_norm_rotary_mqa_mask", "v2_qk_norm_rotary_mqa_mask", "v2_qk_norm_groups_scale",
+                                  "v1_attn_qk_norm"};
+    ModelStats st = {0};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/tests/parity_newer/%s.xtf", XTC_SOURCE_DIR, files[i]);
+        check_model_file(path, &st);
+    }
+    ck_assert_int_eq(st.cases, 12);
+    ck_assert_msg(st.attn_bounded >= st.cases, "%d bounded attentions in %d cases", st.attn_bounded, st.cases);
+    printf("passes: cosine-sim models: %d cases, %d bounded attentions, %lld output elements equal\n", st.cases,
+           st.attn_bounded, (long long)st.c.elems);
+}
+END_TEST
+
 static Suite *pass_models_suite(void)
 {
     Suite *s = suite_create("pass_models");
@@ -246,6 +270,7 @@ static Suite *pass_models_suite(void)
     tcase_set_timeout(m, 600);
     tcase_add_test(m, test_parity_models);
     tcase_add_test(m, test_models);
+    tcase_add_test(m, test_cosine_models);
     suite_add_tcase(s, m);
     return s;
 }

@@ -197,6 +197,9 @@ LLVMValueRef cg_exp_finite(Cg *cg, LLVMValueRef x);
 /* 2^x under the same terms (x <= 127, not NaN; 0 below -126), a few instructions fewer: the
  * forward attention kernel keeps its scores in units of log2 */
 LLVMValueRef cg_exp2_finite(Cg *cg, LLVMValueRef x);
+/* 2^x for x in [-126, 127] only (no clamp: below, the result is garbage): the bounded attention's
+ * probabilities, whose arguments the bound keeps within [-116, 0] */
+LLVMValueRef cg_exp2_normal(Cg *cg, LLVMValueRef x);
 LLVMValueRef cg_erf(Cg *cg, LLVMValueRef x);
 /* x (float or a vector of floats) rounded to bf16 and widened back: the bits of rt_f32_to_bf16
  * (to nearest, ties to even; a NaN stays a quiet NaN) in the upper half, zeros below */

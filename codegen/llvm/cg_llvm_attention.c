@@ -28,6 +28,13 @@
  * A row with every key masked attends uniformly to all J keys (the -FLT_MAX fill does that in the
  * unfused graph): its m stays -FLT_MAX, and it gets the mean of v instead (keys skipped under
  * causal would otherwise be missing from that mean); its logsumexp is -FLT_MAX.
+ * Bounded (cosine-sim attention, the attribute bound = b > 0: |q_i . k_j| <= b, a constant
+ * scale s, b s <= IR_ATTENTION_BOUND_MAX): m = b s log2(e) for every row from the start, so the
+ * score pass finds no maximum and nothing is rescaled (no alpha, l += sum P, O += P V); each
+ * 2^(s - m) >= 2^(-2 b s log2 e) >= 2^-116 stays a normal float, so l = 0 exactly for a row that
+ * sees no key, which is how such a row is recognised then. Without a mask, as no row waits for
+ * a maximum over the whole tile, each MR rows go from S = Q' K^T to P (2^x without a clamp) to
+ * O += P V at once, while their scores are in L1.
  *
  * Backward, one work item = one batch index (dq accumulates in place, with no other thread
  * writing it):
@@ -358,6 +365,66 @@ static LLVMValueRef group_rt(K *k, const IrNode *n, LLVMValueRef nb, LLVMValueRe
     return LLVMBuildSelect(k->b, few, g, G, "group");
 }
 
+/* O[r0 .. r0 + mr, E] += P[.., kstart .. kend] V[kstart .. kend, E]: MR rows of a query tile
+ * (P: rows of BC floats; V packed in panels of nr columns, BC keys each; O: rows of E floats) */
+static void pv_rows(K *k, LLVMValueRef S, LLVMValueRef VP, LLVMValueRef O, LLVMValueRef r0, LLVMValueRef rows,
+                    LLVMValueRef mr, LLVMValueRef kstart, LLVMValueRef kend, int E)
+{
+    int nr = k->nr;
+    for (int e0 = 0; e0 < E; e0 += nr)
+        micro_tile(k, ptr(k, S, kstart), ci(k, BC), r0, rows, mr, isub(k, kend, kstart),
+                   ptr(k, VP, iadd(k, ci(k, (int64_t)(e0 / nr) * BC * nr), imul(k, kstart, ci(k, nr)))),
+                   ptr(k, O, ci(k, e0)), ci(k, E), ci(k, E - e0 < nr ? E - e0 : nr), 1);
+}
+
+/* The probabilities of query rows [rbeg, rend) of a tile: P = 2^(S - m) in place of the scores
+ * S[r, 0..bcq) (rows of BC floats), zeros past the causal limit and before the window (without
+ * a bias or a mask; with one, the score pass put -FLT_MAX there), and each row's sum in SM[r].
+ * m is the row's maximum so far (M[sbase + r]), or the bound's constant. */
+typedef struct {
+    LLVMValueRef S, SM, M, sbase, bcq, i0, off, j0, cBC;
+    int plain, causal, bounded;
+    int64_t window;
+    double mfixed;
+} Probs;
+
+static void probs_rows(K *k, const Probs *p, LLVMValueRef rbeg, LLVMValueRef rend)
+{
+    CgFn *f = k->f;
+    CgLoop lr, lc;
+    cg_for(f, &lr, rbeg, rend, "row");
+    LLVMValueRef srow = imul(k, lr.iv, p->cBC);
+    LLVMValueRef m = p->bounded ? fc(k, p->mfixed) : ld(k, p->M, iadd(k, p->sbase, lr.iv));
+    LLVMValueRef sum = cg_var(f, k->cg->t_f32, fc(k, 0), "sum");
+    LLVMValueRef pend = p->bcq;
+    if (p->plain && p->causal) { /* p = 0 past the row's causal limit */
+        LLVMValueRef lim_r = isub(k, iadd(k, iadd(k, iadd(k, p->i0, lr.iv), p->off), ci(k, 1)), p->j0);
+        pend = imax(k, ci(k, 0), imin(k, lim_r, p->bcq));
+        cg_for(f, &lc, pend, p->bcq, "c0");
+        st(k, p->S, iadd(k, srow, lc.iv), fc(k, 0));
+        cg_for_end(f, &lc);
+    }
+    LLVMValueRef pbeg = ci(k, 0);
+    if (p->plain && p->window) { /* p = 0 before the row's window */
+        LLVMValueRef lo_r = isub(k, isub(k, iadd(k, iadd(k, p->i0, lr.iv), p->off), ci(k, p->window)), p->j0);
+        pbeg = imin(k, pend, imax(k, ci(k, 0), lo_r));
+        cg_for(f, &lc, ci(k, 0), pbeg, "cw");
+        st(k, p->S, iadd(k, srow, lc.iv), fc(k, 0));
+        cg_for_end(f, &lc);
+    }
+    cg_for(f, &lc, pbeg, pend, "c");
+    LLVMValueRef si = iadd(k, srow, lc.iv);
+    LLVMValueRef x = f_sub(k, ld(k, p->S, si), m);
+    /* bounded without a mask: every score here is a real one, x >= -116 (ops.def), so 2^x needs
+     * no clamp */
+    LLVMValueRef pv = p->plain && p->bounded ? cg_exp2_normal(k->cg, x) : cg_exp2_finite(k->cg, x);
+    st(k, p->S, si, pv);
+    fsum_into(k, sum, pv);
+    cg_for_end(f, &lc);
+    st(k, p->SM, lr.iv, fget(k, sum));
+    cg_for_end(f, &lr);
+}
+
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     K k;
@@ -381,6 +448,10 @@ int cg_attention_impl(CgFn *f)
         return -1;
     int causal = n->ia[IR_IA_CAUSAL] != 0, stats = n->ia[IR_IA_STATS] != 0;
     int64_t window = n->ia[IR_IA_WINDOW];
+    /* bounded (cosine-sim attention, ops.def): every score is at most bound x scale, a constant
+     * (the verifier checks that the scale is one), taken as each row's maximum from the start */
+    int bounded = n->ia[IR_IA_BOUND] > 0;
+    double mfixed = bounded ? (double)n->ia[IR_IA_BOUND] * n->in[5]->f * M_LOG2E : 0;
     int D = d.D, E = d.E, nr = k.nr;
     int64_t Eo = E + stats;
     int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
@@ -434,7 +505,7 @@ int cg_attention_impl(CgFn *f)
         jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
     if (window) /* ... and its first row none below g0 + off - window */
         jbeg = imax(&k, ci(&k, 0), isub(&k, iadd(&k, g0, off), ci(&k, window)));
-    fill(&k, M, ci(&k, GROUP * BR), -INFINITY);
+    fill(&k, M, ci(&k, GROUP * BR), bounded ? mfixed : -INFINITY);
     fill(&k, L, ci(&k, GROUP * BR), 0);
     fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
 
@@ -501,6 +572,15 @@ int cg_attention_impl(CgFn *f)
     micro_tile(&k, qt, cD, r0, rows, mr_t, cD, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0),
                cBC, imin(&k, ci(&k, nr), isub(&k, tile_keys, p0)), 0);
     cg_for_end(f, &lp);
+    /* bounded, without a bias or a mask: the maximum is known, so these MR rows become
+     * probabilities at once, while their scores are in L1 (the general kernel needs every
+     * row's maximum over the whole tile first) */
+    Probs pr = {.S = S, .SM = SM, .M = M, .sbase = sbase, .bcq = bcq, .i0 = i0, .off = off, .j0 = j0, .cBC = cBC,
+                .plain = plain, .causal = causal, .bounded = bounded, .window = window, .mfixed = mfixed};
+    if (plain && bounded) { /* ... and are multiplied into O at once too */
+        probs_rows(&k, &pr, r0, iadd(&k, r0, mr_t));
+        pv_rows(&k, S, VP, ptr(&k, O, imul(&k, sbase, cE)), r0, rows, mr_t, imul(&k, pstart, ci(&k, nr)), tile_keys, E);
+    }
     cg_for_end(f, &lt);
     if (plain)
         cg_if_end(f, &cfew);
@@ -513,7 +593,9 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bcq;
     LLVMValueRef lo = window ? isub(&k, isub(&k, iadd(&k, i, off), ci(&k, window)), j0) : NULL;
     LLVMValueRef mt = cg_var(f, k.cg->t_f32, fc(&k, -INFINITY), "mt");
-    if (plain) {
+    if (plain && bounded) {
+        /* no maximum to find: the bound is the row's */
+    } else if (plain) {
         /* the keys past the causal limit (and before the window) are left out here and given
          * p = 0 below */
         LLVMValueRef mend = imax(&k, ci(&k, 0), imin(&k, lim, bcq));
@@ -535,60 +617,49 @@ int cg_attention_impl(CgFn *f)
         }
         x = LLVMBuildSelect(k.b, keep, x, neg_max, "");
         st(&k, S, si, x);
-        LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
+        if (!bounded)
+            LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), x), mt);
         cg_for_end(f, &lc);
     }
     /* a row with keys of the tile masked has -FLT_MAX among its scores: its maximum is at least
      * that (which is how a row with every key masked is recognised at the end) */
-    st(&k, MT, lr.iv, fmaxv(&k, fget(&k, mt), neg_max));
+    if (!bounded)
+        st(&k, MT, lr.iv, fmaxv(&k, fget(&k, mt), neg_max));
     cg_for_end(f, &lr);
     /* ... the new maxima and the rescale factors, a vector of rows at a time, ... */
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    LLVMValueRef sr = iadd(&k, sbase, lr.iv);
-    LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
-    st(&k, AL, lr.iv, cg_exp2_finite(k.cg, f_sub(&k, mold, mnew)));
-    st(&k, M, sr, mnew);
-    cg_for_end(f, &lr);
-    /* ... the probabilities, row by row, ... */
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    srow = imul(&k, lr.iv, cBC);
-    LLVMValueRef mnew_r = ld(&k, M, iadd(&k, sbase, lr.iv));
-    LLVMValueRef sum = cg_var(f, k.cg->t_f32, fc(&k, 0), "sum");
-    LLVMValueRef pend = bcq;
-    if (plain && causal) { /* p = 0 past the row's causal limit */
-        LLVMValueRef lim_r = isub(&k, iadd(&k, iadd(&k, iadd(&k, i0, lr.iv), off), ci(&k, 1)), j0);
-        pend = imax(&k, ci(&k, 0), imin(&k, lim_r, bcq));
-        cg_for(f, &lc, pend, bcq, "c0");
-        st(&k, S, iadd(&k, srow, lc.iv), fc(&k, 0));
-        cg_for_end(f, &lc);
+    LLVMValueRef sr;
+    if (!bounded) {
+        cg_for(f, &lr, ci(&k, 0), rows, "row");
+        sr = iadd(&k, sbase, lr.iv);
+        LLVMValueRef mold = ld(&k, M, sr), mnew = fmaxv(&k, mold, ld(&k, MT, lr.iv));
+        st(&k, AL, lr.iv, cg_exp2_finite(k.cg, f_sub(&k, mold, mnew)));
+        st(&k, M, sr, mnew);
+        cg_for_end(f, &lr);
     }
-    LLVMValueRef pbeg = ci(&k, 0);
-    if (plain && window) { /* p = 0 before the row's window */
-        LLVMValueRef lo_r = isub(&k, isub(&k, iadd(&k, iadd(&k, i0, lr.iv), off), ci(&k, window)), j0);
-        pbeg = imin(&k, pend, imax(&k, ci(&k, 0), lo_r));
-        cg_for(f, &lc, ci(&k, 0), pbeg, "cw");
-        st(&k, S, iadd(&k, srow, lc.iv), fc(&k, 0));
-        cg_for_end(f, &lc);
+    /* ... the probabilities, row by row (plain and bounded: done above, a micro-tile's rows at a
+     * time, but for the few-rows path), ... */
+    if (plain && bounded) {
+        cg_if(f, &cfew, few);
+        probs_rows(&k, &pr, ci(&k, 0), rows);
+        cg_if_end(f, &cfew);
+    } else {
+        probs_rows(&k, &pr, ci(&k, 0), rows);
     }
-    cg_for(f, &lc, pbeg, pend, "c");
-    LLVMValueRef si = iadd(&k, srow, lc.iv);
-    LLVMValueRef p = cg_exp2_finite(k.cg, f_sub(&k, ld(&k, S, si), mnew_r));
-    st(&k, S, si, p);
-    fsum_into(&k, sum, p);
-    cg_for_end(f, &lc);
-    st(&k, SM, lr.iv, fget(&k, sum));
-    cg_for_end(f, &lr);
-    /* ... and the sums and outputs so far rescaled */
+    /* ... and the sums and outputs so far rescaled (bounded: the maximum never moves, nothing to
+     * rescale) */
     cg_for(f, &lr, ci(&k, 0), rows, "row");
     sr = iadd(&k, sbase, lr.iv);
-    st(&k, L, sr, f_add(&k, f_mul(&k, ld(&k, L, sr), ld(&k, AL, lr.iv)), ld(&k, SM, lr.iv)));
+    LLVMValueRef lold = ld(&k, L, sr);
+    st(&k, L, sr, f_add(&k, bounded ? lold : f_mul(&k, lold, ld(&k, AL, lr.iv)), ld(&k, SM, lr.iv)));
     cg_for_end(f, &lr);
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    LLVMValueRef orow = imul(&k, iadd(&k, sbase, lr.iv), cE), alpha = ld(&k, AL, lr.iv);
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
-    cg_for_end(f, &lc);
-    cg_for_end(f, &lr);
+    if (!bounded) {
+        cg_for(f, &lr, ci(&k, 0), rows, "row");
+        LLVMValueRef orow = imul(&k, iadd(&k, sbase, lr.iv), cE), alpha = ld(&k, AL, lr.iv);
+        cg_for(f, &lc, ci(&k, 0), cE, "e");
+        st(&k, O, iadd(&k, orow, lc.iv), f_mul(&k, ld(&k, O, iadd(&k, orow, lc.iv)), alpha));
+        cg_for_end(f, &lc);
+        cg_for_end(f, &lr);
+    }
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
@@ -596,17 +667,16 @@ int cg_attention_impl(CgFn *f)
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
-    cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
-    r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
-    tile_keys = plain && causal
-        ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
-    LLVMValueRef kstart = plain && window /* the keys from the first panel of QK^T above */
-        ? imul(&k, idiv(&k, imin(&k, tile_keys, imax(&k, ci(&k, 0), iadd(&k, first_lo, r0))), ci(&k, nr)), ci(&k, nr)) : ci(&k, 0);
-    for (int e0 = 0; e0 < E; e0 += nr)
-        micro_tile(&k, ptr(&k, S, kstart), cBC, r0, rows, mr_t, isub(&k, tile_keys, kstart),
-                   ptr(&k, VP, iadd(&k, ci(&k, (int64_t)(e0 / nr) * BC * nr), imul(&k, kstart, ci(&k, nr)))),
-                   ptr(&k, O, iadd(&k, imul(&k, sbase, cE), ci(&k, e0))), cE, ci(&k, E - e0 < nr ? E - e0 : nr), 1);
-    cg_for_end(f, &lt);
+    if (!(plain && bounded)) { /* (plain and bounded: done above, with the probabilities) */
+        cg_for(f, &lt, ci(&k, 0), ceil_div(&k, rows, k.mr), "mtile");
+        r0 = imul(&k, lt.iv, ci(&k, k.mr)), mr_t = imin(&k, ci(&k, k.mr), isub(&k, rows, r0));
+        tile_keys = plain && causal
+            ? imax(&k, ci(&k, 0), imin(&k, bcq, iadd(&k, first_lim, isub(&k, iadd(&k, r0, mr_t), ci(&k, 1))))) : bcq;
+        LLVMValueRef kstart = plain && window /* the keys from the first panel of QK^T above */
+            ? imul(&k, idiv(&k, imin(&k, tile_keys, imax(&k, ci(&k, 0), iadd(&k, first_lo, r0))), ci(&k, nr)), ci(&k, nr)) : ci(&k, 0);
+        pv_rows(&k, S, VP, ptr(&k, O, imul(&k, sbase, cE)), r0, rows, mr_t, kstart, tile_keys, E);
+        cg_for_end(f, &lt);
+    }
     if (plain)
         cg_if_end(f, &cfew);
     cg_if_end(f, &sees);
@@ -618,7 +688,10 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lr, ci(&k, 0), grows, "row");
     LLVMValueRef orow_out = imul(&k, iadd(&k, g0, lr.iv), os);
     LLVMValueRef mrow_v = ld(&k, M, lr.iv), lrow = ld(&k, L, lr.iv);
-    LLVMValueRef full = LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
+    /* bounded: every key the row sees adds at least 2^-116 to l (the verifier's bound), so
+     * l = 0 exactly when it sees none */
+    LLVMValueRef full = bounded ? LLVMBuildFCmp(k.b, LLVMRealOLE, lrow, fc(&k, 0), "")
+                                : LLVMBuildFCmp(k.b, LLVMRealOLE, mrow_v, neg_max, "");
     LLVMValueRef jpos = LLVMBuildICmp(k.b, LLVMIntSGT, d.J, ci(&k, 0), "");
     CgIf cf, cn, cm;
     cg_if(f, &cf, LLVMBuildAnd(k.b, full, jpos, ""));

@@ -351,6 +351,16 @@ static const double exp2_poly[] = {0.99999999995952848, 0.69314720672180996, 0.2
                                    0.055503271903387406, 0.0096180255771654913, 0.0013400441713466067,
                                    0.00015469740232381546};
 
+LLVMValueRef cg_exp2_normal(Cg *cg, LLVMValueRef x)
+{
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef k = cg_intrinsic(cg, "llvm.rint", LLVMTypeOf(x), &x, 1);
+    LLVMValueRef r = LLVMBuildFSub(b, x, k, "");
+    LLVMValueRef biased = LLVMBuildAdd(b, LLVMBuildFPToSI(b, k, int_like(cg, k), ""), iconst(cg, k, 127), "");
+    LLVMValueRef e = LLVMBuildShl(b, biased, iconst(cg, k, 23), "");
+    return fmul(cg, poly_fma(cg, r, exp2_poly, 7), LLVMBuildBitCast(b, e, LLVMTypeOf(x), ""));
+}
+
 LLVMValueRef cg_exp2_finite(Cg *cg, LLVMValueRef x)
 {
     /* 2^x = 2^k 2^r, k = rint(x), r = x - k (exact); 0 below -126, where 2^k stops being normal */
