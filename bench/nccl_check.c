@@ -60,8 +60,8 @@ int main(int argc, char **argv)
         if (!xtc_module_tensor(m, XTC_PARAM, i, &emb) && strstr(emb.name, "token_emb") && emb.rank == 2)
             V = emb.shape[0];
     XtcSessionOptions so = {.threads = 1};
-    XtcSession *s[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++)
+    XtcSession *s[3] = {NULL, NULL, NULL}; /* alone, with NCCL, alone again (the GPU's run-to-run spread) */
+    for (int k = 0; k < 3; k++)
         if (xtc_session_new(m, &so, &s[k]) || xtc_session_init_weights(s[k], 1))
             return fail(s[k], "session");
     char why[1024];
@@ -79,15 +79,15 @@ int main(int argc, char **argv)
     XtcAdamW opt = xtc_adamw_defaults();
     opt.lr = 3e-3f;
     opt.max_grad_norm = 1.0f;
-    double worst = 0, secs[2] = {0, 0};
+    double worst = 0, secs[3] = {0, 0, 0};
     int same = 0;
     for (int it = 1; it <= steps; it++) {
         for (int64_t i = 0; i < B * N; i++) {
             tok[i] = (int64_t)(next() % (uint64_t)V);
             tgt[i] = (int64_t)(next() % (uint64_t)V);
         }
-        float loss[2];
-        for (int k = 0; k < 2; k++) {
+        float loss[3];
+        for (int k = 0; k < 3; k++) {
             XtcTensor t;
             double t0 = now();
             if (xtc_session_set_input(s[k], "tokens", XTC_I64, 2, shape, tok) ||
@@ -103,32 +103,43 @@ int main(int argc, char **argv)
         if (it == 1 || it == steps || d > 1e-5)
             printf("step %3d  loss alone %.6f  with NCCL %.6f\n", it, loss[0], loss[1]);
     }
-    /* the final weights (the device's, read back) */
-    double wworst = 0;
+    /* the final weights (the device's, read back), the largest difference of each tensor relative
+     * to its largest |weight|: the GPU's atomic sums (the embedding's gradient) are not
+     * bit-reproducible, and AdamW turns a last-bit change of a gradient near 0 into a change of
+     * up to lr in its weight; so NCCL's difference is judged against two runs alone */
+    double wd[3] = {0, 0, 0};
     for (int i = 0; i < xtc_module_count(m, XTC_PARAM); i++) {
         XtcTensorInfo info;
-        XtcTensor a, b;
+        XtcTensor t[3];
         xtc_module_tensor(m, XTC_PARAM, i, &info);
-        if (xtc_session_get_weight(s[0], info.name, &a) || xtc_session_get_weight(s[1], info.name, &b))
-            return fail(s[0], "reading the weights");
+        for (int k = 0; k < 3; k++)
+            if (xtc_session_get_weight(s[k], info.name, &t[k]))
+                return fail(s[k], "reading the weights");
         int64_t n = 1;
-        for (int d = 0; d < a.rank; d++)
-            n *= a.shape[d];
-        const float *x = a.data, *y = b.data;
-        for (int64_t j = 0; j < n; j++) {
-            double d = fabs((double)x[j] - y[j]) / (1e-3 + fabs((double)x[j]));
-            wworst = d > wworst ? d : wworst;
+        for (int d = 0; d < t[0].rank; d++)
+            n *= t[0].shape[d];
+        const float *x = t[0].data;
+        double big = 1e-30;
+        for (int64_t j = 0; j < n; j++)
+            big = fmax(big, fabs((double)x[j]));
+        for (int k = 1; k < 3; k++) {
+            const float *y = t[k].data;
+            double diff = 0;
+            for (int64_t j = 0; j < n; j++)
+                diff = fmax(diff, fabs((double)x[j] - y[j]));
+            wd[k] = fmax(wd[k], diff / big);
         }
     }
+    double wworst = wd[1], wlimit = fmax(1e-4, 2 * wd[2]);
     double during = 0, after = 0;
     xtc_session_comm_time(s[1], &during, &after);
     printf("%d steps of %lld x %lld tokens: losses bit-identical at %d of %d steps, largest relative difference "
-           "%.3g; weights: %.3g; %.2f ms per step alone, %.2f with NCCL (%.3f ms queueing the all-reduces)\n",
-           steps, (long long)B, (long long)N, same, steps, worst, wworst, 1e3 * secs[0] / steps,
+           "%.3g; weights: %.3g (two runs alone: %.3g); %.2f ms per step alone, %.2f with NCCL (%.3f ms queueing the all-reduces)\n",
+           steps, (long long)B, (long long)N, same, steps, worst, wworst, wd[2], 1e3 * secs[0] / steps,
            1e3 * secs[1] / steps, 1e3 * (during + after) / steps);
-    int ok = worst <= 1e-5 && wworst <= 1e-4;
+    int ok = worst <= 1e-5 && wworst <= wlimit;
     printf("%s: a one-rank NCCL communicator trains as the session alone\n", ok ? "PASS" : "FAIL");
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         xtc_session_free(s[k]);
     xtc_module_free(m);
     free(tok);
