@@ -843,8 +843,9 @@ static Suite *suite(void)
     tcase_add_test(tc, test_host_arena_registered);
     tcase_add_test(tc, test_widen_outputs);
     suite_add_tcase(s, tc);
-    /* ctest runs it as test_cuda_half (CK_RUN_CASE=half), beside the rest */
+    /* ctest runs it as test_cuda_half (CK_RUN_CASE=half), beside the rest (CK_EXCLUDE_TAGS=half) */
     TCase *half = tcase_create("half");
+    tcase_set_tags(half, "half");
     tcase_set_timeout(half, 900);
     tcase_add_loop_test(half, test_case_half, 0, 2 * count_cases(sized_case));
     suite_add_tcase(s, half);
