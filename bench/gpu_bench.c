@@ -13,8 +13,8 @@
  * step), and from extra profiled runs the device's own time per run summed over the kernels
  * ("kernels_ms", CUDA events) with the attention kernels' share ("attention_ms" and
  * "attention_grad_ms", the ops of those names). decode reports tokens/s of the one-token calls
- * (each reads its logits back, as a sampler would). Weights are random (the speed does not
- * depend on them). With GPU_BENCH_PROFILE set in the environment, fwd, train and decode also
+ * (each reads its logits back, as a sampler would). Weights are fresh ones drawn by
+ * xtc_session_init_weights (the speed does not depend on them). With GPU_BENCH_PROFILE set in the environment, fwd, train and decode also
  * write the per-kernel profile (xtc_session_print_profile) to stderr, and decode the time per
  * token spent in carries, runs and reading the logits. */
 #include <stdint.h>
@@ -58,30 +58,6 @@ static int die(XtcSession *s, const char *what)
 {
     fprintf(stderr, "gpu_bench: %s: %s\n", what, xtc_session_error(s));
     return 1;
-}
-
-static int random_weights(const XtcModule *m, XtcSession *s)
-{
-    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
-        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
-            XtcTensorInfo t;
-            xtc_module_tensor(m, (XtcKind)kind, i, &t);
-            int64_t n = 1;
-            for (int d = 0; d < t.rank; d++)
-                n *= t.shape[d];
-            float *w = malloc((size_t)(n ? n : 1) * sizeof *w);
-            if (!w) {
-                fprintf(stderr, "gpu_bench: out of memory for '%s'\n", t.name);
-                return 1;
-            }
-            for (int64_t k = 0; k < n; k++)
-                w[k] = (float)((double)(next() >> 11) * 0x1.0p-53 - 0.5) * 0.04f;
-            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, w);
-            free(w);
-            if (st)
-                return die(s, t.name);
-        }
-    return 0;
 }
 
 static int64_t vocab(const XtcModule *m)
@@ -271,7 +247,7 @@ int main(int argc, char **argv)
     XtcSessionOptions so = {.threads = XTC_THREADS_AUTO};
     if (xtc_session_new(m, &so, &s))
         return die(s, "session");
-    int rc = random_weights(m, s);
+    int rc = xtc_session_init_weights(s, 1) ? die(s, "weights") : 0;
     if (!rc && !strcmp(argv[1], "decode")) {
         rc = decode(argv[2], m, s, atoll(argv[3]), atoll(argv[4]));
     } else if (!rc) {

@@ -340,35 +340,6 @@ check:
     return 0;
 }
 
-static int init_weights(XtcSession *s, const XtcModule *m, uint64_t seed)
-{
-    RtRng rng;
-    rt_rng_seed(&rng, seed);
-    for (int kind = XTC_PARAM; kind <= XTC_STATE; kind++)
-        for (int i = 0; i < xtc_module_count(m, (XtcKind)kind); i++) {
-            XtcTensorInfo t;
-            xtc_module_tensor(m, (XtcKind)kind, i, &t);
-            int64_t n = 1;
-            for (int d = 0; d < t.rank; d++)
-                n *= t.shape[d];
-            float *data = malloc((size_t)(n ? n : 1) * sizeof *data);
-            if (!data) {
-                fprintf(stderr, "xtc train: out of memory\n");
-                return -1;
-            }
-            int how = rt_init_module_param(m, t.name, t.rank, t.shape, data, &rng);
-            if (how)
-                fprintf(stderr, "xtc train: '%s': %s\n", t.name, rt_init_note(how));
-            int st = xtc_session_set_weight(s, t.name, t.rank, t.shape, data);
-            free(data);
-            if (st) {
-                fprintf(stderr, "xtc train: %s\n", xtc_session_error(s));
-                return -1;
-            }
-        }
-    return 0;
-}
-
 /* eval <- train, every parameter and buffer */
 static int copy_weights(XtcSession *to, XtcSession *from, const XtcModule *m)
 {
@@ -609,7 +580,8 @@ int cli_train_run(const XtfFile *f, const char *model, const char *module_path, 
             fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
             goto done;
         }
-    } else if (init_weights(M.train, M.train_mod, o->seed) != 0) {
+    } else if (xtc_session_init_weights(M.train, o->seed) != XTC_OK) { /* the values `xtc init --seed` writes */
+        fprintf(stderr, "xtc train: %s\n", xtc_session_error(M.train));
         goto done;
     }
     /* several ranks: one set of weights (rank 0's), gradients summed by this rank's share */

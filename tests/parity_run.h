@@ -11,6 +11,7 @@
 #include "xtc.h"
 #include "xtf.h"
 
+#include <check.h>
 #include <dirent.h>
 #include <math.h>
 #include <string.h>
@@ -31,6 +32,48 @@ typedef struct {
 
 /* DESIGN.md's parity: 1e-5 + 1e-3 max|e| */
 static const ParityRun PARITY_F32 = {CG_MMA_AUTO, 2, 1e-5, 1e-3, NULL, NULL};
+
+/* Every f32 output of s that exp holds, within atol + rtol max|expected| (a NaN or infinite
+ * output fails); worst (if set) gets the largest ratio of the difference to max|expected|.
+ * Returns how many were compared, or -1 with the message (naming what) in err. */
+static inline int parity_compare(XtcSession *s, const XtcModule *m, RtStFile *exp, const char *what, double atol,
+                                 double rtol, double *worst, char *err, size_t n)
+{
+    int compared = 0;
+    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
+        XtcTensorInfo info;
+        xtc_module_tensor(m, XTC_OUTPUT, o, &info);
+        const RtStTensor *e = rt_st_find(exp, info.name);
+        XtcTensor t;
+        if (!e || info.dtype != XTC_F32 || xtc_session_get_output(s, info.name, &t))
+            continue;
+        int64_t numel = rt_st_numel(e);
+        float *ev = malloc((size_t)(numel ? numel : 1) * sizeof *ev);
+        if (!ev || rt_st_to_f32(e, ev, err, n)) {
+            free(ev);
+            return -1;
+        }
+        double maxe = 0, maxd = 0;
+        for (int64_t i = 0; i < numel; i++)
+            maxe = fmax(maxe, fabs(ev[i]));
+        for (int64_t i = 0; i < numel; i++) { /* a NaN or infinite output fails (fmax drops NaN) */
+            double a = ((const float *)t.data)[i];
+            maxd = isfinite(a) ? fmax(maxd, fabs(a - ev[i])) : INFINITY;
+            if (!isfinite(a))
+                break;
+        }
+        free(ev);
+        if (worst && maxe > 0)
+            *worst = fmax(*worst, maxd / maxe);
+        if (!(maxd <= atol + rtol * maxe)) {
+            snprintf(err, n, "%s: output '%s' differs from x-transformers by %g (max |e| %g)", what, info.name, maxd,
+                     maxe);
+            return -1;
+        }
+        compared++;
+    }
+    return compared;
+}
 
 /* 0: passed; 1: the language refuses the case (fine); -1: failed, message in err */
 static inline int parity_case(const char *name, const ParityRun *run, char *err, size_t n)
@@ -86,36 +129,9 @@ static inline int parity_case(const char *name, const ParityRun *run, char *err,
     snprintf(path, sizeof path, "%s/expected.safetensors", dir);
     if (rt_st_open(path, &exp, err, n))
         goto done;
-    int compared = 0;
-    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
-        XtcTensorInfo info;
-        xtc_module_tensor(m, XTC_OUTPUT, o, &info);
-        const RtStTensor *e = rt_st_find(exp, info.name);
-        XtcTensor t;
-        if (!e || info.dtype != XTC_F32 || xtc_session_get_output(s, info.name, &t))
-            continue;
-        int64_t numel = rt_st_numel(e);
-        float *ev = malloc((size_t)(numel ? numel : 1) * sizeof *ev);
-        rt_st_to_f32(e, ev, err, n);
-        double maxe = 0, maxd = 0;
-        for (int64_t i = 0; i < numel; i++)
-            maxe = fmax(maxe, fabs(ev[i]));
-        for (int64_t i = 0; i < numel; i++) { /* a NaN or infinite output fails (fmax drops NaN) */
-            double a = ((const float *)t.data)[i];
-            maxd = isfinite(a) ? fmax(maxd, fabs(a - ev[i])) : INFINITY;
-            if (!isfinite(a))
-                break;
-        }
-        free(ev);
-        if (run->worst && maxe > 0)
-            *run->worst = fmax(*run->worst, maxd / maxe);
-        if (!(maxd <= run->atol + run->rtol * maxe)) {
-            snprintf(err, n, "%s: output '%s' differs from x-transformers by %g (max |e| %g)", name, info.name,
-                     maxd, maxe);
-            goto done;
-        }
-        compared++;
-    }
+    int compared = parity_compare(s, m, exp, name, run->atol, run->rtol, run->worst, err, n);
+    if (compared < 0)
+        goto done;
     if (!compared) {
         snprintf(err, n, "%s: no output to compare", name);
         goto done;
@@ -130,17 +146,25 @@ done:
     return rc;
 }
 
-/* Every parity case with a reference (but transformer_xl, a two-segment protocol this does not
- * drive) through run; asserts that none fails and some pass, and prints the counts after what. */
-static inline void parity_run_all(const ParityRun *run, const char *what)
+/* The counts of a walk over the parity cases; failures: "\n  name: message" each. */
+typedef struct {
+    int passed, refused, failed;
+    char failures[4096];
+} ParityCount;
+
+/* Calls one(name, ctx, err, n) for every parity case with a reference (but transformer_xl, a
+ * two-segment protocol test_parity_interp.sh drives), but those unfit names (NULL-terminated
+ * "name: why" strings; each printed after what, with its reason); counts what it returns
+ * (0 passed, 1 refused by the language, -1 failed with the message in err). */
+static inline void parity_each(int (*one)(const char *name, void *ctx, char *err, size_t n), void *ctx,
+                               const char *const *unfit, const char *what, ParityCount *pc)
 {
     char dirpath[512];
     snprintf(dirpath, sizeof dirpath, "%s/tests/parity", XTC_SOURCE_DIR);
     DIR *dir = opendir(dirpath);
     ck_assert_msg(dir != NULL, "%s: no %s", what, dirpath);
     struct dirent *e;
-    int passed = 0, refused = 0, failed = 0;
-    char failures[2048] = "";
+    memset(pc, 0, sizeof *pc);
     while ((e = readdir(dir))) {
         size_t len = strlen(e->d_name);
         if (len < 5 || strcmp(e->d_name + len - 4, ".xtf") != 0)
@@ -150,30 +174,43 @@ static inline void parity_run_all(const ParityRun *run, const char *what)
         char probe[700];
         snprintf(probe, sizeof probe, "%s/parity/%s/inputs.safetensors", XTC_SHARED_DIR, name);
         if (access(probe, R_OK) != 0 || strcmp(name, "transformer_xl") == 0)
-            continue; /* no reference, or a two-segment protocol this test does not drive */
+            continue;
         const char *why = NULL;
-        for (int u = 0; run->unfit && run->unfit[u] && !why; u++)
-            if (!strncmp(run->unfit[u], name, strlen(name)) && run->unfit[u][strlen(name)] == ':')
-                why = run->unfit[u];
+        for (int u = 0; unfit && unfit[u] && !why; u++)
+            if (!strncmp(unfit[u], name, strlen(name)) && unfit[u][strlen(name)] == ':')
+                why = unfit[u];
         if (why) {
             fprintf(stderr, "%s: not run: %s\n", what, why);
             continue;
         }
-        int rc = parity_case(name, run, err, sizeof err);
+        int rc = one(name, ctx, err, sizeof err);
         if (rc == 0)
-            passed++;
+            pc->passed++;
         else if (rc == 1)
-            refused++;
+            pc->refused++;
         else {
-            failed++;
-            size_t fl = strlen(failures);
-            snprintf(failures + fl, sizeof failures - fl, "\n  %s: %s", name, err);
+            pc->failed++;
+            size_t fl = strlen(pc->failures);
+            snprintf(pc->failures + fl, sizeof pc->failures - fl, "\n  %s: %s", name, err);
         }
     }
     closedir(dir);
-    fprintf(stderr, "%s: %d passed, %d refused by the language, %d failed\n", what, passed, refused, failed);
-    ck_assert_msg(failed == 0, "parity failures:%s", failures);
-    ck_assert_int_gt(passed, 0);
+}
+
+static inline int parity_run_one(const char *name, void *run, char *err, size_t n)
+{
+    return parity_case(name, run, err, n);
+}
+
+/* Every parity case through run; asserts that none fails and some pass, and prints the counts
+ * after what. */
+static inline void parity_run_all(const ParityRun *run, const char *what)
+{
+    ParityCount pc;
+    parity_each(parity_run_one, (void *)run, run->unfit, what, &pc);
+    fprintf(stderr, "%s: %d passed, %d refused by the language, %d failed\n", what, pc.passed, pc.refused, pc.failed);
+    ck_assert_msg(pc.failed == 0, "parity failures:%s", pc.failures);
+    ck_assert_int_gt(pc.passed, 0);
 }
 
 #endif

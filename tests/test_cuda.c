@@ -10,7 +10,9 @@
  * computes rounded to the format as the kernels round on store (ir_interp_rounded; the buffers
  * that stay f32, cg_keeps_f32, not), so that the kernels' f32 arithmetic and their single
  * rounding are checked, not the format's distance from exact math: that is measured against
- * x-transformers by test_cuda_parity. Threads of a block run forward, then reverse, then shuffled between barriers, so a
+ * x-transformers by test_cuda_parity. These 16-bit sweeps (the tcase "half", ctest's
+ * test_cuda_half) run the matmuls without tensor cores, but for the attention case, whose flash
+ * kernel keeps them; test_cuda_mma checks the tensor-core paths. Threads of a block run forward, then reverse, then shuffled between barriers, so a
  * missing __syncthreads shows up as a wrong value. Backward graphs (ir_autodiff) of small models
  * are checked the same way, gradients included.
  *
@@ -51,12 +53,10 @@
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
 
+#include "cuda_case.h"
+
 /* ---- 16-bit storage ---- */
 
-/* The storage of floating-point tensors of the case being run (compile --dtype): 0 f32, 1 bf16,
- * 2 fp16. */
-static int storage;
-static const char *const STORAGE_NAME[] = {"f32", "bf16", "fp16"};
 /* The unit roundoff of each format: 2^-8 for bf16 (8 significant bits), 2^-11 for fp16 (11). */
 static const double UNIT[] = {0x1p-24, 0x1p-8, 0x1p-11};
 /* The tolerance of a 16-bit output against the rounded reference: HALF_K units of UNIT *
@@ -134,31 +134,6 @@ static void compare(const char *what, const IrHostTensor *ref, const XtcTensor *
 
 /* ---- the harness ---- */
 
-static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
-
-/* The random inputs of a case: f32 ones rounded to the storage format, as the runtime rounds them
- * on upload. */
-static void bind_case(Binding *bd, const IrGraph *g, const int64_t *syms)
-{
-    BindDraw draw = {.param_scale = 1.0, .int_range = int_range_by_name, .storage = storage};
-    bind_random(bd, g, syms, &draw);
-}
-
-static XtcModule *compile_target(const IrGraph *g, const char *name, const char *target)
-{
-    make_tmpdir();
-    char path[512], err[2048];
-    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, target, STORAGE_NAME[storage]);
-    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf",
-                     .dtype = STORAGE_NAME[storage]};
-    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
-    XtcModule *m = NULL;
-    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
-    return m;
-}
-
-static const char *const ORDERS[] = {"forward", "reverse", "shuffled"};
-
 /* Runs m at symbol values syms on random inputs against the interpreter, with the emulator's
  * threads in the given order. */
 static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const char *name, const char *order)
@@ -212,8 +187,6 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
     bind_free(&bd);
 }
 
-static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}};
-#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
 
 /* The case at the first nsizes of SIZES, compiled for target ("cuda-emu", or "cuda" on a GPU)
  * as built and after the pass pipeline as xtc compile runs it (when it fuses anything: fused
@@ -322,17 +295,26 @@ START_TEST(test_case_once)
 }
 END_TEST
 
-/* Every case again with bf16 and with fp16 storage, forward and backward. */
+/* Every case again with bf16 and with fp16 storage, forward and backward. These check the
+ * kernels' 16-bit loads and stores: their matmuls run without tensor cores (--mma=off), but for
+ * the one case HALF_MMA_CASE, the flash attention with every bias, mask and scale form, which
+ * keeps the tensor cores --dtype implies. The emulated tensor cores are slow, and they have
+ * their own suite, test_cuda_mma: every matmul form and the flash attention forward and backward
+ * with 16-bit storage, and a model trained through them. */
+#define HALF_MMA_CASE "attention"
 START_TEST(test_case_half)
 {
     int n = count_cases(sized_case);
     const OpCase *c = sized_case(_i % n);
     storage = 1 + _i / n;
+    case_mma = strcmp(c->name, HALF_MMA_CASE) ? CG_MMA_OFF : CG_MMA_AUTO;
     worst_err[storage] = 0;
     run_case(c, "cuda-emu");
-    fprintf(stderr, "test_cuda: %s storage, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
-            STORAGE_NAME[storage], c->name, worst_err[storage], storage == 1 ? -8 : -11, worst_what[storage]);
+    fprintf(stderr, "test_cuda: %s storage%s, case %s: worst error %.2f x 2^%d x max(1, max|ref|) (%s)\n",
+            STORAGE_NAME[storage], case_mma == CG_MMA_OFF ? " (--mma=off)" : "", c->name, worst_err[storage],
+            storage == 1 ? -8 : -11, worst_what[storage]);
     storage = 0;
+    case_mma = CG_MMA_AUTO;
 }
 END_TEST
 
@@ -855,13 +837,18 @@ static Suite *suite(void)
     tcase_add_test(tc, test_declared_names_reserved);
     tcase_add_test(tc, test_head_views);
     tcase_add_loop_test(tc, test_case, 0, count_cases(sized_case));
-    tcase_add_loop_test(tc, test_case_half, 0, 2 * count_cases(sized_case));
     tcase_add_loop_test(tc, test_case_once, 0, count_cases(once_case));
     tcase_add_test(tc, test_empty_sizes);
     tcase_add_test(tc, test_device_carry);
     tcase_add_test(tc, test_host_arena_registered);
     tcase_add_test(tc, test_widen_outputs);
     suite_add_tcase(s, tc);
+    /* ctest runs it as test_cuda_half (CK_RUN_CASE=half), beside the rest (CK_EXCLUDE_TAGS=half) */
+    TCase *half = tcase_create("half");
+    tcase_set_tags(half, "half");
+    tcase_set_timeout(half, 900);
+    tcase_add_loop_test(half, test_case_half, 0, 2 * count_cases(sized_case));
+    suite_add_tcase(s, half);
     char why[1200];
     if (gpu_present(why, sizeof why)) { /* on a machine with a GPU; CK_RUN_CASE=gpu runs it alone */
         TCase *gpu = tcase_create("gpu");

@@ -36,34 +36,7 @@
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda_runtime"); }
 
-/* The storage of floating-point tensors (compile --dtype): 0 f32, 1 bf16, 2 fp16. */
-static int storage;
-static const char *const STORAGE_NAME[] = {"f32", "bf16", "fp16"};
-
-static const char *const ORDERS[] = {"forward", "reverse", "shuffled"};
-static const int64_t SIZES[][2] = {{1, 1}, {1, 7}, {2, 17}, {3, 33}, {1, 65}, {2, 130}};
-
-static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
-
-static void bind_case(Binding *bd, const IrGraph *g, const int64_t *syms)
-{
-    BindDraw draw = {.param_scale = 1.0, .int_range = int_range_by_name, .storage = storage};
-    bind_random(bd, g, syms, &draw);
-}
-
-/* g compiled for target through the compile driver and loaded */
-static XtcModule *compile_target(const IrGraph *g, const char *name, const char *target)
-{
-    make_tmpdir();
-    char path[512], err[2048];
-    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, target, STORAGE_NAME[storage]);
-    CgOptions opt = {.output = path, .target = target, .opt_level = 2, .source = "# test\n", .source_name = "t.xtf",
-                     .dtype = STORAGE_NAME[storage]};
-    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, target, err);
-    XtcModule *m = NULL;
-    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
-    return m;
-}
+#include "cuda_case.h"
 
 
 /* ---- the conversions ---- */

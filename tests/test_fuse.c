@@ -30,6 +30,7 @@
 #include "harness.h"
 #include "harness_drive.h"
 #include "harness_bind.h"
+#include "parity_run.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("fuse"); }
 
@@ -67,45 +68,16 @@ static int count_op(const IrGraph *g, IrOp op)
 
 /* ---- parity with x-transformers through compiled modules ---- */
 
-/* Every f32 output the reference has, within compare.py's tolerance; returns how many. */
-static int compare_outputs(XtcSession *s, const XtcModule *m, RtStFile *exp, const char *what, char *err, size_t n)
-{
-    int compared = 0;
-    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
-        XtcTensorInfo info;
-        xtc_module_tensor(m, XTC_OUTPUT, o, &info);
-        const RtStTensor *e = rt_st_find(exp, info.name);
-        XtcTensor t;
-        if (!e || info.dtype != XTC_F32 || xtc_session_get_output(s, info.name, &t))
-            continue;
-        int64_t numel = rt_st_numel(e);
-        float *ev = malloc((size_t)(numel ? numel : 1) * sizeof *ev);
-        rt_st_to_f32(e, ev, err, n);
-        double maxe = 0, maxd = 0;
-        for (int64_t i = 0; i < numel; i++)
-            maxe = fmax(maxe, fabs(ev[i]));
-        for (int64_t i = 0; i < numel; i++) {
-            double a = ((const float *)t.data)[i];
-            maxd = isfinite(a) ? fmax(maxd, fabs(a - ev[i])) : INFINITY;
-        }
-        free(ev);
-        if (!(maxd <= 1e-5 + 1e-3 * maxe)) {
-            snprintf(err, n, "%s: output '%s' differs from x-transformers by %g (max |e| %g)", what, info.name, maxd,
-                     maxe);
-            return -1;
-        }
-        compared++;
-    }
-    return compared;
-}
-
 typedef struct {
-    int passed, refused, attention, attention_grad;
+    int no_fuse, attention, attention_grad;
 } ParityStats;
 
-/* 0 passed, 1 refused by the language, -1 failed */
-static int parity_case(const char *name, int no_fuse, ParityStats *ps, char *err, size_t n)
+/* One parity case, fused or not (ps->no_fuse), run on 1 and 2 threads: 0 passed, 1 refused by
+ * the language, -1 failed (parity_each's protocol) */
+static int fuse_parity_case(const char *name, void *ctx, char *err, size_t n)
 {
+    ParityStats *ps = ctx;
+    int no_fuse = ps->no_fuse;
     char xtf[512], dir[512], path[700];
     snprintf(xtf, sizeof xtf, "%s/tests/parity/%s.xtf", XTC_SOURCE_DIR, name);
     snprintf(dir, sizeof dir, "%s/parity/%s", XTC_SHARED_DIR, name);
@@ -159,7 +131,7 @@ static int parity_case(const char *name, int no_fuse, ParityStats *ps, char *err
             snprintf(err, n, "%s: %s", what, xtc_session_error(s));
             ok = 0;
         }
-        int compared = ok ? compare_outputs(s, m, exp, what, err, n) : -1;
+        int compared = ok ? parity_compare(s, m, exp, what, 1e-5, 1e-3, NULL, err, n) : -1;
         xtc_session_free(s);
         if (compared < 0)
             goto done;
@@ -181,40 +153,14 @@ done:
 static void parity_all(int no_fuse)
 {
     make_tmpdir();
-    char dirpath[512];
-    snprintf(dirpath, sizeof dirpath, "%s/tests/parity", XTC_SOURCE_DIR);
-    DIR *dir = opendir(dirpath);
-    ck_assert_msg(dir != NULL, "no %s", dirpath);
-    struct dirent *e;
-    ParityStats ps = {0};
-    int failed = 0;
-    char failures[4096] = "";
-    while ((e = readdir(dir))) {
-        size_t len = strlen(e->d_name);
-        if (len < 5 || strcmp(e->d_name + len - 4, ".xtf") != 0)
-            continue;
-        char name[256], err[1024] = "", probe[700];
-        snprintf(name, sizeof name, "%.*s", (int)(len - 4), e->d_name);
-        snprintf(probe, sizeof probe, "%s/parity/%s/inputs.safetensors", XTC_SHARED_DIR, name);
-        if (access(probe, R_OK) != 0 || strcmp(name, "transformer_xl") == 0)
-            continue; /* no reference, or the two-segment protocol of test_parity_interp.sh */
-        int rc = parity_case(name, no_fuse, &ps, err, sizeof err);
-        if (rc == 0)
-            ps.passed++;
-        else if (rc == 1)
-            ps.refused++;
-        else {
-            failed++;
-            size_t fl = strlen(failures);
-            snprintf(failures + fl, sizeof failures - fl, "\n  %s", err);
-        }
-    }
-    closedir(dir);
+    ParityStats ps = {.no_fuse = no_fuse};
+    ParityCount pc;
+    parity_each(fuse_parity_case, &ps, NULL, "test_fuse", &pc);
     printf("parity %s: %d passed (outputs, loss, gradients; 1 and 2 threads), %d refused by the language, %d failed; "
            "%d attention and %d attention_grad nodes\n",
-           no_fuse ? "unfused" : "fused", ps.passed, ps.refused, failed, ps.attention, ps.attention_grad);
-    ck_assert_msg(failed == 0, "parity failures:%s", failures);
-    ck_assert_int_gt(ps.passed, 20);
+           no_fuse ? "unfused" : "fused", pc.passed, pc.refused, pc.failed, ps.attention, ps.attention_grad);
+    ck_assert_msg(pc.failed == 0, "parity failures:%s", pc.failures);
+    ck_assert_int_gt(pc.passed, 20);
     if (no_fuse)
         ck_assert_int_eq(ps.attention + ps.attention_grad, 0);
     else
