@@ -72,6 +72,8 @@ cases=(
   "h128_fwd     dec_h128        fwd     1x1024   -          f32,bf16,fp16   -"
   "h128_train   dec_h128        train   1x700    -          f32,bf16        -"
   "h128_decode  dec_h128        decode  513x4    -          f32,bf16,fp16   -"
+  "pos_rot      pos_rotary      train   2x600    1x300      bf16,fp16       bf16"
+  "pos_alibi    pos_alibi       train   2x400    1x300      bf16,fp16       bf16"
 )
 # rtol forward/decode, rtol gradients
 tol_f32="1e-4 1e-3" tol_bf16="2e-2 5e-2" tol_fp16="4e-3 2e-2"
@@ -90,6 +92,16 @@ gqa2() { # x-transformers 2.x: 8 query heads over 2 key/value heads of 64, SwiGL
 gqa2 = TransformerWrapper(num_tokens = 777, max_seq_len = 512,
     attn_layers = Decoder(dim = 256, depth = 2, heads = 8, attn_dim_head = 64, attn_kv_heads = 2,
         ff_swish = true, ff_glu = true, use_rmsnorm = true, rotary_pos_emb = true))'
+}
+# positions past 256 (bf16 holds integers exactly only up to 256): tables of positions (rotary
+# angles, ALiBi distances) must stay f32 under 16-bit storage
+pos_rotary() {
+  echo 'pos_rotary = TransformerWrapper(num_tokens = 97, max_seq_len = 1024,
+    attn_layers = Decoder(dim = 32, depth = 1, heads = 2, rotary_pos_emb = true))'
+}
+pos_alibi() {
+  echo 'pos_alibi = TransformerWrapper(num_tokens = 97, max_seq_len = 1024,
+    attn_layers = Decoder(dim = 32, depth = 1, heads = 2, alibi_pos_bias = true))'
 }
 dec_h128() { # causal, heads of 128
   echo 'dec_h128 = TransformerWrapper(num_tokens = 1000, max_seq_len = 1024,

@@ -66,7 +66,8 @@ static int positional(const IrNode *n, int depth, int *seen)
     case IR_INPUT: return n->rank == 0;
     default: break;
     }
-    if (depth == 0 || n->nin < 1 || !(ir_ops[n->op].flags & (IR_ELEM | IR_VIEW) || n->op == IR_FUSED))
+    if (depth == 0 || n->nin < 1 ||
+        !(ir_ops[n->op].flags & (IR_ELEM | IR_VIEW) || n->op == IR_FUSED || n->op == IR_CONCAT))
         return 0;
     for (int i = 0; i < n->nin; i++)
         if (!positional(n->in[i], depth - 1, seen))
