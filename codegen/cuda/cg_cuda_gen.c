@@ -45,7 +45,7 @@ static const char *const reserved[] = {
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
     "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow",
-    "dlast", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
+    "dlast", "dvec", "qw", "kw", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
@@ -336,6 +336,11 @@ static const char *const prelude[] = {
     "    xtc_lds4(v, p + i);",
     "#endif",
     "}",
+    "XTC_INLINE void xtc_ld8_f32(float v[8], const float *p, i64 i)",
+    "{",
+    "    xtc_ld4_f32(v, p, i);",
+    "    xtc_ld4_f32(v + 4, p, i + 4);",
+    "}",
     "",
     "/* maximum and minimum propagating NaN, like torch.maximum */",
     "XTC_INLINE float xtc_fmax(float a, float b) { return a != a || b != b ? a + b : a > b ? a : b; }",
@@ -581,6 +586,8 @@ static const char *const storage_f32[] = {
     "typedef float xtc_fs;",
     "#define xtc_ld(p, i) ((p)[i])",
     "#define xtc_st(p, i, v) ((p)[i] = (v))",
+    "/* eight consecutive values from p + i as floats, p + i 16-byte aligned */",
+    "#define xtc_ld8(v, p, i) xtc_ld8_f32(v, p, i)",
     NULL};
 
 static const char *const storage_bf16[] = {
@@ -624,11 +631,14 @@ static const char *const storage_half_access[] = {
     "#ifdef XTC_CUDA_EMULATION",
     "#define xtc_ld(p, i) _Generic((p) + 0, float *: xtc_ld_f32, const float *: xtc_ld_f32, default: xtc_ld_fs)(p, i)",
     "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
+    "#define xtc_ld8(v, p, i) _Generic((p) + 0, float *: xtc_ld8_f32, const float *: xtc_ld8_f32, default: xtc_ld8_fs)(v, p, i)",
     "#else",
     "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
     "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
     "XTC_INLINE void xtc_st(xtc_fs *p, i64 i, float v) { xtc_st_fs(p, i, v); }",
     "XTC_INLINE void xtc_st(float *p, i64 i, float v) { p[i] = v; }",
+    "XTC_INLINE void xtc_ld8(float v[8], const xtc_fs *p, i64 i) { xtc_ld8_fs(v, p, i); }",
+    "XTC_INLINE void xtc_ld8(float v[8], const float *p, i64 i) { xtc_ld8_f32(v, p, i); }",
     "#endif",
     NULL};
 
