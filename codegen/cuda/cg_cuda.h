@@ -6,8 +6,10 @@
  *             cg_cuda_reduce.c   sum, max, softmax, cross-entropy: warp shuffles, shared memory
  *             cg_cuda_matmul.c   matrix multiplication tiled in shared memory
  *             cg_cuda_matmul_mma.c  ... on tensor cores, 16-bit operands as stored (cp.async, ldmatrix)
+ *             cg_cuda_gemv.c     ... and its path for few rows (decoding), taken at run time
  *             cg_cuda_sort.c     entmax15, kth_largest: ops defined by a sort of each row
  *             cg_cuda_attention.c  the fused attention ops, forward and backward
+ *             cg_cuda_attention_decode.c  the forward's path for few query rows (keys split)
  *             cg_cuda_fused.c    the fused op: elementwise chains with last-axis reductions
  *             cg_cuda_host.c     the host half of a module: schedule, launch geometry, objects
  *   compiler  cg_cuda_nvrtc.c    CUDA C -> PTX with NVRTC (dlopen'ed), NVRTC's log in errors
@@ -129,6 +131,13 @@ int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *val
  * that path (threads: the kernel's block size). */
 int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads);
 void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads);
+/* The statement (at indent at) loading v[0 .. 8) with the 8 values from p + idx as floats, p +
+ * idx 16-byte aligned: the prelude's xtc_ld8, one 16-byte load of 16-bit storage, two of f32. */
+void cu_load_vec8(CuKernel *k, const char *v, const char *p, const char *idx, const char *at);
+/* value (a float expression) as an operand of a product: under --mma rounded to the tensor
+ * cores' format (to nearest even), as the tensor-core kernels round their operands; an identity
+ * on values stored in that format, so the text does not depend on the storage. */
+void cu_mma_operand(const CuKernel *k, const char *value, char *buf, size_t n);
 int cg_cuda_reduce(CuKernel *k);
 int cg_cuda_softmax(CuKernel *k);
 int cg_cuda_xent(CuKernel *k);

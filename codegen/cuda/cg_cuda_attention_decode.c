@@ -19,8 +19,8 @@
  * No shared memory beyond one flag: the path sits in front of the other kernels, whose tiles may
  * fill it. The rows of a matrix (at most DEC_ROWS) are taken one after another by each warp. It is
  * taken when the partial results fit (DEC_FLOATS floats, DEC_MATS matrices) and the value rows
- * are at most 32 DEC_EC wide; else the other kernels run. Under --mma the operands not stored in
- * the tensor cores' format are rounded to it, as the tensor-core kernel rounds them. The
+ * are at most 32 DEC_EC wide; else the other kernels run. Under --mma q, k and v are rounded to
+ * the tensor cores' format, as the tensor-core kernel rounds them (cu_mma_operand). The
  * partials and counters belong to the kernel: two launches of it must not run at once (the
  * schedule runs its steps in order on one stream). */
 #include "cg_cuda_attention.h"
@@ -36,18 +36,6 @@
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
 
-/* value as an operand of the products: rounded to the tensor cores' format under --mma, unless
- * the tensor is stored in it */
-static void operand(const CuKernel *k, const IrNode *x, const char *value, char *buf, size_t n)
-{
-    int stored16 = strcmp(cu_mem_type(x), "xtc_fs") == 0 && k->gen->storage;
-    if (k->gen->mma == CG_MMA_OFF || stored16)
-        snprintf(buf, n, "%s", value);
-    else if (k->gen->mma == CG_MMA_FP16)
-        snprintf(buf, n, "xtc_f16_float(xtc_f16_bits(%s))", value);
-    else
-        snprintf(buf, n, "xtc_bf16_float(xtc_bf16_bits(%s))", value);
-}
 
 /* Whether node x may have few enough query rows for this path, and its head sizes fit it. */
 static int may_take(const CuKernel *k)
@@ -73,9 +61,9 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     FILE *f = k->f;
     int ec = (int)((a->E + 31) / 32), nw = (int)(block / 32);
     char qv[128], kv[128], vv[160];
-    operand(k, q, "xtc_ld(qb, i * qs + d)", qv, sizeof qv);
-    operand(k, kk, "xtc_ld(kb, j * ks + d)", kv, sizeof kv);
-    operand(k, v, "xtc_ld(vb, (c0 + jj) * vs + e)", vv, sizeof vv);
+    cu_mma_operand(k, "xtc_ld(qb, i * qs + d)", qv, sizeof qv);
+    cu_mma_operand(k, "xtc_ld(kb, j * ks + d)", kv, sizeof kv);
+    cu_mma_operand(k, "xtc_ld(vb, (c0 + jj) * vs + e)", vv, sizeof vv);
     fprintf(f, "    { /* few query rows: the keys split over warps (cg_cuda_attention_decode.c) */\n");
     fprintf(f, "    __shared__ int dlast;\n");
     cu_att_forward_sizes(k, a, a->E + stats);
@@ -91,6 +79,8 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
     cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        const i64 c0 = sw * 32;\n");
+    if (a->D % 8 == 0)
+        fprintf(f, "        const int dvec = qs %% 8 == 0 && ks %% 8 == 0 && ((size_t)qb | (size_t)kb) %% 16 == 0; /* 16-byte loads */\n");
     fprintf(f, "        for (i64 i = 0; sw < SW && i < I; i++) { /* warp-uniform */\n");
     cu_att_key_range(k, a, "            ");
     fprintf(f, "            const i64 cb = c0 > jb ? c0 : jb, ce = c0 + 32 < je ? c0 + 32 : je; /* the warp's keys of row i */\n");
@@ -98,9 +88,29 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     fprintf(f, "            float sc = -XTC_INF; /* outside the row's keys: weight 0 */\n");
     fprintf(f, "            if (j >= cb && j < ce) {\n");
     fprintf(f, "                float dot = 0.0f;\n");
-    fprintf(f, "#pragma unroll 8\n");
-    fprintf(f, "                for (int d = 0; d < D; d++)\n");
-    fprintf(f, "                    dot += %s * %s;\n", qv, kv);
+    if (a->D % 8 == 0) { /* the rows 16 bytes at a time where aligned */
+        char qe[64], ke[64];
+        cu_mma_operand(k, "qw[u]", qe, sizeof qe);
+        cu_mma_operand(k, "kw[u]", ke, sizeof ke);
+        fprintf(f, "                if (dvec) {\n");
+        fprintf(f, "#pragma unroll 8\n");
+        fprintf(f, "                    for (int d = 0; d < D; d += 8) {\n");
+        fprintf(f, "                        float qw[8], kw[8];\n");
+        cu_load_vec8(k, "qw", "qb", "i * qs + d", "                        ");
+        cu_load_vec8(k, "kw", "kb", "j * ks + d", "                        ");
+        fprintf(f, "#pragma unroll\n");
+        fprintf(f, "                        for (int u = 0; u < 8; u++)\n");
+        fprintf(f, "                            dot += %s * %s;\n", qe, ke);
+        fprintf(f, "                    }\n");
+        fprintf(f, "                } else {\n");
+        fprintf(f, "                    for (int d = 0; d < D; d++)\n");
+        fprintf(f, "                        dot += %s * %s;\n", qv, kv);
+        fprintf(f, "                }\n");
+    } else {
+        fprintf(f, "#pragma unroll 8\n");
+        fprintf(f, "                for (int d = 0; d < D; d++)\n");
+        fprintf(f, "                    dot += %s * %s;\n", qv, kv);
+    }
     fprintf(f, "                const float scale = %s;\n", a->scale);
     fprintf(f, "                sc = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a->keep, a->bias);
     fprintf(f, "            }\n");

@@ -17,9 +17,9 @@
  * once per GROWS rows. With a GLU epilogue (parts = 2) each output column needs the product's
  * column in both halves (oc and Nout + oc): the warp or lane computes both, mm and mm1. The
  * vector loads need K a multiple of VEC and 16-byte aligned A and B (checked at run time; else
- * the lanes read one element at a time). Under --mma the operands that are not already in the
- * tensor cores' 16-bit format are rounded to it, as the tensor-core kernel does, so both paths
- * compute the same products. The epilogue is the tiled kernels' (cu_matmul_store): it sees
+ * the lanes read one element at a time). Under --mma the operands are rounded to the tensor
+ * cores' 16-bit format, as the tensor-core kernel does (cu_mma_operand), so both paths compute
+ * the same products. The epilogue is the tiled kernels' (cu_matmul_store): it sees
  * batch, row, col, C, M, N (and Nout, mm1). */
 #include "cg_cuda.h"
 
@@ -27,23 +27,19 @@
 
 #define GEMV_MAX_M 16 /* products of at most this many rows take this path */
 #define GROWS 8       /* rows a thread sums at once */
-#define VEC 8         /* consecutive k a lane loads at once (16 bytes of 16-bit storage) */
+#define VEC 8         /* consecutive k a lane loads at once (cu_load_vec8: 16 bytes of 16-bit storage) */
 
-/* v[0 .. VEC) = the VEC operand values from p + idx (a `type` pointer) */
-static void load_vec(CuKernel *k, const char *type, const char *v, const char *p, const char *idx, const char *at)
+void cu_load_vec8(CuKernel *k, const char *v, const char *p, const char *idx, const char *at)
 {
-    if (strcmp(type, "xtc_fs") == 0 && k->gen->storage)
-        fprintf(k->f, "%sxtc_ld8_fs(%s, %s, %s);\n", at, v, p, idx);
-    else
-        fprintf(k->f, "%sxtc_ld4_f32(%s, %s, %s);\n%sxtc_ld4_f32(%s + 4, %s, %s + 4);\n", at, v, p, idx, at, v, p, idx);
+    fprintf(k->f, "%sxtc_ld8(%s, %s, %s);\n", at, v, p, idx);
 }
 
-/* The value expression as the product's operand: rounded to the tensor cores' format under
- * --mma unless it is stored in it. */
-static void operand(const CuKernel *k, const char *type, const char *value, char *buf, size_t n)
+/* The value expression as the product's operand: under --mma rounded to the tensor cores'
+ * format, as the tensor-core kernel rounds it (an identity on values stored in it; the kernel's
+ * text does not depend on the storage, only the prelude does). */
+void cu_mma_operand(const CuKernel *k, const char *value, char *buf, size_t n)
 {
-    int stored16 = strcmp(type, "xtc_fs") == 0 && k->gen->storage;
-    if (k->gen->mma == CG_MMA_OFF || stored16)
+    if (k->gen->mma == CG_MMA_OFF)
         snprintf(buf, n, "%s", value);
     else if (k->gen->mma == CG_MMA_FP16)
         snprintf(buf, n, "xtc_f16_float(xtc_f16_bits(%s))", value);
@@ -62,7 +58,7 @@ static int may_take(const IrNode *x)
 }
 
 /* B transposed: warp gw of the block computes output column gc, its lanes across k. */
-static int gemv_bt(CuKernel *k, int parts, const char *ta, const char *tb, CuEpilogue epilogue, void *ctx)
+static int gemv_bt(CuKernel *k, int parts, const char *tb, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
     char av[96], bv[96];
@@ -83,10 +79,10 @@ static int gemv_bt(CuKernel *k, int parts, const char *ta, const char *tb, CuEpi
         char v[16], pp[16];
         snprintf(v, sizeof v, "bw[%d]", p);
         snprintf(pp, sizeof pp, "gb%d", p);
-        load_vec(k, tb, v, pp, "kq", "                            ");
+        cu_load_vec8(k, v, pp, "kq", "                            ");
     }
-    operand(k, tb, "bw[p][u]", bv, sizeof bv);
-    operand(k, ta, "aw[u]", av, sizeof av);
+    cu_mma_operand(k, "bw[p][u]", bv, sizeof bv);
+    cu_mma_operand(k, "aw[u]", av, sizeof av);
     if (strcmp(bv, "bw[p][u]") != 0) {
         fprintf(f, "                            for (int p = 0; p < %d; p++)\n", parts);
         fprintf(f, "                                for (int u = 0; u < %d; u++)\n", VEC);
@@ -96,7 +92,7 @@ static int gemv_bt(CuKernel *k, int parts, const char *ta, const char *tb, CuEpi
     fprintf(f, "                            for (int r = 0; r < %d; r++) {\n", GROWS);
     fprintf(f, "                                if (gm + r >= M)\n");
     fprintf(f, "                                    break;\n");
-    load_vec(k, ta, "aw", "A", "(gm + r) * K + kq", "                                ");
+    cu_load_vec8(k, "aw", "A", "(gm + r) * K + kq", "                                ");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                                for (int u = 0; u < %d; u++) {\n", VEC);
     if (strcmp(av, "aw[u]") != 0)
@@ -111,14 +107,14 @@ static int gemv_bt(CuKernel *k, int parts, const char *ta, const char *tb, CuEpi
     for (int p = 0; p < parts; p++) {
         char ld[64], v[160];
         snprintf(ld, sizeof ld, "xtc_ld(gb%d, kq)", p);
-        operand(k, tb, ld, v, sizeof v);
+        cu_mma_operand(k, ld, v, sizeof v);
         fprintf(f, "                            const float gbv%d = %s;\n", p, v);
     }
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                            for (int r = 0; r < %d; r++) {\n", GROWS);
     fprintf(f, "                                if (gm + r >= M)\n");
     fprintf(f, "                                    break;\n");
-    operand(k, ta, "xtc_ld(A, (gm + r) * K + kq)", av, sizeof av);
+    cu_mma_operand(k, "xtc_ld(A, (gm + r) * K + kq)", av, sizeof av);
     fprintf(f, "                                const float gav = %s;\n", av);
     for (int p = 0; p < parts; p++)
         fprintf(f, "                                ga[%d][r] += gav * gbv%d;\n", p, p);
@@ -148,7 +144,7 @@ static int gemv_bt(CuKernel *k, int parts, const char *ta, const char *tb, CuEpi
 
 /* B as [K, N]: the block's 32 columns from gc0, lane gl's column gc0 + gl, warp gw's k gw,
  * gw + gnw, ...; the warps' sums meet in shared memory. */
-static int gemv_b(CuKernel *k, int parts, const char *ta, const char *tb, CuEpilogue epilogue, void *ctx, unsigned threads)
+static int gemv_b(CuKernel *k, int parts, CuEpilogue epilogue, void *ctx, unsigned threads)
 {
     FILE *f = k->f;
     int rows = GROWS / parts; /* the shared sums stay GROWS x 32 floats a warp */
@@ -168,14 +164,14 @@ static int gemv_b(CuKernel *k, int parts, const char *ta, const char *tb, CuEpil
     for (int p = 0; p < parts; p++) {
         char ld[96];
         snprintf(ld, sizeof ld, "xtc_ld(B, kq * N + %sgc)", p ? "Nout + " : "");
-        operand(k, tb, ld, bv, sizeof bv);
+        cu_mma_operand(k, ld, bv, sizeof bv);
         fprintf(f, "                            const float gbv%d = %s;\n", p, bv);
     }
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                            for (int r = 0; r < %d; r++) {\n", rows);
     fprintf(f, "                                if (gm + r >= M)\n");
     fprintf(f, "                                    break;\n");
-    operand(k, ta, "xtc_ld(A, (gm + r) * K + kq)", av, sizeof av);
+    cu_mma_operand(k, "xtc_ld(A, (gm + r) * K + kq)", av, sizeof av);
     fprintf(f, "                                const float gav = %s;\n", av);
     for (int p = 0; p < parts; p++)
         fprintf(f, "                                ga[%d][r] += gav * gbv%d;\n", p, p);
@@ -209,12 +205,13 @@ int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpil
         return 0;
     FILE *f = k->f;
     int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
-    const char *ta = cu_mem_type(k->node->in[ia]), *tbt = cu_mem_type(k->node->in[ib]);
+    const char *tbt = cu_mem_type(k->node->in[ib]);
+    (void)ia;
     fprintf(f, "        if (M <= %d) { /* few rows: the columns spread over the grid (cg_cuda_gemv.c) */\n", GEMV_MAX_M);
     fprintf(f, "            const int gl = threadIdx.x %% 32, gw = threadIdx.x / 32, gnw = blockDim.x / 32;\n");
     fprintf(f, "            const i64 cols = %s; /* the output's columns */\n", parts == 2 ? "Nout" : "N");
     fprintf(f, "            (void)gw;\n");
-    int rc = tb ? gemv_bt(k, parts, ta, tbt, epilogue, ctx) : gemv_b(k, parts, ta, tbt, epilogue, ctx, threads);
+    int rc = tb ? gemv_bt(k, parts, tbt, epilogue, ctx) : gemv_b(k, parts, epilogue, ctx, threads);
     if (rc < 0)
         return -1;
     fprintf(f, "            continue; /* the next batch matrix */\n");

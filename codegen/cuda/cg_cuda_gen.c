@@ -45,7 +45,7 @@ static const char *const reserved[] = {
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
     "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow",
-    "dlast", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
+    "dlast", "dvec", "qw", "kw", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
     "slot", "gn", "ok", "vec", "pair", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
@@ -336,6 +336,11 @@ static const char *const prelude[] = {
     "#else",
     "    xtc_lds4(v, p + i);",
     "#endif",
+    "}",
+    "XTC_INLINE void xtc_ld8_f32(float v[8], const float *p, i64 i)",
+    "{",
+    "    xtc_ld4_f32(v, p, i);",
+    "    xtc_ld4_f32(v + 4, p, i + 4);",
     "}",
     "",
     "/* maximum and minimum propagating NaN, like torch.maximum */",
@@ -695,6 +700,8 @@ static const char *const storage_f32[] = {
     "#else",
     "#define xtc_st2(p, i, v0, v1) (*(float2 *)((p) + (i)) = make_float2((v0), (v1)))",
     "#endif",
+    "/* eight consecutive values from p + i as floats, p + i 16-byte aligned */",
+    "#define xtc_ld8(v, p, i) xtc_ld8_f32(v, p, i)",
     NULL};
 
 static const char *const storage_bf16[] = {
@@ -759,6 +766,7 @@ static const char *const storage_half_access[] = {
     "#define xtc_ld(p, i) _Generic((p) + 0, float *: xtc_ld_f32, const float *: xtc_ld_f32, default: xtc_ld_fs)(p, i)",
     "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
     "#define xtc_st2(p, i, v0, v1) _Generic((p) + 0, float *: xtc_st2_f32, default: xtc_st2_fs)(p, i, v0, v1)",
+    "#define xtc_ld8(v, p, i) _Generic((p) + 0, float *: xtc_ld8_f32, const float *: xtc_ld8_f32, default: xtc_ld8_fs)(v, p, i)",
     "#else",
     "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
     "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
@@ -766,6 +774,8 @@ static const char *const storage_half_access[] = {
     "XTC_INLINE void xtc_st(float *p, i64 i, float v) { p[i] = v; }",
     "XTC_INLINE void xtc_st2(xtc_fs *p, i64 i, float v0, float v1) { xtc_st2_fs(p, i, v0, v1); }",
     "XTC_INLINE void xtc_st2(float *p, i64 i, float v0, float v1) { xtc_st2_f32(p, i, v0, v1); }",
+    "XTC_INLINE void xtc_ld8(float v[8], const xtc_fs *p, i64 i) { xtc_ld8_fs(v, p, i); }",
+    "XTC_INLINE void xtc_ld8(float v[8], const float *p, i64 i) { xtc_ld8_f32(v, p, i); }",
     "#endif",
     NULL};
 
