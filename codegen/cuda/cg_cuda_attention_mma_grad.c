@@ -8,17 +8,19 @@
  * batch, blocks [0, QT) take 64 query rows each (their dq), blocks [QT, QT + KT) 64 keys each
  * (their dk and dv). A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
  * keeps them in registers as mma A fragments (16-bit pairs along the head); the other side
- * streams through shared memory as 16-bit pairs in tiles of 64, twice: [row][d pair] (the B
- * operand of a product over d) and, transposed in shared memory, [d][row pair] (the B operand of
- * a product over the rows); rows padded by 4 words: conflict-free fragment loads.
+ * streams through shared memory as 16-bit pairs, 64 keys or BQ = 32 query rows a tile (the dk/dv
+ * half holds four sets of 16 x D in registers), twice: [row][d pair] (the B operand of a
+ * product over d) and, transposed in shared memory, [d][row pair] (the B operand of a product
+ * over the rows); rows padded by 4 words: conflict-free fragment loads. The tiles are addressed
+ * as offsets into one shared array (pointers into it cost NVRTC's code 64-bit registers).
  *   dq block:   S = Q K^T, dP = dO V^T over the key tile; P = exp(S scale + bias - lse) from the
  *               forward's logsumexp (o's last column); dS = P (dP - D_i + dlse_i) scale, 0 where
  *               masked, with D_i = dout_i . o_i computed by the row's 4 lanes;
  *               dQ += dS K: dS's accumulator layout is the A fragment's, packed in registers.
  *   dk/dv block: S^T = K Q^T, dP^T = V dO^T over the query tile (lse and D_i of its rows in
  *               shared memory); dV += P^T dO, dK += dS^T Q, P^T and dS^T again A fragments.
- * The dq half recomputes S and dP (7 products of 64 x 64 x D per tile pair where the atomic dq
- * of FlashAttention-2 does 5) and buys with it determinism and a single 16-bit or f32 store of
+ * The dq half recomputes S and dP (7 products of rows x keys x D where the atomic dq of
+ * FlashAttention-2 does 5) and buys with it determinism and a single 16-bit or f32 store of
  * each gradient. The causal and window limits bound both loops as in the CUDA-core kernel (the
  * tiles past the diagonal are never visited; cu_att_tile_keys, cu_att_query_ranges); each pair
  * is still checked against its query row's key range. Operands are rounded to the mma format
@@ -42,8 +44,7 @@ static int raw_pairs(const CuKernel *k, const IrNode *x)
     return k->gen->storage == fmt && strcmp(cu_mem_type(x), "xtc_fs") == 0;
 }
 
-/* dst = the pair (p[lo] where clo, p[hi] where chi, else 0) in the mma's 16-bit format */
-static void pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
+void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
                  const char *lo, const char *chi, const char *hi)
 {
     if (raw_pairs(k, x))
@@ -72,7 +73,7 @@ static void a_frags(CuKernel *k, const IrNode *x, const char *f, const char *p, 
     snprintf(hi, sizeof hi, "r * %s + d + 1", ld);
     char dst[32];
     snprintf(dst, sizeof dst, "%s[kd][u]", f);
-    pair(k, x, "                ", dst, p, clo, lo, chi, hi);
+    cu_att_pair(k, x, "                ", dst, p, clo, lo, chi, hi);
     fprintf(o, "            }\n");
 }
 
@@ -92,7 +93,7 @@ static void load_pairs(CuKernel *k, const IrNode *x, const char *dst, const char
     snprintf(lo, sizeof lo, "r * %s + d", ld);
     snprintf(hi, sizeof hi, "r * %s + d + 1", ld);
     snprintf(d, sizeof d, "sm[%s + c * %lld + d / 2]", dst, st);
-    pair(k, x, "                    ", d, p, clo, lo, chi, hi);
+    cu_att_pair(k, x, "                    ", d, p, clo, lo, chi, hi);
     fprintf(o, "                }\n");
 }
 
