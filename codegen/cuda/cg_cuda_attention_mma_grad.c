@@ -6,7 +6,8 @@
  * The work is split as the CUDA-core tiled kernel splits it, so that every output row has one
  * writer (no atomics, no f32 workspace to clear and convert, the same bits on every run): per
  * batch, blocks [0, QT) take 64 query rows each (their dq), blocks [QT, QT + KT) 64 keys each
- * (their dk and dv). A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
+ * (their dk and dv), numbered tile-major and the dq tiles from the last rows on, so that under
+ * causal limits the longest blocks (late query rows, early keys) start first. A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
  * keeps them in registers as mma A fragments (16-bit pairs along the head); the other side
  * streams through shared memory as 16-bit pairs, 64 keys or BQ = 32 query rows a tile (the dk/dv
  * half holds four sets of 16 x D in registers), twice: [row][d pair] (the B operand of a
@@ -199,7 +200,8 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", BT - 1, BT, BT - 1, BT);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
-    fprintf(f, "        const i64 batch = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
+    fprintf(f, "        /* tile-major, the dq tiles last row first: under causal limits the longest blocks start first */\n");
+    fprintf(f, "        const i64 batch = blk %% batches, tile = blk / batches;\n");
     cu_att_batch_indices(k, q, "        ");
     fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
     fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
@@ -211,7 +213,7 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     /* ---- dq: 64 query rows, the key tiles streamed ---- */
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j */\n");
     fprintf(f, "            const int Ks = 0, Vs = %lld, Kt = %lld; /* where the tiles start in sm */\n", BT * st, 2 * BT * st);
-    fprintf(f, "            const i64 i0 = tile * %d, r0 = i0 + warp * 16 + g; /* the lane's rows r0, r0 + 8 */\n", BT);
+    fprintf(f, "            const i64 i0 = (qtiles - 1 - tile) * %d, r0 = i0 + warp * 16 + g; /* the lane's rows r0, r0 + 8 */\n", BT);
     a_frags(k, q, "qf", "qb", "r0", "I", "D", "D", dk);
     a_frags(k, dout, "gf", "gb", "r0", "I", "E", "GC", dk);
     fprintf(f, "            i64 rjb[2], rje[2]; /* each row's keys */\n");
