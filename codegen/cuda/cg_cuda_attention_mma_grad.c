@@ -120,9 +120,9 @@ static void products(CuKernel *k, const char *mma, const char *acc, const char *
     FILE *o = k->f;
     fprintf(o, "#pragma unroll\n                for (int kd = 0; kd < %lld; kd++)\n", dk);
     fprintf(o, "#pragma unroll\n                    for (int c = 0; c < %d; c++) {\n", rows / 8);
-    fprintf(o, "                        const unsigned b[2] = {sm[%s + (8 * c + g) * %lld + 8 * kd + t], sm[%s + (8 * c + g) * %lld + 8 * kd + t + 4]};\n",
+    fprintf(o, "                        const unsigned bf[2] = {sm[%s + (8 * c + g) * %lld + 8 * kd + t], sm[%s + (8 * c + g) * %lld + 8 * kd + t + 4]};\n",
             src, st, src, st);
-    fprintf(o, "                        %s(%s[c], %s[kd], b, %s[c]);\n", mma, acc, a, acc);
+    fprintf(o, "                        %s(%s[c], %s[kd], bf, %s[c]);\n", mma, acc, a, acc);
     fprintf(o, "                    }\n");
 }
 
@@ -133,14 +133,14 @@ static void products_t(CuKernel *k, const char *mma, const char *pack, const cha
 {
     FILE *o = k->f;
     fprintf(o, "#pragma unroll\n                for (int kc = 0; kc < %d; kc++) {\n", rows / 16);
-    fprintf(o, "                    const unsigned a[4] = {%s(%s[2 * kc][0], %s[2 * kc][1]), %s(%s[2 * kc][2], %s[2 * kc][3]),\n",
+    fprintf(o, "                    const unsigned pa[4] = {%s(%s[2 * kc][0], %s[2 * kc][1]), %s(%s[2 * kc][2], %s[2 * kc][3]),\n",
             pack, p, p, pack, p, p);
-    fprintf(o, "                                           %s(%s[2 * kc + 1][0], %s[2 * kc + 1][1]), %s(%s[2 * kc + 1][2], %s[2 * kc + 1][3])};\n",
+    fprintf(o, "                                            %s(%s[2 * kc + 1][0], %s[2 * kc + 1][1]), %s(%s[2 * kc + 1][2], %s[2 * kc + 1][3])};\n",
             pack, p, p, pack, p, p);
     fprintf(o, "#pragma unroll\n                    for (int ci = 0; ci < %lld; ci++) {\n", dn);
-    fprintf(o, "                        const unsigned b[2] = {sm[%s + (8 * ci + g) * %lld + 8 * kc + t], sm[%s + (8 * ci + g) * %lld + 8 * kc + t + 4]};\n",
+    fprintf(o, "                        const unsigned bf[2] = {sm[%s + (8 * ci + g) * %lld + 8 * kc + t], sm[%s + (8 * ci + g) * %lld + 8 * kc + t + 4]};\n",
             src, tst, src, tst);
-    fprintf(o, "                        %s(%s[ci], a, b, %s[ci]);\n", mma, acc, acc);
+    fprintf(o, "                        %s(%s[ci], pa, bf, %s[ci]);\n", mma, acc, acc);
     fprintf(o, "                    }\n                }\n");
 }
 

@@ -44,7 +44,8 @@ static const char *const reserved[] = {
     "first", "fm", "ib", "ie", "ihi", "j0", "jb", "je", "tjb", "tje", "rjb", "rje", "ks", "qs", "vs", "os", "kv",
     "qv", "vv", "psum", "rmax", "sc", "seg", "z", "sm", "Gs", "Ss", "Ls", "gv", "dl",
     "fmq", "tib", "tie", "jt0", "rr", "qtiles", "ktiles", "ra", "rb", "cur", "more", "tn", "nt", "Al", "Bl", "u", "pv",
-    "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow", NULL};
+    "Nout", "v", "oc", "mm1", "colgroups", "groups", "last", "Vt", "r0", "qf", "kd", "kc", "pa", "orow", "Dl", "Kt", "Qt", "Gt", "gf", "kf",
+    "vf", "dka", "dva", "c0", "h", "sh", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", NULL};
