@@ -1,9 +1,10 @@
 /* test_cuda_nvrtc.c: every CUDA kernel xtc generates compiles with NVRTC, and its PTX assembles
  * with ptxas (for sm_80 with one prelude, for sm_90 with the others). No GPU is needed.
  *
- * The tensor-core attention forward (flash): its PTX holds the mma.sync of its type, and ptxas -v
- * assembles it for sm_80 and sm_90 with no spills and no stack frame (CK_RUN_CASE=flash). The same
- * for the tensor-core matmul of 16-bit operands, with its ldmatrix and cp.async (flash too).
+ * The tensor-core attention forward and backward (flash): their PTX holds the mma.sync of its
+ * type, and ptxas -v assembles it for sm_80 and sm_90 with no spills and no stack frame
+ * (CK_RUN_CASE=flash). The same for the tensor-core matmul of 16-bit operands, with its ldmatrix
+ * and cp.async (flash too).
  *
  * The graphs: every .xtf of models/ (every model statement of each file) and of tests/parity/,
  * lowered for inference, for inference with the padding masks, for incremental decoding (KV
@@ -601,7 +602,8 @@ END_TEST
 
 /* The tensor-core attention forward (cg_cuda_attention_mma.c) as the GPU gets it: heads of 64
  * (causal, statistics), 128 (a bias and a mask), 40 by 24 (a window) and 128 by 128 (the widest
- * it takes, through head-split views), with --mma=bf16 and --mma=fp16, each with the f32 prelude
+ * it takes, through head-split views), and the backward (cg_cuda_attention_mma_grad.c) of heads
+ * of 64 (causal; a bias and a mask), with --mma=bf16 and --mma=fp16, each with the f32 prelude
  * and that of its 16-bit storage. Its PTX (sm_80) holds, per kernel, the mma.sync of the type
  * asked for (D / 16 per score tile, E / 8 per value k-step) and none of the other; ptxas -v
  * assembles it for sm_80 and sm_90 with no spills and no stack frame (no local memory). The
@@ -620,7 +622,12 @@ START_TEST(test_flash_instruction_mix)
     IrNode *q40 = ir_input(g, "q40", IR_F32, 4, s40), *v24 = ir_input(g, "v24", IR_F32, 4, s24);
     IrNode *bias = ir_input(g, "bias", IR_F32, 3, sbias), *mask = ir_input(g, "mask", IR_BOOL, 4, smask);
     IrNode *c = ir_const(g, 0.125, IR_F32);
-    ir_output(g, "causal64", ir_attention(g, q64, q64, q64, NULL, NULL, c, 1, 1));
+    IrNode *causal64 = ir_attention(g, q64, q64, q64, NULL, NULL, c, 1, 1);
+    IrNode *masked64 = ir_attention(g, q64, q64, q64, ir_input(g, "bias64", IR_F32, 3, sbias), mask, c, 0, 1);
+    IrDim sd64[] = {b, h, n, ir_dim(65)}; /* with the logsumexp's gradient */
+    ir_output(g, "causal64", causal64);
+    ir_output(g, "causal64_grad", ir_attention_grad(g, causal64, ir_input(g, "d64", IR_F32, 4, sd64)));
+    ir_output(g, "masked64_grad", ir_attention_grad(g, masked64, ir_input(g, "d64m", IR_F32, 4, s64)));
     ir_output(g, "masked128", ir_attention(g, q128, q128, q128, bias, mask, c, 0, 0));
     ir_output(g, "window40", ir_attention_window(g, q40, q40, v24, NULL, NULL, c, 1, 1, 256));
     IrNode *hx = ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), split);
@@ -640,14 +647,18 @@ START_TEST(test_flash_instruction_mix)
             FILE *f = open_memstream(&src, &len);
             cu_prelude(f, g, u.nkernels, storage);
             int flash = 0;
-            for (int k = 0; k < u.nkernels; k++)
-                if (plan.kernels[k].node->op == IR_ATTENTION) {
-                    ck_assert_msg(strstr(u.kernel_text[k], "FlashAttention-2 on tensor cores"), "%s", u.kernel_text[k]);
+            for (int k = 0; k < u.nkernels; k++) {
+                IrOp op = plan.kernels[k].node->op;
+                if (op == IR_ATTENTION || op == IR_ATTENTION_GRAD) {
+                    ck_assert_msg(strstr(u.kernel_text[k], op == IR_ATTENTION ? "FlashAttention-2 on tensor cores"
+                                                                             : "FlashAttention-2 backward on tensor cores"),
+                                  "%s", u.kernel_text[k]);
                     fprintf(f, "\n%s", u.kernel_text[k]);
                     flash++;
                 }
+            }
             fclose(f);
-            ck_assert_int_eq(flash, 4);
+            ck_assert_int_eq(flash, 7); /* 5 forward (masked64 for the gradient), 2 backward */
             char *ptx = NULL;
             ck_assert_msg(cg_nvrtc_compile(src, "flash.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
             free(src);
@@ -668,7 +679,7 @@ START_TEST(test_flash_instruction_mix)
                 ck_assert_msg(have >= 8 + 3 && !bad, "entry %d: %d %s, %d of the other type", entries, have, want, bad);
                 entries++;
             }
-            ck_assert_int_eq(entries, 4);
+            ck_assert_int_eq(entries, 7);
             char ptx_path[512], log[512];
             snprintf(ptx_path, sizeof ptx_path, "%s/flash_%d_%d.ptx", tmpdir, mma, storage);
             FILE *pf = fopen(ptx_path, "w");
@@ -691,7 +702,7 @@ START_TEST(test_flash_instruction_mix)
                                           "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
                     infos++;
                 }
-                ck_assert_int_eq(infos, 4);
+                ck_assert_int_eq(infos, 7);
                 char fig[256] = "";
                 size_t fl = 0;
                 for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {

@@ -35,6 +35,12 @@ void cu_att_operand_rows(CuKernel *k, unsigned view, const char *qual, const cha
 /* I, J, batches, D, E, OC (and H with head views) */
 void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
 
+/* `indent dst = ` the 16-bit pair (p[lo] where clo, p[hi] where chi, else 0) of x's elements in
+ * the mma's format: raw bits when x is stored in that format, else rounded from xtc_ld's floats
+ * (cg_cuda_attention_mma_grad.c) */
+void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
+                 const char *lo, const char *chi, const char *hi);
+
 /* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
  * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then). */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);

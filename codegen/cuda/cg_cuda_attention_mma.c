@@ -5,7 +5,8 @@
  *
  * A block is 4 warps (128 threads) over BR = 64 query rows, 16 per warp. A warp keeps its query
  * rows in registers as mma A fragments (qf, 16-bit pairs along the head, rounded once as the
- * tensor-core matmul rounds its operands: exact with 16-bit storage of the format), and walks
+ * tensor-core matmul rounds its operands; with 16-bit storage of the format, the raw bits:
+ * cu_att_pair), and walks
  * the keys of the tile's rows (causal and window limits bound them: tiles past the diagonal are
  * skipped) BC = 64 at a time. The block stages a key tile Ks[key][d pair] and the transposed
  * value tile Vt[e][key pair] in shared memory as 16-bit pairs (zero past J and past D, E; rows
@@ -70,9 +71,8 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            for (int u = 0; u < 4; u++) { /* a[u]: row g + 8 (u %% 2), columns 16 kd + 2 t + 8 (u / 2) */\n");
     fprintf(f, "                const i64 i = r0 + 8 * (u %% 2);\n");
     fprintf(f, "                const int d = 16 * kd + 2 * t + 8 * (u / 2);\n");
-    fprintf(f, "                const float lo = i < I && d < D ? xtc_ld(qb, i * qs + d) : 0.0f;\n");
-    fprintf(f, "                const float hi = i < I && d + 1 < D ? xtc_ld(qb, i * qs + d + 1) : 0.0f;\n");
-    fprintf(f, "                qf[kd][u] = %s(lo, hi);\n", pack);
+    cu_att_pair(k, q, "                ", "qf[kd][u]", "qb", "i < I && d < D", "i * qs + d", "i < I && d + 1 < D",
+                "i * qs + d + 1");
     fprintf(f, "            }\n");
     fprintf(f, "        i64 rjb[2], rje[2]; /* each row's keys */\n");
     fprintf(f, "        float mx[2], lsum[2], o[%lld][4]; /* running max and (this lane's part of the) sum; O */\n", en);
@@ -90,15 +90,15 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "            for (int e = threadIdx.x; e < %d * %lld; e += blockDim.x) {\n", BC, dpairs);
     fprintf(f, "                const int c = e / %lld, p = e %% %lld, d = 2 * p; /* key, d pair */\n", dpairs, dpairs);
     fprintf(f, "                const i64 j = j0 + c;\n");
-    fprintf(f, "                const float lo = j < tje && d < D ? xtc_ld(kb, j * ks + d) : 0.0f;\n");
-    fprintf(f, "                const float hi = j < tje && d + 1 < D ? xtc_ld(kb, j * ks + d + 1) : 0.0f;\n");
-    fprintf(f, "                Ks[c][p] = %s(lo, hi);\n            }\n", pack);
+    cu_att_pair(k, kk, "                ", "Ks[c][p]", "kb", "j < tje && d < D", "j * ks + d", "j < tje && d + 1 < D",
+                "j * ks + d + 1");
+    fprintf(f, "            }\n");
     fprintf(f, "            for (int e = threadIdx.x; e < %d * %lld; e += blockDim.x) {\n", BC / 2, epad);
     fprintf(f, "                const int c = e %% %lld, p = e / %lld; /* value column, key pair */\n", epad, epad);
     fprintf(f, "                const i64 j = j0 + 2 * p;\n");
-    fprintf(f, "                const float lo = j < tje && c < E ? xtc_ld(vb, j * vs + c) : 0.0f;\n");
-    fprintf(f, "                const float hi = j + 1 < tje && c < E ? xtc_ld(vb, (j + 1) * vs + c) : 0.0f;\n");
-    fprintf(f, "                Vt[c][p] = %s(lo, hi);\n            }\n", pack);
+    cu_att_pair(k, v, "                ", "Vt[c][p]", "vb", "j < tje && c < E", "j * vs + c", "j + 1 < tje && c < E",
+                "(j + 1) * vs + c");
+    fprintf(f, "            }\n");
     fprintf(f, "            __syncthreads(); /* Ks, Vt */\n");
     fprintf(f, "            float s[%d][4]; /* S = Q K^T: tile c holds keys 8 c .. 8 c + 7 */\n", sn);
     fprintf(f, "#pragma unroll\n");

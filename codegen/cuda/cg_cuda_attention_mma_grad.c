@@ -6,19 +6,22 @@
  * The work is split as the CUDA-core tiled kernel splits it, so that every output row has one
  * writer (no atomics, no f32 workspace to clear and convert, the same bits on every run): per
  * batch, blocks [0, QT) take 64 query rows each (their dq), blocks [QT, QT + KT) 64 keys each
- * (their dk and dv). A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
+ * (their dk and dv), numbered tile-major and the dq tiles from the last rows on, so that under
+ * causal limits the longest blocks (late query rows, early keys) start first. A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
  * keeps them in registers as mma A fragments (16-bit pairs along the head); the other side
- * streams through shared memory as 16-bit pairs in tiles of 64, twice: [row][d pair] (the B
- * operand of a product over d) and, transposed in shared memory, [d][row pair] (the B operand of
- * a product over the rows); rows padded by 4 words: conflict-free fragment loads.
+ * streams through shared memory as 16-bit pairs, 64 keys or BQ = 32 query rows a tile (the dk/dv
+ * half holds four sets of 16 x D in registers), twice: [row][d pair] (the B operand of a
+ * product over d) and, transposed in shared memory, [d][row pair] (the B operand of a product
+ * over the rows); rows padded by 4 words: conflict-free fragment loads. The tiles are addressed
+ * as offsets into one shared array (pointers into it cost NVRTC's code 64-bit registers).
  *   dq block:   S = Q K^T, dP = dO V^T over the key tile; P = exp(S scale + bias - lse) from the
  *               forward's logsumexp (o's last column); dS = P (dP - D_i + dlse_i) scale, 0 where
  *               masked, with D_i = dout_i . o_i computed by the row's 4 lanes;
  *               dQ += dS K: dS's accumulator layout is the A fragment's, packed in registers.
  *   dk/dv block: S^T = K Q^T, dP^T = V dO^T over the query tile (lse and D_i of its rows in
  *               shared memory); dV += P^T dO, dK += dS^T Q, P^T and dS^T again A fragments.
- * The dq half recomputes S and dP (7 products of 64 x 64 x D per tile pair where the atomic dq
- * of FlashAttention-2 does 5) and buys with it determinism and a single 16-bit or f32 store of
+ * The dq half recomputes S and dP (7 products of rows x keys x D where the atomic dq of
+ * FlashAttention-2 does 5) and buys with it determinism and a single 16-bit or f32 store of
  * each gradient. The causal and window limits bound both loops as in the CUDA-core kernel (the
  * tiles past the diagonal are never visited; cu_att_tile_keys, cu_att_query_ranges); each pair
  * is still checked against its query row's key range. Operands are rounded to the mma format
@@ -29,7 +32,8 @@
 #include <string.h>
 
 #define MMA_GRAD_HEAD 64 /* the widest head on tensor cores: 4 accumulator sets of D / 2 a thread */
-#define BT 64            /* rows of a block (16 a warp), and of a streamed tile */
+#define BT 64            /* rows of a block (16 a warp), and keys of the dq half's streamed tile */
+#define BQ 32            /* query rows of the dk/dv half's streamed tile (registers: 4 sets of 16 x D) */
 
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
@@ -41,8 +45,7 @@ static int raw_pairs(const CuKernel *k, const IrNode *x)
     return k->gen->storage == fmt && strcmp(cu_mem_type(x), "xtc_fs") == 0;
 }
 
-/* dst = the pair (p[lo] where clo, p[hi] where chi, else 0) in the mma's 16-bit format */
-static void pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
+void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
                  const char *lo, const char *chi, const char *hi)
 {
     if (raw_pairs(k, x))
@@ -71,18 +74,18 @@ static void a_frags(CuKernel *k, const IrNode *x, const char *f, const char *p, 
     snprintf(hi, sizeof hi, "r * %s + d + 1", ld);
     char dst[32];
     snprintf(dst, sizeof dst, "%s[kd][u]", f);
-    pair(k, x, "                ", dst, p, clo, lo, chi, hi);
+    cu_att_pair(k, x, "                ", dst, p, clo, lo, chi, hi);
     fprintf(o, "            }\n");
 }
 
-/* The tile [BT][st] of rows base.. (below lim) of p (row stride ld, `width` columns) as 16-bit
+/* The tile [rows][st] of rows base.. (below lim) of p (row stride ld, `width` columns) as 16-bit
  * pairs along the row, zero past lim and width */
 static void load_pairs(CuKernel *k, const IrNode *x, const char *dst, const char *p, const char *base, const char *lim,
-                       const char *width, const char *ld, long long dpairs, long long st)
+                       const char *width, const char *ld, int rows, long long dpairs, long long st)
 {
     FILE *o = k->f;
     char clo[160], chi[160], lo[96], hi[96], d[64];
-    fprintf(o, "                for (int e = threadIdx.x; e < %d * %lld; e += blockDim.x) {\n", BT, dpairs);
+    fprintf(o, "                for (int e = threadIdx.x; e < %d * %lld; e += blockDim.x) {\n", rows, dpairs);
     fprintf(o, "                    const int c = e / %lld, d = 2 * (e %% %lld); /* row, first column of the pair */\n",
             dpairs, dpairs);
     fprintf(o, "                    const i64 r = %s + c;\n", base);
@@ -90,53 +93,54 @@ static void load_pairs(CuKernel *k, const IrNode *x, const char *dst, const char
     snprintf(chi, sizeof chi, "r < %s && d + 1 < %s", lim, width);
     snprintf(lo, sizeof lo, "r * %s + d", ld);
     snprintf(hi, sizeof hi, "r * %s + d + 1", ld);
-    snprintf(d, sizeof d, "%s[c * %lld + d / 2]", dst, st);
-    pair(k, x, "                    ", d, p, clo, lo, chi, hi);
+    snprintf(d, sizeof d, "sm[%s + c * %lld + d / 2]", dst, st);
+    cu_att_pair(k, x, "                    ", d, p, clo, lo, chi, hi);
     fprintf(o, "                }\n");
 }
 
 /* dst[d][row pair] (row stride tst) from src[row][d pair] (row stride st): the 16-bit halves
  * regrouped, d < dpad */
-static void transpose_pairs(CuKernel *k, const char *dst, const char *src, long long st, long long dpad, long long tst)
+static void transpose_pairs(CuKernel *k, const char *dst, const char *src, int rows, long long st, long long dpad,
+                            long long tst)
 {
     FILE *o = k->f;
-    fprintf(o, "                for (int e = threadIdx.x; e < %lld * %d; e += blockDim.x) {\n", dpad, BT / 2);
+    fprintf(o, "                for (int e = threadIdx.x; e < %lld * %d; e += blockDim.x) {\n", dpad, rows / 2);
     fprintf(o, "                    const int d = e %% %lld, p = e / %lld, sh = 16 * (d & 1);\n", dpad, dpad);
-    fprintf(o, "                    const unsigned lo = %s[2 * p * %lld + d / 2], hi = %s[(2 * p + 1) * %lld + d / 2];\n",
+    fprintf(o, "                    const unsigned lo = sm[%s + 2 * p * %lld + d / 2], hi = sm[%s + (2 * p + 1) * %lld + d / 2];\n",
             src, st, src, st);
-    fprintf(o, "                    %s[d * %lld + p] = (lo >> sh & 0xffffu) | (hi >> sh & 0xffffu) << 16;\n", dst, tst);
+    fprintf(o, "                    sm[%s + d * %lld + p] = (lo >> sh & 0xffffu) | (hi >> sh & 0xffffu) << 16;\n", dst, tst);
     fprintf(o, "                }\n");
 }
 
-/* s[c] (+)= A . B over kd for the 8 column tiles of a 64-row tile: B fragments from rows
- * 8 c + g, pairs 8 kd + t (+ 4) of the [row][pair] tile src */
-static void products(CuKernel *k, const char *mma, const char *acc, const char *a, const char *src, long long st,
-                     long long dk)
+/* s[c] (+)= A . B over kd for the rows / 8 column tiles of a tile of rows: B fragments from
+ * rows 8 c + g, pairs 8 kd + t (+ 4) of the [row][pair] tile src */
+static void products(CuKernel *k, const char *mma, const char *acc, const char *a, const char *src, int rows,
+                     long long st, long long dk)
 {
     FILE *o = k->f;
     fprintf(o, "#pragma unroll\n                for (int kd = 0; kd < %lld; kd++)\n", dk);
-    fprintf(o, "#pragma unroll\n                    for (int c = 0; c < %d; c++) {\n", BT / 8);
-    fprintf(o, "                        const unsigned b[2] = {%s[(8 * c + g) * %lld + 8 * kd + t], %s[(8 * c + g) * %lld + 8 * kd + t + 4]};\n",
+    fprintf(o, "#pragma unroll\n                    for (int c = 0; c < %d; c++) {\n", rows / 8);
+    fprintf(o, "                        const unsigned bf[2] = {sm[%s + (8 * c + g) * %lld + 8 * kd + t], sm[%s + (8 * c + g) * %lld + 8 * kd + t + 4]};\n",
             src, st, src, st);
-    fprintf(o, "                        %s(%s[c], %s[kd], b, %s[c]);\n", mma, acc, a, acc);
+    fprintf(o, "                        %s(%s[c], %s[kd], bf, %s[c]);\n", mma, acc, a, acc);
     fprintf(o, "                    }\n");
 }
 
-/* acc[ci] += P . B: P the [16][64] probabilities-shaped accumulators p (packed to A fragments),
- * B from the [d][row pair] tile src */
+/* acc[ci] += P . B: P the [16][rows] probabilities-shaped accumulators p (packed to A
+ * fragments), B from the [d][row pair] tile src */
 static void products_t(CuKernel *k, const char *mma, const char *pack, const char *acc, const char *p, const char *src,
-                       long long tst, long long dn)
+                       int rows, long long tst, long long dn)
 {
     FILE *o = k->f;
-    fprintf(o, "#pragma unroll\n                for (int kc = 0; kc < %d; kc++) {\n", BT / 16);
-    fprintf(o, "                    const unsigned a[4] = {%s(%s[2 * kc][0], %s[2 * kc][1]), %s(%s[2 * kc][2], %s[2 * kc][3]),\n",
+    fprintf(o, "#pragma unroll\n                for (int kc = 0; kc < %d; kc++) {\n", rows / 16);
+    fprintf(o, "                    const unsigned pa[4] = {%s(%s[2 * kc][0], %s[2 * kc][1]), %s(%s[2 * kc][2], %s[2 * kc][3]),\n",
             pack, p, p, pack, p, p);
-    fprintf(o, "                                           %s(%s[2 * kc + 1][0], %s[2 * kc + 1][1]), %s(%s[2 * kc + 1][2], %s[2 * kc + 1][3])};\n",
+    fprintf(o, "                                            %s(%s[2 * kc + 1][0], %s[2 * kc + 1][1]), %s(%s[2 * kc + 1][2], %s[2 * kc + 1][3])};\n",
             pack, p, p, pack, p, p);
     fprintf(o, "#pragma unroll\n                    for (int ci = 0; ci < %lld; ci++) {\n", dn);
-    fprintf(o, "                        const unsigned b[2] = {%s[(8 * ci + g) * %lld + 8 * kc + t], %s[(8 * ci + g) * %lld + 8 * kc + t + 4]};\n",
+    fprintf(o, "                        const unsigned bf[2] = {sm[%s + (8 * ci + g) * %lld + 8 * kc + t], sm[%s + (8 * ci + g) * %lld + 8 * kc + t + 4]};\n",
             src, tst, src, tst);
-    fprintf(o, "                        %s(%s[ci], a, b, %s[ci]);\n", mma, acc, acc);
+    fprintf(o, "                        %s(%s[ci], pa, bf, %s[ci]);\n", mma, acc, acc);
     fprintf(o, "                    }\n                }\n");
 }
 
@@ -180,15 +184,15 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
     const char *pack = k->gen->mma == CG_MMA_FP16 ? "xtc_pack_f16x2" : "xtc_pack_bf16x2";
     long long dk = (a->D + 15) / 16, dn = (a->D + 7) / 8; /* k-steps over d, n tiles of d */
-    long long dpairs = 8 * dk, dpad = 8 * dn, st = dpairs + 4, tst = BT / 2 + 4;
-    long long words = 2 * BT * st + 2 * dpad * tst; /* the dk/dv half's; the dq half's is 3/4 of it */
+    long long dpairs = 8 * dk, dpad = 8 * dn, st = dpairs + 4, tst = BT / 2 + 4, qtst = BQ / 2 + 4;
+    long long wq = 2 * BT * st + dpad * tst, wk = 2 * BQ * st + 2 * dpad * qtst; /* the dq, the dk/dv half */
     FILE *f = k->f;
     k->sync = 1;
     cu_kernel_begin(k);
     fprintf(f, "    /* FlashAttention-2 backward on tensor cores: operands in %s, scores, statistics and sums in f32 */\n",
             k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16");
-    fprintf(f, "    __shared__ XTC_ALIGN16 unsigned sm[%lld]; /* the 16-bit pair tiles of either half */\n", words);
-    fprintf(f, "    __shared__ float Ls[%d], Dl[%d]; /* dk/dv half: the query tile's lse and dlse - D_i */\n", BT, BT);
+    fprintf(f, "    __shared__ XTC_ALIGN16 unsigned sm[%lld]; /* the 16-bit pair tiles of either half */\n", wq > wk ? wq : wk);
+    fprintf(f, "    __shared__ float Ls[%d], Dl[%d]; /* dk/dv half: the query tile's lse and dlse - D_i */\n", BQ, BQ);
     fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
     fprintf(f, "    const int D = %lld, E = %lld, OC = %lld, GC = %s; /* o has E + 1 columns, dout E or E + 1 */\n",
             a->D, a->E, a->E + 1, gcols);
@@ -196,7 +200,8 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", BT - 1, BT, BT - 1, BT);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
-    fprintf(f, "        const i64 batch = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
+    fprintf(f, "        /* tile-major, the dq tiles last row first: under causal limits the longest blocks start first */\n");
+    fprintf(f, "        const i64 batch = blk %% batches, tile = blk / batches;\n");
     cu_att_batch_indices(k, q, "        ");
     fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
     fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
@@ -207,9 +212,8 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
 
     /* ---- dq: 64 query rows, the key tiles streamed ---- */
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j */\n");
-    fprintf(f, "            unsigned *const Ks = sm, *const Vs = Ks + %d * %lld, *const Kt = Vs + %d * %lld;\n", BT, st,
-            BT, st);
-    fprintf(f, "            const i64 i0 = tile * %d, r0 = i0 + warp * 16 + g; /* the lane's rows r0, r0 + 8 */\n", BT);
+    fprintf(f, "            const int Ks = 0, Vs = %lld, Kt = %lld; /* where the tiles start in sm */\n", BT * st, 2 * BT * st);
+    fprintf(f, "            const i64 i0 = (qtiles - 1 - tile) * %d, r0 = i0 + warp * 16 + g; /* the lane's rows r0, r0 + 8 */\n", BT);
     a_frags(k, q, "qf", "qb", "r0", "I", "D", "D", dk);
     a_frags(k, dout, "gf", "gb", "r0", "I", "E", "GC", dk);
     fprintf(f, "            i64 rjb[2], rje[2]; /* each row's keys */\n");
@@ -229,14 +233,14 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     zero(f, "acc", dn, "            ");
     cu_att_tile_keys(k, a, BT, "            ");
     fprintf(f, "            for (i64 j0 = tjb; j0 < tje; j0 += %d) {\n", BT);
-    load_pairs(k, kk, "Ks", "kb", "j0", "tje", "D", "D", dpairs, st);
-    load_pairs(k, v, "Vs", "vb", "j0", "tje", "E", "E", dpairs, st);
+    load_pairs(k, kk, "Ks", "kb", "j0", "tje", "D", "D", BT, dpairs, st);
+    load_pairs(k, v, "Vs", "vb", "j0", "tje", "E", "E", BT, dpairs, st);
     fprintf(f, "                __syncthreads(); /* Ks, Vs */\n");
-    transpose_pairs(k, "Kt", "Ks", st, dpad, tst);
+    transpose_pairs(k, "Kt", "Ks", BT, st, dpad, tst);
     zero(f, "s", BT / 8, "                ");
     zero(f, "dp", BT / 8, "                ");
-    products(k, mma, "s", "qf", "Ks", st, dk);
-    products(k, mma, "dp", "gf", "Vs", st, dk);
+    products(k, mma, "s", "qf", "Ks", BT, st, dk);
+    products(k, mma, "dp", "gf", "Vs", BT, st, dk);
     fprintf(f, "#pragma unroll\n                for (int c = 0; c < %d; c++)\n", BT / 8);
     fprintf(f, "#pragma unroll\n                    for (int u = 0; u < 4; u++) { /* row g + 8 (u / 2), key 8 c + 2 t + u %% 2 */\n");
     fprintf(f, "                        const int r = u / 2;\n");
@@ -249,15 +253,15 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "                        s[c][u] = ds;\n");
     fprintf(f, "                    }\n");
     fprintf(f, "                __syncthreads(); /* Kt */\n");
-    products_t(k, mma, pack, "acc", "s", "Kt", tst, dn);
+    products_t(k, mma, pack, "acc", "s", "Kt", BT, tst, dn);
     fprintf(f, "                __syncthreads(); /* before the next tile replaces Ks, Vs, Kt */\n");
     fprintf(f, "            }\n");
     store_rows(f, "dq", "acc", "r0", "I", dn);
 
     /* ---- dk, dv: 64 keys, the query tiles streamed ---- */
     fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
-    fprintf(f, "            unsigned *const Qs = sm, *const Gs = Qs + %d * %lld, *const Qt = Gs + %d * %lld, *const Gt = Qt + %lld * %lld;\n",
-            BT, st, BT, st, dpad, tst);
+    fprintf(f, "            const int Qs = 0, Gs = %lld, Qt = %lld, Gt = %lld; /* where the tiles start in sm */\n", BQ * st,
+            2 * BQ * st, 2 * BQ * st + dpad * qtst);
     fprintf(f, "            const i64 jt0 = (tile - qtiles) * %d, c0 = jt0 + warp * 16 + g; /* the lane's keys c0, c0 + 8 */\n",
             BT);
     a_frags(k, kk, "kf", "kb", "c0", "J", "D", "D", dk);
@@ -272,28 +276,29 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
-    fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", BT);
-    load_pairs(k, q, "Qs", "qb", "i0", "ihi", "D", "D", dpairs, st);
-    load_pairs(k, dout, "Gs", "gb", "i0", "ihi", "E", "GC", dpairs, st);
-    fprintf(f, "                { /* each query row's lse and dlse - D_i: two lanes a row */\n");
-    fprintf(f, "                    const int rr = threadIdx.x >> 1, h = threadIdx.x & 1;\n");
+    fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", BQ);
+    load_pairs(k, q, "Qs", "qb", "i0", "ihi", "D", "D", BQ, dpairs, st);
+    load_pairs(k, dout, "Gs", "gb", "i0", "ihi", "E", "GC", BQ, dpairs, st);
+    fprintf(f, "                { /* each query row's lse and dlse - D_i: %d lanes a row */\n", 128 / BQ);
+    fprintf(f, "                    const int rr = threadIdx.x / %d, h = threadIdx.x %% %d;\n", 128 / BQ, 128 / BQ);
     fprintf(f, "                    const i64 i = i0 + rr;\n");
     fprintf(f, "                    float dsum = 0.0f;\n");
-    fprintf(f, "                    for (int e = h; e < E && i < ihi; e += 2)\n");
+    fprintf(f, "                    for (int e = h; e < E && i < ihi; e += %d)\n", 128 / BQ);
     fprintf(f, "                        dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);\n");
-    fprintf(f, "                    dsum += __shfl_xor_sync(0xffffffffu, dsum, 1);\n");
+    fprintf(f, "                    for (int w = 1; w < %d; w <<= 1)\n", 128 / BQ);
+    fprintf(f, "                        dsum += __shfl_xor_sync(0xffffffffu, dsum, w);\n");
     fprintf(f, "                    if (h == 0) {\n");
     fprintf(f, "                        Ls[rr] = i < ihi ? xtc_ld(ob, i * OC + E) : 0.0f;\n");
     fprintf(f, "                        Dl[rr] = (i < ihi && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;\n");
     fprintf(f, "                    }\n                }\n");
     fprintf(f, "                __syncthreads(); /* Qs, Gs, Ls, Dl */\n");
-    transpose_pairs(k, "Qt", "Qs", st, dpad, tst);
-    transpose_pairs(k, "Gt", "Gs", st, dpad, tst);
-    zero(f, "s", BT / 8, "                ");
-    zero(f, "dp", BT / 8, "                ");
-    products(k, mma, "s", "kf", "Qs", st, dk);
-    products(k, mma, "dp", "vf", "Gs", st, dk);
-    fprintf(f, "#pragma unroll\n                for (int c = 0; c < %d; c++)\n", BT / 8);
+    transpose_pairs(k, "Qt", "Qs", BQ, st, dpad, qtst);
+    transpose_pairs(k, "Gt", "Gs", BQ, st, dpad, qtst);
+    zero(f, "s", BQ / 8, "                ");
+    zero(f, "dp", BQ / 8, "                ");
+    products(k, mma, "s", "kf", "Qs", BQ, st, dk);
+    products(k, mma, "dp", "vf", "Gs", BQ, st, dk);
+    fprintf(f, "#pragma unroll\n                for (int c = 0; c < %d; c++)\n", BQ / 8);
     fprintf(f, "#pragma unroll\n                    for (int u = 0; u < 4; u++) { /* key g + 8 (u / 2), query 8 c + 2 t + u %% 2 */\n");
     fprintf(f, "                        const int qi = 8 * c + 2 * t + u %% 2;\n");
     fprintf(f, "                        const i64 i = i0 + qi, j = c0 + 8 * (u / 2);\n");
@@ -307,8 +312,8 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "                        dp[c][u] = ds;\n");
     fprintf(f, "                    }\n");
     fprintf(f, "                __syncthreads(); /* Qt, Gt */\n");
-    products_t(k, mma, pack, "dva", "s", "Gt", tst, dn);
-    products_t(k, mma, pack, "dka", "dp", "Qt", tst, dn);
+    products_t(k, mma, pack, "dva", "s", "Gt", BQ, qtst, dn);
+    products_t(k, mma, pack, "dka", "dp", "Qt", BQ, qtst, dn);
     fprintf(f, "                __syncthreads(); /* before the next tile replaces Qs, Gs, Qt, Gt, Ls, Dl */\n");
     fprintf(f, "            }\n");
     store_rows(f, "dk", "dka", "c0", "J", dn);
