@@ -286,7 +286,10 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     fprintf(f, "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     cu_matmul_prologue(k, x, ia, ib, parts);
-    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS) < 0)
+    /* few rows (decoding): the GEMV path where B is transposed (a linear layer's weight), which
+     * needs no shared memory; its B-as-stored form sums through 8-16 KiB of shared memory, past
+     * the 48 KiB a block may declare statically on top of this kernel's tiles */
+    if (tb && cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS) < 0)
         return -1;
     if (vec) {
         fprintf(f, "        /* 16-byte copies: rows of multiples of 8 values, aligned operands */\n");
@@ -325,6 +328,7 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
         snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "(%s) * (%s)", tl[1][0], tl[1][1]);
     snprintf(k->geom.grid_y, sizeof k->geom.grid_y, "%s", batches);
     k->geom.block = THREADS;
-    cg_cuda_gemv_geometry(k, x, parts, THREADS);
+    if (tb)
+        cg_cuda_gemv_geometry(k, x, parts, THREADS);
     return k->gen->err[0] ? -1 : 0;
 }
