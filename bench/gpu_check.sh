@@ -74,6 +74,7 @@ cases=(
   "h128_decode  dec_h128        decode  513x4    -          f32,bf16,fp16   -"
   "pos_rot      pos_rotary      train   2x600    1x300      bf16,fp16       bf16"
   "pos_alibi    pos_alibi       train   2x400    1x300      bf16,fp16       bf16"
+  "pos_rotdec   pos_rotary      decode  300x6    100x2      fp16            fp16"
 )
 # rtol forward/decode, rtol gradients
 tol_f32="1e-4 1e-3" tol_bf16="2e-2 5e-2" tol_fp16="4e-3 2e-2"
@@ -94,7 +95,9 @@ gqa2 = TransformerWrapper(num_tokens = 777, max_seq_len = 512,
         ff_swish = true, ff_glu = true, use_rmsnorm = true, rotary_pos_emb = true))'
 }
 # positions past 256 (bf16 holds integers exactly only up to 256): tables of positions (rotary
-# angles, ALiBi distances) must stay f32 under 16-bit storage
+# angles, ALiBi distances) must stay f32 under 16-bit storage, and so must the inverse
+# frequencies they read: rounded, they turn the rotated k and v that the caches keep (the
+# decoding case; its logits hide it)
 pos_rotary() {
   echo 'pos_rotary = TransformerWrapper(num_tokens = 97, max_seq_len = 1024,
     attn_layers = Decoder(dim = 32, depth = 1, heads = 2, rotary_pos_emb = true))'

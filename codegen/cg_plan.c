@@ -55,7 +55,10 @@ static void put_shape(FILE *f, const IrNode *n)
  * the position: in 16 bits an angle of 300 radians is off by up to 1 (bf16) and a bias of -500
  * by 2, which moves attention far more than rounding the activations does. They are small (a
  * row per position), so they stay f32 under 16-bit storage, as PyTorch's rotary code keeps its
- * angles in f32 under autocast. *seen: an ARANGE or RELPOS was found. */
+ * angles in f32 under autocast. The buffers such tables read stay f32 as well (cg_keeps_f32):
+ * an inverse frequency rounded to 16 bits turns every angle by a part in 2^12 (fp16) or 2^9
+ * (bf16) of itself, which attention's relative angles hide but the rotated k and v that a KV
+ * cache keeps do not. *seen: an ARANGE or RELPOS was found. */
 static int positional(const IrNode *n, int depth, int *seen)
 {
     switch (n->op) {
@@ -85,6 +88,8 @@ int cg_keeps_f32(const IrNode *n)
     if (n->op != IR_BUFFER && n->op != IR_CONST && positional(n, 8, &seen) && seen)
         return 1;
     switch (n->op) {
+    case IR_BUFFER: /* fixed tables, not trained: rotary's inverse frequencies (above), a 1.x
+                     * LayerNorm's zero beta; small */
     case IR_XENT:
     case IR_GATHER_GRAD:
     case IR_ENTMAX15:

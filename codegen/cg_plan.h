@@ -77,7 +77,10 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions);
  * atomics, which must add in f32), attention's output when it carries the logsumexp column that
  * the backward pass exponentiates, entmax15's output (its row doubles as index scratch), and
  * rand_like's uniform numbers (dropout keeps the same elements whatever the storage), and scalar
- * inputs (the loss scale of fp16 training, 2^16 by default, is beyond fp16's 65504). Reshapes follow their operand, whose buffer they share. */
+ * inputs (the loss scale of fp16 training, 2^16 by default, is beyond fp16's 65504), tables of
+ * positions (rotary angles, ALiBi distances) and the model's buffers (fixed tables such as
+ * rotary's inverse frequencies, which those tables read). Reshapes follow their operand, whose
+ * buffer they share. */
 int cg_keeps_f32(const IrNode *n);
 
 /* Whether dims [from, to) of a shape are all the constant 1 (so their product is 1 for any
