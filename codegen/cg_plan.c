@@ -14,6 +14,7 @@
  *  - index ranges for integer inputs that feed a gather (token ids) or a cross-entropy (targets,
  *    negative ones ignored), checked by the runtime when the input is set. */
 #include "cg_plan.h"
+#include "fused_expr.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -148,20 +149,27 @@ static int add_buffer(CgPlan *p, CgBufKind kind, const IrNode *node, const char 
     return p->nbufs++;
 }
 
-static int find_kernel(CgPlan *p, const IrNode *n, unsigned views)
+/* stored: the storage of each operand's buffer (CgPlan.storage), in the signature when not 0 */
+static int find_kernel(CgPlan *p, const IrNode *n, unsigned views, const int *stored)
 {
     char *sig = signature(n);
     if (!sig)
         return -1;
-    if (views) { /* a kernel reading or writing through a view is another kernel */
+    char more[24 + 4 * IR_MAXIN] = "";
+    if (views) /* a kernel reading or writing through a view is another kernel */
+        snprintf(more, sizeof more, " views %u", views);
+    for (int k = 0; k < n->nin; k++) /* ... and one reading a 16-bit operand where others read f32 */
+        if (stored[k])
+            snprintf(more + strlen(more), sizeof more - strlen(more), " s%d", stored[k]);
+    if (more[0]) {
         size_t len = strlen(sig);
-        char *s2 = realloc(sig, len + 24);
+        char *s2 = realloc(sig, len + strlen(more) + 1);
         if (!s2) {
             free(sig);
             return -1;
         }
         sig = s2;
-        snprintf(sig + len, 24, " views %u", views);
+        memcpy(sig + len, more, strlen(more) + 1);
     }
     for (int k = 0; k < p->nkernels; k++)
         if (strcmp(p->kernels[k].sig, sig) == 0) {
@@ -226,10 +234,81 @@ done:
     free(output);
 }
 
-int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n) { return cg_plan_build_views(g, p, 0, err, n); }
+int cg_node_storage(const IrNode *n, int storage)
+{
+    return n->dtype == IR_F32 && !cg_keeps_f32(n) ? storage : 0;
+}
+
+/* Whether fused node n reads its operand k only as the B operand of its program's matmul. */
+static int fused_reads_as_b(const IrNode *n, int k)
+{
+    IrFusedProgram prog;
+    IrNode *steps[IR_FUSED_MAXSTEPS];
+    char err[256], name[16];
+    IrGraph *pg = ir_fused_graph_of(n, &prog, steps, err, sizeof err);
+    if (!pg)
+        return 0;
+    snprintf(name, sizeof name, "x%d", k);
+    int as_b = 0, other = 0;
+    for (int i = 0; i < pg->nnodes; i++) {
+        const IrNode *x = pg->nodes[i];
+        for (int j = 0; j < x->nin; j++)
+            if (x->in[j]->op == IR_INPUT && x->in[j]->s && strcmp(x->in[j]->s, name) == 0) {
+                if (x->op == IR_MATMUL && j == 1 && x->in[0] != x->in[1])
+                    as_b = 1;
+                else
+                    other = 1;
+            }
+    }
+    for (int o = 0; o < pg->noutputs; o++)
+        if (pg->outputs[o].node->op == IR_INPUT)
+            other = 1;
+    ir_graph_free(pg);
+    return as_b && !other;
+}
+
+/* Per node id: its storage under o (CgPlanOpts): CG_STORE_ALL as cg_node_storage; for
+ * CG_STORE_MATMUL_WEIGHTS the parameters that every needed reader reads as a matmul's B. */
+static void node_storage(const IrGraph *g, const char *needed, const CgPlanOpts *o, uint8_t *st)
+{
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        st[i] = (uint8_t)cg_node_storage(x, o->storage);
+        if (o->scope == CG_STORE_MATMUL_WEIGHTS && x->op != IR_PARAM)
+            st[i] = 0;
+    }
+    if (o->scope != CG_STORE_MATMUL_WEIGHTS)
+        return;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        if (!needed[i])
+            continue;
+        for (int j = 0; j < x->nin; j++) {
+            const IrNode *in = x->in[j];
+            if (!st[in->id])
+                continue;
+            int as_b = (x->op == IR_MATMUL && j == 1 && x->in[0] != in) || (x->op == IR_FUSED && fused_reads_as_b(x, j));
+            if (!as_b)
+                st[in->id] = 0;
+        }
+    }
+    for (int o2 = 0; o2 < g->noutputs; o2++)
+        st[g->outputs[o2].node->id] = 0;
+}
+
+int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n) { return cg_plan_build_opts(g, p, NULL, err, n); }
 
 int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, size_t n)
 {
+    CgPlanOpts o = {.head_views = views_on};
+    return cg_plan_build_opts(g, p, &o, err, n);
+}
+
+int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char *err, size_t n)
+{
+    static const CgPlanOpts none = {0};
+    const CgPlanOpts *o = opts ? opts : &none;
+    int views_on = o->head_views;
     memset(p, 0, sizeof *p);
     p->g = g;
     char msg[512];
@@ -253,7 +332,8 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
     p->kernels = calloc(nn, sizeof *p->kernels);
     p->range_hi = calloc(nn, sizeof *p->range_hi);
     p->range_index = calloc(nn, sizeof *p->range_index);
-    if (!needed || !p->buf_of || !p->bufs || !p->steps || !p->kernels || !p->range_hi || !p->range_index) {
+    p->storage = calloc(nn, sizeof *p->storage);
+    if (!needed || !p->buf_of || !p->bufs || !p->steps || !p->kernels || !p->range_hi || !p->range_index || !p->storage) {
         free(needed);
         cg_plan_free(p);
         return fail(err, n, "out of memory%s", "");
@@ -281,6 +361,16 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
     }
     if (views_on)
         head_views(g, needed, views, elide);
+    uint8_t *stored = calloc(nn, 1);
+    if (!stored) {
+        free(needed);
+        free(views);
+        free(elide);
+        cg_plan_free(p);
+        return fail(err, n, "out of memory%s", "");
+    }
+    if (o->storage)
+        node_storage(g, needed, o, stored);
 
     int rc = 0;
     for (int i = 0; i < g->nnodes && rc == 0; i++) {
@@ -293,6 +383,7 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
             }
             CgBufKind kind = node->op == IR_INPUT ? CG_BUF_INPUT : node->op == IR_PARAM ? CG_BUF_PARAM : CG_BUF_STATE;
             p->buf_of[i] = add_buffer(p, kind, node, node->s);
+            p->storage[p->buf_of[i]] = stored[i];
             continue;
         }
         if (!needed[i])
@@ -303,26 +394,31 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int views_on, char *err, si
         }
         CgStep *st = &p->steps[p->nsteps];
         st->node = node;
-        st->kernel = find_kernel(p, node, views[i]);
-        if (st->kernel < 0) {
-            rc = fail(err, n, "out of memory%s", "");
-            break;
-        }
         const char *label = node->label && valid_name(node->label) ? node->label : NULL;
         int b = add_buffer(p, CG_BUF_TEMP, node, label);
         p->bufs[b].first = p->bufs[b].last = p->nsteps;
         p->buf_of[i] = b;
+        p->storage[b] = stored[i];
         st->out = b;
+        int in_storage[IR_MAXIN] = {0};
         for (int k = 0; k < IR_MAXIN; k++) {
             st->in[k] = k < node->nin ? p->buf_of[node->in[k]->id] : -1;
             if (st->in[k] >= 0 && p->bufs[st->in[k]].kind == CG_BUF_TEMP)
                 p->bufs[st->in[k]].last = p->nsteps;
+            if (st->in[k] >= 0)
+                in_storage[k] = p->storage[st->in[k]];
+        }
+        st->kernel = find_kernel(p, node, views[i], in_storage);
+        if (st->kernel < 0) {
+            rc = fail(err, n, "out of memory%s", "");
+            break;
         }
         p->nsteps++;
     }
     free(needed);
     free(views);
     free(elide);
+    free(stored);
     if (rc) {
         cg_plan_free(p);
         return rc;
@@ -369,6 +465,7 @@ void cg_plan_free(CgPlan *p)
     free(p->buf_of);
     free(p->range_hi);
     free(p->range_index);
+    free(p->storage);
     memset(p, 0, sizeof *p);
 }
 
@@ -441,6 +538,9 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
         meta_shape(f, g, b->node);
         fprintf(f, " %d %d\n", b->first, b->last);
     }
+    for (int i = 0; i < p->nbufs; i++) /* written only where a buffer is stored in 16 bits */
+        if (p->storage && p->storage[i])
+            fprintf(f, "storage %d %s\n", i, p->storage[i] == 1 ? "bf16" : "fp16");
     for (int o = 0; o < g->noutputs; o++) {
         const IrNode *node = g->outputs[o].node;
         fprintf(f, "output ");

@@ -60,12 +60,36 @@ typedef struct CgPlan {
      * [0, range_hi), negative values too where every use is a target (ignored) */
     int64_t *range_hi;  /* per buffer, 0 = none */
     uint8_t *range_index; /* per buffer: some use is a gather index (no negative values) */
+    /* per buffer: how its values are stored (CgPlanOpts.scope below): 0 as its dtype, 1 bf16, 2 fp16
+     * (the numbers of XTC_CUDA_BF16/FP16 and of the metadata's "storage" records); NULL = all 0 */
+    uint8_t *storage;
 } CgPlan;
+
+/* Which f32 buffers a module stores in 16 bits (CgPlan.storage), by one rule for every backend:
+ * a buffer whose value cg_keeps_f32 does not keep in f32 may be stored in 16 bits, and a backend
+ * stores in 16 bits those its kernels read and write in that form:
+ *  - CG_STORE_ALL (the CUDA backends, CG_CAP_HALF): every such buffer, activations included;
+ *  - CG_STORE_MATMUL_WEIGHTS (the CPU, CG_CAP_HALF_WEIGHTS): the parameters read only as the B
+ *    operand of matmuls (a plain matmul's, or a fused node's matmul step's), which the CPU's
+ *    matmul kernels read in bf16 directly (the packed panels, the matrix-vector path): the
+ *    weights of every Linear layer; embeddings (gathered), norms' gains and biases stay f32.
+ * The storage goes into the kernels' signatures (a kernel reading a bf16 weight is another
+ * kernel) and into the metadata ("storage" records, include/abi/rt_abi.h). */
+typedef struct {
+    int head_views; /* the head-split views below (backends with CG_CAP_HEAD_VIEWS) */
+    int storage;    /* 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
+    int scope;      /* CG_STORE_* */
+} CgPlanOpts;
+enum { CG_STORE_ALL = 0, CG_STORE_MATMUL_WEIGHTS = 1 };
+/* The rule of CG_STORE_ALL for one value: storage for an f32 value cg_keeps_f32 does not keep, else 0. */
+int cg_node_storage(const IrNode *n, int storage);
 
 /* Builds the plan for g (which must verify). Returns 0 or -1 with a message. */
 int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n);
 /* ... with the head-split views above when head_views (backends with CG_CAP_HEAD_VIEWS) */
 int cg_plan_build_views(const IrGraph *g, CgPlan *p, int head_views, char *err, size_t n);
+/* ... with views and 16-bit storage as o says (NULL: neither) */
+int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *o, char *err, size_t n);
 void cg_plan_free(CgPlan *p);
 
 /* The metadata text (malloc'ed) for the plan, with options as key/value pairs (values without

@@ -52,11 +52,8 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     int storage = cg_dtype_parse(opt->dtype, err, n);
     if (storage < 0)
         return -1;
-    if (storage > 0 && !(be->caps & CG_CAP_HALF)) {
-        snprintf(err, n, "the %s backend computes and stores in f32 only: --dtype %s needs --target cuda or cuda-emu",
-                 be->name, opt->dtype);
+    if (!cg_storage_supported(be->caps, be->name, storage, err, n))
         return -1;
-    }
     if (opt->mma != CG_MMA_AUTO && opt->mma != CG_MMA_OFF && (!cg_mma_name(opt->mma) || !(be->caps & CG_CAP_MMA))) {
         if (!cg_mma_name(opt->mma))
             snprintf(err, n, "unknown matmul precision %d (CgOptions.mma)", opt->mma);
@@ -67,7 +64,9 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     }
     double t0 = now_s();
     CgPlan plan;
-    if (cg_plan_build_views(g, &plan, (be->caps & CG_CAP_HEAD_VIEWS) != 0, err, n) < 0)
+    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0, .storage = storage,
+                       .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL : CG_STORE_MATMUL_WEIGHTS};
+    if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)
         return -1;
     for (int k = 0; k < plan.nkernels; k++) {
         const IrNode *node = plan.kernels[k].node;
@@ -93,6 +92,19 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     stats->render_s = t2 - t1;
     stats->total_s = now_s() - t0;
     return rc;
+}
+
+int cg_storage_supported(unsigned caps, const char *backend, int storage, char *err, size_t n)
+{
+    if (storage <= 0 || (caps & CG_CAP_HALF) || (storage == 1 && (caps & CG_CAP_HALF_WEIGHTS)))
+        return 1;
+    if (caps & CG_CAP_HALF_WEIGHTS)
+        snprintf(err, n, "--dtype fp16: the %s backend stores in f32 or bf16 (fp16 is for --target cuda or cuda-emu)",
+                 backend);
+    else
+        snprintf(err, n, "--dtype %s: the %s backend computes and stores in f32 only (use --target cuda or cuda-emu)",
+                 storage == 1 ? "bf16" : "fp16", backend);
+    return 0;
 }
 
 int cg_dtype_parse(const char *dtype, char *err, size_t n)

@@ -28,7 +28,8 @@ typedef struct {
     const char *cuda_arch;   /* cuda: the GPU architecture of the PTX, "sm_80" (default), "sm_90" */
     const char *emit_cuda;   /* cuda, cuda-emu: write the generated CUDA C to this path */
     const char *dtype;       /* storage of floating-point tensors: NULL or "f32", "bf16", "fp16" (computed
-                              * in f32 whatever the storage; backends with CG_CAP_HALF only) */
+                              * in f32 whatever the storage; backends with CG_CAP_HALF; the cpu,
+                              * CG_CAP_HALF_WEIGHTS, stores its matmul weights in bf16) */
     int mma;                 /* CG_MMA_*: matmul operands rounded to bf16 or fp16, sums in f32 (backends with
                               * CG_CAP_MMA: tensor cores on cuda; on the cpu bf16 only, by vdpbf16ps where the
                               * CPU has AVX512_BF16, else rounded in software); 0 = CG_MMA_AUTO, which
@@ -99,7 +100,12 @@ enum {
     CG_CAP_MMA = 32,      /* matmuls can take 16-bit operands (CgOptions.mma) */
     CG_CAP_HEAD_VIEWS = 64, /* attention reads q, k, v through, and writes its output through, the
                              * head-split permutes around it (cg_plan_build_views) */
+    CG_CAP_HALF_WEIGHTS = 128, /* --dtype bf16 stores the matmul weights in bf16, the rest in f32
+                                * (CG_STORE_MATMUL_WEIGHTS, cg_plan.h); without CG_CAP_HALF */
 };
+
+/* Whether backend caps can compile storage (cg_dtype_parse); 0 with a message when not. */
+int cg_storage_supported(unsigned caps, const char *backend, int storage, char *err, size_t n);
 
 typedef struct CgBackend {
     const char *name;         /* "cpu" */

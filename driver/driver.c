@@ -36,11 +36,8 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
     t->backend = be;
     t->name = be->name;
     t->caps = be->caps;
-    if (t->storage > 0 && !(be->caps & CG_CAP_HALF)) {
-        snprintf(err, n, "--dtype %s: the %s backend computes and stores in f32 only (use --target cuda or cuda-emu)",
-                 ask->dtype, be->name);
+    if (!cg_storage_supported(be->caps, be->name, t->storage, err, n))
         return -1;
-    }
     if ((ask->cuda_arch || ask->emit_cuda) && !(be->caps & CG_CAP_CUDA)) {
         snprintf(err, n, "--cuda-arch and --emit-cuda apply to --target cuda and cuda-emu, not %s", be->name);
         return -1;

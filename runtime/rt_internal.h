@@ -34,6 +34,7 @@ typedef struct {
     int has_init;                   /* params, state: fresh values start by init_rule (XtcInitRule) */
     int init_rule;                  /* with its parameter init (the init line) */
     double init;
+    int storage;                    /* "storage" record: 0 as dtype, 1 bf16, 2 fp16 (f32 buffers) */
 } RtBuffer;
 
 typedef struct {

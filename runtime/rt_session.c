@@ -88,6 +88,7 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         (m->device && rs_alloc_plan(m, &s->devplan) < 0))
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     rs_plan_elem_sizes(m, s->host.elem, s->devplan.elem);
+    int st0;
     if (rs_scaler_init(s) < 0)
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     if (m->device) { /* before the pool: a session whose device fails stays unusable */
@@ -96,6 +97,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         if (st)
             return rs_fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
     }
+    if ((st0 = rs_store_open(s)))
+        return st0;
     s->pool = rt_pool_new(o.threads ? o.threads : 1);
     if (!s->pool) {
         char why[128] = "";
@@ -129,6 +132,8 @@ void xtc_session_free(XtcSession *s)
         rt_comm_free(s);
     if (s->dev)
         s->m->device->close(s->dev);
+    if (s->m)
+        rs_store_free(s);
     free(s->changed);
     free_each(s->spare, nb);
     free(s->spare_cap);
@@ -329,6 +334,7 @@ void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *s
         rt_optim_host_write(s); /* the device's newer weights first: this one replaces its own */
     free(s->own[b]);
     s->own[b] = data;
+    rs_store_forget(s, b);
     if (s->own_cap)
         s->own_cap[b] = 0;
     s->set[b] = 1;
@@ -953,7 +959,7 @@ int xtc_session_run(XtcSession *s)
     }
     for (int i = 0; i < m->nbufs; i++)
         s->ptr[i] = m->bufs[i].kind == RT_BUF_TEMP ? s->arena + s->host.offset[i] : s->own[i];
-    if ((st = rs_place_carried(s, syms)) || (st = bind_no_targets(s, syms)))
+    if ((st = rs_place_carried(s, syms)) || (st = bind_no_targets(s, syms)) || (st = rs_store_sync(s)))
         return st;
     memcpy(s->syms, syms, sizeof s->syms);
     if (s->comm)

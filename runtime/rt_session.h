@@ -51,7 +51,10 @@ struct XtcSession {
     int *unscale;                /* [nunscale] the distinct temp buffers of the grad.<param> outputs */
     int nunscale;
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
-    uint8_t *changed;            /* device: per buffer, rebound since the last run */
+    uint8_t *changed;            /* device, or a CPU module with 16-bit storage: per buffer,
+                                    rebound (or handed out for writing) since the last run */
+    void **half;                 /* a CPU module with 16-bit storage (rt_store.c): per buffer, the
+                                    bf16 copy its kernels read; NULL otherwise */
     /* xtc_session_carry (NULL until its first use): per buffer, */
     int *carried;                /* a temp output carried into an input (1 + that input's buffer, 0:
                                     not carried): written outside the arena, ... */
@@ -96,6 +99,12 @@ int rs_scaler_bind(XtcSession *s);
 int rs_scaler_init(XtcSession *s);
 void rs_scaler_unscale(XtcSession *s);
 void rs_update_hook(XtcSession *s);
+/* rt_store.c: the 16-bit copies of a CPU module's weights (open at session creation, sync before
+ * each run: point s->ptr at them, converting those changed; forget one rebound; free) */
+int rs_store_open(XtcSession *s);
+int rs_store_sync(XtcSession *s);
+void rs_store_forget(XtcSession *s, int b);
+void rs_store_free(XtcSession *s);
 /* rt_comm.c: a run's reductions (begin before the schedule, the step hook during it, finish after
  * a successful run, abandon after a failed one) */
 void rt_comm_begin(XtcSession *s);

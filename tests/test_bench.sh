@@ -135,7 +135,7 @@ expect "text: not run" "^  not run: the arena would exceed --max-gib 1e-09; plan
 expect "text: the device arena with its storage" "^arena \(device memory, bf16 storage\): fused [0-9.]+ MiB" "$tmp/emu_bf16.txt"
 
 # misuse
-refuse "--dtype on the cpu" "the cpu backend computes and stores in f32 only" "$xtc" bench "$model" --batch 1 --seq 8 --dtype bf16
+refuse "--dtype fp16 on the cpu" "the cpu backend stores in f32 or bf16" "$xtc" bench "$model" --batch 1 --seq 8 --dtype fp16
 refuse "unknown --dtype" "xtc bench: --dtype: " "$xtc" bench "$model" --batch 1 --seq 8 --target cuda-emu --dtype f64
 refuse "unknown target" "unknown target 'tpu'" "$xtc" bench "$model" --batch 1 --seq 8 --target tpu
 refuse "no target name" "--target needs a value" "$xtc" bench "$model" --batch 1 --seq 8 --target

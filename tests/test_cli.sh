@@ -76,8 +76,8 @@ check "info of an fp16 training module" "$xtc" info "$tmp/fp16.so"
 grep -q "^  loss_scale  *f32  \[\]" "$tmp/out" ||
   { fail=$((fail + 1)); echo "FAIL an fp16 training module has the scalar input loss_scale"; }
 half_parity fp16 2^-11 1e-4 0.00244 0.0049
-refuse "--dtype on the cpu" "computes and stores in f32 only" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
-  --dtype bf16
+refuse "--dtype fp16 on the cpu" "stores in f32 or bf16" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
+  --dtype fp16
 refuse "unknown --dtype" "unknown dtype 'f64'" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" \
   --target cuda-emu --dtype f64
 refuse "bad --cuda-arch" "--cuda-arch" "$xtc" compile "$src/models/gpt.xtf" -o "$tmp/x.so" --target cuda-emu \
@@ -124,5 +124,5 @@ grep -q "= attention " "$tmp/out" && grep -q "= attention_grad " "$tmp/out" && g
 check "ir --train (the cpu)" "$xtc" ir "$tmp/wide.xtf" --after=all --train
 ! grep -q "= attention" "$tmp/out" && ! grep -q "loss_scale" "$tmp/out" ||
   { fail=$((fail + 1)); echo "FAIL heads of 512 stay unfused for the cpu, whose kernel takes up to 256"; }
-refuse "ir --dtype on the cpu" "computes and stores in f32 only" "$xtc" ir "$tmp/wide.xtf" --dtype bf16
+refuse "ir --dtype fp16 on the cpu" "stores in f32 or bf16" "$xtc" ir "$tmp/wide.xtf" --dtype fp16
 checks_done cli

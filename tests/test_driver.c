@@ -81,7 +81,7 @@ START_TEST(test_targets)
         const char *want;
     } bad[] = {
         {{.target = "tpu"}, "unknown target 'tpu'"},
-        {{.dtype = "bf16"}, "the cpu backend computes and stores in f32 only"},
+        {{.dtype = "fp16"}, "the cpu backend stores in f32 or bf16"},
         {{.dtype = "f8"}, "unknown dtype 'f8'"},
         {{.cuda_arch = "sm_80"}, "apply to --target cuda and cuda-emu, not cpu"},
         {{.mma = CG_MMA_FP16}, "the cpu backend's --mma is bf16 or off"},

@@ -167,7 +167,7 @@ char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, co
     fprintf(f, "static const uint8_t xtc_buf_storage[%d] = {", u->plan->nbufs + 1);
     for (int b = 0; b < u->plan->nbufs; b++) {
         const IrNode *node = u->plan->bufs[b].node;
-        int half = node->dtype == IR_F32 && !cg_keeps_f32(node) ? u->gen.storage : 0;
+        int half = cg_node_storage(node, u->gen.storage); /* CG_STORE_ALL (cg_plan.h) */
         fprintf(f, "%s%d", b ? ", " : "", half);
     }
     fprintf(f, "%s};\n\n", u->plan->nbufs ? "" : "0");

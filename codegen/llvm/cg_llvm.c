@@ -112,6 +112,10 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     f.out = LLVMGetParam(impl, P_OUT);
     for (int i = 0; i < IR_MAXIN; i++)
         f.in[i] = LLVMGetParam(impl, P_IN0 + (unsigned)i);
+    for (int i = 0; i < n->nin; i++) { /* the storage is in the kernel's signature (cg_plan.c) */
+        int ib = cg->plan->buf_of[n->in[i]->id];
+        f.in_bf16[i] = ib >= 0 && cg->plan->storage && cg->plan->storage[ib] == 1;
+    }
     f.syms = LLVMGetParam(impl, P_SYMS);
     f.lo = LLVMGetParam(impl, P_LO);
     f.hi = LLVMGetParam(impl, P_HI);
@@ -582,7 +586,15 @@ static int setup_target(Cg *cg, const CgOptions *opt)
         LLVMDisposeMessage(triple);
         return cg_error(cg, "the cpu backend's --mma is bf16 or off (fp16 operands are for the cuda targets)");
     }
-    if (opt->mma == CG_MMA_BF16) /* vdpbf16ps with AVX-512 vectors; the same rounding in software elsewhere */
+    char why[160];
+    int storage = cg_dtype_parse(opt->dtype, why, sizeof why);
+    if (storage != 0 && storage != 1) {
+        LLVMDisposeMessage(triple);
+        return cg_error(cg, "%s", storage < 0 ? why : "the cpu backend stores in f32 or bf16");
+    }
+    cg->storage = storage;
+    /* bf16 weights (--dtype bf16) take bf16 matmuls unless --mma=off */
+    if (opt->mma == CG_MMA_BF16 || (opt->mma == CG_MMA_AUTO && storage == 1))
         cg->bf16 = cg->vec == 16 && has_feature(cg->requires, "avx512bf16") ? CG_BF16_DPBF16 : CG_BF16_SOFT;
     LLVMCodeGenOptLevel level = opt->opt_level <= 0 ? LLVMCodeGenLevelNone
                                 : opt->opt_level == 1 ? LLVMCodeGenLevelLess
@@ -790,6 +802,7 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         "cpu", cg->cpu,
         "vector_lanes", lanes,
         "mma", cg->bf16 == CG_BF16_DPBF16 ? "bf16" : cg->bf16 ? "bf16-soft" : NULL,
+        "dtype", cg->storage == 1 ? "bf16" : NULL,
         "features", cg->features[0] ? cg->features : NULL,
         "requires", cg->requires[0] ? cg->requires : NULL,
         "source", opt->source_name,
@@ -1099,7 +1112,7 @@ static void llvm_release(void *unit) { unit_free(unit); }
 const CgBackend cg_llvm_backend = {
     .name = "cpu",
     .description = "LLVM CPU backend: native code in a shared library",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA | CG_CAP_HALF_WEIGHTS,
     .supports = llvm_supports,
     .render = llvm_render,
     .compile = llvm_compile,

@@ -33,6 +33,7 @@ typedef struct Cg {
     char requires[2048];     /* CPU features the code may use, "avx2,fma,..." (cpu_requires) */
     int vec;                 /* f32 lanes of the widest vector: 16 (AVX-512), 8 (AVX2), 4 */
     int has_fma;
+    int storage;             /* CgOptions.dtype: 0 f32, 1 bf16 (the matmul weights, CgPlan.storage) */
     int bf16;                /* matmul operands (CgOptions.mma = CG_MMA_BF16): CG_BF16_* */
     int split;               /* the module is one part of several (llvm_render): kernel entries are
                               * hidden external symbols, called from part 0's schedule */
@@ -60,6 +61,8 @@ typedef struct CgFn {
     LLVMValueRef status;      /* impl: i32 variable returned at the end (0 = fine) */
     unsigned views;           /* the kernel's CG_VIEW_* (cg_plan.h) */
     int mm_parts;             /* a matmul under a two-part epilogue (CgMmPart): 2, else 0 */
+    uint8_t in_bf16[IR_MAXIN]; /* operand i's buffer holds bf16 (CgPlan.storage: a matmul's B, a
+                                * weight under --dtype bf16); every other buffer holds its dtype */
 } CgFn;
 
 typedef struct {
@@ -169,6 +172,12 @@ void cg_if_end(CgFn *f, CgIf *c);
 LLVMValueRef cg_addr(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx);
 LLVMValueRef cg_load(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx);
 void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v);
+/* The same for f32 values stored as bf16 (CgFn.in_bf16): the element's address (2 bytes each),
+ * and its value widened to f32 (exact: the 16 bits become the upper half). */
+LLVMValueRef cg_addr_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
+LLVMValueRef cg_load_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
+/* A vector of n bf16 values (<n x i16>, loaded as such) widened to <n x float>. */
+LLVMValueRef cg_widen_bf16(Cg *cg, LLVMValueRef v16, int n);
 /* Converts a compute value of dtype from to dtype to (the CAST rules: truncation toward zero,
  * != 0 for bool). */
 LLVMValueRef cg_convert(CgFn *f, LLVMValueRef v, IrDType from, IrDType to);

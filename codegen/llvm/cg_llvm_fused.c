@@ -295,8 +295,11 @@ static CgFn matmul_view(const Fz *z, const CgFn *f)
     fm.node = z->mm;
     for (int k = 0; k < IR_MAXIN; k++)
         fm.in[k] = NULL;
+    for (int k = 0; k < IR_MAXIN; k++)
+        fm.in_bf16[k] = 0;
     fm.in[0] = f->in[operand_of(z->mm->in[0])];
     fm.in[1] = f->in[operand_of(z->mm->in[1])];
+    fm.in_bf16[1] = f->in_bf16[operand_of(z->mm->in[1])]; /* a weight read only as B (cg_plan.c) */
     fm.mm_parts = z->mm_parts == 2 ? 2 : 0;
     return fm;
 }

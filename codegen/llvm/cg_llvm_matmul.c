@@ -155,6 +155,12 @@ static LLVMValueRef batch_offset(CgFn *f, const IrNode *x, LLVMValueRef bi, LLVM
     return off;
 }
 
+/* Element idx of B, f32 or stored as bf16 (a weight under --dtype bf16: CgFn.in_bf16). */
+static LLVMValueRef load_b(CgFn *f, LLVMValueRef idx)
+{
+    return f->in_bf16[1] ? cg_load_bf16(f, f->in[1], idx) : cg_load(f, IR_F32, f->in[1], idx);
+}
+
 /* ---- the plain path ---- */
 
 static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
@@ -182,7 +188,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bidx = tb ? LLVMBuildAdd(b, LLVMBuildMul(b, lj.iv, d.k, ""), lp.iv, "")
                            : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
     LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
-    LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, bbase, bidx, ""));
+    LLVMValueRef bv = load_b(f, LLVMBuildAdd(b, bbase, bidx, ""));
     if (cg->bf16) { /* bf16 operands, rounded as they are read */
         av = cg_bf16_round(cg, av);
         bv = cg_bf16_round(cg, bv);
@@ -235,7 +241,7 @@ static void gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const
     LLVMValueRef bv[GEMV_UNROLL], av[GEMV_ROWS];
     for (int t = 0; t < nj; t++) {
         LLVMValueRef bidx = LLVMBuildAdd(b, LLVMBuildAdd(b, brow0, LLVMBuildMul(b, cg_i64(cg, t), k, ""), ""), lp.iv, "");
-        bv[t] = cg_load(f, IR_F32, f->in[1], bidx);
+        bv[t] = load_b(f, bidx);
         if (cg->bf16)
             bv[t] = cg_bf16_round(cg, bv[t]);
     }
@@ -380,7 +386,7 @@ void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw)
  * multiple of VW) and every j < NR, VW x VW blocks at a time: VW contiguous loads of source rows,
  * an in-register transpose, VW contiguous stores (a plain loop would scatter). */
 static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb, LLVMValueRef pc,
-                          LLVMValueRef pfull, LLVMValueRef j0)
+                          LLVMValueRef pfull, LLVMValueRef j0, int src16)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -394,8 +400,15 @@ static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueR
         for (int t = 0; t < vw; t++) {
             LLVMValueRef col = LLVMBuildAdd(b, j0, cg_i64(cg, jb + t), "");
             LLVMValueRef at = LLVMBuildAdd(b, LLVMBuildAdd(b, LLVMBuildMul(b, col, ldb, ""), pc, ""), p0, "");
-            rows[t] = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, src, at), "");
-            LLVMSetAlignment(rows[t], 4);
+            if (src16) { /* bf16 weights: VW of them widened */
+                LLVMTypeRef v16 = LLVMVectorType(LLVMInt16TypeInContext(cg->ctx), (unsigned)vw);
+                rows[t] = LLVMBuildLoad2(b, v16, cg_addr_bf16(f, src, at), "");
+                LLVMSetAlignment(rows[t], 2);
+                rows[t] = cg_widen_bf16(cg, rows[t], vw);
+            } else {
+                rows[t] = LLVMBuildLoad2(b, vt, cg_addr(f, IR_F32, src, at), "");
+                LLVMSetAlignment(rows[t], 4);
+            }
         }
         cg_transpose_vectors(cg, rows, vw);
         for (int q = 0; q < vw; q++) {
@@ -408,10 +421,12 @@ static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueR
 }
 
 /* pack(bp, b, ldb, pc, kc, j0, nc): bp[p][j] = B(pc + p, j0 + j) for j < nc, 0 for nc <= j < NR.
- * B(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed. */
-static LLVMValueRef pack_function(Cg *cg, int transposed)
+ * B(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed; src16: b holds bf16 (widened as
+ * read, so that the panels are the same f32 panels). */
+static LLVMValueRef pack_function(Cg *cg, int transposed, int src16)
 {
-    const char *name = transposed ? "xtc_gemm_pack_t" : "xtc_gemm_pack_n";
+    static const char *const names[2][2] = {{"xtc_gemm_pack_n", "xtc_gemm_pack_t"}, {"xtc_gemm_pack_n_b16", "xtc_gemm_pack_t_b16"}};
+    const char *name = names[src16 != 0][transposed != 0];
     LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
     if (fn)
         return fn;
@@ -432,7 +447,8 @@ static LLVMValueRef pack_function(Cg *cg, int transposed)
         LLVMValueRef srow = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, pc, lp.iv, ""), ldb, ""), j0, "");
         LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
         cg_for(f, &lj, cg_i64(cg, 0), nc, "j");
-        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_load(f, IR_F32, src, LLVMBuildAdd(b, srow, lj.iv, "")));
+        LLVMValueRef at = LLVMBuildAdd(b, srow, lj.iv, "");
+        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), src16 ? cg_load_bf16(f, src, at) : cg_load(f, IR_F32, src, at));
         cg_for_end(f, &lj);
         cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
         cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
@@ -444,11 +460,12 @@ static LLVMValueRef pack_function(Cg *cg, int transposed)
         LLVMValueRef full = LLVMBuildICmp(b, LLVMIntEQ, nc, cg_i64(cg, nr), "");
         LLVMValueRef pblocks = LLVMBuildMul(b, LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), cg_i64(cg, vw), "");
         LLVMValueRef pfull = LLVMBuildSelect(b, full, pblocks, cg_i64(cg, 0), "pfull");
-        pack_t_blocks(f, bp, src, ldb, pc, pfull, j0);
+        pack_t_blocks(f, bp, src, ldb, pc, pfull, j0, src16);
         cg_for(f, &lj, cg_i64(cg, 0), nc, "j");
         LLVMValueRef scol = LLVMBuildAdd(b, LLVMBuildMul(b, LLVMBuildAdd(b, j0, lj.iv, ""), ldb, ""), pc, "");
         cg_for(f, &lp, pfull, kc, "p");
-        LLVMValueRef v = cg_load(f, IR_F32, src, LLVMBuildAdd(b, scol, lp.iv, ""));
+        LLVMValueRef at = LLVMBuildAdd(b, scol, lp.iv, "");
+        LLVMValueRef v = src16 ? cg_load_bf16(f, src, at) : cg_load(f, IR_F32, src, at);
         cg_store(f, IR_F32, bp, LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), ""), lj.iv, ""), v);
         cg_for_end(f, &lp);
         cg_for_end(f, &lj);
@@ -725,7 +742,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
     int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
-    LLVMValueRef pack = pack_function(cg, tb), micro = micro_build(cg, cg->bf16);
+    LLVMValueRef pack = pack_function(cg, tb, f->in_bf16[1]), micro = micro_build(cg, cg->bf16);
     LLVMTypeRef pack_type = LLVMGlobalGetValueType(pack), micro_type = LLVMGlobalGetValueType(micro);
     /* bf16 operands: each packed B panel turned into pairs, each MC x KC block of A packed too */
     LLVMValueRef pack16 = cg->bf16 ? pack_bf16_function(cg) : NULL, packa = cg->bf16 ? pack_a_bf16_function(cg) : NULL;
@@ -771,7 +788,8 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef mb = LLVMBuildSRem(b, t, nmb, "");
     LLVMValueRef bi = LLVMBuildSDiv(b, t, nmb, "");
     LLVMValueRef aptr0 = cg_addr(f, IR_F32, f->in[0], batch_offset(f, n->in[0], bi, mk));
-    LLVMValueRef bptr = cg_addr(f, IR_F32, f->in[1], batch_offset(f, n->in[1], bi, kn));
+    LLVMValueRef boff = batch_offset(f, n->in[1], bi, kn);
+    LLVMValueRef bptr = f->in_bf16[1] ? cg_addr_bf16(f, f->in[1], boff) : cg_addr(f, IR_F32, f->in[1], boff);
     LLVMValueRef cptr0 = cg_addr(f, IR_F32, f->out, LLVMBuildMul(b, bi, mn, ""));
     LLVMValueRef i_start = LLVMBuildMul(b, mb, rows, "");
     LLVMValueRef i_end = cg_min_i64(f, d.m, LLVMBuildAdd(b, i_start, rows, ""));
@@ -866,7 +884,7 @@ int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi) { return matmu
 
 _Static_assert(KC == CG_GEMM_KC, "cg_llvm.h: CG_GEMM_KC is the k block of the packed panels");
 
-LLVMValueRef cg_gemm_pack(Cg *cg, int transposed) { return pack_function(cg, transposed); }
+LLVMValueRef cg_gemm_pack(Cg *cg, int transposed) { return pack_function(cg, transposed, 0); }
 LLVMValueRef cg_gemm_micro(Cg *cg) { return micro_function(cg); }
 int cg_gemm_nr(Cg *cg) { return 2 * lanes(cg); }
 int cg_gemm_mr(Cg *cg) { return tile_rows(cg); }

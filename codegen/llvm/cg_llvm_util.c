@@ -131,6 +131,32 @@ LLVMValueRef cg_load(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx)
     return v;
 }
 
+LLVMValueRef cg_addr_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx)
+{
+    return LLVMBuildInBoundsGEP2(f->cg->b, LLVMInt16TypeInContext(f->cg->ctx), base, &idx, 1, "");
+}
+
+LLVMValueRef cg_widen_bf16(Cg *cg, LLVMValueRef v16, int n)
+{
+    LLVMTypeRef ti = n > 1 ? LLVMVectorType(cg->t_i32, (unsigned)n) : cg->t_i32;
+    LLVMTypeRef tf = n > 1 ? LLVMVectorType(cg->t_f32, (unsigned)n) : cg->t_f32;
+    LLVMValueRef sh = cg_i32(cg, 16);
+    if (n > 1) {
+        LLVMValueRef e[64];
+        for (int i = 0; i < n; i++)
+            e[i] = sh;
+        sh = LLVMConstVector(e, (unsigned)n);
+    }
+    return LLVMBuildBitCast(cg->b, LLVMBuildShl(cg->b, LLVMBuildZExt(cg->b, v16, ti, ""), sh, ""), tf, "");
+}
+
+LLVMValueRef cg_load_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef v = LLVMBuildLoad2(cg->b, LLVMInt16TypeInContext(cg->ctx), cg_addr_bf16(f, base, idx), "");
+    return cg_widen_bf16(cg, v, 1);
+}
+
 void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
 {
     Cg *cg = f->cg;

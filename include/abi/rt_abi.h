@@ -26,6 +26,13 @@
  *       NAME the input/param name, or the node's label for temps
  *       SHAPE [d0,d1,...] with each d an affine form over the symbols: 64, n, n+3, 2*b, m+n, n-1
  *       FIRST, LAST the schedule steps that write it first and read it last (temps only; -1)
+ *   storage BUFFER FORMAT                   the f32 BUFFER is stored in FORMAT, bf16 or fp16 (compile
+ *                                           --dtype; cg_plan.h CgPlanOpts): the kernels read (and
+ *                                           write) it in 16 bits, the host API sees f32 and the
+ *                                           runtime converts. A CPU module stores only weights and
+ *                                           inputs so (rt_store.c keeps bf16 copies of them); a CUDA
+ *                                           module's XtcCudaModuleV1.buf_storage says the same. No
+ *                                           record: its dtype (every module of an earlier xtc)
  *   output NAME BUFFER DTYPE SHAPE          an output and the buffer holding it (it may alias an
  *                                           input or another buffer through a reshape)
  *   alias NAME BUFFER                       a second weights-file name of a param or state

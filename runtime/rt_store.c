@@ -1,0 +1,77 @@
+/* rt_store.c: a CPU module's buffers stored in 16 bits (the metadata's "storage" records: the
+ * matmul weights of `xtc compile --target cpu --dtype bf16`, cg_plan.h CG_STORE_MATMUL_WEIGHTS).
+ *
+ * The host API stays f32: the session keeps every weight in f32 (its own[] copy: what
+ * xtc_session_set_weight and the weights file give, what the optimizer updates and checkpoints
+ * save, the master weights of training) and, for each buffer the module stores in bf16, a bf16
+ * copy rounded to nearest even (rt_half.h, as the CUDA runtime rounds on upload) that the kernels
+ * read. The copy is made again before a run when the f32 value changed since (s->changed: set
+ * wherever a weight is rebound or handed out for writing, as for a device). CUDA modules keep
+ * their 16-bit copies on the device (rt_cuda.c) and do not come here. */
+#include "rt_half.h"
+#include "rt_session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int rs_store_open(XtcSession *s)
+{
+    const XtcModule *m = s->m;
+    if (m->device)
+        return XTC_OK;
+    int any = 0;
+    for (int b = 0; b < m->nbufs; b++)
+        any |= m->bufs[b].storage != 0;
+    if (!any)
+        return XTC_OK;
+    size_t nb = (size_t)m->nbufs + 1;
+    s->half = rt_calloc(nb, sizeof *s->half);
+    if (!s->changed)
+        s->changed = rt_calloc(nb, 1);
+    if (!s->half || !s->changed)
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
+    return XTC_OK;
+}
+
+int rs_store_sync(XtcSession *s)
+{
+    const XtcModule *m = s->m;
+    if (!s->half)
+        return XTC_OK;
+    for (int b = 0; b < m->nbufs; b++) {
+        const RtBuffer *buf = &m->bufs[b];
+        if (!buf->storage || buf->kind == RT_BUF_TEMP || !s->own[b])
+            continue;
+        int64_t n = rs_numel_of(buf->rank, s->shape[b]);
+        if (s->changed[b] || !s->half[b]) {
+            uint16_t *h = s->half[b] ? s->half[b] : rt_malloc(n > 0 ? (size_t)n * 2 : 1);
+            if (!h)
+                return rs_fail(s, XTC_ERR_MEMORY, "out of memory for the bf16 copy of '%s'", buf->name);
+            s->half[b] = h;
+            const float *src = s->own[b];
+            for (int64_t i = 0; i < n; i++)
+                h[i] = rt_f32_to_half(buf->storage, src[i]);
+            s->changed[b] = 0;
+        }
+        s->ptr[b] = s->half[b];
+    }
+    return XTC_OK;
+}
+
+void rs_store_forget(XtcSession *s, int b)
+{
+    if (s->half && b >= 0 && b < s->m->nbufs) { /* rebound: its shape may differ */
+        free(s->half[b]);
+        s->half[b] = NULL;
+    }
+}
+
+void rs_store_free(XtcSession *s)
+{
+    if (!s->half)
+        return;
+    for (int b = 0; b < s->m->nbufs; b++)
+        free(s->half[b]);
+    free(s->half);
+    s->half = NULL;
+}
