@@ -1,6 +1,6 @@
 /* parity_run.h: one x-transformers parity case (the folder parity/ beside DESIGN.md, with its
  * .xtf in tests/parity) compiled for the CPU and run on the library's inputs and weights, its
- * outputs held to the library's. Used by test_codegen (f32) and test_cpu_bf16 (--mma=bf16).
+ * outputs held to the library's. Used by test_codegen (f32) and test_cpu_bf16 (--mma=bf16, --dtype bf16).
  * Include after harness_bind.h (bind_inputs) and harness.h (tmpdir). */
 #ifndef XTC_TESTS_PARITY_RUN_H
 #define XTC_TESTS_PARITY_RUN_H
@@ -28,10 +28,11 @@ typedef struct {
     double atol, rtol;
     double *worst;
     const char *const *unfit;
+    const char *dtype; /* CgOptions.dtype (NULL: f32) */
 } ParityRun;
 
 /* DESIGN.md's parity: 1e-5 + 1e-3 max|e| */
-static const ParityRun PARITY_F32 = {CG_MMA_AUTO, 2, 1e-5, 1e-3, NULL, NULL};
+static const ParityRun PARITY_F32 = {CG_MMA_AUTO, 2, 1e-5, 1e-3, NULL, NULL, NULL};
 
 /* Every f32 output of s that exp holds, within atol + rtol max|expected| (a NaN or infinite
  * output fails); worst (if set) gets the largest ratio of the difference to max|expected|.
@@ -108,7 +109,7 @@ static inline int parity_case(const char *name, const ParityRun *run, char *err,
     XtcModule *m = NULL;
     XtcSession *s = NULL;
     snprintf(path, sizeof path, "%s/parity_%s.so", tmpdir, name);
-    CgOptions opt = {.output = path, .opt_level = run->opt_level, .mma = run->mma};
+    CgOptions opt = {.output = path, .opt_level = run->opt_level, .mma = run->mma, .dtype = run->dtype};
     if (harness_cg(g, &opt, NULL, err, n))
         goto done;
     if (xtc_module_load(path, &m) || xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s)) {

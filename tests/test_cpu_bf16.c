@@ -109,17 +109,17 @@ static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
     return 0;
 }
 
-/* Compiles g for cpu (NULL: this one) with --mma=bf16 into tmpdir/name.so; emit (or NULL) gets
- * the LLVM IR. Returns the loaded module, or NULL with the loader's reason in why (a CPU this
- * one is not). */
-static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *cpu, const char *emit, char *why,
-                               size_t n)
+/* Compiles g for cpu (NULL: this one) with --mma=bf16, or with --dtype dtype (bf16 weights and
+ * matmuls), into tmpdir/name.so; emit (or NULL) gets the LLVM IR. Returns the loaded module, or
+ * NULL with the loader's reason in why (a CPU this one is not). */
+static XtcModule *compile_dtype(const IrGraph *g, const char *name, const char *cpu, const char *emit, const char *dtype,
+                                char *why, size_t n)
 {
     make_tmpdir();
     char path[512], err[1024];
-    snprintf(path, sizeof path, "%s/%s.%s.so", tmpdir, name, cpu ? cpu : "native");
-    CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = CG_MMA_BF16, .emit_llvm = emit,
-                     .source = "# test\n", .source_name = "t.xtf"};
+    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, cpu ? cpu : "native", dtype ? dtype : "mma");
+    CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = dtype ? CG_MMA_AUTO : CG_MMA_BF16,
+                     .dtype = dtype, .emit_llvm = emit, .source = "# test\n", .source_name = "t.xtf"};
     ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, cpu ? cpu : "this CPU",
                   err);
     XtcModule *m = NULL;
@@ -129,6 +129,12 @@ static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *c
         return NULL;
     }
     return m;
+}
+
+static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *cpu, const char *emit, char *why,
+                               size_t n)
+{
+    return compile_dtype(g, name, cpu, emit, NULL, why, n);
 }
 
 /* max |got - ref| / max |ref| over the outputs, each held to atol + rtol max|ref| */
@@ -186,12 +192,17 @@ START_TEST(test_matmul_forms)
             fused += g->nodes[i]->op == IR_FUSED;
         ck_assert_msg(fused >= 3, "%s: the pipeline fused %d matmul epilogues", c->name, fused);
     }
-    static const char *const cpus[] = {NULL, "x86-64-v4", "x86-64-v3"};
-    int ran = 0;
+    /* --mma=bf16 for three CPUs; --dtype bf16 (the weights among the operands stored in bf16) for
+     * this one and for AVX-512 without AVX512_BF16 */
+    static const char *const cpus[] = {NULL, "x86-64-v4", "x86-64-v3", NULL, "x86-64-v4"};
+    static const char *const dtypes[] = {NULL, NULL, NULL, "bf16", "bf16"};
+    int ran = 0, stored = 0;
     for (size_t v = 0; v < sizeof cpus / sizeof cpus[0]; v++) {
         const char *cpu = cpus[v] ? cpus[v] : "this CPU";
         char why[512];
-        XtcModule *m = compile_bf16(g, c->name, cpus[v], NULL, why, sizeof why);
+        XtcModule *m = compile_dtype(g, c->name, cpus[v], NULL, dtypes[v], why, sizeof why);
+        if (m && dtypes[v])
+            stored += strstr(xtc_module_metadata(m), "\nstorage ") != NULL;
         if (!m) {
             ck_assert_ptr_nonnull(cpus[v]); /* this CPU runs its own code */
             fprintf(stderr, "test_cpu_bf16: %s for %s not run here: %s\n", c->name, cpu, why);
@@ -205,8 +216,8 @@ START_TEST(test_matmul_forms)
             bind_rounded(&rb, g, SIZES[k], &ops);
             IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, c->name);
             char what[256];
-            snprintf(what, sizeof what, "%s --mma=bf16 --cpu=%s (b=%lld n=%lld)", c->name, cpu, (long long)SIZES[k][0],
-                     (long long)SIZES[k][1]);
+            snprintf(what, sizeof what, "%s %s --cpu=%s (b=%lld n=%lld)", c->name, dtypes[v] ? "--dtype bf16" : "--mma=bf16",
+                     cpu, (long long)SIZES[k][0], (long long)SIZES[k][1]);
             XtcSession *s = NULL;
             ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s",
                           xtc_session_error(s));
@@ -217,12 +228,29 @@ START_TEST(test_matmul_forms)
             free_outputs(g, ref);
             bind_rounded_free(&rb);
         }
-        fprintf(stderr, "test_cpu_bf16: %s --mma=bf16 for %s: largest error %.2g of max|ref| (interpreter on rounded "
-                "operands)\n", c->name, cpu, worst);
+        fprintf(stderr, "test_cpu_bf16: %s %s for %s: largest error %.2g of max|ref| (interpreter on rounded "
+                "operands)\n", c->name, dtypes[v] ? "--dtype bf16" : "--mma=bf16", cpu, worst);
         xtc_module_free(m);
         ran++;
     }
     ck_assert_int_ge(ran, 1);
+    /* a weight read only as a matmul's B (in the graph as built): stored in bf16 by --dtype bf16 */
+    int has_weight = 0;
+    for (int i = 0; i < built->nnodes; i++) {
+        const IrNode *w = built->nodes[i];
+        int as_b = 0, other = 0;
+        for (int j = 0; w->op == IR_PARAM && w->dtype == IR_F32 && j < built->nnodes; j++)
+            for (int k = 0; k < built->nodes[j]->nin; k++)
+                if (built->nodes[j]->in[k] == w) {
+                    if (built->nodes[j]->op == IR_MATMUL && k == 1)
+                        as_b = 1;
+                    else
+                        other = 1;
+                }
+        has_weight |= as_b && !other;
+    }
+    if (has_weight)
+        ck_assert_msg(stored >= 1, "%s: --dtype bf16 stored no weight in bf16", c->name);
     if (g != built)
         ir_graph_free(g);
     ir_graph_free(built);
@@ -282,10 +310,16 @@ START_TEST(test_parity_bf16)
         "attn_sparse_topk: keeps the k largest scores of each row, a choice that rounding q and k to bf16 changes "
         "where scores are close (a discontinuity, not an error bound)",
         NULL};
-    ParityRun run = {CG_MMA_BF16, 0, 1e-4, 2e-2, &worst, unfit};
+    ParityRun run = {CG_MMA_BF16, 0, 1e-4, 2e-2, &worst, unfit, NULL};
     parity_run_all(&run, "parity through --mma=bf16 modules");
     fprintf(stderr, "test_cpu_bf16: parity cases with bf16 matmuls: largest error %.2g of max|expected|\n", worst);
     ck_assert_msg(worst > 1e-6, "bf16 modules gave the f32 outputs (largest error %g): were the matmuls rounded?", worst);
+    /* bf16 weights (--dtype bf16), training cases included: their gradients from f32 master weights */
+    double worst16 = 0;
+    ParityRun stored = {CG_MMA_AUTO, 0, 1e-4, 2e-2, &worst16, unfit, "bf16"};
+    parity_run_all(&stored, "parity through --dtype bf16 modules");
+    fprintf(stderr, "test_cpu_bf16: parity cases with bf16 weights: largest error %.2g of max|expected|\n", worst16);
+    ck_assert_msg(worst16 > 1e-6, "--dtype bf16 modules gave the f32 outputs (largest error %g)", worst16);
 }
 END_TEST
 

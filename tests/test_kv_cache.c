@@ -121,7 +121,7 @@ static void make_weights(const IrGraph *g, Bind *b)
  * [1, T, V]; the CPU's caches must have stayed in place for most calls. mma: CgOptions.mma (bf16
  * matmuls on the CPU: the last caches then within 2e-2 of their largest value, else 1e-4). */
 static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t *tok, int T, int PROMPT,
-                              const IrHostTensor *ref, const char *target, int mma)
+                              const IrHostTensor *ref, const char *target, int mma, const char *dtype)
 {
     char err[1024], path[600];
     int cpu = !strcmp(target, "cpu"), emu = !strcmp(target, "cuda-emu");
@@ -131,13 +131,16 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     harness_make_tmpdir("kv_cache");
     snprintf(path, sizeof path, "%s/step_%s.so", tmpdir, target);
     CgOptions opt = {.output = path, .target = cpu ? NULL : target, .opt_level = 1, .source = "# test\n",
-                     .source_name = "t.xtf", .mma = mma};
+                     .source_name = "t.xtf", .mma = mma, .dtype = dtype};
     CgStats st;
     ck_assert_msg(harness_cg(h, &opt, &st, err, sizeof err) == 0, "%s: %s", target, err);
     ir_graph_free(h);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
     unlink(path);
+    if (dtype) /* the weights are stored in bf16 (metadata "storage" records) */
+        ck_assert_msg(strstr(xtc_module_metadata(m), "\nstorage ") != NULL, "%s --dtype %s: no weight stored in 16 bits",
+                      target, dtype);
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s", xtc_session_error(s));
     for (int i = 0; i < step->nnodes; i++) {
@@ -196,7 +199,7 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
             if (pos + n == T) { /* the last call: the caches of the interpreter's decoding */
                 int64_t numel = T * ct.shape[2] * ct.shape[3];
                 double tol = 1e-4;
-                for (int64_t i = 0; mma == CG_MMA_BF16 && i < numel; i++)
+                for (int64_t i = 0; (mma == CG_MMA_BF16 || dtype) && i < numel; i++)
                     tol = fmax(tol, 2e-2 * fabs(w->cache[c][i]));
                 for (int64_t i = 0; i < numel; i++)
                     expect_msg(fabs(((const float *)ct.data)[i] - w->cache[c][i]) < tol, "%s: %s[%lld] %g, expected %g",
@@ -292,7 +295,7 @@ static void check_model(const char *src)
     static const char *targets[] = {"cpu", "cuda-emu", "cuda"}; /* "cuda" on a machine with a GPU */
     char why[1200];
     for (int t = 0; t < 2 + gpu_present(why, sizeof why); t++) {
-        double e = decode_compiled(step, &b, tok, T, PROMPT, &ref, targets[t], CG_MMA_AUTO);
+        double e = decode_compiled(step, &b, tok, T, PROMPT, &ref, targets[t], CG_MMA_AUTO, NULL);
         ck_assert_msg(e < 1e-4, "%s: cached decoding differs from recomputation by %g", targets[t], e);
     }
     /* bf16 matmuls on the CPU (--mma=bf16): within 2e-2 of the largest logit, as test_cpu_bf16's
@@ -300,10 +303,14 @@ static void check_model(const char *src)
     double maxlogit = 0;
     for (int64_t i = 0; i < T * V; i++)
         maxlogit = fmax(maxlogit, fabs(((const float *)ref.data)[i]));
-    double e16 = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_BF16);
+    double e16 = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_BF16, NULL);
     fprintf(stderr, "test_kv_cache: bf16 matmuls: decoding within %.2g of max|logit| %.3g\n", e16 / maxlogit, maxlogit);
     ck_assert_msg(e16 <= 2e-2 * maxlogit && e16 > 0, "cpu --mma=bf16: decoding differs from recomputation by %g (max|logit| %g)",
                   e16, maxlogit);
+    /* bf16 weights (--dtype bf16: stored rounded, read by bf16 matmuls): the same products as
+     * --mma=bf16 rounds them to, so the same logits, hence the same largest error */
+    double ew = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_AUTO, "bf16");
+    ck_assert_msg(ew == e16, "cpu --dtype bf16: decoding differs from recomputation by %g, --mma=bf16 by %g", ew, e16);
     for (int c = 0; c < b.ncache; c++)
         free(b.cache[c]);
     for (int i = 0; i < b.nw; i++)
