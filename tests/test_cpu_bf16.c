@@ -160,13 +160,54 @@ static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTenso
     return worst;
 }
 
-/* the cases: the tensor-core rows and the CPU's matmul row */
+/* The matrix-vector path against weights (params: stored in bf16 by --dtype bf16, read as stored
+ * by cg_llvm_gemv16.c where k is a multiple of 32): 1 or 3 rows ([b, 1, k]), 76 columns (four
+ * blocks of 16 and a part), a plain product, bias and GELU as an epilogue, a residual add, and
+ * GLU's two halves of one product; k = 96 (pairs path) and k = 70 (widened as read). */
+static void build_gemv_weights(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)n;
+    for (int v = 0; v < 2; v++) {
+        int64_t k = v ? 70 : 96;
+        char w[16], o[16];
+        IrDim sa[] = {b, ir_dim(1), ir_dim(k)}, sw[] = {ir_dim(76), ir_dim(k)}, sb[] = {ir_dim(76)};
+        IrDim sg[] = {ir_dim(80), ir_dim(k)}, sgb[] = {ir_dim(80)}, sr[] = {b, ir_dim(1), ir_dim(76)};
+        snprintf(w, sizeof w, "a%d", v);
+        IrNode *a = input(g, w, IR_F32, 3, sa);
+        snprintf(w, sizeof w, "w%d", v);
+        snprintf(o, sizeof o, "y%d", v);
+        out(g, o, ir_matmul(g, a, ir_param(g, w, 2, sw), 1));
+        snprintf(w, sizeof w, "wb%d", v);
+        IrNode *p = ir_matmul(g, a, ir_param(g, w, 2, sw), 1);
+        snprintf(w, sizeof w, "bias%d", v);
+        snprintf(o, sizeof o, "gelu%d", v);
+        out(g, o, ir_unary(g, IR_GELU, ir_binary(g, IR_ADD, p, ir_param(g, w, 1, sb))));
+        snprintf(w, sizeof w, "wr%d", v);
+        IrNode *q = ir_matmul(g, a, ir_param(g, w, 2, sw), 1);
+        snprintf(w, sizeof w, "res%d", v);
+        snprintf(o, sizeof o, "resid%d", v);
+        out(g, o, ir_binary(g, IR_ADD, q, input(g, w, IR_F32, 3, sr)));
+        snprintf(w, sizeof w, "wg%d", v);
+        IrNode *gp = ir_matmul(g, a, ir_param(g, w, 2, sg), 1);
+        snprintf(w, sizeof w, "bg%d", v);
+        gp = ir_binary(g, IR_ADD, gp, ir_param(g, w, 1, sgb));
+        snprintf(o, sizeof o, "glu%d", v);
+        out(g, o, ir_binary(g, IR_MUL, ir_slice(g, gp, -1, ir_dim(0), ir_dim(40)),
+                            ir_unary(g, IR_GELU, ir_slice(g, gp, -1, ir_dim(40), ir_dim(40)))));
+    }
+}
+
+static const OpCase GEMV_WEIGHTS = {"gemv_weights", build_gemv_weights, OC_CPU, OC_FUSE, 1e-5, ""};
+
+/* the cases: the tensor-core rows, the CPU's matmul row, and the matrix-vector path on weights */
 static const OpCase *bf16_case(int k)
 {
     int nmma = op_case_count(OC_MMA);
     if (k < nmma)
         return op_case_for(OC_MMA, k);
-    for (int i = 0; i < OP_NCASES; i++)
+    if (k == nmma + 1)
+        return &GEMV_WEIGHTS;
+    for (int i = 0; i < OP_NCASES && k == nmma; i++)
         if (!strcmp(OP_CASES[i].name, "matmul"))
             return &OP_CASES[i];
     return NULL;
@@ -329,7 +370,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("bf16");
     tcase_set_timeout(tc, 600);
     int ncases = 0;
-    while (bf16_case(ncases) && ncases < op_case_count(OC_MMA) + 1)
+    while (bf16_case(ncases) && ncases < op_case_count(OC_MMA) + 2)
         ncases++;
     tcase_add_loop_test(tc, test_matmul_forms, 0, ncases);
     tcase_add_test(tc, test_paths);

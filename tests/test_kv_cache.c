@@ -307,10 +307,12 @@ static void check_model(const char *src)
     fprintf(stderr, "test_kv_cache: bf16 matmuls: decoding within %.2g of max|logit| %.3g\n", e16 / maxlogit, maxlogit);
     ck_assert_msg(e16 <= 2e-2 * maxlogit && e16 > 0, "cpu --mma=bf16: decoding differs from recomputation by %g (max|logit| %g)",
                   e16, maxlogit);
-    /* bf16 weights (--dtype bf16: stored rounded, read by bf16 matmuls): the same products as
-     * --mma=bf16 rounds them to, so the same logits, hence the same largest error */
+    /* bf16 weights (--dtype bf16: stored rounded, read by bf16 matmuls; the matrix-vector path
+     * reads them as stored and sums in another order): within the same bound */
     double ew = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_AUTO, "bf16");
-    ck_assert_msg(ew == e16, "cpu --dtype bf16: decoding differs from recomputation by %g, --mma=bf16 by %g", ew, e16);
+    fprintf(stderr, "test_kv_cache: bf16 weights: decoding within %.2g of max|logit| %.3g\n", ew / maxlogit, maxlogit);
+    ck_assert_msg(ew <= 2e-2 * maxlogit && ew > 0, "cpu --dtype bf16: decoding differs from recomputation by %g (max|logit| %g)",
+                  ew, maxlogit);
     for (int c = 0; c < b.ncache; c++)
         free(b.cache[c]);
     for (int i = 0; i < b.nw; i++)

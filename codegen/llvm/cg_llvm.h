@@ -120,6 +120,14 @@ int cg_gemm_nr(Cg *cg);
 /* Transposes vw x vw floats held as vw row vectors of vw lanes, in place, in registers. */
 void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw);
 int cg_gemm_mr(Cg *cg);
+/* cg_llvm_gemv16.c: the matrix-vector path's dot products against a weight stored in bf16.
+ * fits: whether it applies (bf16 operands, AVX-512, k a multiple of 32). pack_a: row r of the
+ * scratch ap ([rows][k / 2] i32 pairs) from a[src .. src + k), rounded to bf16. dots: for the nr
+ * rows of ap and the nj (<= 4) B rows from element brow0 (stride k), C[crow[r] + j + t]. */
+int cg_gemv_bf16_fits(Cg *cg, int64_t k);
+void cg_gemv_pack_a(CgFn *f, LLVMValueRef ap, LLVMValueRef a, LLVMValueRef src, int r, int64_t k);
+void cg_gemv_dots_bf16(CgFn *f, LLVMValueRef dst, LLVMValueRef ap, const LLVMValueRef *crow, int nr, LLVMValueRef brow0,
+                       int64_t k, LLVMValueRef j, int nj);
 /* cg_llvm_sort.c: the ops that order a row: kth_largest (radix select), entmax15 (heap sort) */
 void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_kth_largest_impl(CgFn *f);

@@ -42,6 +42,7 @@
 #define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
 #define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
 #define GEMV_UNROLL 4 /* ... computed this many at a time */
+#define GEMV_PREROUND_K 8192 /* bf16 operands: A's rows rounded once per item up to this k (128 KiB) */
 
 typedef struct {
     LLVMValueRef m, n, k, batch;
@@ -226,8 +227,8 @@ static int b_broadcast(const IrNode *n)
  * or 1 consecutive B rows from brow0: nr x nj dot products in one loop over k, so that each
  * element of B is loaded once for all the rows and the vectoriser keeps nr x nj independent
  * accumulators (one alone is a chain of dependent fused multiply-adds, latency-bound). */
-static void gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr,
-                      LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef j, int nj)
+static void gemv_dots(CgFn *f, LLVMValueRef dst, LLVMValueRef a, int a_rounded, const LLVMValueRef *arow,
+                      const LLVMValueRef *crow, int nr, LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef j, int nj)
 {
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
@@ -246,8 +247,8 @@ static void gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const
             bv[t] = cg_bf16_round(cg, bv[t]);
     }
     for (int r = 0; r < nr; r++) {
-        av[r] = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, arow[r], lp.iv, ""));
-        if (cg->bf16)
+        av[r] = cg_load(f, IR_F32, a, LLVMBuildAdd(b, arow[r], lp.iv, ""));
+        if (cg->bf16 && !a_rounded)
             av[r] = cg_bf16_round(cg, av[r]);
     }
     for (int r = 0; r < nr; r++)
@@ -297,9 +298,35 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
     LLVMValueRef jfull = LLVMBuildAdd(b, j0, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, j1, j0, ""), cg_i64(cg, GEMV_UNROLL), ""),
                                                        cg_i64(cg, GEMV_UNROLL), ""), "");
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi0, kn);
+    /* bf16 operands with a constant k (every weight): the item's rows of A rounded once, into
+     * [GEMV_ROWS][k] floats, rather than in the loop of every block of columns */
+    const IrNode *an = n->in[0];
+    IrDim kd = an->shape[an->rank - 1];
+    int pre = cg->bf16 && ir_dim_is_const(kd) && kd.c > 0 && kd.c <= GEMV_PREROUND_K;
+    /* ... as bf16 pairs, for the dot products that read a bf16 weight as stored (cg_llvm_gemv16.c) */
+    int pairs = pre && f->in_bf16[1] && cg_gemv_bf16_fits(cg, kd.c);
+    LLVMValueRef ar = pre ? cg_var(f, LLVMArrayType(pairs ? cg->t_i32 : cg->t_f32, (unsigned)(GEMV_ROWS * kd.c / (pairs ? 2 : 1))),
+                                   NULL, "arounded") : NULL;
+    if (pairs)
+        LLVMSetAlignment(ar, 64);
     for (int nr = 1; nr <= GEMV_ROWS; nr++) {
         CgIf is;
         cg_if(f, &is, LLVMBuildICmp(b, LLVMIntEQ, rows, cg_i64(cg, nr), ""));
+        if (pre)
+            for (int r = 0; r < nr; r++) {
+                LLVMValueRef bi = LLVMBuildAdd(b, bi0, LLVMBuildSDiv(b, cg_i64(cg, r), d->m, ""), "");
+                LLVMValueRef i = LLVMBuildSRem(b, cg_i64(cg, r), d->m, "");
+                LLVMValueRef src = LLVMBuildAdd(b, batch_offset(f, an, bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
+                if (pairs) {
+                    cg_gemv_pack_a(f, ar, f->in[0], src, r, kd.c);
+                    continue;
+                }
+                CgLoop lq;
+                cg_for(f, &lq, cg_i64(cg, 0), d->k, "pa");
+                LLVMValueRef v = cg_bf16_round(cg, cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, src, lq.iv, "")));
+                cg_store(f, IR_F32, ar, LLVMBuildAdd(b, cg_i64(cg, r * kd.c), lq.iv, ""), v);
+                cg_for_end(f, &lq);
+            }
         for (int p = 0; p < nparts; p++) {
             LLVMValueRef arow[GEMV_ROWS], crow[GEMV_ROWS];
             LLVMValueRef dst = d->split ? scratch : f->out;
@@ -307,16 +334,25 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
             for (int r = 0; r < nr; r++) { /* row r of the item: batch index bi0 + r / m, row r % m */
                 LLVMValueRef bi = LLVMBuildAdd(b, bi0, LLVMBuildSDiv(b, cg_i64(cg, r), d->m, ""), "");
                 LLVMValueRef i = LLVMBuildSRem(b, cg_i64(cg, r), d->m, "");
-                arow[r] = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
+                arow[r] = pre ? cg_i64(cg, r * kd.c)
+                              : LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d->k, ""), "");
                 crow[r] = d->split ? LLVMBuildSub(b, cg_i64(cg, r * sld + p * GEMV_COLS), j0, "")
                                    : LLVMBuildAdd(b, LLVMBuildMul(b, bi, mn, ""), LLVMBuildMul(b, i, d->n, ""), "");
             }
             cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
             LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
-            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
+            LLVMValueRef a = pre ? ar : f->in[0], brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), "");
+            if (pairs)
+                cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, j, GEMV_UNROLL);
+            else
+                gemv_dots(f, dst, a, pre, arow, crow, nr, brow, d->k, j, GEMV_UNROLL);
             cg_for_end(f, &lj);
             cg_for(f, &lj, jfull, j1, "j");
-            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
+            brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), "");
+            if (pairs)
+                cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, lj.iv, 1);
+            else
+                gemv_dots(f, dst, a, pre, arow, crow, nr, brow, d->k, lj.iv, 1);
             cg_for_end(f, &lj);
         }
         cg_if_end(f, &is);
