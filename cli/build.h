@@ -25,4 +25,13 @@ int cli_is_module_path(const char *path);
 /* Parses the .xtf text embedded in a module (xtc_module_source); NULL after printing why. */
 XtfFile *cli_module_xtf(const XtcModule *m, const char *path);
 
+/* xtc bench --decode (bench_decode.c): what cmd_bench.c parsed */
+typedef struct {
+    const char *path, *model, *dtype, *dir;
+    int mma, threads, repeat, opt_level;
+    int64_t context;
+    const DrvTarget *t; /* --dtype and --mma resolved */
+} BenchDecode;
+int cli_bench_decode(const BenchDecode *d);
+
 #endif

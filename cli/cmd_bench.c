@@ -39,6 +39,7 @@ typedef struct {
     const char *dtype;       /* --dtype: storage of cuda and cuda-emu modules, NULL = f32 */
     int mma;                 /* --mma: CgOptions.mma (bf16 matmul operands on the cpu too) */
     int64_t batch, seq;
+    int64_t decode;          /* --decode C: KV-cache decoding after a context of C (bench_decode.c) */
     int train, mask, threads, repeat, warmup, json, top;
     double max_gib;
     int opt_level;
@@ -151,6 +152,9 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"-O2", CLI_LEVEL, &o->opt_level, .set = 2},
         {"-O3", CLI_LEVEL, &o->opt_level, .set = 3},
         {"--json", CLI_FLAG, &o->json, .help = "one JSON object on stdout instead of tables"},
+        {"--decode", CLI_I64, &o->decode, "C", .help = "time KV-cache decoding instead (batch 1): a prompt of C tokens, then\n"
+         "--repeat rounds of 8 one-token calls; with --dtype or --mma against f32,\nthe variants alternating "
+         "(no --batch or --seq)", .lo = 1},
         {"--against", CLI_STR, &o->against, "PASS", .help = "compare with every pass but PASS (xtc ir --list-passes)\n"
          "instead of the unfused program; JSON keeps the key \"unfused\" for it"},
     };
@@ -164,7 +168,7 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
     int prc = cli_parse(&cmd, argc, argv);
     if (prc)
         return prc == 1 ? 1 : -1;
-    if (!o->path || !o->batch || !o->seq)
+    if (!o->path || (!o->decode && (!o->batch || !o->seq)))
         return cli_usage_error(&cmd, !o->path ? "no model file given" : !o->batch ? "no --batch given" : "no --seq given"),
                -1;
     char err[512];
@@ -595,6 +599,25 @@ int cli_bench(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc > 0 ? 0 : 2;
+    if (o.decode) {
+        if (strcmp(o.t.name, "cpu") != 0 || o.train || o.json || o.against) {
+            fprintf(stderr, "xtc bench: --decode runs on the cpu target, without --train, --json or --against\n");
+            return 2;
+        }
+        const char *tmpd = getenv("TMPDIR");
+        char ddir[4096];
+        snprintf(ddir, sizeof ddir, "%s/xtc-bench-XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+        if (!mkdtemp(ddir)) {
+            fprintf(stderr, "xtc bench: cannot create a temporary directory: %s\n", strerror(errno));
+            return 1;
+        }
+        BenchDecode d = {.path = o.path, .model = o.model, .dtype = o.dtype, .dir = ddir, .mma = o.mma,
+                         .threads = o.threads, .repeat = o.repeat, .opt_level = o.opt_level, .context = o.decode,
+                         .t = &o.t};
+        rc = cli_bench_decode(&d);
+        rmdir(ddir);
+        return rc;
+    }
     IrGraph *g = build_graph(&o);
     if (!g)
         return 1;

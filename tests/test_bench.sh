@@ -80,6 +80,15 @@ cp "$tmp/out" "$tmp/cpu.txt"
 expect "text: target cpu" "target cpu, 1 thread, 2 runs after 1 warm-up" "$tmp/cpu.txt"
 expect "text: wall-clock kernel times" "^kernel times: wall clock per step" "$tmp/cpu.txt"
 
+# --decode C: KV-cache decoding after C tokens, --dtype bf16 against f32, alternating
+check "bench --decode --dtype bf16" "$xtc" bench "$model" --decode 12 --dtype bf16 --repeat 2 -O0
+cp "$tmp/out" "$tmp/decode.txt"
+expect "decode: header" "^KV-cache decoding: .*, context 12 \(\+16 tokens timed per variant\), 1 thread, batch 1" "$tmp/decode.txt"
+expect "decode: f32 row" "^  f32 +[0-9.]+ ms/token +[0-9.]+ tokens/s +cpu +[0-9.]+ ms/token" "$tmp/decode.txt"
+expect "decode: bf16 row" "^  --dtype bf16 +[0-9.]+ ms/token .* [0-9.]+x f32" "$tmp/decode.txt"
+refuse "decode with --train" "without --train" "$xtc" bench "$model" --decode 4 --train
+refuse "decode of an encoder" "a KV cache needs a causal Decoder" "$xtc" bench "$src/models/bert.xtf" --decode 4 -O0
+
 # --against PASS: the second variant runs every pass but PASS (cosine-sim attention, the bound)
 check "bench --against cosine_sim" "$xtc" bench "$src/tests/parity_newer/v2_qk_norm_rotary_mqa_mask.xtf" --batch 1 --seq 8 \
   --repeat 1 --against cosine_sim
