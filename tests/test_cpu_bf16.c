@@ -35,6 +35,7 @@
 #include "harness_bind.h"
 #include "op_cases.h"
 #include "parity_run.h"
+#include "harness_drive.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cpu_bf16"); }
 
@@ -364,6 +365,108 @@ START_TEST(test_parity_bf16)
 }
 END_TEST
 
+/* ---- training with bf16 weights: f32 master weights ---- */
+
+/* every output of a and b (loss, logits, grad.<name>) bit for bit the same */
+static void same_outputs(XtcSession *a, XtcSession *b, const XtcModule *m, const char *what)
+{
+    for (int o = 0; o < xtc_module_count(m, XTC_OUTPUT); o++) {
+        XtcTensorInfo ti;
+        xtc_module_tensor(m, XTC_OUTPUT, o, &ti);
+        XtcTensor x, y;
+        ck_assert_msg(xtc_session_get_output(a, ti.name, &x) == XTC_OK, "%s", xtc_session_error(a));
+        ck_assert_msg(xtc_session_get_output(b, ti.name, &y) == XTC_OK, "%s", xtc_session_error(b));
+        int64_t numel = 1;
+        for (int d = 0; d < x.rank; d++)
+            numel *= x.shape[d];
+        ck_assert_msg(memcmp(x.data, y.data, (size_t)numel * xtc_dtype_size(x.dtype)) == 0,
+                      "%s: output '%s' differs between --dtype bf16 and --mma=bf16", what, ti.name);
+    }
+}
+
+/* A training module with --dtype bf16 keeps the weights in f32 (what the optimizer updates and
+ * xtc_session_get_weight reads) and runs on bf16 copies made again after each step: its loss and
+ * gradients, before and after two AdamW steps, are those of the --mma=bf16 module (f32 weights
+ * rounded by the matmuls as they read them) bit for bit, and its weights after the steps are
+ * that module's f32 weights, not rounded to bf16. */
+START_TEST(test_train_masters)
+{
+    static const char src[] = "m = TransformerWrapper(num_tokens = 64, max_seq_len = 16,\n"
+                              "    attn_layers = Decoder(dim = 32, depth = 2, heads = 2, ff_glu = true))\n";
+    XtfDiag d;
+    xtf_diag_init(&d);
+    XtfFile *f = xtf_parse("train.xtf", src, sizeof src - 1, &d);
+    ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "%s", d.text ? d.text : "parse");
+    char err[1024];
+    XtLowerOpts lo = {.train = 1};
+    IrGraph *g = harness_build(f, NULL, &lo, 1, harness_target("cpu"), NULL, &d, err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    char why[512];
+    XtcModule *m16 = compile_dtype(g, "train", NULL, NULL, NULL, why, sizeof why);
+    XtcModule *mw = compile_dtype(g, "train", NULL, NULL, "bf16", why, sizeof why);
+    ck_assert_ptr_nonnull(m16);
+    ck_assert_ptr_nonnull(mw);
+    ck_assert_msg(strstr(xtc_module_metadata(mw), "\nstorage ") != NULL, "the training module stores no weight in bf16");
+    XtcSession *s[2] = {NULL, NULL};
+    const XtcModule *ms[2] = {m16, mw};
+    int64_t tok[2 * 6], tgt[2 * 6];
+    for (int i = 0; i < 12; i++) {
+        tok[i] = (i * 11 + 3) % 64;
+        tgt[i] = (i * 5 + 1) % 64;
+    }
+    for (int v = 0; v < 2; v++) {
+        ck_assert_msg(xtc_session_new(ms[v], &(XtcSessionOptions){.threads = 2}, &s[v]) == XTC_OK, "%s",
+                      xtc_session_error(s[v]));
+        ck_assert_int_eq(xtc_session_init_weights(s[v], 5), XTC_OK);
+        ck_assert_int_eq(xtc_session_set_input(s[v], "tokens", XTC_I64, 2, (int64_t[]){2, 6}, tok), XTC_OK);
+        ck_assert_int_eq(xtc_session_set_input(s[v], "targets", XTC_I64, 2, (int64_t[]){2, 6}, tgt), XTC_OK);
+    }
+    XtcAdamW opt = xtc_adamw_defaults();
+    opt.lr = 1e-2f;
+    float loss0 = 0;
+    for (int step = 0; step < 3; step++) {
+        for (int v = 0; v < 2; v++)
+            ck_assert_msg(xtc_session_run(s[v]) == XTC_OK, "%s", xtc_session_error(s[v]));
+        char what[64];
+        snprintf(what, sizeof what, "after %d steps", step);
+        same_outputs(s[0], s[1], mw, what);
+        XtcTensor l;
+        ck_assert_int_eq(xtc_session_get_output(s[1], "loss", &l), XTC_OK);
+        if (step == 0)
+            loss0 = *(const float *)l.data;
+        else /* the step reached the bf16 copies the kernels read */
+            ck_assert_msg(*(const float *)l.data != loss0, "the loss did not move after %d steps", step);
+        if (step < 2)
+            for (int v = 0; v < 2; v++)
+                ck_assert_msg(xtc_session_step(s[v], &opt) == XTC_OK, "%s", xtc_session_error(s[v]));
+    }
+    int unrounded = 0;
+    for (int i = 0; i < xtc_module_count(mw, XTC_PARAM); i++) {
+        XtcTensorInfo ti;
+        xtc_module_tensor(mw, XTC_PARAM, i, &ti);
+        XtcTensor a, b;
+        ck_assert_int_eq(xtc_session_get_weight(s[0], ti.name, &a), XTC_OK);
+        ck_assert_int_eq(xtc_session_get_weight(s[1], ti.name, &b), XTC_OK);
+        int64_t numel = 1;
+        for (int k = 0; k < a.rank; k++)
+            numel *= a.shape[k];
+        ck_assert_msg(memcmp(a.data, b.data, (size_t)numel * 4) == 0, "weight '%s' differs", ti.name);
+        for (int64_t k = 0; k < numel; k++) {
+            float x = ((const float *)b.data)[k];
+            unrounded += rt_bf16_to_f32(rt_f32_to_bf16(x)) != x;
+        }
+    }
+    ck_assert_msg(unrounded > 0, "the weights after the steps are all bf16 values: not f32 masters");
+    for (int v = 0; v < 2; v++)
+        xtc_session_free(s[v]);
+    xtc_module_free(m16);
+    xtc_module_free(mw);
+    ir_graph_free(g);
+    xtf_free(f);
+    xtf_diag_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cpu_bf16");
@@ -374,6 +477,7 @@ static Suite *suite(void)
         ncases++;
     tcase_add_loop_test(tc, test_matmul_forms, 0, ncases);
     tcase_add_test(tc, test_paths);
+    tcase_add_test(tc, test_train_masters);
     tcase_add_test(tc, test_parity_bf16);
     suite_add_tcase(s, tc);
     return s;
