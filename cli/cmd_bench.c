@@ -133,8 +133,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"--seq", CLI_I64, &o->seq, "N", .help = "sequence length (required): every sequence-like symbol gets N", .lo = 1},
         {"--target", CLI_FN, &o->target, "T", .help = "cpu (default), cuda (a GPU, kernels timed with CUDA events) or\n"
          "cuda-emu (the CUDA path emulated on the CPU: not GPU figures)", .fn = opt_target},
-        {"--dtype", CLI_FN, &o->dtype, "D", .help = "cuda, cuda-emu: storage on the device, f32 (default), bf16 or fp16\n"
-         "(as xtc compile --dtype; the device arena is planned at that size)", .fn = cli_opt_dtype},
+        {"--dtype", CLI_FN, &o->dtype, "D", .help = "storage as xtc compile --dtype: f32 (default), bf16 (cpu: the matmul\n"
+         "weights; cuda: every tensor) or fp16 (cuda; the device arena is planned at that size)", .fn = cli_opt_dtype},
         {"--mma", CLI_FN, &o->mma, "M", .help = "matmul operands in bf16 (or fp16 on cuda), sums in f32, as xtc compile --mma",
          .fn = cli_opt_mma},
         {"--train", CLI_FLAG, &o->train, .help = "time the training step (loss and every grad.<param>)"},

@@ -47,8 +47,9 @@ int cli_compile(int argc, char **argv)
         {"--model", CLI_STR, &model, "NAME", .help = "which model of the file (default: the last one)"},
         {"--target", CLI_STR, &co.target, "T", .help = "the backend: cpu (native code through LLVM, the default), cuda (CUDA C\n"
          "compiled by NVRTC, run on an NVIDIA GPU), cuda-emu (the same CUDA C emulated\non the CPU)"},
-        {"--dtype", CLI_FN, &co.dtype, "D", .help = "cuda, cuda-emu: how floating-point tensors are stored on the device:\n"
-         "f32 (default), bf16 or fp16 (16-bit storage, computed and accumulated in f32)", .fn = cli_opt_dtype},
+        {"--dtype", CLI_FN, &co.dtype, "D", .help = "how floating-point tensors are stored: f32 (default), bf16 or fp16\n"
+         "(cuda, cuda-emu: every tensor, computed and accumulated in f32; cpu: bf16 only,\n"
+         "for the weights of the matmuls, which then take bf16 operands: vdpbf16ps)", .fn = cli_opt_dtype},
         {"--cuda-arch", CLI_FN, &co.cuda_arch, "ARCH", .help = "cuda: the GPU architecture of the PTX (sm_80 default, sm_90, ...)",
          .fn = opt_cuda_arch},
         {"--emit-cuda", CLI_STR, &co.emit_cuda, "PATH", .help = "cuda, cuda-emu: also write the generated CUDA C"},
