@@ -177,6 +177,13 @@ int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
                            const float *data);
+/* Weights, inputs and outputs are f32 at this interface whatever a module stores. A CPU module
+ * compiled with --dtype bf16 stores the weights of its matmuls in bf16 (the metadata's "storage"
+ * records, include/abi/rt_abi.h): the session keeps every weight in f32 as given (what
+ * xtc_session_get_weight returns, what xtc_session_step updates and checkpoints save: the master
+ * weights of training) and, for each such weight, a bf16 copy rounded to nearest even that the
+ * kernels read; the copy is made again before the next run whenever the f32 value changed (set,
+ * loaded, initialised or stepped). A CUDA module keeps its 16-bit copies on the device. */
 /* Sets every parameter and state buffer to fresh values drawn reproducibly from seed, by
  * x-transformers' initialisation rules (token embeddings kaiming normal, Linear layers torch's
  * uniform, norm gains 1, rotary frequencies, the constants a model fixes such as
