@@ -134,7 +134,7 @@ int cli_bench_decode(const BenchDecode *d)
     var[0].name = "f32";
     char label[64];
     snprintf(label, sizeof label, "%s%s%s", d->dtype ? "--dtype " : "", d->dtype ? d->dtype : "",
-             d->mma == CG_MMA_BF16 ? (d->dtype ? " --mma=bf16" : "--mma=bf16") : "");
+             d->mma == CG_MMA_BF16 ? (d->dtype ? " --mma=bf16" : "--mma=bf16") : d->mma == CG_MMA_OFF && d->dtype ? " --mma=off" : "");
     var[1].name = label;
     int nvar = asked ? 2 : 1, rc = 0, rounds = d->repeat;
     for (int i = 0; i < nvar && !rc; i++) {

@@ -177,7 +177,8 @@ static void build_gemv_weights(IrGraph *g, IrDim b, IrDim n)
         IrNode *a = input(g, w, IR_F32, 3, sa);
         snprintf(w, sizeof w, "w%d", v);
         snprintf(o, sizeof o, "y%d", v);
-        out(g, o, ir_matmul(g, a, ir_param(g, w, 2, sw), 1));
+        IrNode *wt = ir_param(g, w, 2, sw);
+        out(g, o, ir_matmul(g, a, wt, 1));
         snprintf(w, sizeof w, "wb%d", v);
         IrNode *p = ir_matmul(g, a, ir_param(g, w, 2, sw), 1);
         snprintf(w, sizeof w, "bias%d", v);
@@ -195,6 +196,13 @@ static void build_gemv_weights(IrGraph *g, IrDim b, IrDim n)
         snprintf(o, sizeof o, "glu%d", v);
         out(g, o, ir_binary(g, IR_MUL, ir_slice(g, gp, -1, ir_dim(0), ir_dim(40)),
                             ir_unary(g, IR_GELU, ir_slice(g, gp, -1, ir_dim(40), ir_dim(40)))));
+        /* 2 and 4 rows per batch index (b = 1: 2 and 4 rows on the matrix-vector path) */
+        for (int r = 2; r <= 4; r += 2) {
+            IrDim sm[] = {b, ir_dim(r), ir_dim(k)};
+            snprintf(w, sizeof w, "a%d_%d", v, r);
+            snprintf(o, sizeof o, "rows%d_%d", v, r);
+            out(g, o, ir_matmul(g, input(g, w, IR_F32, 3, sm), wt, 1));
+        }
     }
 }
 
