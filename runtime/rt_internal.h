@@ -143,8 +143,9 @@ typedef struct RtDeviceOps {
      * err. The input's host copy is left as it was: the device one is the value. */
     int (*carry)(RtDevice *dev, int from, int to, const int64_t *syms, char *err, size_t n);
     /* Copies output buffer b of the last run (its shape from syms) into host (f32): the outputs
-     * the run left on the device (RtDeviceRun.lazy). 0, or -1 or -2 with a message in err. */
-    int (*fetch)(RtDevice *dev, int b, void *host, const int64_t *syms, char *err, size_t n);
+     * the run left on the device (RtDeviceRun.lazy), 16-bit ones widened on the threads of pool
+     * (the session's, or NULL). 0, or -1 or -2 with a message in err. */
+    int (*fetch)(RtDevice *dev, int b, void *host, const int64_t *syms, void *pool, char *err, size_t n);
     /* Bytes per element of buffer buf of m in the device's memory (CUDA: 2 where the module
      * stores it in 16 bits), by which the session plans the device arena. */
     size_t (*elem_bytes)(const XtcModule *m, int buf);

@@ -423,32 +423,38 @@ START_TEST(test_widen_outputs)
         out(g, "c", ir_unary(g, IR_NEG, y));
         XtcModule *m = compile_target(g, "widen", "cuda-emu");
         XtcSessionOptions o = {.threads = 3};
-        XtcSession *s = NULL;
-        ck_assert_int_eq(xtc_session_new(m, &o, &s), XTC_OK);
-        float *xv = malloc((size_t)n * sizeof *xv), *yv = malloc((size_t)n2 * sizeof *yv), tv = 3.0f;
-        for (int64_t i = 0; i < n; i++)
-            xv[i] = (float)((i % 255) - 127); /* exact in bf16 and fp16, as are 2x + 1 and y */
-        for (int64_t i = 0; i < n2; i++)
-            yv[i] = (float)(i % 251) * 0.25f;
-        int64_t one = 1;
-        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 1, &n, xv), XTC_OK);
-        ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, &n2, yv), XTC_OK);
-        ck_assert_int_eq(xtc_session_set_input(s, "t", XTC_F32, 1, &one, &tv), XTC_OK);
-        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
-        XtcTensor a, b, c;
-        ck_assert_int_eq(xtc_session_get_output(s, "a", &a), XTC_OK);
-        ck_assert_int_eq(xtc_session_get_output(s, "b", &b), XTC_OK);
-        ck_assert_int_eq(xtc_session_get_output(s, "c", &c), XTC_OK);
-        for (int64_t i = 0; i < n; i++)
-            ck_assert_msg(((const float *)a.data)[i] == 2 * xv[i] + 1, "%s: a[%lld] = %g, expected %g", STORAGE_NAME[storage],
-                          (long long)i, ((const float *)a.data)[i], 2 * xv[i] + 1);
-        ck_assert_msg(((const float *)b.data)[0] == 3.5f, "%s: b = %g", STORAGE_NAME[storage], ((const float *)b.data)[0]);
-        for (int64_t i = 0; i < n2; i++)
-            ck_assert_msg(((const float *)c.data)[i] == -yv[i], "%s: c[%lld] = %g, expected %g", STORAGE_NAME[storage],
-                          (long long)i, ((const float *)c.data)[i], -yv[i]);
-        free(xv);
-        free(yv);
-        xtc_session_free(s);
+        /* widened when read (the default), and by the run (every output copied after it) */
+        for (int eager = 0; eager < 2; eager++) {
+            XtcSession *s = NULL;
+            if (eager)
+                setenv("XTC_EAGER_OUTPUTS", "1", 1);
+            ck_assert_int_eq(xtc_session_new(m, &o, &s), XTC_OK);
+            unsetenv("XTC_EAGER_OUTPUTS");
+            float *xv = malloc((size_t)n * sizeof *xv), *yv = malloc((size_t)n2 * sizeof *yv), tv = 3.0f;
+            for (int64_t i = 0; i < n; i++)
+                xv[i] = (float)((i % 255) - 127); /* exact in bf16 and fp16, as are 2x + 1 and y */
+            for (int64_t i = 0; i < n2; i++)
+                yv[i] = (float)(i % 251) * 0.25f;
+            int64_t one = 1;
+            ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 1, &n, xv), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, &n2, yv), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "t", XTC_F32, 1, &one, &tv), XTC_OK);
+            ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+            XtcTensor a, b, c;
+            ck_assert_int_eq(xtc_session_get_output(s, "a", &a), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_output(s, "b", &b), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_output(s, "c", &c), XTC_OK);
+            for (int64_t i = 0; i < n; i++)
+                expect_msg(((const float *)a.data)[i] == 2 * xv[i] + 1, "%s: a[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                              (long long)i, ((const float *)a.data)[i], 2 * xv[i] + 1);
+            ck_assert_msg(((const float *)b.data)[0] == 3.5f, "%s: b = %g", STORAGE_NAME[storage], ((const float *)b.data)[0]);
+            for (int64_t i = 0; i < n2; i++)
+                expect_msg(((const float *)c.data)[i] == -yv[i], "%s: c[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                              (long long)i, ((const float *)c.data)[i], -yv[i]);
+            free(xv);
+            free(yv);
+            xtc_session_free(s);
+        }
         xtc_module_free(m);
         ir_graph_free(g);
     }
