@@ -257,8 +257,9 @@ void *rt_session_output(XtcSession *s, int out);
 /* The session's device's AdamW phase a (RtDeviceOps.adamw): 0, -1 when there is none (a CPU
  * module, a CUDA module without the kernels), or a status with the session's error set. */
 int rt_session_device_adamw(XtcSession *s, const RtAdamW *a);
-/* Leaves output buffer buf of later runs on the device (copied when read): the gradients once the
- * device steps from them. 0, or -1 when out of memory. */
+/* Leaves output buffer buf of later runs on the device (copied when read), as every output of a
+ * device session is unless XTC_EAGER_OUTPUTS copies them: the gradients the device steps from or
+ * NCCL sums there. 0, or -1 when out of memory. */
 int rt_session_keep_on_device(XtcSession *s, int buf);
 /* per buffer: the session's own host memory of inputs and weights (the device's PUSH and PULL) */
 void *const *rt_session_own(XtcSession *s);
