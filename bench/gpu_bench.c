@@ -9,11 +9,15 @@
  *                                                    tokens, then TOKENS one-token calls
  *
  * fwd and train report the median and minimum wall time of ITERS runs (each run synchronises with
- * the device, and copies its outputs to the host: the logits of a forward, the loss of a training
- * step), and from extra profiled runs the device's own time per run summed over the kernels
+ * the device; a training step reads its loss, a forward reads nothing: the runtime copies an
+ * output to the host only when it is read), the median of a few more runs that read every output
+ * ("read_all_ms": the logits of a forward, the loss and every gradient of a training step, as
+ * every run copied them before outputs were copied on demand), and from extra profiled runs the
+ * device's own time per run summed over the kernels
  * ("kernels_ms", CUDA events) with the attention kernels' share ("attention_ms" and
  * "attention_grad_ms", the ops of those names). decode reports tokens/s of the one-token calls
- * (each reads its logits back, as a sampler would). Weights are fresh ones drawn by
+ * (each reads its logits back, as a sampler would; "graphs": 0 where XTC_CUDA_GRAPHS=0 turned the
+ * runtime's CUDA graphs off, to compare). Weights are fresh ones drawn by
  * xtc_session_init_weights (the speed does not depend on them). With GPU_BENCH_PROFILE set in the environment, fwd, train and decode also
  * write the per-kernel profile (xtc_session_print_profile) to stderr, and decode the time per
  * token spent in carries, runs and reading the logits. */
@@ -128,15 +132,36 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
     XtcAdamW opt = xtc_adamw_defaults();
     opt.lr = 1e-4f;
     opt.max_grad_norm = 1.0f;
+    XtcTensor out;
     for (int it = -warmup; it < iters; it++) {
         double t0 = now();
-        if (xtc_session_run(s) || (train && xtc_session_step(s, &opt))) {
+        if (xtc_session_run(s) || (train && xtc_session_get_output(s, "loss", &out)) ||
+            (train && xtc_session_step(s, &opt))) {
             die(s, train ? "training step" : "run");
             goto done;
         }
         if (it >= 0)
             t[it] = now() - t0;
     }
+    /* the same with every output read after the run */
+    int nall = iters < 3 ? iters : 3, nout = xtc_module_count(m, XTC_OUTPUT);
+    double *all = calloc((size_t)nall, sizeof *all);
+    for (int it = 0; all && it < nall; it++) {
+        double t0 = now();
+        int bad = xtc_session_run(s);
+        for (int o = 0; o < nout && !bad; o++) {
+            XtcTensorInfo info;
+            bad = xtc_module_tensor(m, XTC_OUTPUT, o, &info) || xtc_session_get_output(s, info.name, &out);
+        }
+        if (bad || (train && xtc_session_step(s, &opt))) {
+            free(all);
+            die(s, "reading every output");
+            goto done;
+        }
+        all[it] = now() - t0;
+    }
+    double read_all = all ? median(all, nall) : 0;
+    free(all);
     double ms[3];
     if (profile(m, s, iters < 3 ? iters : 3, ms))
         goto done;
@@ -146,9 +171,9 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
     double med = median(t, iters);
     printf("{\"mode\": \"%s\", \"module\": \"%s\", \"device\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
            "\"params\": %lld, \"median_ms\": %.4f, \"min_ms\": %.4f, \"kernels_ms\": %.4f, \"attention_ms\": %.4f, "
-           "\"attention_grad_ms\": %.4f, \"iters\": %d, \"tok_per_s\": %.1f}\n",
+           "\"attention_grad_ms\": %.4f, \"read_all_ms\": %.4f, \"iters\": %d, \"tok_per_s\": %.1f}\n",
            mode, path, xtc_session_device(s), (long long)B, (long long)N, (long long)xtc_module_param_count(m),
-           1e3 * med, 1e3 * min, ms[0], ms[1], ms[2], iters, (double)(B * N) / med);
+           1e3 * med, 1e3 * min, ms[0], ms[1], ms[2], 1e3 * read_all, iters, (double)(B * N) / med);
     fflush(stdout);
     rc = 0;
 done:
@@ -223,10 +248,11 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
                 1e3 * t_carry / (double)tokens, 1e3 * t_run / (double)tokens, 1e3 * t_get / (double)tokens);
         xtc_session_print_profile(s, stderr);
     }
+    const char *graphs = getenv("XTC_CUDA_GRAPHS");
     printf("{\"mode\": \"decode\", \"module\": \"%s\", \"device\": \"%s\", \"context\": %lld, \"tokens\": %lld, "
-           "\"prompt_ms\": %.3f, \"ms_per_token\": %.4f, \"tok_per_s\": %.1f}\n",
+           "\"prompt_ms\": %.3f, \"ms_per_token\": %.4f, \"tok_per_s\": %.1f, \"graphs\": %d}\n",
            path, xtc_session_device(s), (long long)ctx, (long long)tokens, 1e3 * (t1 - t0),
-           1e3 * (t2 - t1) / (double)tokens, (double)tokens / (t2 - t1));
+           1e3 * (t2 - t1) / (double)tokens, (double)tokens / (t2 - t1), !(graphs && !strcmp(graphs, "0")));
     free(tok);
     return 0;
 }

@@ -14,6 +14,8 @@
  *   decode PxT   a --kv-cache module: a prompt of P tokens (batch 1), then T one-token calls, each
  *                carrying cache.<l>.k/.v: the prompt's logits, each call's, and the caches after
  *                the last call
+ * fwd and train run twice and check the second run (on a GPU, the replay of the CUDA graph the
+ * first captured); decode's calls each capture one (a new cache length each).
  * The weights are xtc_session_init_weights(SEED) and the tokens and targets come from SEED, so
  * the CPU and the GPU runs see the same numbers. A reference keeps, per output tensor, its size,
  * its largest |value| and up to REF_SAMPLES values at an odd stride over the flat tensor (every
@@ -354,6 +356,10 @@ int main(int argc, char **argv)
         if (!rc && (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||
                     (train && xtc_session_set_input(s, "targets", XTC_I64, 2, shape, tgt))))
             rc = fail(s, "inputs");
+        /* a run first, its outputs unread: the checked one is the binding's second, which a CUDA
+         * device replays from the graph the first captured (XTC_CUDA_GRAPHS=0: launched anew) */
+        if (!rc && xtc_session_run(s))
+            rc = fail(s, "first run");
         if (!rc && train)
             rc = run_train(&k, m, s);
         else if (!rc && xtc_session_run(s))

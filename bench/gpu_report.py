@@ -39,10 +39,11 @@ def gpt_table(rows, section, title):
                     reverse=True)
     if not shapes:
         return out
-    out.append("## %s (ms per call; wall = the call through the API, synchronised; kernels = the sum of "
+    out.append("## %s (ms per call; wall = the call through the API, synchronised, reading the loss of a "
+               "training step; +outs = the same reading every output (logits, gradients); kernels = the sum of "
                "xtc's kernels by CUDA events)" % title)
-    out.append("%-22s %10s %10s %10s %10s %9s %9s %9s" % ("", "xtc wall", "xtc kern", "eager", "compile",
-                                                           "eager/xtc", "eag/kern", "comp/xtc"))
+    out.append("%-22s %10s %10s %10s %10s %10s %9s %9s %9s" % ("", "xtc wall", "xtc +outs", "xtc kern", "eager",
+                                                                "compile", "eager/xtc", "eag/kern", "comp/xtc"))
     for b, n in shapes:
         for mode in ("fwd", "train"):
             for dtype in ("f32", "bf16"):
@@ -53,12 +54,13 @@ def gpt_table(rows, section, title):
                                   r[2] == impl and r[3].get("batch") == b and r[3].get("seq") == n and
                                   r[3].get("mode") == mode and r[3].get("dtype") == dtype]
                 xw, xk = med([v["median_ms"] for v in x]), med([v["kernels_ms"] for v in x])
+                xa = med([v["read_all_ms"] for v in x if "read_all_ms" in v])
                 te, tc = med(t("eager")), med(t("compile"))
                 if xw is None and te is None:
                     continue
                 name = "%dx%d %s %s" % (b, n, "forward" if mode == "fwd" else "train step", dtype)
-                out.append("%-22s %s %s %s %s %s %s %s" % (name, ms(xw), ms(xk), ms(te), ms(tc), ratio(te, xw),
-                                                           ratio(te, xk), ratio(tc, xw)))
+                out.append("%-22s %s %s %s %s %s %s %s %s" % (name, ms(xw), ms(xa), ms(xk), ms(te), ms(tc),
+                                                              ratio(te, xw), ratio(te, xk), ratio(tc, xw)))
     return out + [""]
 
 
@@ -85,17 +87,20 @@ def attn_table(rows):
 def decode_table(rows):
     out = []
     for dtype in ("f32", "bf16"):
-        x = med([r[3]["tok_per_s"] for r in rows if r[0] == "decode" and r[1] == "xtc" and r[2].endswith(dtype)])
+        xr = [r[3] for r in rows if r[0] == "decode" and r[1] == "xtc" and r[2].endswith(dtype)]
+        x = med([v["tok_per_s"] for v in xr if v.get("graphs", 1)])
+        xn = med([v["tok_per_s"] for v in xr if not v.get("graphs", 1)])
         t = med([r[3]["tok_per_s"] for r in rows if r[0] == "decode" and r[1] == "torch" and
                  r[3].get("dtype") == dtype])
         ctx = next((r[3]["context"] for r in rows if r[0] == "decode"), 0)
         if x is None and t is None:
             continue
         if not out:
-            out.append("## KV-cache decode, batch 1 (tokens/s; ratio xtc / PyTorch)")
-        out.append("%-22s xtc %s   PyTorch eager %s   %s" % (
+            out.append("## KV-cache decode, batch 1 (tokens/s; ratio xtc / PyTorch; xtc without CUDA graphs "
+                       "where measured)")
+        out.append("%-22s xtc %s   PyTorch eager %s   %s%s" % (
             "context %d %s" % (ctx, dtype), "%8.0f" % x if x else "%8s" % "-", "%8.0f" % t if t else "%8s" % "-",
-            ratio(x, t)))
+            ratio(x, t), "   no graphs %8.0f" % xn if xn else ""))
     return out + [""] if out else []
 
 

@@ -79,6 +79,37 @@ static int positional(const IrNode *n, int depth, int *seen)
     return 1;
 }
 
+/* 1 when n is a sum over a symbolic axis (the batch, the positions) or combines such sums with
+ * constants through a few elementwise or view steps: a gradient of weights shared by every
+ * position, summed in the backward pass. T5's relative position bias is the case: the softmax
+ * gradients of [b, h, n, n] summed over the batch (and the layers sharing the table), then
+ * gathered into [buckets, h] by the buckets' sums (f32: IR_GATHER_GRAD), which cancel to a few
+ * percent of their terms, so that rounding the partial sums to 16 bits shows: kept f32 they take
+ * a seventh off the bf16 bias gradient's error (the rest is the softmax gradients' own rounding,
+ * stored in 16 bits before the batch sum). Such sums have no batch dimension: small beside the
+ * activations they reduce. *seen: a sum found. */
+static int reduced_grad(const IrNode *n, int depth, int *seen)
+{
+    switch (n->op) {
+    case IR_CONST: return 1;
+    case IR_SUM: {
+        int axis = (int)n->ia[IR_IA_AXIS];
+        const IrNode *x = n->in[0];
+        if (axis < 0 || axis >= x->rank || ir_dim_is_const(x->shape[axis]))
+            return 0;
+        *seen = 1;
+        return 1;
+    }
+    default: break;
+    }
+    if (depth == 0 || n->nin < 1 || !(ir_ops[n->op].flags & (IR_ELEM | IR_VIEW) || n->op == IR_FUSED))
+        return 0;
+    for (int i = 0; i < n->nin; i++)
+        if (!reduced_grad(n->in[i], depth - 1, seen))
+            return 0;
+    return 1;
+}
+
 int cg_keeps_f32(const IrNode *n)
 {
     while (n->op == IR_RESHAPE)
@@ -87,6 +118,9 @@ int cg_keeps_f32(const IrNode *n)
         return 0;
     int seen = 0;
     if (n->op != IR_BUFFER && n->op != IR_CONST && positional(n, 8, &seen) && seen)
+        return 1;
+    seen = 0;
+    if (n->op != IR_CONST && reduced_grad(n, 6, &seen) && seen)
         return 1;
     switch (n->op) {
     case IR_BUFFER: /* fixed tables, not trained: rotary's inverse frequencies (above), a 1.x

@@ -214,7 +214,15 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
  * (logits) are computed, and reading the loss or a gradient is XTC_ERR_STATE. */
 int xtc_session_run(XtcSession *s);
 
-/* A view of an output after a successful run (see XtcTensor for its lifetime). */
+/* A view of an output after a successful run (see XtcTensor for its lifetime). A CUDA module's
+ * runs leave their outputs in device memory: the first call for an output after a run copies it
+ * to the host (widened to f32 where the module stores it in 16 bits), and later calls for it
+ * return the same memory without copying until the next run; outputs never asked for are never
+ * copied (a training step whose caller reads the loss moves 4 bytes, not the gradients; a forward
+ * whose caller reads no logits moves none). The pointer stays valid until the next run, input
+ * change or xtc_session_free, as for every output. XTC_EAGER_OUTPUTS=1 in the environment when
+ * the session is created copies every output after each run instead. A failed copy is XTC_ERR_IO
+ * (XTC_ERR_MEMORY) naming the output. */
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
 
 /* Makes an output of the last successful run the value of an input for the next run: a state
@@ -222,10 +230,8 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
  * checks as xtc_session_set_input with the output's dtype and shape. The first carry of an
  * output copies it; from then on the session writes that output outside its arena and each
  * carry hands its memory to the input without a copy (CPU modules; a CUDA module copies in device
- * memory: the input is not uploaded again, and later runs leave that output on the device,
- * copying it to the host only when xtc_session_get_output reads it; if that copy fails, the
- * input is left unset; an output appending to its input, as below, is written in place there
- * too). An
+ * memory: the input is not uploaded again; if that copy fails, the input is left unset; an output
+ * appending to its input, as below, is written in place there too). An
  * output that is the input with rows appended along an axis preceded only by dimensions of size
  * 1 (a KV cache of one sequence, [1, positions, heads, dim_head]) is written in place, after the
  * input's values, while the memory has room (it grows by a quarter when not): a call then writes
@@ -294,8 +300,8 @@ int xtc_module_step(const XtcModule *m, int i, int *kernel, const char **label);
  *
  * For a CUDA training module the step runs on the device, with the same bits as on the host:
  * the weights (f32 masters beside the 16-bit copies of --dtype bf16|fp16) and the moments stay
- * there, and once a step has run there the following runs leave the gradients on the device too
- * (xtc_session_get_output of a grad.<name> copies it when asked). The host's copies of the
+ * there, and the gradients stay where the run left them (xtc_session_get_output of a grad.<name>
+ * copies it when asked, as every output of a CUDA module). The host's copies of the
  * weights and moments are brought back only when read (xtc_session_get_weight, _get_optim, a
  * checkpoint), and weights or state the caller sets go to the device before the next step. An
  * fp16 module with loss scaling steps on the host, and so does any module when the environment

@@ -202,6 +202,25 @@ int rs_lazy_alloc(XtcSession *s)
     return 0;
 }
 
+/* A device module's runs leave every output on the device: the session copies one to the host
+ * when it is read (rs_output_on_host: xtc_session_get_output, the host optimizer's and the
+ * communicator's gradients, the loss scaler's unscaling), so that a training step or a forward
+ * whose caller reads only the loss or the last position's logits does not move the rest across
+ * the bus. XTC_EAGER_OUTPUTS=1 in the environment when the session is created copies every output
+ * after each run instead (for comparisons). 0, or -1 when out of memory. */
+int rs_lazy_outputs(XtcSession *s)
+{
+    const char *eager = getenv("XTC_EAGER_OUTPUTS");
+    if (eager && *eager && strcmp(eager, "0") != 0)
+        return 0;
+    if (rs_lazy_alloc(s))
+        return -1;
+    for (int o = 0; o < s->m->nouts; o++)
+        if (s->m->bufs[s->m->outs[o].buf].kind == RT_BUF_TEMP)
+            s->lazy[s->m->outs[o].buf] = 1;
+    return 0;
+}
+
 /* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):
  * XTC_OK, an error status, or -1 when the device cannot (then the carry copies through the host).
  * For f32 outputs of the arena into f32 inputs (no index inputs, whose values are range-checked

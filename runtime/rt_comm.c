@@ -370,6 +370,15 @@ int rt_comm_finish(XtcSession *s)
         c->valid = 1;
         return XTC_OK;
     }
+    /* a device module's gradients come to the host first (the runs leave them on the device) */
+    for (int i = 0; i < c->nparams && c->next < c->nbk; i++) {
+        const RtOutput *o = &s->m->outs[c->grad_out[i]];
+        int st = rs_output_on_host(s, o->buf, o->name);
+        if (st) {
+            wait_all(c);
+            return st;
+        }
+    }
     while (c->next < c->nbk)
         start_bucket(s, &c->bk[c->next++]);
     wait_all(c);

@@ -7,13 +7,17 @@
  * run:   uploads the inputs and weights that changed since the last run (weights: once), lays
  *        the intermediates out in one device arena at the offsets of the session's device plan,
  *        clears one status word per step, runs the module's schedule (every launch on the
- *        stream), copies the outputs back into the host arena and synchronises; then the first
- *        step whose status word is set is the one that met bad values (a token id outside the
- *        vocabulary ...). An output carried on the device (carry below) stays there: fetch
- *        copies it back when the session's caller reads it. With profiling on, a CUDA event is recorded on the stream before every
+ *        stream), copies the outputs the session did not leave on the device (RtDeviceRun.lazy:
+ *        by default all of them, rs_lazy_outputs) back into the host arena and synchronises;
+ *        then the first step whose status word is set is the one that met bad values (a token
+ *        id outside the vocabulary ...). fetch copies an output left on the device back when
+ *        the session's caller reads it. With profiling on, a CUDA event is recorded on the stream before every
  *        step and one after the last; after the synchronisation, step s gets the time between
  *        events s and s+1 (cuEventElapsedTime): the device's time for its launch (and the memset
  *        of an accumulating kernel), without the host's launch overhead or the copies.
+ *        Without profiling the schedule goes through a CUDA graph where the driver has them
+ *        (rt_cuda_graph.c): captured once per binding of the symbols and buffer addresses,
+ *        then replayed with one launch (XTC_CUDA_GRAPHS=0: step by step).
  * carry: xtc_session_carry's copy of an output into an input, device to device: the input's
  *        device copy becomes the output's value and is not uploaded again, so a KV cache never
  *        crosses the bus while decoding (it did twice per token: down with the outputs, up as the
@@ -81,6 +85,8 @@ struct RtDevice {
     CUdeviceptr opt_master, opt_m, opt_v, opt_partial, opt_tables;
     void *opt_host;         /* the tables as uploaded */
     size_t opt_tables_bytes;
+    RtCuGraphs graphs;      /* the schedule's CUDA graphs (rt_cuda_graph.c) */
+    uint64_t *key;          /* [RT_MAXSYM + nbufs + 1]: this run's graph key */
 };
 
 /* -1 with the message in err; -2 when the driver ran out of memory */
@@ -119,6 +125,8 @@ static void close_device(RtDevice *d)
         if (opt[i])
             drv->MemFree(opt[i]);
     free(d->opt_host);
+    rt_cu_graphs_free(&d->graphs, drv);
+    free(d->key);
     if (d->mod)
         drv->ModuleUnload(d->mod);
     if (d->stream)
@@ -213,7 +221,8 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
     d->dbytes = rt_calloc(nb, sizeof *d->dbytes);
     d->dptr = rt_calloc(nb, sizeof *d->dptr);
     d->host_status = rt_calloc(ns, sizeof *d->host_status);
-    if (!d->fn || !d->dbuf || !d->dbytes || !d->dptr || !d->host_status) {
+    d->key = rt_calloc((size_t)RT_MAXSYM + nb, sizeof *d->key);
+    if (!d->fn || !d->dbuf || !d->dbytes || !d->dptr || !d->host_status || !d->key) {
         close_device(d);
         rt_set_error(err, n, "out of memory opening the CUDA device");
         return XTC_ERR_MEMORY;
@@ -225,6 +234,7 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
         return XTC_ERR_IO;
     }
     const RtCuDriver *drv = &d->drv;
+    rt_cu_graphs_init(&d->graphs, drv, RT_MAXSYM + m->nbufs + 1);
     CUresult r = drv->Init(0);
     if (r != CUDA_SUCCESS) {
         cu_fail(d, r, r == CUDA_ERROR_NO_DEVICE ? "no CUDA device: cuInit failed" : "cuInit failed", err, n);
@@ -336,6 +346,24 @@ static void api_step(void *ctx, int32_t s)
 }
 
 /* ---- running ---- */
+
+/* The schedule's work queued on the stream, launch by launch (or into a graph's capture):
+ * nonzero when a launch failed, with the message in d->err. */
+typedef struct {
+    RtDevice *d;
+    const int64_t *syms;
+} Issue;
+
+static int issue(void *ctx)
+{
+    Issue *is = ctx;
+    RtDevice *d = is->d;
+    XtcCudaApi api = {.ctx = d, .launch = api_launch, .zero = api_zero, .step = api_step};
+    d->step = -1;
+    d->err[0] = 0;
+    d->event_error = CUDA_SUCCESS;
+    return d->cm->run(d->dptr, is->syms, (int32_t *)(uintptr_t)d->status, &api) != 0;
+}
 
 /* The bytes of buffer b on the device: 2 per element where it is stored in 16 bits. */
 static size_t buffer_bytes(const RtDevice *d, int b, const int64_t *syms)
@@ -469,6 +497,23 @@ static void widen_task(void *ctx, int64_t lo, int64_t hi)
         widen_chunk(w->d, w->run, c);
 }
 
+/* one 16-bit output fetched on demand, widened WIDEN_CHUNK values a task */
+typedef struct {
+    int storage;
+    const uint16_t *src;
+    float *dst;
+    size_t n;
+} WidenOne;
+
+static void widen_one_task(void *ctx, int64_t lo, int64_t hi)
+{
+    const WidenOne *w = ctx;
+    for (int64_t c = lo; c < hi; c++) {
+        size_t at = (size_t)c * WIDEN_CHUNK, len = w->n - at < WIDEN_CHUNK ? w->n - at : WIDEN_CHUNK;
+        rt_half_widen(w->storage, w->src + at, w->dst + at, len);
+    }
+}
+
 static void widen_outputs(RtDevice *d, const RtDeviceRun *run)
 {
     int64_t n = widen_chunk(d, run, -1);
@@ -534,11 +579,17 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
                 return cu_fail(d, r, "cannot create CUDA events", err, n);
             }
     }
-    XtcCudaApi api = {.ctx = d, .launch = api_launch, .zero = api_zero, .step = api_step};
-    d->step = -1;
-    d->err[0] = 0;
-    d->event_error = CUDA_SUCCESS;
-    int32_t rc = d->cm->run(d->dptr, run->syms, (int32_t *)(uintptr_t)d->status, &api);
+    Issue is = {d, run->syms};
+    int32_t rc = 1;
+    if (!d->profiling && d->graphs.enabled) { /* the events between steps need the launches */
+        rt_cu_graph_key(d->key, run->syms, d->dptr, m->nbufs, d->status);
+        int g = rt_cu_graph_run(&d->graphs, drv, d->stream, d->key, issue, &is, err, n);
+        if (g < 0)
+            return g;
+        rc = g; /* 1: step by step */
+    }
+    if (rc)
+        rc = issue(&is);
     if (rc != 0) {
         drv->StreamSynchronize(d->stream);
         rt_set_error(err, n, "%s", d->err[0] ? d->err : "the CUDA schedule failed");
@@ -614,7 +665,7 @@ static int cuda_carry(RtDevice *d, int from, int to, const int64_t *syms, char *
     return 0;
 }
 
-static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char *err, size_t n)
+static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, void *pool, char *err, size_t n)
 {
     const RtCuDriver *drv = &d->drv;
     size_t bytes = buffer_bytes(d, b, syms);
@@ -633,8 +684,14 @@ static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, char 
             CUDA_SUCCESS ||
         (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, what, err, n);
-    if (storage)
-        rt_half_widen(storage, d->stage, host, bytes / 2);
+    if (storage) {
+        WidenOne w = {storage, d->stage, host, bytes / 2};
+        int64_t chunks = (int64_t)((w.n + WIDEN_CHUNK - 1) / WIDEN_CHUNK);
+        if (pool && chunks > 1)
+            rt_pool_parallel_for(pool, widen_one_task, &w, chunks);
+        else
+            widen_one_task(&w, 0, chunks);
+    }
     return 0;
 }
 

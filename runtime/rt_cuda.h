@@ -20,6 +20,7 @@
 #include "rt_internal.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -29,6 +30,13 @@ typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef unsigned long long CUdeviceptr;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct {
+    int result; /* CUgraphExecUpdateResult */
+    CUgraphNode errorNode, errorFromNode;
+} CUgraphExecUpdateResultInfo;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -46,6 +54,7 @@ enum {
 enum { CU_JIT_ERROR_LOG_BUFFER = 5, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
 enum { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76 };
 enum { CU_STREAM_NON_BLOCKING = 1 };
+enum { CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1 };
 
 typedef struct RtCuDriver {
     char name[128];   /* "libcuda.so.1", "the xtc CUDA emulator" */
@@ -85,7 +94,44 @@ typedef struct RtCuDriver {
     /* The emulator's account of the last failed launch of a module (a deadlock at a barrier...);
      * NULL for the real driver. */
     const char *(*LaunchError)(CUmodule mod);
+    /* CUDA graphs (rt_cuda_graph.c), optional: NULL where the driver lacks them (the emulator) */
+    CUresult (*StreamBeginCapture)(CUstream stream, int mode);
+    CUresult (*StreamEndCapture)(CUstream stream, CUgraph *graph);
+    CUresult (*GraphInstantiateWithFlags)(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+    CUresult (*GraphExecUpdate)(CUgraphExec exec, CUgraph graph, CUgraphExecUpdateResultInfo *info);
+    CUresult (*GraphLaunch)(CUgraphExec exec, CUstream stream);
+    CUresult (*GraphExecDestroy)(CUgraphExec exec);
+    CUresult (*GraphDestroy)(CUgraph graph);
 } RtCuDriver;
+
+/* rt_cuda_graph.c: the schedule's CUDA graphs (see the file). The key of a run is
+ * RT_MAXSYM + nbufs + 1 words: rt_cu_graph_key. */
+#define RT_CU_GRAPHS 4
+typedef struct {
+    CUgraphExec exec;    /* NULL: a free slot */
+    CUgraph graph;
+    uint64_t *key;
+    uint64_t used;       /* the clock when last launched */
+} RtCuGraph;
+typedef struct {
+    int enabled;         /* the driver has graphs, XTC_CUDA_GRAPHS is not 0, no capture failed */
+    int nkey;
+    RtCuGraph e[RT_CU_GRAPHS];
+    uint64_t clock;
+    int64_t captures, instantiations, updates, replays; /* counts, for tests and reports */
+} RtCuGraphs;
+void rt_cu_graphs_init(RtCuGraphs *g, const RtCuDriver *drv, int nkey);
+void rt_cu_graphs_free(RtCuGraphs *g, const RtCuDriver *drv);
+void rt_cu_graph_key(uint64_t *key, const int64_t *syms, void *const *dptr, int nbufs, CUdeviceptr status);
+/* The slot holding key, or -1 - the slot a capture of it goes to (a free one, else the least
+ * recently used). */
+int rt_cu_graph_find(const RtCuGraphs *g, const uint64_t *key);
+/* Runs the schedule through the graph of key: replayed, or captured first (issue(ctx) queues
+ * the schedule's work on stream; nonzero: a launch failed). 0 when it was launched; 1 when the
+ * caller must run the schedule step by step (graphs off, the capture failed or was refused: then
+ * nothing ran); -1 / -2 with a message when the graph's launch failed. */
+int rt_cu_graph_run(RtCuGraphs *g, const RtCuDriver *drv, CUstream stream, const uint64_t *key,
+                    int (*issue)(void *ctx), void *ctx, char *err, size_t n);
 
 /* rt_cuda_driver.c: loads libcuda.so.1 (or $XTC_LIBCUDA) and fills d. -1 with a message when
  * there is no driver or it lacks a function. The library stays loaded for the process. */

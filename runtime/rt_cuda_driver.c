@@ -77,6 +77,14 @@ int rt_cu_driver_load(RtCuDriver *d, char *err, size_t n)
     *(void **)&d->MemHostUnregister = dlsym(dl, "cuMemHostUnregister");
     if (!d->MemHostRegister || !d->MemHostUnregister)
         d->MemHostRegister = NULL, d->MemHostUnregister = NULL;
+    /* CUDA graphs, optional (rt_cuda_graph.c): without any of them (but the update) there are none */
+    *(void **)&d->StreamBeginCapture = dlsym(dl, "cuStreamBeginCapture_v2");
+    *(void **)&d->StreamEndCapture = dlsym(dl, "cuStreamEndCapture");
+    *(void **)&d->GraphInstantiateWithFlags = dlsym(dl, "cuGraphInstantiateWithFlags");
+    *(void **)&d->GraphExecUpdate = dlsym(dl, "cuGraphExecUpdate_v2");
+    *(void **)&d->GraphLaunch = dlsym(dl, "cuGraphLaunch");
+    *(void **)&d->GraphExecDestroy = dlsym(dl, "cuGraphExecDestroy");
+    *(void **)&d->GraphDestroy = dlsym(dl, "cuGraphDestroy");
     if (missing) {
         rt_set_error(err, n, "the CUDA driver %s lacks %s (too old a driver?)", path, missing);
         memset(d, 0, sizeof *d);

@@ -144,8 +144,9 @@ typedef struct RtDeviceOps {
      * err. The input's host copy is left as it was: the device one is the value. */
     int (*carry)(RtDevice *dev, int from, int to, const int64_t *syms, char *err, size_t n);
     /* Copies output buffer b of the last run (its shape from syms) into host (f32): the outputs
-     * the run left on the device (RtDeviceRun.lazy). 0, or -1 or -2 with a message in err. */
-    int (*fetch)(RtDevice *dev, int b, void *host, const int64_t *syms, char *err, size_t n);
+     * the run left on the device (RtDeviceRun.lazy), 16-bit ones widened on the threads of pool
+     * (the session's, or NULL). 0, or -1 or -2 with a message in err. */
+    int (*fetch)(RtDevice *dev, int b, void *host, const int64_t *syms, void *pool, char *err, size_t n);
     /* Bytes per element of buffer buf of m in the device's memory (CUDA: 2 where the module
      * stores it in 16 bits), by which the session plans the device arena. */
     size_t (*elem_bytes)(const XtcModule *m, int buf);
@@ -257,8 +258,9 @@ void *rt_session_output(XtcSession *s, int out);
 /* The session's device's AdamW phase a (RtDeviceOps.adamw): 0, -1 when there is none (a CPU
  * module, a CUDA module without the kernels), or a status with the session's error set. */
 int rt_session_device_adamw(XtcSession *s, const RtAdamW *a);
-/* Leaves output buffer buf of later runs on the device (copied when read): the gradients once the
- * device steps from them. 0, or -1 when out of memory. */
+/* Leaves output buffer buf of later runs on the device (copied when read), as every output of a
+ * device session is unless XTC_EAGER_OUTPUTS copies them: the gradients the device steps from or
+ * NCCL sums there. 0, or -1 when out of memory. */
 int rt_session_keep_on_device(XtcSession *s, int buf);
 /* per buffer: the session's own host memory of inputs and weights (the device's PUSH and PULL) */
 void *const *rt_session_own(XtcSession *s);

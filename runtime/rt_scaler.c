@@ -64,17 +64,21 @@ int rs_scaler_bind(XtcSession *s)
     return XTC_OK;
 }
 
-/* After a successful run: the gradients divided by the scale the run used, and whether one of
- * them is not finite. */
-void rs_scaler_unscale(XtcSession *s)
+/* After a successful run: the gradients divided by the scale the run used (on the host: a
+ * device module's are copied back first), and whether one of them is not finite. XTC_OK, or the
+ * copy's failure with the session's error set. */
+int rs_scaler_unscale(XtcSession *s)
 {
     RtScaler *sc = &s->scaler;
     if (sc->buf < 0)
-        return;
+        return XTC_OK;
     const float used = *(const float *)s->own[sc->buf];
     int overflow = 0;
     for (int k = 0; k < s->nunscale; k++) {
         const RtBuffer *b = &s->m->bufs[s->unscale[k]];
+        int st = rs_output_on_host(s, s->unscale[k], b->name);
+        if (st)
+            return st;
         float *g = s->ptr[s->unscale[k]];
         int64_t n = rt_numel(b->shape, b->rank, s->syms);
         for (int64_t i = 0; i < n; i++) {
@@ -83,6 +87,7 @@ void rs_scaler_unscale(XtcSession *s)
         }
     }
     sc->overflow = overflow;
+    return XTC_OK;
 }
 
 int xtc_session_set_loss_scale(XtcSession *s, double scale, int64_t growth_interval)

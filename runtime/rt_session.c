@@ -96,6 +96,8 @@ int xtc_session_new(const XtcModule *m, const XtcSessionOptions *opts, XtcSessio
         int st = (s->changed = rt_calloc(nb, 1)) ? m->device->open(m, &s->dev, msg, sizeof msg) : XTC_ERR_MEMORY;
         if (st)
             return rs_fail(s, st, "%s", s->changed ? msg : "out of memory creating a session");
+        if (rs_lazy_outputs(s))
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory creating a session");
     }
     if ((st0 = rs_store_open(s)))
         return st0;
@@ -977,7 +979,11 @@ int xtc_session_run(XtcSession *s)
         return run_failure(s, r);
     if (s->step_s)
         s->profiled_runs++;
-    rs_scaler_unscale(s);
+    if ((st = rs_scaler_unscale(s))) {
+        if (s->comm)
+            rt_comm_abandon(s);
+        return st;
+    }
     if (s->comm && (st = rt_comm_finish(s)))
         return st;
     memset(s->fresh, 0, (size_t)m->nbufs);
@@ -987,13 +993,13 @@ int xtc_session_run(XtcSession *s)
 }
 
 /* The host copy of output buffer b of the last run: copied from the device first when the run
- * left it there (an output carried on the device). */
-static int output_on_host(XtcSession *s, int b, const char *name)
+ * left it there (every output of a device module, see rs_lazy_outputs), once per run. */
+int rs_output_on_host(XtcSession *s, int b, const char *name)
 {
     if (!s->lazy || !s->lazy[b] || s->fetched[b])
         return XTC_OK;
     char msg[sizeof s->err];
-    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, msg, sizeof msg);
+    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, s->pool, msg, sizeof msg);
     if (r < 0)
         return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
     s->fetched[b] = 1;
@@ -1015,7 +1021,7 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
     if (output_withheld(s, i))
         return rs_fail(s, XTC_ERR_STATE, "output '%s': the last run had no targets (input 'targets' not set): "
                     "only the outputs that do not depend on them (logits) were computed", name);
-    int st = output_on_host(s, o->buf, name);
+    int st = rs_output_on_host(s, o->buf, name);
     if (st)
         return st;
     memset(out, 0, sizeof *out);
@@ -1080,7 +1086,7 @@ void *rt_session_output(XtcSession *s, int out)
     if (!s || !s->outputs_valid || out < 0 || out >= s->m->nouts || output_withheld(s, out))
         return NULL;
     const RtOutput *o = &s->m->outs[out];
-    return output_on_host(s, o->buf, o->name) ? NULL : s->ptr[o->buf];
+    return rs_output_on_host(s, o->buf, o->name) ? NULL : s->ptr[o->buf];
 }
 
 void rt_session_adopt(XtcSession *s, int buf, float *data)

@@ -61,8 +61,8 @@ struct XtcSession {
     void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
     size_t *spare_cap;
     size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
-    /* a device module's carries (device_carry; NULL until the first): per buffer, */
-    uint8_t *lazy;               /* an output carried on the device: left there by the runs, ... */
+    /* a device module's outputs (rs_lazy_outputs) and carries (device_carry): per buffer, */
+    uint8_t *lazy;               /* an output left on the device by the runs, ... */
     uint8_t *fetched;            /* ... and copied to the host when read after the last run */
     int *into;                   /* the input it was carried into (1 + its buffer, 0: none) */
     int *place;                  /* for the next run: 1 + the input it appends to (appends_to) */
@@ -95,9 +95,11 @@ int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
 int rs_find_output(const XtcModule *m, const char *name);
 int rs_place_carried(XtcSession *s, const int64_t *syms);
 int rs_lazy_alloc(XtcSession *s);
+int rs_lazy_outputs(XtcSession *s);
+int rs_output_on_host(XtcSession *s, int b, const char *name);
 int rs_scaler_bind(XtcSession *s);
 int rs_scaler_init(XtcSession *s);
-void rs_scaler_unscale(XtcSession *s);
+int rs_scaler_unscale(XtcSession *s);
 void rs_update_hook(XtcSession *s);
 /* rt_store.c: the 16-bit copies of a CPU module's weights (open at session creation, sync before
  * each run: point s->ptr at them, converting those changed; forget one rebound; free) */

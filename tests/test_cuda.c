@@ -281,6 +281,41 @@ START_TEST(test_head_views)
 }
 END_TEST
 
+/* Which values stay f32 under 16-bit storage for being sums of gradients over the batch or the
+ * positions (cg_keeps_f32): T5's relative position bias gradient, its softmax gradients
+ * [b, h, n, n] summed over the batch, the layers' sums added, scaled, permuted and gathered into
+ * [buckets, h]; not the activations, not a sum over a constant axis (a norm's), not what mixes
+ * such a sum with an activation. */
+START_TEST(test_kept_f32)
+{
+    IrGraph *g = ir_graph_new("kept");
+    IrDim b = ir_dim_sym(0), n = ir_dim_sym(1);
+    IrDim s4[] = {b, ir_dim(2), n, n}, s3[] = {ir_dim(2), n, n}, sn[] = {n, n, ir_dim(2)};
+    IrNode *ds0 = input(g, "ds0", IR_F32, 4, s4), *ds1 = input(g, "ds1", IR_F32, 4, s4);
+    IrNode *sum0 = ir_reduce(g, IR_SUM, ds0, 0), *sum1 = ir_reduce(g, IR_SUM, ds1, 0);
+    IrNode *r0 = ir_reshape(g, sum0, 3, s3), *r1 = ir_reshape(g, sum1, 3, s3);
+    IrNode *scaled = ir_binary(g, IR_MUL, ir_binary(g, IR_ADD, r0, r1), ir_const(g, 8.0, IR_F32));
+    IrNode *perm = ir_permute(g, scaled, (int[]){1, 2, 0});
+    IrNode *bucket = ir_relpos(g, n, n, 32, 128, 0);
+    IrNode *grad = ir_gather_grad(g, perm, bucket, ir_dim(32));
+    IrNode *keys = ir_reduce(g, IR_SUM, ds0, 3); /* over the keys: symbolic too */
+    IrDim sc[] = {b, n, ir_dim(64)};
+    IrNode *act = input(g, "act", IR_F32, 3, sc);
+    IrNode *feat = ir_reduce(g, IR_SUM, act, 2); /* over the features: constant */
+    IrNode *shifted = ir_binary(g, IR_ADD, keys, ir_const(g, 1.0, IR_F32));
+    IrNode *with_act = ir_binary(g, IR_MUL, perm, input(g, "w", IR_F32, 3, sn));
+    const IrNode *kept[] = {sum0, sum1, r0, scaled, perm, grad, keys, shifted};
+    const IrNode *not_kept[] = {ds0, act, feat, with_act};
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        ck_assert_msg(kept[i] && cg_keeps_f32(kept[i]), "kept[%zu] (%s) is stored in 16 bits", i,
+                      kept[i] ? ir_ops[kept[i]->op].name : "not built");
+    for (size_t i = 0; i < sizeof not_kept / sizeof not_kept[0]; i++)
+        ck_assert_msg(not_kept[i] && !cg_keeps_f32(not_kept[i]), "not_kept[%zu] (%s) stays f32", i,
+                      not_kept[i] ? ir_ops[not_kept[i]->op].name : "not built");
+    ir_graph_free(g);
+}
+END_TEST
+
 START_TEST(test_case)
 {
     run_case(sized_case(_i), "cuda-emu");
@@ -423,32 +458,38 @@ START_TEST(test_widen_outputs)
         out(g, "c", ir_unary(g, IR_NEG, y));
         XtcModule *m = compile_target(g, "widen", "cuda-emu");
         XtcSessionOptions o = {.threads = 3};
-        XtcSession *s = NULL;
-        ck_assert_int_eq(xtc_session_new(m, &o, &s), XTC_OK);
-        float *xv = malloc((size_t)n * sizeof *xv), *yv = malloc((size_t)n2 * sizeof *yv), tv = 3.0f;
-        for (int64_t i = 0; i < n; i++)
-            xv[i] = (float)((i % 255) - 127); /* exact in bf16 and fp16, as are 2x + 1 and y */
-        for (int64_t i = 0; i < n2; i++)
-            yv[i] = (float)(i % 251) * 0.25f;
-        int64_t one = 1;
-        ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 1, &n, xv), XTC_OK);
-        ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, &n2, yv), XTC_OK);
-        ck_assert_int_eq(xtc_session_set_input(s, "t", XTC_F32, 1, &one, &tv), XTC_OK);
-        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
-        XtcTensor a, b, c;
-        ck_assert_int_eq(xtc_session_get_output(s, "a", &a), XTC_OK);
-        ck_assert_int_eq(xtc_session_get_output(s, "b", &b), XTC_OK);
-        ck_assert_int_eq(xtc_session_get_output(s, "c", &c), XTC_OK);
-        for (int64_t i = 0; i < n; i++)
-            ck_assert_msg(((const float *)a.data)[i] == 2 * xv[i] + 1, "%s: a[%lld] = %g, expected %g", STORAGE_NAME[storage],
-                          (long long)i, ((const float *)a.data)[i], 2 * xv[i] + 1);
-        ck_assert_msg(((const float *)b.data)[0] == 3.5f, "%s: b = %g", STORAGE_NAME[storage], ((const float *)b.data)[0]);
-        for (int64_t i = 0; i < n2; i++)
-            ck_assert_msg(((const float *)c.data)[i] == -yv[i], "%s: c[%lld] = %g, expected %g", STORAGE_NAME[storage],
-                          (long long)i, ((const float *)c.data)[i], -yv[i]);
-        free(xv);
-        free(yv);
-        xtc_session_free(s);
+        /* widened when read (the default), and by the run (every output copied after it) */
+        for (int eager = 0; eager < 2; eager++) {
+            XtcSession *s = NULL;
+            if (eager)
+                setenv("XTC_EAGER_OUTPUTS", "1", 1);
+            ck_assert_int_eq(xtc_session_new(m, &o, &s), XTC_OK);
+            unsetenv("XTC_EAGER_OUTPUTS");
+            float *xv = malloc((size_t)n * sizeof *xv), *yv = malloc((size_t)n2 * sizeof *yv), tv = 3.0f;
+            for (int64_t i = 0; i < n; i++)
+                xv[i] = (float)((i % 255) - 127); /* exact in bf16 and fp16, as are 2x + 1 and y */
+            for (int64_t i = 0; i < n2; i++)
+                yv[i] = (float)(i % 251) * 0.25f;
+            int64_t one = 1;
+            ck_assert_int_eq(xtc_session_set_input(s, "x", XTC_F32, 1, &n, xv), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "y", XTC_F32, 1, &n2, yv), XTC_OK);
+            ck_assert_int_eq(xtc_session_set_input(s, "t", XTC_F32, 1, &one, &tv), XTC_OK);
+            ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
+            XtcTensor a, b, c;
+            ck_assert_int_eq(xtc_session_get_output(s, "a", &a), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_output(s, "b", &b), XTC_OK);
+            ck_assert_int_eq(xtc_session_get_output(s, "c", &c), XTC_OK);
+            for (int64_t i = 0; i < n; i++)
+                expect_msg(((const float *)a.data)[i] == 2 * xv[i] + 1, "%s: a[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                              (long long)i, ((const float *)a.data)[i], 2 * xv[i] + 1);
+            ck_assert_msg(((const float *)b.data)[0] == 3.5f, "%s: b = %g", STORAGE_NAME[storage], ((const float *)b.data)[0]);
+            for (int64_t i = 0; i < n2; i++)
+                expect_msg(((const float *)c.data)[i] == -yv[i], "%s: c[%lld] = %g, expected %g", STORAGE_NAME[storage],
+                              (long long)i, ((const float *)c.data)[i], -yv[i]);
+            free(xv);
+            free(yv);
+            xtc_session_free(s);
+        }
         xtc_module_free(m);
         ir_graph_free(g);
     }
@@ -859,6 +900,9 @@ static Suite *suite(void)
         fprintf(stderr, "test_cuda: GPU runs SKIPPED (not counted): %s; the kernels were checked through the emulator\n",
                 why);
     }
+    TCase *kept = tcase_create("kept"); /* no compile: CK_RUN_CASE=kept runs it alone */
+    tcase_add_test(kept, test_kept_f32);
+    suite_add_tcase(s, kept);
     TCase *arena = tcase_create("arena"); /* CK_RUN_CASE=arena runs it alone */
     tcase_set_timeout(arena, 300);
     tcase_add_test(arena, test_half_arena);

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define B 2
 #define N 6
@@ -113,13 +114,14 @@ static int64_t grad_bytes(XtcModule *m)
     return n;
 }
 
+static void module_path(char *path, size_t n, const char *dtype);
+
 static void device_equals_host(const char *dtype)
 {
     char path[300], weights[300], ckpt[300];
-    snprintf(path, sizeof path, "%s/tiny_%s.so", tmpdir, dtype);
+    module_path(path, sizeof path, dtype);
     snprintf(weights, sizeof weights, "%s/tiny_%s.safetensors", tmpdir, dtype);
     snprintf(ckpt, sizeof ckpt, "%s/tiny_%s_ckpt.safetensors", tmpdir, dtype);
-    compile_dtype(path, dtype);
     tiny_write_weights(path, weights, 11);
     XtcModule *m = NULL;
     ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
@@ -171,6 +173,110 @@ static void device_equals_host(const char *dtype)
     xtc_module_free(m);
 }
 
+/* the module of dtype at *path, compiled by the first test of this process that needs it */
+static void module_path(char *path, size_t n, const char *dtype)
+{
+    snprintf(path, n, "%s/tiny_%s.so", tmpdir, dtype);
+    if (access(path, F_OK) != 0)
+        compile_dtype(path, dtype);
+}
+
+/* bytes copied device to host by the emulator since t0 */
+static uint64_t down_since(const uint64_t t0[3])
+{
+    uint64_t t[3];
+    rt_cu_emu_traffic(t);
+    return t[1] - t0[1];
+}
+
+/* A CUDA module's runs leave their outputs on the device (rs_lazy_outputs): a session that reads
+ * them on demand gives the bits of one that copies them all after each run (XTC_EAGER_OUTPUTS),
+ * a run copies nothing but its status words, each output is copied on its first read after a run
+ * and never again until the next, and training with the host's optimizer (which reads every
+ * gradient; with fp16, the loss scaler too) takes the same steps. */
+static void lazy_equals_eager(const char *dtype)
+{
+    char path[300], weights[300];
+    module_path(path, sizeof path, dtype);
+    snprintf(weights, sizeof weights, "%s/tiny_%s_lazy.safetensors", tmpdir, dtype);
+    tiny_write_weights(path, weights, 5);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    setenv("XTC_EAGER_OUTPUTS", "1", 1);
+    XtcSession *eager = open_session(m, weights);
+    unsetenv("XTC_EAGER_OUTPUTS");
+    XtcSession *lazy = open_session(m, weights);
+    uint64_t status = (uint64_t)(xtc_module_num_steps(m) + 1) * sizeof(int32_t);
+    int nout = xtc_module_count(m, XTC_OUTPUT);
+    setenv("XTC_OPTIM", "host", 1); /* both optimizers on the host: it reads every gradient */
+    for (int it = 0; it < STEPS; it++) {
+        int64_t tok[B * N], tgt[B * N], shape[2] = {B, N};
+        tiny_batch(tok, tgt, B, N, 300 + it);
+        XtcSession *both[2] = {eager, lazy};
+        uint64_t t0[3], ran[2];
+        for (int k = 0; k < 2; k++) {
+            ck_assert(xtc_session_set_input(both[k], "tokens", XTC_I64, 2, shape, tok) == XTC_OK);
+            ck_assert(xtc_session_set_input(both[k], "targets", XTC_I64, 2, shape, tgt) == XTC_OK);
+            rt_cu_emu_traffic(t0);
+            ck_assert_msg(xtc_session_run(both[k]) == XTC_OK, "%s", xtc_session_error(both[k]));
+            ran[k] = down_since(t0);
+        }
+        int scaled = xtc_module_find(m, XTC_INPUT, XTC_LOSS_SCALE_INPUT) >= 0;
+        uint64_t fetched = 0, unscaled = 0;
+        if (scaled) /* the loss scaler unscales the gradients on the host: they came with the run */
+            unscaled = ran[1] - status;
+        else
+            ck_assert_msg(ran[1] == status, "%s run %d: %llu bytes came back (the status words are %llu)", dtype, it,
+                          (unsigned long long)ran[1], (unsigned long long)status);
+        ck_assert_msg(ran[0] > status, "%s run %d: the eager session copied no output", dtype, it);
+        /* read in reverse order the second time round: the order of reads does not matter */
+        for (int j = 0; j < nout; j++) {
+            XtcTensorInfo info;
+            xtc_module_tensor(m, XTC_OUTPUT, it % 2 ? nout - 1 - j : j, &info);
+            XtcTensor a, b, again;
+            ck_assert(xtc_session_get_output(eager, info.name, &a) == XTC_OK);
+            rt_cu_emu_traffic(t0);
+            ck_assert_msg(xtc_session_get_output(lazy, info.name, &b) == XTC_OK, "%s", xtc_session_error(lazy));
+            fetched += down_since(t0);
+            rt_cu_emu_traffic(t0);
+            ck_assert(xtc_session_get_output(lazy, info.name, &again) == XTC_OK);
+            ck_assert_msg(down_since(t0) == 0 && again.data == b.data, "%s run %d: '%s' copied twice", dtype, it,
+                          info.name);
+            ck_assert_int_eq(a.rank, b.rank);
+            for (int d = 0; d < a.rank; d++)
+                ck_assert_int_eq(a.shape[d], b.shape[d]);
+            size_t bytes = (size_t)tiny_numel(&a) * xtc_dtype_size(a.dtype);
+            ck_assert_msg(!memcmp(a.data, b.data, bytes), "%s run %d: '%s' differs from the eager copy", dtype, it,
+                          info.name);
+        }
+        /* every output crossed once: what the eager run copied (but the status words) */
+        ck_assert_msg(fetched + unscaled == ran[0] - status, "%s run %d: %llu bytes read on demand, %llu eagerly",
+                      dtype, it, (unsigned long long)(fetched + unscaled), (unsigned long long)(ran[0] - status));
+        step(eager);
+        rt_cu_emu_traffic(t0);
+        step(lazy);
+        ck_assert_msg(down_since(t0) == 0, "%s step %d: the gradients read by the step were copied again", dtype, it);
+        same_state(m, eager, lazy, "lazy outputs");
+    }
+    /* a step straight after a run, no output read: the host step fetches the gradients itself */
+    for (int k = 0; k < 2; k++) {
+        XtcSession *s = k ? lazy : eager;
+        run(s, 400);
+        step(s);
+    }
+    unsetenv("XTC_OPTIM");
+    same_state(m, eager, lazy, "a step without reads");
+    xtc_session_free(eager);
+    xtc_session_free(lazy);
+    xtc_module_free(m);
+}
+
+START_TEST(test_lazy_f32) { lazy_equals_eager("f32"); }
+END_TEST
+
+START_TEST(test_lazy_fp16) { lazy_equals_eager("fp16"); }
+END_TEST
+
 START_TEST(test_f32)
 {
     (void)tiny_hash; /* tiny_train.h's, for other suites */
@@ -190,6 +296,11 @@ static Suite *suite(void)
     tcase_add_test(tc, test_f32);
     tcase_add_test(tc, test_bf16);
     suite_add_tcase(s, tc);
+    TCase *lz = tcase_create("lazy outputs");
+    tcase_set_timeout(lz, 600);
+    tcase_add_test(lz, test_lazy_f32);
+    tcase_add_test(lz, test_lazy_fp16);
+    suite_add_tcase(s, lz);
     return s;
 }
 

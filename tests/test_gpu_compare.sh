@@ -31,10 +31,12 @@ expect "dry run: exit 0 (was $rc)" "^gpu_compare: [0-9]+ s; results in" "$tmp/lo
 expect "dry run: the kit" "kit: 3 of 3 modules compiled for cuda-emu" "$tmp/r.txt"
 expect "dry run: on the emulator" "xtc device: the xtc CUDA emulator" "$tmp/r.txt"
 for row in "2x8 forward f32" "2x8 forward bf16" "1x16 train step f32" "1x16 train step bf16" "1x8 train step bf16"; do
-  expect "dry run: gpt/gptm row '$row' from both tools" "^$row +$num +$num +$num +- +$num" "$tmp/r.txt"
+  expect "dry run: gpt/gptm row '$row' from both tools" "^$row +$num +$num +$num +$num +- +$num" "$tmp/r.txt"
 done
 expect "dry run: attention from both tools" "^16 \(1\) +$num +$num +$num +$num" "$tmp/r.txt"
 expect "dry run: decode from both tools" "^context 12 f32 +xtc +[0-9]+ +PyTorch eager +[0-9]+" "$tmp/r.txt"
+expect "dry run: bf16 decode also without CUDA graphs" "^context 12 bf16 +xtc +[0-9]+ .* no graphs +[0-9]+" "$tmp/r.txt"
+expect "dry run: the step reading every output timed" '^gpt	xtc	1	gpt_train_bf16	\{.*"read_all_ms": [0-9]' "$tmp/r.jsonl"
 expect "dry run: torch.compile's section ran" "note: torch.compile is not in PyTorch|compile" "$tmp/r.txt"
 expect "dry run: raw lines kept" '^attn	torch	1	sdpa	\{' "$tmp/r.jsonl"
 if grep -Eq "failed|timed out|no module|skipped" "$tmp/r.txt"; then
@@ -54,6 +56,6 @@ XTC_PYTHON=$tmp/hangpy bash "$src/bench/gpu_compare.sh" --dry-run --no-xtc --bud
 rc=$?
 expect "budget: exit 0 (was $rc)" "^gpu_compare: [0-9]+ s; results in" "$tmp/hlog"
 expect "budget: the hung section cut" "gpt	torch	1	eager: timed out after [0-9]+s \(partial results kept\)" "$tmp/h.txt"
-expect "budget: its partial line reported" "^2x8 forward f32 +- +- +1\.50 +-" "$tmp/h.txt"
+expect "budget: its partial line reported" "^2x8 forward f32 +- +- +- +1\.50 +-" "$tmp/h.txt"
 expect "budget: the later sections skipped" "skipped \(budget spent\)" "$tmp/h.txt"
 checks_done test_gpu_compare
