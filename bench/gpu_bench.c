@@ -252,7 +252,7 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
     printf("{\"mode\": \"decode\", \"module\": \"%s\", \"device\": \"%s\", \"context\": %lld, \"tokens\": %lld, "
            "\"prompt_ms\": %.3f, \"ms_per_token\": %.4f, \"tok_per_s\": %.1f, \"graphs\": %d}\n",
            path, xtc_session_device(s), (long long)ctx, (long long)tokens, 1e3 * (t1 - t0),
-           1e3 * (t2 - t1) / (double)tokens, (double)tokens / (t2 - t1), !(graphs && !strcmp(graphs, "0")));
+           1e3 * (t2 - t1) / (double)tokens, (double)tokens / (t2 - t1), graphs && *graphs && strcmp(graphs, "0") != 0);
     free(tok);
     return 0;
 }

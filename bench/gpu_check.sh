@@ -201,6 +201,9 @@ if [ $prepare = 1 ] || [ $dry = 1 ] || [ ! -f "$kit/cases.txt" ]; then
 fi
 
 # ---- on the device ----
+# CUDA graphs are opt-in (XTC_CUDA_GRAPHS=1): checked here by default, since the second run of each
+# case replays its graph (XTC_CUDA_GRAPHS=0 bench/gpu_check.sh: launched step by step)
+export XTC_CUDA_GRAPHS=${XTC_CUDA_GRAPHS:-1}
 echo "gpu_check: $(date -u '+%Y-%m-%d %H:%M UTC'), $(cat "$kit/kit.txt")"
 grep -q '^target=cuda-emu' "$kit/kit.txt" && limit=600 # the emulator: a hang guard only
 [ $dry = 0 ] && echo "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"

@@ -23,8 +23,8 @@
 #   attn    causal attention alone (8 heads of 64, bf16), seq 1024 .. 16384 at 16384 tokens:
 #           xtc's attention and attention_grad kernels (CUDA events) against SDPA forward and
 #           backward
-#   decode  GPT with a KV cache: tokens/s of one-token calls at context 1024 (bf16 also without
-#           CUDA graphs, XTC_CUDA_GRAPHS=0)
+#   decode  GPT with a KV cache: tokens/s of one-token calls at context 1024 (bf16 also through
+#           CUDA graphs, XTC_CUDA_GRAPHS=1)
 #   compile torch.compile of the gpt section's bf16 shapes (often slow to compile: last)
 # xtc and PyTorch alternate in each section, --rounds times (1 on a GPU, to stay in the budget;
 # the medians of the rounds are reported). Ratios are PyTorch / xtc: above 1 when xtc is faster.
@@ -221,7 +221,7 @@ for r in $(seq "$rounds"); do
   say "== decode, round $r ($(left) s left)"
   xb 30 decode "$r" decode gpt_kv_f32 $ctx $ntok
   xb 30 decode "$r" decode gpt_kv_bf16 $ctx $ntok
-  XTC_CUDA_GRAPHS=0 xb 30 decode "$r" decode gpt_kv_bf16 $ctx $ntok # the same launched step by step
+  XTC_CUDA_GRAPHS=1 xb 30 decode "$r" decode gpt_kv_bf16 $ctx $ntok # the same through CUDA graphs
   pt 30 decode "$r" eager decode $(dims gpt) --context $ctx --tokens $ntok
 done
 say "== compile ($(left) s left)"

@@ -19,8 +19,8 @@
  * training step or a forward at a fixed shape replays from its second run on.
  *
  * The driver functions are optional (rt_cuda_driver.c leaves them NULL where the driver lacks
- * them; the emulator has none): then, with XTC_CUDA_GRAPHS=0 in the environment when the session
- * is created, while profiling (events between steps) and after a capture the driver refused, the
+ * them; the emulator has none), unless XTC_CUDA_GRAPHS=1 is in the environment when the session
+ * is created (off by default until measured and checked on hardware), while profiling (events between steps) and after a capture the driver refused, the
  * schedule is launched step by step as before. */
 #include "rt_cuda.h"
 #include "rt_alloc.h"
@@ -34,7 +34,7 @@ void rt_cu_graphs_init(RtCuGraphs *g, const RtCuDriver *drv, int nkey)
     const char *env = getenv("XTC_CUDA_GRAPHS");
     g->nkey = nkey;
     g->enabled = drv->StreamBeginCapture && drv->StreamEndCapture && drv->GraphInstantiateWithFlags &&
-                 drv->GraphLaunch && drv->GraphExecDestroy && drv->GraphDestroy && !(env && !strcmp(env, "0"));
+                 drv->GraphLaunch && drv->GraphExecDestroy && drv->GraphDestroy && env && *env && strcmp(env, "0") != 0;
 }
 
 static void drop(RtCuGraphs *g, const RtCuDriver *drv, int i)

@@ -189,7 +189,7 @@ static void reset(void)
     capturing = live_graphs = live_execs = 0;
     refuse_capture = refuse_instantiate = 0;
     issued = 0;
-    unsetenv("XTC_CUDA_GRAPHS");
+    setenv("XTC_CUDA_GRAPHS", "1", 1); /* graphs are opt-in */
 }
 
 /* the same binding: captured once, then replayed; a changed symbol or address is another graph */
@@ -270,7 +270,11 @@ START_TEST(test_fallbacks)
     RtCuDriver d = fake_driver();
     setenv("XTC_CUDA_GRAPHS", "0", 1);
     rt_cu_graphs_init(&g, &d, RT_MAXSYM + NBUFS + 1);
-    unsetenv("XTC_CUDA_GRAPHS");
+    ck_assert_int_eq(g.enabled, 0);
+    unsetenv("XTC_CUDA_GRAPHS"); /* unset: off too */
+    rt_cu_graphs_init(&g, &d, RT_MAXSYM + NBUFS + 1);
+    ck_assert_int_eq(g.enabled, 0);
+    setenv("XTC_CUDA_GRAPHS", "1", 1);
     ck_assert(!g.enabled);
     ck_assert_int_eq(run_once(&g, &d, 3, 0x10000, 4), 1);
     ck_assert_int_eq(g.captures, 0);

@@ -35,7 +35,7 @@ for row in "2x8 forward f32" "2x8 forward bf16" "1x16 train step f32" "1x16 trai
 done
 expect "dry run: attention from both tools" "^16 \(1\) +$num +$num +$num +$num" "$tmp/r.txt"
 expect "dry run: decode from both tools" "^context 12 f32 +xtc +[0-9]+ +PyTorch eager +[0-9]+" "$tmp/r.txt"
-expect "dry run: bf16 decode also without CUDA graphs" "^context 12 bf16 +xtc +[0-9]+ .* no graphs +[0-9]+" "$tmp/r.txt"
+expect "dry run: bf16 decode also through CUDA graphs" "^context 12 bf16 +xtc +[0-9]+ .* graphs +[0-9]+" "$tmp/r.txt"
 expect "dry run: the step reading every output timed" '^gpt	xtc	1	gpt_train_bf16	\{.*"read_all_ms": [0-9]' "$tmp/r.jsonl"
 expect "dry run: torch.compile's section ran" "note: torch.compile is not in PyTorch|compile" "$tmp/r.txt"
 expect "dry run: raw lines kept" '^attn	torch	1	sdpa	\{' "$tmp/r.jsonl"
