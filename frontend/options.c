@@ -85,6 +85,8 @@ static const XtfOption LAYERS_COMMON[] = {
     {"position_infused_attn",BOOL,   BOOL_(0),    ANY,      SUPPORTED},
     {"rotary_pos_emb",       BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"rotary_emb_dim",       INT,    NONE_,       GE(1),    SUPPORTED, .vers = ALLV},
+    {"rotary_xpos",          BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = NEWER},
+    {"rotary_xpos_scale_base", NUM,  INT_(512),   GT(0),    SUPPORTED, .vers = NEWER},
     {"custom_layers",        BLOCKS, NONE_,       ANY,      SUPPORTED},
     {"sandwich_coef",        INT,    NONE_,       GE(1),    SUPPORTED},
     {"par_ratio",            INT,    NONE_,       GE(1),    SUPPORTED},
