@@ -342,6 +342,11 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
             if (L->mems_in) { /* XL: this layer's memory in, its input (pre-norm) out */
                 mem = L->mems_in[nattn];
                 L->hiddens[nattn] = residual;
+                if (L->V->xl_mem_pre_norm && S->pre_norm && !qk_layer) { /* 1.x, 2.x: normed as x is */
+                    char mp[200];
+                    snprintf(mp, sizeof mp, "%s.0.0", p);
+                    mem = lx_lab(L, lx_block_norm(L, S, mem, mp), "layer%d.mem_norm", i);
+                }
             }
             L->cur_attn = nattn++;
             out = lx_attention(L, S, x, np, i, 0, &P, &prev, mem);

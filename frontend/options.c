@@ -55,10 +55,10 @@ static const XtfOption WRAPPER[] = {
     {"attn_layers",          LAYERS, REQUIRED,    ANY,      SUPPORTED,
      .accepts = DEC_OR_ENC | XTF_C_BIT(XTF_C_CROSS_ATTENDER), .vers = ALLV},
     {"emb_dim",              INT,    NONE_,       GE(1),    SUPPORTED},
-    {"max_mem_len",          INT,    INT_(0),     GE(0),    SUPPORTED},
-    {"shift_mem_down",       INT,    INT_(0),     GE(0),    SUPPORTED},
+    {"max_mem_len",          INT,    INT_(0),     GE(0),    SUPPORTED, .vers = ALLV},
+    {"shift_mem_down",       INT,    INT_(0),     GE(0),    SUPPORTED, .vers = ALLV},
     {"emb_dropout",          NUM,    NUM_(0.0),   PROB,     SUPPORTED, .vers = ALLV},
-    {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED},
+    {"num_memory_tokens",    INT,    NONE_,       GE(0),    SUPPORTED, .vers = ALLV},
     {"tie_embedding",        BOOL,   BOOL_(0),    ANY,      SUPPORTED, .vers = ALLV},
     {"use_pos_emb",          BOOL,   BOOL_(1),    ANY,      SUPPORTED},
     {"use_abs_pos_emb",      BOOL,   BOOL_(1),    ANY,      SUPPORTED, .vers = NEWER}, /* renamed */
