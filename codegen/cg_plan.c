@@ -160,6 +160,8 @@ static char *signature(const IrNode *n)
         put_shape(f, n->in[i]);
         if (cg_keeps_f32(n->in[i])) /* read as f32 under 16-bit storage */
             fprintf(f, "!");
+        if (n->in[i]->op == IR_CONST) /* folded into the code (attention's scale, bias 0, mask true) */
+            fprintf(f, " =%a", n->in[i]->f);
     }
     fclose(f);
     return buf;

@@ -573,14 +573,23 @@ static void check_layers(Checker *C, const XtfValue *call, const char *prefix, i
     }
 
     int64_t dim_head = xtf_int(call, KEY(k1, "attn_dim_head"));
-    if (xtf_bool(call, KEY(k2, "rotary_pos_emb")) && !V->rotary_min_dim) {
+    /* rotary_xpos turns rotary on (rotary_pos_emb or rotary_xpos); the checks below name
+     * whichever of the two is written */
+    KEY(k2, "rotary_pos_emb");
+    if (!xtf_bool(call, k2) && xtf_bool(call, KEY(k3, "rotary_xpos")))
+        KEY(k2, "rotary_xpos");
+    if (xtf_bool(call, KEY(k3, "rotary_xpos")) && !causal)
+        xtf_diag_error(C->d, C->f, where(call, k3, 1),
+                       "%s needs causal attention (x-transformers: rotary xpos is not compatible "
+                       "with bidirectional attention)", k3);
+    if (xtf_bool(call, k2) && !V->rotary_min_dim) {
         /* 2.x: rotary_emb_dim or dim_head // 2, no floor */
         int64_t rd = xtf_has(call, KEY(k3, "rotary_emb_dim")) ? xtf_int(call, k3) : dim_head / 2;
         if (rd % 2 != 0 || rd < 2 || rd > dim_head)
             xtf_diag_error(C->d, C->f, where(call, xtf_has(call, k3) ? k3 : k1, 0),
                            "the rotary dimension (%lld: %s, or %s / 2) must be even, at least 2 and "
                            "at most %s (%lld)", (long long)rd, k3, k1, k1, (long long)dim_head);
-    } else if (xtf_bool(call, KEY(k2, "rotary_pos_emb"))) {
+    } else if (xtf_bool(call, k2)) {
         if (dim_head < 32) {
             xtf_diag_error(C->d, C->f, where(call, k1, 0),
                            "%s needs %s >= 32 (x-transformers fails on narrower heads), got %lld",

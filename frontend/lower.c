@@ -113,17 +113,19 @@ static int lower_transformer_wrapper(Lx *L, const XtfValue *call)
         Stack S;
         if (!layers || lx_read_stack(L, layers, &S) < 0)
             return -1;
-        if (L->mask)
-            return lx_stack_error(L, call, "a padding mask together with max_mem_len is not supported "
-                                        "(x-transformers 0.23.0 crashes on it)");
-        if (xtf_int(call, "num_memory_tokens") > 0)
-            return lx_stack_error(L, call, "num_memory_tokens together with max_mem_len is not supported yet");
+        if (L->mask) /* 1.x, 2.x take it (the memories' keys count as real); 0.23.0 crashes */
+            return lx_stack_error(L, call, "a padding mask together with max_mem_len is not supported%s",
+                                  L->V->xl_takes_mask ? " yet" : " (x-transformers 0.23.0 crashes on it)");
         IrDim pm;
         if (add_sym(L, "p", K, &pm) < 0)
             return -1;
-        /* the memories out keep q = min(n+p, max_mem_len) rows: all of them while the recurrence
-         * is younger than max_mem_len (a first segment shorter than it, say) */
-        if (ir_graph_add_derived_sym(g, "q", ir_dim_add(n, pm), K) < 0)
+        /* the memories out keep q = min(M+n+p, max_mem_len) rows: all of them while the recurrence
+         * is younger than max_mem_len (a first segment shorter than it, say). With M memory tokens
+         * each layer's input is M+n long, the tokens' rows last: the memory tokens' rows enter the
+         * memories as any other (x-transformers keeps them), and the next call's keys are the
+         * memories, then its own memory tokens, then its tokens */
+        IrDim mn = ir_dim_add(n, C(xtf_int(call, "num_memory_tokens")));
+        if (ir_graph_add_derived_sym(g, "q", ir_dim_add(mn, pm), K) < 0)
             return -1;
         IrDim ms[3] = {L->B, pm, C(S.dim)};
         char name[32];

@@ -33,6 +33,8 @@ typedef struct {
     int pre_norm, sandwich_norm, rezero, macaron;
     int scale_residual, gate_residual, residual_attn, cross_residual_attn;
     int rotary, rotary_dim;     /* rotary_dim = rd of section 7.2 */
+    int xpos;                   /* 1.x, 2.x rotary_xpos: q and k scaled per rotary pair by position */
+    double xpos_scale_base;     /* rotary_xpos_scale_base */
     int rel_pos, rel_buckets, rel_max_distance;
     int pia;                    /* position_infused_attn */
     int use_qk_norm_attn, qk_norm;
@@ -80,6 +82,7 @@ typedef struct {
 
 typedef struct {
     IrNode *rot_cos, *rot_sin;  /* [n, rd] */
+    IrNode *xpos_q, *xpos_k;    /* rotary_xpos: [n, rd] scales of q and (their reciprocals) of k */
     IrNode *pia;                /* [n, dim] sinusoids */
     IrNode *relpos_table;       /* [buckets, heads] */
     IrNode *alibi_past, *alibi_future; /* ALiBi slopes [1, heads, 1, 1] (future: bidirectional) */

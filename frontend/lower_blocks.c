@@ -207,8 +207,9 @@ static IrNode *last_rows(Lx *L, IrNode *table, IrDim m)
     return ir_slice(L->g, table, 0, ir_dim_sub(table->shape[0], m), m);
 }
 
-/* Rotary positions (section 7.2) on t[b, h, m, dh], positions L-m .. L-1. */
-static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
+/* Rotary positions (section 7.2) on t[b, h, m, dh], positions L-m .. L-1; xpos: the rotated
+ * columns times xs[L-m .. L-1] (1.x, 2.x rotary_xpos; NULL: none). */
+static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P, IrNode *xs)
 {
     IrGraph *g = L->g;
     if (!t)
@@ -228,6 +229,8 @@ static IrNode *rotary(Lx *L, const Stack *S, IrNode *t, const Positions *P)
         rot = ir_concat(g, un(L, IR_NEG, x2), x1, -1);
     }
     IrNode *out = add(L, mul(L, xr, cosv), mul(L, rot, sinv));
+    if (xs)
+        out = mul(L, out, last_rows(L, xs, t->shape[2]));
     if (rd < dh)
         out = ir_concat(g, out, ir_slice(g, t, -1, C(rd), C(dh - rd)), -1);
     return out;
@@ -351,10 +354,10 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
         }
     }
     if (!cross && S->rotary) { /* step 4: q, k AND v (0.23.0); q and k from 1.x on */
-        q = lx_lab(L, rotary(L, S, q, P), "layer%d.attn.q_rot", layer);
-        k = lx_lab(L, rotary(L, S, k, P), "layer%d.attn.k_rot", layer);
+        q = lx_lab(L, rotary(L, S, q, P, P->xpos_q), "layer%d.attn.q_rot", layer);
+        k = lx_lab(L, rotary(L, S, k, P, P->xpos_k), "layer%d.attn.k_rot", layer);
         if (L->V->rotary_on_v)
-            v = lx_lab(L, rotary(L, S, v, P), "layer%d.attn.v_rot", layer);
+            v = lx_lab(L, rotary(L, S, v, P, P->xpos_k), "layer%d.attn.v_rot", layer);
     }
     if (!q || !k || !v)
         return NULL;

@@ -42,7 +42,9 @@ int lx_read_stack(Lx *L, const XtfValue *call, Stack *S)
     S->gate_residual = xtf_bool(call, "gate_residual");
     S->residual_attn = xtf_bool(call, "residual_attn");
     S->cross_residual_attn = xtf_bool(call, "cross_residual_attn");
-    S->rotary = xtf_bool(call, "rotary_pos_emb");
+    S->xpos = xtf_bool(call, "rotary_xpos");
+    S->xpos_scale_base = xtf_float(call, "rotary_xpos_scale_base");
+    S->rotary = xtf_bool(call, "rotary_pos_emb") || S->xpos;
     if (S->rotary) {
         const XtfValue *rd = xtf_arg(call, "rotary_emb_dim");
         int r = rd && rd->kind == XV_INT ? (int)rd->i : S->dim_head / 2;
@@ -225,6 +227,33 @@ int lx_wrapper_stack(Lx *L, const XtfValue *call, Stack *S)
 
 /* AttentionLayers forward (section 4) on x[b, n, dim]. hiddens/nh collect each 'a' layer's
  * input (Transformer-XL memories) when non-NULL. */
+/* rotary_xpos (1.x, 2.x): q's rotary columns of position p times s^((p - c) / scale_base), k's
+ * divided by it, with s[i] = (2i + 0.4 rd) / (1.4 rd) (the buffer rotary_pos_emb.scale, one per
+ * pair, laid out as the angles are). x-transformers takes c = (its longest position + 1) // 2;
+ * any c gives the same scores, since q_p k_j carries s^((p - j) / scale_base), so c here is half
+ * the longest table this graph can build (the library's own when the sequence is max_seq_len
+ * long) and stays fixed as a KV cache grows: keys cached at earlier calls keep their scale. */
+static void xpos_tables(Lx *L, const Stack *S, IrNode *pos, IrDim n, Positions *P)
+{
+    IrGraph *g = L->g;
+    int64_t longest = n.c;
+    for (int s = 0; s < IR_MAXSYM; s++)
+        longest += n.k[s] * g->sym_max[s];
+    IrDim fs[1] = {C(S->rotary_dim / 2)}, sf[2] = {C(1), C(S->rotary_dim / 2)};
+    IrNode *scale = lx_init(L, lx_paramv(L, 1, 1, fs, "attn_layers.rotary_pos_emb.scale"), IR_INIT_XPOS_SCALE, 0);
+    IrNode *power = mul(L, sub(L, pos, cf(L, (double)(longest / 2))), cf(L, 1.0 / S->xpos_scale_base));
+    IrNode *xs = un(L, IR_EXP, mul(L, power, ir_reshape(g, un(L, IR_LOG, scale), 2, sf))); /* [n, rd/2] */
+    if (L->V->rotary_interleaved) { /* 2.x: (s_0, s_0, s_1, s_1, ...) */
+        IrDim s3[3] = {n, C(S->rotary_dim / 2), C(1)}, s2[2] = {n, C(S->rotary_dim)};
+        IrNode *t3 = ir_reshape(g, xs, 3, s3);
+        xs = ir_reshape(g, ir_concat(g, t3, t3, -1), 2, s2);
+    } else {
+        xs = ir_concat(g, xs, xs, -1);
+    }
+    P->xpos_q = lx_lab(L, xs, "rotary.xpos_q");
+    P->xpos_k = lx_lab(L, un(L, IR_RECIP, xs), "rotary.xpos_k");
+}
+
 IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
 {
     IrGraph *g = L->g;
@@ -277,6 +306,8 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
         freqs = lx_lab(L, freqs, "rotary.freqs");
         P.rot_cos = lx_lab(L, un(L, IR_COS, freqs), "rotary.cos");
         P.rot_sin = lx_lab(L, un(L, IR_SIN, freqs), "rotary.sin");
+        if (S->xpos)
+            xpos_tables(L, S, pos, n, &P);
     }
     if (S->pia) { /* S(p) = cat(sin(p * inv_freq), cos(p * inv_freq)) */
         IrDim fs[1] = {C(S->dim / 2)};
@@ -311,6 +342,11 @@ IrNode *lx_attention_layers(Lx *L, const Stack *S, IrNode *x)
             if (L->mems_in) { /* XL: this layer's memory in, its input (pre-norm) out */
                 mem = L->mems_in[nattn];
                 L->hiddens[nattn] = residual;
+                if (L->V->xl_mem_pre_norm && S->pre_norm && !qk_layer) { /* 1.x, 2.x: normed as x is */
+                    char mp[200];
+                    snprintf(mp, sizeof mp, "%s.0.0", p);
+                    mem = lx_lab(L, lx_block_norm(L, S, mem, mp), "layer%d.mem_norm", i);
+                }
             }
             L->cur_attn = nattn++;
             out = lx_attention(L, S, x, np, i, 0, &P, &prev, mem);

@@ -14,7 +14,7 @@ const XtVersion xt_versions[XT_V_NUM] = {
                   .linear_biases = 1, .single_head_no_to_out = 0, .rotary_on_v = 1,
                   .rotary_interleaved = 0, .rotary_min_dim = 32, .mask_queries = 1,
                   .zero_padded_rows = 0, .qk_norm_fixed = 0, .qk_dim_scale_kv = 0,
-                  .gate_values_bias = 1},
+                  .gate_values_bias = 1, .xl_mem_pre_norm = 0, .xl_takes_mask = 0},
     [XT_V1_29] = {.name = "1.29.2", .commit = "58fb0262d026250edc9de86e6a631e7a890de31e",
                   .token_emb = "token_emb.emb.weight", .ff_net = "ff", .ff_out_index = 2,
                   .final_norm = "attn_layers.final_norm", .final_norm_follows = 1,
@@ -22,7 +22,7 @@ const XtVersion xt_versions[XT_V_NUM] = {
                   .unit_offset_option = 0, .linear_biases = 0, .single_head_no_to_out = 0,
                   .rotary_on_v = 0, .rotary_interleaved = 0, .rotary_min_dim = 32,
                   .mask_queries = 0, .zero_padded_rows = 1, .qk_norm_fixed = 1,
-                  .qk_dim_scale_kv = 0, .gate_values_bias = 1},
+                  .qk_dim_scale_kv = 0, .gate_values_bias = 1, .xl_mem_pre_norm = 1, .xl_takes_mask = 1},
     [XT_V2_26] = {.name = "2.26.4", .commit = "9252ed7838021ee61e6c5be0930b3a9a88efdf06",
                   .token_emb = "token_emb.emb.weight", .ff_net = "ff", .ff_out_index = 2,
                   .final_norm = "attn_layers.final_norm", .final_norm_follows = 1,
@@ -30,7 +30,7 @@ const XtVersion xt_versions[XT_V_NUM] = {
                   .unit_offset_option = 1, .linear_biases = 0, .single_head_no_to_out = 1,
                   .rotary_on_v = 0, .rotary_interleaved = 1, .rotary_min_dim = 0,
                   .mask_queries = 0, .zero_padded_rows = 1, .qk_norm_fixed = 1,
-                  .qk_dim_scale_kv = 1, .gate_values_bias = 0},
+                  .qk_dim_scale_kv = 1, .gate_values_bias = 0, .xl_mem_pre_norm = 1, .xl_takes_mask = 1},
 };
 
 int xt_version_find(const char *s)

@@ -45,6 +45,10 @@ typedef struct {
     int qk_dim_scale_kv;       /* qk_norm_dim_scale: k scales per key/value head and the logits
                                   scale dim_head^-1/2 (2.x); else per head and qk_norm_scale */
     int gate_values_bias;      /* attn_gate_values: to_v_gate has a bias */
+    int xl_mem_pre_norm;       /* Transformer-XL memories pass through the layer's pre-norm before
+                                  its attention, as its input does (else they enter un-normed) */
+    int xl_takes_mask;         /* a padding mask together with Transformer-XL memories runs (else
+                                  the library crashes on it) */
 } XtVersion;
 
 extern const XtVersion xt_versions[XT_V_NUM];

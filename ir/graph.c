@@ -469,7 +469,7 @@ int ir_alias(IrGraph *g, const char *name, IrNode *target)
     return 0;
 }
 
-static const char *const init_names[IR_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq"};
+static const char *const init_names[IR_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq", "xpos_scale"};
 
 const char *ir_init_name(IrInitKind k) { return (unsigned)k < IR_NUM_INITS ? init_names[k] : "?"; }
 

@@ -144,9 +144,10 @@ typedef enum {
     IR_INIT_UNIFORM,  /* U(-value, value) */
     IR_INIT_ALIBI,    /* [.., heads, ..]: log of ALiBi's fixed slope of each head (value unused, 0) */
     IR_INIT_INV_FREQ, /* [n]: 1 / value^(k / n), rotary's inverse frequencies (value: the base) */
+    IR_INIT_XPOS_SCALE, /* [n]: (2k + 0.8 n) / (2.8 n), rotary_xpos's per-pair scale (value unused) */
     IR_NUM_INITS
 } IrInitKind;
-const char *ir_init_name(IrInitKind k); /* "const", "normal", "uniform", "alibi", "inv_freq" */
+const char *ir_init_name(IrInitKind k); /* "const", "normal", "uniform", "alibi", "inv_freq", "xpos_scale" */
 int ir_init_lookup(const char *name);   /* -1 if unknown */
 
 typedef struct {

@@ -75,6 +75,10 @@ int rt_init_fill(int rule, double v, int rank, const int64_t *shape, float *out,
         for (int64_t k = 0; k < n; k++)
             out[k] = (float)(1.0 / pow(v, (double)k / (double)n));
         return 0;
+    case XTC_INIT_XPOS_SCALE: /* x-transformers: (arange(0, rd, 2) + 0.4 rd) / (1.4 rd), rd = 2n */
+        for (int64_t k = 0; k < n; k++)
+            out[k] = (float)((2.0 * (double)k + 0.8 * (double)n) / (2.8 * (double)n));
+        return 0;
     }
     memset(out, 0, (size_t)n * sizeof *out);
     return -1;

@@ -515,6 +515,33 @@ static void build_attention_bounded(IrGraph *g, IrDim b, IrDim n)
                                           NULL, c, 1, 1, 0, 1));
 }
 
+/* The bounded variant through the CUDA kernels, at fixed sizes past the few-row path (the tiled
+ * forward takes the bound as each row's maximum when there is no mask operand and, under causal,
+ * J >= I; the others and the backward take it as the general attention): causal with keys offset
+ * from the queries (40 queries, 45 keys: two key tiles of 32), without causal, a window, the
+ * statistics and their gradient, bound x scale = 40 (the largest), fewer keys than queries under causal (rows
+ * that see no key: the general path) and a padding mask (the general path). */
+static void build_attention_bounded_cuda(IrGraph *g, IrDim b, IrDim n)
+{
+    (void)b;
+    (void)n;
+    IrDim one = ir_dim(1), h = ir_dim(2), hd = ir_dim(16);
+    IrDim sq[] = {one, h, ir_dim(40), hd}, sk[] = {one, h, ir_dim(45), hd}, sk2[] = {one, h, ir_dim(37), hd};
+    IrDim skm[] = {one, one, one, ir_dim(45)};
+    IrNode *q = unit_rows(g, input(g, "q", IR_F32, 4, sq)), *k = unit_rows(g, input(g, "k", IR_F32, 4, sk));
+    IrNode *v = input(g, "v", IR_F32, 4, sk), *c = ir_const(g, 10.0, IR_F32);
+    out(g, "causal", ir_attention_bounded(g, q, k, v, NULL, c, 1, 0, 0, 1));
+    out(g, "full", ir_attention_bounded(g, q, k, v, NULL, c, 0, 0, 0, 1));
+    out(g, "window", ir_attention_bounded(g, q, k, v, NULL, c, 1, 0, 6, 1));
+    IrNode *f = ir_attention_bounded(g, q, k, v, NULL, c, 1, 1, 0, 1);
+    out(g, "stats", f);
+    out(g, "grad", ir_attention_grad(g, f, input(g, "dout", IR_F32, 4, sq)));
+    out(g, "scale40", ir_attention_bounded(g, q, k, v, NULL, ir_const(g, 40.0, IR_F32), 1, 1, 0, 1));
+    out(g, "few_keys", ir_attention_bounded(g, q, unit_rows(g, input(g, "k2", IR_F32, 4, sk2)),
+                                            input(g, "v2", IR_F32, 4, sk2), NULL, c, 1, 1, 0, 1));
+    out(g, "masked", ir_attention_bounded(g, q, k, v, input(g, "km", IR_BOOL, 4, skm), c, 1, 1, 0, 1));
+}
+
 /* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the
  * queries (J = I + 5, as with memories), more queries and keys than one tile (I = 588 and
  * J = 593 at n = 33: three key tiles, two query groups), without a score operand, a padding mask
@@ -998,8 +1025,9 @@ static const OpCase OP_CASES[] = {
     {"attention_tiles", build_attention_tiles, OC_CPU, OC_EMPTY, 1e-4,
      "CPU tiles: 16 n + 60 queries are 2140 at the CUDA sizes' n = 130, too slow for the emulator"},
     {"attention_bounded", build_attention_bounded, OC_CPU, OC_EMPTY, 1e-4,
-     "CPU tiles, too slow for the emulator; the CUDA kernels take the bounded variant as the general one "
-     "(test_parity_newer runs one through the emulator)"},
+     "CPU tiles, too slow for the emulator: attention_bounded_cuda is sized for the CUDA kernels"},
+    {"attention_bounded_cuda", build_attention_bounded_cuda, OC_CUDA, OC_ONCE, 1e-4,
+     "sized for the CUDA kernels' tiles; the CPU's bounded paths: attention_bounded"},
     {"fused", build_fused, OC_CPU, OC_EMPTY, 1e-4,
      "hand-written programs for the CPU epilogue paths; CUDA gets its fused ops from the pipeline over every case"},
     {"train_block", build_train_block, OC_CUDA, 0, 1e-4, "CPU training graphs: test_train, test_parity_train"},

@@ -2,7 +2,8 @@
  * logits of full recomputation, through the reference interpreter: a prompt call with an
  * empty cache, then one token per call, for models whose attention depends on positions in
  * every way the lowering supports (absolute, rotary, T5 buckets, PIA, memory key/values), and
- * with grouped or single key/value heads (x-transformers 1.x and 2.x), the cache sized by them.
+ * with grouped or single key/value heads (x-transformers 1.x and 2.x), the cache sized by them,
+ * and rotary_xpos (keys scaled by their absolute positions).
  * The same decoding through compiled modules, CPU and emulated CUDA, with the caches carried
  * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
  * without crossing the bus), gives those logits and, after the last call, those caches too. */
@@ -373,6 +374,15 @@ START_TEST(one_kv_head_1x)
 }
 END_TEST
 
+/* rotary_xpos (2.x): the cached keys keep the scale of their own positions, the new queries
+ * take theirs; scale_base 8 so that 32 positions scale q and k by up to 0.29^+-2 */
+START_TEST(xpos_2x)
+{
+    check_model(XT2 MODEL("dim = 16, depth = 2, heads = 4, attn_kv_heads = 2, attn_dim_head = 8,"
+                          " rotary_xpos = true, rotary_xpos_scale_base = 8"));
+}
+END_TEST
+
 /* a sliding window (max_attend_past): the cached keys older than it are masked in each step as in
  * the full recomputation, memory key/values too */
 START_TEST(window_mem_kv)
@@ -512,6 +522,7 @@ int main(void)
     tcase_add_test(tc, window_mem_kv);
     tcase_add_test(tc, grouped_kv_heads_2x);
     tcase_add_test(tc, one_kv_head_1x);
+    tcase_add_test(tc, xpos_2x);
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);

@@ -627,6 +627,11 @@ START_TEST(test_init_rules)
     ck_assert_int_eq(rt_init_by_name("inv_freq", 10000, 1, s4, v, &rng), 0); /* 1 / 10000^(k/4) */
     ck_assert_float_eq(v[0], 1.0f);
     ck_assert_double_eq_tol(v[2], 0.01, 1e-8);
+    /* rotary_xpos's scale, 4 pairs (rotary dim 8): x-transformers' (arange(0, 8, 2) + 3.2) / 11.2 */
+    ck_assert_int_eq(rt_init_by_name("xpos_scale", 0, 1, s4, v, &rng), 0);
+    static const float xpos8[4] = {0.2857142984867096f, 0.4642857015132904f, 0.6428571343421936f, 0.8214285969734192f};
+    for (int k = 0; k < 4; k++)
+        ck_assert_float_eq_tol(v[k], xpos8[k], 1e-7);
     ck_assert_int_eq(rt_init_fill(XTC_INIT_UNIFORM, 0.5, 1, big, v, &rng), 0);
     double mx = 0, ss = 0;
     for (int i = 0; i < 4096; i++)

@@ -14,7 +14,7 @@ set -u
 build=$1
 src=$2
 paths=${3:-interp cpu}
-emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask "
+emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask v1_rotary_xpos v2_xpos_gqa_qk_norm_mask "
 [ $# -ge 3 ] && emu_cases=""
 shared=${XTC_SHARED_DIR:-$src/../shared}
 compare=$shared/parity/compare.py

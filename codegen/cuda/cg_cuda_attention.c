@@ -7,7 +7,11 @@
  *   values by tiles of 32 through shared memory, the scores and the probabilities-times-values
  *   products as small register tiles per thread,
  *   the online softmax (running max mx, running sum l) per row, reduced across the row's lanes
- *   with shuffles. With stats the last column is the row's logsumexp mx + log l. Through
+ *   with shuffles. With stats the last column is the row's logsumexp mx + log l. Bounded
+ *   (cosine-sim attention: the attribute bound = b, a constant scale s, no bias; here also no mask
+ *   operand, so that every row sees a key when J >= I, which the kernel checks at run time) mx
+ *   starts at b s and stays: no maximum to reduce, nothing to rescale, as on the CPU
+ *   (cg_llvm_attention.c), and each exp(score - b s) >= exp(-2 b s) stays a normal float. Through
  *   head-split views (cg_plan.h, CG_VIEW_*) it reads q, k, v as [b, rows, H, width] with row
  *   stride H width, and writes its result so, as the merge permute's value; the backward never
  *   reads through views. Head sizes whose tiles do not fit 48 KiB of shared memory take the row
@@ -116,6 +120,11 @@ int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const I
         cu_float(scale->f, a->scale, sizeof a->scale);
     else
         operand_at(k, scale, r, scale_in, a->scale, sizeof a->scale);
+    a->bmax[0] = 0;
+    const IrNode *x = k->node;
+    if (x->op == IR_ATTENTION && x->ia[IR_IA_BOUND] > 0 && mask->op == IR_CONST && mask->f != 0 &&
+        scale->op == IR_CONST) /* no mask operand: only causal rows can see no key (then J < I) */
+        cu_float((double)x->ia[IR_IA_BOUND] * scale->f, a->bmax, sizeof a->bmax);
     return 0;
 }
 
@@ -317,11 +326,17 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
     fprintf(f, "            Qs[d][r] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
     fprintf(f, "        i64 rjb[%d], rje[%d]; /* each row's keys */\n", rm, rm);
     fprintf(f, "        float mx[%d], lsum[%d], acc[%d][%lld];\n", rm, rm, rm, en);
+    if (a->bmax[0]) /* bounded: every row sees a key unless causal with fewer keys than queries */
+        fprintf(f, "        const int bounded = %s;\n", a->causal ? "J >= I" : "1");
     fprintf(f, "        for (int r = 0; r < %d; r++) {\n", rm);
     fprintf(f, "            const i64 i = i0 + ty * %d + r;\n", rm);
     cu_att_key_range(k, a, "            ");
     fprintf(f, "            rjb[r] = i < I ? jb : 0;\n            rje[r] = i < I ? je : 0;\n");
-    fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
+    if (a->bmax[0])
+        fprintf(f, "            mx[r] = bounded ? %s : -XTC_INF; /* bounded: the scores' bound from the start */\n"
+                   "            lsum[r] = 0.0f;\n", a->bmax);
+    else
+        fprintf(f, "            mx[r] = -XTC_INF;\n            lsum[r] = 0.0f;\n");
     fprintf(f, "            for (int e = 0; e < %lld; e++)\n                acc[r][e] = 0.0f;\n        }\n", en);
     cu_att_tile_keys(k, a, br, "        ");
     fprintf(f, "        __syncthreads(); /* Qs */\n");
@@ -357,11 +372,20 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
             a->keep, a->bias);
     fprintf(f, "                    }\n");
     fprintf(f, "                    s[r][c] = sc;\n                    rmax = xtc_fmax(rmax, sc);\n                }\n");
-    fprintf(f, "                for (int o = 1; o < 8; o <<= 1) /* the row's eight lanes */\n");
-    fprintf(f, "                    rmax = xtc_fmax(rmax, __shfl_xor_sync(0xffffffffu, rmax, o));\n");
-    fprintf(f, "                /* online softmax: rescale what was summed so far to the new maximum */\n");
-    fprintf(f, "                const float m_new = xtc_fmax(mx[r], rmax);\n");
-    fprintf(f, "                const float alpha = m_new == -XTC_INF ? 1.0f : expf(mx[r] - m_new);\n");
+    const char *in = "";
+    if (a->bmax[0]) { /* bounded: no maximum to find (block-uniform branch: the shuffles stay whole) */
+        fprintf(f, "                float m_new = mx[r], alpha = 1.0f;\n");
+        fprintf(f, "                if (!bounded) {\n");
+        in = "    ";
+    }
+    fprintf(f, "%s                for (int o = 1; o < 8; o <<= 1) /* the row's eight lanes */\n", in);
+    fprintf(f, "%s                    rmax = xtc_fmax(rmax, __shfl_xor_sync(0xffffffffu, rmax, o));\n", in);
+    fprintf(f, "%s                /* online softmax: rescale what was summed so far to the new maximum */\n", in);
+    fprintf(f, "%s                %sm_new = xtc_fmax(mx[r], rmax);\n", in, in[0] ? "" : "const float ");
+    fprintf(f, "%s                %salpha = m_new == -XTC_INF ? 1.0f : expf(mx[r] - m_new);\n", in,
+            in[0] ? "" : "const float ");
+    if (a->bmax[0])
+        fprintf(f, "                }\n");
     fprintf(f, "                float psum = 0.0f;\n");
     fprintf(f, "                for (int c = 0; c < %d; c++) {\n", cn);
     fprintf(f, "                    const float p = s[r][c] == -XTC_INF ? 0.0f : expf(s[r][c] - m_new);\n");
@@ -369,7 +393,8 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
     fprintf(f, "                for (int o = 1; o < 8; o <<= 1)\n");
     fprintf(f, "                    psum += __shfl_xor_sync(0xffffffffu, psum, o);\n");
     fprintf(f, "                lsum[r] = lsum[r] * alpha + psum;\n                mx[r] = m_new;\n");
-    fprintf(f, "                for (int e = 0; e < %lld; e++)\n                    acc[r][e] *= alpha;\n", en);
+    fprintf(f, "                %sfor (int e = 0; e < %lld; e++)\n                    acc[r][e] *= alpha;\n",
+            a->bmax[0] ? "if (!bounded) /* else alpha = 1 */\n                    " : "", en);
     fprintf(f, "                (void)i;\n            }\n");
     fprintf(f, "            __syncthreads(); /* Ps */\n");
     fprintf(f, "#pragma unroll 4\n");

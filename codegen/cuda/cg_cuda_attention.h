@@ -16,6 +16,9 @@ typedef struct {
     long long D, E;
     char I[CU_EXPR], J[CU_EXPR], batches[CU_EXPR];
     char bias[1100], keep[2200], scale[1024];
+    char bmax[64];      /* the bounded variant (bound b, a constant scale s): b s, each row's softmax
+                           maximum from the start where the kernel takes it (cg_cuda_attention.c's
+                           tiled forward); "" otherwise */
 } Att;
 
 int cu_att_setup(CuKernel *k, Att *a, const IrNode *q, const IrNode *kk, const IrNode *v, const IrNode *bias,

@@ -65,10 +65,10 @@
  *   const v     every element v             normal v    N(0, v^2)      uniform v   U(-v, v)
  *   alibi       element h of H: log(xtc_alibi_slope(H, h)) (v unused)
  *   inv_freq v  element k of n: 1 / v^(k / n) (rotary's inverse frequencies, v the base) */
-typedef enum { XTC_INIT_CONST, XTC_INIT_NORMAL, XTC_INIT_UNIFORM, XTC_INIT_ALIBI, XTC_INIT_INV_FREQ, XTC_NUM_INITS } XtcInitRule;
+typedef enum { XTC_INIT_CONST, XTC_INIT_NORMAL, XTC_INIT_UNIFORM, XTC_INIT_ALIBI, XTC_INIT_INV_FREQ, XTC_INIT_XPOS_SCALE, XTC_NUM_INITS } XtcInitRule;
 static inline const char *xtc_init_rule_name(int r)
 {
-    static const char *const names[XTC_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq"};
+    static const char *const names[XTC_NUM_INITS] = {"const", "normal", "uniform", "alibi", "inv_freq", "xpos_scale"};
     return r >= 0 && r < XTC_NUM_INITS ? names[r] : "?";
 }
 

@@ -92,6 +92,13 @@ CASES = [
     ('qk_norm_rotary_mqa_mask', BOTH, 'qk-norm with rotary, one key/value head, gated values and a '
      'padding mask', W, 'Decoder', dict(BASE, heads=4, attn_dim_head=32, attn_one_kv_head=True,
      attn_qk_norm=True, rotary_pos_emb=True, attn_gate_values=True), [8, 7]),
+    ('rotary_xpos', BOTH, 'rotary_xpos: rotated q times scale^((p - n // 2) / scale_base), k divided by '
+     'it, scale = (2i + 0.4 rd) / (1.4 rd) per pair; scale_base 4 so that it shows in 8 positions',
+     W, 'Decoder', dict(BASE, attn_dim_head=64, rotary_xpos=True, rotary_xpos_scale_base=4), None),
+    ('xpos_gqa_qk_norm_mask', BOTH, 'rotary_xpos after qk-norm (the scores are no longer bounded by '
+     'the scale), grouped key/values and a padding mask', W, 'Decoder', dict(BASE, heads=4,
+     attn_dim_head=32, attn_kv_heads=2, attn_qk_norm=True, rotary_xpos=True,
+     rotary_xpos_scale_base=6), [8, 6]),
 ]
 
 
