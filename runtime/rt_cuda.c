@@ -15,9 +15,9 @@
  *        step and one after the last; after the synchronisation, step s gets the time between
  *        events s and s+1 (cuEventElapsedTime): the device's time for its launch (and the memset
  *        of an accumulating kernel), without the host's launch overhead or the copies.
- *        Without profiling the schedule goes through a CUDA graph where the driver has them
+ *        With XTC_CUDA_GRAPHS=1 and without profiling the schedule goes through a CUDA graph where the driver has them
  *        (rt_cuda_graph.c): captured once per binding of the symbols and buffer addresses,
- *        then replayed with one launch (XTC_CUDA_GRAPHS=0: step by step).
+ *        then replayed with one launch (otherwise: step by step).
  * carry: xtc_session_carry's copy of an output into an input, device to device: the input's
  *        device copy becomes the output's value and is not uploaded again, so a KV cache never
  *        crosses the bus while decoding (it did twice per token: down with the outputs, up as the
