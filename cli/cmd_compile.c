@@ -70,6 +70,11 @@ int cli_compile(int argc, char **argv)
          "cores (needs sm_80). Default: that of --dtype bf16/fp16\n(off below sm_80), off with f32; "
          "--mma of the other 16-bit format than\n--dtype is refused. cpu: bf16 or off (default): vdpbf16ps where\n"
          "--cpu has AVX512_BF16 (the module then needs it), else the\nsame rounding in software", .fn = cli_opt_mma},
+        {"--weights-dtype", CLI_STR, &co.weights_dtype, "D", .help = "cpu: f32 (default), or int8: the matmul weights (attention's\n"
+         "projections, the feed-forward's, the logits head) stored as int8 with f32\nscales, for inference "
+         "(xtc quantize writes such weights; the f32 file\nloads too, quantized as it loads)"},
+        {"--group", CLI_INT, &co.quant_group, "G", .help = "with --weights-dtype int8: a scale per G weights along each row\n"
+         "(32 to 128 are usual; default: one per output row)", .lo = 1, .hi = 1 << 20},
         {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
     };
     const CliCmd cmd = {
@@ -235,6 +240,8 @@ int cli_run_module(int argc, char **argv)
         {"--threads", CLI_THREADS, &ro.threads, "T", .help = "worker threads (default 1)"},
         {"--grads", CLI_FLAG, &grads, .help = "also write loss and grad.<name> (a --train module)"},
         {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in and out"},
+        {"--weights-dtype", CLI_NOT_HERE, .help = "does not apply to a compiled module (its weights' types are its own)"},
+        {"--group", CLI_NOT_HERE, .help = "does not apply to a compiled module (its weights' types are its own)"},
         {"--model", CLI_NOT_HERE, .help = "does not apply to a compiled module (it picks a model of a .xtf file; "
          "xtc compile --model did)"},
     };

@@ -75,10 +75,12 @@ typedef enum {
 
 const char *xtc_status_name(int status); /* "XTC_ERR_SHAPE", ... */
 
-typedef enum { XTC_F32, XTC_I32, XTC_I64, XTC_BOOL, XTC_NUM_DTYPES } XtcDType;
+/* XTC_I8: the int8 weights of a module compiled with --weights-dtype int8 (see "int8 weights"
+ * below); no input or output has it. */
+typedef enum { XTC_F32, XTC_I32, XTC_I64, XTC_BOOL, XTC_I8, XTC_NUM_DTYPES } XtcDType;
 
-const char *xtc_dtype_name(XtcDType t);  /* "f32", "i32", "i64", "bool" */
-size_t xtc_dtype_size(XtcDType t);       /* 4, 4, 8, 1 */
+const char *xtc_dtype_name(XtcDType t);  /* "f32", "i32", "i64", "bool", "i8" */
+size_t xtc_dtype_size(XtcDType t);       /* 4, 4, 8, 1, 1 */
 
 /* A tensor handed out by the runtime. The memory belongs to the session and stays valid until
  * the next xtc_session_run, xtc_session_set_input or xtc_session_free on it. */

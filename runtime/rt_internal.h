@@ -34,6 +34,8 @@ typedef struct {
     int has_init;                   /* params, state: fresh values start by init_rule (XtcInitRule) */
     int init_rule;                  /* with its parameter init (the init line) */
     double init;
+    int qscale, qweight;            /* an i8 weight: its scales' buffer; a scale buffer: its weight;
+                                     * else -1 (rt_quant.c) */
 } RtBuffer;
 
 typedef struct {
@@ -98,6 +100,7 @@ struct XtcModule {
     int noptions;
     RtAlias *aliases;
     int naliases;
+    int64_t quant_group;        /* int8 weights: the option quant_group (rt_quant.c); 0 = per row */
     /* where the schedule runs: NULL = the module's own run function on the CPU; else a device
      * (CUDA modules: rt_cuda.c) and the module's object for it (an XtcCudaModuleV1) */
     const struct RtDeviceOps *device;

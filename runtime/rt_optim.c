@@ -566,7 +566,7 @@ static int find_weight(const XtcModule *m, const char *name)
 static void view(XtcTensor *t, const RtBuffer *b, const void *data)
 {
     memset(t, 0, sizeof *t);
-    t->dtype = XTC_F32;
+    t->dtype = b->dtype; /* f32, or i8 (an int8 weight) */
     t->rank = b->rank;
     for (int i = 0; i < b->rank; i++)
         t->shape[i] = b->shape[i].c;
@@ -689,6 +689,8 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
                 n *= shape[d];
             if (!data)
                 st = failf(s, XTC_ERR_STATE, "cannot save %s: weight '%s' is not loaded", path, m->bufs[b].name);
+            else if (m->bufs[b].dtype == XTC_I8) /* an int8 weight (its scales are f32) */
+                rt_st_writer_add(w, m->bufs[b].name, RT_I8, m->bufs[b].rank, shape, data);
             else if ((bad = first_nonfinite(data, n)) >= 0) /* a diverged run: keep the last good file */
                 st = failf(s, XTC_ERR_RANGE, "not saving %s: weight '%s' holds %g at element %" PRId64
                            " (the weights are no longer finite)", path, m->bufs[b].name, ((const float *)data)[bad],

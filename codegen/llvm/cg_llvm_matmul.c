@@ -182,7 +182,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bidx = tb ? LLVMBuildAdd(b, LLVMBuildMul(b, lj.iv, d.k, ""), lp.iv, "")
                            : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
     LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
-    LLVMValueRef bv = cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, bbase, bidx, ""));
+    LLVMValueRef bv = cg_q8(n) ? cg_q8_weight(f, lj.iv, lp.iv) : cg_load(f, IR_F32, f->in[1], LLVMBuildAdd(b, bbase, bidx, ""));
     if (cg->bf16) { /* bf16 operands, rounded as they are read */
         av = cg_bf16_round(cg, av);
         bv = cg_bf16_round(cg, bv);
@@ -291,6 +291,8 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
     LLVMValueRef jfull = LLVMBuildAdd(b, j0, LLVMBuildMul(b, LLVMBuildSDiv(b, LLVMBuildSub(b, j1, j0, ""), cg_i64(cg, GEMV_UNROLL), ""),
                                                        cg_i64(cg, GEMV_UNROLL), ""), "");
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi0, kn);
+    void (*dots)(CgFn *, LLVMValueRef, const LLVMValueRef *, const LLVMValueRef *, int, LLVMValueRef, LLVMValueRef,
+                 LLVMValueRef, int) = cg_q8(n) ? cg_q8_gemv_dots : gemv_dots; /* int8 weights: cg_llvm_q8.c */
     for (int nr = 1; nr <= GEMV_ROWS; nr++) {
         CgIf is;
         cg_if(f, &is, LLVMBuildICmp(b, LLVMIntEQ, rows, cg_i64(cg, nr), ""));
@@ -307,10 +309,10 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
             }
             cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
             LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
-            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
+            dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), ""), d->k, j, GEMV_UNROLL);
             cg_for_end(f, &lj);
             cg_for(f, &lj, jfull, j1, "j");
-            gemv_dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
+            dots(f, dst, arow, crow, nr, LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), ""), d->k, lj.iv, 1);
             cg_for_end(f, &lj);
         }
         cg_if_end(f, &is);
@@ -797,7 +799,10 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
     LLVMValueRef bcol = LLVMBuildAdd(b, j0, LLVMBuildMul(b, part, d.w, ""), ""); /* the product's column */
     LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, bcol, nc};
-    LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
+    if (cg_q8(n)) /* int8 weights, packed dequantized (cg_llvm_q8.c) */
+        cg_q8_pack(f, bpj, pc, kc, bcol, nc);
+    else
+        LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
     if (pack16)
         LLVMBuildCall2(b, LLVMGlobalGetValueType(pack16), pack16, (LLVMValueRef[]){bpj, kc}, 2, "");
     cg_for_end(f, &lj);
