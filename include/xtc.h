@@ -179,6 +179,29 @@ int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
                            const float *data);
+/* int8 weights. A module compiled with `xtc compile --weights-dtype int8 [--group G]` stores each
+ * matmul weight W [n, k] (a Linear's: attention's q, k, v and output projections, the
+ * feed-forward's, the logits head; never embeddings, norms or biases, nor a weight tied to an
+ * embedding) as two state buffers: "<name>" XTC_I8 [n, k] and "<name>.scale" XTC_F32
+ * [n, ceil(k / G)] (G = k without --group: one scale per output row), and multiplies by
+ * W[j, p] = q[j, p] * scale[j, p / G] (products and sums in f32). The module's options say so
+ * (`option weights = int8`, `option quant_group = G`, 0 for one scale per row). Weights reach
+ * it three ways, all with the same result:
+ *  - xtc_session_load_weights of a file from `xtc quantize` (safetensors: "<name>" I8 and
+ *    "<name>.scale" F32; its metadata xtc.quant_group must name the module's G when present);
+ *  - xtc_session_load_weights of the f32 file (or xtc_session_set_weight, or
+ *    xtc_session_init_weights): each such weight is quantized as it is set, by the rule
+ *    scale = max |W| / 127 over each group of a row, q = W / scale rounded to nearest (ties to
+ *    even) within [-127, 127]; non-finite values are refused (XTC_ERR_RANGE);
+ *  - xtc_session_set_weight_i8 with the int8 values, and xtc_session_set_weight on "<name>.scale".
+ * A file must give a weight either as I8 with its scales or as floats without them; anything else
+ * (another dtype, a missing or extra scale, a shape that does not fit) is an error naming the
+ * tensor, and nothing is changed. xtc_session_get_weight hands out the XTC_I8 values and the
+ * scales; xtc_session_save_checkpoint writes them as I8 and F32 (with xtc.quant_group).
+ * Training modules keep f32 weights: `--train` with `--weights-dtype int8` is refused, and so are
+ * int8 weights on the cuda targets (the CPU has the int8 kernels). */
+int xtc_session_set_weight_i8(XtcSession *s, const char *name, int rank, const int64_t *shape, const int8_t *data);
+
 /* Sets every parameter and state buffer to fresh values drawn reproducibly from seed, by
  * x-transformers' initialisation rules (token embeddings kaiming normal, Linear layers torch's
  * uniform, norm gains 1, rotary frequencies, the constants a model fixes such as

@@ -437,15 +437,6 @@ typedef struct {
     const char *nograd;  /* or: why the op passes no gradient at all */
 } GradEntry;
 
-/* int8 weights (made by the weights' quantization, for inference) are not trained, and the
- * gradient of the activations through them is refused rather than passed as if exact */
-static void grad_matmul_q8(Ad *A, IrNode *n, IrNode *g)
-{
-    (void)n, (void)g;
-    ir_graph_set_error(A->g, "matmul_q8: int8 weights are for inference only; train with f32 weights and "
-                             "quantize them afterwards (xtc quantize)");
-}
-
 #define RULE(fn) {fn, NULL}
 #define NOGRAD(why) {NULL, why}
 
@@ -503,7 +494,8 @@ static const GradEntry grad_table[] = {
     [IR_GATHER_GRAD] = RULE(grad_gather_grad),
 
     [IR_MATMUL]  = RULE(grad_matmul),
-    [IR_MATMUL_Q8] = RULE(grad_matmul_q8), /* refused: inference only */
+    [IR_MATMUL_Q8] = NOGRAD("int8 weights are for inference: the compile driver refuses them with a gradient "
+                            "(train with f32 weights, then quantize)"),
 
     [IR_XENT]    = RULE(grad_xent),    /* the integer targets take none */
     [IR_RAND]    = NOGRAD("random numbers: x gives only the shape"),

@@ -728,6 +728,12 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         rt_st_writer_meta(w, "xtc.model", m->name ? m->name : "");
         snprintf(num, sizeof num, "%" PRId64, o ? o->step : (int64_t)0);
         rt_st_writer_meta(w, "xtc.optim.step", num);
+        for (int b = 0; b < m->nbufs; b++)
+            if (m->bufs[b].qscale >= 0) { /* int8 weights: their group, as xtc quantize writes it */
+                snprintf(num, sizeof num, "%" PRId64, m->quant_group);
+                rt_st_writer_meta(w, "xtc.quant_group", num);
+                break;
+            }
         RtScaler *sc = rt_session_scaler(s);
         if (sc->buf >= 0) { /* loss scaling: S and the good steps towards doubling it */
             char scale[40], good[32];

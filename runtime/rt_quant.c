@@ -129,3 +129,27 @@ int rt_quant_set(XtcSession *s, int b, const float *data)
     rs_bind_buffer(s, wb->qscale, scale, 2, sshape);
     return XTC_OK;
 }
+
+int xtc_session_set_weight_i8(XtcSession *s, const char *name, int rank, const int64_t *shape, const int8_t *data)
+{
+    if (!rs_ready(s, "xtc_session_set_weight_i8"))
+        return s ? XTC_ERR_STATE : XTC_ERR_ARG;
+    if (!name || (rank > 0 && !shape) || rank < 0 || rank > XTC_MAX_RANK)
+        return rs_fail(s, XTC_ERR_ARG, "xtc_session_set_weight_i8: bad arguments");
+    int b = rs_find_buffer(s->m, RT_BUF_STATE, name);
+    if (b < 0 || s->m->bufs[b].dtype != XTC_I8)
+        return rs_fail(s, XTC_ERR_NAME, "the model has no int8 weight named '%s'", name);
+    int st = rs_check_shape(s, &s->m->bufs[b], "weight", rank, shape);
+    if (st)
+        return st;
+    int64_t n = rs_numel_of(rank, shape);
+    if (n && !data)
+        return rs_fail(s, XTC_ERR_ARG, "weight '%s': no data", name);
+    int8_t *copy = rt_malloc(n ? (size_t)n : 1);
+    if (!copy)
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
+    if (n)
+        memcpy(copy, data, (size_t)n);
+    rs_bind_buffer(s, b, copy, rank, shape);
+    return XTC_OK;
+}

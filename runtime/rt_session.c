@@ -485,7 +485,10 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
             const RtStTensor *t = rt_st_find(f, b->name);
             char item[400];
             if (b->qweight >= 0 && !file_has_i8(f, m, b->qweight)) { /* scales: only with an I8 weight */
-                if (t) {
+                const RtStTensor *wt = rt_st_find(f, m->bufs[b->qweight].name);
+                int float_weight = wt && (wt->dtype == RT_F32 || wt->dtype == RT_F64 || wt->dtype == RT_F16 ||
+                                          wt->dtype == RT_BF16);
+                if (t && float_weight) { /* (a weight of another type is reported as such) */
                     snprintf(item, sizeof item, "'%s' is given but '%s' is not I8 (f32 weights are quantized as they "
                              "load)", b->name, m->bufs[b->qweight].name);
                     list_add(wrong, sizeof wrong, &nwrong, item);
