@@ -162,6 +162,19 @@ int cli_info(int argc, char **argv)
 }
 
 /* xtc init model.so -o w.safetensors [--seed N]: x-transformers' initialisation by name */
+/* "<w>.scale" of an int8 weight <w> (include/xtc.h, "int8 weights") */
+static int int8_scales(const XtcModule *m, const char *name)
+{
+    size_t len = strlen(name);
+    if (len < 7 || strcmp(name + len - 6, ".scale"))
+        return 0;
+    char w[1024];
+    snprintf(w, sizeof w, "%.*s", (int)(len - 6), name);
+    int i = xtc_module_find(m, XTC_STATE, w);
+    XtcTensorInfo info;
+    return i >= 0 && xtc_module_tensor(m, XTC_STATE, i, &info) == XTC_OK && info.dtype == XTC_I8;
+}
+
 int cli_init(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
@@ -173,7 +186,9 @@ int cli_init(int argc, char **argv)
     const CliCmd cmd = {
         .name = "init", .usage = "model.so -o weights.safetensors [--seed N]",
         .about = "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
-                 "x-transformers' initialisation rules, reproducibly from the seed.\n",
+                 "x-transformers' initialisation rules, reproducibly from the seed. A module with int8\n"
+                 "weights (--weights-dtype int8) gets them in f32 (no scales), which it quantizes as it\n"
+                 "loads them (xtc quantize writes the int8 file).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -198,6 +213,8 @@ int cli_init(int argc, char **argv)
         for (int i = 0; rc == 0 && i < xtc_module_count(m, (XtcKind)kind); i++) {
             XtcTensorInfo t;
             xtc_module_tensor(m, (XtcKind)kind, i, &t);
+            if (int8_scales(m, t.name))
+                continue; /* an int8 module's weights are written in f32, which it quantizes as it loads */
             int64_t n = 1;
             for (int d = 0; d < t.rank; d++)
                 n *= t.shape[d];

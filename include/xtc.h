@@ -395,7 +395,8 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
 /* Loads a checkpoint or a plain weights file: every parameter and state buffer (strictly, as
  * xtc_session_load_weights), and with optimizer != 0 the optimizer state when the file has one
  * (all of it or none; a file without it resets the state). optim.* tensors are otherwise
- * ignored. On failure nothing changes. Read the metadata with the safetensors reader. */
+ * ignored. On failure nothing changes. Read the metadata with the safetensors reader. A module
+ * with int8 weights (inference only) loads the file as xtc_session_load_weights does. */
 int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
 
 /* ---- data parallelism (runtime/rt_comm.c) ----

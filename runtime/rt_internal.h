@@ -36,6 +36,7 @@ typedef struct {
     double init;
     int qscale, qweight;            /* an i8 weight: its scales' buffer; a scale buffer: its weight;
                                      * else -1 (rt_quant.c) */
+    int64_t qgroup;                 /* an i8 weight: its scales' group along k */
 } RtBuffer;
 
 typedef struct {

@@ -790,6 +790,9 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     const XtcModule *m = rt_session_module(s);
     if (!m)
         return failf(s, XTC_ERR_STATE, "xtc_session_load_checkpoint: the session was not created successfully");
+    for (int b = 0; b < m->nbufs; b++)
+        if (m->bufs[b].qscale >= 0) /* int8 weights: an inference module, which has no optimizer state */
+            return xtc_session_load_weights(s, path);
     RtStFile *f;
     char msg[512];
     int st = rt_st_open(path, &f, msg, sizeof msg);

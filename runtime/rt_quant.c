@@ -75,7 +75,9 @@ int rt_quant_link(XtcModule *m)
                          "f32 scales '%s'", b->name, name);
             return -1;
         }
-        int64_t k = b->shape[1].c, group = rt_quant_group_of(m->quant_group, k);
+        int64_t k = b->shape[1].c, group = rt_quant_group_of(m->quant_group, k), ng = m->bufs[sb].shape[1].c;
+        if (ng >= 1 && (k + group - 1) / group != ng) /* a graph of several groups (built by hand): its own */
+            group = (k + ng - 1) / ng;
         for (int d = 0; d < 2; d++)
             for (int s = 0; s < RT_MAXSYM; s++)
                 if (b->shape[d].k[s] || m->bufs[sb].shape[d].k[s]) {
@@ -89,6 +91,7 @@ int rt_quant_link(XtcModule *m)
             return -1;
         }
         b->qscale = sb;
+        b->qgroup = group;
         m->bufs[sb].qweight = i;
     }
     return 0;
@@ -98,7 +101,7 @@ int rt_quant_fill(const XtcModule *m, int b, const float *w, int8_t *q, float *s
 {
     const RtBuffer *wb = &m->bufs[b];
     int64_t rows = wb->shape[0].c, k = wb->shape[1].c;
-    int64_t bad = rt_quantize_rows(w, rows, k, m->quant_group, q, scale);
+    int64_t bad = rt_quantize_rows(w, rows, k, wb->qgroup, q, scale);
     if (bad >= 0) {
         rt_set_error(err, n, "weight '%s' holds %g at [%lld, %lld]: only finite weights can be quantized to int8",
                      wb->name, (double)w[bad], (long long)(bad / k), (long long)(bad % k));

@@ -431,8 +431,8 @@ static int quant_group_differs(const RtStFile *f, const XtcModule *m, const RtBu
     long long v = g ? strtoll(g, &end, 10) : 0;
     if (!g || *end || v < 0)
         return 0;
-    int64_t k = b->shape[1].c;
-    return rt_quant_group_of(v, k) != rt_quant_group_of(m->quant_group, k);
+    (void)m;
+    return rt_quant_group_of(v, b->shape[1].c) != b->qgroup;
 }
 
 /* fresh[b] (and fresh[scales] for f32 values) of int8 weight b from the file: I8 as it is, other
@@ -512,7 +512,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
                 list_add(wrong, sizeof wrong, &nwrong, item);
             } else if (t->dtype == RT_I8 && quant_group_differs(f, m, b)) {
                 snprintf(item, sizeof item, "'%s' was quantized in groups of %s along k, the module's are of %lld", b->name,
-                         rt_st_metadata(f, "xtc.quant_group"), (long long)rt_quant_group_of(m->quant_group, b->shape[1].c));
+                         rt_st_metadata(f, "xtc.quant_group"), (long long)b->qgroup);
                 list_add(wrong, sizeof wrong, &nwrong, item);
             }
         }
@@ -534,7 +534,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
         const RtStTensor *t = rt_st_get(f, i);
         const char *of = rt_optim_state_param(t->name); /* a checkpoint's optimizer state: ignored */
         int b = of ? find_weight(m, of) : -1;
-        if (b >= 0 && m->bufs[b].kind == RT_BUF_PARAM)
+        if (b >= 0 && (m->bufs[b].kind == RT_BUF_PARAM || m->bufs[b].dtype == XTC_I8)) /* (an int8 weight was one) */
             continue;
         if (find_weight(m, t->name) < 0 && !find_alias(m, t->name)) {
             char item[300];
