@@ -4,8 +4,9 @@
  * "int8 weights"). Which weights are quantized is the compile's decision (passes/quantize.c, run
  * here on the model), and their values come from the runtime's one rule (runtime/rt_quant.c), so
  * the file holds exactly what the module would compute from the f32 file as it loads it. Every
- * other tensor is copied as it is; the metadata is kept, with xtc.quant_group (G, 0 = one scale
- * per output row) added, which the runtime checks against the module's. */
+ * other tensor is copied as it is (but a checkpoint's optimizer state, which is dropped); the
+ * metadata is kept, with xtc.quant_group (G, 0 = one scale per output row) added, which the
+ * runtime checks against the module's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,8 @@ int cli_quantize(int argc, char **argv)
     int rc = w ? 0 : 1, nq = 0;
     for (int i = 0; rc == 0 && i < rt_st_count(f); i++) {
         const RtStTensor *t = rt_st_get(f, i);
+        if (rt_optim_state_param(t->name))
+            continue; /* a checkpoint's optimizer state: not for inference */
         const IrNode *x = find_i8(g, t->name);
         if (!x) {
             if (rt_st_writer_add(w, t->name, t->dtype, t->rank, t->shape, t->data))
