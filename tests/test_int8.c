@@ -255,7 +255,7 @@ static void check_model(const char *path, int kv, int group)
     int64_t c = 0;
     double worst = 0;
     for (int call = 0; call < calls; call++) {
-        int64_t n = call == 0 ? 3 : 1, b = kv ? 1 : 2;
+        int64_t n = call == 0 ? 3 : 1, b = kv ? 1 : 2; /* forward: 6 rows, the blocked path; decoding: the matrix-vector one */
         random_inputs(g, s, &l, b, n, c);
         for (int i = 0; call == 0 && i < g->nnodes; i++) { /* empty caches */
             const IrNode *x = g->nodes[i];
