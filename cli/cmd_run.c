@@ -254,6 +254,16 @@ int cli_run(int argc, char **argv)
     }
     if (cli_drive("xtc", &job, &interp, &g, NULL) != 0)
         goto done;
+    for (int i = 0; i < g->nnodes; i++) { /* int8 weights: the interpreter reads them as xtc quantize wrote them */
+        const IrNode *x = g->nodes[i];
+        const RtStTensor *t = x->op == IR_BUFFER && x->dtype == IR_I8 ? rt_st_find(b.weights, x->s) : NULL;
+        if (t && t->dtype != RT_I8) {
+            fprintf(stderr, "xtc: %s: '%s' is %s: with --weights-dtype int8 the interpreter takes the int8 weights "
+                            "of xtc quantize (I8 and scales); quantize the file first\n", wpath, x->s,
+                    rt_dtype_name(t->dtype));
+            goto done;
+        }
+    }
     if (check_weights(g, b.weights, wpath) != 0 || cli_check_ids(g, b.inputs, ipath) != 0)
         goto done;
     if (check_finite && (cli_check_finite_file(g, b.weights, wpath, 0) != 0 ||

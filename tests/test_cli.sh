@@ -150,6 +150,8 @@ check "compare the module with the interpreter" $py "$parity/compare.py" "$tmp/q
 check "quantize (a scale per row)" "$xtc" quantize "$tmp/q.xtf" "$tmp/qw.safetensors" -o "$tmp/qwr.safetensors"
 refuse "the per-row file into a module of groups" "mis-shaped" "$xtc" run "$tmp/q8.so" --weights "$tmp/qwr.safetensors" \
   --input "$tmp/qin.safetensors" --output "$tmp/qo4.safetensors"
+refuse "the interpreter wants the I8 file" "quantize the file first" "$xtc" run "$tmp/q.xtf" --weights-dtype int8 --group 8 \
+  --weights "$tmp/qw.safetensors" --input "$tmp/qin.safetensors" --output "$tmp/qo5.safetensors"
 refuse "int8 weights on cuda" "the cuda backend has no int8 matmul" "$xtc" compile "$tmp/q.xtf" --target cuda --weights-dtype int8 -o "$tmp/x.so"
 refuse "int8 weights for training" "is for inference" "$xtc" compile "$tmp/q.xtf" --train --weights-dtype int8 -o "$tmp/x.so"
 refuse "--group without int8" "--group applies to --weights-dtype int8" "$xtc" compile "$tmp/q.xtf" --group 32 -o "$tmp/x.so"
