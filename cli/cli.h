@@ -21,6 +21,7 @@ int cli_train(int argc, char **argv);    /* cmd_train.c */
 int cli_generate(int argc, char **argv); /* cmd_generate.c */
 int cli_demo_train(int argc, char **argv); /* demo_train.c: what `xtc demo` runs */
 int cli_bench(int argc, char **argv); /* cmd_bench.c */
+int cli_quantize(int argc, char **argv); /* cmd_quantize.c */
 int cli_version(int argc, char **argv); /* cmd_version.c: also xtc --version, -V */
 /* xtc run on a compiled module (cli_run hands over when the model is not a .xtf file) */
 int cli_run_module(int argc, char **argv);

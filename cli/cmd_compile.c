@@ -71,6 +71,11 @@ int cli_compile(int argc, char **argv)
          "cores (needs sm_80). Default: that of --dtype bf16/fp16\n(off below sm_80), off with f32; "
          "--mma of the other 16-bit format than\n--dtype is refused. cpu: bf16 or off (default): vdpbf16ps where\n"
          "--cpu has AVX512_BF16 (the module then needs it), else the\nsame rounding in software", .fn = cli_opt_mma},
+        {"--weights-dtype", CLI_STR, &co.weights_dtype, "D", .help = "cpu: f32 (default), or int8: the matmul weights (attention's\n"
+         "projections, the feed-forward's, the logits head) stored as int8 with f32\nscales, for inference "
+         "(xtc quantize writes such weights; the f32 file\nloads too, quantized as it loads)"},
+        {"--group", CLI_INT, &co.quant_group, "G", .help = "with --weights-dtype int8: a scale per G weights along each row\n"
+         "(32 to 128 are usual; default: one per output row)", .lo = 1, .hi = 1 << 20},
         {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
     };
     const CliCmd cmd = {
@@ -158,6 +163,19 @@ int cli_info(int argc, char **argv)
 }
 
 /* xtc init model.so -o w.safetensors [--seed N]: x-transformers' initialisation by name */
+/* "<w>.scale" of an int8 weight <w> (include/xtc.h, "int8 weights") */
+static int int8_scales(const XtcModule *m, const char *name)
+{
+    size_t len = strlen(name);
+    if (len < 7 || strcmp(name + len - 6, ".scale"))
+        return 0;
+    char w[1024];
+    snprintf(w, sizeof w, "%.*s", (int)(len - 6), name);
+    int i = xtc_module_find(m, XTC_STATE, w);
+    XtcTensorInfo info;
+    return i >= 0 && xtc_module_tensor(m, XTC_STATE, i, &info) == XTC_OK && info.dtype == XTC_I8;
+}
+
 int cli_init(int argc, char **argv)
 {
     const char *path = NULL, *out = NULL;
@@ -169,7 +187,9 @@ int cli_init(int argc, char **argv)
     const CliCmd cmd = {
         .name = "init", .usage = "model.so -o weights.safetensors [--seed N]",
         .about = "Writes fresh weights for every parameter and buffer of a compiled module, following\n"
-                 "x-transformers' initialisation rules, reproducibly from the seed.\n",
+                 "x-transformers' initialisation rules, reproducibly from the seed. A module with int8\n"
+                 "weights (--weights-dtype int8) gets them in f32 (no scales), which it quantizes as it\n"
+                 "loads them (xtc quantize writes the int8 file).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "module",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -194,6 +214,8 @@ int cli_init(int argc, char **argv)
         for (int i = 0; rc == 0 && i < xtc_module_count(m, (XtcKind)kind); i++) {
             XtcTensorInfo t;
             xtc_module_tensor(m, (XtcKind)kind, i, &t);
+            if (int8_scales(m, t.name))
+                continue; /* an int8 module's weights are written in f32, which it quantizes as it loads */
             int64_t n = 1;
             for (int d = 0; d < t.rank; d++)
                 n *= t.shape[d];
@@ -236,6 +258,8 @@ int cli_run_module(int argc, char **argv)
         {"--threads", CLI_THREADS, &ro.threads, "T", .help = "worker threads (default 1)"},
         {"--grads", CLI_FLAG, &grads, .help = "also write loss and grad.<name> (a --train module)"},
         {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in and out"},
+        {"--weights-dtype", CLI_NOT_HERE, .help = "does not apply to a compiled module (its weights' types are its own)"},
+        {"--group", CLI_NOT_HERE, .help = "does not apply to a compiled module (its weights' types are its own)"},
         {"--model", CLI_NOT_HERE, .help = "does not apply to a compiled module (it picks a model of a .xtf file; "
          "xtc compile --model did)"},
     };

@@ -253,8 +253,8 @@ static int weights_finite(Gen *G, const char *path)
             XtcTensorInfo info;
             XtcTensor t;
             xtc_module_tensor(G->m, (XtcKind)kind, i, &info);
-            if (xtc_session_get_weight(G->s, info.name, &t) != XTC_OK)
-                continue;
+            if (xtc_session_get_weight(G->s, info.name, &t) != XTC_OK || t.dtype != XTC_F32)
+                continue; /* (int8 weights were quantized from finite values) */
             int64_t n = 1;
             for (int d = 0; d < t.rank; d++)
                 n *= t.shape[d];

@@ -24,6 +24,7 @@ static int map_dtype(RtDType t, IrDType *out)
     case RT_F32: *out = IR_F32; return 0;
     case RT_I32: *out = IR_I32; return 0;
     case RT_I64: *out = IR_I64; return 0;
+    case RT_I8: *out = IR_I8; return 0; /* int8 weights (the file of xtc quantize) */
     case RT_BOOL:
     case RT_U8: *out = IR_BOOL; return 0;
     default: return -1;
@@ -176,6 +177,7 @@ int cli_run(int argc, char **argv)
     int grads = 0;
     int check_finite = 0;
     int threads = 1; /* a compiled module's (cli_run_module); the interpreter runs on one */
+    CgOptions q8 = {.target = "interp"}; /* --weights-dtype int8: the graph of such a module */
     const CliOpt opts[] = {
         {"--weights", CLI_STR, &wpath, "W", .help = "the weights (.safetensors)"},
         {"--input", CLI_STR, &ipath, "I", .help = "the inputs (.safetensors)"},
@@ -188,6 +190,10 @@ int cli_run(int argc, char **argv)
         {"--check-finite", CLI_FLAG, &check_finite, .help = "refuse NaN or infinity in the weights and inputs, and report an output\n"
          "(with --grads, a gradient) that overflows to one, naming the tensor and\n"
          "the element; the output file is then not written"},
+        {"--weights-dtype", CLI_STR, &q8.weights_dtype, "D", .help = ".xtf: int8 evaluates the model as xtc compile --weights-dtype int8\n"
+         "compiles it, on weights from xtc quantize (I8 and scales), exactly"},
+        {"--group", CLI_INT, &q8.quant_group, "G", .help = ".xtf, with --weights-dtype int8: the scales' group, as for xtc compile",
+         .lo = 1, .hi = 1 << 20},
     };
     const CliCmd cmd = {
         .name = "run", .usage = "model.xtf|model.so --weights W --input I --output O [options]",
@@ -242,12 +248,22 @@ int cli_run(int argc, char **argv)
      * output gradients grad.<output> from the input file; for the interpreter, unscaled */
     DrvTarget interp;
     DrvJob job = {.file = f, .model = model, .lower = opt, .grads = grads, .stop_after = DRV_AUTODIFF};
-    if (drv_target(&interp, &(CgOptions){.target = "interp"}, err, sizeof err) != 0) {
+    if (drv_target(&interp, &q8, err, sizeof err) != 0) {
         fprintf(stderr, "xtc: %s\n", err);
         goto done;
     }
     if (cli_drive("xtc", &job, &interp, &g, NULL) != 0)
         goto done;
+    for (int i = 0; i < g->nnodes; i++) { /* int8 weights: the interpreter reads them as xtc quantize wrote them */
+        const IrNode *x = g->nodes[i];
+        const RtStTensor *t = x->op == IR_BUFFER && x->dtype == IR_I8 ? rt_st_find(b.weights, x->s) : NULL;
+        if (t && t->dtype != RT_I8) {
+            fprintf(stderr, "xtc: %s: '%s' is %s: with --weights-dtype int8 the interpreter takes the int8 weights "
+                            "of xtc quantize (I8 and scales); quantize the file first\n", wpath, x->s,
+                    rt_dtype_name(t->dtype));
+            goto done;
+        }
+    }
     if (check_weights(g, b.weights, wpath) != 0 || cli_check_ids(g, b.inputs, ipath) != 0)
         goto done;
     if (check_finite && (cli_check_finite_file(g, b.weights, wpath, 0) != 0 ||

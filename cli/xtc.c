@@ -18,6 +18,7 @@ static const struct {
     {"run", cli_run, "run a model (.xtf on the interpreter, .so compiled) on .safetensors inputs"},
     {"info", cli_info, "describe a compiled module"},
     {"init", cli_init, "write fresh seeded weights for a compiled module"},
+    {"quantize", cli_quantize, "write a model's weights with int8 matmul weights (for --weights-dtype int8)"},
     {"bench", cli_bench, "time a model compiled fused and unfused, kernel by kernel"},
     {"train", cli_train, "train a byte-level language model on a text file (AdamW, checkpoints)"},
     {"generate", cli_generate, "sample text from a trained model with a KV cache"},

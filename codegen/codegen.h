@@ -34,6 +34,10 @@ typedef struct {
                               * CG_CAP_MMA: tensor cores on cuda; on the cpu bf16 only, by vdpbf16ps where the
                               * CPU has AVX512_BF16, else rounded in software); 0 = CG_MMA_AUTO, which
                               * follows dtype */
+    const char *weights_dtype; /* matmul weights: NULL or "f32", or "int8" (backends with CG_CAP_INT8; the
+                              * graph then holds matmul_q8 nodes, passes/quantize.c): recorded among the
+                              * module's options with quant_group */
+    int quant_group;         /* int8 weights: the scales' group along k, 0 = one per output column */
     int parts;               /* cpu: modules the kernels are split into, compiled in parallel threads;
                               * 0 = by the number of kernels (cg_llvm.c); --emit-llvm makes one */
 } CgOptions;
@@ -98,6 +102,7 @@ enum {
     CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
     CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
     CG_CAP_MMA = 32,      /* matmuls can take 16-bit operands (CgOptions.mma) */
+    CG_CAP_INT8 = 128,    /* lowers matmul_q8: int8 weights (CgOptions.weights_dtype) */
     CG_CAP_HEAD_VIEWS = 64, /* attention reads q, k, v through, and writes its output through, the
                              * head-split permutes around it (cg_plan_build_views) */
     CG_CAP_HALF_WEIGHTS = 128, /* --dtype bf16 stores the matmul weights in bf16, the rest in f32

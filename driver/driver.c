@@ -21,12 +21,23 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
     t->features = ask->features;
     if ((t->storage = cg_dtype_parse(ask->dtype, err, n)) < 0)
         return -1;
+    if (ask->weights_dtype && strcmp(ask->weights_dtype, "f32") && strcmp(ask->weights_dtype, "int8")) {
+        snprintf(err, n, "--weights-dtype: expected f32 or int8, got '%s'", ask->weights_dtype);
+        return -1;
+    }
+    t->int8 = ask->weights_dtype && !strcmp(ask->weights_dtype, "int8");
+    t->quant_group = ask->quant_group;
+    if (ask->quant_group < 0 || ask->quant_group > (1 << 20) || (ask->quant_group && !t->int8)) {
+        snprintf(err, n, ask->quant_group && !t->int8 ? "--group applies to --weights-dtype int8"
+                                                      : "--group: expected a group size in [1, 1048576]");
+        return -1;
+    }
     if (!strcmp(t->name, "interp")) {
         if (t->storage > 0 || ask->cuda_arch || ask->emit_cuda || (ask->mma != CG_MMA_AUTO && ask->mma != CG_MMA_OFF)) {
             snprintf(err, n, "the interpreter computes in double precision: no --dtype, --mma or CUDA options");
             return -1;
         }
-        return 0; /* no backend: every op, no limits, no loss scale */
+        return 0; /* no backend: every op (matmul_q8 with --weights-dtype int8), no limits, no loss scale */
     }
     const CgBackend *be = cg_backend_find(t->name);
     if (!be) {
@@ -61,6 +72,16 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
         char why[512];
         snprintf(why, sizeof why, "%s", err);
         snprintf(err, n, "--cpu: %s", why);
+        return -1;
+    }
+    if (t->int8 && !(be->caps & CG_CAP_INT8)) {
+        snprintf(err, n, "--weights-dtype int8: the %s backend has no int8 matmul (int8 weights run on the cpu target)",
+                 be->name);
+        return -1;
+    }
+    if (t->int8 && (t->storage > 0 || (ask->mma != CG_MMA_AUTO && ask->mma != CG_MMA_OFF))) {
+        snprintf(err, n, "--weights-dtype int8 computes in f32: not with --dtype %s or --mma",
+                 ask->dtype ? ask->dtype : "f32");
         return -1;
     }
     t->loss_scale = cg_loss_scale_input(ask->dtype);
@@ -150,6 +171,19 @@ int drv_run(const DrvJob *job, const DrvTarget *t, IrGraph **out, CgStats *stats
         if (ir_autodiff(cur, &go, err, n) != 0)
             goto fail;
     }
+    if (t->int8 && job->grads) {
+        snprintf(err, n, "--weights-dtype int8 is for inference: training keeps f32 weights (quantize them afterwards)");
+        goto fail;
+    }
+    if (t->int8 && start <= DRV_AUTODIFF && stop >= DRV_AUTODIFF) { /* inference: no autodiff ran */
+        IrGraph *next = pass_quantize_weights(cur, t->quant_group, NULL, err, n);
+        if (!next)
+            goto fail;
+        if (owned)
+            ir_graph_free(cur);
+        cur = next;
+        owned = 1;
+    }
     if (start <= DRV_PASSES && stop >= DRV_PASSES) {
         PassOptions po = job->passes ? *job->passes : (PassOptions){.verify_each = 1};
         po.target = &t->passes;
@@ -169,6 +203,8 @@ int drv_run(const DrvJob *job, const DrvTarget *t, IrGraph **out, CgStats *stats
         cg.cuda_arch = t->cuda_arch;
         cg.cpu = t->cpu;
         cg.features = t->features;
+        cg.weights_dtype = t->int8 ? "int8" : NULL;
+        cg.quant_group = t->quant_group;
         if (!cg.source && job->file) {
             cg.source = job->file->src;
             cg.source_name = job->file->path;

@@ -34,16 +34,22 @@ typedef struct {
     const char *cuda_arch;     /* cuda targets: the PTX architecture (NULL = sm_80) */
     int arch;                  /* cuda targets: its number (80); 0 elsewhere */
     const char *cpu, *features;/* cpu: the LLVM CPU and features (NULL = this machine's) */
+    int int8;                  /* --weights-dtype int8: the matmul weights quantized (passes/quantize.c) */
+    int quant_group;           /* their scales' group along k (0: one scale per output column) */
     const char *loss_scale;    /* autodiff: the loss-scale input fp16 storage needs, else NULL */
     PassTarget passes;         /* the passes: what the backend lowers and its kernels' limits */
 } DrvTarget;
 
 /* Resolves the target that ask names: ask->target (NULL = "cpu"; "interp" for the interpreter),
- * ->dtype, ->mma, ->cuda_arch, ->emit_cuda, ->cpu and ->features (the other fields are ignored).
+ * ->dtype, ->mma, ->cuda_arch, ->emit_cuda, ->cpu, ->features, ->weights_dtype and ->quant_group
+ * (the other fields are ignored).
  * Returns 0, or -1 with one line in err: an unknown target, a 16-bit dtype for a backend that
- * stores f32 only, CUDA options for a CPU target, an unknown CPU ("--cpu: ..."). */
+ * stores f32 only, CUDA options for a CPU target, an unknown CPU ("--cpu: ..."), int8 weights for a
+ * backend without them, with 16-bit storage or operands, or a group outside [1, 1 << 20]. */
 int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n);
 
+/* With t->int8 the autodiff stage quantizes the matmul weights instead (pass_quantize_weights:
+ * int8 weights are for inference); a job with grads is refused (training keeps f32 weights). */
 typedef enum { DRV_LOWER = 1, DRV_AUTODIFF, DRV_PASSES, DRV_CODEGEN } DrvStage;
 
 /* "lower", "autodiff", "passes", "codegen" */

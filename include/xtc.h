@@ -75,10 +75,12 @@ typedef enum {
 
 const char *xtc_status_name(int status); /* "XTC_ERR_SHAPE", ... */
 
-typedef enum { XTC_F32, XTC_I32, XTC_I64, XTC_BOOL, XTC_NUM_DTYPES } XtcDType;
+/* XTC_I8: the int8 weights of a module compiled with --weights-dtype int8 (see "int8 weights"
+ * below); no input or output has it. */
+typedef enum { XTC_F32, XTC_I32, XTC_I64, XTC_BOOL, XTC_I8, XTC_NUM_DTYPES } XtcDType;
 
-const char *xtc_dtype_name(XtcDType t);  /* "f32", "i32", "i64", "bool" */
-size_t xtc_dtype_size(XtcDType t);       /* 4, 4, 8, 1 */
+const char *xtc_dtype_name(XtcDType t);  /* "f32", "i32", "i64", "bool", "i8" */
+size_t xtc_dtype_size(XtcDType t);       /* 4, 4, 8, 1, 1 */
 
 /* A tensor handed out by the runtime. The memory belongs to the session and stays valid until
  * the next xtc_session_run, xtc_session_set_input or xtc_session_free on it. */
@@ -177,13 +179,37 @@ int xtc_session_load_weights(XtcSession *s, const char *path);
 /* Sets one parameter or state buffer from memory (f32, copied). */
 int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int64_t *shape,
                            const float *data);
-/* Weights, inputs and outputs are f32 at this interface whatever a module stores. A CPU module
+/* Weights, inputs and outputs are f32 at this interface whatever a module stores in 16 bits (int8 weights: below). A CPU module
  * compiled with --dtype bf16 stores the weights of its matmuls in bf16 (the metadata's "storage"
  * records, include/abi/rt_abi.h): the session keeps every weight in f32 as given (what
  * xtc_session_get_weight returns, what xtc_session_step updates and checkpoints save: the master
  * weights of training) and, for each such weight, a bf16 copy rounded to nearest even that the
  * kernels read; the copy is made again before the next run whenever the f32 value changed (set,
  * loaded, initialised or stepped). A CUDA module keeps its 16-bit copies on the device. */
+
+/* int8 weights. A module compiled with `xtc compile --weights-dtype int8 [--group G]` stores each
+ * matmul weight W [n, k] (a Linear's: attention's q, k, v and output projections, the
+ * feed-forward's, the logits head; never embeddings, norms or biases, nor a weight tied to an
+ * embedding) as two state buffers: "<name>" XTC_I8 [n, k] and "<name>.scale" XTC_F32
+ * [n, ceil(k / G)] (G = k without --group: one scale per output row), and multiplies by
+ * W[j, p] = q[j, p] * scale[j, p / G] (products and sums in f32). The module's options say so
+ * (`option weights = int8`, `option quant_group = G`, 0 for one scale per row). Weights reach
+ * it three ways, all with the same result:
+ *  - xtc_session_load_weights of a file from `xtc quantize` (safetensors: "<name>" I8 and
+ *    "<name>.scale" F32; its metadata xtc.quant_group must name the module's G when present);
+ *  - xtc_session_load_weights of the f32 file (or xtc_session_set_weight, or
+ *    xtc_session_init_weights): each such weight is quantized as it is set, by the rule
+ *    scale = max |W| / 127 over each group of a row, q = W / scale rounded to nearest (ties to
+ *    even) within [-127, 127]; non-finite values are refused (XTC_ERR_RANGE);
+ *  - xtc_session_set_weight_i8 with the int8 values, and xtc_session_set_weight on "<name>.scale".
+ * A file must give a weight either as I8 with its scales or as floats without them; anything else
+ * (another dtype, a missing or extra scale, a shape that does not fit) is an error naming the
+ * tensor, and nothing is changed. xtc_session_get_weight hands out the XTC_I8 values and the
+ * scales; xtc_session_save_checkpoint writes them as I8 and F32 (with xtc.quant_group).
+ * Training modules keep f32 weights: `--train` with `--weights-dtype int8` is refused, and so are
+ * int8 weights on the cuda targets (the CPU has the int8 kernels). */
+int xtc_session_set_weight_i8(XtcSession *s, const char *name, int rank, const int64_t *shape, const int8_t *data);
+
 /* Sets every parameter and state buffer to fresh values drawn reproducibly from seed, by
  * x-transformers' initialisation rules (token embeddings kaiming normal, Linear layers torch's
  * uniform, norm gains 1, rotary frequencies, the constants a model fixes such as
@@ -383,7 +409,8 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
 /* Loads a checkpoint or a plain weights file: every parameter and state buffer (strictly, as
  * xtc_session_load_weights), and with optimizer != 0 the optimizer state when the file has one
  * (all of it or none; a file without it resets the state). optim.* tensors are otherwise
- * ignored. On failure nothing changes. Read the metadata with the safetensors reader. */
+ * ignored. On failure nothing changes. Read the metadata with the safetensors reader. A module
+ * with int8 weights (inference only) loads the file as xtc_session_load_weights does. */
 int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer);
 
 /* ---- data parallelism (runtime/rt_comm.c) ----

@@ -494,6 +494,8 @@ static const GradEntry grad_table[] = {
     [IR_GATHER_GRAD] = RULE(grad_gather_grad),
 
     [IR_MATMUL]  = RULE(grad_matmul),
+    [IR_MATMUL_Q8] = NOGRAD("int8 weights are for inference: the compile driver refuses them with a gradient "
+                            "(train with f32 weights, then quantize)"),
 
     [IR_XENT]    = RULE(grad_xent),    /* the integer targets take none */
     [IR_RAND]    = NOGRAD("random numbers: x gives only the shape"),

@@ -22,8 +22,8 @@ IrOp ir_op_lookup(const char *name)
     return IR_NUM_OPS;
 }
 
-static const char *dtype_names[IR_NUM_DTYPES] = {"f32", "i32", "i64", "bool"};
-static const size_t dtype_sizes[IR_NUM_DTYPES] = {4, 4, 8, 1};
+static const char *dtype_names[IR_NUM_DTYPES] = {"f32", "i32", "i64", "bool", "i8"};
+static const size_t dtype_sizes[IR_NUM_DTYPES] = {4, 4, 8, 1, 1};
 
 const char *ir_dtype_name(IrDType t) { return t < IR_NUM_DTYPES ? dtype_names[t] : "?"; }
 size_t ir_dtype_size(IrDType t) { return t < IR_NUM_DTYPES ? dtype_sizes[t] : 0; }
@@ -653,6 +653,11 @@ IrNode *ir_buffer(IrGraph *g, const char *name, int rank, const IrDim *shape)
     return leaf(g, IR_BUFFER, name, IR_F32, rank, shape);
 }
 
+IrNode *ir_buffer_i8(IrGraph *g, const char *name, int rank, const IrDim *shape)
+{
+    return leaf(g, IR_BUFFER, name, IR_I8, rank, shape);
+}
+
 IrNode *ir_const(IrGraph *g, double v, IrDType t)
 {
     IrNode p = proto_of(IR_CONST);
@@ -825,6 +830,17 @@ IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b)
     p.in[0] = a;
     p.in[1] = b;
     p.ia[IR_IA_TRANSPOSE_B] = transpose_b;
+    return ir_node(g, &p);
+}
+
+IrNode *ir_matmul_q8(IrGraph *g, IrNode *a, IrNode *w, IrNode *scale, int64_t group)
+{
+    IrNode p = proto_of(IR_MATMUL_Q8);
+    p.in[0] = a;
+    p.in[1] = w;
+    p.in[2] = scale;
+    p.ia[IR_IA_TRANSPOSE_B] = 1;
+    p.ia[IR_IA_GROUP] = group;
     return ir_node(g, &p);
 }
 

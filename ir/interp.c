@@ -229,6 +229,7 @@ static int eval_bound(Interp *it, const IrNode *n, Val *out, const Val *const *i
             v = (double)x;
             break;
         }
+        case IR_I8: v = ((const int8_t *)t->data)[i]; break;
         default: v = ((const uint8_t *)t->data)[i] != 0; break;
         }
         out->data[i] = v;
@@ -715,6 +716,27 @@ static int eval_matmul(Interp *it, const IrNode *n, Val *out, const Val *const *
     return 0;
 }
 
+/* a[.., m, k] x w'[n, k]^T with w'[j, p] = w[j, p] * scale[j, p / group]: each weight
+ * dequantized exactly (an int8 times an f32 is exact in double), then the matmul above */
+static int eval_matmul_q8(Interp *it, const IrNode *n, Val *out, const Val *const *in)
+{
+    const Val *a = in[0], *w = in[1], *sc = in[2];
+    int64_t nn = w->shape[0], k = w->shape[1], ng = sc->shape[1], group = n->ia[IR_IA_GROUP];
+    if (a->shape[a->rank - 1] != k || sc->shape[0] != nn || ng != (k > 0 ? (k + group - 1) / group : 1))
+        return node_fail(it, n, "operand shapes do not match at run time");
+    double *deq = malloc((size_t)(nn * k > 0 ? nn * k : 1) * sizeof *deq);
+    if (!deq)
+        return node_fail(it, n, "out of memory");
+    for (int64_t j = 0; j < nn; j++)
+        for (int64_t p = 0; p < k; p++)
+            deq[j * k + p] = w->data[j * k + p] * sc->data[j * ng + p / group];
+    Val wd = {2, {nn, k}, nn * k, deq};
+    const Val *args[2] = {a, &wd};
+    int rc = eval_matmul(it, n, out, args);
+    free(deq);
+    return rc;
+}
+
 /* ---- random numbers ---- */
 
 /* Element i of rand_like(seed, x, stream): splitmix64 (Steele et al.) started at a state made of
@@ -843,6 +865,7 @@ static const OpImpl op_impl[] = {
 
     /* contractions */
     [IR_MATMUL]  = {eval_matmul, 0, 0},       /* batched, broadcast batch dims; transpose_b: b is [.., n, k] */
+    [IR_MATMUL_Q8] = {eval_matmul_q8, 0, 0},  /* the weight dequantized exactly, then matmul */
 
     /* losses */
     [IR_XENT]    = {eval_xent, 0, 0},         /* mean over targets >= 0 of lse(z) - z[t]; target >= V

@@ -28,7 +28,7 @@ static int pure_sym(IrDim d)
     return s;
 }
 
-static int dtype_class(IrDType t) { return t == IR_F32 ? 0 : ir_dtype_is_int(t) ? 1 : 2; }
+static int dtype_class(IrDType t) { return t == IR_F32 ? 0 : ir_dtype_is_int(t) ? 1 : t == IR_I8 ? 3 : 2; }
 
 /* "input 'tokens': expected i64[b, n] (b=2, n=16), got i64[2, 17]" */
 static int leaf_mismatch(Interp *it, const IrNode *n, const IrHostTensor *t)

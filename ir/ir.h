@@ -61,10 +61,12 @@ int ir_sig_next(IrSigIter *it); /* 0 past the last attribute */
 /* Whether op takes nin operands: its arity, or 1 to IR_MAXIN where ops.def says -1 (fused). */
 static inline int ir_arity_ok(int arity, int nin) { return arity < 0 ? nin >= 1 && nin <= IR_MAXIN : nin == arity; }
 
-typedef enum { IR_F32, IR_I32, IR_I64, IR_BOOL, IR_NUM_DTYPES } IrDType;
-const char *ir_dtype_name(IrDType t);     /* "f32", "i32", "i64", "bool" */
+/* IR_I8: int8 weights (quantized matmul weights, matmul_q8 in ops.def): only a buffer leaf has it,
+ * and only matmul_q8 reads it; no op computes an i8 value. */
+typedef enum { IR_F32, IR_I32, IR_I64, IR_BOOL, IR_I8, IR_NUM_DTYPES } IrDType;
+const char *ir_dtype_name(IrDType t);     /* "f32", "i32", "i64", "bool", "i8" */
 int ir_dtype_lookup(const char *name);    /* -1 if unknown */
-size_t ir_dtype_size(IrDType t);          /* storage bytes: 4, 4, 8, 1 */
+size_t ir_dtype_size(IrDType t);          /* storage bytes: 4, 4, 8, 1, 1 */
 static inline int ir_dtype_is_int(IrDType t) { return t == IR_I32 || t == IR_I64; }
 
 /* A dimension: c + sum_s k[s] * sym[s]. */
@@ -101,6 +103,7 @@ enum {
     IR_IA_BOUND = 3,
     IR_IA_GRAD_CAUSAL = 0,  /* attention_grad: causal, window */
     IR_IA_GRAD_WINDOW = 1,
+    IR_IA_GROUP = 1,        /* matmul_q8: transpose_b (always 1), group */
 };
 
 typedef struct IrNode {
@@ -218,6 +221,8 @@ IrNode *ir_node(IrGraph *g, const IrNode *proto);
 IrNode *ir_input(IrGraph *g, const char *name, IrDType t, int rank, const IrDim *shape);
 IrNode *ir_param(IrGraph *g, const char *name, int rank, const IrDim *shape);
 IrNode *ir_buffer(IrGraph *g, const char *name, int rank, const IrDim *shape);
+/* an int8 weight (IR_I8), which only matmul_q8 reads */
+IrNode *ir_buffer_i8(IrGraph *g, const char *name, int rank, const IrDim *shape);
 IrNode *ir_const(IrGraph *g, double v, IrDType t);                  /* rank 0 */
 IrNode *ir_arange(IrGraph *g, IrDim start, IrDim len, IrDType t);
 IrNode *ir_relpos(IrGraph *g, IrDim nq, IrDim nk, int buckets, int max_distance, int causal);
@@ -235,6 +240,9 @@ IrNode *ir_slice(IrGraph *g, IrNode *x, int axis, IrDim start, IrDim len);
 IrNode *ir_concat(IrGraph *g, IrNode *a, IrNode *b, int axis);
 IrNode *ir_expand(IrGraph *g, IrNode *x, int rank, const IrDim *shape);
 IrNode *ir_matmul(IrGraph *g, IrNode *a, IrNode *b, int transpose_b);
+/* a[.., m, k] times the int8 weight w [n, k] (as a matmul with transpose_b) dequantized by
+ * scale [n, ceil(k / group)]: w[j, p] stands for w[j, p] * scale[j, p / group] (ops.def) */
+IrNode *ir_matmul_q8(IrGraph *g, IrNode *a, IrNode *w, IrNode *scale, int64_t group);
 IrNode *ir_gather(IrGraph *g, IrNode *table, IrNode *idx);
 /* src[..., D] added into a zero [rows, D] table at the rows idx[...] names: gather's gradient */
 IrNode *ir_gather_grad(IrGraph *g, IrNode *src, IrNode *idx, IrDim rows);

@@ -53,8 +53,12 @@ static const char *infer_leaf(IrNode *n, char *buf, size_t nb)
         return fail(buf, nb, "negative dimension");
     if ((n->op == IR_INPUT || n->op == IR_PARAM || n->op == IR_BUFFER) && (!n->s || !n->s[0]))
         return fail(buf, nb, "%s needs a name", ir_ops[n->op].name);
-    if ((n->op == IR_PARAM || n->op == IR_BUFFER) && n->dtype != IR_F32)
-        return fail(buf, nb, "parameters and buffers are f32");
+    if (n->op == IR_PARAM && n->dtype != IR_F32)
+        return fail(buf, nb, "parameters are f32");
+    if (n->op == IR_BUFFER && n->dtype != IR_F32 && n->dtype != IR_I8)
+        return fail(buf, nb, "buffers are f32 (or i8: a quantized weight)");
+    if (n->op != IR_BUFFER && n->dtype == IR_I8)
+        return fail(buf, nb, "i8 is the type of quantized weights, buffers only");
     return NULL;
 }
 
@@ -396,6 +400,34 @@ static const char *infer_matmul(IrNode *n, char *buf, size_t nb)
     }
     n->shape[rank - 2] = m;
     n->shape[rank - 1] = nn;
+    n->dtype = IR_F32;
+    return NULL;
+}
+
+static const char *infer_matmul_q8(IrNode *n, char *buf, size_t nb)
+{
+    IrNode *a = n->in[0], *w = n->in[1], *s = n->in[2];
+    if (a->dtype != IR_F32 || w->dtype != IR_I8 || s->dtype != IR_F32)
+        return fail(buf, nb, "expects an f32 operand, an i8 weight and f32 scales");
+    if (a->rank < 2 || w->rank != 2 || s->rank != 2)
+        return fail(buf, nb, "expects an operand of rank >= 2, a weight [n, k] and scales [n, groups]");
+    if (n->ia[IR_IA_TRANSPOSE_B] != 1)
+        return fail(buf, nb, "takes its weight as stored, [n, k] (transpose_b=1)");
+    if (!ir_dim_is_const(w->shape[0]) || !ir_dim_is_const(w->shape[1]))
+        return fail(buf, nb, "the weight's shape must be constant");
+    int64_t nn = w->shape[0].c, k = w->shape[1].c, group = n->ia[IR_IA_GROUP];
+    if (!ir_dim_eq(a->shape[a->rank - 1], w->shape[1]))
+        return fail(buf, nb, "inner dimensions differ");
+    if (group < 1 || (k > 0 && group > k))
+        return fail(buf, nb, "group %lld outside [1, %lld]", (long long)group, (long long)k);
+    int64_t groups = k > 0 ? (k + group - 1) / group : 1;
+    if (!ir_dim_eq(s->shape[0], ir_dim(nn)) || !ir_dim_eq(s->shape[1], ir_dim(groups)))
+        return fail(buf, nb, "scales must be [%lld, %lld] (a weight [%lld, %lld] in groups of %lld)", (long long)nn,
+                    (long long)groups, (long long)nn, (long long)k, (long long)group);
+    n->rank = a->rank;
+    for (int d = 0; d < a->rank - 1; d++)
+        n->shape[d] = a->shape[d];
+    n->shape[a->rank - 1] = w->shape[0];
     n->dtype = IR_F32;
     return NULL;
 }

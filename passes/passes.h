@@ -94,4 +94,11 @@ IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t 
 IrGraph *pass_attention_bound(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n);
 
+/* int8 weights (quantize.c; not in the pipeline: it changes the module's interface, and the
+ * compile driver runs it before the pipeline when asked): every matmul weight (a Linear's, used
+ * only as a matmul's transposed B) becomes the buffers "<name>" i8 [n, k] and "<name>.scale" f32
+ * [n, ceil(k / group)] read by matmul_q8; group 0 = k (one scale per output column). *count (may
+ * be NULL) gets the number of weights quantized. NULL with a message on error. */
+IrGraph *pass_quantize_weights(IrGraph *g, int64_t group, int *count, char *err, size_t n);
+
 #endif

@@ -57,6 +57,12 @@ static void node_name(const IrNode *x, char *buf, size_t n)
 IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char *keep, char *err,
                       size_t n)
 {
+    return pass_rewrite_leaves(g, fn, ctx, keep, 0, err, n);
+}
+
+IrGraph *pass_rewrite_leaves(const IrGraph *g, PassRewriteFn fn, void *ctx, const char *keep, int retype_leaves,
+                             char *err, size_t n)
+{
     size_t nn = g->nnodes > 0 ? (size_t)g->nnodes : 1;
     IrGraph *ng = ir_graph_new(g->name);
     IrNode **map = calloc(nn, sizeof *map);
@@ -94,7 +100,7 @@ IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char 
             goto fail;
         }
         /* an exact rewrite keeps every value's type: a pass that changes one is broken */
-        int same = img->dtype == old->dtype && img->rank == old->rank;
+        int same = (img->dtype == old->dtype || (retype_leaves && old->op == IR_PARAM)) && img->rank == old->rank;
         for (int d = 0; same && d < old->rank; d++)
             same = ir_dim_eq(img->shape[d], old->shape[d]);
         if (!same) {

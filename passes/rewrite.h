@@ -38,6 +38,12 @@ typedef IrNode *(*PassRewriteFn)(PassRewriter *rw, const IrNode *old, IrNode *pr
 IrGraph *pass_rewrite(const IrGraph *g, PassRewriteFn fn, void *ctx, const char *keep, char *err,
                       size_t n);
 
+/* The same, where retype_leaves lets a parameter's image have another dtype (the weights'
+ * quantization, passes/quantize.c, which is not exact and says so); every other node keeps its
+ * type. */
+IrGraph *pass_rewrite_leaves(const IrGraph *g, PassRewriteFn fn, void *ctx, const char *keep, int retype_leaves,
+                             char *err, size_t n);
+
 /* ir_node(rw->g, proto): the default image. */
 IrNode *pass_build(PassRewriter *rw, const IrNode *proto);
 /* The image simplify.c gives: fusions rebuild the nodes they do not replace through it, so that

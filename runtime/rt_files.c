@@ -14,6 +14,7 @@ static RtDType st_dtype(XtcDType t)
     case XTC_I32: return RT_I32;
     case XTC_I64: return RT_I64;
     case XTC_BOOL: return RT_BOOL;
+    case XTC_I8: return RT_I8;
     default: return RT_F32;
     }
 }

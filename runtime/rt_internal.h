@@ -35,6 +35,9 @@ typedef struct {
     int init_rule;                  /* with its parameter init (the init line) */
     double init;
     int storage;                    /* "storage" record: 0 as dtype, 1 bf16, 2 fp16 (f32 buffers) */
+    int qscale, qweight;            /* an i8 weight: its scales' buffer; a scale buffer: its weight;
+                                     * else -1 (rt_quant.c) */
+    int64_t qgroup;                 /* an i8 weight: its scales' group along k */
 } RtBuffer;
 
 typedef struct {
@@ -99,6 +102,7 @@ struct XtcModule {
     int noptions;
     RtAlias *aliases;
     int naliases;
+    int64_t quant_group;        /* int8 weights: the option quant_group (rt_quant.c); 0 = per row */
     /* where the schedule runs: NULL = the module's own run function on the CPU; else a device
      * (CUDA modules: rt_cuda.c) and the module's object for it (an XtcCudaModuleV1) */
     const struct RtDeviceOps *device;

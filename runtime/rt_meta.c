@@ -2,6 +2,7 @@
  * tables of XtcModule. The text comes from a file the user chose, so every field is checked:
  * bad records are errors with the line number, never crashes. */
 #include "rt_internal.h"
+#include "rt_quant.h"
 #include "rt_alloc.h"
 
 #include <ctype.h>
@@ -507,7 +508,8 @@ int rt_meta_parse(XtcModule *m, const char *text)
             rt_set_error(m->err, sizeof m->err, "module metadata: buffer %d has a bad lifetime", i);
             return -1;
         }
-        if ((b->kind == RT_BUF_PARAM || b->kind == RT_BUF_STATE) && b->dtype != XTC_F32) {
+        if ((b->kind == RT_BUF_PARAM || b->kind == RT_BUF_STATE) && b->dtype != XTC_F32 &&
+            !(b->kind == RT_BUF_STATE && b->dtype == XTC_I8)) { /* int8 weights: rt_quant_link */
             rt_set_error(m->err, sizeof m->err, "module metadata: weight '%s' is not f32", b->name);
             return -1;
         }
@@ -523,7 +525,7 @@ int rt_meta_parse(XtcModule *m, const char *text)
                 }
         }
     }
-    return 0;
+    return rt_quant_link(m);
 }
 
 void rt_meta_free(XtcModule *m)

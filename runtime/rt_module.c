@@ -37,13 +37,13 @@ const char *xtc_status_name(int status)
 
 const char *xtc_dtype_name(XtcDType t)
 {
-    static const char *names[XTC_NUM_DTYPES] = {"f32", "i32", "i64", "bool"};
+    static const char *names[XTC_NUM_DTYPES] = {"f32", "i32", "i64", "bool", "i8"};
     return (unsigned)t < XTC_NUM_DTYPES ? names[t] : "?";
 }
 
 size_t xtc_dtype_size(XtcDType t)
 {
-    static const size_t sizes[XTC_NUM_DTYPES] = {4, 4, 8, 1};
+    static const size_t sizes[XTC_NUM_DTYPES] = {4, 4, 8, 1, 1};
     return (unsigned)t < XTC_NUM_DTYPES ? sizes[t] : 0;
 }
 

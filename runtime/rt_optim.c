@@ -566,7 +566,7 @@ static int find_weight(const XtcModule *m, const char *name)
 static void view(XtcTensor *t, const RtBuffer *b, const void *data)
 {
     memset(t, 0, sizeof *t);
-    t->dtype = XTC_F32;
+    t->dtype = b->dtype; /* f32, or i8 (an int8 weight) */
     t->rank = b->rank;
     for (int i = 0; i < b->rank; i++)
         t->shape[i] = b->shape[i].c;
@@ -689,6 +689,8 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
                 n *= shape[d];
             if (!data)
                 st = failf(s, XTC_ERR_STATE, "cannot save %s: weight '%s' is not loaded", path, m->bufs[b].name);
+            else if (m->bufs[b].dtype == XTC_I8) /* an int8 weight (its scales are f32) */
+                rt_st_writer_add(w, m->bufs[b].name, RT_I8, m->bufs[b].rank, shape, data);
             else if ((bad = first_nonfinite(data, n)) >= 0) /* a diverged run: keep the last good file */
                 st = failf(s, XTC_ERR_RANGE, "not saving %s: weight '%s' holds %g at element %" PRId64
                            " (the weights are no longer finite)", path, m->bufs[b].name, ((const float *)data)[bad],
@@ -726,6 +728,12 @@ int xtc_session_save_checkpoint(XtcSession *s, const char *path, const char *con
         rt_st_writer_meta(w, "xtc.model", m->name ? m->name : "");
         snprintf(num, sizeof num, "%" PRId64, o ? o->step : (int64_t)0);
         rt_st_writer_meta(w, "xtc.optim.step", num);
+        for (int b = 0; b < m->nbufs; b++)
+            if (m->bufs[b].qscale >= 0) { /* int8 weights: their group, as xtc quantize writes it */
+                snprintf(num, sizeof num, "%" PRId64, m->quant_group);
+                rt_st_writer_meta(w, "xtc.quant_group", num);
+                break;
+            }
         RtScaler *sc = rt_session_scaler(s);
         if (sc->buf >= 0) { /* loss scaling: S and the good steps towards doubling it */
             char scale[40], good[32];
@@ -782,6 +790,9 @@ int xtc_session_load_checkpoint(XtcSession *s, const char *path, int optimizer)
     const XtcModule *m = rt_session_module(s);
     if (!m)
         return failf(s, XTC_ERR_STATE, "xtc_session_load_checkpoint: the session was not created successfully");
+    for (int b = 0; b < m->nbufs; b++)
+        if (m->bufs[b].qscale >= 0) /* int8 weights: an inference module, which has no optimizer state */
+            return xtc_session_load_weights(s, path);
     RtStFile *f;
     char msg[512];
     int st = rt_st_open(path, &f, msg, sizeof msg);

@@ -15,6 +15,7 @@
  * host arena of such a session holds only the outputs, in f32, where the device copies them
  * back. */
 #include "rt_session.h"
+#include "rt_quant.h"
 #include "init.h"
 
 #include <errno.h>
@@ -366,6 +367,11 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
     if (st)
         return st;
     size_t bytes = (size_t)rs_numel_of(rank, shape) * sizeof(float);
+    if (s->m->bufs[b].dtype == XTC_I8) { /* an int8 weight: quantized, with its scales (rt_quant.c) */
+        if (bytes && !data)
+            return rs_fail(s, XTC_ERR_ARG, "weight '%s': no data", name);
+        return rt_quant_set(s, b, data);
+    }
     float *copy = rt_malloc(bytes ? bytes : 1);
     if (!copy)
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory for weight '%s'", name);
@@ -391,6 +397,8 @@ int xtc_session_init_weights(XtcSession *s, uint64_t seed)
         for (int i = 0; i < xtc_module_count(s->m, (XtcKind)kind); i++) {
             XtcTensorInfo t;
             xtc_module_tensor(s->m, (XtcKind)kind, i, &t);
+            if (s->m->bufs[s->m->by_kind[kind == XTC_PARAM ? RT_BUF_PARAM : RT_BUF_STATE][i]].qweight >= 0)
+                continue; /* the scales of an int8 weight: set with it */
             int64_t n = rs_numel_of(t.rank, t.shape);
             float *data = rt_malloc((size_t)(n ? n : 1) * sizeof *data);
             if (!data)
@@ -415,6 +423,55 @@ static void list_add(char *list, size_t n, int *count, const char *item)
     (*count)++;
 }
 
+/* int8 weights in a weights file: whether weight buffer w is there as I8 (then with its scales) */
+static int file_has_i8(const RtStFile *f, const XtcModule *m, int w)
+{
+    const RtStTensor *t = rt_st_find(f, m->bufs[w].name);
+    return t && t->dtype == RT_I8;
+}
+
+/* the file says (xtc.quant_group, written by xtc quantize) that int8 weight b was quantized in
+ * other groups than the module reads */
+static int quant_group_differs(const RtStFile *f, const XtcModule *m, const RtBuffer *b)
+{
+    const char *g = rt_st_metadata(f, "xtc.quant_group");
+    char *end;
+    long long v = g ? strtoll(g, &end, 10) : 0;
+    if (!g || *end || v < 0)
+        return 0;
+    (void)m;
+    return rt_quant_group_of(v, b->shape[1].c) != b->qgroup;
+}
+
+/* fresh[b] (and fresh[scales] for f32 values) of int8 weight b from the file: I8 as it is, other
+ * floats quantized (rt_quant.c) */
+static int load_int8(XtcSession *s, const RtStFile *f, const char *path, int b, void **fresh)
+{
+    const XtcModule *m = s->m;
+    const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
+    int64_t n = rt_st_numel(t), ns = rs_numel_of(2, (int64_t[]){m->bufs[m->bufs[b].qscale].shape[0].c,
+                                                                  m->bufs[m->bufs[b].qscale].shape[1].c});
+    if (!(fresh[b] = rt_malloc(n ? (size_t)n : 1)))
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
+    if (t->dtype == RT_I8) {
+        memcpy(fresh[b], t->data, (size_t)n);
+        return XTC_OK;
+    }
+    char msg[512];
+    float *w = rt_malloc(n ? (size_t)n * sizeof *w : 1);
+    if (!w || !(fresh[m->bufs[b].qscale] = rt_malloc(ns ? (size_t)ns * sizeof(float) : 1))) {
+        free(w);
+        return rs_fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
+    }
+    int st = XTC_OK;
+    if (rt_st_to_f32(t, w, msg, sizeof msg))
+        st = rs_fail(s, XTC_ERR_FORMAT, "%s: '%s': %s", path, t->name, msg);
+    else if (rt_quant_fill(m, b, w, fresh[b], fresh[m->bufs[b].qscale], msg, sizeof msg))
+        st = rs_fail(s, XTC_ERR_RANGE, "%s: %s", path, msg);
+    free(w);
+    return st;
+}
+
 int xtc_session_load_weights(XtcSession *s, const char *path)
 {
     if (!rs_ready(s, "xtc_session_load_weights"))
@@ -435,19 +492,35 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
             const RtBuffer *b = &m->bufs[m->by_kind[k][i]];
             const RtStTensor *t = rt_st_find(f, b->name);
             char item[400];
+            if (b->qweight >= 0 && !file_has_i8(f, m, b->qweight)) { /* scales: only with an I8 weight */
+                const RtStTensor *wt = rt_st_find(f, m->bufs[b->qweight].name);
+                int float_weight = wt && (wt->dtype == RT_F32 || wt->dtype == RT_F64 || wt->dtype == RT_F16 ||
+                                          wt->dtype == RT_BF16);
+                if (t && float_weight) { /* (a weight of another type is reported as such) */
+                    snprintf(item, sizeof item, "'%s' is given but '%s' is not I8 (f32 weights are quantized as they "
+                             "load)", b->name, m->bufs[b->qweight].name);
+                    list_add(wrong, sizeof wrong, &nwrong, item);
+                }
+                continue;
+            }
             if (!t) {
                 snprintf(item, sizeof item, "'%s'", b->name);
                 list_add(missing, sizeof missing, &nmissing, item);
                 continue;
             }
-            int ok = (t->dtype == RT_F32 || t->dtype == RT_F64 || t->dtype == RT_F16 || t->dtype == RT_BF16) &&
+            int ok = (t->dtype == RT_F32 || t->dtype == RT_F64 || t->dtype == RT_F16 || t->dtype == RT_BF16 ||
+                      (t->dtype == RT_I8 && b->dtype == XTC_I8)) &&
                      shape_problem(s, b, "weight", t->rank, t->shape, item, sizeof item) == XTC_OK;
             if (!ok) {
                 char want[128], got[128];
                 rs_dims_text(want, sizeof want, b);
                 shape_text(got, sizeof got, t->rank, t->shape);
-                snprintf(item, sizeof item, "'%s' is %s %s, expected f32 %s", b->name, rt_dtype_name(t->dtype), got,
-                         want);
+                snprintf(item, sizeof item, "'%s' is %s %s, expected %s %s", b->name, rt_dtype_name(t->dtype), got,
+                         b->dtype == XTC_I8 ? "I8 (with its scales) or f32" : "f32", want);
+                list_add(wrong, sizeof wrong, &nwrong, item);
+            } else if (t->dtype == RT_I8 && quant_group_differs(f, m, b)) {
+                snprintf(item, sizeof item, "'%s' was quantized in groups of %s along k, the module's are of %lld", b->name,
+                         rt_st_metadata(f, "xtc.quant_group"), (long long)b->qgroup);
                 list_add(wrong, sizeof wrong, &nwrong, item);
             }
         }
@@ -469,7 +542,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
         const RtStTensor *t = rt_st_get(f, i);
         const char *of = rt_optim_state_param(t->name); /* a checkpoint's optimizer state: ignored */
         int b = of ? find_weight(m, of) : -1;
-        if (b >= 0 && m->bufs[b].kind == RT_BUF_PARAM)
+        if (b >= 0 && (m->bufs[b].kind == RT_BUF_PARAM || m->bufs[b].dtype == XTC_I8)) /* (an int8 weight was one) */
             continue;
         if (find_weight(m, t->name) < 0 && !find_alias(m, t->name)) {
             char item[300];
@@ -489,7 +562,7 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
         return XTC_ERR_NAME;
     }
     /* convert everything first, then commit, so a failure changes nothing */
-    float **fresh = rt_calloc((size_t)m->nbufs + 1, sizeof *fresh);
+    void **fresh = rt_calloc((size_t)m->nbufs + 1, sizeof *fresh);
     if (!fresh) {
         rt_st_close(f);
         return rs_fail(s, XTC_ERR_MEMORY, "out of memory loading %s", path);
@@ -498,10 +571,12 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
     for (int k = RT_BUF_PARAM; k <= RT_BUF_STATE && !st; k++)
         for (int i = 0; i < m->nby_kind[k] && !st; i++) {
             int b = m->by_kind[k][i];
+            if (m->bufs[b].qweight >= 0 && !file_has_i8(f, m, m->bufs[b].qweight))
+                continue; /* computed with its weight */
             const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
-            int64_t n = rt_st_numel(t);
-            fresh[b] = rt_malloc(n ? (size_t)n * sizeof(float) : 1);
-            if (!fresh[b])
+            if (m->bufs[b].dtype == XTC_I8)
+                st = load_int8(s, f, path, b, fresh);
+            else if (!(fresh[b] = rt_malloc(rt_st_numel(t) ? (size_t)rt_st_numel(t) * sizeof(float) : 1)))
                 st = rs_fail(s, XTC_ERR_MEMORY, "out of memory loading '%s'", t->name);
             else if (rt_st_to_f32(t, fresh[b], msg, sizeof msg))
                 st = rs_fail(s, XTC_ERR_FORMAT, "%s: '%s': %s", path, t->name, msg);
@@ -512,8 +587,10 @@ int xtc_session_load_weights(XtcSession *s, const char *path)
         if (st) {
             free(fresh[b]);
         } else {
-            const RtStTensor *t = rt_st_find(f, m->bufs[b].name);
-            rs_bind_buffer(s, b, fresh[b], t->rank, t->shape);
+            int64_t shape[XTC_MAX_RANK]; /* weights have constant shapes (shape_problem checked the file's) */
+            for (int d = 0; d < m->bufs[b].rank; d++)
+                shape[d] = m->bufs[b].shape[d].c;
+            rs_bind_buffer(s, b, fresh[b], m->bufs[b].rank, shape);
         }
     }
     free(fresh);

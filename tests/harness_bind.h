@@ -123,6 +123,7 @@ static inline void bind_random(Binding *bd, const IrGraph *g, const int64_t *sym
                 break;
             case IR_I32: ((int32_t *)t->data)[k] = (int32_t)(lo + (int64_t)(rnd() % (uint64_t)(hi - lo))); break;
             case IR_I64: ((int64_t *)t->data)[k] = lo + (int64_t)(rnd() % (uint64_t)(hi - lo)); break;
+            case IR_I8: ((int8_t *)t->data)[k] = (int8_t)((int)(rnd() % 255) - 127); break; /* int8 weights */
             default: ((uint8_t *)t->data)[k] = rnd() & 1; break;
             }
         }
@@ -157,7 +158,8 @@ static inline int bind_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
 
 static inline XtcDType xdt(IrDType t)
 {
-    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL};
+    static const XtcDType map[] = {[IR_F32] = XTC_F32, [IR_I32] = XTC_I32, [IR_I64] = XTC_I64, [IR_BOOL] = XTC_BOOL,
+                                   [IR_I8] = XTC_I8};
     return map[t];
 }
 
@@ -167,7 +169,9 @@ static inline int bind_leaf(XtcSession *s, const Binding *bd, int i)
 {
     const IrNode *n = bd->leaf[i];
     const IrHostTensor *t = &bd->t[i];
-    return n->op == IR_INPUT ? xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data)
+    if (n->op == IR_INPUT)
+        return xtc_session_set_input(s, n->s, xdt(t->dtype), t->rank, t->shape, t->data);
+    return t->dtype == IR_I8 ? xtc_session_set_weight_i8(s, n->s, t->rank, t->shape, t->data)
                              : xtc_session_set_weight(s, n->s, t->rank, t->shape, t->data);
 }
 
@@ -240,6 +244,7 @@ static inline double value_at(const void *data, XtcDType t, int64_t i)
     case XTC_F32: return ((const float *)data)[i];
     case XTC_I32: return ((const int32_t *)data)[i];
     case XTC_I64: return (double)((const int64_t *)data)[i];
+    case XTC_I8: return ((const int8_t *)data)[i];
     default: return ((const uint8_t *)data)[i];
     }
 }

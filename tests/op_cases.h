@@ -692,6 +692,30 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
                                         "mul(%10,%10);sum(%11);sqrt(%12);max(%13,1e-12:f32);div(%10,%14)", 3, rt, 4, st));
 }
 
+/* int8 weights (matmul_q8): an i8 weight [n, k] with f32 scales [n, ceil(k / group)], per output
+ * row (group = k) and in groups whose last one is partial, on each path of the CPU kernel: the
+ * matrix-vector path (b n <= 4 rows: at the sizes 1), the blocked path with panels past n and k
+ * blocks (KC = 256) that cut a group, and the plain path (n = 5 < 8). */
+static IrNode *q8(IrGraph *g, IrNode *a, const char *name, int64_t n, int64_t k, int64_t group)
+{
+    char sname[64];
+    snprintf(sname, sizeof sname, "%s.scale", name);
+    IrDim sw[] = {ir_dim(n), ir_dim(k)}, ss[] = {ir_dim(n), ir_dim((k + group - 1) / group)};
+    return ir_matmul_q8(g, a, ir_buffer_i8(g, name, 2, sw), ir_buffer(g, sname, 2, ss), group);
+}
+
+static void build_matmul_q8(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim s40[] = {b, n, ir_dim(40)}, s300[] = {b, n, ir_dim(300)}, s2[] = {n, ir_dim(40)};
+    IrNode *a = input(g, "a", IR_F32, 3, s40), *a300 = input(g, "a300", IR_F32, 3, s300);
+    out(g, "per_row", q8(g, a, "w", 70, 40, 40));
+    out(g, "groups", q8(g, a, "wg", 70, 40, 16));             /* 3 groups, the last of 8 */
+    out(g, "k_blocks", q8(g, a300, "wk", 37, 300, 32));       /* 10 groups; KC = 256 cuts the 9th */
+    out(g, "plain", q8(g, a, "wp", 5, 40, 32));
+    out(g, "rank2", q8(g, input(g, "a2", IR_F32, 2, s2), "w2", 19, 40, 40));
+    out(g, "group1", q8(g, a, "w1", 9, 40, 1));               /* a scale per weight */
+}
+
 /* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
  * 256 of them; here 9 x 31 = 279), ragged in every dimension (k = 19: two full stages of 8 and a
  * partial one), with B as stored and transposed, and a bias + GELU epilogue and a GLU (a
@@ -1018,6 +1042,7 @@ static const OpCase OP_CASES[] = {
     {"order", build_order, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"move", build_move, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"matmul", build_matmul, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
+    {"matmul_q8", build_matmul_q8, OC_CPU, OC_EMPTY, 1e-4, "int8 weights are for the cpu target (op_case_backend_exempt)"},
     {"xent", build_xent, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"rand", build_rand, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"attention", build_attention, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
@@ -1053,6 +1078,14 @@ static inline const char *op_case_exempt(IrOp op)
     default:
         return NULL;
     }
+}
+
+/* Why backend has no kernel for op and no case runs it there (NULL: it must have both). */
+static inline const char *op_case_backend_exempt(IrOp op, unsigned backend)
+{
+    if (op == IR_MATMUL_Q8 && (backend & (OC_CUDA | OC_MMA | OC_MMA16)))
+        return "int8 weights run on the cpu target; the cuda targets refuse --weights-dtype int8";
+    return NULL;
 }
 
 /* The k-th case (0, 1, ...) of the table for backend, or NULL past the last. */
@@ -1097,7 +1130,7 @@ static inline int op_cases_missing(const OpCase *cases, int n, unsigned backend,
         ir_graph_free(g);
     }
     for (int op = 0; op < IR_NUM_OPS; op++)
-        if (!seen[op] && !op_case_exempt((IrOp)op))
+        if (!seen[op] && !op_case_exempt((IrOp)op) && !op_case_backend_exempt((IrOp)op, backend))
             return op;
     return -1;
 }

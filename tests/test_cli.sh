@@ -125,4 +125,39 @@ check "ir --train (the cpu)" "$xtc" ir "$tmp/wide.xtf" --after=all --train
 ! grep -q "= attention" "$tmp/out" && ! grep -q "loss_scale" "$tmp/out" ||
   { fail=$((fail + 1)); echo "FAIL heads of 512 stay unfused for the cpu, whose kernel takes up to 256"; }
 refuse "ir --dtype fp16 on the cpu" "stores in f32 or bf16" "$xtc" ir "$tmp/wide.xtf" --dtype fp16
+# int8 weights: xtc quantize, a module compiled with --weights-dtype int8 on the I8 file and on the
+# f32 file (the same logits, bit for bit), the interpreter on the I8 file (within f32 rounding),
+# and the refusals
+printf 'q = TransformerWrapper(num_tokens = 40, max_seq_len = 16,\n    attn_layers = Decoder(dim = 16, depth = 1, heads = 2))\n' > "$tmp/q.xtf"
+check "compile --weights-dtype int8 --group 8" "$xtc" compile "$tmp/q.xtf" --weights-dtype int8 --group 8 -O1 -o "$tmp/q8.so"
+check "info of an int8 module" "$xtc" info "$tmp/q8.so"
+grep -q "option weights = int8" "$tmp/out" && grep -q "to_q.weight  *i8  *\[128, 16\]" "$tmp/out" &&
+  grep -q "to_q.weight.scale  *f32  *\[128, 2\]" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info shows the int8 weights"; }
+check "init (f32 weights for an int8 module)" "$xtc" init "$tmp/q8.so" -o "$tmp/qw.safetensors"
+check "quantize --group 8" "$xtc" quantize "$tmp/q.xtf" "$tmp/qw.safetensors" -o "$tmp/qw8.safetensors" --group 8
+grep -q "7 matmul weights quantized" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL quantize counts the weights"; }
+$py -c "
+import json, struct
+t = [[1, 2, 3, 4, 5, 6, 7]]
+b = struct.pack('<7q', *t[0]); h = json.dumps({'tokens': {'dtype': 'I64', 'shape': [1, 7], 'data_offsets': [0, 56]}}).encode()
+h += b' ' * ((8 - len(h) % 8) % 8); open('$tmp/qin.safetensors', 'wb').write(struct.pack('<Q', len(h)) + h + b)"
+check "run the int8 module on the I8 file" "$xtc" run "$tmp/q8.so" --weights "$tmp/qw8.safetensors" --input "$tmp/qin.safetensors" --output "$tmp/qo1.safetensors"
+check "run it on the f32 file" "$xtc" run "$tmp/q8.so" --weights "$tmp/qw.safetensors" --input "$tmp/qin.safetensors" --output "$tmp/qo2.safetensors"
+cmp -s "$tmp/qo1.safetensors" "$tmp/qo2.safetensors" || { fail=$((fail + 1)); echo "FAIL the I8 file and the f32 file give other logits"; }
+check "the interpreter on the I8 file" "$xtc" run "$tmp/q.xtf" --weights-dtype int8 --group 8 --weights "$tmp/qw8.safetensors" \
+  --input "$tmp/qin.safetensors" --output "$tmp/qo3.safetensors"
+check "compare the module with the interpreter" $py "$parity/compare.py" "$tmp/qo3.safetensors" "$tmp/qo1.safetensors"
+check "quantize (a scale per row)" "$xtc" quantize "$tmp/q.xtf" "$tmp/qw.safetensors" -o "$tmp/qwr.safetensors"
+refuse "the per-row file into a module of groups" "mis-shaped" "$xtc" run "$tmp/q8.so" --weights "$tmp/qwr.safetensors" \
+  --input "$tmp/qin.safetensors" --output "$tmp/qo4.safetensors"
+refuse "the interpreter wants the I8 file" "quantize the file first" "$xtc" run "$tmp/q.xtf" --weights-dtype int8 --group 8 \
+  --weights "$tmp/qw.safetensors" --input "$tmp/qin.safetensors" --output "$tmp/qo5.safetensors"
+refuse "int8 weights on cuda" "the cuda backend has no int8 matmul" "$xtc" compile "$tmp/q.xtf" --target cuda --weights-dtype int8 -o "$tmp/x.so"
+refuse "int8 weights for training" "is for inference" "$xtc" compile "$tmp/q.xtf" --train --weights-dtype int8 -o "$tmp/x.so"
+refuse "--group without int8" "--group applies to --weights-dtype int8" "$xtc" compile "$tmp/q.xtf" --group 32 -o "$tmp/x.so"
+refuse "quantize an I8 file" "quantized already" "$xtc" quantize "$tmp/q.xtf" "$tmp/qw8.safetensors" -o "$tmp/x.safetensors"
+check "help lists quantize" "$xtc" help
+grep -q "quantize" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL xtc help lists quantize"; }
+check "compile --help" "$xtc" compile --help
+grep -q -- "--weights-dtype" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL compile --help shows --weights-dtype"; }
 checks_done cli

@@ -711,7 +711,8 @@ END_TEST
 START_TEST(test_every_op_has_a_kernel)
 {
     for (int op = 0; op < IR_NUM_OPS; op++)
-        ck_assert_msg(cg_cuda_backend.supports((IrOp)op), "the cuda backend has no kernel for '%s'", ir_ops[op].name);
+        ck_assert_msg(cg_cuda_backend.supports((IrOp)op) || op_case_backend_exempt((IrOp)op, OC_CUDA),
+                      "the cuda backend has no kernel for '%s'", ir_ops[op].name);
 }
 END_TEST
 

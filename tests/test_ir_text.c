@@ -140,6 +140,9 @@ static IrGraph *build_misc(void)
     ir_label(g, ir_gather_grad(g, x, pos, MN), "scattered");     /* (m+n, 4) */
     IrNode *seed = ir_input(g, "seed", IR_I64, 0, NULL);
     ir_label(g, ir_rand(g, seed, x, 3), "noise");                /* f32 (n, 4) */
+    IrDim s_w[] = {D(3), D(4)}, s_sc[] = {D(3), D(2)};
+    IrNode *w8 = ir_buffer_i8(g, "proj.weight", 2, s_w);        /* i8 (3, 4): int8 weights */
+    ir_label(g, ir_matmul_q8(g, x, w8, ir_buffer(g, "proj.weight.scale", 2, s_sc), 3), "q8"); /* (n, 3) */
 
     /* floats that need care: every one reads back bit for bit */
     const double vals[] = {INFINITY, -INFINITY, NAN, -FLT_MAX, 0.1, 1.0 / 3, 1e-300, 5e-324, -0.0,
@@ -324,6 +327,7 @@ START_TEST(test_attr_names)
         {IR_ATTENTION, "stats", IR_IA_STATS}, {IR_ATTENTION, "window", IR_IA_WINDOW},
         {IR_ATTENTION, "bound", IR_IA_BOUND},
         {IR_ATTENTION_GRAD, "causal", IR_IA_GRAD_CAUSAL}, {IR_ATTENTION_GRAD, "window", IR_IA_GRAD_WINDOW},
+        {IR_MATMUL_Q8, "transpose_b", IR_IA_TRANSPOSE_B}, {IR_MATMUL_Q8, "group", IR_IA_GROUP},
     };
     int n = (int)(sizeof named / sizeof named[0]);
     for (int op = 0; op < IR_NUM_OPS; op++) {
@@ -628,7 +632,16 @@ static const ErrorCase error_cases[] = {
     {HEAD "  %y = input y : f32[b, n]\n}\n", "input takes its name as a quoted string, found 'y'"},
     {HEAD "  %y = input \"x\" : f32[n]\n}\n", "input \"x\" declared twice with different types"},
     {HEAD "  %y = input \"\" : f32[n]\n}\n", "input needs a name"},
-    {HEAD "  %y = param \"p\" : i64[n]\n}\n", "parameters and buffers are f32"},
+    {HEAD "  %y = param \"p\" : i64[n]\n}\n", "parameters are f32"},
+    {HEAD "  %y = param \"p\" : i8[4, 4]\n}\n", "parameters are f32"},
+    {HEAD "  %y = input \"q\" : i8[4]\n}\n", "i8 is the type of quantized weights, buffers only"},
+    /* int8 weights: scales of the wrong shape (a weight [3, 16] in groups of 8 has [3, 2]) */
+    {HEAD "  %a = input \"a\" : f32[b, 16]\n  %w = buffer \"w\" : i8[3, 16]\n  %s = buffer \"s\" : f32[3, 1]\n"
+          "  %y = matmul_q8 %a, %w, %s [transpose_b=1, group=8] : f32[b, 3]\n}\n",
+     "scales must be [3, 2] (a weight [3, 16] in groups of 8)"},
+    {HEAD "  %w = buffer \"w\" : f32[3, 16]\n  %s = buffer \"s\" : f32[3, 1]\n"
+          "  %y = matmul_q8 %x, %w, %s [transpose_b=1, group=16] : f32[b, 3]\n}\n",
+     "expects an f32 operand, an i8 weight and f32 scales"},
     /* attributes */
     {HEAD "  %y = sum %x : f32[b, 1]\n}\n", "sum needs the attribute 'axis' (its attributes: axis)"},
     {HEAD "  %y = sum %x [dim=1] : f32[b, 1]\n}\n", "sum has no attribute 'dim' (its attributes: axis)"},

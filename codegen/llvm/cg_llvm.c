@@ -793,8 +793,9 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
     unsigned major, minor, patch;
     LLVMGetVersion(&major, &minor, &patch);
     snprintf(compiler, sizeof compiler, "xtc-llvm-%u.%u.%u", major, minor, patch);
-    char lanes[8];
+    char lanes[8], group[24];
     snprintf(lanes, sizeof lanes, "%d", cg->vec);
+    snprintf(group, sizeof group, "%d", opt->quant_group);
     const char *options[] = {
         "compiler", compiler,
         "target", "cpu",
@@ -806,6 +807,9 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         "features", cg->features[0] ? cg->features : NULL,
         "requires", cg->requires[0] ? cg->requires : NULL,
         "source", opt->source_name,
+        /* int8 weights: how the runtime quantizes f32 values it is given (runtime/rt_quant.c) */
+        "weights", opt->weights_dtype && !strcmp(opt->weights_dtype, "int8") ? "int8" : NULL,
+        "quant_group", opt->weights_dtype && !strcmp(opt->weights_dtype, "int8") ? group : NULL,
     };
     meta = cg_plan_meta(plan, options, (int)(sizeof options / sizeof options[0] / 2));
     if (!meta) {
@@ -1112,7 +1116,7 @@ static void llvm_release(void *unit) { unit_free(unit); }
 const CgBackend cg_llvm_backend = {
     .name = "cpu",
     .description = "LLVM CPU backend: native code in a shared library",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA | CG_CAP_HALF_WEIGHTS,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA | CG_CAP_HALF_WEIGHTS | CG_CAP_INT8,
     .supports = llvm_supports,
     .render = llvm_render,
     .compile = llvm_compile,

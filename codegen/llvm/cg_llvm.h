@@ -3,6 +3,7 @@
  *   cg_llvm_util.c    builder helpers: constants, loops, dims, element loads/stores, math
  *   cg_llvm_ops.c     the per-op lowering table and every op but matmul
  *   cg_llvm_matmul.c  the blocked, vectorised, threaded matrix multiplication
+ *   cg_llvm_q8.c      the int8-weight matmul (matmul_q8): how the matmul kernel reads its B
  *   cg_llvm_sort.c    the ops that order each row: kth_largest, entmax15
  *
  * Every kernel is three functions (one set per signature, shared by all steps that have it):
@@ -128,6 +129,17 @@ int cg_gemv_bf16_fits(Cg *cg, int64_t k);
 void cg_gemv_pack_a(CgFn *f, LLVMValueRef ap, LLVMValueRef a, LLVMValueRef src, int r, int64_t k);
 void cg_gemv_dots_bf16(CgFn *f, LLVMValueRef dst, LLVMValueRef ap, const LLVMValueRef *crow, int nr, LLVMValueRef brow0,
                        int64_t k, LLVMValueRef j, int nj);
+/* cg_llvm_q8.c: B of a matmul_q8 kernel (f->node), int8 W [n, k] at f->in[1] with scales S at
+ * f->in[2], for the paths of cg_llvm_matmul.c: cg_q8 says whether the node is one; cg_q8_weight
+ * is B(p, j) = W[j, p] S[j, p / G] as f32; cg_q8_gemv_dots the matrix-vector path's dot products
+ * (gemv_dots' contract: nr <= 4 rows of A at arow[r], nj <= 4 weight rows from element brow0,
+ * output columns j.., C rows at dst + crow[r]); cg_q8_pack the blocked path's packing
+ * (pack's contract: bp[p][jj] = B(pc + p, j0 + jj) for jj < nc, zeros up to NR), emitted in place. */
+int cg_q8(const IrNode *n);
+LLVMValueRef cg_q8_weight(CgFn *f, LLVMValueRef j, LLVMValueRef p);
+void cg_q8_gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr,
+                     LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef j, int nj);
+void cg_q8_pack(CgFn *f, LLVMValueRef bp, LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc);
 /* cg_llvm_sort.c: the ops that order a row: kth_largest (radix select), entmax15 (heap sort) */
 void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_kth_largest_impl(CgFn *f);

@@ -189,7 +189,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bidx = tb ? LLVMBuildAdd(b, LLVMBuildMul(b, lj.iv, d.k, ""), lp.iv, "")
                            : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
     LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
-    LLVMValueRef bv = load_b(f, LLVMBuildAdd(b, bbase, bidx, ""));
+    LLVMValueRef bv = cg_q8(n) ? cg_q8_weight(f, lj.iv, lp.iv) : load_b(f, LLVMBuildAdd(b, bbase, bidx, ""));
     if (cg->bf16) { /* bf16 operands, rounded as they are read */
         av = cg_bf16_round(cg, av);
         bv = cg_bf16_round(cg, bv);
@@ -302,7 +302,8 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
      * [GEMV_ROWS][k] floats, rather than in the loop of every block of columns */
     const IrNode *an = n->in[0];
     IrDim kd = an->shape[an->rank - 1];
-    int pre = cg->bf16 && ir_dim_is_const(kd) && kd.c > 0 && kd.c <= GEMV_PREROUND_K;
+    int q8 = cg_q8(n); /* int8 weights: cg_llvm_q8.c (never with bf16 operands) */
+    int pre = !q8 && cg->bf16 && ir_dim_is_const(kd) && kd.c > 0 && kd.c <= GEMV_PREROUND_K;
     /* ... as bf16 pairs, for the dot products that read a bf16 weight as stored (cg_llvm_gemv16.c) */
     int pairs = pre && f->in_bf16[1] && cg_gemv_bf16_fits(cg, kd.c);
     LLVMValueRef ar = pre ? cg_var(f, LLVMArrayType(pairs ? cg->t_i32 : cg->t_f32, (unsigned)(GEMV_ROWS * kd.c / (pairs ? 2 : 1))),
@@ -342,14 +343,18 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
             cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
             LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
             LLVMValueRef a = pre ? ar : f->in[0], brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), "");
-            if (pairs)
+            if (q8)
+                cg_q8_gemv_dots(f, dst, arow, crow, nr, brow, d->k, j, GEMV_UNROLL);
+            else if (pairs)
                 cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, j, GEMV_UNROLL);
             else
                 gemv_dots(f, dst, a, pre, arow, crow, nr, brow, d->k, j, GEMV_UNROLL);
             cg_for_end(f, &lj);
             cg_for(f, &lj, jfull, j1, "j");
             brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), "");
-            if (pairs)
+            if (q8)
+                cg_q8_gemv_dots(f, dst, arow, crow, nr, brow, d->k, lj.iv, 1);
+            else if (pairs)
                 cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, lj.iv, 1);
             else
                 gemv_dots(f, dst, a, pre, arow, crow, nr, brow, d->k, lj.iv, 1);
@@ -851,7 +856,10 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef bpj = cg_addr(f, IR_F32, bp, LLVMBuildMul(b, lj.iv, cg_i64(cg, KC * nr), ""));
     LLVMValueRef bcol = LLVMBuildAdd(b, j0, LLVMBuildMul(b, part, d.w, ""), ""); /* the product's column */
     LLVMValueRef pargs[7] = {bpj, bptr, ldb, pc, kc, bcol, nc};
-    LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
+    if (cg_q8(n)) /* int8 weights, packed dequantized (cg_llvm_q8.c) */
+        cg_q8_pack(f, bpj, pc, kc, bcol, nc);
+    else
+        LLVMBuildCall2(b, pack_type, pack, pargs, 7, "");
     if (pack16)
         LLVMBuildCall2(b, LLVMGlobalGetValueType(pack16), pack16, (LLVMValueRef[]){bpj, kc}, 2, "");
     cg_for_end(f, &lj);

@@ -937,6 +937,7 @@ static const CgLower lowering[] = {
     [IR_GATHER_GRAD] = {work_gather_grad, impl_gather_grad, 0},
 
     [IR_MATMUL] = {cg_matmul_work, cg_matmul_impl, 0},
+    [IR_MATMUL_Q8] = {cg_matmul_work, cg_matmul_impl, 0}, /* B read through cg_llvm_q8.c */
 
     [IR_XENT] = {0, impl_xent, 0},
 
