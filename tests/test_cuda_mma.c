@@ -726,16 +726,17 @@ static void attention_operands(const IrGraph *g, Names *ops)
  * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
  * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
  * 16 u of its max|ref|. */
-static void check_flash(const Lib *l, int mma, BuildFn build)
+static const int64_t flash_sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
+
+static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
 {
     IrGraph *g = new_graph("flash", build);
     Names ops;
     attention_operands(g, &ops);
     XtcModule *m = compile_mma(g, "flash", mma);
     int f16 = mma == CG_MMA_FP16;
-    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
     double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
-    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+    for (size_t z = 0; z < nsizes; z++) {
         RefBinding rb;
         bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
         IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
@@ -758,6 +759,11 @@ static void check_flash(const Lib *l, int mma, BuildFn build)
             cg_mma_name(mma), STORAGE_NAME[storage], worst);
     xtc_module_free(m);
     ir_graph_free(g);
+}
+
+static void check_flash(const Lib *l, int mma, BuildFn build)
+{
+    check_flash_sizes(l, mma, build, flash_sizes, sizeof flash_sizes / sizeof flash_sizes[0]);
 }
 
 /* How many of g's kernels of op the renderer puts on tensor cores with --mma=mma (their comment
@@ -806,6 +812,42 @@ START_TEST(test_flash_attention)
     check_flash(&l, CG_MMA_FP16, build_flash);
     for (storage = 1; storage <= 2; storage++)
         check_flash(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash);
+    storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
+/* The forward of operands as stored (kernels/flash_fwd.cuh): every attention kernel of
+ * build_flash16 is it with 16-bit storage of the mma's format, none with f32 storage; then the
+ * numbers against the interpreter, bf16 and fp16, at the sizes of check_flash and at n = 130
+ * (two query tiles of 128 rows, three stages of 64 keys, four of 32 for heads of 128). */
+START_TEST(test_flash_stored)
+{
+    IrGraph *g = new_graph("flash", build_flash16);
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int st = 0; st <= 2; st++) {
+        CuUnit cu;
+        CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+        int stored = 0, all = 0;
+        for (int i = 0; i < cu.nkernels; i++)
+            if (plan.kernels[i].node->op == IR_ATTENTION) {
+                all++;
+                stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
+            }
+        ck_assert_int_eq(all, 11);
+        ck_assert_int_eq(stored, st ? all : 0);
+        cg_cuda_unit_free(&cu);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
+    for (storage = 1; storage <= 2; storage++)
+        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16, sizes, sizeof sizes / sizeof sizes[0]);
     storage = 0;
     lib_close(&l);
 }
@@ -1155,6 +1197,7 @@ static Suite *suite(void)
     suite_add_tcase(s, m16);
     TCase *fl = tcase_create("flash");
     tcase_add_test(fl, test_flash_attention);
+    tcase_add_test(fl, test_flash_stored);
     tcase_add_test(fl, test_flash_grad);
     suite_add_tcase(s, fl);
     TCase *ls = tcase_create("loss_scale");
