@@ -63,7 +63,9 @@ static int stored_raw(const CuKernel *k, const IrNode *x)
 /* The forward whose body is kernels/flash_fwd.cuh (see there): q, k and v stored in the mma's
  * format, D and E multiples of 8 (16-byte rows). 128 query rows a block (two 16-row tiles a warp)
  * for heads up to 64, else 64; 64 keys a stage, 32 where two stages of 64 would pass the 48 KiB
- * of static shared memory (heads over 80). Returns 0 when it does not apply. */
+ * of static shared memory (heads over 80) and, with 128 rows, for the forms with a mask operand,
+ * a bias or a scale operand (their element work needs the registers: ptxas spilled at 64).
+ * Returns 1 written, 0 when it does not apply, -1 error. */
 static int flash16(CuKernel *k, const Att *a, int stats)
 {
     const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2];
@@ -71,7 +73,7 @@ static int flash16(CuKernel *k, const Att *a, int stats)
         return 0;
     long long dp = (a->D + 15) / 16 * 16, ep = (a->E + 15) / 16 * 16;
     /* plain: no mask operand (the causal and window limits are the rows' key ranges), no bias, a
-     * constant scale. Other forms' element work costs registers: 32 keys a stage (no spills). */
+     * constant scale */
     const IrNode *mask = x->in[4], *scale = x->in[5];
     int plain = mask->op == IR_CONST && mask->f != 0 && !a->bias[0] && scale->op == IR_CONST;
     int mt = a->D <= 64 && a->E <= 64 ? 2 : 1, bc = mt == 2 && !plain ? 32 : 64;
