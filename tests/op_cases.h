@@ -963,6 +963,43 @@ static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
     out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
 }
 
+/* The forward of q, k and v as stored (kernels/flash_fwd.cuh: 16-bit storage of the mma's format,
+ * heads multiples of 8): every form of bias, mask and scale of build_flash over heads of 8
+ * (padded to 16 in its tiles), causal with J = n + 3 and n - 1, windows, GPT's causal head of
+ * 64 through head-split views (two 16-row tiles a warp), a window over heads of 40 by 24, and
+ * heads of 128 (one tile a warp, 32 keys a stage). */
+static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1), d8 = ir_dim(8);
+    IrDim sq[] = {b, h, n, d8}, sk[] = {b, h, J, d8}, sk0[] = {b, h, J0, d8}, sbias[] = {h, n, J};
+    IrDim smask[] = {b, one, one, J}, sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
+    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
+    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
+    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
+    out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
+    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
+    out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
+    out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
+    IrDim sxq[] = {b, n, h, ir_dim(64)}, sxk[] = {b, J, h, ir_dim(64)};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
+    IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
+    out(g, "heads64", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 0), split));
+    IrDim s40[] = {b, one, n, ir_dim(40)}, s40k[] = {b, one, J, ir_dim(40)}, s24[] = {b, one, J, ir_dim(24)};
+    out(g, "window40", ir_attention_window(g, input(g, "q40", IR_F32, 4, s40), input(g, "k40", IR_F32, 4, s40k),
+                                           input(g, "v24", IR_F32, 4, s24), NULL, NULL, ir_const(g, 0.15, IR_F32), 1, 1, 40));
+    IrDim s128[] = {b, one, n, ir_dim(128)}, s128k[] = {b, one, J, ir_dim(128)};
+    out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
+                                   input(g, "v128", IR_F32, 4, s128k), NULL, NULL, ir_const(g, 0.09, IR_F32), 1, 1));
+}
+
 /* Gradients on the tensor-core backward (heads up to 64): a bias, a mask and a scale operand,
  * causal and window limits, rows that see no key or whose every key is masked, a ragged head
  * of 40 (and no logsumexp gradient), two tiles of 64 of a head of 64. */

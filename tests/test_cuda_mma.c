@@ -138,7 +138,29 @@ static const char kernels_source[] =
     "    }\n"
     "}\n"
     "static void call_mma_divergent(void **a) { mma_divergent(*(float **)a[0]); }\n"
-    "const XtcEmuKernel test_kernels[] = {{\"mma_test\", call_mma_test, 1}, {\"mma_divergent\", call_mma_divergent, 1}};\n"
+    "/* flash_lib.cuh's tile copy: rows r0 .. r0 + 15 of p (row stride ld, below lim, `chunks` chunks of\n"
+    " * 8 values) into a [16][48] tile of 6 chunks a row (the 6th is padding, left as it was), by\n"
+    " * cp.async (vec) or by loads; the tile, first filled with 0xabcd, to out */\n"
+    "XTC_KERNEL rows_test(const unsigned short *p, unsigned short *out, i64 ld, i64 r0, i64 lim, int chunks, int vec)\n"
+    "{\n"
+    "    __shared__ XTC_ALIGN16 unsigned short tile[16 * 48];\n"
+    "    for (int e = threadIdx.x; e < 16 * 48; e += blockDim.x)\n"
+    "        tile[e] = 0xabcd;\n"
+    "    __syncthreads();\n"
+    "    xtc_fa_rows(xtc_sa_of(tile), 96, p, ld, r0, lim, 16, 5, chunks, vec);\n"
+    "    xtc_cp_async_commit();\n"
+    "    xtc_cp_async_wait(0);\n"
+    "    __syncthreads();\n"
+    "    for (int e = threadIdx.x; e < 16 * 48; e += blockDim.x)\n"
+    "        out[e] = tile[e];\n"
+    "}\n"
+    "static void call_rows_test(void **a)\n"
+    "{\n"
+    "    rows_test(*(const unsigned short **)a[0], *(unsigned short **)a[1], *(i64 *)a[2], *(i64 *)a[3], *(i64 *)a[4],\n"
+    "              *(int *)a[5], *(int *)a[6]);\n"
+    "}\n"
+    "const XtcEmuKernel test_kernels[] = {{\"mma_test\", call_mma_test, 1}, {\"mma_divergent\", call_mma_divergent, 1},\n"
+    "                                     {\"rows_test\", call_rows_test, 1}};\n"
     "int32_t (*const test_launch)(const XtcEmuKernel *, const XtcEmuLaunch *, void **) = xtc_emu_launch;\n"
     "void (*const test_release)(void *) = xtc_emu_release;\n";
 
@@ -160,6 +182,7 @@ static void lib_open(Lib *l)
     IrGraph *g = ir_graph_new("mma_test");
     cu_prelude(f, g, 2, 0); /* the conversions and the mma are in every storage's prelude */
     ir_graph_free(g);
+    fputs(cg_embed_flash_lib_cuh, f);
     fputs(kernels_source, f);
     fclose(f);
     /* as the cuda-emu modules are compiled (codegen/cuda/cg_cuda.c) */
@@ -726,16 +749,17 @@ static void attention_operands(const IrGraph *g, Names *ops)
  * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
  * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
  * 16 u of its max|ref|. */
-static void check_flash(const Lib *l, int mma, BuildFn build)
+static const int64_t flash_sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
+
+static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
 {
     IrGraph *g = new_graph("flash", build);
     Names ops;
     attention_operands(g, &ops);
     XtcModule *m = compile_mma(g, "flash", mma);
     int f16 = mma == CG_MMA_FP16;
-    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
     double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
-    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+    for (size_t z = 0; z < nsizes; z++) {
         RefBinding rb;
         bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
         IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
@@ -758,6 +782,11 @@ static void check_flash(const Lib *l, int mma, BuildFn build)
             cg_mma_name(mma), STORAGE_NAME[storage], worst);
     xtc_module_free(m);
     ir_graph_free(g);
+}
+
+static void check_flash(const Lib *l, int mma, BuildFn build)
+{
+    check_flash_sizes(l, mma, build, flash_sizes, sizeof flash_sizes / sizeof flash_sizes[0]);
 }
 
 /* How many of g's kernels of op the renderer puts on tensor cores with --mma=mma (their comment
@@ -807,6 +836,74 @@ START_TEST(test_flash_attention)
     for (storage = 1; storage <= 2; storage++)
         check_flash(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash);
     storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
+/* The forward of operands as stored (kernels/flash_fwd.cuh): every attention kernel of
+ * build_flash16 is it with 16-bit storage of the mma's format, none with f32 storage; then the
+ * numbers against the interpreter, bf16 and fp16, at the sizes of check_flash and at n = 130
+ * (two query tiles of 128 rows, three stages of 64 keys, four of 32 for heads of 128). */
+START_TEST(test_flash_stored)
+{
+    IrGraph *g = new_graph("flash", build_flash16);
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int st = 0; st <= 2; st++) {
+        CuUnit cu;
+        CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+        int stored = 0, all = 0;
+        for (int i = 0; i < cu.nkernels; i++)
+            if (plan.kernels[i].node->op == IR_ATTENTION) {
+                all++;
+                stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
+            }
+        ck_assert_int_eq(all, 11);
+        ck_assert_int_eq(stored, st ? all : 0);
+        cg_cuda_unit_free(&cu);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
+    for (storage = 1; storage <= 2; storage++)
+        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16, sizes, sizeof sizes / sizeof sizes[0]);
+    storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
+/* flash_lib.cuh's tile copy both ways: by cp.async (16-byte aligned rows) and by loads (the
+ * kernel's fallback for unaligned operands, here rows of 44 values starting one value in), rows
+ * past lim and chunks past `chunks` zero, the padding chunk untouched, any thread order. */
+START_TEST(test_flash_rows)
+{
+    Lib l;
+    lib_open(&l);
+    enum { ROWS = 40, LD = 44 };
+    unsigned short src[ROWS * LD + 8], out[16 * 48];
+    for (int i = 0; i < ROWS * LD + 8; i++)
+        src[i] = (unsigned short)(i * 7 + 3);
+    static const struct {
+        int off, ld, r0, lim, chunks, vec;
+    } cases[] = {{0, 40, 3, 40, 5, 1}, {0, 40, 30, 35, 4, 1}, {1, 44, 3, 40, 5, 0}, {1, 44, 30, 35, 4, 0}, {0, 40, 2, 2, 5, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const unsigned short *p = src + cases[c].off;
+        int64_t ld = cases[c].ld, r0 = cases[c].r0, lim = cases[c].lim;
+        int chunks = cases[c].chunks, vec = cases[c].vec;
+        unsigned short *o = out;
+        void *args[] = {&p, &o, &ld, &r0, &lim, &chunks, &vec};
+        ck_assert_msg(lib_run(&l, 2, 128, (int)(c % 3), args) == 0, "%s", l.e.err);
+        for (int r = 0; r < 16; r++)
+            for (int e = 0; e < 48; e++) {
+                unsigned want = e >= 40 ? 0xabcd : r0 + r < lim && e / 8 < chunks ? p[(r0 + r) * ld + e] : 0;
+                ck_assert_msg(out[r * 48 + e] == want, "case %zu: row %d value %d: 0x%04x, want 0x%04x", c, r, e,
+                              out[r * 48 + e], want);
+            }
+    }
     lib_close(&l);
 }
 END_TEST
@@ -1155,6 +1252,8 @@ static Suite *suite(void)
     suite_add_tcase(s, m16);
     TCase *fl = tcase_create("flash");
     tcase_add_test(fl, test_flash_attention);
+    tcase_add_test(fl, test_flash_stored);
+    tcase_add_test(fl, test_flash_rows);
     tcase_add_test(fl, test_flash_grad);
     suite_add_tcase(s, fl);
     TCase *ls = tcase_create("loss_scale");

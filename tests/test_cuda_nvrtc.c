@@ -600,6 +600,15 @@ START_TEST(test_library_kernels)
 }
 END_TEST
 
+/* occurrences of what in [from, end) (end NULL: to the end) */
+static int count_in(const char *from, const char *end, const char *what)
+{
+    int c = 0;
+    for (const char *p = strstr(from, what); p && (!end || p < end); p = strstr(p + 1, what))
+        c++;
+    return c;
+}
+
 /* The tensor-core attention forward (cg_cuda_attention_mma.c) as the GPU gets it: heads of 64
  * (causal, statistics), 128 (a bias and a mask), 40 by 24 (a window) and 128 by 128 (the widest
  * it takes, through head-split views), and the backward (cg_cuda_attention_mma_grad.c) of heads
@@ -632,33 +641,43 @@ START_TEST(test_flash_instruction_mix)
     ir_output(g, "window40", ir_attention_window(g, q40, q40, v24, NULL, NULL, c, 1, 1, 256));
     IrNode *hx = ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), split);
     ir_output(g, "heads128", ir_permute(g, ir_attention(g, hx, hx, hx, NULL, NULL, c, 1, 0), split));
+    IrDim sx64[] = {b, n, h, ir_dim(64)}; /* GPT's inference attention */
+    IrNode *hx64 = ir_permute(g, ir_input(g, "x64", IR_F32, 4, sx64), split);
+    ir_output(g, "heads64", ir_permute(g, ir_attention(g, hx64, hx64, hx64, NULL, NULL, c, 1, 0), split));
     CgPlan plan;
     char err[4096];
     ck_assert_msg(ir_graph_error(g) == NULL && ir_verify(g, err, sizeof err) == 0, "%s", err);
     ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
     for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
-        CgOptions opt = {.output = "-", .mma = mma};
-        CuUnit u;
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
         for (int si = 0; si < 2; si++) {
             const int storage = si ? (mma == CG_MMA_BF16 ? 1 : 2) : 0; /* f32, or the format's 16-bit storage */
+            CgOptions opt = {.output = "-", .mma = mma, .dtype = si ? storage_name[storage] : NULL};
+            CuUnit u;
+            ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
             char *src = NULL;
             size_t len = 0;
             FILE *f = open_memstream(&src, &len);
             cu_prelude(f, g, u.nkernels, storage);
-            int flash = 0;
+            int flash = 0, stored = 0;
+            const char *stored_fn[8];
             for (int k = 0; k < u.nkernels; k++) {
                 IrOp op = plan.kernels[k].node->op;
                 if (op == IR_ATTENTION || op == IR_ATTENTION_GRAD) {
                     ck_assert_msg(strstr(u.kernel_text[k], op == IR_ATTENTION ? "FlashAttention-2 on tensor cores"
                                                                              : "FlashAttention-2 backward on tensor cores"),
                                   "%s", u.kernel_text[k]);
+                    /* the forward of operands as stored (kernels/flash_fwd.cuh): with 16-bit storage only */
+                    int as_stored = strstr(u.kernel_text[k], "copied as stored (cp.async, ldmatrix)") != NULL;
+                    ck_assert_int_eq(as_stored, si && op == IR_ATTENTION);
+                    if (as_stored)
+                        stored_fn[stored++] = plan.kernels[k].fn;
                     fprintf(f, "\n%s", u.kernel_text[k]);
                     flash++;
                 }
             }
             fclose(f);
-            ck_assert_int_eq(flash, 7); /* 5 forward (masked64 for the gradient), 2 backward */
+            ck_assert_int_eq(stored, si ? 6 : 0);
+            ck_assert_int_eq(flash, 8); /* 6 forward (masked64 for the gradient), 2 backward */
             char *ptx = NULL;
             ck_assert_msg(cg_nvrtc_compile(src, "flash.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
             free(src);
@@ -679,7 +698,21 @@ START_TEST(test_flash_instruction_mix)
                 ck_assert_msg(have >= 8 + 3 && !bad, "entry %d: %d %s, %d of the other type", entries, have, want, bad);
                 entries++;
             }
-            ck_assert_int_eq(entries, 7);
+            ck_assert_int_eq(entries, 8);
+            /* the forward of operands as stored: Q and K by ldmatrix, V by ldmatrix .trans, the
+             * tiles by cp.async (16 bytes), waited for once a stage */
+            for (int e = 0; e < stored; e++) {
+                char entry[128];
+                snprintf(entry, sizeof entry, ".entry %s(", stored_fn[e]);
+                const char *from = strstr(ptx, entry), *end = from ? strstr(from + 1, ".entry ") : NULL;
+                ck_assert_msg(from, "no %s", entry);
+                int ldm = count_in(from, end, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"),
+                    ldt = count_in(from, end, "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"),
+                    cpa = count_in(from, end, "cp.async.cg.shared.global"), wait = count_in(from, end, "cp.async.wait_group");
+                ck_assert_msg(ldm >= 2 && ldt >= 1 && cpa >= 2 && wait >= 1,
+                              "%s: %d ldmatrix, %d ldmatrix.trans, %d cp.async, %d cp.async.wait_group", stored_fn[e], ldm,
+                              ldt, cpa, wait);
+            }
             char ptx_path[512], log[512];
             snprintf(ptx_path, sizeof ptx_path, "%s/flash_%d_%d.ptx", tmpdir, mma, storage);
             FILE *pf = fopen(ptx_path, "w");
@@ -702,7 +735,7 @@ START_TEST(test_flash_instruction_mix)
                                           "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
                     infos++;
                 }
-                ck_assert_int_eq(infos, 7);
+                ck_assert_int_eq(infos, 8);
                 char fig[256] = "";
                 size_t fl = 0;
                 for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
@@ -721,8 +754,8 @@ START_TEST(test_flash_instruction_mix)
                         cg_mma_name(mma), storage_name[storage], arch + 6, fig);
                 free(text);
             }
+            cg_cuda_unit_free(&u);
         }
-        cg_cuda_unit_free(&u);
     }
     cg_plan_free(&plan);
     ir_graph_free(g);
@@ -755,15 +788,6 @@ static void build_mma16(IrGraph *g)
     ir_output(g, "known", ir_matmul(g, ir_input(g, "u", IR_F32, 2, s40), ir_input(g, "v", IR_F32, 2, s40b), 0));
     IrDim s36[] = {ir_dim(100), ir_dim(36)}, s36b[] = {ir_dim(36), ir_dim(72)};
     ir_output(g, "odd", ir_matmul(g, ir_input(g, "u2", IR_F32, 2, s36), ir_input(g, "v2", IR_F32, 2, s36b), 0));
-}
-
-/* occurrences of what in [from, end) (end NULL: to the end) */
-static int count_in(const char *from, const char *end, const char *what)
-{
-    int c = 0;
-    for (const char *p = strstr(from, what); p && (!end || p < end); p = strstr(p + 1, what))
-        c++;
-    return c;
 }
 
 START_TEST(test_matmul_instruction_mix)

@@ -509,8 +509,9 @@ int cg_cuda_attention(CuKernel *k)
     if (cu_att_setup(k, &a, q, kk, v, x->in[3], x->in[4], x->in[5], "in3", "in4", "in5", x->ia[IR_IA_CAUSAL] != 0, x->ia[IR_IA_WINDOW]) < 0)
         return -1;
     int stats = x->ia[IR_IA_STATS] != 0, br, bc;
-    if (cu_attention_mma(k, &a, stats)) /* tensor cores (cg_cuda_attention_mma.c) */
-        return 0;
+    int mma = cu_attention_mma(k, &a, stats); /* tensor cores (cg_cuda_attention_mma.c) */
+    if (mma)
+        return mma < 0 ? -1 : 0;
     if (att_tile(a.D, a.E, &br, &bc)) {
         attention_tiled(k, &a, stats, br, bc);
         return 0;

@@ -45,7 +45,7 @@ void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *d
                  const char *lo, const char *chi, const char *hi);
 
 /* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
- * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then). */
+ * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then), -1 error. */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);
 /* attention_grad on tensor cores (cg_cuda_attention_mma_grad.c), the output gradient's columns
  * gcols: 1 written, 0 not taken (heads over 64, no --mma: the CUDA-core kernels then). */

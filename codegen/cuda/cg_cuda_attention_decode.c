@@ -196,7 +196,8 @@ int cu_attention_decode(CuKernel *k)
     fclose(k->f);
     k->f = f;
     k->inner = 0;
-    const char *body = buf ? strstr(buf, ")\n{\n") : NULL;
+    const char *sig = buf ? strstr(buf, "XTC_KERNEL ") : NULL; /* (after the functions some kernels have) */
+    const char *body = sig ? strstr(sig, ")\n{\n") : NULL;
     if (rc < 0 || !body || k->geom.block % 32 || k->geom.block < 32 || k->geom.grid_y[0]) {
         if (buf && rc == 0)
             fputs(buf, f); /* the other kernel alone */

@@ -3,6 +3,12 @@
  * and both head sizes are at most MMA_HEAD; otherwise the CUDA-core kernels of
  * cg_cuda_attention.c run, which also compute the backward in every case.
  *
+ * Where q, k and v are stored in the mma's format (--dtype bf16 with bf16 tensor cores, fp16
+ * with fp16) and D and E are multiples of 8, the kernel is kernels/flash_fwd.cuh's (flash16
+ * below writes its parameters as macros): tiles copied as stored by cp.async into two stages,
+ * fragments by ldmatrix (.trans for V), exp2, one barrier a stage. Otherwise (f32 storage with
+ * --mma, odd heads) the kernel below, which converts as it stages:
+ *
  * A block is 4 warps (128 threads) over BR = 64 query rows, 16 per warp. A warp keeps its query
  * rows in registers as mma A fragments (qf, 16-bit pairs along the head, rounded once as the
  * tensor-core matmul rounds its operands; with 16-bit storage of the format, the raw bits:
@@ -24,6 +30,7 @@
  * bias, mask and scale, and head-split views are those of the CUDA-core kernel. */
 #include "cg_cuda_attention.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define MMA_HEAD 128 /* the widest head (D and E) on tensor cores: E / 2 accumulators a thread */
@@ -33,10 +40,127 @@
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
 
+/* Writes `#define head` with the text body as its lines (continued; the text has no // comments). */
+static void define_lines(FILE *f, const char *head, const char *body)
+{
+    fprintf(f, "#define %s", head);
+    for (const char *p = body; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        fprintf(f, " \\\n%.*s", (int)n, p);
+        p += n + (nl != NULL);
+    }
+    fputc('\n', f);
+}
+
+/* Whether x is stored in the mma's 16-bit format (its values copy to the tiles as they are). */
+static int stored_raw(const CuKernel *k, const IrNode *x)
+{
+    int fmt = k->gen->mma == CG_MMA_FP16 ? 2 : 1;
+    return k->gen->storage == fmt && strcmp(cu_mem_type(x), "xtc_fs") == 0;
+}
+
+/* The forward whose body is kernels/flash_fwd.cuh (see there): q, k and v stored in the mma's
+ * format, D and E multiples of 8 (16-byte rows). 128 query rows a block (two 16-row tiles a warp)
+ * for heads up to 64, else 64; 64 keys a stage, 32 where two stages of 64 would pass the 48 KiB
+ * of static shared memory (heads over 80) and, with 128 rows, for the forms with a mask operand,
+ * a bias or a scale operand (their element work needs the registers: ptxas spilled at 64).
+ * Returns 1 written, 0 when it does not apply, -1 error. */
+static int flash16(CuKernel *k, const Att *a, int stats)
+{
+    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2];
+    if (!stored_raw(k, q) || !stored_raw(k, kk) || !stored_raw(k, v) || a->D % 8 || a->E % 8)
+        return 0;
+    long long dp = (a->D + 15) / 16 * 16, ep = (a->E + 15) / 16 * 16;
+    /* plain: no mask operand (the causal and window limits are the rows' key ranges), no bias, a
+     * constant scale */
+    const IrNode *mask = x->in[4], *scale = x->in[5];
+    int plain = mask->op == IR_CONST && mask->f != 0 && !a->bias[0] && scale->op == IR_CONST;
+    int mt = a->D <= 64 && a->E <= 64 ? 2 : 1, bc = mt == 2 && !plain ? 32 : 64;
+    for (;; bc /= 2) { /* stage 0, and stage 1 or the query tile: rows padded by 8 values */
+        long long stage = bc * (dp + 8 + ep + 8), qtile = 64LL * mt * (dp + 8);
+        if (2 * (stage + (qtile > stage ? qtile : stage)) <= 48 * 1024 || bc == 16)
+            break;
+    }
+    unsigned views = k->k->views;
+    FILE *f = k->f;
+    k->sync = 1;
+    fputs(cg_embed_flash_lib_cuh, f);
+    cu_kernel_begin(k);
+    fprintf(f, "    /* FlashAttention-2 on tensor cores: operands in %s, copied as stored (cp.async, ldmatrix); scores and sums in f32 */\n",
+            k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16");
+    cu_att_forward_sizes(k, a, a->E + stats);
+    fprintf(f, "#define XTC_FA_MT %d\n#define XTC_FA_BC %d\n#define XTC_FA_DP %lld\n#define XTC_FA_EP %lld\n", mt, bc, dp, ep);
+    fprintf(f, "#define XTC_FA_MMA %s\n#define XTC_FA_PACK %s\n#define XTC_FA_STATS %d\n",
+            k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16",
+            k->gen->mma == CG_MMA_FP16 ? "xtc_fa_pack_f16" : "xtc_fa_pack_bf16", stats);
+    /* the batch indices and the operands' rows, and a row's keys: the shared emitters' text */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *saved = f;
+    if (!(k->f = open_memstream(&buf, &len))) {
+        k->f = saved;
+        return cu_error(k->gen, "out of memory");
+    }
+    cu_att_batch_indices(k, q, "        ");
+    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    fclose(k->f);
+    define_lines(saved, "XTC_FA_TILE", buf);
+    free(buf);
+    buf = NULL;
+    if (!(k->f = open_memstream(&buf, &len))) {
+        k->f = saved;
+        return cu_error(k->gen, "out of memory");
+    }
+    fprintf(k->f, "    {\n");
+    cu_att_key_range(k, a, "        ");
+    fprintf(k->f, "        xtc_lo = jb;\n        xtc_hi = je;\n    }");
+    fclose(k->f);
+    k->f = f = saved;
+    define_lines(f, "XTC_FA_KEYS(i, xtc_lo, xtc_hi)", buf);
+    free(buf);
+    /* plain, within a row's key range only a causal row that sees no key is masked (keep's
+     * limits hold for the others); else the score as the CUDA-core kernels make it */
+    if (plain)
+        fprintf(f, "#define XTC_FA_SCORE(xtc_x, i, j) (%s ? (xtc_x) * (%s) : -3.40282347e+38f)\n",
+                a->causal ? "(i) + J - I >= 0" : "1", a->scale);
+    else
+        fprintf(f, "#define XTC_FA_SCORE(xtc_x, i, j) ((%s) ? (xtc_x) * (%s)%s : -3.40282347e+38f)\n", a->keep, a->scale,
+                a->bias);
+    /* full tiles (plain): every key of the tile below J, at or below the first row's causal
+     * limit, at or above the last row's window limit */
+    if (plain) {
+        fprintf(f, "#define XTC_FA_FULL(rf, rl, j0) ((j0) + %d <= J", bc);
+        if (a->causal)
+            fprintf(f, " && (j0) + %d <= (rf) + J - I", bc - 1);
+        if (a->window > 0)
+            fprintf(f, " && (j0) >= (rl) + J - I - %lld", a->window);
+        fprintf(f, ")\n");
+        char c[64];
+        fprintf(f, "#define XTC_FA_SCALE2 %s\n", cu_float(scale->f * 1.4426950408889634, c, sizeof c));
+    } else {
+        fprintf(f, "#define XTC_FA_FULL(rf, rl, j0) 0\n#define XTC_FA_SCALE2 1.0f\n");
+    }
+    fputs(cg_embed_flash_fwd_cuh, f);
+    cu_kernel_end(k);
+    char tiles[CU_EXPR], rows[3 * CU_EXPR];
+    cu_ceil_div(a->I, 64 * mt, tiles, sizeof tiles);
+    snprintf(rows, sizeof rows, "%s%s%s * %s%s%s", po(a->batches), a->batches, pc(a->batches), po(tiles), tiles,
+             pc(tiles));
+    cu_geom_rows(k, rows, 128);
+    return 1;
+}
+
 int cu_attention_mma(CuKernel *k, const Att *a, int stats)
 {
     if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E < 1 || a->D > MMA_HEAD || a->E > MMA_HEAD)
         return 0;
+    int rc = flash16(k, a, stats); /* operands in the mma's format: kernels/flash_fwd.cuh */
+    if (rc)
+        return rc < 0 ? -1 : 1;
     const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2];
     unsigned views = k->k->views;
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
