@@ -1,7 +1,7 @@
 # tiny_setup.sh BUILD_DIR SOURCE_DIR: sourced (". tiny_setup.sh "$@"") by the script tests that
 # train the tiny byte-level GPT (test_train.sh, test_mpi.sh, test_nccl.sh). Sets build, src and
-# xtc; makes $tmp (removed on exit); ok/bad print a result line and count failures in $fail;
-# writes $tmp/tiny.xtf (one decoder layer of dim 16, 256 byte tokens, 32 positions) and
+# xtc; makes $tmp (removed on exit); ok/bad print a result line and count it (checks.sh's pass and
+# fail); writes $tmp/tiny.xtf (one decoder layer of dim 16, 256 byte tokens, 32 positions) and
 # $tmp/data.txt (the project's own C sources, the first 60 kB: not the README, whose prose and
 # tables change from one change to the next, and with them how far the tiny model gets).
 # tiny_compile OUT ARGS... compiles $tmp/tiny.xtf for training with ARGS (OUT an absolute path);
@@ -13,8 +13,11 @@ src=$2
 xtc=$build/xtc
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
+. "$src/tests/checks.sh" # the pass and fail counters
+ok() {
+  echo "ok   $1"
+  pass=$((pass + 1))
+}
 bad() {
   echo "FAIL $1"
   fail=$((fail + 1))
