@@ -23,6 +23,8 @@
  * token spent in carries, runs and reading the logits. GPU_BENCH_THREADS=T runs the session on T
  * threads (default: one per CPU); decode also reports the process's CPU time per token
  * ("cpu_ms_per_token"), which a shared machine's other load disturbs less than the wall clock. */
+#include "bench_util.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,35 +32,6 @@
 #include <time.h>
 
 #include "xtc.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static uint64_t rng = 88172645463325252ull;
-
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 static int die(XtcSession *s, const char *what)
 {
@@ -122,8 +95,8 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
         return 1;
     }
     for (int64_t i = 0; i < B * N; i++) {
-        tok[i] = (int64_t)(next() % (uint64_t)V);
-        tgt[i] = (int64_t)(next() % (uint64_t)V);
+        tok[i] = (int64_t)(bench_next() % (uint64_t)V);
+        tgt[i] = (int64_t)(bench_next() % (uint64_t)V);
     }
     int rc = 1;
     if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||
@@ -136,20 +109,20 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
     opt.max_grad_norm = 1.0f;
     XtcTensor out;
     for (int it = -warmup; it < iters; it++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (xtc_session_run(s) || (train && xtc_session_get_output(s, "loss", &out)) ||
             (train && xtc_session_step(s, &opt))) {
             die(s, train ? "training step" : "run");
             goto done;
         }
         if (it >= 0)
-            t[it] = now() - t0;
+            t[it] = bench_now() - t0;
     }
     /* the same with every output read after the run */
     int nall = iters < 3 ? iters : 3, nout = xtc_module_count(m, XTC_OUTPUT);
     double *all = calloc((size_t)nall, sizeof *all);
     for (int it = 0; all && it < nall; it++) {
-        double t0 = now();
+        double t0 = bench_now();
         int bad = xtc_session_run(s);
         for (int o = 0; o < nout && !bad; o++) {
             XtcTensorInfo info;
@@ -160,9 +133,9 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
             die(s, "reading every output");
             goto done;
         }
-        all[it] = now() - t0;
+        all[it] = bench_now() - t0;
     }
-    double read_all = all ? median(all, nall) : 0;
+    double read_all = all ? bench_median(all, nall) : 0;
     free(all);
     double ms[3];
     if (profile(m, s, iters < 3 ? iters : 3, ms))
@@ -170,7 +143,7 @@ static int timed(const char *mode, const char *path, const XtcModule *m, XtcSess
     double min = t[0];
     for (int i = 1; i < iters; i++)
         min = t[i] < min ? t[i] : min;
-    double med = median(t, iters);
+    double med = bench_median(t, iters);
     printf("{\"mode\": \"%s\", \"module\": \"%s\", \"device\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
            "\"params\": %lld, \"median_ms\": %.4f, \"min_ms\": %.4f, \"kernels_ms\": %.4f, \"attention_ms\": %.4f, "
            "\"attention_grad_ms\": %.4f, \"read_all_ms\": %.4f, \"iters\": %d, \"tok_per_s\": %.1f}\n",
@@ -188,19 +161,10 @@ done:
 /* A prompt of ctx - tokens, then `tokens` one-token calls carrying the caches. */
 static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t ctx, int64_t tokens)
 {
-    const char *names[256];
-    int nc = 0;
-    for (int i = 0; i < xtc_module_count(m, XTC_INPUT) && nc < 256; i++) {
-        XtcTensorInfo t;
-        xtc_module_tensor(m, XTC_INPUT, i, &t);
-        if (!strncmp(t.name, "cache.", 6) && t.rank == 4) {
-            int64_t cs[4] = {1, 0, t.shape[2], t.shape[3]};
-            float dummy = 0;
-            names[nc++] = t.name;
-            if (xtc_session_set_input(s, t.name, XTC_F32, 4, cs, &dummy))
-                return die(s, t.name);
-        }
-    }
+    const char *names[256], *failed = NULL;
+    int nc = bench_empty_caches(s, m, names, 256, &failed);
+    if (nc < 0)
+        return die(s, failed);
     if (!nc || tokens < 1 || ctx <= tokens) {
         fprintf(stderr, "gpu_bench: %s is not a --kv-cache module, or CONTEXT <= TOKENS\n", path);
         return 1;
@@ -210,9 +174,9 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
     if (!tok)
         return 1;
     for (int64_t i = 0; i < ctx; i++)
-        tok[i] = (int64_t)(next() % (uint64_t)V);
+        tok[i] = (int64_t)(bench_next() % (uint64_t)V);
     int64_t shape[2] = {1, prompt};
-    double t0 = now();
+    double t0 = bench_now();
     if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) || xtc_session_run(s)) {
         free(tok);
         return die(s, "prompt");
@@ -221,31 +185,31 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
     double t_carry = 0, t_run = 0, t_get = 0;
     if (prof)
         xtc_session_set_profiling(s, 1);
-    double t1 = now();
+    double t1 = bench_now();
     clock_t c1 = clock();
     for (int64_t i = 0; i < tokens; i++) {
         shape[1] = 1;
         XtcTensor lg;
-        double a = now();
+        double a = bench_now();
         for (int c = 0; c < nc; c++)
             if (xtc_session_carry(s, names[c], names[c])) {
                 free(tok);
                 return die(s, "carry");
             }
-        double b = now();
+        double b = bench_now();
         if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok + prompt + i) || xtc_session_run(s)) {
             free(tok);
             return die(s, "one-token call");
         }
-        double c = now();
+        double c = bench_now();
         if (xtc_session_get_output(s, "logits", &lg)) {
             free(tok);
             return die(s, "one-token logits");
         }
-        double d = now();
+        double d = bench_now();
         t_carry += b - a, t_run += c - b, t_get += d - c;
     }
-    double t2 = now();
+    double t2 = bench_now();
     double cpu = (double)(clock() - c1) / CLOCKS_PER_SEC;
     if (prof) {
         fprintf(stderr, "decode: per token carry %.3f ms, set+run %.3f ms, logits %.3f ms\n",

@@ -24,6 +24,8 @@
  * tensor is finite and that its largest |value| is max|ref| within the same bound, and prints
  * one line: the worst error as a fraction of its tensor's max|ref|, which tensor, the tolerance.
  * Exit status: 0 pass, 1 a tensor out of tolerance, 2 a usage, file or runtime error. */
+#include "bench_util.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,16 +36,6 @@
 
 #define REF_SAMPLES 16384
 #define ATOL 1e-7
-
-static uint64_t rng;
-
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 typedef struct {
     char name[128];
@@ -249,19 +241,10 @@ static int run_train(Sink *k, const XtcModule *m, XtcSession *s)
 
 static int run_decode(Sink *k, const XtcModule *m, XtcSession *s, int64_t prompt, int64_t steps, int64_t V)
 {
-    const char *names[256];
-    int nc = 0;
-    for (int i = 0; i < xtc_module_count(m, XTC_INPUT) && nc < 256; i++) {
-        XtcTensorInfo t;
-        xtc_module_tensor(m, XTC_INPUT, i, &t);
-        if (!strncmp(t.name, "cache.", 6) && t.rank == 4) {
-            int64_t cs[4] = {1, 0, t.shape[2], t.shape[3]};
-            float dummy = 0;
-            names[nc++] = t.name;
-            if (xtc_session_set_input(s, t.name, XTC_F32, 4, cs, &dummy))
-                return fail(s, t.name);
-        }
-    }
+    const char *names[256], *failed = NULL;
+    int nc = bench_empty_caches(s, m, names, 256, &failed);
+    if (nc < 0)
+        return fail(s, failed);
     if (!nc) {
         fprintf(stderr, "gpu_check: decode needs a --kv-cache module\n");
         return 2;
@@ -270,7 +253,7 @@ static int run_decode(Sink *k, const XtcModule *m, XtcSession *s, int64_t prompt
     if (!tok)
         return 2;
     for (int64_t i = 0; i < prompt + steps; i++)
-        tok[i] = (int64_t)(next() % (uint64_t)V);
+        tok[i] = (int64_t)(bench_next() % (uint64_t)V);
     int64_t shape[2] = {1, prompt};
     int rc = 0;
     if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) || xtc_session_run(s))
@@ -308,7 +291,7 @@ int main(int argc, char **argv)
         return 2;
     }
     uint64_t seed = strtoull(argv[6], NULL, 10);
-    rng = 88172645463325252ull ^ (seed * 0x9E3779B97F4A7C15ull);
+    bench_rng = BENCH_RNG_START ^ (seed * 0x9E3779B97F4A7C15ull);
     Sink k = {.writing = writing, .worst_name = "-"};
     if (checking) {
         k.rtol = atof(argv[7]);
@@ -349,8 +332,8 @@ int main(int argc, char **argv)
             rc = 2;
         }
         for (int64_t i = 0; !rc && i < B * N; i++) {
-            tok[i] = (int64_t)(next() % (uint64_t)V);
-            tgt[i] = (int64_t)(next() % (uint64_t)V);
+            tok[i] = (int64_t)(bench_next() % (uint64_t)V);
+            tgt[i] = (int64_t)(bench_next() % (uint64_t)V);
         }
         int train = !strcmp(mode, "train");
         if (!rc && (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||

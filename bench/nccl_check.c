@@ -7,6 +7,8 @@
  *   nccl_check MODULE.so [STEPS [BATCH SEQ]]      (20 steps of 4 x 32 tokens)
  *
  * NCCL is libnccl.so.2 or the file $XTC_NCCL names. Exit 0 on PASS, 1 on FAIL. */
+#include "bench_util.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,22 +17,6 @@
 #include <time.h>
 
 #include "xtc.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
 
 static int fail(XtcSession *s, const char *what)
 {
@@ -41,29 +27,16 @@ static int fail(XtcSession *s, const char *what)
 /* |a - b| relative to |b|, 0 when both are the same bits */
 static double rel(double a, double b) { return a == b ? 0 : fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1e-30); }
 
-int main(int argc, char **argv)
+/* Trains s[0] alone, s[1] with NCCL and s[2] alone again and compares them (prints PASS or
+ * FAIL); returns the exit status. Frees what it allocates on every path (LeakSanitizer runs it in
+ * test_nccl.sh). */
+static int check(const XtcModule *m, XtcSession *s[3], int steps, int64_t B, int64_t N)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: nccl_check MODULE.so [STEPS [BATCH SEQ]]\n");
-        return 2;
-    }
-    int steps = argc > 2 ? atoi(argv[2]) : 20;
-    int64_t B = argc > 4 ? atoll(argv[3]) : 4, N = argc > 4 ? atoll(argv[4]) : 32;
-    XtcModule *m = NULL;
-    if (xtc_module_load(argv[1], &m)) {
-        printf("FAIL: %s: %s\n", argv[1], m ? xtc_module_error(m) : "out of memory");
-        return 1;
-    }
     XtcTensorInfo emb;
     int64_t V = 256;
     for (int i = 0; i < xtc_module_count(m, XTC_PARAM); i++)
         if (!xtc_module_tensor(m, XTC_PARAM, i, &emb) && strstr(emb.name, "token_emb") && emb.rank == 2)
             V = emb.shape[0];
-    XtcSessionOptions so = {.threads = 1};
-    XtcSession *s[3] = {NULL, NULL, NULL}; /* alone, with NCCL, alone again (the GPU's run-to-run spread) */
-    for (int k = 0; k < 3; k++)
-        if (xtc_session_new(m, &so, &s[k]) || xtc_session_init_weights(s[k], 1))
-            return fail(s[k], "session");
     char why[1024];
     if (!xtc_session_nccl_usable(s[1], why, sizeof why)) {
         printf("FAIL: NCCL cannot be used: %s\n", why);
@@ -74,8 +47,11 @@ int main(int argc, char **argv)
         return fail(s[1], "xtc_session_set_nccl");
     int64_t shape[2] = {B, N};
     int64_t *tok = malloc((size_t)(B * N) * sizeof *tok), *tgt = malloc((size_t)(B * N) * sizeof *tgt);
-    if (!tok || !tgt)
-        return fail(NULL, "inputs");
+    int rc = 1;
+    if (!tok || !tgt) {
+        fail(NULL, "inputs");
+        goto done;
+    }
     XtcAdamW opt = xtc_adamw_defaults();
     opt.lr = 3e-3f;
     opt.max_grad_norm = 1.0f;
@@ -83,18 +59,20 @@ int main(int argc, char **argv)
     int same = 0;
     for (int it = 1; it <= steps; it++) {
         for (int64_t i = 0; i < B * N; i++) {
-            tok[i] = (int64_t)(next() % (uint64_t)V);
-            tgt[i] = (int64_t)(next() % (uint64_t)V);
+            tok[i] = (int64_t)(bench_next() % (uint64_t)V);
+            tgt[i] = (int64_t)(bench_next() % (uint64_t)V);
         }
         float loss[3];
         for (int k = 0; k < 3; k++) {
             XtcTensor t;
-            double t0 = now();
+            double t0 = bench_now();
             if (xtc_session_set_input(s[k], "tokens", XTC_I64, 2, shape, tok) ||
                 xtc_session_set_input(s[k], "targets", XTC_I64, 2, shape, tgt) || xtc_session_run(s[k]) ||
-                xtc_session_step(s[k], &opt) || xtc_session_get_output(s[k], "loss", &t))
-                return fail(s[k], k ? "training step with NCCL" : "training step alone");
-            secs[k] += now() - t0;
+                xtc_session_step(s[k], &opt) || xtc_session_get_output(s[k], "loss", &t)) {
+                fail(s[k], k ? "training step with NCCL" : "training step alone");
+                goto done;
+            }
+            secs[k] += bench_now() - t0;
             loss[k] = *(const float *)t.data;
         }
         double d = rel(loss[1], loss[0]);
@@ -113,8 +91,10 @@ int main(int argc, char **argv)
         XtcTensor t[3];
         xtc_module_tensor(m, XTC_PARAM, i, &info);
         for (int k = 0; k < 3; k++)
-            if (xtc_session_get_weight(s[k], info.name, &t[k]))
-                return fail(s[k], "reading the weights");
+            if (xtc_session_get_weight(s[k], info.name, &t[k])) {
+                fail(s[k], "reading the weights");
+                goto done;
+            }
         int64_t n = 1;
         for (int d = 0; d < t[0].rank; d++)
             n *= t[0].shape[d];
@@ -139,10 +119,37 @@ int main(int argc, char **argv)
            1e3 * secs[1] / steps, 1e3 * (during + after) / steps);
     int ok = worst <= 1e-5 && wworst <= wlimit;
     printf("%s: a one-rank NCCL communicator trains as the session alone\n", ok ? "PASS" : "FAIL");
+    rc = !ok;
+done:
+    free(tok);
+    free(tgt);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: nccl_check MODULE.so [STEPS [BATCH SEQ]]\n");
+        return 2;
+    }
+    int steps = argc > 2 ? atoi(argv[2]) : 20;
+    int64_t B = argc > 4 ? atoll(argv[3]) : 4, N = argc > 4 ? atoll(argv[4]) : 32;
+    XtcModule *m = NULL;
+    if (xtc_module_load(argv[1], &m)) {
+        printf("FAIL: %s: %s\n", argv[1], m ? xtc_module_error(m) : "out of memory");
+        xtc_module_free(m);
+        return 1;
+    }
+    XtcSessionOptions so = {.threads = 1};
+    XtcSession *s[3] = {NULL, NULL, NULL}; /* alone, with NCCL, alone again (the GPU's run-to-run spread) */
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++)
+        if (xtc_session_new(m, &so, &s[k]) || xtc_session_init_weights(s[k], 1))
+            rc = fail(s[k], "session");
+    if (!rc)
+        rc = check(m, s, steps, B, N);
     for (int k = 0; k < 3; k++)
         xtc_session_free(s[k]);
     xtc_module_free(m);
-    free(tok);
-    free(tgt);
-    return !ok;
+    return rc;
 }

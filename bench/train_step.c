@@ -8,6 +8,8 @@
  * tokens/s. Like ../shared/bench/torch_gpt.py, each iteration records the CPU time other
  * processes took meanwhile ("foreign", a fraction of all cores); the median is over the clean
  * iterations (foreign < 10%) when there are at least 3, else over all. */
+#include "bench_util.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,13 +18,6 @@
 #include <unistd.h>
 
 #include "xtc.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* busy ticks of the whole machine; ticks of this process (all threads) */
 static void ticks(long long *busy, long long *self)
@@ -51,28 +46,6 @@ static void ticks(long long *busy, long long *self)
         if (p && sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut, &st) == 2)
             *self = ut + st;
     }
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return v[n / 2];
-}
-
-static uint64_t rng = 88172645463325252ull;
-
-static uint64_t next(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
 }
 
 static int die(XtcSession *s, const char *what)
@@ -111,7 +84,7 @@ int main(int argc, char **argv)
                 n *= t.shape[d];
             float *w = malloc((size_t)n * sizeof *w);
             for (int64_t k = 0; k < n; k++)
-                w[k] = (float)((double)(next() >> 11) * 0x1.0p-53 - 0.5) * 0.04f;
+                w[k] = (float)((double)(bench_next() >> 11) * 0x1.0p-53 - 0.5) * 0.04f;
             if (xtc_session_set_weight(s, t.name, t.rank, t.shape, w))
                 return die(s, t.name);
             free(w);
@@ -121,8 +94,8 @@ int main(int argc, char **argv)
     int64_t V = lg.shape[lg.rank - 1], shape[2] = {B, N};
     int64_t *tok = malloc((size_t)(B * N) * sizeof *tok), *tgt = malloc((size_t)(B * N) * sizeof *tgt);
     for (int64_t i = 0; i < B * N; i++) {
-        tok[i] = (int64_t)(next() % (uint64_t)V);
-        tgt[i] = (int64_t)(next() % (uint64_t)V);
+        tok[i] = (int64_t)(bench_next() % (uint64_t)V);
+        tgt[i] = (int64_t)(bench_next() % (uint64_t)V);
     }
     if (xtc_session_set_input(s, "tokens", XTC_I64, 2, shape, tok) ||
         xtc_session_set_input(s, "targets", XTC_I64, 2, shape, tgt))
@@ -137,13 +110,13 @@ int main(int argc, char **argv)
     for (int it = -warmup; it < iters; it++) {
         long long b0, s0, b1, s1;
         ticks(&b0, &s0);
-        double t0 = now();
+        double t0 = bench_now();
         if (xtc_session_run(s))
             return die(s, "run");
-        double t1 = now();
+        double t1 = bench_now();
         if (xtc_session_step(s, &opt))
             return die(s, "step");
-        double t2 = now();
+        double t2 = bench_now();
         ticks(&b1, &s1);
         if (it < 0)
             continue;
@@ -165,10 +138,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < iters; i++)
         min = all[i] < min ? all[i] : min;
     int use_clean = nclean >= 3;
-    double med = use_clean ? median(clean, nclean) : median(all, iters);
-    double med_fb = use_clean ? median(cfb, nclean) : median(fb, iters);
-    double med_st = use_clean ? median(cst, nclean) : median(st, iters);
-    double med_all = median(all, iters);
+    double med = use_clean ? bench_median(clean, nclean) : bench_median(all, iters);
+    double med_fb = use_clean ? bench_median(cfb, nclean) : bench_median(fb, iters);
+    double med_st = use_clean ? bench_median(cst, nclean) : bench_median(st, iters);
+    double med_all = bench_median(all, iters);
     printf("{\"module\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"threads\": %d, \"params\": %lld, "
            "\"median_s\": %.6f, \"min_s\": %.6f, \"median_all_s\": %.6f, \"fwdbwd_median_s\": %.6f, "
            "\"adamw_median_s\": %.6f, \"iters\": %d, \"clean_iters\": %d, \"foreign_cpu_max\": %.3f, "

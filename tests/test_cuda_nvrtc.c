@@ -10,9 +10,10 @@
  * lowered for inference, for inference with the padding masks, for incremental decoding (KV
  * cache) where the model allows it, and for training with the backward graph (ir_autodiff),
  * each through the pass pipeline as `xtc compile --target cuda` runs it. Their kernels are
- * rendered, deduplicated by text (the twelve layers of a model, and the models among themselves,
- * share most kernels) and compiled in NVRTC programs for sm_80, whose PTX ptxas assembles: all of
- * the models', and of the parity graphs' those of a form (see thin_to_forms) the models' lack.
+ * rendered once, deduplicated by text (the twelve layers of a model, and the models among
+ * themselves, share most kernels) and compiled in NVRTC programs for sm_80, whose PTX ptxas
+ * assembles: of the models' one of each form and allocation sizes, and of the parity graphs'
+ * those of a form (see thin_to_forms) the models' lack.
  *
  * The kernels' text does not depend on the storage of floating-point tensors (--dtype): the
  * prelude does. So the kernels of every model of models/ are compiled again with the bf16 and
@@ -373,15 +374,41 @@ static int add_mma_kernels(KernelSet *ks, int mma)
     return ks->n - n0;
 }
 
-/* The kernel's text with every run of digits read as one digit: kernels that differ only in
- * sizes, strides, constants and value numbers have the same form. */
-static int same_form(const char *a, const char *b)
+/* A line whose numbers size what ptxas allocates (and may refuse): shared memory, the launch
+ * bounds, a global array, a local array (registers or local memory). */
+static int sizes_line(const char *line)
 {
+    static const char *const marks[] = {"__shared__", "XTC_BOUNDS(", "XTC_GLOBAL "};
+    static const char *const types[] = {"float ", "double ", "int ", "unsigned ", "i64 ", "short "};
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    for (size_t m = 0; m < sizeof marks / sizeof *marks; m++) {
+        const char *p = strstr(line, marks[m]);
+        if (p && p < line + len)
+            return 1;
+    }
+    const char *t = line + strspn(line, " ");
+    const char *bracket = memchr(t, '[', len - (size_t)(t - line));
+    for (size_t k = 0; bracket && k < sizeof types / sizeof *types; k++)
+        if (!strncmp(t, types[k], strlen(types[k])))
+            return 1;
+    return 0;
+}
+
+/* The kernel's text with every run of digits read as one digit: kernels that differ only in
+ * sizes, strides, constants and value numbers have the same form. With keep_sizes, the numbers
+ * of the lines that size an allocation (sizes_line) are read as they are: kernels of the same
+ * form whose shared memory, launch bounds or arrays differ are different. */
+static int same_form(const char *a, const char *b, int keep_sizes)
+{
+    int literal = keep_sizes && sizes_line(a);
+    if (keep_sizes && literal != sizes_line(b))
+        return 0;
     for (;;) {
         int da = *a >= '0' && *a <= '9', db = *b >= '0' && *b <= '9';
         if (da != db)
             return 0;
-        if (da) {
+        if (da && !literal) {
             while (*a >= '0' && *a <= '9')
                 a++;
             while (*b >= '0' && *b <= '9')
@@ -393,19 +420,27 @@ static int same_form(const char *a, const char *b)
         if (!*a)
             return 1;
         a++, b++;
+        if (keep_sizes && a[-1] == '\n') { /* both at the start of a line */
+            literal = sizes_line(a);
+            if (literal != sizes_line(b))
+                return 0;
+        }
     }
 }
 
 /* The kernels of ks into *out (sharing ks's text), keeping the order: all of those in an index
- * range [from[r], from[r + 1]) with thin[r] zero, and of the others only those whose form is new
- * (not among the kernels kept before them); kept[r] counts the kernels of range r that stay.
+ * range [from[r], from[r + 1]) with thin[r] zero, none of those with thin[r] negative, and of the
+ * others only those whose form is new (not among the kernels kept before them; thin[r] 2: the
+ * form with its allocations' sizes); kept[r] counts the kernels of range r that stay.
  * With 16-bit storage only the prelude changes, and what the prelude offers a kernel (16-bit
  * loads and stores, conversions, the tensor-core fragments) depends on its form, not on its
  * numbers: the 16-bit sets compile one kernel of each form (567 of the 859 kernels of models/ and
  * GPT's tensor-core matmuls; the test's thread time 870 -> 460 s, with one ptxas architecture).
- * The f32 set compiles every distinct kernel of models/ and, of the parity graphs' kernels (tiny
- * models of one feature each, whose kernels are the models' at other sizes, 962 more distinct
- * ones), those of a form models/ does not have. */
+ * The f32 set compiles one kernel of models/ of each form and allocation sizes (what ptxas can
+ * refuse by its numbers, static shared memory over 48 KiB, or size differently: local arrays,
+ * launch bounds), GPT's tensor-core matmuls, and, of the parity graphs' kernels (tiny models of
+ * one feature each, whose kernels are the models' at other sizes, 962 more distinct ones), those
+ * of a form models/ does not have. */
 static void thin_to_forms(const KernelSet *ks, KernelSet *out, const int *from, const int *thin, int nranges,
                           int *kept)
 {
@@ -420,9 +455,11 @@ static void thin_to_forms(const KernelSet *ks, KernelSet *out, const int *from, 
         int r = 0;
         while (r < nranges - 1 && i >= from[r + 1])
             r++;
+        if (thin[r] < 0)
+            continue;
         int seen = 0;
         for (int j = 0; j < out->n && !seen && thin[r]; j++)
-            seen = same_form(out->text[j], ks->text[i]);
+            seen = same_form(out->text[j], ks->text[i], thin[r] == 2);
         if (seen)
             continue;
         out->text[out->n] = ks->text[i];
@@ -430,6 +467,32 @@ static void thin_to_forms(const KernelSet *ks, KernelSet *out, const int *from, 
         kept[r]++;
     }
 }
+
+/* The kernels of every graph, rendered once for the three storages (an unchecked fixture: it runs
+ * in the parent process, before Check forks the tests), in four ranges (ALL_*): every distinct
+ * kernel of models/, those the parity graphs add, and GPT's tensor-core matmuls rendered with
+ * --mma=bf16 and with --mma=fp16 (only those on tensor cores: the others are the f32 ones). */
+enum { ALL_MODELS, ALL_PARITY, ALL_MMA_BF16, ALL_MMA_FP16, ALL_RANGES };
+static KernelSet all_kernels;
+static int all_from[ALL_RANGES + 1];
+static double all_render_s;
+
+static void render_all(void)
+{
+    double t0 = now_s();
+    KernelSet *ks = &all_kernels;
+    add_dir(ks, XTC_SOURCE_DIR "/models", 1);
+    all_from[ALL_PARITY] = ks->n;
+    add_dir(ks, XTC_SOURCE_DIR "/tests/parity", 0);
+    all_from[ALL_MMA_BF16] = ks->n;
+    ck_assert_int_gt(add_mma_kernels(ks, CG_MMA_BF16), 4);
+    all_from[ALL_MMA_FP16] = ks->n;
+    ck_assert_int_gt(add_mma_kernels(ks, CG_MMA_FP16), 4);
+    all_from[ALL_RANGES] = ks->n;
+    all_render_s = now_s() - t0;
+}
+
+static void free_all(void) { free_set(&all_kernels); }
 
 /* Every kernel with the f32 (_i 0), bf16 (1) or fp16 (2) prelude. In the same NVRTC programs,
  * GPT's tensor-core matmuls (--mma): both formats with f32 storage, and the format of the
@@ -441,31 +504,21 @@ START_TEST(test_every_kernel_compiles)
     if (!toolkit_present())
         return;
     make_tmpdir();
-    double t0 = now_s();
-    KernelSet ks = {0};
-    add_dir(&ks, XTC_SOURCE_DIR "/models", 1);
-    int models = ks.n;
-    if (storage == 0) /* 16-bit storage: the models' kernels only (the parity graphs' add little but time) */
-        add_dir(&ks, XTC_SOURCE_DIR "/tests/parity", 0);
-    ck_assert_int_gt(ks.graphs, 0);
-    int plain = ks.n, mma_kernels[CG_MMA_FP16 + 1] = {0};
-    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++)
-        if (storage == 0 || storage == (mma == CG_MMA_BF16 ? 1 : 2)) {
-            mma_kernels[mma] = add_mma_kernels(&ks, mma);
-            ck_assert_int_gt(mma_kernels[mma], 4);
-        }
+    const KernelSet *ks = &all_kernels;
+    ck_assert_int_gt(ks->graphs, 0);
     /* the models' inference attention reads q, k, v and writes its result through the views */
-    ck_assert_msg(ks.viewed > 0, "no kernel through head-split views among the %d", ks.n);
-    int total = ks.n;
-    /* f32: every kernel of models/ and GPT's tensor-core matmuls, the parity graphs' of a new form;
-     * 16-bit: one kernel of each form, of the models' plain ones, then of each --mma's */
+    ck_assert_msg(ks->viewed > 0, "no kernel through head-split views among the %d", ks->n);
+    /* f32: one kernel of models/ of each form and allocation sizes, GPT's tensor-core matmuls, the
+     * parity graphs' of a new form; 16-bit: one kernel of each form, of the models' plain ones,
+     * then of the --mma of its format (the parity graphs' add little but time) */
     KernelSet thin;
-    int from[5] = {0, models, plain, plain + mma_kernels[CG_MMA_BF16], ks.n}, kept[4];
-    int thin_f32[4] = {0, 1, 0, 0}, thin_16[4] = {1, 1, 1, 1};
-    thin_to_forms(&ks, &thin, from, storage ? thin_16 : thin_f32, 4, kept);
-    mma_kernels[CG_MMA_BF16] = kept[2];
-    mma_kernels[CG_MMA_FP16] = kept[3];
-    ck_assert_int_gt(kept[2] + kept[3], 4);
+    int kept[ALL_RANGES];
+    static const int thin_of[3][ALL_RANGES] = {{2, 1, 0, 0}, {1, -1, 1, -1}, {1, -1, -1, 1}};
+    thin_to_forms(ks, &thin, all_from, thin_of[storage], ALL_RANGES, kept);
+    int mma_kernels[CG_MMA_FP16 + 1] = {0};
+    mma_kernels[CG_MMA_BF16] = kept[ALL_MMA_BF16];
+    mma_kernels[CG_MMA_FP16] = kept[ALL_MMA_FP16];
+    ck_assert_int_gt(kept[ALL_MMA_BF16] + kept[ALL_MMA_FP16], 4);
     double t1 = now_s();
     Chunk sum;
     compile_set(&thin, storage, &sum);
@@ -477,17 +530,16 @@ START_TEST(test_every_kernel_compiles)
     double t2 = now_s();
     fprintf(stderr,
             "test_cuda_nvrtc: %s storage: %d graphs (%d models refused by the language), %d kernels, %d distinct (%d "
-            "through head-split views), and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with --mma=fp16; "
-            "%d bf16 and %d f16 mma.sync in the PTX): %d of %d (%s) compiled by NVRTC (%.0f KiB of CUDA C, %.0f KiB of PTX) "
-            "and assembled by ptxas for %s in %.1f s on %d threads (NVRTC %.1f s, ptxas %.1f s of thread time; "
-            "rendering %.1f s)\n",
-            storage_name[storage], ks.graphs, ks.refused, ks.kernels, plain, ks.viewed, mma_kernels[CG_MMA_BF16],
-            mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16, thin.n, total,
-            storage ? "one of each form" : "the parity graphs' of a new form", sum.src_bytes / 1024.0,
-            sum.ptx_bytes / 1024.0, ptxas_arch[storage], t2 - t1, sum.index, sum.nvrtc_s, sum.ptxas_s, t1 - t0);
+            "through head-split views; %d of models/), and GPT's matmuls on tensor cores (%d with --mma=bf16, %d with "
+            "--mma=fp16; %d bf16 and %d f16 mma.sync in the PTX): %d of %d (%s) compiled by NVRTC (%.0f KiB of CUDA C, "
+            "%.0f KiB of PTX) and assembled by ptxas for %s in %.1f s on %d threads (NVRTC %.1f s, ptxas %.1f s of "
+            "thread time; rendering, once for the three storages, %.1f s)\n",
+            storage_name[storage], ks->graphs, ks->refused, ks->kernels, all_from[ALL_MMA_BF16], ks->viewed,
+            all_from[ALL_PARITY], mma_kernels[CG_MMA_BF16], mma_kernels[CG_MMA_FP16], sum.mma_bf16, sum.mma_f16,
+            thin.n, ks->n, storage ? "one of each form" : "of each form and allocation sizes", sum.src_bytes / 1024.0,
+            sum.ptx_bytes / 1024.0, ptxas_arch[storage], t2 - t1, sum.index, sum.nvrtc_s, sum.ptxas_s, all_render_s);
     free(thin.text);
     free(thin.op);
-    free_set(&ks);
 }
 END_TEST
 
@@ -913,6 +965,7 @@ static Suite *suite(void)
     Suite *s = suite_create("cuda_nvrtc");
     TCase *tc = tcase_create("nvrtc");
     tcase_set_timeout(tc, 1200);
+    tcase_add_unchecked_fixture(tc, render_all, free_all);
     tcase_add_test(tc, test_nvrtc_errors);
     tcase_add_loop_test(tc, test_every_kernel_compiles, 0, 3); /* f32, bf16, fp16 storage */
     tcase_add_test(tc, test_compile_modules);

@@ -22,32 +22,14 @@
 #       a batch smaller than the ranks is refused on every rank without a hang.
 # Skipped (exit 77, ctest's SKIP) only when xtc was built without MPI or mpirun is absent.
 set -u
-build=$1
-src=$2
-xtc=$build/xtc
-if ! grep -q '^XTC_WITH_MPI:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null || ! command -v mpirun > /dev/null; then
+if ! grep -q '^XTC_WITH_MPI:BOOL=ON' "$1/CMakeCache.txt" 2>/dev/null || ! command -v mpirun > /dev/null; then
   echo "SKIP: xtc built without MPI or no mpirun (apt-get install libopenmpi-dev openmpi-bin; .ci/setup.sh)"
   exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() {
-  echo "FAIL $1"
-  fail=$((fail + 1))
-}
+# the tiny GPT, the text (the project's own C sources) and ok/bad
+. "$(dirname "$0")/tiny_setup.sh" "$@"
 mpi=(timeout 120 mpirun --oversubscribe --allow-run-as-root -np 2)
-
-cat > "$tmp/tiny.xtf" <<'EOF'
-tiny = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
-    attn_layers = Decoder(dim = 16, depth = 1, heads = 2))
-EOF
-cat "$src"/cli/*.c "$src"/runtime/*.c | head -c 60000 > "$tmp/data.txt"
-if ! "$xtc" compile "$tmp/tiny.xtf" --train -O1 -o "$tmp/tiny.so" 2> "$tmp/err"; then
-  bad "xtc compile --train: $(cat "$tmp/err")"
-  exit 1
-fi
+tiny_compile "$tmp/tiny.so" -O1
 # 3 validation windows: rank 0 evaluates 1, rank 1 two (the training session, its sums paused)
 common=(--data "$tmp/data.txt" --steps 50 --batch 8 --seq 32 --threads 1 --val-every 25 --val-tokens 96
   --seed 3 --quiet --lr 3e-3)

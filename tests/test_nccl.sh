@@ -7,26 +7,10 @@
 # (its count), the device's AdamW step in both. XTC_NCCL naming a missing file, and a CPU module,
 # are refused with the reason. The runs under mpirun (bootstrap, fallback message) are in test_mpi.sh.
 set -u
-build=$1
-src=$2
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() {
-  echo "FAIL $1"
-  fail=$((fail + 1))
-}
-cat > "$tmp/tiny.xtf" <<'EOF2'
-tiny = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
-    attn_layers = Decoder(dim = 16, depth = 1, heads = 2))
-EOF2
-if ! "$xtc" compile "$tmp/tiny.xtf" --train --target cuda-emu -O1 -o "$tmp/emu.so" 2> "$tmp/err" ||
-  ! "$xtc" compile "$tmp/tiny.xtf" --train -O1 -o "$tmp/cpu.so" 2> "$tmp/err"; then
-  bad "xtc compile --train: $(cat "$tmp/err")"
-  exit 1
-fi
+# the tiny GPT and ok/bad
+. "$(dirname "$0")/tiny_setup.sh" "$@"
+tiny_compile "$tmp/emu.so" --target cuda-emu -O1
+tiny_compile "$tmp/cpu.so" -O1
 
 XTC_NCCL=$build/libfake_nccl.so "$build/nccl_check" "$tmp/emu.so" 4 2 16 > "$tmp/a.out" 2> "$tmp/a.err"
 rc=$?

@@ -13,30 +13,9 @@
 #   - `xtc demo` (the README's main job) runs in miniature;
 #   - models and data that cannot work are refused with a clear message.
 set -u
-build=$1
-src=$2
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() {
-  echo "FAIL $1"
-  fail=$((fail + 1))
-}
-
-cat > "$tmp/tiny.xtf" <<'EOF'
-tiny = TransformerWrapper(num_tokens = 256, max_seq_len = 32,
-    attn_layers = Decoder(dim = 16, depth = 1, heads = 2))
-EOF
-# the text: the project's own C sources, the first 60 kB (not the README: its prose and tables
-# change from one change to the next, and with them how far this tiny model gets in 2000 steps)
-cat "$src"/cli/*.c "$src"/runtime/*.c | head -c 60000 > "$tmp/data.txt"
-
-if ! "$xtc" compile "$tmp/tiny.xtf" --train -O1 -o "$tmp/tiny_train.so" 2> "$tmp/err"; then
-  bad "xtc compile --train: $(cat "$tmp/err")"
-  exit 1
-fi
+# the tiny GPT, the text (the project's own C sources) and ok/bad
+. "$(dirname "$0")/tiny_setup.sh" "$@"
+tiny_compile "$tmp/tiny_train.so" -O1
 common=(--data "$tmp/data.txt" --steps 2000 --batch 4 --seq 32 --threads 2 --val-every 500 --val-tokens 2048
   --seed 7 --quiet --lr 3e-3)
 "$xtc" train "$tmp/tiny_train.so" "${common[@]}" --ckpt "$tmp/a.safetensors" > "$tmp/a.out" 2> "$tmp/a.err" ||

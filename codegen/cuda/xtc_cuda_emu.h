@@ -97,6 +97,12 @@ typedef struct {
 #endif
 } XtcEmuThread;
 
+/* Lanes of a warp waiting in the same warp operation (the same mask and kind). */
+typedef struct {
+    unsigned mask, lanes; /* the operation's mask; the lanes of it that have arrived */
+    int op;
+} XtcEmuGroup;
+
 typedef struct {
     uint3 idx;         /* blockIdx */
     dim3 dim, grid;    /* blockDim, gridDim */
@@ -107,6 +113,9 @@ typedef struct {
     int direct;        /* barrier-free kernel: threads run as plain calls */
     uint64_t (*slots)[2][32]; /* per warp: values exchanged by warp operations, double-buffered */
     unsigned *exists, *done;  /* per warp: lanes that exist in the block, lanes that exited */
+    unsigned *waiting;        /* per warp: lanes in a warp operation (state XTC_EMU_AT_WARP) */
+    XtcEmuGroup (*groups)[32]; /* per warp: the warp operations lanes wait in, one per mask and kind */
+    int *ngroups;
     uint64_t scratch[32];
 #ifdef XTC_EMU_ASM
     void *sched_sp;
@@ -460,7 +469,9 @@ typedef struct {
     char *stacks;
     int *order;
     uint64_t (*slots)[2][32];
-    unsigned *exists, *done;
+    unsigned *exists, *done, *waiting;
+    XtcEmuGroup (*groups)[32];
+    int *ngroups;
 } XtcEmuCache;
 
 static void xtc_emu_release(void *cache)
@@ -474,6 +485,9 @@ static void xtc_emu_release(void *cache)
     free(c->slots);
     free(c->exists);
     free(c->done);
+    free(c->waiting);
+    free(c->groups);
+    free(c->ngroups);
     free(c);
 }
 
@@ -486,12 +500,19 @@ static int xtc_emu_reserve(XtcEmuCache *c, int n, int stacks)
         free(c->slots);
         free(c->exists);
         free(c->done);
+        free(c->waiting);
+        free(c->groups);
+        free(c->ngroups);
         c->threads = calloc((size_t)n, sizeof *c->threads);
         c->order = calloc((size_t)n, sizeof *c->order);
         c->slots = calloc((size_t)nw, sizeof *c->slots);
         c->exists = calloc((size_t)nw, sizeof *c->exists);
         c->done = calloc((size_t)nw, sizeof *c->done);
-        c->cap = c->threads && c->order && c->slots && c->exists && c->done ? n : 0;
+        c->waiting = calloc((size_t)nw, sizeof *c->waiting);
+        c->groups = calloc((size_t)nw, sizeof *c->groups);
+        c->ngroups = calloc((size_t)nw, sizeof *c->ngroups);
+        c->cap = c->threads && c->order && c->slots && c->exists && c->done && c->waiting && c->groups && c->ngroups
+                     ? n : 0;
         if (!c->cap)
             return -1;
     }
@@ -523,7 +544,9 @@ static void xtc_emu_order(int *order, int n, int kind, uint64_t seed)
     }
 }
 
-/* A thread of warp w reached a warp operation: release the lanes of its mask when all are in. */
+/* A thread of warp w reached a warp operation: release the lanes of its mask when all are in.
+ * Every lane of the mask already waiting must wait in the same operation (mask and kind): the
+ * waiting lanes are kept by operation (b->groups), so an arrival costs no walk over the warp. */
 static void xtc_emu_warp_arrived(XtcEmuBlock *b, XtcEmuThread *t)
 {
     int w = t->warp;
@@ -542,24 +565,31 @@ static void xtc_emu_warp_arrived(XtcEmuBlock *b, XtcEmuThread *t)
                      mask & b->done[w]);
         return;
     }
-    unsigned in = 0;
-    for (int l = 0; l < 32; l++) {
-        if (!((mask >> l) & 1u))
-            continue;
-        XtcEmuThread *u = &b->threads[w * 32 + l];
-        if (u->state != XTC_EMU_AT_WARP)
-            continue;
-        if (u->mask != mask || u->op != t->op) {
-            xtc_emu_fail(b, "lanes %d and %d of warp %d are in different warp operations", t->lane, l, w);
-            return;
-        }
-        in |= 1u << l;
+    XtcEmuGroup *gs = b->groups[w], *g = NULL;
+    for (int i = 0; i < b->ngroups[w] && !g; i++)
+        if (gs[i].mask == mask && gs[i].op == t->op)
+            g = &gs[i];
+    unsigned others = b->waiting[w] & mask & ~(g ? g->lanes : 0u); /* waiting in another operation */
+    if (others) {
+        xtc_emu_fail(b, "lanes %d and %d of warp %d are in different warp operations", t->lane,
+                     __builtin_ctz(others), w);
+        return;
     }
-    if (in != mask)
+    if (!g) {
+        g = &gs[b->ngroups[w]++]; /* at most 32: each holds a lane */
+        g->mask = mask;
+        g->op = t->op;
+        g->lanes = 0;
+    }
+    g->lanes |= 1u << t->lane;
+    b->waiting[w] |= 1u << t->lane;
+    if (g->lanes != mask)
         return;
     for (int l = 0; l < 32; l++)
         if ((mask >> l) & 1u)
             b->threads[w * 32 + l].state = XTC_EMU_RUNNABLE;
+    b->waiting[w] &= ~mask;
+    *g = gs[--b->ngroups[w]];
 }
 
 static void xtc_emu_thread_done(XtcEmuBlock *b, XtcEmuThread *t)
@@ -572,9 +602,10 @@ static void xtc_emu_thread_done(XtcEmuBlock *b, XtcEmuThread *t)
                      b->at_barrier);
         return;
     }
-    for (int l = 0; l < 32 && t->warp * 32 + l < b->n; l++) {
+    for (unsigned waiting = b->waiting[t->warp]; waiting; waiting &= waiting - 1) {
+        int l = __builtin_ctz(waiting);
         XtcEmuThread *u = &b->threads[t->warp * 32 + l];
-        if (u->state == XTC_EMU_AT_WARP && ((u->mask >> t->lane) & 1u)) {
+        if ((u->mask >> t->lane) & 1u) {
             xtc_emu_fail(b, "lane %d exited while lane %d of its warp waits for it in a warp operation", t->lane,
                          l);
             return;
@@ -612,6 +643,8 @@ static int xtc_emu_run_block(XtcEmuBlock *b, const int *order)
         int lanes = n - 32 * w < 32 ? n - 32 * w : 32;
         b->exists[w] = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
         b->done[w] = 0;
+        b->waiting[w] = 0;
+        b->ngroups[w] = 0;
     }
     for (int i = 0; i < n; i++) {
         XtcEmuThread *t = &b->threads[i];
@@ -659,11 +692,14 @@ static int xtc_emu_run_block(XtcEmuBlock *b, const int *order)
             xtc_emu_deadlock(b);
     }
     for (int i = 0; i < n && !b->failed; i++)
-        for (int k = 0; k < XTC_EMU_CANARY; k++)
-            if ((unsigned char)b->threads[i].stack[k] != 0xA5) {
+        for (int k = 0; k < XTC_EMU_CANARY; k += 8) { /* a word at a time */
+            uint64_t v;
+            memcpy(&v, b->threads[i].stack + k, sizeof v);
+            if (v != 0xA5A5A5A5A5A5A5A5ull) {
                 xtc_emu_fail(b, "thread %d overflowed its %d-byte emulator stack", i, XTC_EMU_STACK);
                 break;
             }
+        }
     return b->failed ? -1 : 0;
 }
 
@@ -707,6 +743,9 @@ static int32_t xtc_emu_launch(const XtcEmuKernel *k, const XtcEmuLaunch *l, void
     b.slots = c->slots;
     b.exists = c->exists;
     b.done = c->done;
+    b.waiting = c->waiting;
+    b.groups = c->groups;
+    b.ngroups = c->ngroups;
     if (!b.direct)
         for (int i = 0; i < b.n; i++)
             b.threads[i].stack = c->stacks + (size_t)i * XTC_EMU_STACK;
