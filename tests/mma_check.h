@@ -1,0 +1,166 @@
+/* mma_check.h: the harness of test_cuda_mma.c's checks against the interpreter: the leaves that
+ * are matmul (or attention) operands, bindings whose reference copy has them rounded to 16 bits
+ * as the kernels round them (and every input rounded as the runtime uploads it under 16-bit
+ * storage), compiling a graph for cuda-emu with --mma, running it, and comparing each output
+ * with the reference. Included by test_cuda_mma.c once its emulated library (Lib) and the
+ * storage under test (`storage`) are defined. */
+#ifndef XTC_TEST_MMA_CHECK_H
+#define XTC_TEST_MMA_CHECK_H
+
+
+typedef struct {
+    Binding b;                         /* what the module gets */
+    IrHostTensor ref[HARNESS_MAXLEAF]; /* what the interpreter gets: matmul operands rounded */
+} RefBinding;
+
+/* The names of the leaves that are operands of a matmul in g (before fusion hides the matmuls
+ * in fused programs; the leaves keep their names): what the kernels round to 16 bits. */
+typedef struct {
+    int n;
+    const char *name[HARNESS_MAXLEAF];
+} Names;
+
+static void matmul_operands(const IrGraph *g, Names *ops)
+{
+    ops->n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        if (x->op != IR_MATMUL)
+            continue;
+        for (int j = 0; j < 2; j++) {
+            ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
+            ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
+            ops->name[ops->n++] = x->in[j]->s;
+        }
+    }
+}
+
+static int is_named(const Names *ops, const char *name)
+{
+    for (int i = 0; ops && i < ops->n; i++)
+        if (strcmp(ops->name[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* every integer input from 0 to 10, whatever its name (tiny_gpt's tokens and targets) */
+static void int_range_tokens(const char *name, int64_t *lo, int64_t *hi)
+{
+    (void)name;
+    *lo = 0;
+    *hi = 11;
+}
+
+/* Random inputs (weights scaled by wscale); the leaves of round (matmul operands) given to the
+ * interpreter are rounded as the kernels round them, by l's conversions. */
+static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, double wscale, const Lib *round_with,
+                         const Names *round, int f16)
+{
+    BindDraw draw = {.param_scale = wscale, .int_range = int_range_tokens, .storage = 0};
+    bind_random(&rb->b, g, syms, &draw);
+    for (int i = 0; i < rb->b.n; i++) {
+        const IrNode *n = rb->b.leaf[i];
+        const IrHostTensor *t = &rb->b.t[i];
+        IrHostTensor *r = &rb->ref[i];
+        int64_t numel = ir_host_numel(t);
+        size_t bytes = (size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype);
+        *r = *t;
+        r->data = malloc(bytes);
+        memcpy(r->data, t->data, bytes);
+        if (storage && n->dtype == IR_F32)
+            for (int64_t k = 0; k < numel; k++) {
+                float *v = &((float *)r->data)[k];
+                *v = rt_round_to_storage(storage, *v);
+            }
+        if (round_with && n->dtype == IR_F32 && is_named(round, n->s))
+            for (int64_t k = 0; k < numel; k++) {
+                float *v = &((float *)r->data)[k];
+                *v = f16 ? round_with->f16_float(round_with->f16_bits(*v))
+                         : round_with->bf16_float(round_with->bf16_bits(*v));
+            }
+    }
+}
+
+static void bind_rounded_free(RefBinding *rb)
+{
+    for (int i = 0; i < rb->b.n; i++)
+        free(rb->ref[i].data);
+    bind_free(&rb->b);
+}
+
+/* ir_interp's callback: the interpreter's values of a RefBinding */
+static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
+{
+    RefBinding *rb = ctx;
+    int i = bind_index(&rb->b, leaf);
+    if (i < 0)
+        return -1;
+    *out = rb->ref[i];
+    return 0;
+}
+
+static XtcModule *compile_mma(const IrGraph *g, const char *name, int mma)
+{
+    make_tmpdir();
+    char path[512], err[2048];
+    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, cg_mma_name(mma), STORAGE_NAME[storage]);
+    CgOptions opt = {.output = path, .target = "cuda-emu", .opt_level = 2, .source = "# test\n",
+                     .source_name = "t.xtf", .mma = mma, .dtype = STORAGE_NAME[storage]};
+    ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s: %s", name, err);
+    XtcModule *m = NULL;
+    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "loading %s: %s", name, xtc_module_error(m));
+    return m;
+}
+
+/* Runs m on the binding; output o's values into *out (malloc'ed, numel floats). */
+static XtcSession *run_module(XtcModule *m, const Binding *bd, const char *what, const char *order)
+{
+    setenv("XTC_CUDA_EMU_ORDER", order, 1);
+    XtcSession *s = NULL;
+    ck_assert_msg(xtc_session_new(m, NULL, &s) == XTC_OK, "%s: session: %s", what, xtc_session_error(s));
+    bind_session(s, bd, what);
+    ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: run: %s", what, xtc_session_error(s));
+    unsetenv("XTC_CUDA_EMU_ORDER");
+    return s;
+}
+
+/* max |got - ref| / max |ref| over every output, after asserting shapes and finiteness */
+static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTensor *ref, const char *what, double atol,
+                              double rtol)
+{
+    double worst = 0;
+    for (int o = 0; o < g->noutputs; o++) {
+        XtcTensor t;
+        ck_assert_msg(xtc_session_get_output(s, g->outputs[o].name, &t) == XTC_OK, "%s", xtc_session_error(s));
+        ck_assert_int_eq(t.dtype, XTC_F32);
+        ck_assert_int_eq(t.rank, ref[o].rank);
+        int64_t numel = 1;
+        for (int d = 0; d < t.rank; d++) {
+            ck_assert_int_eq(t.shape[d], ref[o].shape[d]);
+            numel *= t.shape[d];
+        }
+        const float *a = t.data, *e = ref[o].data;
+        double maxabs = 0, maxerr = 0;
+        for (int64_t i = 0; i < numel; i++)
+            if (isfinite(e[i]))
+                maxabs = fmax(maxabs, fabs(e[i]));
+        double tol = atol + rtol * maxabs;
+        for (int64_t i = 0; i < numel; i++) {
+            if (a[i] == e[i]) /* also -inf where the reference has it: a row without keys' logsumexp */
+                continue;
+            ck_assert_msg(isfinite(a[i]), "%s output '%s': element %lld is %g", what, g->outputs[o].name,
+                          (long long)i, (double)a[i]);
+            double err = fabs((double)a[i] - e[i]);
+            maxerr = fmax(maxerr, err);
+            ck_assert_msg(err <= tol, "%s output '%s': element %lld is %.9g, expected %.9g (tolerance %.3g)", what,
+                          g->outputs[o].name, (long long)i, (double)a[i], (double)e[i], tol);
+        }
+        if (maxabs > 0)
+            worst = fmax(worst, maxerr / maxabs);
+    }
+    return worst;
+}
+
+static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
+
+#endif
