@@ -356,15 +356,16 @@ END_TEST
 /* 16-bit storage halves the device arena: the session plans it with each temp at its device
  * size (RtDeviceOps.elem_bytes: 2 bytes per element where the module stores it in 16 bits, 4 for
  * the buffers that stay f32, cg_keeps_f32) while outputs come back to the host as f32. The
- * matmuls keep nothing in f32; the training block keeps its loss and the embedding's gradient;
- * the attention case its outputs with the logsumexp column (only planned here: test_case_half
+ * matmuls keep nothing in f32; the training block keeps its loss and the embedding's gradient,
+ * and the sums over the batch (its weights' gradients, [1, 24, 40] and the like: 18 temps of
+ * weight size, not activation size, so 0.549 of f32's arena at these tiny dims); the attention case its outputs with the logsumexp column (only planned here: test_case_half
  * runs it). */
 START_TEST(test_half_arena)
 {
     static const BuildFn builds[] = {build_matmul, build_train_block, build_attention};
     static const char *const names[] = {"matmul_arena", "train_block_arena", "attention_arena"};
     static const int min_kept[] = {0, 2, 3};
-    static const double max_ratio[] = {0.51, 0.53, 0.75};
+    static const double max_ratio[] = {0.51, 0.56, 0.75};
     const int64_t syms[2] = {2, 33};
     char err[1024];
     for (int c = 0; c < 3; c++) {
