@@ -1026,6 +1026,27 @@ static inline void build_flash_grad(IrGraph *g, IrDim b, IrDim n)
     out(g, "head64_grad", ir_attention_grad(g, a64, input(g, "dout64", IR_F32, 4, s64)));
 }
 
+/* build_flash_grad's gradients and the heads of 32 and 128 for the backward of operands as stored
+ * (kernels/flash_bwd.cuh: 16-bit storage of the mma's format, heads multiples of 8): a window
+ * with a bias, a mask and a scale operand over heads of 32 and the logsumexp's gradient (rows of
+ * 33 values: no 16-byte copies), and a causal head of 128 (one stage of 16 rows). */
+static inline void build_flash_grad16(IrGraph *g, IrDim b, IrDim n)
+{
+    build_flash_grad(g, b, n);
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(2), one = ir_dim(1);
+    IrDim s32q[] = {b, h, n, ir_dim(32)}, s32[] = {b, h, J, ir_dim(32)}, s33[] = {b, h, n, ir_dim(33)};
+    IrDim sbias[] = {h, n, J}, smask[] = {b, one, one, J}, sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
+    IrNode *pad = ir_binary(g, IR_AND, input(g, "qm32", IR_BOOL, 4, sqm), input(g, "km32", IR_BOOL, 4, smask));
+    IrNode *a32 = ir_attention_window(g, input(g, "q32", IR_F32, 4, s32q), input(g, "k32", IR_F32, 4, s32),
+                                      input(g, "v32", IR_F32, 4, s32), input(g, "bias32", IR_F32, 3, sbias), pad,
+                                      input(g, "scale32", IR_F32, 4, sscale), 0, 1, 3);
+    out(g, "head32_grad", ir_attention_grad(g, a32, input(g, "dout32", IR_F32, 4, s33)));
+    IrDim s128q[] = {b, one, n, ir_dim(128)}, s128[] = {b, one, J, ir_dim(128)};
+    IrNode *a128 = ir_attention(g, input(g, "q128", IR_F32, 4, s128q), input(g, "k128", IR_F32, 4, s128),
+                                input(g, "v128", IR_F32, 4, s128), NULL, NULL, ir_const(g, 0.09, IR_F32), 1, 1);
+    out(g, "head128_grad", ir_attention_grad(g, a128, input(g, "dout128", IR_F32, 4, s128q)));
+}
+
 /* The paths of the kernel for operands stored in the mma's format (cg_cuda_matmul_mma.c, --dtype
  * bf16 and fp16): K = 136 (a 5-stage run through the 3 buffers) with B as [K, N] and [N, K];
  * symbolic K = n + 7, which allows the 16-byte copies at n = 1, 17, 33, 65 and not at 7, 130, 0

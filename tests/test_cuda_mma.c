@@ -779,6 +779,45 @@ START_TEST(test_flash_grad)
 }
 END_TEST
 
+/* The backward of operands as stored (kernels/flash_bwd.cuh): every attention_grad kernel of
+ * build_flash_grad16 is it with 16-bit storage of the mma's format, none with f32 storage; then
+ * the gradients against the interpreter's, bf16 and fp16 storage, at n = 1, 7, 17, 70 (J = n + 3
+ * and n - 1: one resident tile, up to 5 streamed) and 130 (three query tiles: full tiles of the
+ * causal head of 64 below the diagonal). */
+START_TEST(test_flash_grad16)
+{
+    IrGraph *g = new_graph("flash", build_flash_grad16);
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int st = 0; st <= 2; st++) {
+        CuUnit cu;
+        CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+        int stored = 0, all = 0;
+        for (int i = 0; i < cu.nkernels; i++)
+            if (plan.kernels[i].node->op == IR_ATTENTION_GRAD) {
+                all++;
+                stored += strstr(cu.kernel_text[i], "backward on tensor cores: operands in") &&
+                          strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)");
+            }
+        ck_assert_int_eq(all, 9);
+        ck_assert_int_eq(stored, st ? all : 0);
+        cg_cuda_unit_free(&cu);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
+    for (storage = 1; storage <= 2; storage++)
+        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash_grad16, sizes,
+                          sizeof sizes / sizeof sizes[0]);
+    storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
 /* ---- a whole model ---- */
 
 /* The model as xtc compile [--train] --target cuda-emu builds it. */
@@ -1103,6 +1142,9 @@ static Suite *suite(void)
     tcase_add_test(fl, test_flash_rows);
     tcase_add_test(fl, test_flash_grad);
     suite_add_tcase(s, fl);
+    TCase *fb = tcase_create("flash_bwd");
+    tcase_add_test(fb, test_flash_grad16);
+    suite_add_tcase(s, fb);
     TCase *ls = tcase_create("loss_scale");
     tcase_add_test(ls, test_loss_scale_accuracy);
     tcase_add_test(ls, test_loss_scale_overflow);

@@ -209,8 +209,9 @@ int cg_nvrtc_compile(const char *source, const char *name, const char *arch, cha
 extern const char cg_embed_emu_h[], cg_embed_rt_abi_h[], cg_embed_rt_cuda_abi_h[];
 /* codegen/cuda/kernels/adamw.cuh (cu_lib_kernels, runtime/rt_cuda.c's device optimizer) */
 extern const char cg_embed_adamw_cuh[];
-/* codegen/cuda/kernels/flash_lib.cuh and flash_fwd.cuh: the tensor-core attention forward's
- * functions and body (cg_cuda_attention_mma.c) */
-extern const char cg_embed_flash_lib_cuh[], cg_embed_flash_fwd_cuh[];
+/* codegen/cuda/kernels/flash_lib.cuh, flash_fwd.cuh and flash_bwd.cuh: the tensor-core
+ * attention's functions and the bodies of its forward (cg_cuda_attention_mma.c) and backward
+ * (cg_cuda_attention_mma_grad.c) */
+extern const char cg_embed_flash_lib_cuh[], cg_embed_flash_fwd_cuh[], cg_embed_flash_bwd_cuh[];
 
 #endif

@@ -775,8 +775,9 @@ int cg_cuda_attention_grad(CuKernel *k)
     int r = a.r;
     char gcols[CU_EXPR];
     cu_dim(k->gen, dout->shape[r - 1], gcols, sizeof gcols);
-    if (cu_attention_grad_mma(k, &a, gcols)) /* tensor cores (cg_cuda_attention_mma_grad.c) */
-        return 0;
+    int tc = cu_attention_grad_mma(k, &a, gcols); /* tensor cores (cg_cuda_attention_mma_grad.c) */
+    if (tc)
+        return tc < 0 ? -1 : 0;
     int t = att_grad_tile(a.D);
     if (t) {
         attention_grad_tiled(k, &a, gcols, t);

@@ -44,11 +44,17 @@ void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
 void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
                  const char *lo, const char *chi, const char *hi);
 
+/* Writes `#define head` with the text body as its lines (continued; the text has no // comments):
+ * the model-specific parts of the kernels/flash_*.cuh bodies (cg_cuda_attention_mma.c) */
+void cu_att_define_lines(FILE *f, const char *head, const char *body);
+
 /* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
  * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then), -1 error. */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);
 /* attention_grad on tensor cores (cg_cuda_attention_mma_grad.c), the output gradient's columns
- * gcols: 1 written, 0 not taken (heads over 64, no --mma: the CUDA-core kernels then). */
+ * gcols: 1 written, 0 not taken (the CUDA-core kernels then: no --mma, heads over 128, or over 64
+ * unless q, k, v and the output gradient are stored in the mma's format with heads multiples of
+ * 8, which kernels/flash_bwd.cuh takes), -1 error. */
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols);
 
 /* The forward kernel with, in front of the others' body, the path of few query rows against many

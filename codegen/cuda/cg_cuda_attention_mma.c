@@ -40,8 +40,7 @@
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
 
-/* Writes `#define head` with the text body as its lines (continued; the text has no // comments). */
-static void define_lines(FILE *f, const char *head, const char *body)
+void cu_att_define_lines(FILE *f, const char *head, const char *body)
 {
     fprintf(f, "#define %s", head);
     for (const char *p = body; *p;) {
@@ -108,7 +107,7 @@ static int flash16(CuKernel *k, const Att *a, int stats)
     cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
     cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fclose(k->f);
-    define_lines(saved, "XTC_FA_TILE", buf);
+    cu_att_define_lines(saved, "XTC_FA_TILE", buf);
     free(buf);
     buf = NULL;
     if (!(k->f = open_memstream(&buf, &len))) {
@@ -120,7 +119,7 @@ static int flash16(CuKernel *k, const Att *a, int stats)
     fprintf(k->f, "        xtc_lo = jb;\n        xtc_hi = je;\n    }");
     fclose(k->f);
     k->f = f = saved;
-    define_lines(f, "XTC_FA_KEYS(i, xtc_lo, xtc_hi)", buf);
+    cu_att_define_lines(f, "XTC_FA_KEYS(i, xtc_lo, xtc_hi)", buf);
     free(buf);
     /* plain, within a row's key range only a causal row that sees no key is masked (keep's
      * limits hold for the others); else the score as the CUDA-core kernels make it */

@@ -29,9 +29,11 @@
  * before their products, as FlashAttention-2 does; scores, statistics and sums are f32. */
 #include "cg_cuda_attention.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-#define MMA_GRAD_HEAD 64 /* the widest head on tensor cores: 4 accumulator sets of D / 2 a thread */
+#define MMA_GRAD_HEAD 64 /* the widest head below: 4 accumulator sets of D / 2 a thread */
+#define FLASH_BWD_HEAD 128 /* the widest head of kernels/flash_bwd.cuh */
 #define BT 64            /* rows of a block (16 a warp), and keys of the dq half's streamed tile */
 #define BQ 32            /* query rows of the dk/dv half's streamed tile (registers: 4 sets of 16 x D) */
 
@@ -176,9 +178,123 @@ static void store_rows(FILE *o, const char *dst, const char *acc, const char *r0
     fprintf(o, "            }\n");
 }
 
+/* Runs emit(k, a, indent) into a string and writes it as `#define head` (cu_att_define_lines),
+ * wrapped as { text tail }: the generator's limits and ranges as macros of kernels/flash_bwd.cuh.
+ * Returns 0, or -1 out of memory. */
+static int define_emitted(CuKernel *k, const Att *a, void (*emit)(CuKernel *, const Att *, const char *),
+                          const char *head, const char *tail)
+{
+    FILE *saved = k->f;
+    char *buf = NULL;
+    size_t len = 0;
+    if (!(k->f = open_memstream(&buf, &len))) {
+        k->f = saved;
+        return cu_error(k->gen, "out of memory");
+    }
+    fprintf(k->f, "    {\n");
+    emit(k, a, "        ");
+    fprintf(k->f, "        %s\n    }", tail);
+    fclose(k->f);
+    k->f = saved;
+    cu_att_define_lines(saved, head, buf);
+    free(buf);
+    return 0;
+}
+
+/* The backward whose body is kernels/flash_bwd.cuh (see there): q, k, v and the output gradient
+ * stored in the mma's format, D = E a multiple of 8 up to FLASH_BWD_HEAD. Streamed tiles of 64,
+ * 32 or 16 rows in two stages (one for the widest heads) beside the two resident tiles of 64
+ * rows, in 48 KiB of static shared memory. Returns 1 written, 0 when it does not apply, -1 error. */
+static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
+{
+    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
+    const IrNode *mask = x->in[6], *scale = x->in[7];
+    if (!raw_pairs(k, q) || !raw_pairs(k, kk) || !raw_pairs(k, v) || !raw_pairs(k, dout) || a->D % 8 ||
+        a->D > FLASH_BWD_HEAD)
+        return 0;
+    long long dp = (a->D + 15) / 16 * 16, ds = dp + 8;
+    int bn = 64, nst = 2;
+    for (;;) { /* bytes: the resident tiles, the stages, the streamed rows' statistics */
+        long long bytes = 2 * (2 * 64 * ds + nst * 2LL * bn * ds) + nst * bn * 24LL;
+        if (bytes <= 48 * 1024 || (nst == 1 && bn == 16))
+            break;
+        if (bn > 16)
+            bn /= 2;
+        else
+            nst = 1, bn = 64;
+    }
+    int plain = mask->op == IR_CONST && mask->f != 0 && !a->bias[0] && scale->op == IR_CONST;
+    FILE *f = k->f;
+    k->sync = 1;
+    fputs(cg_embed_flash_lib_cuh, f);
+    cu_kernel_begin(k);
+    fprintf(f, "    /* FlashAttention-2 backward on tensor cores: operands in %s, copied as stored (cp.async, ldmatrix); "
+               "scores, statistics and sums in f32 */\n", k->gen->mma == CG_MMA_FP16 ? "fp16" : "bf16");
+    fprintf(f, "    const i64 I = %s, J = %s, batches = %s;\n", a->I, a->J, a->batches);
+    fprintf(f, "    const int D = %lld, E = %lld, OC = %lld, GC = %s; /* o has E + 1 columns, dout E or E + 1 */\n",
+            a->D, a->E, a->E + 1, gcols);
+    fprintf(f, "#define XTC_FB_BN %d\n#define XTC_FB_NST %d\n#define XTC_FB_DP %lld\n", bn, nst, dp);
+    fprintf(f, "#define XTC_FB_MMA %s\n#define XTC_FB_PACK %s\n",
+            k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16",
+            k->gen->mma == CG_MMA_FP16 ? "xtc_fa_pack_f16" : "xtc_fa_pack_bf16");
+    /* the batch indices and the operands' rows (kb and vb: where a key/value head mapping goes) */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *saved = f;
+    if (!(k->f = open_memstream(&buf, &len))) {
+        k->f = saved;
+        return cu_error(k->gen, "out of memory");
+    }
+    cu_att_batch_indices(k, q, "        ");
+    fprintf(k->f, "        const xtc_fs *qb = in0 + batch * I * D, *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
+    fprintf(k->f, "        const xtc_fs *gb = in4 + batch * I * GC;\n");
+    fprintf(k->f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
+    fprintf(k->f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;", cu_mem_type(x));
+    fclose(k->f);
+    k->f = saved;
+    cu_att_define_lines(f, "XTC_FB_TILE", buf);
+    free(buf);
+    if (define_emitted(k, a, cu_att_key_range, "XTC_FB_KEYS(i, xtc_lo, xtc_hi)", "xtc_lo = jb;\n        xtc_hi = je;") < 0 ||
+        define_emitted(k, a, cu_att_query_ranges, "XTC_FB_QUERIES(j, xtc_fm, xtc_ib, xtc_ie)",
+                       "xtc_fm = fm;\n        xtc_ib = ib;\n        xtc_ie = ie;") < 0)
+        return -1;
+    fprintf(f, "#define XTC_FB_PAIR(xtc_x, xtc_y, i, j, xtc_lse, xtc_dl, xtc_p, xtc_ds) \\\n");
+    fprintf(f, "    { \\\n        const float scale = %s; \\\n        const int keep = %s; \\\n", a->scale, a->keep);
+    fprintf(f, "        xtc_p = xtc_prob(keep ? (xtc_x) * scale%s : -3.40282347e+38f, xtc_lse, J); \\\n", a->bias);
+    fprintf(f, "        xtc_ds = keep ? xtc_p * ((xtc_y) + (xtc_dl)) * scale : 0.0f; \\\n    }\n");
+    /* full tiles (plain): every pair at or below the first row's causal limit, at or above the
+     * last row's window limit */
+    if (plain) {
+        fprintf(f, "#define XTC_FB_FULL(xtc_if, xtc_il, xtc_jf, xtc_jl) (1");
+        if (a->causal)
+            fprintf(f, " && (xtc_jl) <= (xtc_if) + J - I");
+        if (a->window > 0)
+            fprintf(f, " && (xtc_jf) >= (xtc_il) + J - I - %lld", a->window);
+        fprintf(f, ")\n");
+        char c[64];
+        fprintf(f, "#define XTC_FB_SCALE %s\n", a->scale);
+        fprintf(f, "#define XTC_FB_SCALE2 %s\n", cu_float(scale->f * 1.4426950408889634, c, sizeof c));
+    } else {
+        fprintf(f, "#define XTC_FB_FULL(xtc_if, xtc_il, xtc_jf, xtc_jl) 0\n#define XTC_FB_SCALE 1.0f\n#define XTC_FB_SCALE2 1.0f\n");
+    }
+    fputs(cg_embed_flash_bwd_cuh, f);
+    cu_kernel_end(k);
+    char qt[CU_EXPR], kt[CU_EXPR], rows[4 * CU_EXPR];
+    cu_ceil_div(a->I, 64, qt, sizeof qt);
+    cu_ceil_div(a->J, 64, kt, sizeof kt);
+    snprintf(rows, sizeof rows, "%s%s%s * (%s + %s)", po(a->batches), a->batches, pc(a->batches), qt, kt);
+    cu_geom_rows(k, rows, 128);
+    return 1;
+}
+
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
 {
-    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->D > MMA_GRAD_HEAD || a->E != a->D)
+    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E != a->D)
+        return 0;
+    int rc = flash_bwd16(k, a, gcols); /* operands in the mma's format: kernels/flash_bwd.cuh */
+    if (rc)
+        return rc;
+    if (a->D > MMA_GRAD_HEAD)
         return 0;
     const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
