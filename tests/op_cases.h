@@ -1029,7 +1029,8 @@ static inline void build_flash_grad(IrGraph *g, IrDim b, IrDim n)
 /* build_flash_grad's gradients and the heads of 32 and 128 for the backward of operands as stored
  * (kernels/flash_bwd.cuh: 16-bit storage of the mma's format, heads multiples of 8): a window
  * with a bias, a mask and a scale operand over heads of 32 and the logsumexp's gradient (rows of
- * 33 values: no 16-byte copies), and a causal head of 128 (one stage of 16 rows). */
+ * 33 values: no 16-byte copies), a causal head of 128 (one stage of 16 rows), and a causal
+ * window of 70 over heads of 64 (its full tiles at n = 130: rows 64 .. 79 and keys 32 .. 63). */
 static inline void build_flash_grad16(IrGraph *g, IrDim b, IrDim n)
 {
     build_flash_grad(g, b, n);
@@ -1045,6 +1046,16 @@ static inline void build_flash_grad16(IrGraph *g, IrDim b, IrDim n)
     IrNode *a128 = ir_attention(g, input(g, "q128", IR_F32, 4, s128q), input(g, "k128", IR_F32, 4, s128),
                                 input(g, "v128", IR_F32, 4, s128), NULL, NULL, ir_const(g, 0.09, IR_F32), 1, 1);
     out(g, "head128_grad", ir_attention_grad(g, a128, input(g, "dout128", IR_F32, 4, s128q)));
+    IrDim e32[] = {b, h, n, ir_dim(32)}, emask[] = {b, one, n, n};
+    IrNode *eq = input(g, "eq", IR_F32, 4, e32);
+    out(g, "enc_grad", ir_attention_grad(g, ir_attention(g, eq, input(g, "ek", IR_F32, 4, e32), input(g, "ev", IR_F32, 4, e32),
+                                                         NULL, input(g, "emask", IR_BOOL, 4, emask), ir_const(g, 0.17, IR_F32), 0, 1),
+                                         input(g, "ed", IR_F32, 4, e32)));
+    IrDim s64[] = {b, one, n, ir_dim(64)};
+    IrNode *w64 = input(g, "w64", IR_F32, 4, s64);
+    out(g, "window64_grad", ir_attention_grad(g, ir_attention_window(g, w64, w64, input(g, "wv64", IR_F32, 4, s64), NULL,
+                                                                     NULL, ir_const(g, 0.125, IR_F32), 1, 1, 70),
+                                              input(g, "wd64", IR_F32, 4, s64)));
 }
 
 /* The paths of the kernel for operands stored in the mma's format (cg_cuda_matmul_mma.c, --dtype

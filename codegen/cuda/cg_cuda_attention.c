@@ -22,7 +22,8 @@
  *   Blocks of query rows (their dq rows) and blocks of keys (their dk and dv rows), so that
  *   every output row has one writer: no atomics, the same result on every run; tiled
  *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row; with --mma
- *   and heads up to 64, cg_cuda_attention_mma_grad.c's tensor-core kernel, split the same way. The
+ *   and heads up to 64 (128 with 16-bit storage of the mma's format), cg_cuda_attention_mma_grad.c's
+ *   tensor-core kernels, split the same way. The
  *   probabilities come back from the forward output's logsumexp (o's last column),
  *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
  *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's

@@ -1,7 +1,11 @@
 /* cg_cuda_attention_mma_grad.c: attention_grad on tensor cores (the FlashAttention-2 backward),
- * taken when the module's matmuls are (CgOptions.mma) and the heads are at most MMA_GRAD_HEAD
- * (D = E); otherwise cg_cuda_attention.c's CUDA-core kernels run. Every bias, mask, scale,
- * causal and window form of the CUDA-core kernel is covered, element by element as it does.
+ * taken when the module's matmuls are (CgOptions.mma) and D = E. Where q, k, v and the output
+ * gradient are stored in the mma's format and the heads are multiples of 8 up to FLASH_BWD_HEAD,
+ * the kernel is kernels/flash_bwd.cuh's (flash_bwd16 below writes its parameters as macros:
+ * tiles copied as stored by cp.async, fragments by ldmatrix and .trans). Otherwise, for heads
+ * up to MMA_GRAD_HEAD, the kernel below, which converts as it stages; wider heads take
+ * cg_cuda_attention.c's CUDA-core kernels. Every bias, mask, scale, causal and window form of
+ * the CUDA-core kernel is covered, element by element as it does.
  *
  * The work is split as the CUDA-core tiled kernel splits it, so that every output row has one
  * writer (no atomics, no f32 workspace to clear and convert, the same bits on every run): per

@@ -29,6 +29,8 @@
  *                     keys jf .. jl is in its row's keys and its score is x * scale (no mask,
  *                     no bias, a constant scale): those tiles skip the element work
  *   XTC_FB_SCALE, XTC_FB_SCALE2   that scale, and times log2(e)
+ * The macros' texts name the sizes (symbols such as b, n, c, m, p, s, t): no name of this body
+ * in their scope is one of those (the lane's coordinates are lg and lt, a loop's tile nc).
  *
  * The work is split so that every output row has one writer (no atomics, the same bits on
  * every run): per batch, blocks of 4 warps take 64 query rows (their dq) or 64 keys (their dk
@@ -63,7 +65,7 @@
     __shared__ i64 fb_lo[XTC_FB_NST][XTC_FB_BN], fb_hi[XTC_FB_NST][XTC_FB_BN];
     const xtc_sa sa = xtc_sa_of(sm);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int g = lane / 4, t = lane % 4; /* the lane's fragment coordinates */
+    const int lg = lane / 4, lt = lane % 4; /* the lane's fragment coordinates */
     const i64 qtiles = (I + 63) / 64, ktiles = (J + 63) / 64;
     for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {
         const i64 batch = blk % batches, tile = blk / batches;
@@ -127,15 +129,15 @@
         if (nt > 0)
             XTC_FB_FETCH(0, 0);
         xtc_cp_async_commit();
-        const i64 rw = r0 + warp * 16; /* the warp's first resident row; the lane's are rw + g and rw + g + 8 */
+        const i64 rw = r0 + warp * 16; /* the warp's first resident row; the lane's are rw + lg and rw + lg + 8 */
         float rls[2], rdl[2]; /* a query block: each of the lane's rows' logsumexp, dlse - D_i and keys */
         i64 rlo[2], rhi[2];
         if (!kv) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                const i64 i = rw + g + 8 * r;
+                const i64 i = rw + lg + 8 * r;
                 float dsum = 0.0f; /* D_i = dout_i . o_i over the row's four lanes */
-                for (int e = t; e < E && i < I; e += 4)
+                for (int e = lt; e < E && i < I; e += 4)
                     dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);
                 for (int w = 1; w < 4; w <<= 1)
                     dsum += __shfl_xor_sync(0xffffffffu, dsum, w);
@@ -177,57 +179,57 @@
             const unsigned bo = 2u * ((8 * (lane / 16) + lane % 8) * XTC_FB_DS + 8 * (lane / 8 % 2));
             const unsigned to = 2u * ((8 * (lane / 8 % 2) + lane % 8) * XTC_FB_DS + 8 * (lane / 16));
             const xtc_sa b1 = xtc_fa_opaque(s1 + bo), b2 = xtc_fa_opaque(s2 + bo);
-            float x[XTC_FB_BN / 8][4], y[XTC_FB_BN / 8][4]; /* tile c: streamed rows 8 c .. 8 c + 7 */
+            float x[XTC_FB_BN / 8][4], y[XTC_FB_BN / 8][4]; /* tile nc: streamed rows 8 nc .. 8 nc + 7 */
 #pragma unroll
-            for (int c = 0; c < XTC_FB_BN / 8; c++)
+            for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
 #pragma unroll
                 for (int u = 0; u < 4; u++)
-                    x[c][u] = y[c][u] = 0.0f;
+                    x[nc][u] = y[nc][u] = 0.0f;
 #pragma unroll
             for (int kd = 0; kd < XTC_FB_DP / 16; kd++) {
                 unsigned f1[4], f2[4];
                 xtc_ldmatrix_x4_sa(f1, ra + 2u * (16 * kd));
                 xtc_ldmatrix_x4_sa(f2, ra + 2u * (XTC_FB_RES + 16 * kd));
 #pragma unroll
-                for (int c = 0; c < XTC_FB_BN / 16; c++) {
+                for (int nc = 0; nc < XTC_FB_BN / 16; nc++) {
                     unsigned k1[4], k2[4];
-                    xtc_ldmatrix_x4_sa(k1, b1 + 2u * (16 * c * XTC_FB_DS + 16 * kd));
-                    xtc_ldmatrix_x4_sa(k2, b2 + 2u * (16 * c * XTC_FB_DS + 16 * kd));
-                    XTC_FB_MMA(x[2 * c], f1, k1, x[2 * c]);
-                    XTC_FB_MMA(x[2 * c + 1], f1, k1 + 2, x[2 * c + 1]);
-                    XTC_FB_MMA(y[2 * c], f2, k2, y[2 * c]);
-                    XTC_FB_MMA(y[2 * c + 1], f2, k2 + 2, y[2 * c + 1]);
+                    xtc_ldmatrix_x4_sa(k1, b1 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
+                    xtc_ldmatrix_x4_sa(k2, b2 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
+                    XTC_FB_MMA(x[2 * nc], f1, k1, x[2 * nc]);
+                    XTC_FB_MMA(x[2 * nc + 1], f1, k1 + 2, x[2 * nc + 1]);
+                    XTC_FB_MMA(y[2 * nc], f2, k2, y[2 * nc]);
+                    XTC_FB_MMA(y[2 * nc + 1], f2, k2 + 2, y[2 * nc + 1]);
                 }
             }
-            /* x becomes P, y dS: element (c, u) is resident row g + 8 (u / 2), streamed row 8 c + 2 t + u % 2 */
+            /* x becomes P, y dS: element (nc, u) is resident row lg + 8 (u / 2), streamed row 8 nc + 2 lt + u % 2 */
             const i64 sl = (s0 + XTC_FB_BN < lim ? s0 + XTC_FB_BN : lim) - 1, wl = (rw + 16 < rlim ? rw + 16 : rlim) - 1;
             if (s0 + XTC_FB_BN <= lim && rw + 16 <= rlim &&
                 (kv ? XTC_FB_FULL(s0, sl, rw, wl) : XTC_FB_FULL(rw, wl, s0, sl))) {
 #pragma unroll
-                for (int c = 0; c < XTC_FB_BN / 8; c++)
+                for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
-                        const int sc = 8 * c + 2 * t + u % 2;
+                        const int sc = 8 * nc + 2 * lt + u % 2;
                         const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
-                        const float p = xtc_fa_exp2(x[c][u] * XTC_FB_SCALE2 - lse * 1.44269504f);
-                        x[c][u] = p;
-                        y[c][u] = p * (y[c][u] + dl) * XTC_FB_SCALE;
+                        const float p = xtc_fa_exp2(x[nc][u] * XTC_FB_SCALE2 - lse * 1.44269504f);
+                        x[nc][u] = p;
+                        y[nc][u] = p * (y[nc][u] + dl) * XTC_FB_SCALE;
                     }
             } else {
 #pragma unroll
-                for (int c = 0; c < XTC_FB_BN / 8; c++)
+                for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
-                        const int sc = 8 * c + 2 * t + u % 2;
-                        const i64 rr = rw + g + 8 * (u / 2), i = kv ? s0 + sc : rr, j = kv ? rr : s0 + sc;
+                        const int sc = 8 * nc + 2 * lt + u % 2;
+                        const i64 rr = rw + lg + 8 * (u / 2), i = kv ? s0 + sc : rr, j = kv ? rr : s0 + sc;
                         const i64 lo = kv ? fb_lo[st][sc] : rlo[u / 2], hi = kv ? fb_hi[st][sc] : rhi[u / 2];
-                        float p = 0.0f, ds = 0.0f; /* outside the row's keys (and past I, J): no term */
+                        float pv = 0.0f, dsv = 0.0f; /* outside the row's keys (and past I, J): no term */
                         if (j >= lo && j < hi) {
                             const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
-                            XTC_FB_PAIR(x[c][u], y[c][u], i, j, lse, dl, p, ds);
+                            XTC_FB_PAIR(x[nc][u], y[nc][u], i, j, lse, dl, pv, dsv);
                         }
-                        x[c][u] = p;
-                        y[c][u] = ds;
+                        x[nc][u] = pv;
+                        y[nc][u] = dsv;
                     }
             }
             const xtc_sa t1 = xtc_fa_opaque(s1 + to), t2 = xtc_fa_opaque(s2 + to);
@@ -266,14 +268,14 @@
         xtc_cp_async_wait(0); /* (no streamed tile: the resident copies) */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const i64 row = rw + g + 8 * r;
+            const i64 row = rw + lg + 8 * r;
             if (row >= rlim)
                 continue;
 #pragma unroll
             for (int ci = 0; ci < XTC_FB_DP / 8; ci++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int col = 8 * ci + 2 * t + h;
+                    const int col = 8 * ci + 2 * lt + h;
                     if (col < D) {
                         xtc_st((kv ? dk : dq), row * D + col, acc1[ci][2 * r + h]);
                         if (kv)
