@@ -757,9 +757,10 @@ START_TEST(test_flash_rows)
 }
 END_TEST
 
-/* The backward on tensor cores (cg_cuda_attention_mma_grad.c) for heads up to 64, not above nor
- * without --mma; then its gradients against the interpreter's, bf16 with f32 storage and fp16
- * with fp16 storage (the other two combinations share every line of its code). */
+/* The backward on tensor cores (cg_cuda_attention_mma_grad.c) for heads up to 64 with f32
+ * storage, not above nor without --mma; then its gradients against the interpreter's, bf16 with
+ * f32 storage (the converting kernel) and fp16 with fp16 storage (kernels/flash_bwd.cuh: every
+ * head here is a multiple of 8; test_flash_grad16 covers it further). */
 START_TEST(test_flash_grad)
 {
     IrGraph *g = new_graph("flash", build_flash_grad);
