@@ -2,8 +2,9 @@
  * are matmul (or attention) operands, bindings whose reference copy has them rounded to 16 bits
  * as the kernels round them (and every input rounded as the runtime uploads it under 16-bit
  * storage), compiling a graph for cuda-emu with --mma, running it, and comparing each output
- * with the reference. Included by test_cuda_mma.c once its emulated library (Lib) and the
- * storage under test (`storage`) are defined. */
+ * with the reference; for the attention graphs (flash_cases.h) the same per output, each with
+ * its tolerance (check_flash_sizes). Included by test_cuda_mma.c once its emulated library (Lib)
+ * and the storage under test (`storage`) are defined. */
 #ifndef XTC_TEST_MMA_CHECK_H
 #define XTC_TEST_MMA_CHECK_H
 
@@ -162,5 +163,72 @@ static double compare_outputs(const IrGraph *g, XtcSession *s, const IrHostTenso
 }
 
 static IrGraph *new_graph(const char *name, BuildFn build) { return harness_new_graph(name, build, 256); }
+
+/* The leaves of q, k and v of g's attention nodes (through views): what the kernel rounds. */
+static void attention_operands(const IrGraph *g, Names *ops)
+{
+    ops->n = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        if (x->op != IR_ATTENTION)
+            continue;
+        for (int j = 0; j < 3; j++) {
+            const IrNode *l = x->in[j];
+            while (l->op == IR_PERMUTE || l->op == IR_RESHAPE)
+                l = l->in[0];
+            ck_assert_msg(l->op == IR_INPUT, "attention operands must be leaves or their views here");
+            if (!is_named(ops, l->s)) {
+                ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
+                ops->name[ops->n++] = l->s;
+            }
+        }
+    }
+}
+
+/* build_flash compiled with mma (and the storage set), against the
+ * interpreter fed q, k, v rounded as the kernel rounds them. What is left is the probabilities'
+ * rounding to 16 bits before P V (relative u = 2^-8 bf16, 2^-11 fp16 each; |v| < 1, so at most
+ * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
+ * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
+ * 16 u of its max|ref|. */
+static const int64_t flash_sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
+
+static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
+{
+    IrGraph *g = new_graph("flash", build);
+    Names ops;
+    attention_operands(g, &ops);
+    XtcModule *m = compile_mma(g, "flash", mma);
+    int f16 = mma == CG_MMA_FP16;
+    double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
+    for (size_t z = 0; z < nsizes; z++) {
+        RefBinding rb;
+        bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
+        IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
+        char what[128];
+        snprintf(what, sizeof what, "flash --mma=%s --dtype %s (b=%lld n=%lld)", cg_mma_name(mma),
+                 STORAGE_NAME[storage], (long long)sizes[z][0], (long long)sizes[z][1]);
+        XtcSession *s = run_module(m, &rb.b, what, ORDERS[z % 3]);
+        for (int o = 0; o < g->noutputs; o++) { /* one output at a time: its own tolerance */
+            IrGraph one = *g;
+            one.outputs = &g->outputs[o];
+            one.noutputs = 1;
+            int grad = strstr(g->outputs[o].name, "grad") != NULL;
+            worst = fmax(worst, compare_outputs(&one, s, &ref[o], what, OC_ATOL + u, (grad ? 16 * u : 1e-5) + unit));
+        }
+        xtc_session_free(s);
+        free_outputs(g, ref);
+        bind_rounded_free(&rb);
+    }
+    fprintf(stderr, "test_cuda_mma: flash attention --mma=%s --dtype %s: largest error %.2g of max|ref|\n",
+            cg_mma_name(mma), STORAGE_NAME[storage], worst);
+    xtc_module_free(m);
+    ir_graph_free(g);
+}
+
+static void check_flash(const Lib *l, int mma, BuildFn build)
+{
+    check_flash_sizes(l, mma, build, flash_sizes, sizeof flash_sizes / sizeof flash_sizes[0]);
+}
 
 #endif

@@ -33,7 +33,7 @@
  *                16 u of max|ref| (P and dS rounded before their products), bf16 with f32 storage
  *                and fp16 with fp16 storage. With 16-bit storage of the mma's format
  *                (kernels/flash_bwd.cuh, case flash_bwd) also heads 32 and 128, bf16 and fp16,
- *                n = 130. The graphs are op_cases.h's build_flash*.
+ *                n = 130. The graphs are flash_cases.h's build_flash*.
  *   a model      models/tiny_gpt.xtf through cuda-emu with --mma against the interpreter in f64
  *                on the unrounded weights: forward logits within 2e-2 max|ref| (bf16, 8-bit
  *                significands: about 10 units of rounding) and 4e-3 max|ref| (fp16, 11 bits:
@@ -73,6 +73,7 @@
 #include "harness_bind.h"
 #include "emu_lib.h"
 #include "op_cases.h"
+#include "flash_cases.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("mma"); }
 
@@ -571,73 +572,6 @@ END_TEST
 
 /* ---- attention on tensor cores ---- */
 
-/* The leaves of q, k and v of g's attention nodes (through views): what the kernel rounds. */
-static void attention_operands(const IrGraph *g, Names *ops)
-{
-    ops->n = 0;
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *x = g->nodes[i];
-        if (x->op != IR_ATTENTION)
-            continue;
-        for (int j = 0; j < 3; j++) {
-            const IrNode *l = x->in[j];
-            while (l->op == IR_PERMUTE || l->op == IR_RESHAPE)
-                l = l->in[0];
-            ck_assert_msg(l->op == IR_INPUT, "attention operands must be leaves or their views here");
-            if (!is_named(ops, l->s)) {
-                ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
-                ops->name[ops->n++] = l->s;
-            }
-        }
-    }
-}
-
-/* build_flash compiled with mma (and the storage set), against the
- * interpreter fed q, k, v rounded as the kernel rounds them. What is left is the probabilities'
- * rounding to 16 bits before P V (relative u = 2^-8 bf16, 2^-11 fp16 each; |v| < 1, so at most
- * u of an output), with 16-bit storage one rounding of each output (a unit of max|ref|), and
- * f32 sums. The gradient reads o (D_i = dout_i . o_i sums E errors of u) and the statistics:
- * 16 u of its max|ref|. */
-static const int64_t flash_sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
-
-static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
-{
-    IrGraph *g = new_graph("flash", build);
-    Names ops;
-    attention_operands(g, &ops);
-    XtcModule *m = compile_mma(g, "flash", mma);
-    int f16 = mma == CG_MMA_FP16;
-    double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
-    for (size_t z = 0; z < nsizes; z++) {
-        RefBinding rb;
-        bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
-        IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
-        char what[128];
-        snprintf(what, sizeof what, "flash --mma=%s --dtype %s (b=%lld n=%lld)", cg_mma_name(mma),
-                 STORAGE_NAME[storage], (long long)sizes[z][0], (long long)sizes[z][1]);
-        XtcSession *s = run_module(m, &rb.b, what, ORDERS[z % 3]);
-        for (int o = 0; o < g->noutputs; o++) { /* one output at a time: its own tolerance */
-            IrGraph one = *g;
-            one.outputs = &g->outputs[o];
-            one.noutputs = 1;
-            int grad = strstr(g->outputs[o].name, "grad") != NULL;
-            worst = fmax(worst, compare_outputs(&one, s, &ref[o], what, OC_ATOL + u, (grad ? 16 * u : 1e-5) + unit));
-        }
-        xtc_session_free(s);
-        free_outputs(g, ref);
-        bind_rounded_free(&rb);
-    }
-    fprintf(stderr, "test_cuda_mma: flash attention --mma=%s --dtype %s: largest error %.2g of max|ref|\n",
-            cg_mma_name(mma), STORAGE_NAME[storage], worst);
-    xtc_module_free(m);
-    ir_graph_free(g);
-}
-
-static void check_flash(const Lib *l, int mma, BuildFn build)
-{
-    check_flash_sizes(l, mma, build, flash_sizes, sizeof flash_sizes / sizeof flash_sizes[0]);
-}
-
 /* How many of g's kernels of op the renderer puts on tensor cores with --mma=mma (their comment
  * says `marker`), of `all`: each one whose head is at most max_head, none without --mma. */
 static int flash_kernels(IrGraph *g, int mma, IrOp op, const char *marker, long long max_head, int *all)
@@ -720,6 +654,46 @@ START_TEST(test_flash_stored)
     static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
     for (storage = 1; storage <= 2; storage++)
         check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16, sizes, sizeof sizes / sizeof sizes[0]);
+    storage = 0;
+    lib_close(&l);
+}
+END_TEST
+
+/* The bounded (cosine-sim) forward of operands as stored (kernels/flash_fwd.cuh): every attention
+ * kernel of build_flash16_bounded is it, with bf16 bounded (its maximum from the start) where
+ * every row sees a key (J >= I under causal, checked at run time), with fp16 not (P below the
+ * bound's 2^-24 would flush to zero: the general path); then the numbers against the
+ * interpreter, bf16 and fp16 storage, at n = 1, 7, 17, 70 and 130. */
+START_TEST(test_flash_bounded)
+{
+    IrGraph *g = new_graph("flash", build_flash16_bounded);
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int st = 1; st <= 2; st++) {
+        CuUnit cu;
+        CgOptions opt = {.output = "-", .mma = st == 1 ? CG_MMA_BF16 : CG_MMA_FP16, .dtype = STORAGE_NAME[st]};
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+        int bounded = 0, all = 0;
+        for (int i = 0; i < cu.nkernels; i++)
+            if (plan.kernels[i].node->op == IR_ATTENTION) {
+                all++;
+                ck_assert(strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)"));
+                bounded += strstr(cu.kernel_text[i], "#define XTC_FA_BOUNDED (J >= I)") != NULL ||
+                           strstr(cu.kernel_text[i], "#define XTC_FA_BOUNDED (1)") != NULL;
+            }
+        ck_assert_int_eq(all, 5);
+        ck_assert_int_eq(bounded, st == 1 ? 5 : 0);
+        cg_cuda_unit_free(&cu);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
+    for (storage = 1; storage <= 2; storage++)
+        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16_bounded, sizes,
+                          sizeof sizes / sizeof sizes[0]);
     storage = 0;
     lib_close(&l);
 }
@@ -1147,6 +1121,7 @@ static Suite *suite(void)
     suite_add_tcase(s, fl);
     TCase *fb = tcase_create("flash_bwd");
     tcase_add_test(fb, test_flash_grad16);
+    tcase_add_test(fb, test_flash_bounded);
     suite_add_tcase(s, fb);
     TCase *ls = tcase_create("loss_scale");
     tcase_add_test(ls, test_loss_scale_accuracy);

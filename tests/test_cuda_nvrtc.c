@@ -666,7 +666,7 @@ static int count_in(const char *from, const char *end, const char *what)
  * it takes, through head-split views), and the backward (cg_cuda_attention_mma_grad.c) of heads
  * of 64 (causal, with the logsumexp's gradient: unaligned rows; a bias and a mask) and, with
  * 16-bit storage (kernels/flash_bwd.cuh, cp.async, ldmatrix and .trans as the forward), 128
- * (causal), with --mma=bf16 and --mma=fp16, each with the f32 prelude and that of its 16-bit
+ * (causal), and a bounded (cosine-sim) forward of heads of 64, with --mma=bf16 and --mma=fp16, each with the f32 prelude and that of its 16-bit
  * storage. Its PTX (sm_80) holds, per kernel, the mma.sync of the type
  * asked for (D / 16 per score tile, E / 8 per value k-step) and none of the other; ptxas -v
  * assembles it for sm_80 and sm_90 with no spills and no stack frame (no local memory). The
@@ -694,6 +694,7 @@ START_TEST(test_flash_instruction_mix)
     ir_output(g, "masked128", ir_attention(g, q128, q128, q128, bias, mask, c, 0, 0));
     IrNode *causal128 = ir_attention(g, q128, q128, q128, NULL, NULL, c, 1, 1); /* 16-bit storage only: the widest backward */
     ir_output(g, "causal128_grad", ir_attention_grad(g, causal128, ir_input(g, "d128", IR_F32, 4, s128)));
+    ir_output(g, "bounded64", ir_attention_bounded(g, q64, q64, q64, NULL, c, 1, 1, 0, 1)); /* cosine-sim */
     ir_output(g, "window40", ir_attention_window(g, q40, q40, v24, NULL, NULL, c, 1, 1, 256));
     IrNode *hx = ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), split);
     ir_output(g, "heads128", ir_permute(g, ir_attention(g, hx, hx, hx, NULL, NULL, c, 1, 0), split));
@@ -715,7 +716,7 @@ START_TEST(test_flash_instruction_mix)
             FILE *f = open_memstream(&src, &len);
             cu_prelude(f, g, u.nkernels, storage);
             int flash = 0, stored = 0;
-            const char *stored_fn[10];
+            const char *stored_fn[11];
             for (int k = 0; k < u.nkernels; k++) {
                 IrOp op = plan.kernels[k].node->op;
                 if (op == IR_ATTENTION_GRAD && !si && plan.kernels[k].node->in[0]->shape[3].c > 64)
@@ -735,8 +736,8 @@ START_TEST(test_flash_instruction_mix)
                 }
             }
             fclose(f);
-            ck_assert_int_eq(stored, si ? 10 : 0);
-            ck_assert_int_eq(flash, si ? 10 : 9); /* 7 forward (masked64 for the gradient), 3 backward (2 in f32) */
+            ck_assert_int_eq(stored, si ? 11 : 0);
+            ck_assert_int_eq(flash, si ? 11 : 10); /* 8 forward (masked64 for the gradient), 3 backward (2 in f32) */
             char *ptx = NULL;
             ck_assert_msg(cg_nvrtc_compile(src, "flash.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
             free(src);
@@ -757,7 +758,7 @@ START_TEST(test_flash_instruction_mix)
                 ck_assert_msg(have >= 8 + 3 && !bad, "entry %d: %d %s, %d of the other type", entries, have, want, bad);
                 entries++;
             }
-            ck_assert_int_eq(entries, si ? 10 : 9);
+            ck_assert_int_eq(entries, si ? 11 : 10);
             /* the forward of operands as stored: Q and K by ldmatrix, V by ldmatrix .trans, the
              * tiles by cp.async (16 bytes), waited for once a stage */
             for (int e = 0; e < stored; e++) {
@@ -794,7 +795,7 @@ START_TEST(test_flash_instruction_mix)
                                           "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
                     infos++;
                 }
-                ck_assert_int_eq(infos, si ? 10 : 9);
+                ck_assert_int_eq(infos, si ? 11 : 10);
                 char fig[256] = "";
                 size_t fl = 0;
                 for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {

@@ -143,6 +143,16 @@ static int flash16(CuKernel *k, const Att *a, int stats)
     } else {
         fprintf(f, "#define XTC_FA_FULL(rf, rl, j0) 0\n#define XTC_FA_SCALE2 1.0f\n");
     }
+    /* bounded: every row sees a key unless causal with fewer keys than queries. Not with fp16
+     * tensor cores: P = 2^(s - bound) packed to fp16 would lose the probabilities below 2^-24 (a
+     * row whose scores are all far below the bound), where bf16 keeps f32's exponent range */
+    if (a->bmax[0] && k->gen->mma != CG_MMA_FP16) {
+        char c[64];
+        fprintf(f, "#define XTC_FA_BOUNDED (%s)\n#define XTC_FA_BOUND %s\n", a->causal ? "J >= I" : "1",
+                cu_float((double)x->ia[IR_IA_BOUND] * scale->f * 1.4426950408889634, c, sizeof c));
+    } else {
+        fprintf(f, "#define XTC_FA_BOUNDED 0\n#define XTC_FA_BOUND 0.0f\n");
+    }
     fputs(cg_embed_flash_fwd_cuh, f);
     cu_kernel_end(k);
     char tiles[CU_EXPR], rows[3 * CU_EXPR];

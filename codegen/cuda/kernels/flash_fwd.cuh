@@ -23,6 +23,10 @@
  *                            every key is in every row's range and the score is x * scale (no
  *                            mask, no bias, a constant scale): those tiles skip the element work
  *   XTC_FA_SCALE2            that scale times log2(e)
+ *   XTC_FA_BOUNDED           bounded (cosine-sim) attention: nonzero (a run-time condition) when
+ *                            every row's maximum is XTC_FA_BOUND (b scale log2(e), base 2) from the
+ *                            start: no maximum to reduce, nothing to rescale (as the CUDA-core
+ *                            tiled forward; bf16 only: fp16 would flush small P); 0 otherwise
  *
  * A warp owns 16 MT query rows of the block's tile, loaded once (ldmatrix.x4) into registers as
  * mma A fragments. The keys of the tile's rows (causal and window limits bound them: tiles past
@@ -83,11 +87,12 @@
                 xtc_ldmatrix_x4_sa(qf[mt][kd], sa + 2u * (XTC_FA_STAGE + (wr + 16 * mt + lane % 16) * XTC_FA_DS +
                                                           16 * kd + 8 * (lane / 16)));
         float mx[XTC_FA_MT][2], lsum[XTC_FA_MT][2], o[XTC_FA_MT][XTC_FA_EP / 8][4]; /* base-2 maxima, sums, O */
+        const int bounded = XTC_FA_BOUNDED; /* block-uniform: the shuffles below stay whole */
 #pragma unroll
         for (int mt = 0; mt < XTC_FA_MT; mt++) {
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                mx[mt][r] = -XTC_INF;
+                mx[mt][r] = bounded ? XTC_FA_BOUND : -XTC_INF;
                 lsum[mt][r] = 0.0f;
             }
 #pragma unroll
@@ -174,16 +179,19 @@
             for (int mt = 0; mt < XTC_FA_MT; mt++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    float rmax = -XTC_INF;
+                    float mu = mx[mt][r], alpha = 1.0f; /* bounded: the bound, kept */
+                    if (!bounded) {
+                        float rmax = -XTC_INF;
 #pragma unroll
-                    for (int c = 0; c < XTC_FA_BC / 8; c++)
-                        rmax = xtc_fa_max(rmax, xtc_fa_max(s[mt][c][2 * r], s[mt][c][2 * r + 1]));
-                    for (int w = 1; w < 4; w <<= 1) /* the row's four lanes */
-                        rmax = xtc_fa_max(rmax, __shfl_xor_sync(0xffffffffu, rmax, w));
-                    const float m_new = xtc_fa_max(mx[mt][r], rmax);
-                    const float mu = m_new == -XTC_INF ? 0.0f : m_new; /* no key yet: every weight 0 */
-                    const float alpha = xtc_fa_exp2(mx[mt][r] - mu);
-                    mx[mt][r] = m_new;
+                        for (int c = 0; c < XTC_FA_BC / 8; c++)
+                            rmax = xtc_fa_max(rmax, xtc_fa_max(s[mt][c][2 * r], s[mt][c][2 * r + 1]));
+                        for (int w = 1; w < 4; w <<= 1) /* the row's four lanes */
+                            rmax = xtc_fa_max(rmax, __shfl_xor_sync(0xffffffffu, rmax, w));
+                        const float m_new = xtc_fa_max(mx[mt][r], rmax);
+                        mu = m_new == -XTC_INF ? 0.0f : m_new; /* no key yet: every weight 0 */
+                        alpha = xtc_fa_exp2(mx[mt][r] - mu);
+                        mx[mt][r] = m_new;
+                    }
                     float psum = 0.0f;
 #pragma unroll
                     for (int c = 0; c < XTC_FA_BC / 8; c++)
@@ -194,10 +202,12 @@
                             psum += p;
                         }
                     lsum[mt][r] = lsum[mt][r] * alpha + psum;
+                    if (!bounded) {
 #pragma unroll
-                    for (int ci = 0; ci < XTC_FA_EP / 8; ci++) {
-                        o[mt][ci][2 * r] *= alpha;
-                        o[mt][ci][2 * r + 1] *= alpha;
+                        for (int ci = 0; ci < XTC_FA_EP / 8; ci++) {
+                            o[mt][ci][2 * r] *= alpha;
+                            o[mt][ci][2 * r + 1] *= alpha;
+                        }
                     }
                 }
 #pragma unroll
@@ -269,3 +279,5 @@
 #undef XTC_FA_SCORE
 #undef XTC_FA_FULL
 #undef XTC_FA_SCALE2
+#undef XTC_FA_BOUNDED
+#undef XTC_FA_BOUND
