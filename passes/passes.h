@@ -32,6 +32,10 @@ typedef struct {
      * takes, and that of its gradient kernel (attention_grad); 0: no bound (the interpreter). */
     int attention_max_head;
     int attention_grad_max_head;
+    /* Whether the fused attention kernel reads grouped key/values (k, v with fewer heads than
+     * q: ops.def) in place; where it does not, the attention fusion keeps the lowering's repeat
+     * of k and v (a copy) in front of it. 0 in a zeroed PassTarget: the copy stays. */
+    int attention_kv_groups;
 } PassTarget;
 
 typedef struct {
