@@ -12,11 +12,6 @@
  *    with its row statistics (stats=1; the output is the slice of its first E columns) and dQ,
  *    dK, dV by slices of one `attention_grad` node that recomputes the scores tile by tile:
  *    neither direction stores the n x n matrix any more.
- *  - where k and v are the lowering's repeat of grouped key/values (repeated_heads) and the
- *    target's kernel reads them grouped (PassTarget.attention_kv_groups), the attention node
- *    reads the key/value heads themselves: the repeat, a copy of k and v per layer, is gone (dce
- *    removes it). Not in training: attention_grad takes k and v with q's heads, so a fused
- *    backward keeps the repeat (and its gradient, the sum over the group);
  * Not fused (left as they are): talking heads (the recognizer does not match a mix of heads
  * around the softmax), a bias or scale that takes a gradient (T5 relative position bias and the
  * learned cosine-similarity temperature in training, residual attention's previous scores), a
@@ -41,7 +36,6 @@ typedef struct {
     int64_t window;             /* max_attend_past's window taken out of the mask, 0 = none */
     int train;                  /* the backward is fused too */
     const IrNode *gout;         /* dO */
-    const IrNode *k, *v;        /* the key/value operands: m.k and m.v, or the heads they repeat */
     IrNode *fwd, *bwd;          /* images, built when first needed */
 } Fusion;
 
@@ -51,7 +45,6 @@ typedef struct {
     int *role;   /* per old node */
     int *which;  /* per old node: the fusion */
     int max_head, max_grad_head; /* the target's bounds on head sizes; 0: none */
-    int kv_groups; /* the target's forward kernel reads grouped key/values (PassTarget) */
 } Ctx;
 
 /* ---- consumers of live nodes (CSR) ---- */
@@ -140,40 +133,6 @@ static const IrNode *strip_expand(const IrNode *x)
     while (x->op == IR_EXPAND)
         x = x->in[0];
     return x;
-}
-
-/* Grouped key/values as frontend/lower_blocks.c repeats them for the attention, query head i
- * reading key/value head i mod G ('b kvh n d -> b (r kvh) n d'):
- *   reshape(expand(reshape(x [B, G, J, D] -> [B, 1, G, J, D]) -> [B, R, G, J, D]) -> [B, R G, J, D]
- * Returns x, which the attention node reads in place of the copy, or NULL. */
-static const IrNode *repeated_heads(const IrNode *kv)
-{
-    if (kv->op != IR_RESHAPE || kv->rank != 4 || kv->in[0]->op != IR_EXPAND || kv->in[0]->rank != 5)
-        return NULL;
-    const IrNode *e = kv->in[0], *s = e->in[0];
-    if (s->op != IR_RESHAPE || s->rank != 5 || s->in[0]->rank != 4 || !ir_dim_is_one(s->shape[1]))
-        return NULL;
-    const IrNode *x = s->in[0];
-    IrDim R = e->shape[1], G = x->shape[1];
-    if (!ir_dim_is_const(R) || !ir_dim_is_const(G) || !ir_dim_is_const(kv->shape[1]) || kv->shape[1].c != R.c * G.c)
-        return NULL;
-    for (int d = 0; d < 5; d++)
-        if (d != 1 && (!ir_dim_eq(s->shape[d], e->shape[d]) || !ir_dim_eq(s->shape[d], x->shape[d ? d - 1 : 0])))
-            return NULL;
-    for (int d = 0; d < 4; d++)
-        if (d != 1 && !ir_dim_eq(kv->shape[d], x->shape[d]))
-            return NULL;
-    return x;
-}
-
-/* Reads k and v without their repeat where both repeat the same key/value heads. */
-static void fold_kv_repeat(Fusion *fu)
-{
-    const IrNode *k = repeated_heads(fu->m.k), *v = repeated_heads(fu->m.v);
-    if (k && v && ir_dim_eq(k->shape[1], v->shape[1])) {
-        fu->k = k;
-        fu->v = v;
-    }
 }
 
 /* The forward parts the fused op needs: operand shapes, scale, bias and mask. */
@@ -343,7 +302,7 @@ static IrNode *fused_forward(PassRewriter *rw, Fusion *fu)
     const PassAttention *m = &fu->m;
     IrNode *bias = fu->bias ? rw->map[fu->bias->id] : NULL;
     IrNode *mask = fu->mask ? rw->map[fu->mask->id] : NULL;
-    fu->fwd = ir_attention_window(g, rw->map[m->q->id], rw->map[fu->k->id], rw->map[fu->v->id], bias, mask,
+    fu->fwd = ir_attention_window(g, rw->map[m->q->id], rw->map[m->k->id], rw->map[m->v->id], bias, mask,
                                   rw->map[m->scale->id], m->causal != NULL, fu->train, fu->window);
     return fu->fwd;
 }
@@ -381,7 +340,6 @@ IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t 
     c.which = calloc(nn, sizeof *c.which);
     c.max_head = t ? t->attention_max_head : 0;
     c.max_grad_head = t ? t->attention_grad_max_head : 0;
-    c.kv_groups = t ? t->attention_kv_groups : 1;
     Users u = {0};
     IrGraph *out = NULL;
     if (!live || !c.fus || !c.role || !c.which || users_build(g, live, &u) < 0) {
@@ -406,10 +364,6 @@ IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t 
             c.role[dv->id] = ROLE_DV;
             c.which[dq->id] = c.which[dk->id] = c.which[dv->id] = c.nfus;
         }
-        fu->k = fu->m.k;
-        fu->v = fu->m.v;
-        if (c.kv_groups && !fu->train) /* attention_grad takes no grouped key/values (ops.def) */
-            fold_kv_repeat(fu);
         c.role[i] = ROLE_OUT;
         c.which[i] = c.nfus++;
     }

@@ -33,8 +33,8 @@ typedef struct {
     int attention_max_head;
     int attention_grad_max_head;
     /* Whether the fused attention kernel reads grouped key/values (k, v with fewer heads than
-     * q: ops.def) in place; where it does not, the attention fusion keeps the lowering's repeat
-     * of k and v (a copy) in front of it. 0 in a zeroed PassTarget: the copy stays. */
+     * q: ops.def) in place; where it does not, kv_groups keeps the lowering's repeat of k and v
+     * (a copy) in front of it. 0 in a zeroed PassTarget: the copy stays. */
     int attention_kv_groups;
 } PassTarget;
 
@@ -96,6 +96,7 @@ IrGraph *pass_fold(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_simplify(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_attention_bound(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_kv_groups(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n);
 
 /* int8 weights (quantize.c; not in the pipeline: it changes the module's interface, and the
