@@ -516,11 +516,11 @@ static void build_attention_bounded(IrGraph *g, IrDim b, IrDim n)
 }
 
 /* Grouped key/values (ops.def: k and v with G heads where q has H, query head i reading key/value
- * head i mod G; passes/fuse_attention.c folds the lowering's repeat into the node): 4 query heads
- * over 2 key/value heads and over 1 (multi-query), causal with keys offset from the queries,
- * a bias per query head with a padding mask and a scale per batch and head and the statistics,
- * one decoded row (the few-row paths), heads read and written in place through head-split
- * views of their own head counts, and the bounded (cosine-sim) variant. */
+ * head i mod G; passes/kv_groups.c lets the node read them without the lowering's repeat): 4
+ * query heads over 2 key/value heads with a bias per query head, a padding mask, a scale per
+ * batch and head and the statistics, causal with keys offset from the queries; over 1 (multi-
+ * query) with a window; one decoded row (the few-row paths); heads read and written in place
+ * through head-split views of their own head counts; and the bounded (cosine-sim) variant. */
 static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
 {
     static const int split[4] = {0, 2, 1, 3};
@@ -531,9 +531,7 @@ static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
     IrNode *k1 = input(g, "k1", IR_F32, 4, sk1), *v1 = input(g, "v1", IR_F32, 4, sk1);
     IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
     IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
-    out(g, "gqa_causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 0));
     out(g, "gqa_all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
-    out(g, "mqa", ir_attention(g, q, k1, v1, NULL, mask, c, 0, 0));
     out(g, "mqa_window", ir_attention_window(g, q, k1, v1, NULL, NULL, c, 1, 1, 2));
     out(g, "gqa_decode", ir_attention(g, input(g, "q1", IR_F32, 4, sq1), k, v, NULL, NULL, c, 1, 0));
     IrDim sxq[] = {b, n, h, hd}, sxk[] = {b, J, ir_dim(2), hd};
