@@ -124,8 +124,10 @@ typedef struct CgBackend {
     int (*compile)(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n);
     void (*release)(void *unit);
     /* Limits of the fused kernels, which the passes respect (PassTarget): the largest constant
-     * head size the attention kernel and its gradient kernel take. */
+     * head size the attention kernel and its gradient kernel take, and whether the forward
+     * kernel reads grouped key/values (fewer k and v heads than q heads) without their repeat. */
     int attention_max_head, attention_grad_max_head;
+    int attention_kv_groups;
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;

@@ -88,6 +88,7 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
     t->passes.supports = be->supports;
     t->passes.attention_max_head = be->attention_max_head;
     t->passes.attention_grad_max_head = be->attention_grad_max_head;
+    t->passes.attention_kv_groups = be->attention_kv_groups;
     return 0;
 }
 

@@ -375,7 +375,8 @@ IrNode *lx_attention(Lx *L, const Stack *S, IrNode *x, const char *p, int layer,
     if (kvh < h) {
         /* grouped / single key-value heads (1.x, 2.x): query head i reads key/value head
          * i mod kv_heads ('b kvh n d -> b (r kvh) n d'). The repeat is explicit here (the cache
-         * above holds kv_heads); the attention kernels see h full heads. */
+         * above holds kv_heads); after the attention fusion, passes/kv_groups.c lets the fused
+         * attention read the kv_heads themselves where the target's kernel can. */
         IrDim J0 = k->shape[2];
         IrDim s5[5] = {L->B, C(1), C(kvh), J0, C(dh)}, e5[5] = {L->B, C(h / kvh), C(kvh), J0, C(dh)};
         IrDim s4[4] = {L->B, C(h), J0, C(dh)};

@@ -923,6 +923,16 @@ IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, in
     return ir_node(g, &p);
 }
 
+int64_t ir_attention_kv_group(const IrNode *n)
+{
+    const IrNode *q = n->in[0], *k = n->in[1];
+    int r = q->rank;
+    if (r < 3 || ir_dim_eq(q->shape[r - 3], k->shape[r - 3]) || !ir_dim_is_const(q->shape[r - 3]) ||
+        !ir_dim_is_const(k->shape[r - 3]) || k->shape[r - 3].c < 1)
+        return 1;
+    return q->shape[r - 3].c / k->shape[r - 3].c;
+}
+
 IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout)
 {
     if (!o || !dout)

@@ -12,6 +12,8 @@
  *   dp_j  = dout_i . v_j;  D = sum_j p_j dp_j
  *   ds_j  = p_j (dp_j - D + dlse_i), 0 where s_j was masked (the where passes nothing back)
  *   dq_i += sum_j (ds_j scale) k_j;  dk_j += (ds_j scale) q_i;  dv_j += p_j dout_i
+ * Grouped key/values (k, v [.., G, J, D] where q is [.., H, I, D]): query head i reads key/value
+ * head i mod G (x-transformers' repeat 'b kvh n d -> b (r kvh) n d').
  * Every sum runs in the order the unfused graph's ops run theirs, so the interpreter gives the
  * fused graph's outputs bit for bit (up to the sign of zeros).
  * The o operand (the forward output with its statistics) is not read here: the backends use it
@@ -50,7 +52,11 @@ typedef struct {
     int64_t bst[IR_MAXRANK], mst[IR_MAXRANK], sst[IR_MAXRANK]; /* over [batch.., I, J] */
     int causal;
     int64_t window; /* 0, or w: keys j < i + J - I - w dropped too */
+    int64_t H, G;   /* query and key/value heads (ir_attention_kv_group); H = G: not grouped */
 } Att;
+
+/* the key/value batch index of query batch index bi: head i reads key/value head i mod G */
+static int64_t att_kv(const Att *a, int64_t bi) { return a->H == a->G ? bi : bi / a->H * a->G + bi % a->H % a->G; }
 
 static void att_init(Att *a, const IrNode *n, const IrFusedArg *q, const IrFusedArg *k, const IrFusedArg *v,
                      const IrFusedArg *bias, const IrFusedArg *mask, const IrFusedArg *scale)
@@ -75,6 +81,8 @@ static void att_init(Att *a, const IrNode *n, const IrFusedArg *q, const IrFused
     bcast_strides(scale, a->r, full, a->sst);
     a->causal = n->ia[IR_IA_CAUSAL] != 0;
     a->window = n->op == IR_ATTENTION ? n->ia[IR_IA_WINDOW] : n->ia[IR_IA_GRAD_WINDOW];
+    a->H = a->r >= 3 ? q->shape[a->r - 3] : 1;
+    a->G = a->r >= 3 ? k->shape[a->r - 3] : 1;
 }
 
 /* offsets of batch index bi in bias, mask and scale */
@@ -104,7 +112,7 @@ static double att_scores(const Att *a, int64_t bi, int64_t i, double *s, char *k
     att_batch(a, bi, &boff, &moff, &soff);
     double scale = a->scale->data[soff];
     const double *qi = a->q->data + (bi * a->I + i) * a->D;
-    const double *kb = a->k->data + bi * a->J * a->D;
+    const double *kb = a->k->data + att_kv(a, bi) * a->J * a->D;
     int r = a->r;
     double m = -INFINITY;
     for (int64_t j = 0; j < a->J; j++) {
@@ -156,7 +164,7 @@ static int att_check_bound(const Att *a, int64_t bound, char *err, size_t nerr)
     for (int64_t bi = 0; bi < a->nb; bi++)
         for (int64_t i = 0; i < a->I; i++)
             for (int64_t j = 0; j < a->J; j++) {
-                const double *qi = a->q->data + (bi * a->I + i) * a->D, *kj = a->k->data + (bi * a->J + j) * a->D;
+                const double *qi = a->q->data + (bi * a->I + i) * a->D, *kj = a->k->data + (att_kv(a, bi) * a->J + j) * a->D;
                 double dot = 0;
                 for (int64_t d = 0; d < a->D; d++)
                     dot += qi[d] * kj[d];
@@ -192,7 +200,7 @@ int ir_fused_attention(const IrNode *n, const IrFusedArg *in, const int64_t *out
             }
             double m = att_scores(&a, bi, i, s, keep);
             double lse = att_probs(&a, s, m, p);
-            const double *vb = a.v->data + bi * a.J * a.E;
+            const double *vb = a.v->data + att_kv(&a, bi) * a.J * a.E;
             for (int64_t e = 0; e < a.E; e++)
                 oi[e] = 0;
             for (int64_t j = 0; j < a.J; j++)

@@ -264,7 +264,13 @@ IrNode *ir_attention_bounded(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode
  * m = b s from every score, which lies in [-b s, b s], so the smallest exp(score - m) of a row,
  * exp(-2 b s) >= exp(-80), stays above f32's smallest normal (exp(-87.3)): no row underflows. */
 #define IR_ATTENTION_BOUND_MAX 40.0
-/* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv. */
+/* Grouped key/values (multi- and grouped-query attention) are implied by the shapes: with
+ * q [.., H, I, D] and k, v [.., G, J, D] (G dividing H, constants), query head i reads key/value
+ * head i mod G. For an attention or attention_grad node: H / G, the query heads sharing a
+ * key/value head (1: not grouped). */
+int64_t ir_attention_kv_group(const IrNode *n);
+/* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv
+ * (not grouped: the verifier refuses k and v with fewer heads than q). */
 IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout);
 /* A fused program (ir/fused_expr.h) over nin operands, its value broadcast to shape. */
 IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, int rank, const IrDim *shape);

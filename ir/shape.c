@@ -479,7 +479,9 @@ static const char *check_scores_operand(const IrNode *x, const IrNode *q, IrDim 
 }
 
 /* q[.., I, D], k[.., J, D], v[.., J, E] with equal batch dims, bias and mask broadcasting to
- * the scores [.., I, J], the scale to [.., 1, 1] */
+ * the scores [.., I, J], the scale to [.., 1, 1]. Grouped key/values: with rank >= 3, k and v
+ * may have G heads (dimension r - 3) where q has H, G dividing H; query head i reads key/value
+ * head i mod G (ir_attention_kv_heads). */
 static const char *check_attention_operands(const IrNode *n, const IrNode *const *x, char *buf, size_t nb)
 {
     const IrNode *q = x[0], *k = x[1], *v = x[2], *bias = x[3], *mask = x[4], *scale = x[5];
@@ -491,9 +493,17 @@ static const char *check_attention_operands(const IrNode *n, const IrNode *const
     int r = q->rank;
     if (r < 2 || k->rank != r || v->rank != r)
         return fail(buf, nb, "q, k and v must have one rank >= 2");
-    for (int d = 0; d < r - 2; d++)
-        if (!ir_dim_eq(k->shape[d], q->shape[d]) || !ir_dim_eq(v->shape[d], q->shape[d]))
+    for (int d = 0; d < r - 2; d++) {
+        if (!ir_dim_eq(k->shape[d], v->shape[d]))
+            return fail(buf, nb, "k and v differ in batch dimension %d", d);
+        if (ir_dim_eq(k->shape[d], q->shape[d]))
+            continue;
+        if (d != r - 3)
             return fail(buf, nb, "q, k and v differ in batch dimension %d", d);
+        IrDim H = q->shape[d], G = k->shape[d];
+        if (!ir_dim_is_const(H) || !ir_dim_is_const(G) || G.c < 1 || H.c % G.c)
+            return fail(buf, nb, "k's and v's heads (dimension %d) must be a constant dividing q's (grouped key/values)", d);
+    }
     if (!ir_dim_eq(q->shape[r - 1], k->shape[r - 1]))
         return fail(buf, nb, "q and k differ in their last dimension");
     if (!ir_dim_eq(k->shape[r - 2], v->shape[r - 2]))
@@ -549,6 +559,8 @@ static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
         return e;
     const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->in[3], *dout = n->in[4];
     int r = q->rank;
+    if (r >= 3 && !ir_dim_eq(k->shape[r - 3], q->shape[r - 3]))
+        return fail(buf, nb, "takes k and v with q's heads (grouped key/values stay repeated in training)");
     if (o->op != IR_ATTENTION || o->ia[IR_IA_STATS] != 1 || o->ia[IR_IA_CAUSAL] != n->ia[IR_IA_GRAD_CAUSAL] || o->ia[IR_IA_WINDOW] != n->ia[IR_IA_GRAD_WINDOW])
         return fail(buf, nb, "operand 4 must be the attention (with stats) whose gradient this is");
     for (int i = 0; i < 6; i++)

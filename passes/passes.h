@@ -32,6 +32,10 @@ typedef struct {
      * takes, and that of its gradient kernel (attention_grad); 0: no bound (the interpreter). */
     int attention_max_head;
     int attention_grad_max_head;
+    /* Whether the fused attention kernel reads grouped key/values (k, v with fewer heads than
+     * q: ops.def) in place; where it does not, kv_groups keeps the lowering's repeat of k and v
+     * (a copy) in front of it. 0 in a zeroed PassTarget: the copy stays. */
+    int attention_kv_groups;
 } PassTarget;
 
 typedef struct {
@@ -92,6 +96,7 @@ IrGraph *pass_fold(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_simplify(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_attention(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_attention_bound(IrGraph *g, const PassTarget *t, char *err, size_t n);
+IrGraph *pass_kv_groups(IrGraph *g, const PassTarget *t, char *err, size_t n);
 IrGraph *pass_fuse_elementwise(IrGraph *g, const PassTarget *t, char *err, size_t n);
 
 /* int8 weights (quantize.c; not in the pipeline: it changes the module's interface, and the

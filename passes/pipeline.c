@@ -21,6 +21,8 @@ const Pass pass_pipeline[] = {
      pass_fuse_attention, 1, IR_ATTENTION, IR_ATTENTION_GRAD},
     {"cosine_sim", "attention of l2-normalised q and k with a fixed scale: its scores' bound as the softmax maximum",
      pass_attention_bound, 1, IR_ATTENTION, IR_NUM_OPS},
+    {"kv_groups", "grouped key/values (attn_kv_heads, attn_one_kv_head) read by the attention without their repeat",
+     pass_kv_groups, 1, IR_ATTENTION, IR_NUM_OPS},
     {"elementwise", "chains of elementwise ops and last-axis reductions (norms, softmax) as one kernel",
      pass_fuse_elementwise, 1, IR_FUSED, IR_NUM_OPS},
     {"dce", "drop nodes no output needs (inputs, parameters and buffers stay)",

@@ -47,8 +47,9 @@ static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
 /* The forward of q, k and v as stored (kernels/flash_fwd.cuh: 16-bit storage of the mma's format,
  * heads multiples of 8): every form of bias, mask and scale of build_flash over heads of 8
  * (padded to 16 in its tiles), causal with J = n + 3 and n - 1, windows, GPT's causal head of
- * 64 through head-split views (two 16-row tiles a warp), a window over heads of 40 by 24, and
- * heads of 128 (one tile a warp, 32 keys a stage). */
+ * 64 through head-split views (two 16-row tiles a warp), a window over heads of 40 by 24,
+ * heads of 128 (one tile a warp, 32 keys a stage), and grouped key/values (multi-query; grouped
+ * through head-split views of 4 and 2 heads). */
 static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
 {
     static const int split[4] = {0, 2, 1, 3};
@@ -79,6 +80,12 @@ static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
     IrDim s128[] = {b, one, n, ir_dim(128)}, s128k[] = {b, one, J, ir_dim(128)};
     out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
                                    input(g, "v128", IR_F32, 4, s128k), NULL, NULL, ir_const(g, 0.09, IR_F32), 1, 1));
+    /* grouped key/values: one head for both query heads, and 2 for 4 through head-split views */
+    IrDim sk1[] = {b, one, J, d8}, sgq[] = {b, n, ir_dim(4), ir_dim(16)}, sgk[] = {b, J, h, ir_dim(16)};
+    out(g, "mqa", ir_attention(g, q, input(g, "k1", IR_F32, 4, sk1), input(g, "v1", IR_F32, 4, sk1), NULL, NULL, c, 1, 1));
+    IrNode *gq = ir_permute(g, input(g, "gq", IR_F32, 4, sgq), split);
+    IrNode *gk = ir_permute(g, input(g, "gk", IR_F32, 4, sgk), split), *gv = ir_permute(g, input(g, "gv", IR_F32, 4, sgk), split);
+    out(g, "gqa_heads", ir_permute(g, ir_attention(g, gq, gk, gv, NULL, NULL, ir_const(g, 0.25, IR_F32), 1, 0), split));
 }
 
 /* The bounded (cosine-sim) forward on kernels/flash_fwd.cuh: inputs in [-2, 2] bound |q . k| by 4

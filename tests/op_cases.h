@@ -515,6 +515,9 @@ static void build_attention_bounded(IrGraph *g, IrDim b, IrDim n)
                                           NULL, c, 1, 1, 0, 1));
 }
 
+/* grouped key/values (build_attention_grouped), over the helpers above */
+#include "op_cases_grouped.h"
+
 /* The bounded variant through the CUDA kernels, at fixed sizes past the few-row path (the tiled
  * forward takes the bound as each row's maximum when there is no mask operand and, under causal,
  * J >= I; the others and the backward take it as the general attention): causal with keys offset
@@ -980,6 +983,7 @@ static const OpCase OP_CASES[] = {
     {"rand", build_rand, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"attention", build_attention, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"heads", build_heads, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
+    {"attention_grouped", build_attention_grouped, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"attention_tiles", build_attention_tiles, OC_CPU, OC_EMPTY, 1e-4,
      "CPU tiles: 16 n + 60 queries are 2140 at the CUDA sizes' n = 130, too slow for the emulator"},
     {"attention_bounded", build_attention_bounded, OC_CPU, OC_EMPTY, 1e-4,

@@ -643,7 +643,7 @@ START_TEST(test_flash_stored)
                 all++;
                 stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
             }
-        ck_assert_int_eq(all, 11);
+        ck_assert_int_eq(all, 13);
         ck_assert_int_eq(stored, st ? all : 0);
         cg_cuda_unit_free(&cu);
     }

@@ -350,6 +350,52 @@ START_TEST(test_window_fuses)
 }
 END_TEST
 
+/* Grouped key/values (attn_kv_heads = 2 of 8 heads; kv_groups): in inference each attention
+ * reads the 2 key/value heads themselves and the repeat of k and v is gone (no 5-d expand, four
+ * fewer plan steps a layer than on a target whose kernel does not read them, where the copy
+ * stays); in training attention_grad takes q's heads, so the repeat stays. */
+START_TEST(test_grouped_kv)
+{
+    static const char *src = "xtransformers = \"2.26.4\"\n"
+                             "m = TransformerWrapper(num_tokens = 32, max_seq_len = 256,\n"
+                             "    attn_layers = Decoder(dim = 64, depth = 2, heads = 8, attn_kv_heads = 2, attn_dim_head = 8))\n";
+    for (int train = 0; train <= 1; train++) {
+        XtLowerOpts lo = {.train = train};
+        IrGraph *g = lower_xtf(NULL, src, &lo, train);
+        ck_assert_ptr_nonnull(g);
+        IrGraph *fused = optimize(g, 0);
+        PassTarget off = harness_target("cpu")->passes; /* a kernel without grouped key/values */
+        off.attention_kv_groups = 0;
+        char err[1024];
+        IrGraph *copied = pass_run_pipeline(g, &(PassOptions){.verify_each = 1, .target = &off}, err, sizeof err);
+        ck_assert_msg(copied != NULL, "%s", err);
+        int grouped = 0, repeats = 0, repeats_off = 0;
+        for (int i = 0; i < fused->nnodes; i++) {
+            const IrNode *x = fused->nodes[i];
+            grouped += x->op == IR_ATTENTION && x->in[1]->shape[1].c == 2 && x->in[2]->shape[1].c == 2;
+            repeats += x->op == IR_EXPAND && x->rank == 5;
+        }
+        for (int i = 0; i < copied->nnodes; i++)
+            repeats_off += copied->nodes[i]->op == IR_EXPAND && copied->nodes[i]->rank == 5;
+        Plan pf, po;
+        plan_of(fused, &pf, 1);
+        plan_of(copied, &po, 1);
+        printf("grouped key/values (%s): %d of 2 attentions read 2 heads, %d repeats (%d without kv_groups), "
+               "%d plan steps (%d)\n", train ? "training" : "inference", grouped, repeats, repeats_off, pf.steps, po.steps);
+        ck_assert_int_eq(pf.attention, 2);
+        ck_assert_int_eq(pf.attention_grad, train ? 2 : 0);
+        ck_assert_int_eq(grouped, train ? 0 : 2);
+        ck_assert_int_eq(repeats_off, 2 * 2);
+        ck_assert_int_eq(repeats, train ? 2 * 2 : 0);
+        if (!train) /* each repeat was two copies, the expand and the reshape of its result */
+            ck_assert_int_eq(pf.steps, po.steps - 2 * 2 * 2);
+        ir_graph_free(copied);
+        ir_graph_free(fused);
+        ir_graph_free(g);
+    }
+}
+END_TEST
+
 /* ---- memory: the arena at two sequence lengths ---- */
 
 START_TEST(test_arena_linear)
@@ -397,6 +443,7 @@ static Suite *suite(void)
     tcase_add_unchecked_fixture(tc, make_tmpdir, remove_tmpdir);
     tcase_add_test(tc, test_kernel_counts);
     tcase_add_test(tc, test_window_fuses);
+    tcase_add_test(tc, test_grouped_kv);
     tcase_add_test(tc, test_arena_linear);
     tcase_add_test(tc, test_module_parts);
     tcase_add_test(tc, test_parity_fused);

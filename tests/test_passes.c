@@ -133,7 +133,7 @@ START_TEST(test_golden_dce) { golden("dce", 3); }
 END_TEST
 START_TEST(test_golden_pipeline) { golden("pipeline", 1); }
 END_TEST
-START_TEST(test_golden_attention) { golden("attention", 11); } /* passes/fuse_attention.c */
+START_TEST(test_golden_attention) { golden("attention", 13); } /* passes/fuse_attention.c */
 END_TEST
 START_TEST(test_golden_elementwise) { golden("elementwise", 5); } /* passes/fuse_elementwise.c */
 END_TEST

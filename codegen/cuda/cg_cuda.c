@@ -380,6 +380,7 @@ const CgBackend cg_cuda_backend = {
     .release = cuda_release,
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
+    .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
 };
 
 const CgBackend cg_cuda_emu_backend = {
@@ -392,4 +393,5 @@ const CgBackend cg_cuda_emu_backend = {
     .release = cuda_release,
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
+    .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
 };

@@ -184,19 +184,31 @@ void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent)
 }
 
 /* Where the [rows, width] matrix of batch index `batch` (flat over the batch dims) of a forward
- * attention operand or result starts (pointer name), and its row stride (stride): contiguous
+ * attention operand or result x starts (pointer name), and its row stride (stride): contiguous
  * [.., rows, width]; or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, H, width]
  * read or written in place for the node's [b, H, rows, width]: the rows of head `batch % H` are
- * width elements every H width. */
-void cu_att_operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
-                         const char *base, const char *rows, const char *width, const char *stride)
+ * width elements every H width. Grouped key/values (k and v with G heads where q has H:
+ * ops.def): query head i reads key/value head i mod G, so k and v are at their own batch index
+ * (batch / H) G + batch % H % G, and in place as [b, rows, G, width]. */
+void cu_att_operand_rows(CuKernel *k, const IrNode *x, unsigned view, const char *qual, const char *type,
+                         const char *name, const char *base, const char *rows, const char *width, const char *stride)
 {
+    const IrNode *n = k->node;
+    int64_t group = ir_attention_kv_group(n);
+    char bat[96] = "batch", heads[32] = "H";
+    if (group > 1 && (x == n->in[1] || x == n->in[2])) {
+        int r = n->in[0]->rank;
+        long long H = (long long)n->in[0]->shape[r - 3].c, G = (long long)n->in[1]->shape[r - 3].c;
+        snprintf(bat, sizeof bat, "(batch / %lld * %lld + batch %% %lld %% %lld)", H, G, H, G);
+        snprintf(heads, sizeof heads, "%lld", G);
+    }
     if (!view)
-        fprintf(k->f, "        %s%s *%s = %s + batch * %s * %s;\n        const i64 %s = %s;\n", qual, type, name, base,
+        fprintf(k->f, "        %s%s *%s = %s + %s * %s * %s;\n        const i64 %s = %s;\n", qual, type, name, base, bat,
                 rows, width, stride, width);
     else
-        fprintf(k->f, "        %s%s *%s = %s + ((batch / H) * %s * H + batch %% H) * %s;\n"
-                      "        const i64 %s = H * %s;\n", qual, type, name, base, rows, width, stride, width);
+        fprintf(k->f, "        %s%s *%s = %s + ((%s / %s) * %s * %s + %s %% %s) * %s;\n"
+                      "        const i64 %s = %s * %s;\n", qual, type, name, base, bat, heads, rows, heads, bat, heads,
+                width, stride, heads, width);
 }
 
 /* The forward kernels' sizes: I, J, batches, the head sizes, the output's columns OC, and with
@@ -318,10 +330,10 @@ static void tiled_rows(CuKernel *k, const Att *a, int stats, int br, int bc)
     fprintf(f, "    for (i64 tile = blockIdx.x; tile < batches * tiles; tile += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = tile / tiles, i0 = tile %% tiles * %d;\n", br);
     cu_att_batch_indices(k, q, "        ");
-    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        for (int t = threadIdx.x; t < %d * D; t += blockDim.x) {\n", br);
     fprintf(f, "            const int r = t / D, d = t %% D;\n");
     fprintf(f, "            Qs[d][r] = i0 + r < I ? xtc_ld(qb, (i0 + r) * qs + d) : 0.0f;\n        }\n");
@@ -528,10 +540,10 @@ int cg_cuda_attention(CuKernel *k)
     fprintf(f, "    for (i64 row = blockIdx.x; row < batches * I; row += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = row / I, i = row %% I;\n");
     cu_att_batch_indices(k, q, "        ");
-    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        const float scale = %s;\n", a.scale);
     fprintf(f, "        %s *o = ob + i * os;\n", cu_mem_type(x));
     fprintf(f, "        for (int d = threadIdx.x; d < D; d += blockDim.x)\n");

@@ -32,9 +32,10 @@ void cu_att_tile_keys(CuKernel *k, const Att *a, int rows, const char *indent);
 void cu_att_query_ranges(CuKernel *k, const Att *a, const char *indent);
 /* ix0, ix1, ..: the batch dims of the flat batch index `batch` */
 void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent);
-/* pointer `name` to the [rows, width] matrix of batch `batch`, row stride `stride` (head views) */
-void cu_att_operand_rows(CuKernel *k, unsigned view, const char *qual, const char *type, const char *name,
-                         const char *base, const char *rows, const char *width, const char *stride);
+/* pointer `name` to the [rows, width] matrix of batch `batch` of operand or result x, row stride
+ * `stride` (head views; k and v of grouped key/values at their own batch) */
+void cu_att_operand_rows(CuKernel *k, const IrNode *x, unsigned view, const char *qual, const char *type,
+                         const char *name, const char *base, const char *rows, const char *width, const char *stride);
 /* I, J, batches, D, E, OC (and H with head views) */
 void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
 

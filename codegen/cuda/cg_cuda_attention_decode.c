@@ -74,10 +74,10 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     fprintf(f, "    for (i64 dblk = blockIdx.x; dblk < batches * dbl; dblk += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = dblk / dbl, sw = dblk %% dbl * %d + dwarp; /* the matrix, the warp's keys */\n", nw);
     cu_att_batch_indices(k, q, "        ");
-    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fprintf(f, "        const i64 c0 = sw * 32;\n");
     if (a->D % 8 == 0)
         fprintf(f, "        const int dvec = qs %% 8 == 0 && ks %% 8 == 0 && ((size_t)qb | (size_t)kb) %% 16 == 0; /* 16-byte loads */\n");

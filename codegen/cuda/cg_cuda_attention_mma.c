@@ -102,10 +102,10 @@ static int flash16(CuKernel *k, const Att *a, int stats)
         return cu_error(k->gen, "out of memory");
     }
     cu_att_batch_indices(k, q, "        ");
-    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     fclose(k->f);
     cu_att_define_lines(saved, "XTC_FA_TILE", buf);
     free(buf);
@@ -191,10 +191,10 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats)
     fprintf(f, "    for (i64 tile = blockIdx.x; tile < batches * tiles; tile += gridDim.x) {\n");
     fprintf(f, "        const i64 batch = tile / tiles, i0 = tile %% tiles * %d;\n", BR);
     cu_att_batch_indices(k, q, "        ");
-    cu_att_operand_rows(k, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
-    cu_att_operand_rows(k, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
-    cu_att_operand_rows(k, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
-    cu_att_operand_rows(k, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
+    cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
+    cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
+    cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
+    cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
     /* the lane's two rows: r = 0 row g, r = 1 row g + 8 of the warp's 16 */
     fprintf(f, "        const i64 r0 = i0 + warp * 16 + g;\n");
     fprintf(f, "        unsigned qf[%lld][4]; /* the warp's query rows: A fragments, one per k-step of 16 */\n", dk);

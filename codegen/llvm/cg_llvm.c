@@ -1123,4 +1123,5 @@ const CgBackend cg_llvm_backend = {
     .release = llvm_release,
     .attention_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
+    .attention_kv_groups = 1,
 };

@@ -280,21 +280,33 @@ static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRe
     return ld(k, base, score_batch_offset(k, q, &s, bi));
 }
 
-/* Where the matrix of batch index bi (flat over the batch dims) of an attention operand or result
- * starts, with its row stride in *stride: a contiguous [.., rows, width]; or, through a
- * head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in place for the
- * node's [b, h, rows, width]: the rows of head h are width floats every h width. */
-static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValueRef base, LLVMValueRef bi,
+/* Where the matrix of batch index bi (flat over x's batch dims) of an attention operand or result
+ * x starts, with its row stride in *stride: a contiguous [.., rows, width]; or, through a
+ * head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in place for
+ * x's [b, h, rows, width]: the rows of head h are width floats every h width. */
+static LLVMValueRef operand_rows(K *k, const IrNode *x, unsigned view, LLVMValueRef base, LLVMValueRef bi,
                                  LLVMValueRef rows, int64_t width, LLVMValueRef *stride)
 {
     if (!view) {
         *stride = ci(k, width);
         return ptr(k, base, imul(k, bi, imul(k, rows, ci(k, width))));
     }
-    LLVMValueRef h = cg_dim(k->f, n->in[0]->shape[1]); /* views exist for rank 4 only */
+    LLVMValueRef h = cg_dim(k->f, x->shape[1]); /* views exist for rank 4 only */
     LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
     *stride = imul(k, h, ci(k, width));
     return ptr(k, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
+}
+
+/* The key/value batch index of query batch index bi: with grouped key/values (k, v with G heads
+ * where q has H: ops.def), query head i reads key/value head i mod G. */
+static LLVMValueRef kv_batch(K *k, const IrNode *n, LLVMValueRef bi)
+{
+    int64_t group = ir_attention_kv_group(n);
+    if (group == 1)
+        return bi;
+    int r = n->in[0]->rank;
+    int64_t H = n->in[0]->shape[r - 3].c, G = n->in[1]->shape[r - 3].c;
+    return iadd(k, imul(k, idiv(k, bi, ci(k, H)), ci(k, G)), irem(k, irem(k, bi, ci(k, H)), ci(k, G)));
 }
 
 /* ---- forward ---- */
@@ -483,10 +495,11 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef grows = imin(&k, grp_rows, isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
     LLVMValueRef qs, ks, vs, os; /* row strides */
-    LLVMValueRef qb = operand_rows(&k, n, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);
-    LLVMValueRef kb = operand_rows(&k, n, f->views & CG_VIEW_K, f->in[1], bi, d.J, D, &ks);
-    LLVMValueRef vb = operand_rows(&k, n, f->views & CG_VIEW_V, f->in[2], bi, d.J, E, &vs);
-    LLVMValueRef ob = operand_rows(&k, n, f->views & CG_VIEW_OUT, f->out, bi, d.I, Eo, &os);
+    LLVMValueRef kvbi = kv_batch(&k, n, bi);
+    LLVMValueRef qb = operand_rows(&k, q, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);
+    LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], kvbi, d.J, D, &ks);
+    LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], kvbi, d.J, E, &vs);
+    LLVMValueRef ob = operand_rows(&k, q, f->views & CG_VIEW_OUT, f->out, bi, d.I, Eo, &os);
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
     /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes

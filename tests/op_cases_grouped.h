@@ -1,0 +1,32 @@
+/* op_cases_grouped.h: op_cases.h's case of grouped key/values (ops.def: multi- and grouped-query
+ * attention), included by op_cases.h after its helpers (input, out, unit_rows). */
+#ifndef XTC_TESTS_OP_CASES_GROUPED_H
+#define XTC_TESTS_OP_CASES_GROUPED_H
+
+/* Grouped key/values (ops.def: k and v with G heads where q has H, query head i reading key/value
+ * head i mod G; passes/kv_groups.c lets the node read them without the lowering's repeat): 4
+ * query heads over 2 key/value heads with a bias per query head, a padding mask, a scale per
+ * batch and head and the statistics, causal with keys offset from the queries; over 1 (multi-
+ * query) with a window; one decoded row (the few-row paths); heads read and written in place
+ * through head-split views of their own head counts; and the bounded (cosine-sim) variant. */
+static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(4), hd = ir_dim(8), one = ir_dim(1);
+    IrDim sq[] = {b, h, n, hd}, sk2[] = {b, ir_dim(2), J, hd}, sk1[] = {b, one, J, hd};
+    IrDim sbias[] = {h, n, J}, smask[] = {b, one, one, J}, sscale[] = {b, h, one, one}, sq1[] = {b, h, one, hd};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk2), *v = input(g, "v", IR_F32, 4, sk2);
+    IrNode *k1 = input(g, "k1", IR_F32, 4, sk1), *v1 = input(g, "v1", IR_F32, 4, sk1);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    out(g, "gqa_all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
+    out(g, "mqa_window", ir_attention_window(g, q, k1, v1, NULL, NULL, c, 1, 1, 2));
+    out(g, "gqa_decode", ir_attention(g, input(g, "q1", IR_F32, 4, sq1), k, v, NULL, NULL, c, 1, 0));
+    IrDim sxq[] = {b, n, h, hd}, sxk[] = {b, J, ir_dim(2), hd};
+    IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
+    IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split), *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
+    out(g, "gqa_heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+    out(g, "gqa_bounded", ir_attention_bounded(g, unit_rows(g, q), unit_rows(g, k), v, NULL, ir_const(g, 10.0, IR_F32), 1, 1, 0, 1));
+}
+
+#endif
