@@ -176,6 +176,34 @@ static void micro_tile(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef r0, 
     LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
 }
 
+/* ---- k and v stored in bf16 (KV caches under CG_STORE_KV_CACHES, CgFn.in_bf16[1] and [2]) ----
+ * The forward reads them widened (16 at a time where the loop vectorises: zero-extend, shift,
+ * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. */
+
+/* the address of element idx of an operand holding f32, or bf16 when b16 */
+static LLVMValueRef kv_addr(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
+{
+    return b16 ? cg_addr_bf16(k->f, base, idx) : ptr(k, base, idx);
+}
+
+/* element idx of such an operand, as f32 */
+static LLVMValueRef kv_ld(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
+{
+    return b16 ? cg_load_bf16(k->f, base, idx) : ld(k, base, idx);
+}
+
+/* pack() from such an operand */
+static void kv_pack(K *k, int b16, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb,
+                    LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc)
+{
+    if (!b16) {
+        pack(k, transposed, bp, src, ldb, pc, kc, j0, nc);
+        return;
+    }
+    LLVMValueRef args[7] = {bp, src, ldb, pc, kc, j0, nc};
+    LLVMBuildCall2(k->b, k->pack_ty, cg_gemm_pack_b16(k->cg, transposed), args, 7, "");
+}
+
 /* ---- operands ---- */
 
 /* Sizes of an attention node (or of the forward node behind an attention_grad). */
@@ -284,17 +312,17 @@ static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRe
  * starts, with its row stride in *stride: a contiguous [.., rows, width]; or, through a
  * head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in place for the
  * node's [b, h, rows, width]: the rows of head h are width floats every h width. */
-static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValueRef base, LLVMValueRef bi,
+static LLVMValueRef operand_rows(K *k, const IrNode *n, unsigned view, LLVMValueRef base, int b16, LLVMValueRef bi,
                                  LLVMValueRef rows, int64_t width, LLVMValueRef *stride)
 {
     if (!view) {
         *stride = ci(k, width);
-        return ptr(k, base, imul(k, bi, imul(k, rows, ci(k, width))));
+        return kv_addr(k, b16, base, imul(k, bi, imul(k, rows, ci(k, width))));
     }
     LLVMValueRef h = cg_dim(k->f, n->in[0]->shape[1]); /* views exist for rank 4 only */
     LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
     *stride = imul(k, h, ci(k, width));
-    return ptr(k, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
+    return kv_addr(k, b16, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
 }
 
 /* ---- forward ---- */
@@ -310,10 +338,10 @@ static void row_keys(K *k, LLVMValueRef r, LLVMValueRef bcq, LLVMValueRef first_
 }
 
 /* The tile products of a few rows (FEW_ROWS) over the keys each row r sees, the key or value
- * rows x_(j0 + c) read in place (row stride xs); Y holds rows of `width` floats:
+ * rows x_(j0 + c) read in place (row stride xs; bf16 when x16); Y holds rows of `width` floats:
  *   scores (output 0): S[r, c] = Y_r . x_(j0 + c), Y = the scaled q rows;
  *   output (1):        Y_r += P[r, c] x_(j0 + c), Y = the rows of O. */
-static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, LLVMValueRef xs, LLVMValueRef j0,
+static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int x16, LLVMValueRef xs, LLVMValueRef j0,
                      LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int width,
                      LLVMValueRef S, LLVMValueRef Y)
 {
@@ -327,7 +355,7 @@ static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, LLVMV
     LLVMValueRef xrow = imul(k, iadd(k, j0, lc.iv), xs), si = iadd(k, srow, lc.iv);
     LLVMValueRef acc = output ? NULL : cg_var(f, k->cg->t_f32, fc(k, 0), "dot"), p = output ? ld(k, S, si) : NULL;
     cg_for(f, &le, ci(k, 0), ci(k, width), "fe");
-    LLVMValueRef yi = iadd(k, yrow, le.iv), x = ld(k, xb, iadd(k, xrow, le.iv));
+    LLVMValueRef yi = iadd(k, yrow, le.iv), x = kv_ld(k, x16, xb, iadd(k, xrow, le.iv));
     if (output)
         st(k, Y, yi, cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, x, ld(k, Y, yi)}, 3));
     else
@@ -483,10 +511,11 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef grows = imin(&k, grp_rows, isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
     LLVMValueRef qs, ks, vs, os; /* row strides */
-    LLVMValueRef qb = operand_rows(&k, n, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);
-    LLVMValueRef kb = operand_rows(&k, n, f->views & CG_VIEW_K, f->in[1], bi, d.J, D, &ks);
-    LLVMValueRef vb = operand_rows(&k, n, f->views & CG_VIEW_V, f->in[2], bi, d.J, E, &vs);
-    LLVMValueRef ob = operand_rows(&k, n, f->views & CG_VIEW_OUT, f->out, bi, d.I, Eo, &os);
+    const int k16 = f->in_bf16[1], v16 = f->in_bf16[2]; /* k, v stored in bf16 (KV caches) */
+    LLVMValueRef qb = operand_rows(&k, n, f->views & CG_VIEW_Q, f->in[0], 0, bi, d.I, D, &qs);
+    LLVMValueRef kb = operand_rows(&k, n, f->views & CG_VIEW_K, f->in[1], k16, bi, d.J, D, &ks);
+    LLVMValueRef vb = operand_rows(&k, n, f->views & CG_VIEW_V, f->in[2], v16, bi, d.J, E, &vs);
+    LLVMValueRef ob = operand_rows(&k, n, f->views & CG_VIEW_OUT, f->out, 0, bi, d.I, Eo, &os);
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
     /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes
@@ -525,12 +554,12 @@ int cg_attention_impl(CgFn *f)
     CgLoop lp;
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
     LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
-    pack(&k, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
-         imin(&k, ci(&k, nr), isub(&k, bc, p0)));
+    kv_pack(&k, k16, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
+            imin(&k, ci(&k, nr), isub(&k, bc, p0)));
     cg_for_end(f, &lp);
     for (int e0 = 0; e0 < E; e0 += nr)
-        pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
-             ci(&k, E - e0 < nr ? E - e0 : nr));
+        kv_pack(&k, v16, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
+                ci(&k, E - e0 < nr ? E - e0 : nr));
     cg_if_end(f, &cfew);
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
@@ -555,7 +584,7 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 0, rows, kb, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
+        few_rows(&k, 0, rows, kb, k16, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -663,7 +692,7 @@ int cg_attention_impl(CgFn *f)
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 1, rows, vb, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
+        few_rows(&k, 1, rows, vb, v16, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -701,7 +730,7 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lk, ci(&k, 0), d.J, "j");
     LLVMValueRef vrow = imul(&k, lk.iv, vs);
     cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), ld(&k, vb, iadd(&k, vrow, lc.iv))));
+    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), kv_ld(&k, v16, vb, iadd(&k, vrow, lc.iv))));
     cg_for_end(f, &lc);
     cg_for_end(f, &lk);
     LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, d.J, k.cg->t_f32, ""), "");
