@@ -1,5 +1,6 @@
-/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len) and carrying outputs
- * into inputs (xtc_session_carry: KV caches on the host and on a device). */
+/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), carrying outputs
+ * into inputs (xtc_session_carry: KV caches on the host and on a device) and a device module's
+ * outputs left on the device until read. */
 #include "rt_session.h"
 
 #include <errno.h>
@@ -219,6 +220,20 @@ int rs_lazy_outputs(XtcSession *s)
         if (s->m->bufs[s->m->outs[o].buf].kind == RT_BUF_TEMP)
             s->lazy[s->m->outs[o].buf] = 1;
     return 0;
+}
+
+/* The host copy of output buffer b of the last run: copied from the device first when the run
+ * left it there (every output of a device module, see rs_lazy_outputs), once per run. */
+int rs_output_on_host(XtcSession *s, int b, const char *name)
+{
+    if (!s->lazy || !s->lazy[b] || s->fetched[b])
+        return XTC_OK;
+    char msg[sizeof s->err];
+    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, s->pool, msg, sizeof msg);
+    if (r < 0)
+        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
+    s->fetched[b] = 1;
+    return XTC_OK;
 }
 
 /* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):

@@ -1076,20 +1076,6 @@ int xtc_session_run(XtcSession *s)
     return XTC_OK;
 }
 
-/* The host copy of output buffer b of the last run: copied from the device first when the run
- * left it there (every output of a device module, see rs_lazy_outputs), once per run. */
-int rs_output_on_host(XtcSession *s, int b, const char *name)
-{
-    if (!s->lazy || !s->lazy[b] || s->fetched[b])
-        return XTC_OK;
-    char msg[sizeof s->err];
-    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, s->pool, msg, sizeof msg);
-    if (r < 0)
-        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
-    s->fetched[b] = 1;
-    return XTC_OK;
-}
-
 int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out) { return rs_get_output(s, name, out, 1); }
 
 int rs_get_output(XtcSession *s, const char *name, XtcTensor *out, int widen)

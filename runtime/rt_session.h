@@ -1,7 +1,8 @@
 /* rt_session.h: the session object and the helpers its files share (rt_session.c: creation,
  * binding, runs and outputs; rt_arena.c: the memory plan and the bounds of a call's work;
- * rt_carry.c: limits on sums of symbols and carrying outputs into inputs; rt_scaler.c: loss
- * scaling; rt_comm.c: gradients summed over ranks). Private to the runtime. */
+ * rt_carry.c: limits on sums of symbols, carrying outputs into inputs, outputs left on a device;
+ * rt_scaler.c: loss scaling; rt_comm.c: gradients summed over ranks; rt_store.c: 16-bit storage
+ * on the CPU). Private to the runtime. */
 #ifndef XTC_RT_SESSION_H
 #define XTC_RT_SESSION_H
 
