@@ -198,7 +198,7 @@ static int find_kernel(CgPlan *p, const IrNode *n, unsigned views, const int *st
     for (int k = 0; k < n->nin; k++) /* ... and one reading a 16-bit operand where others read f32 */
         if (stored[k])
             snprintf(more + strlen(more), sizeof more - strlen(more), " s%d", stored[k]);
-    if (out_stored) /* ... or writing one */
+    if (out_stored) /* ... or writing one (a KV cache; under CG_STORE_ALL the node decides: 0) */
         snprintf(more + strlen(more), sizeof more - strlen(more), " o%d", out_stored);
     if (more[0]) {
         size_t len = strlen(sig);
@@ -507,7 +507,7 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
             if (st->in[k] >= 0)
                 in_storage[k] = p->storage[st->in[k]];
         }
-        st->kernel = find_kernel(p, node, views[i], in_storage, stored[i]);
+        st->kernel = find_kernel(p, node, views[i], in_storage, o->scope == CG_STORE_ALL ? 0 : stored[i]);
         if (st->kernel < 0) {
             rc = fail(err, n, "out of memory%s", "");
             break;
