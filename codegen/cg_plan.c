@@ -316,9 +316,10 @@ static int reads_as_kv(const IrNode *x, const IrNode *v)
 }
 
 /* CG_STORE_KV_CACHES: st[] set for the KV caches of a decoding graph, the pairs of an f32 input
- * (the cache carried in) read only as the first operand of a concat along its positions, and that
- * concat (the cache with the call's rows appended, an output: carried out), which only attention
- * kernels read, as k or v, in place or through head-split views. Both of a pair or neither. */
+ * (the cache carried in) read only as the first operand of a concat (its positions, then the
+ * call's: the runtime appends in place where the axis allows, rt_carry.c) and that concat (an
+ * output: carried out), which only attention kernels read, as k or v, in place or through
+ * head-split views. Both of a pair or neither; none that cg_keeps_f32 keeps. */
 static void kv_cache_storage(const IrGraph *g, const char *needed, const char *elide, int storage, uint8_t *st)
 {
     size_t nn = (size_t)g->nnodes + 1;
@@ -330,7 +331,7 @@ static void kv_cache_storage(const IrGraph *g, const char *needed, const char *e
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *c = g->nodes[i];
         if (needed[i] && output[i] && c->op == IR_CONCAT && c->dtype == IR_F32 && c->in[0]->op == IR_INPUT &&
-            c->in[0]->dtype == IR_F32 && c->in[1] != c->in[0])
+            c->in[0]->dtype == IR_F32 && c->in[1] != c->in[0] && !cg_keeps_f32(c) && !cg_keeps_f32(c->in[0]))
             cand[i] = 1, cand[c->in[0]->id] = 1;
     }
     for (int i = 0; i < g->nnodes; i++) { /* a reader other than those drops the pair */
