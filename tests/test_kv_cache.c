@@ -466,6 +466,14 @@ START_TEST(window_mem_kv)
 }
 END_TEST
 
+/* a window over keys of 32 values (the few-rows scores in vectors, 4 keys at a time, from the
+ * window's first key: a start and a remainder that are not multiples of 4), caches in bf16 */
+START_TEST(window_wide_heads)
+{
+    check_model_kv(MODEL("dim = 32, depth = 1, heads = 2, attn_dim_head = 32, attn_max_attend_past = 6"), 1);
+}
+END_TEST
+
 /* The cache's positions and the call's together stay within max_seq_len (the position table):
  * c + n > 32 is refused naming both lengths, by the interpreter and by a session when the
  * second of the two inputs is bound (set or carried), or else when it runs. */
@@ -594,6 +602,7 @@ int main(void)
     tcase_add_test(tc, rel_pos_and_mem_kv);
     tcase_add_test(tc, pia_talking_heads_residual_attn);
     tcase_add_test(tc, window_mem_kv);
+    tcase_add_test(tc, window_wide_heads);
     tcase_add_test(tc, grouped_kv_heads_2x);
     tcase_add_test(tc, one_kv_head_1x);
     tcase_add_test(tc, xpos_2x);
