@@ -1,6 +1,6 @@
 /* bench_decode.c: `xtc bench model.xtf --decode C`: the speed of KV-cache decoding, what `xtc
  * generate` does per token. The model's incremental form (xt_lower .kv_cache) is compiled with the
- * asked --dtype and --mma and, when those are not f32, in f32 as well; each runs on the same
+ * asked --dtype, --mma, --weights-dtype and --kv-dtype and, when those are not f32, in f32 as well; each runs on the same
  * seeded weights (xtc_session_init_weights), with batch 1: a prompt of C tokens in one call, then
  * rounds of DECODE_ROUND one-token calls whose caches are carried to the next call
  * (xtc_session_carry, as generate does), the variants alternating round by round so that the
@@ -128,13 +128,16 @@ int cli_bench_decode(const BenchDecode *d)
         xtf_free(f);
         return 1;
     }
-    int asked = d->dtype || (d->mma != CG_MMA_AUTO && d->mma != CG_MMA_OFF);
+    const DrvTarget *t = d->t;
+    int asked = d->dtype || (d->mma != CG_MMA_AUTO && d->mma != CG_MMA_OFF) || t->int8 || t->kv_dtype;
     DecVar var[2];
     memset(var, 0, sizeof var);
     var[0].name = "f32";
-    char label[64];
-    snprintf(label, sizeof label, "%s%s%s", d->dtype ? "--dtype " : "", d->dtype ? d->dtype : "",
-             d->mma == CG_MMA_BF16 ? (d->dtype ? " --mma=bf16" : "--mma=bf16") : d->mma == CG_MMA_OFF && d->dtype ? " --mma=off" : "");
+    char label[96];
+    snprintf(label, sizeof label, "%s%s%s%s%s%s", d->dtype ? " --dtype " : "", d->dtype ? d->dtype : "",
+             d->mma == CG_MMA_BF16 ? " --mma=bf16" : d->mma == CG_MMA_OFF && d->dtype ? " --mma=off" : "",
+             t->int8 ? " --weights-dtype int8" : "", t->kv_dtype ? " --kv-dtype " : "", t->kv_dtype ? t->kv_dtype : "");
+    memmove(label, label + 1, strlen(label)); /* the leading space */
     var[1].name = label;
     int nvar = asked ? 2 : 1, rc = 0, rounds = d->repeat;
     for (int i = 0; i < nvar && !rc; i++) {

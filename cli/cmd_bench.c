@@ -38,6 +38,7 @@ typedef struct {
     const char *path, *model, *target;
     const char *dtype;       /* --dtype: storage of cuda and cuda-emu modules, NULL = f32 */
     int mma;                 /* --mma: CgOptions.mma (bf16 matmul operands on the cpu too) */
+    const char *weights_dtype, *kv_dtype; /* --decode: --weights-dtype, --kv-dtype as xtc compile's */
     int64_t batch, seq;
     int64_t decode;          /* --decode C: KV-cache decoding after a context of C (bench_decode.c) */
     int train, mask, threads, repeat, warmup, json, top;
@@ -155,6 +156,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"--decode", CLI_I64, &o->decode, "C", .help = "time KV-cache decoding instead (batch 1): a prompt of C tokens, then\n"
          "--repeat rounds of 8 one-token calls; with --dtype or --mma against f32,\nthe variants alternating "
          "(no --batch or --seq)", .lo = 1},
+        {"--weights-dtype", CLI_STR, &o->weights_dtype, "D", .help = "with --decode: int8 matmul weights, as xtc compile"},
+        {"--kv-dtype", CLI_STR, &o->kv_dtype, "D", .help = "with --decode: the KV caches' storage, as xtc compile"},
         {"--against", CLI_STR, &o->against, "PASS", .help = "compare with every pass but PASS (xtc ir --list-passes)\n"
          "instead of the unfused program; JSON keeps the key \"unfused\" for it"},
     };
@@ -176,7 +179,12 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         fprintf(stderr, "xtc bench: --against: %s\n", err);
         return -1;
     }
-    if (drv_target(&o->t, &(CgOptions){.target = o->target, .dtype = o->dtype, .mma = o->mma}, err, sizeof err) != 0) {
+    if ((o->weights_dtype || o->kv_dtype) && !o->decode) {
+        fprintf(stderr, "xtc bench: --weights-dtype and --kv-dtype apply with --decode\n");
+        return -1;
+    }
+    if (drv_target(&o->t, &(CgOptions){.target = o->target, .dtype = o->dtype, .mma = o->mma, .weights_dtype = o->weights_dtype,
+                                       .kv_dtype = o->kv_dtype}, err, sizeof err) != 0) {
         fprintf(stderr, "xtc bench: %s\n", err);
         return -1;
     }

@@ -76,6 +76,8 @@ int cli_compile(int argc, char **argv)
          "(xtc quantize writes such weights; the f32 file\nloads too, quantized as it loads)"},
         {"--group", CLI_INT, &co.quant_group, "G", .help = "with --weights-dtype int8: a scale per G weights along each row\n"
          "(32 to 128 are usual; default: one per output row)", .lo = 1, .hi = 1 << 20},
+        {"--kv-dtype", CLI_STR, &co.kv_dtype, "D", .help = "cpu, with --kv-cache: f32 or bf16, how the KV caches are stored\n"
+         "(default: bf16 with --dtype bf16, else f32); the API's caches stay f32"},
         {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
     };
     const CliCmd cmd = {
@@ -102,6 +104,10 @@ int cli_compile(int argc, char **argv)
     }
     if (!path || !out)
         return cli_usage_error(&cmd, !path ? "no model file given" : "no output given (-o model.so)");
+    if (co.kv_dtype && !lo.kv_cache) {
+        fprintf(stderr, "xtc compile: --kv-dtype applies with --kv-cache (the incremental-decoding form)\n");
+        return 2;
+    }
     if (cli_output_is_input("compile", "-o", out, "the source", path))
         return 2;
     double t0 = now();

@@ -185,8 +185,9 @@ static int add_buffer(CgPlan *p, CgBufKind kind, const IrNode *node, const char 
     return p->nbufs++;
 }
 
-/* stored: the storage of each operand's buffer (CgPlan.storage), in the signature when not 0 */
-static int find_kernel(CgPlan *p, const IrNode *n, unsigned views, const int *stored)
+/* stored: the storage of each operand's buffer (CgPlan.storage), out_stored the result's, in the
+ * signature when not 0 */
+static int find_kernel(CgPlan *p, const IrNode *n, unsigned views, const int *stored, int out_stored)
 {
     char *sig = signature(n);
     if (!sig)
@@ -197,6 +198,8 @@ static int find_kernel(CgPlan *p, const IrNode *n, unsigned views, const int *st
     for (int k = 0; k < n->nin; k++) /* ... and one reading a 16-bit operand where others read f32 */
         if (stored[k])
             snprintf(more + strlen(more), sizeof more - strlen(more), " s%d", stored[k]);
+    if (out_stored) /* ... or writing one (a KV cache; under CG_STORE_ALL the node decides: 0) */
+        snprintf(more + strlen(more), sizeof more - strlen(more), " o%d", out_stored);
     if (more[0]) {
         size_t len = strlen(sig);
         char *s2 = realloc(sig, len + strlen(more) + 1);
@@ -303,17 +306,76 @@ static int fused_reads_as_b(const IrNode *n, int k)
     return as_b && !other;
 }
 
+/* Whether x reads v only as a forward attention's k or v (operand 1 or 2). */
+static int reads_as_kv(const IrNode *x, const IrNode *v)
+{
+    for (int j = 0; j < x->nin; j++)
+        if (x->in[j] == v && !(x->op == IR_ATTENTION && (j == 1 || j == 2)))
+            return 0;
+    return 1;
+}
+
+/* CG_STORE_KV_CACHES: st[] set for the KV caches of a decoding graph, the pairs of an f32 input
+ * (the cache carried in) read only as the first operand of a concat (its positions, then the
+ * call's: the runtime appends in place where the axis allows, rt_carry.c) and that concat (an
+ * output: carried out), which only attention kernels read, as k or v, in place or through
+ * head-split views. Both of a pair or neither; none that cg_keeps_f32 keeps. */
+static void kv_cache_storage(const IrGraph *g, const char *needed, const char *elide, int storage, uint8_t *st)
+{
+    size_t nn = (size_t)g->nnodes + 1;
+    char *cand = calloc(nn, 1), *output = calloc(nn, 1);
+    if (!cand || !output)
+        goto done; /* f32 caches: still a correct plan */
+    for (int o = 0; o < g->noutputs; o++)
+        output[g->outputs[o].node->id] = 1;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *c = g->nodes[i];
+        if (needed[i] && output[i] && c->op == IR_CONCAT && c->dtype == IR_F32 && c->in[0]->op == IR_INPUT &&
+            c->in[0]->dtype == IR_F32 && c->in[1] != c->in[0] && !cg_keeps_f32(c) && !cg_keeps_f32(c->in[0]))
+            cand[i] = 1, cand[c->in[0]->id] = 1;
+    }
+    for (int i = 0; i < g->nnodes; i++) { /* a reader other than those drops the pair */
+        const IrNode *x = g->nodes[i];
+        if (!needed[i])
+            continue;
+        for (int j = 0; j < x->nin; j++) {
+            const IrNode *in = x->in[j];
+            int ok = 1;
+            if (!cand[in->id])
+                continue;
+            if (in->op == IR_INPUT)
+                ok = cand[x->id] && x->op == IR_CONCAT && j == 0;
+            else if (x->op == IR_PERMUTE && elide[i]) /* a view: its readers read the concat */
+                for (int r = i + 1; r < g->nnodes && ok; r++)
+                    ok = !needed[r] || reads_as_kv(g->nodes[r], x);
+            else
+                ok = reads_as_kv(x, in);
+            if (!ok)
+                cand[in->id] = 0;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *c = g->nodes[i];
+        if (cand[i] && c->op == IR_CONCAT && cand[c->in[0]->id])
+            st[i] = st[c->in[0]->id] = (uint8_t)storage;
+    }
+done:
+    free(cand);
+    free(output);
+}
+
 /* Per node id: its storage under o (CgPlanOpts): CG_STORE_ALL as cg_node_storage; for
- * CG_STORE_MATMUL_WEIGHTS the parameters that every needed reader reads as a matmul's B. */
-static void node_storage(const IrGraph *g, const char *needed, const CgPlanOpts *o, uint8_t *st)
+ * CG_STORE_MATMUL_WEIGHTS the parameters that every needed reader reads as a matmul's B; for
+ * CG_STORE_KV_CACHES the caches (kv_cache_storage). */
+static void node_storage(const IrGraph *g, const char *needed, const char *elide, const CgPlanOpts *o, uint8_t *st)
 {
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *x = g->nodes[i];
         st[i] = (uint8_t)cg_node_storage(x, o->storage);
-        if (o->scope == CG_STORE_MATMUL_WEIGHTS && x->op != IR_PARAM)
+        if (o->scope != CG_STORE_ALL && !((o->scope & CG_STORE_MATMUL_WEIGHTS) && x->op == IR_PARAM))
             st[i] = 0;
     }
-    if (o->scope != CG_STORE_MATMUL_WEIGHTS)
+    if (o->scope == CG_STORE_ALL)
         return;
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *x = g->nodes[i];
@@ -330,6 +392,8 @@ static void node_storage(const IrGraph *g, const char *needed, const CgPlanOpts 
     }
     for (int o2 = 0; o2 < g->noutputs; o2++)
         st[g->outputs[o2].node->id] = 0;
+    if (o->scope & CG_STORE_KV_CACHES)
+        kv_cache_storage(g, needed, elide, o->storage, st);
 }
 
 int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n) { return cg_plan_build_opts(g, p, NULL, err, n); }
@@ -406,7 +470,7 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
         return fail(err, n, "out of memory%s", "");
     }
     if (o->storage)
-        node_storage(g, needed, o, stored);
+        node_storage(g, needed, elide, o, stored);
 
     int rc = 0;
     for (int i = 0; i < g->nnodes && rc == 0; i++) {
@@ -444,7 +508,7 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
             if (st->in[k] >= 0)
                 in_storage[k] = p->storage[st->in[k]];
         }
-        st->kernel = find_kernel(p, node, views[i], in_storage);
+        st->kernel = find_kernel(p, node, views[i], in_storage, o->scope == CG_STORE_ALL ? 0 : stored[i]);
         if (st->kernel < 0) {
             rc = fail(err, n, "out of memory%s", "");
             break;

@@ -72,15 +72,21 @@ typedef struct CgPlan {
  *  - CG_STORE_MATMUL_WEIGHTS (the CPU, CG_CAP_HALF_WEIGHTS): the parameters read only as the B
  *    operand of matmuls (a plain matmul's, or a fused node's matmul step's), which the CPU's
  *    matmul kernels read in bf16 directly (the packed panels, the matrix-vector path): the
- *    weights of every Linear layer; embeddings (gathered), norms' gains and biases stay f32.
+ *    weights of every Linear layer; embeddings (gathered), norms' gains and biases stay f32;
+ *  - CG_STORE_KV_CACHES (the CPU with --kv-dtype bf16, or --dtype bf16 by default; with or without
+ *    CG_STORE_MATMUL_WEIGHTS): the KV caches of a decoding graph, each pair of an input read only
+ *    as the first operand of a concat that is an output (the cache carried in, and out with the
+ *    call's rows appended) and that concat, when only attention kernels read it, as k or v (in
+ *    place or through a head-split view): the concat kernel writes bf16 rows, the attention
+ *    widens k and v as it reads them. A pair with any other reader stays f32.
  * The storage goes into the kernels' signatures (a kernel reading a bf16 weight is another
  * kernel) and into the metadata ("storage" records, include/abi/rt_abi.h). */
 typedef struct {
     int head_views; /* the head-split views below (backends with CG_CAP_HEAD_VIEWS) */
     int storage;    /* 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
-    int scope;      /* CG_STORE_* */
+    int scope;      /* CG_STORE_ALL, or CG_STORE_MATMUL_WEIGHTS and/or CG_STORE_KV_CACHES */
 } CgPlanOpts;
-enum { CG_STORE_ALL = 0, CG_STORE_MATMUL_WEIGHTS = 1 };
+enum { CG_STORE_ALL = 0, CG_STORE_MATMUL_WEIGHTS = 1, CG_STORE_KV_CACHES = 2 };
 /* The rule of CG_STORE_ALL for one value: storage for an f32 value cg_keeps_f32 does not keep, else 0. */
 int cg_node_storage(const IrNode *n, int storage);
 

@@ -64,8 +64,12 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     }
     double t0 = now_s();
     CgPlan plan;
-    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0, .storage = storage,
-                       .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL : CG_STORE_MATMUL_WEIGHTS};
+    int kv = cg_kv_storage(be->caps, be->name, storage, opt->kv_dtype, err, n);
+    if (kv < 0)
+        return -1;
+    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0, .storage = storage ? storage : kv,
+                       .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL
+                                : (storage ? CG_STORE_MATMUL_WEIGHTS : 0) | (kv ? CG_STORE_KV_CACHES : 0)};
     if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)
         return -1;
     for (int k = 0; k < plan.nkernels; k++) {
@@ -105,6 +109,21 @@ int cg_storage_supported(unsigned caps, const char *backend, int storage, char *
         snprintf(err, n, "--dtype %s: the %s backend computes and stores in f32 only (use --target cuda or cuda-emu)",
                  storage == 1 ? "bf16" : "fp16", backend);
     return 0;
+}
+
+int cg_kv_storage(unsigned caps, const char *backend, int storage, const char *kv_dtype, char *err, size_t n)
+{
+    if (kv_dtype && strcmp(kv_dtype, "f32") && strcmp(kv_dtype, "bf16")) {
+        snprintf(err, n, "--kv-dtype: expected f32 or bf16, got '%s'", kv_dtype);
+        return -1;
+    }
+    if (!(caps & CG_CAP_HALF_WEIGHTS)) {
+        if (!kv_dtype)
+            return 0;
+        snprintf(err, n, "--kv-dtype applies to the cpu target (the %s backend stores its KV caches as --dtype)", backend);
+        return -1;
+    }
+    return kv_dtype ? !strcmp(kv_dtype, "bf16") : storage == 1;
 }
 
 int cg_dtype_parse(const char *dtype, char *err, size_t n)

@@ -32,9 +32,10 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
                                                       : "--group: expected a group size in [1, 1048576]");
         return -1;
     }
+    t->kv_dtype = ask->kv_dtype;
     if (!strcmp(t->name, "interp")) {
-        if (t->storage > 0 || ask->cuda_arch || ask->emit_cuda || (ask->mma != CG_MMA_AUTO && ask->mma != CG_MMA_OFF)) {
-            snprintf(err, n, "the interpreter computes in double precision: no --dtype, --mma or CUDA options");
+        if (t->storage > 0 || ask->kv_dtype || ask->cuda_arch || ask->emit_cuda || (ask->mma != CG_MMA_AUTO && ask->mma != CG_MMA_OFF)) {
+            snprintf(err, n, "the interpreter computes in double precision: no --dtype, --kv-dtype, --mma or CUDA options");
             return -1;
         }
         return 0; /* no backend: every op (matmul_q8 with --weights-dtype int8), no limits, no loss scale */
@@ -48,6 +49,8 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
     t->name = be->name;
     t->caps = be->caps;
     if (!cg_storage_supported(be->caps, be->name, t->storage, err, n))
+        return -1;
+    if ((t->kv_storage = cg_kv_storage(be->caps, be->name, t->storage, ask->kv_dtype, err, n)) < 0)
         return -1;
     if ((ask->cuda_arch || ask->emit_cuda) && !(be->caps & CG_CAP_CUDA)) {
         snprintf(err, n, "--cuda-arch and --emit-cuda apply to --target cuda and cuda-emu, not %s", be->name);
@@ -206,6 +209,7 @@ int drv_run(const DrvJob *job, const DrvTarget *t, IrGraph **out, CgStats *stats
         cg.features = t->features;
         cg.weights_dtype = t->int8 ? "int8" : NULL;
         cg.quant_group = t->quant_group;
+        cg.kv_dtype = t->kv_dtype;
         if (!cg.source && job->file) {
             cg.source = job->file->src;
             cg.source_name = job->file->path;

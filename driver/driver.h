@@ -36,16 +36,19 @@ typedef struct {
     const char *cpu, *features;/* cpu: the LLVM CPU and features (NULL = this machine's) */
     int int8;                  /* --weights-dtype int8: the matmul weights quantized (passes/quantize.c) */
     int quant_group;           /* their scales' group along k (0: one scale per output column) */
+    const char *kv_dtype;      /* cpu: the KV caches' storage as asked (NULL: that of dtype) */
+    int kv_storage;            /* ... as resolved (cg_kv_storage): 0 f32, 1 bf16 */
     const char *loss_scale;    /* autodiff: the loss-scale input fp16 storage needs, else NULL */
     PassTarget passes;         /* the passes: what the backend lowers and its kernels' limits */
 } DrvTarget;
 
 /* Resolves the target that ask names: ask->target (NULL = "cpu"; "interp" for the interpreter),
- * ->dtype, ->mma, ->cuda_arch, ->emit_cuda, ->cpu, ->features, ->weights_dtype and ->quant_group
+ * ->dtype, ->mma, ->cuda_arch, ->emit_cuda, ->cpu, ->features, ->weights_dtype, ->quant_group and ->kv_dtype
  * (the other fields are ignored).
  * Returns 0, or -1 with one line in err: an unknown target, a 16-bit dtype for a backend that
  * stores f32 only, CUDA options for a CPU target, an unknown CPU ("--cpu: ..."), int8 weights for a
- * backend without them, with 16-bit storage or operands, or a group outside [1, 1 << 20]. */
+ * backend without them, with 16-bit storage or operands, a group outside [1, 1 << 20], or a
+ * --kv-dtype other than f32 or bf16, or for a target other than the cpu. */
 int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n);
 
 /* With t->int8 the autodiff stage quantizes the matmul weights instead (pass_quantize_weights:

@@ -185,7 +185,15 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
  * xtc_session_get_weight returns, what xtc_session_step updates and checkpoints save: the master
  * weights of training) and, for each such weight, a bf16 copy rounded to nearest even that the
  * kernels read; the copy is made again before the next run whenever the f32 value changed (set,
- * loaded, initialised or stepped). A CUDA module keeps its 16-bit copies on the device. */
+ * loaded, initialised or stepped). A CUDA module keeps its 16-bit copies on the device.
+ * KV caches in bf16: a CPU module compiled with --kv-cache and --kv-dtype bf16 (the default with
+ * --dtype bf16; `xtc info`: option kv_dtype = bf16) stores the caches cache.<l>.k/.v, inputs and
+ * outputs, in bf16 (where only attention reads them; the metadata's "storage" records name them).
+ * They stay f32 at this interface: xtc_session_set_input rounds a cache the caller gives to bf16
+ * (to nearest even) once, as it binds it; the run appends the call's keys and values rounded
+ * the same way; xtc_session_get_output returns a cache widened to f32 (exact: every value is a
+ * bf16 value), a copy made at that call; xtc_session_carry moves the bf16 values as they are
+ * (no rounding, no widening, in place as described there). */
 
 /* int8 weights. A module compiled with `xtc compile --weights-dtype int8 [--group G]` stores each
  * matmul weight W [n, k] (a Linear's: attention's q, k, v and output projections, the

@@ -28,7 +28,18 @@ static int injected_failure(void)
     return atomic_fetch_add(&fault_count, 1) == at;
 }
 
-void *rt_malloc(size_t n) { return injected_failure() ? NULL : malloc(n); }
+/* Blocks of RT_ALIGN_FROM bytes and more (weights, their bf16 copies, KV caches, inputs) start
+ * on a 64-byte line: malloc gives a large block 16 bytes past a page, so that every 64-byte
+ * vector load of its rows (the matrix-vector path, attention over a cache) would straddle two
+ * cache lines. */
+#define RT_ALIGN_FROM 4096
+
+void *rt_malloc(size_t n)
+{
+    if (injected_failure())
+        return NULL;
+    return n >= RT_ALIGN_FROM ? aligned_alloc(64, (n + 63) / 64 * 64) : malloc(n);
+}
 
 void *rt_calloc(size_t count, size_t size) { return injected_failure() ? NULL : calloc(count, size); }
 

@@ -106,7 +106,7 @@ static int plan_offsets(const XtcModule *m, const int64_t *syms, ArenaPlan *p)
 void rs_plan_elem_sizes(const XtcModule *m, size_t *host, size_t *dev)
 {
     for (int b = 0; b < m->nbufs; b++) {
-        host[b] = m->device ? 0 : xtc_dtype_size(m->bufs[b].dtype);
+        host[b] = m->device ? 0 : rs_stored_elem(m, b);
         if (m->device)
             dev[b] = m->device->elem_bytes(m, b);
     }

@@ -1,5 +1,6 @@
-/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len) and carrying outputs
- * into inputs (xtc_session_carry: KV caches on the host and on a device). */
+/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), carrying outputs
+ * into inputs (xtc_session_carry: KV caches on the host and on a device) and a device module's
+ * outputs left on the device until read. */
 #include "rt_session.h"
 
 #include <errno.h>
@@ -221,6 +222,20 @@ int rs_lazy_outputs(XtcSession *s)
     return 0;
 }
 
+/* The host copy of output buffer b of the last run: copied from the device first when the run
+ * left it there (every output of a device module, see rs_lazy_outputs), once per run. */
+int rs_output_on_host(XtcSession *s, int b, const char *name)
+{
+    if (!s->lazy || !s->lazy[b] || s->fetched[b])
+        return XTC_OK;
+    char msg[sizeof s->err];
+    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, s->pool, msg, sizeof msg);
+    if (r < 0)
+        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
+    s->fetched[b] = 1;
+    return XTC_OK;
+}
+
 /* xtc_session_carry of output oi into input ib of a device module, on the device (its carry):
  * XTC_OK, an error status, or -1 when the device cannot (then the carry copies through the host).
  * For f32 outputs of the arena into f32 inputs (no index inputs, whose values are range-checked
@@ -282,16 +297,18 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (st >= 0)
         return st;
     XtcTensor t;
-    st = xtc_session_get_output(s, output, &t);
+    st = rs_get_output(s, output, &t, 0); /* a KV cache stored in bf16 as it is (rt_store.c) */
     if (st)
         return st;
     const RtBuffer *in = &m->bufs[ib];
+    int ob = m->outs[oi].buf;
+    /* the output's bytes can become the input's: both f32, or both stored in bf16 */
+    int same = s->dev || m->bufs[ob].storage == in->storage;
     if (t.dtype != in->dtype)
         return rs_fail(s, XTC_ERR_SHAPE, "carrying output '%s' (%s) into input '%s' (%s)", output,
                     xtc_dtype_name(t.dtype), input, xtc_dtype_name(in->dtype));
     if ((st = rs_check_shape(s, in, "input", t.rank, t.shape)) || (st = rs_check_limits_early(s, ib, t.shape)))
         return st;
-    int ob = m->outs[oi].buf;
     if (s->carried && s->carried[ob] == ib + 1 && s->ptr[ob] == s->own[ib]) {
         /* written in place over the input (place_carried): the input only grows */
         for (int d = 0; d < t.rank; d++)
@@ -305,7 +322,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (s->carried && s->carried[ob] && s->ptr[ob] == s->spare[ob]) {
         /* the output's memory becomes the input's, the input's old memory the next spare */
         void *old = s->own[ib];
-        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : (size_t)rs_numel_of(in->rank, s->shape[ib]) * xtc_dtype_size(in->dtype);
+        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : (size_t)rs_numel_of(in->rank, s->shape[ib]) * rs_stored_elem(m, ib);
         size_t cap = s->spare_cap[ob];
         s->own[ib] = NULL;
         rs_bind_buffer(s, ib, s->spare[ob], t.rank, t.shape);
@@ -319,10 +336,20 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
      * outputs stay readable unless one of them was in the input's memory, which this frees (the
      * same output carried twice without a run between). */
     int kept = !output_in(s, s->own[ib]);
-    if ((st = xtc_session_set_input(s, input, t.dtype, t.rank, t.shape, t.data)))
+    if (same && in->storage && !s->dev) { /* bf16 into bf16: the stored bytes */
+        size_t bytes = (size_t)rs_numel_of(t.rank, t.shape) * rs_stored_elem(m, ib);
+        void *copy = rt_malloc(bytes ? bytes : 1);
+        if (!copy)
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", input);
+        if (bytes)
+            memcpy(copy, t.data, bytes);
+        rs_bind_buffer(s, ib, copy, t.rank, t.shape);
+    } else if ((!same && (st = rs_get_output(s, output, &t, 1))) ||
+               (st = xtc_session_set_input(s, input, t.dtype, t.rank, t.shape, t.data))) {
         return st;
+    }
     s->outputs_valid = kept;
-    if (s->dev || m->bufs[ob].kind != RT_BUF_TEMP)
+    if (s->dev || m->bufs[ob].kind != RT_BUF_TEMP || !same)
         return XTC_OK;
     if (!s->carried) { /* without these the carries stay copies: still correct */
         size_t nb = (size_t)m->nbufs;

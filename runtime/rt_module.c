@@ -214,10 +214,9 @@ int xtc_module_load(const char *path, XtcModule **out)
         return rc == -2 ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
     }
     for (int b = 0; b < m->nbufs && !m->device; b++) /* the host converts what it binds (rt_store.c) */
-        if (m->bufs[b].storage && (m->bufs[b].kind == RT_BUF_TEMP || m->bufs[b].storage != 1)) {
-            rt_set_error(m->err, sizeof m->err, "%.300s: buffer %d ('%.100s') stored in %s: a CPU module stores only its "
-                         "inputs and weights in 16 bits, and only in bf16", path, b, m->bufs[b].name,
-                         m->bufs[b].storage == 1 ? "bf16" : "fp16");
+        if (m->bufs[b].storage && m->bufs[b].storage != 1) {
+            rt_set_error(m->err, sizeof m->err, "%.300s: buffer %d ('%.100s') stored in fp16: a CPU module stores in "
+                         "f32 or bf16", path, b, m->bufs[b].name);
             return XTC_ERR_FORMAT;
         }
     return check_cpu(m, path);

@@ -658,6 +658,13 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     }
     if (buf->dtype == XTC_F32 && n)
         memcpy(copy, data, (size_t)n * esize);
+    if (buf->storage && !m->device) { /* a KV cache stored in bf16: rounded once, here (rt_store.c) */
+        void *h = rs_store_input(m, b, (const float *)copy, n);
+        free(copy);
+        if (!h)
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", name);
+        copy = h;
+    }
     rs_bind_buffer(s, b, copy, rank, shape);
     if (b == s->scaler.buf)
         s->scaler.by_caller = 1; /* until xtc_session_set_loss_scale */
@@ -1069,21 +1076,9 @@ int xtc_session_run(XtcSession *s)
     return XTC_OK;
 }
 
-/* The host copy of output buffer b of the last run: copied from the device first when the run
- * left it there (every output of a device module, see rs_lazy_outputs), once per run. */
-int rs_output_on_host(XtcSession *s, int b, const char *name)
-{
-    if (!s->lazy || !s->lazy[b] || s->fetched[b])
-        return XTC_OK;
-    char msg[sizeof s->err];
-    int r = s->m->device->fetch(s->dev, b, s->ptr[b], s->syms, s->pool, msg, sizeof msg);
-    if (r < 0)
-        return rs_fail(s, r == -2 ? XTC_ERR_MEMORY : XTC_ERR_IO, "output '%s': %s", name, msg);
-    s->fetched[b] = 1;
-    return XTC_OK;
-}
+int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out) { return rs_get_output(s, name, out, 1); }
 
-int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
+int rs_get_output(XtcSession *s, const char *name, XtcTensor *out, int widen)
 {
     if (!rs_ready(s, "xtc_session_get_output"))
         return s ? XTC_ERR_STATE : XTC_ERR_ARG;
@@ -1107,6 +1102,11 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out)
     for (int d = 0; d < o->rank; d++)
         out->shape[d] = rt_dim_eval(&o->shape[d], s->syms);
     out->data = s->ptr[o->buf];
+    if (widen && s->m->bufs[o->buf].storage && !s->dev) { /* a KV cache stored in bf16: the API's f32 */
+        out->data = rs_store_output(s, o->buf, s->ptr[o->buf], rs_numel_of(out->rank, out->shape));
+        if (!out->data)
+            return rs_fail(s, XTC_ERR_MEMORY, "out of memory for output '%s'", name);
+    }
     return XTC_OK;
 }
 

@@ -1,7 +1,8 @@
 /* rt_session.h: the session object and the helpers its files share (rt_session.c: creation,
  * binding, runs and outputs; rt_arena.c: the memory plan and the bounds of a call's work;
- * rt_carry.c: limits on sums of symbols and carrying outputs into inputs; rt_scaler.c: loss
- * scaling; rt_comm.c: gradients summed over ranks). Private to the runtime. */
+ * rt_carry.c: limits on sums of symbols, carrying outputs into inputs, outputs left on a device;
+ * rt_scaler.c: loss scaling; rt_comm.c: gradients summed over ranks; rt_store.c: 16-bit storage
+ * on the CPU). Private to the runtime. */
 #ifndef XTC_RT_SESSION_H
 #define XTC_RT_SESSION_H
 
@@ -53,8 +54,9 @@ struct XtcSession {
     RtDevice *dev;               /* a device module's device (m->device), else NULL */
     uint8_t *changed;            /* device, or a CPU module with 16-bit storage: per buffer,
                                     rebound (or handed out for writing) since the last run */
-    void **half;                 /* a CPU module with 16-bit storage (rt_store.c): per buffer, the
-                                    bf16 copy its kernels read; NULL otherwise */
+    void **half;                 /* a CPU module with 16-bit storage (rt_store.c): per weight, the
+                                    bf16 copy its kernels read; per 16-bit output (a KV cache), its
+                                    f32 copy for xtc_session_get_output; NULL otherwise */
     /* xtc_session_carry (NULL until its first use): per buffer, */
     int *carried;                /* a temp output carried into an input (1 + that input's buffer, 0:
                                     not carried): written outside the arena, ... */
@@ -93,6 +95,8 @@ int rs_appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
 int rs_check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape);
 int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
 int rs_find_output(const XtcModule *m, const char *name);
+/* xtc_session_get_output; widen 0: a 16-bit output of a CPU module as stored (its bytes) */
+int rs_get_output(XtcSession *s, const char *name, XtcTensor *out, int widen);
 int rs_place_carried(XtcSession *s, const int64_t *syms);
 int rs_lazy_alloc(XtcSession *s);
 int rs_lazy_outputs(XtcSession *s);
@@ -107,6 +111,12 @@ int rs_store_open(XtcSession *s);
 int rs_store_sync(XtcSession *s);
 void rs_store_forget(XtcSession *s, int b);
 void rs_store_free(XtcSession *s);
+/* ... a 16-bit input's stored copy of n f32 values (malloc'ed; NULL when out of memory), a 16-bit
+ * output's n stored values widened into s->half[b] (NULL when out of memory), and the bytes per
+ * element of buffer b in a CPU session's memory (2 for 16-bit storage) */
+void *rs_store_input(const XtcModule *m, int b, const float *src, int64_t n);
+const float *rs_store_output(XtcSession *s, int b, const void *data, int64_t n);
+size_t rs_stored_elem(const XtcModule *m, int b);
 /* rt_comm.c: a run's reductions (begin before the schedule, the step hook during it, finish after
  * a successful run, abandon after a failed one) */
 void rt_comm_begin(XtcSession *s);

@@ -7,7 +7,13 @@
  * copy rounded to nearest even (rt_half.h, as the CUDA runtime rounds on upload) that the kernels
  * read. The copy is made again before a run when the f32 value changed since (s->changed: set
  * wherever a weight is rebound or handed out for writing, as for a device). CUDA modules keep
- * their 16-bit copies on the device (rt_cuda.c) and do not come here. */
+ * their 16-bit copies on the device (rt_cuda.c) and do not come here.
+ *
+ * KV caches (`--kv-dtype bf16`, cg_plan.h CG_STORE_KV_CACHES) are stored in bf16 throughout: an
+ * input cache holds its bf16 values in own[] (xtc_session_set_input rounds the caller's f32 to
+ * nearest even, rs_store_input), the output cache (the input with the call's rows appended) is a
+ * bf16 temp, so that xtc_session_carry hands its memory over (or appends in place) as for f32;
+ * xtc_session_get_output widens a 16-bit output into half[] (rs_store_output). */
 #include "rt_half.h"
 #include "rt_session.h"
 
@@ -40,7 +46,7 @@ int rs_store_sync(XtcSession *s)
         return XTC_OK;
     for (int b = 0; b < m->nbufs; b++) {
         const RtBuffer *buf = &m->bufs[b];
-        if (!buf->storage || buf->kind == RT_BUF_TEMP || !s->own[b])
+        if (!buf->storage || buf->kind == RT_BUF_TEMP || buf->kind == RT_BUF_INPUT || !s->own[b])
             continue;
         int64_t n = rs_numel_of(buf->rank, s->shape[b]);
         if (s->changed[b] || !s->half[b]) {
@@ -74,4 +80,29 @@ void rs_store_free(XtcSession *s)
         free(s->half[b]);
     free(s->half);
     s->half = NULL;
+}
+
+void *rs_store_input(const XtcModule *m, int b, const float *src, int64_t n)
+{
+    uint16_t *h = rt_malloc(n > 0 ? (size_t)n * 2 : 1);
+    for (int64_t i = 0; h && i < n; i++)
+        h[i] = rt_f32_to_half(m->bufs[b].storage, src[i]);
+    return h;
+}
+
+const float *rs_store_output(XtcSession *s, int b, const void *data, int64_t n)
+{
+    if (!s->half)
+        return NULL;
+    float *w = realloc(s->half[b], n > 0 ? (size_t)n * sizeof *w : 1);
+    if (!w)
+        return NULL;
+    s->half[b] = w;
+    rt_half_widen(s->m->bufs[b].storage, data, w, (size_t)(n > 0 ? n : 0));
+    return w;
+}
+
+size_t rs_stored_elem(const XtcModule *m, int b)
+{
+    return m->bufs[b].storage && !m->device ? 2 : xtc_dtype_size(m->bufs[b].dtype);
 }

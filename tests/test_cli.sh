@@ -156,6 +156,19 @@ refuse "int8 weights on cuda" "the cuda backend has no int8 matmul" "$xtc" compi
 refuse "int8 weights for training" "is for inference" "$xtc" compile "$tmp/q.xtf" --train --weights-dtype int8 -o "$tmp/x.so"
 refuse "--group without int8" "--group applies to --weights-dtype int8" "$xtc" compile "$tmp/q.xtf" --group 32 -o "$tmp/x.so"
 refuse "quantize an I8 file" "quantized already" "$xtc" quantize "$tmp/q.xtf" "$tmp/qw8.safetensors" -o "$tmp/x.safetensors"
+# KV caches in bf16: with int8 weights (recorded), off again under --dtype bf16, and the refusals
+check "compile --kv-cache --weights-dtype int8 --kv-dtype bf16" "$xtc" compile "$tmp/q.xtf" --kv-cache --weights-dtype int8 \
+  --kv-dtype bf16 -O1 -o "$tmp/qkv.so"
+check "info of a module with bf16 caches" "$xtc" info "$tmp/qkv.so"
+grep -q "option kv_dtype = bf16" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info shows the bf16 caches"; }
+check "compile --kv-cache --dtype bf16 --kv-dtype f32" "$xtc" compile "$tmp/q.xtf" --kv-cache --dtype bf16 --kv-dtype f32 -O0 \
+  -o "$tmp/qkv32.so"
+check "info of a module with f32 caches" "$xtc" info "$tmp/qkv32.so"
+! grep -q "kv_dtype" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL --kv-dtype f32 keeps the caches f32"; }
+refuse "--kv-dtype without --kv-cache" "applies with --kv-cache" "$xtc" compile "$tmp/q.xtf" --kv-dtype bf16 -o "$tmp/x.so"
+refuse "--kv-dtype fp16" "expected f32 or bf16" "$xtc" compile "$tmp/q.xtf" --kv-cache --kv-dtype fp16 -o "$tmp/x.so"
+refuse "--kv-dtype on cuda" "applies to the cpu target" "$xtc" compile "$tmp/q.xtf" --kv-cache --target cuda-emu \
+  --kv-dtype bf16 -o "$tmp/x.so"
 check "help lists quantize" "$xtc" help
 grep -q "quantize" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL xtc help lists quantize"; }
 check "compile --help" "$xtc" compile --help

@@ -5,7 +5,8 @@
  *  - every model of models/ compiled with int8 weights (per output row, and in groups of 32)
  *    against the reference interpreter evaluating the same quantized graph on the same int8
  *    values and scales (dequantized exactly, in double precision): the forward pass, and for the
- *    models with a KV cache, a prompt and two one-token calls with the caches carried;
+ *    models with a KV cache, a prompt and two one-token calls with the caches carried (tiny_gpt's
+ *    also with the caches stored in bf16, the interpreter rounding them as the module does);
  *  - the three ways weights reach a session agree bit for bit (the f32 file quantized as it
  *    loads, the I8 file, xtc_session_set_weight), and bad files (wrong dtype, a missing or extra
  *    scale, shapes that do not fit, another group, a NaN) give one error naming the tensor and
@@ -22,6 +23,7 @@
 #include "harness.h"
 #include "harness_bind.h"
 #include "harness_drive.h"
+#include "rt_half.h"
 #include "rt_quant.h"
 #include "safetensors.h"
 #include "xtc.h"
@@ -185,8 +187,8 @@ static void random_inputs(const IrGraph *g, XtcSession *s, Leaves *l, int64_t b,
     }
 }
 
-/* Every output of the call within 1e-5 + 1e-4 max|ref| of the interpreter's. */
-static double compare_outputs(const char *what, const IrGraph *g, XtcSession *s, const IrHostTensor *ref)
+/* Every output of the call within 1e-5 + rel max|ref| of the interpreter's. */
+static double compare_outputs(const char *what, const IrGraph *g, XtcSession *s, const IrHostTensor *ref, double rel)
 {
     double worst = 0;
     for (int o = 0; o < g->noutputs; o++) {
@@ -196,7 +198,7 @@ static double compare_outputs(const char *what, const IrGraph *g, XtcSession *s,
         snprintf(label, sizeof label, "%s: %s", what, g->outputs[o].name);
         double maxabs;
         int64_t numel = compare_layout(label, &ref[o], &got, &maxabs);
-        compare_values(label, "", &ref[o], &got, numel, 1e-5 + 1e-4 * maxabs, 0);
+        compare_values(label, "", &ref[o], &got, numel, 1e-5 + rel * maxabs, 0);
         for (int64_t i = 0; i < numel; i++)
             if (maxabs > 0)
                 worst = fmax(worst, fabs(value_at(got.data, XTC_F32, i) - value_at(ref[o].data, XTC_F32, i)) / maxabs);
@@ -204,8 +206,21 @@ static double compare_outputs(const char *what, const IrGraph *g, XtcSession *s,
     return worst;
 }
 
-/* One model of a file: forward (and with kv, a prompt of 3 tokens and two one-token calls). */
-static void check_model(const char *path, int kv, int group)
+/* the KV caches rounded to bf16 as a module compiled with --kv-dtype bf16 stores them: each
+ * concat of a cache input and the call's rows (ir_interp_rounded) */
+static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
+{
+    (void)ctx;
+    if (n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6))
+        for (int64_t i = 0; i < count; i++)
+            v[i] = rt_bf16_to_f32(rt_f32_to_bf16((float)v[i]));
+}
+
+/* One model of a file: forward (and with kv, a prompt of 3 tokens and two one-token calls; kv16:
+ * the caches stored in bf16, --kv-dtype bf16, against the interpreter rounding them the same way,
+ * every output within 4e-3 of its largest value: a cache value the f32 sums put on the other
+ * side of a bf16 rounding boundary than the double ones, one unit of bf16). */
+static void check_model(const char *path, int kv, int group, int kv16)
 {
     clock_t t0 = clock();
     XtfDiag d;
@@ -219,6 +234,7 @@ static void check_model(const char *path, int kv, int group)
     DrvTarget interp, cpu;
     ck_assert_msg(drv_target(&interp, &ask, err, sizeof err) == 0, "%s", err);
     ask.target = "cpu";
+    ask.kv_dtype = kv16 ? "bf16" : NULL;
     ck_assert_msg(drv_target(&cpu, &ask, err, sizeof err) == 0, "%s", err);
     XtLowerOpts lo = {.kv_cache = kv};
     IrGraph *g = harness_build(f, NULL, &lo, 0, &interp, NULL, NULL, err, sizeof err);
@@ -244,6 +260,8 @@ static void check_model(const char *path, int kv, int group)
     DrvJob job = {.file = f, .lower = lo, .cg = {.opt_level = 2}};
     XtcModule *m = drv_build_load(&job, &cpu, NULL, err, sizeof err);
     ck_assert_msg(m != NULL, "%s: %s", path, err);
+    if (kv16)
+        ck_assert_msg(strstr(xtc_module_metadata(m), "kv_dtype bf16") != NULL, "%s: caches not stored in bf16", path);
     XtcSession *s;
     /* 2 threads for the small models (the kernels' split of work), 1 for the others (CPU time) */
     int threads = strstr(path, "tiny_gpt") || strstr(path, "gpt_rotary") ? 2 : 1;
@@ -269,10 +287,11 @@ static void check_model(const char *path, int kv, int group)
                           xtc_session_error(s));
         }
         ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: %s", path, xtc_session_error(s));
-        IrHostTensor *ref = interp_outputs(g, leaves_cb, &l, NULL, path);
+        IrHostTensor *ref = interp_outputs(g, leaves_cb, &l, kv16 ? round_caches : NULL, path);
         char what[600];
-        snprintf(what, sizeof what, "%s%s group %d call %d", path, kv ? " (KV cache)" : "", group, call);
-        worst = fmax(worst, compare_outputs(what, g, s, ref));
+        snprintf(what, sizeof what, "%s%s group %d call %d", path, kv16 ? " (bf16 KV cache)" : kv ? " (KV cache)" : "",
+                 group, call);
+        worst = fmax(worst, compare_outputs(what, g, s, ref, kv16 ? 4e-3 : 1e-4));
         for (int o = 0; o < g->noutputs; o++) { /* the caches go on: the interpreter's and the session's */
             const char *nm = g->outputs[o].name;
             if (strncmp(nm, "cache.", 6))
@@ -287,7 +306,7 @@ static void check_model(const char *path, int kv, int group)
         free_outputs(g, ref);
     }
     printf("int8: %s%s, group %d: %d int8 matmuls, %d call(s), largest error %.2g of max|ref| (%.1f s)\n", path,
-           kv ? " (KV cache)" : "", group, q8, calls, worst, (double)(clock() - t0) / CLOCKS_PER_SEC);
+           kv16 ? " (bf16 KV cache)" : kv ? " (KV cache)" : "", group, q8, calls, worst, (double)(clock() - t0) / CLOCKS_PER_SEC);
     leaves_free(&l);
     xtc_session_free(s);
     xtc_module_free(m);
@@ -319,11 +338,12 @@ START_TEST(test_models)
     /* the forward of every model, per output row, and the cached decoding of those that have it
      * (gpt, gpt_rotary, tiny_gpt); tiny_gpt's both again in groups of 32 */
     for (int i = 0; i < n; i++) {
-        check_model(names[i], 0, 0);
-        check_model(names[i], 1, 0);
+        check_model(names[i], 0, 0, 0);
+        check_model(names[i], 1, 0, 0);
         if (strstr(names[i], "/tiny_gpt.xtf")) {
-            check_model(names[i], 0, 32);
-            check_model(names[i], 1, 32);
+            check_model(names[i], 0, 32, 0);
+            check_model(names[i], 1, 32, 0);
+            check_model(names[i], 1, 0, 1); /* with the caches in bf16 */
         }
     }
 }

@@ -6,7 +6,9 @@
  * and rotary_xpos (keys scaled by their absolute positions).
  * The same decoding through compiled modules, CPU and emulated CUDA, with the caches carried
  * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
- * without crossing the bus), gives those logits and, after the last call, those caches too. */
+ * without crossing the bus), gives those logits and, after the last call, those caches too; with
+ * the caches stored in bf16 (--kv-dtype bf16), the logits of the interpreter decoding with them
+ * rounded to bf16. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +23,8 @@
 #include "ir.h"
 #include "passes.h"
 #include "rt_cuda.h"
+#include "rt_half.h"
+#include "rt_session.h"
 #include "xtc.h"
 #include "xtf.h"
 
@@ -120,9 +124,14 @@ static void make_weights(const IrGraph *g, Bind *b)
  * generate` does: the prompt (PROMPT tokens) on empty caches, then a token per call, each call's
  * caches carried into the next. Returns the largest difference from the reference logits ref
  * [1, T, V]; the CPU's caches must have stayed in place for most calls. mma: CgOptions.mma (bf16
- * matmuls on the CPU: the last caches then within 2e-2 of their largest value, else 1e-4). */
+ * matmuls on the CPU: the last caches then within 2e-2 of their largest value, else 1e-4); dtype:
+ * CgOptions.dtype; kv: 0, or compiled with --kv-dtype bf16 and the caches expected in bf16 (1:
+ * every value read back is a bf16 value, the last caches within 2^-8 of each value, one unit of
+ * bf16, where the reference rounded them too) or in f32 (-1: a reader other than attention);
+ * cpu_name: --cpu (NULL: this one; a CPU this one cannot run: -1 with a message, not run). */
 static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t *tok, int T, int PROMPT,
-                              const IrHostTensor *ref, const char *target, int mma, const char *dtype)
+                              const IrHostTensor *ref, const char *target, int mma, const char *dtype, int kv,
+                              const char *cpu_name)
 {
     char err[1024], path[600];
     int cpu = !strcmp(target, "cpu"), emu = !strcmp(target, "cuda-emu");
@@ -132,16 +141,26 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     harness_make_tmpdir("kv_cache");
     snprintf(path, sizeof path, "%s/step_%s.so", tmpdir, target);
     CgOptions opt = {.output = path, .target = cpu ? NULL : target, .opt_level = 1, .source = "# test\n",
-                     .source_name = "t.xtf", .mma = mma, .dtype = dtype};
+                     .source_name = "t.xtf", .mma = mma, .dtype = dtype, .kv_dtype = kv ? "bf16" : NULL, .cpu = cpu_name};
     CgStats st;
     ck_assert_msg(harness_cg(h, &opt, &st, err, sizeof err) == 0, "%s: %s", target, err);
     ir_graph_free(h);
     XtcModule *m = NULL;
-    ck_assert_msg(xtc_module_load(path, &m) == XTC_OK, "%s", xtc_module_error(m));
+    int lrc = xtc_module_load(path, &m);
     unlink(path);
+    if (lrc != XTC_OK && cpu_name) {
+        fprintf(stderr, "test_kv_cache: --cpu=%s not run here: %s\n", cpu_name, xtc_module_error(m));
+        xtc_module_free(m);
+        return -1;
+    }
+    ck_assert_msg(lrc == XTC_OK, "%s", xtc_module_error(m));
     if (dtype) /* the weights are stored in bf16 (metadata "storage" records) */
         ck_assert_msg(strstr(xtc_module_metadata(m), "\nstorage ") != NULL, "%s --dtype %s: no weight stored in 16 bits",
                       target, dtype);
+    int kv16 = kv > 0;
+    if (kv)
+        ck_assert_msg((strstr(xtc_module_metadata(m), "kv_dtype bf16") != NULL) == kv16, "--kv-dtype bf16: caches %s",
+                      kv16 ? "not stored in bf16" : "stored in bf16 although something other than attention reads them");
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s", xtc_session_error(s));
     for (int i = 0; i < step->nnodes; i++) {
@@ -195,13 +214,21 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
             XtcTensor ct;
             ck_assert_int_eq(xtc_session_get_output(s, w->cache_names[c], &ct), XTC_OK);
             ck_assert_int_eq(ct.shape[1], pos + n);
-            stayed += calls > 0 && ct.data == where[c];
-            where[c] = ct.data;
+            const float *cv = ct.data;
+            for (int64_t i = 0; kv16 && i < ct.shape[1] * ct.shape[2] * ct.shape[3]; i++)
+                ck_assert_msg(rt_bf16_to_f32(rt_f32_to_bf16(cv[i])) == cv[i], "%s[%lld] = %.9g: not a bf16 value",
+                              w->cache_names[c], (long long)i, cv[i]);
+            XtcTensor raw; /* where the session keeps it (the API's f32 copy of a bf16 one is elsewhere) */
+            ck_assert_int_eq(rs_get_output(s, w->cache_names[c], &raw, 0), XTC_OK);
+            stayed += calls > 0 && raw.data == where[c];
+            where[c] = raw.data;
             if (pos + n == T) { /* the last call: the caches of the interpreter's decoding */
                 int64_t numel = T * ct.shape[2] * ct.shape[3];
                 double tol = 1e-4;
                 for (int64_t i = 0; (mma == CG_MMA_BF16 || dtype) && i < numel; i++)
                     tol = fmax(tol, 2e-2 * fabs(w->cache[c][i]));
+                for (int64_t i = 0; kv16 && !dtype && mma != CG_MMA_BF16 && i < numel; i++)
+                    tol = fmax(tol, 0x1p-8 * fabs(w->cache[c][i]) * 1.0001);
                 for (int64_t i = 0; i < numel; i++)
                     expect_msg(fabs(((const float *)ct.data)[i] - w->cache[c][i]) < tol, "%s: %s[%lld] %g, expected %g",
                                target, w->cache_names[c], (long long)i, ((const float *)ct.data)[i], w->cache[c][i]);
@@ -228,7 +255,76 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     return worst;
 }
 
-static void check_model(const char *src)
+/* Decodes tok[0, T) with the step graph on the interpreter (the prompt, then a token per call),
+ * the caches of the last call left in b; rounded: each cache (the concat of the cache carried in
+ * and the call's rows) rounded to bf16 as the CPU stores it under --kv-dtype bf16. Returns the
+ * largest difference from the reference logits ref [1, T, V]; logits (T V floats, or NULL) gets
+ * the decoding's. */
+static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
+{
+    (void)ctx;
+    if (n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6))
+        for (int64_t i = 0; i < count; i++)
+            v[i] = rt_bf16_to_f32(rt_f32_to_bf16((float)v[i]));
+}
+
+static double interp_decode(const IrGraph *step, Bind *b, const int64_t *tok, int T, int PROMPT, const IrHostTensor *ref,
+                            int rounded, float *logits)
+{
+    char err[512];
+    int64_t V = ref->shape[2];
+    for (int c = 0; c < b->ncache; c++)
+        free(b->cache[c]);
+    b->ncache = 0;
+    /* the cache inputs, empty at first */
+    for (int i = 0; i < step->nnodes; i++) {
+        IrNode *n = step->nodes[i];
+        if (n->op == IR_INPUT && !strncmp(n->s, "cache.", 6)) {
+            b->cache_names[b->ncache] = n->s;
+            b->cache_shape[b->ncache][0] = 1;
+            b->cache_shape[b->ncache][1] = 0; /* [b, c, h, dh]: positions second */
+            b->cache_shape[b->ncache][2] = n->shape[2].c;
+            b->cache_shape[b->ncache][3] = n->shape[3].c;
+            b->cache[b->ncache++] = NULL;
+        }
+    }
+    ck_assert_int_gt(b->ncache, 0);
+    IrHostTensor *outs = calloc((size_t)step->noutputs, sizeof *outs);
+    double worst = 0;
+    for (int pos = 0; pos < T;) {
+        int n = pos == 0 ? PROMPT : 1;
+        b->g = step;
+        b->n = n;
+        b->tokens = (int64_t *)tok + pos;
+        if ((rounded ? ir_interp_rounded(step, bind, b, round_caches, NULL, outs, err, sizeof err)
+                     : ir_interp(step, bind, b, outs, err, sizeof err)) != 0)
+            ck_abort_msg("step at %d: %s", pos, err);
+        const float *lg = outs[0].data, *rf = ref->data;
+        for (int t = 0; t < n; t++)
+            for (int64_t v = 0; v < V; v++)
+                worst = fmax(worst, fabs((double)lg[t * V + v] - rf[(pos + t) * V + v]));
+        if (logits)
+            memcpy(logits + pos * V, lg, (size_t)(n * V) * sizeof *lg);
+        /* the new caches become the next inputs */
+        for (int c = 0; c < b->ncache; c++) {
+            free(b->cache[c]);
+            for (int o = 1; o < step->noutputs; o++)
+                if (!strcmp(step->outputs[o].name, b->cache_names[c])) {
+                    b->cache[c] = outs[o].data;
+                    outs[o].data = NULL;
+                    b->cache_shape[c][1] = outs[o].shape[1];
+                }
+        }
+        for (int o = 0; o < step->noutputs; o++)
+            ir_host_free(&outs[o]);
+        pos += n;
+    }
+    free(outs);
+    return worst;
+}
+
+/* kv16: whether --kv-dtype bf16 stores this model's caches in bf16 (only attention reads them) */
+static void check_model_kv(const char *src, int kv16)
 {
     IrGraph *full = lower(src, 0), *step = lower(src, 1);
     Bind b = {0};
@@ -249,54 +345,12 @@ static void check_model(const char *src)
         ck_abort_msg("full: %s", err);
     int64_t V = ref.shape[2];
 
-    /* the cache inputs, empty at first */
-    for (int i = 0; i < step->nnodes; i++) {
-        IrNode *n = step->nodes[i];
-        if (n->op == IR_INPUT && !strncmp(n->s, "cache.", 6)) {
-            b.cache_names[b.ncache] = n->s;
-            b.cache_shape[b.ncache][0] = 1;
-            b.cache_shape[b.ncache][1] = 0; /* [b, c, h, dh]: positions second */
-            b.cache_shape[b.ncache][2] = n->shape[2].c;
-            b.cache_shape[b.ncache][3] = n->shape[3].c;
-            b.cache[b.ncache++] = NULL;
-        }
-    }
-    ck_assert_int_gt(b.ncache, 0);
-    IrHostTensor *outs = calloc((size_t)step->noutputs, sizeof *outs);
-    double worst = 0;
-    for (int pos = 0; pos < T;) {
-        int n = pos == 0 ? PROMPT : 1;
-        b.g = step;
-        b.n = n;
-        b.tokens = tok + pos;
-        if (ir_interp(step, bind, &b, outs, err, sizeof err) != 0)
-            ck_abort_msg("step at %d: %s", pos, err);
-        const float *lg = outs[0].data, *rf = ref.data;
-        for (int t = 0; t < n; t++)
-            for (int64_t v = 0; v < V; v++) {
-                double e = fabs((double)lg[t * V + v] - rf[(pos + t) * V + v]);
-                if (e > worst)
-                    worst = e;
-            }
-        /* the new caches become the next inputs */
-        for (int c = 0; c < b.ncache; c++) {
-            free(b.cache[c]);
-            for (int o = 1; o < step->noutputs; o++)
-                if (!strcmp(step->outputs[o].name, b.cache_names[c])) {
-                    b.cache[c] = outs[o].data;
-                    outs[o].data = NULL;
-                    b.cache_shape[c][1] = outs[o].shape[1];
-                }
-        }
-        for (int o = 0; o < step->noutputs; o++)
-            ir_host_free(&outs[o]);
-        pos += n;
-    }
+    double worst = interp_decode(step, &b, tok, T, PROMPT, &ref, 0, NULL);
     ck_assert_msg(worst < 1e-4, "cached decoding differs from recomputation by %g", worst);
     static const char *targets[] = {"cpu", "cuda-emu", "cuda"}; /* "cuda" on a machine with a GPU */
     char why[1200];
     for (int t = 0; t < 2 + gpu_present(why, sizeof why); t++) {
-        double e = decode_compiled(step, &b, tok, T, PROMPT, &ref, targets[t], CG_MMA_AUTO, NULL);
+        double e = decode_compiled(step, &b, tok, T, PROMPT, &ref, targets[t], CG_MMA_AUTO, NULL, 0, NULL);
         ck_assert_msg(e < 1e-4, "%s: cached decoding differs from recomputation by %g", targets[t], e);
     }
     /* bf16 matmuls on the CPU (--mma=bf16): within 2e-2 of the largest logit, as test_cpu_bf16's
@@ -304,35 +358,55 @@ static void check_model(const char *src)
     double maxlogit = 0;
     for (int64_t i = 0; i < T * V; i++)
         maxlogit = fmax(maxlogit, fabs(((const float *)ref.data)[i]));
-    double e16 = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_BF16, NULL);
+    double e16 = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_BF16, NULL, 0, NULL);
     fprintf(stderr, "test_kv_cache: bf16 matmuls: decoding within %.2g of max|logit| %.3g\n", e16 / maxlogit, maxlogit);
     ck_assert_msg(e16 <= 2e-2 * maxlogit && e16 > 0, "cpu --mma=bf16: decoding differs from recomputation by %g (max|logit| %g)",
                   e16, maxlogit);
     /* bf16 weights (--dtype bf16: stored rounded, read by bf16 matmuls; the matrix-vector path
      * reads them as stored and sums in another order): within the same bound */
-    double ew = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_AUTO, "bf16");
+    double ew = decode_compiled(step, &b, tok, T, PROMPT, &ref, "cpu", CG_MMA_AUTO, "bf16", 0, NULL);
     fprintf(stderr, "test_kv_cache: bf16 weights: decoding within %.2g of max|logit| %.3g\n", ew / maxlogit, maxlogit);
     ck_assert_msg(ew <= 2e-2 * maxlogit && ew > 0, "cpu --dtype bf16: decoding differs from recomputation by %g (max|logit| %g)",
                   ew, maxlogit);
+    /* KV caches stored in bf16 (--kv-dtype bf16; f32 weights and matmuls): the logits of the
+     * interpreter's decoding with the same caches rounded to bf16, within 1e-3 of the largest
+     * (the f32 sums, and a value on either side of a bf16 rounding boundary); that rounding
+     * itself moves them from recomputation's by more than f32 arithmetic does. Where something
+     * other than attention reads the caches (kv16 0), they stay f32: recomputation's logits. */
+    IrHostTensor rref = ref;
+    rref.data = malloc((size_t)(T * V) * sizeof(float));
+    enum { PROMPT_LONG = 5 }; /* more rows than the attention's few-rows path: k and v packed from bf16 */
+    double er = interp_decode(step, &b, tok, T, PROMPT_LONG, &ref, kv16, rref.data);
+    double ek = decode_compiled(step, &b, tok, T, PROMPT_LONG, &rref, "cpu", CG_MMA_AUTO, NULL, kv16 ? 1 : -1, NULL);
+    if (kv16) /* ... with 8-float vectors (AVX2: the widening takes 8 values at a time) */
+        ek = fmax(ek, decode_compiled(step, &b, tok, T, PROMPT_LONG, &rref, "cpu", CG_MMA_AUTO, NULL, 1, "x86-64-v3"));
+    fprintf(stderr, "test_kv_cache: %s caches: decoding within %.2g of the interpreter's%s, which is within %.2g of "
+            "recomputation (of max|logit| %.3g)\n", kv16 ? "bf16" : "f32 (kept)", ek / maxlogit, kv16 ? " rounded so" : "",
+            er / maxlogit, maxlogit);
+    ck_assert_msg(ek <= (kv16 ? 1e-3 * maxlogit : 1e-4), "cpu --kv-dtype bf16: decoding differs from the interpreter's "
+                  "by %g (max|logit| %g)", ek, maxlogit);
+    ck_assert_msg(!kv16 || er > 1e-5 * maxlogit, "caches rounded to bf16 gave the f32 logits (%g): were they rounded?", er);
+    free(rref.data);
     for (int c = 0; c < b.ncache; c++)
         free(b.cache[c]);
     for (int i = 0; i < b.nw; i++)
         free(b.w[i]);
     free(b.w);
     free(b.names);
-    free(outs);
     ir_host_free(&ref);
     ir_graph_free(full);
     ir_graph_free(step);
 }
 
+static void check_model(const char *src) { check_model_kv(src, 0); }
+
 #define MODEL(layers) \
     "m = TransformerWrapper(num_tokens = 64, max_seq_len = 32, attn_layers = Decoder(" layers "))\n"
 
-START_TEST(absolute_positions) { check_model(MODEL("dim = 16, depth = 2, heads = 2, attn_dim_head = 8")); }
+START_TEST(absolute_positions) { check_model_kv(MODEL("dim = 16, depth = 2, heads = 2, attn_dim_head = 8"), 1); }
 END_TEST
 
-START_TEST(rotary) { check_model(MODEL("dim = 32, depth = 2, heads = 2, attn_dim_head = 64, rotary_pos_emb = true")); }
+START_TEST(rotary) { check_model_kv(MODEL("dim = 32, depth = 2, heads = 2, attn_dim_head = 64, rotary_pos_emb = true"), 1); }
 END_TEST
 
 START_TEST(rel_pos_and_mem_kv)
@@ -389,6 +463,14 @@ START_TEST(window_mem_kv)
 {
     check_model(MODEL("dim = 16, depth = 2, heads = 2, attn_dim_head = 8, attn_max_attend_past = 3,"
                       " attn_num_mem_kv = 2"));
+}
+END_TEST
+
+/* a window over keys of 32 values (the few-rows scores in vectors, 4 keys at a time, from the
+ * window's first key: a start and a remainder that are not multiples of 4), caches in bf16 */
+START_TEST(window_wide_heads)
+{
+    check_model_kv(MODEL("dim = 32, depth = 1, heads = 2, attn_dim_head = 32, attn_max_attend_past = 6"), 1);
 }
 END_TEST
 
@@ -520,6 +602,7 @@ int main(void)
     tcase_add_test(tc, rel_pos_and_mem_kv);
     tcase_add_test(tc, pia_talking_heads_residual_attn);
     tcase_add_test(tc, window_mem_kv);
+    tcase_add_test(tc, window_wide_heads);
     tcase_add_test(tc, grouped_kv_heads_2x);
     tcase_add_test(tc, one_kv_head_1x);
     tcase_add_test(tc, xpos_2x);

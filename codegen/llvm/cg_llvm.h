@@ -63,7 +63,9 @@ typedef struct CgFn {
     unsigned views;           /* the kernel's CG_VIEW_* (cg_plan.h) */
     int mm_parts;             /* a matmul under a two-part epilogue (CgMmPart): 2, else 0 */
     uint8_t in_bf16[IR_MAXIN]; /* operand i's buffer holds bf16 (CgPlan.storage: a matmul's B, a
-                                * weight under --dtype bf16); every other buffer holds its dtype */
+                                * weight under --dtype bf16; a KV cache read by attention or concat,
+                                * CG_STORE_KV_CACHES); every other buffer holds its dtype */
+    uint8_t out_bf16;          /* the result's buffer holds bf16 (a KV cache written by its concat) */
 } CgFn;
 
 typedef struct {
@@ -116,6 +118,7 @@ int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);
  * cg_llvm_backend advertises it to the passes (CgBackend.attention_max_head). */
 #define CG_LLVM_ATTENTION_MAX_HEAD 256
 LLVMValueRef cg_gemm_pack(Cg *cg, int transposed);
+LLVMValueRef cg_gemm_pack_b16(Cg *cg, int transposed); /* the same from bf16 (widened as packed) */
 LLVMValueRef cg_gemm_micro(Cg *cg);
 int cg_gemm_nr(Cg *cg);
 /* Transposes vw x vw floats held as vw row vectors of vw lanes, in place, in registers. */
@@ -196,6 +199,8 @@ void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValue
  * and its value widened to f32 (exact: the 16 bits become the upper half). */
 LLVMValueRef cg_addr_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
 LLVMValueRef cg_load_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
+/* Stores f32 value v at element idx of a bf16 buffer, rounded to nearest even (cg_bf16_round). */
+void cg_store_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v);
 /* A vector of n bf16 values (<n x i16>, loaded as such) widened to <n x float>. */
 LLVMValueRef cg_widen_bf16(Cg *cg, LLVMValueRef v16, int n);
 /* Converts a compute value of dtype from to dtype to (the CAST rules: truncation toward zero,

@@ -176,6 +176,34 @@ static void micro_tile(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef r0, 
     LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
 }
 
+/* ---- k and v stored in bf16 (KV caches under CG_STORE_KV_CACHES, CgFn.in_bf16[1] and [2]) ----
+ * The forward reads them widened (16 at a time where the loop vectorises: zero-extend, shift,
+ * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. */
+
+/* the address of element idx of an operand holding f32, or bf16 when b16 */
+static LLVMValueRef kv_addr(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
+{
+    return b16 ? cg_addr_bf16(k->f, base, idx) : ptr(k, base, idx);
+}
+
+/* element idx of such an operand, as f32 */
+static LLVMValueRef kv_ld(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
+{
+    return b16 ? cg_load_bf16(k->f, base, idx) : ld(k, base, idx);
+}
+
+/* pack() from such an operand */
+static void kv_pack(K *k, int b16, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb,
+                    LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc)
+{
+    if (!b16) {
+        pack(k, transposed, bp, src, ldb, pc, kc, j0, nc);
+        return;
+    }
+    LLVMValueRef args[7] = {bp, src, ldb, pc, kc, j0, nc};
+    LLVMBuildCall2(k->b, k->pack_ty, cg_gemm_pack_b16(k->cg, transposed), args, 7, "");
+}
+
 /* ---- operands ---- */
 
 /* Sizes of an attention node (or of the forward node behind an attention_grad). */
@@ -281,20 +309,20 @@ static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRe
 }
 
 /* Where the matrix of batch index bi (flat over x's batch dims) of an attention operand or result
- * x starts, with its row stride in *stride: a contiguous [.., rows, width]; or, through a
- * head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in place for
- * x's [b, h, rows, width]: the rows of head h are width floats every h width. */
-static LLVMValueRef operand_rows(K *k, const IrNode *x, unsigned view, LLVMValueRef base, LLVMValueRef bi,
+ * x starts (b16: stored in bf16), with its row stride in *stride: a contiguous [.., rows, width];
+ * or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in
+ * place for x's [b, h, rows, width]: the rows of head h are width floats every h width. */
+static LLVMValueRef operand_rows(K *k, const IrNode *x, unsigned view, LLVMValueRef base, int b16, LLVMValueRef bi,
                                  LLVMValueRef rows, int64_t width, LLVMValueRef *stride)
 {
     if (!view) {
         *stride = ci(k, width);
-        return ptr(k, base, imul(k, bi, imul(k, rows, ci(k, width))));
+        return kv_addr(k, b16, base, imul(k, bi, imul(k, rows, ci(k, width))));
     }
     LLVMValueRef h = cg_dim(k->f, x->shape[1]); /* views exist for rank 4 only */
     LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
     *stride = imul(k, h, ci(k, width));
-    return ptr(k, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
+    return kv_addr(k, b16, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
 }
 
 /* The key/value batch index of query batch index bi: with grouped key/values (k, v with G heads
@@ -321,11 +349,133 @@ static void row_keys(K *k, LLVMValueRef r, LLVMValueRef bcq, LLVMValueRef first_
     *cb = first_lo ? imin(k, *ce, imax(k, ci(k, 0), iadd(k, first_lo, r))) : ci(k, 0);
 }
 
+/* ---- the few-rows scores in AVX-512 vectors ----
+ * A row's scores S[r, c] = Y_r . x_(j0 + c) for the keys c in [cb, ce), 4 keys at a time: each
+ * key's products summed in one 16-lane vector, the four vectors then summed lane-wise together
+ * (a shuffle tree: 3.5 operations a key instead of a horizontal sum each). bf16 keys are read 32
+ * at a time as 16 pairs and widened by a shift (the even elements) and a mask (the odd ones),
+ * against Y's row split into its even and odd elements once per row: the products are the same
+ * exact f32 products as the scalar loop's; only the order of the f32 sums differs. */
+
+static LLVMValueRef shuf(K *k, LLVMValueRef a, LLVMValueRef b, const int *idx, int n)
+{
+    LLVMValueRef m[32];
+    for (int i = 0; i < n; i++)
+        m[i] = LLVMConstInt(LLVMInt32TypeInContext(k->cg->ctx), (unsigned long long)idx[i], 0);
+    return LLVMBuildShuffleVector(k->b, a, b, LLVMConstVector(m, (unsigned)n), "");
+}
+
+/* whether few_scores_vec takes a row of width elements (of bf16 when x16) */
+static int few_scores_vec_fits(const K *k, int x16, int width)
+{
+    return k->cg->vec == 16 && width > 0 && width <= MAX_HEAD && width % (x16 ? 32 : 16) == 0;
+}
+
+/* sum of a 16-lane vector's products for key t of `nk` (1 or 4) into S[si + t] */
+static void few_scores_store(K *k, LLVMValueRef *acc, int nk, LLVMValueRef S, LLVMValueRef si)
+{
+    LLVMTypeRef vt = LLVMVectorType(k->cg->t_f32, 16);
+    if (nk == 1) {
+        LLVMValueRef args[2] = {fc(k, -0.0), acc[0]};
+        st(k, S, si, cg_fmf(cg_intrinsic(k->cg, "llvm.vector.reduce.fadd", vt, args, 2), LLVMFastMathAllowReassoc));
+        return;
+    }
+    int lo[16], hi[16], q0[16], q1[16];
+    for (int i = 0; i < 16; i++) { /* halves of a and b side by side: 8 lanes of each */
+        lo[i] = i < 8 ? i : 16 + i - 8;
+        hi[i] = i < 8 ? 8 + i : 24 + i - 8;
+    }
+    LLVMValueRef t01 = f_add(k, shuf(k, acc[0], acc[1], lo, 16), shuf(k, acc[0], acc[1], hi, 16));
+    LLVMValueRef t23 = f_add(k, shuf(k, acc[2], acc[3], lo, 16), shuf(k, acc[2], acc[3], hi, 16));
+    for (int i = 0; i < 16; i++) { /* 4 lanes of each key: key i / 4 */
+        int key = i / 4, lane = i % 4; /* keys 0, 1 in t01's halves, 2, 3 in t23's */
+        int base = (key % 2) * 8 + (key / 2) * 16;
+        q0[i] = base + lane;
+        q1[i] = base + 4 + lane;
+    }
+    LLVMValueRef y = f_add(k, shuf(k, t01, t23, q0, 16), shuf(k, t01, t23, q1, 16));
+    int s2[16], s1[16], pick[4] = {0, 4, 8, 12};
+    for (int i = 0; i < 16; i++) {
+        s2[i] = (i & ~3) | ((i + 2) & 3);
+        s1[i] = i ^ 1;
+    }
+    LLVMValueRef w = f_add(k, y, shuf(k, y, y, s2, 16));
+    w = f_add(k, w, shuf(k, w, w, s1, 16));
+    LLVMValueRef four = shuf(k, w, w, pick, 4);
+    LLVMValueRef stv = LLVMBuildStore(k->b, four, ptr(k, S, si));
+    LLVMSetAlignment(stv, 4);
+}
+
+/* S[srow + c] = Y[yrow ..] . x_(j0 + c) for c in [cb, ce): few_rows' scores (few_scores_vec_fits) */
+static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef xb, int x16, LLVMValueRef xs,
+                           LLVMValueRef j0, LLVMValueRef cb, LLVMValueRef ce, int width, LLVMValueRef S, LLVMValueRef srow)
+{
+    CgFn *f = k->f;
+    Cg *cg = k->cg;
+    LLVMBuilderRef b = k->b;
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, 16), vi = LLVMVectorType(cg->t_i32, 16);
+    int nv = width / 16; /* Y's vectors: f32 keys, one a vector; bf16, an even and an odd one per 32 */
+    LLVMValueRef yv[MAX_HEAD / 16];
+    for (int v = 0; v < nv; v++) {
+        LLVMValueRef l = LLVMBuildLoad2(b, vt, ptr(k, Y, iadd(k, yrow, ci(k, 16 * v))), "");
+        LLVMSetAlignment(l, 4);
+        yv[v] = l;
+    }
+    LLVMValueRef sh = NULL, mask = NULL;
+    if (x16) {
+        int ev[16], od[16];
+        for (int i = 0; i < 16; i++)
+            ev[i] = 2 * i, od[i] = 2 * i + 1;
+        for (int v = 0; v < nv; v += 2) {
+            LLVMValueRef a = yv[v], c = yv[v + 1];
+            yv[v] = shuf(k, a, c, ev, 16);
+            yv[v + 1] = shuf(k, a, c, od, 16);
+        }
+        LLVMValueRef e16[16], em[16];
+        for (int l = 0; l < 16; l++) {
+            e16[l] = cg_i32(cg, 16);
+            em[l] = LLVMConstInt(cg->t_i32, 0xffff0000u, 0);
+        }
+        sh = LLVMConstVector(e16, 16), mask = LLVMConstVector(em, 16);
+    }
+    for (int pass = 0; pass < 2; pass++) { /* 4 keys at a time, then one */
+        int nk = pass ? 1 : 4;
+        LLVMValueRef n4 = idiv(k, isub(k, ce, cb), ci(k, 4));
+        LLVMValueRef from = pass ? iadd(k, cb, imul(k, n4, ci(k, 4))) : ci(k, 0), to = pass ? ce : n4;
+        CgLoop lc;
+        cg_for(f, &lc, from, to, pass ? "fkey1" : "fkey4");
+        LLVMValueRef c = pass ? lc.iv : iadd(k, cb, imul(k, lc.iv, ci(k, 4)));
+        LLVMValueRef acc[4];
+        for (int t = 0; t < nk; t++) {
+            LLVMValueRef xrow = imul(k, iadd(k, j0, iadd(k, c, ci(k, t))), xs);
+            acc[t] = NULL;
+            for (int v = 0; v < nv; v += x16 ? 2 : 1) {
+                LLVMValueRef xv[2];
+                if (x16) {
+                    LLVMValueRef l = LLVMBuildLoad2(b, vi, cg_addr_bf16(f, xb, iadd(k, xrow, ci(k, 16 * v))), "");
+                    LLVMSetAlignment(l, 2);
+                    xv[0] = LLVMBuildBitCast(b, LLVMBuildShl(b, l, sh, ""), vt, "");
+                    xv[1] = LLVMBuildBitCast(b, LLVMBuildAnd(b, l, mask, ""), vt, "");
+                } else {
+                    LLVMValueRef l = LLVMBuildLoad2(b, vt, ptr(k, xb, iadd(k, xrow, ci(k, 16 * v))), "");
+                    LLVMSetAlignment(l, 4);
+                    xv[0] = l;
+                }
+                for (int h = 0; h < (x16 ? 2 : 1); h++)
+                    acc[t] = acc[t] ? cg_intrinsic(cg, "llvm.fmuladd", vt, (LLVMValueRef[]){yv[v + h], xv[h], acc[t]}, 3)
+                                    : f_mul(k, yv[v + h], xv[h]);
+            }
+        }
+        few_scores_store(k, acc, nk, S, iadd(k, srow, c));
+        cg_for_end(f, &lc);
+    }
+}
+
 /* The tile products of a few rows (FEW_ROWS) over the keys each row r sees, the key or value
- * rows x_(j0 + c) read in place (row stride xs); Y holds rows of `width` floats:
+ * rows x_(j0 + c) read in place (row stride xs; bf16 when x16); Y holds rows of `width` floats:
  *   scores (output 0): S[r, c] = Y_r . x_(j0 + c), Y = the scaled q rows;
  *   output (1):        Y_r += P[r, c] x_(j0 + c), Y = the rows of O. */
-static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, LLVMValueRef xs, LLVMValueRef j0,
+static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int x16, LLVMValueRef xs, LLVMValueRef j0,
                      LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int width,
                      LLVMValueRef S, LLVMValueRef Y)
 {
@@ -335,11 +485,16 @@ static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, LLVMV
     LLVMValueRef cb, ce;
     row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
     LLVMValueRef yrow = imul(k, lr.iv, ci(k, width)), srow = imul(k, lr.iv, ci(k, BC));
+    if (!output && few_scores_vec_fits(k, x16, width)) {
+        few_scores_vec(k, Y, yrow, xb, x16, xs, j0, cb, ce, width, S, srow);
+        cg_for_end(f, &lr);
+        return;
+    }
     cg_for(f, &lc, cb, ce, "fkey");
     LLVMValueRef xrow = imul(k, iadd(k, j0, lc.iv), xs), si = iadd(k, srow, lc.iv);
     LLVMValueRef acc = output ? NULL : cg_var(f, k->cg->t_f32, fc(k, 0), "dot"), p = output ? ld(k, S, si) : NULL;
     cg_for(f, &le, ci(k, 0), ci(k, width), "fe");
-    LLVMValueRef yi = iadd(k, yrow, le.iv), x = ld(k, xb, iadd(k, xrow, le.iv));
+    LLVMValueRef yi = iadd(k, yrow, le.iv), x = kv_ld(k, x16, xb, iadd(k, xrow, le.iv));
     if (output)
         st(k, Y, yi, cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, x, ld(k, Y, yi)}, 3));
     else
@@ -495,11 +650,12 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef grows = imin(&k, grp_rows, isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
     LLVMValueRef qs, ks, vs, os; /* row strides */
+    const int k16 = f->in_bf16[1], v16 = f->in_bf16[2]; /* k, v stored in bf16 (KV caches) */
     LLVMValueRef kvbi = kv_batch(&k, n, bi);
-    LLVMValueRef qb = operand_rows(&k, q, f->views & CG_VIEW_Q, f->in[0], bi, d.I, D, &qs);
-    LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], kvbi, d.J, D, &ks);
-    LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], kvbi, d.J, E, &vs);
-    LLVMValueRef ob = operand_rows(&k, q, f->views & CG_VIEW_OUT, f->out, bi, d.I, Eo, &os);
+    LLVMValueRef qb = operand_rows(&k, q, f->views & CG_VIEW_Q, f->in[0], 0, bi, d.I, D, &qs);
+    LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], k16, kvbi, d.J, D, &ks);
+    LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], v16, kvbi, d.J, E, &vs);
+    LLVMValueRef ob = operand_rows(&k, q, f->views & CG_VIEW_OUT, f->out, 0, bi, d.I, Eo, &os);
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
     /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes
@@ -518,9 +674,11 @@ int cg_attention_impl(CgFn *f)
         jend = imax(&k, ci(&k, 0), imin(&k, d.J, iadd(&k, iadd(&k, g0, grows), off)));
     if (window) /* ... and its first row none below g0 + off - window */
         jbeg = imax(&k, ci(&k, 0), isub(&k, iadd(&k, g0, off), ci(&k, window)));
-    fill(&k, M, ci(&k, GROUP * BR), bounded ? mfixed : -INFINITY);
-    fill(&k, L, ci(&k, GROUP * BR), 0);
-    fill(&k, O, ci(&k, (int64_t)GROUP * BR * E), 0);
+    /* the item's rows only: a one-token call (decoding) would otherwise clear GROUP BR rows of O
+     * (up to 100 KB) per head for its one row */
+    fill(&k, M, grows, bounded ? mfixed : -INFINITY);
+    fill(&k, L, grows, 0);
+    fill(&k, O, imul(&k, grows, cE), 0);
 
     /* a few rows (one token per call with a KV cache): the tile products read K and V in place,
      * each row's scores dot products and its output a sum of v rows, instead of packing every
@@ -538,12 +696,12 @@ int cg_attention_impl(CgFn *f)
     CgLoop lp;
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
     LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
-    pack(&k, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
-         imin(&k, ci(&k, nr), isub(&k, bc, p0)));
+    kv_pack(&k, k16, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
+            imin(&k, ci(&k, nr), isub(&k, bc, p0)));
     cg_for_end(f, &lp);
     for (int e0 = 0; e0 < E; e0 += nr)
-        pack(&k, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
-             ci(&k, E - e0 < nr ? E - e0 : nr));
+        kv_pack(&k, v16, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
+                ci(&k, E - e0 < nr ? E - e0 : nr));
     cg_if_end(f, &cfew);
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
@@ -568,7 +726,7 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 0, rows, kb, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
+        few_rows(&k, 0, rows, kb, k16, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -676,7 +834,7 @@ int cg_attention_impl(CgFn *f)
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 1, rows, vb, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
+        few_rows(&k, 1, rows, vb, v16, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -714,7 +872,7 @@ int cg_attention_impl(CgFn *f)
     cg_for(f, &lk, ci(&k, 0), d.J, "j");
     LLVMValueRef vrow = imul(&k, lk.iv, vs);
     cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), ld(&k, vb, iadd(&k, vrow, lc.iv))));
+    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), kv_ld(&k, v16, vb, iadd(&k, vrow, lc.iv))));
     cg_for_end(f, &lc);
     cg_for_end(f, &lk);
     LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, d.J, k.cg->t_f32, ""), "");

@@ -929,6 +929,7 @@ int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi) { return matmu
 _Static_assert(KC == CG_GEMM_KC, "cg_llvm.h: CG_GEMM_KC is the k block of the packed panels");
 
 LLVMValueRef cg_gemm_pack(Cg *cg, int transposed) { return pack_function(cg, transposed, 0); }
+LLVMValueRef cg_gemm_pack_b16(Cg *cg, int transposed) { return pack_function(cg, transposed, 1); }
 LLVMValueRef cg_gemm_micro(Cg *cg) { return micro_function(cg); }
 int cg_gemm_nr(Cg *cg) { return 2 * lanes(cg); }
 int cg_gemm_mr(Cg *cg) { return tile_rows(cg); }

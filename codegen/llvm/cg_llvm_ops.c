@@ -689,14 +689,23 @@ static void work_concat(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     *cost = LLVMBuildMul(f->cg->b, *items, LLVMBuildAdd(f->cg->b, la, lb, ""), "");
 }
 
-static void copy_run(CgFn *f, LLVMValueRef dst, LLVMValueRef doff, LLVMValueRef src, LLVMValueRef soff, LLVMValueRef len)
+/* dst[doff + j] = src[soff + j] for j < len; src16 / dst16: the buffer holds bf16 (a KV cache
+ * under CG_STORE_KV_CACHES: bf16 copied as it is, f32 rows rounded into it) */
+static void copy_run(CgFn *f, LLVMValueRef dst, LLVMValueRef doff, int dst16, LLVMValueRef src, LLVMValueRef soff,
+                     int src16, LLVMValueRef len)
 {
     LLVMBuilderRef b = f->cg->b;
     IrDType t = f->node->dtype;
+    LLVMTypeRef i16 = LLVMInt16TypeInContext(f->cg->ctx);
     CgLoop l;
     cg_for(f, &l, cg_i64(f->cg, 0), len, "j");
-    LLVMValueRef v = cg_load(f, t, src, LLVMBuildAdd(b, soff, l.iv, ""));
-    cg_store(f, t, dst, LLVMBuildAdd(b, doff, l.iv, ""), v);
+    LLVMValueRef si = LLVMBuildAdd(b, soff, l.iv, ""), di = LLVMBuildAdd(b, doff, l.iv, "");
+    if (src16 && dst16)
+        LLVMBuildStore(b, LLVMBuildLoad2(b, i16, cg_addr_bf16(f, src, si), ""), cg_addr_bf16(f, dst, di));
+    else if (dst16)
+        cg_store_bf16(f, dst, di, cg_load(f, t, src, si));
+    else
+        cg_store(f, t, dst, di, src16 ? cg_load_bf16(f, src, si) : cg_load(f, t, src, si));
     cg_for_end(f, &l);
 }
 
@@ -715,9 +724,10 @@ static int impl_concat(CgFn *f)
                                      LLVMBuildICmp(b, LLVMIntEQ, l.iv, cg_i64(f->cg, 0), ""), "inplace");
     CgIf copy;
     cg_if(f, &copy, LLVMBuildNot(b, same, ""));
-    copy_run(f, f->out, obase, f->in[0], LLVMBuildMul(b, l.iv, la, ""), la);
+    copy_run(f, f->out, obase, f->out_bf16, f->in[0], LLVMBuildMul(b, l.iv, la, ""), f->in_bf16[0], la);
     cg_if_end(f, &copy);
-    copy_run(f, f->out, LLVMBuildAdd(b, obase, la, ""), f->in[1], LLVMBuildMul(b, l.iv, lb, ""), lb);
+    copy_run(f, f->out, LLVMBuildAdd(b, obase, la, ""), f->out_bf16, f->in[1], LLVMBuildMul(b, l.iv, lb, ""), f->in_bf16[1],
+             lb);
     cg_for_end(f, &l);
     return 0;
 }
@@ -745,7 +755,7 @@ static int impl_gather(CgFn *f)
     cg_flag_error(f, bad);
     CgIf ok;
     cg_if(f, &ok, LLVMBuildNot(b, bad, ""));
-    copy_run(f, f->out, LLVMBuildMul(b, l.iv, d, ""), f->in[0], LLVMBuildMul(b, t, d, ""), d);
+    copy_run(f, f->out, LLVMBuildMul(b, l.iv, d, ""), 0, f->in[0], LLVMBuildMul(b, t, d, ""), 0, d);
     cg_if_end(f, &ok);
     cg_for_end(f, &l);
     return 0;

@@ -157,6 +157,14 @@ LLVMValueRef cg_load_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx)
     return cg_widen_bf16(cg, v, 1);
 }
 
+void cg_store_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
+{
+    Cg *cg = f->cg;
+    LLVMValueRef u = LLVMBuildBitCast(cg->b, cg_bf16_round(cg, v), cg->t_i32, "");
+    LLVMValueRef h = LLVMBuildTrunc(cg->b, LLVMBuildLShr(cg->b, u, cg_i32(cg, 16), ""), LLVMInt16TypeInContext(cg->ctx), "");
+    LLVMBuildStore(cg->b, h, cg_addr_bf16(f, base, idx));
+}
+
 void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
 {
     Cg *cg = f->cg;
