@@ -1,5 +1,5 @@
 # parity_lib.sh BUILD_DIR SOURCE_DIR: sourced (". parity_lib.sh "$1" "$2"") by the scripts that
-# grade xtc against x-transformers' own numbers (test_parity_interp.sh, test_parity_train.sh,
+# use the parity cases (test_parity_interp.sh, test_parity_train.sh, test_bad_inputs.sh,
 # test_parity_newer.sh, test_parity_xl.sh). Sets build, src, shared (../shared unless
 # XTC_SHARED_DIR), parity ($shared/parity: the cases, their grader compare.py and
 # safetensors_lite), compare, py and xtc; makes $tmp (removed on exit) and $tmp/xl.py; exits 1
