@@ -5,8 +5,7 @@
  * Each case builds a graph holding several ops, compiles it once to a cuda-emu module and runs it
  * at ragged sizes (b, n) = (1, 1), (1, 7), (2, 17), (3, 33), (1, 65), (2, 130) on random inputs;
  * outputs are compared with ir_interp: f32 within 1e-5 + 1e-4 * max|ref|, integers and bools
- * exactly. The same cases run again with 16-bit storage (--dtype bf16 and fp16), at (1, 1), (1, 7),
- * (3, 33) and (2, 130) (run_case: the other two are sizes of the same kinds): the random
+ * exactly. The same cases run again with 16-bit storage (--dtype bf16 and fp16): the random
  * inputs are rounded to the format, and the reference is the interpreter with every value it
  * computes rounded to the format as the kernels round on store (ir_interp_rounded; the buffers
  * that stay f32, cg_keeps_f32, not), so that the kernels' f32 arithmetic and their single
@@ -189,17 +188,17 @@ static void check_run(const IrGraph *g, XtcModule *m, const int64_t *syms, const
 }
 
 
-/* The case at the sizes which[0 .. nsizes) of SIZES, compiled for target ("cuda-emu", or "cuda"
- * on a GPU) as built and after the pass pipeline as xtc compile runs it (when it fuses anything:
- * fused elementwise programs, matmul epilogues, fused attention), against the interpreter. */
-static void run_case_sizes(const OpCase *c, const char *target, const int *which, int nsizes)
+/* The case at the first nsizes of SIZES, compiled for target ("cuda-emu", or "cuda" on a GPU)
+ * as built and after the pass pipeline as xtc compile runs it (when it fuses anything: fused
+ * elementwise programs, matmul epilogues, fused attention), against the interpreter. */
+static void run_case_sizes(const OpCase *c, const char *target, int nsizes)
 {
     const char *name = c->name;
     case_rtol = c->rtol;
     IrGraph *g = new_graph(name, c->build);
     XtcModule *m = compile_target(g, name, target);
     for (int k = 0; k < nsizes; k++)
-        check_run(g, m, SIZES[which[k]], name, ORDERS[k % 3]);
+        check_run(g, m, SIZES[k], name, ORDERS[k % 3]);
     xtc_module_free(m);
     PassOptions po = {.verify_each = 1};
     char err[1024], fname[128];
@@ -212,27 +211,16 @@ static void run_case_sizes(const OpCase *c, const char *target, const int *which
         snprintf(fname, sizeof fname, "%s_fused", name);
         m = compile_target(h, fname, target);
         for (int k = 0; k < nsizes; k++)
-            check_run(h, m, SIZES[which[k]], fname, ORDERS[(k + 1) % 3]);
+            check_run(h, m, SIZES[k], fname, ORDERS[(k + 1) % 3]);
         xtc_module_free(m);
     }
     ir_graph_free(h);
     ir_graph_free(g);
 }
 
-/* Every size with f32 storage; with 16-bit storage (whose kernels index as the f32 ones do, with
- * 16-bit loads and stores) one of each kind: size 1, ragged below a block of 64 (7 and 33: 17
- * is another odd size below it), and past two blocks (130: 65 is another past one). The cases
- * with OC_ONCE have fixed sizes: the first alone. */
 static void run_case(const OpCase *c, const char *target)
 {
-    static const int all[] = {0, 1, 2, 3, 4, 5}, half[] = {0, 1, 3, 5};
-    _Static_assert(sizeof all / sizeof all[0] == NSIZES, "every size of SIZES");
-    if (c->flags & OC_ONCE)
-        run_case_sizes(c, target, all, 1);
-    else if (storage)
-        run_case_sizes(c, target, half, (int)(sizeof half / sizeof half[0]));
-    else
-        run_case_sizes(c, target, all, NSIZES);
+    run_case_sizes(c, target, c->flags & OC_ONCE ? 1 : NSIZES);
 }
 
 /* the k-th CUDA case run at every size, and the k-th run once (fixed sizes) */
