@@ -18,17 +18,27 @@ training step (loss and every gradient) with PyTorch's forward + backward ('fwdb
 compiles xtc's matmuls with bf16 operands and f32 sums (xtc compile --mma=bf16) and runs PyTorch
 under its bf16 autocast (torch_gpt.py --bf16-autocast, oneDNN's bf16 kernels). --dtype bf16
 compiles xtc with bf16 weights and bf16 matmuls (xtc compile --dtype bf16), runs xtc in f32 too
-in each round, and compares the three: xtc bf16, xtc f32 and PyTorch's bf16 autocast. --decode C
-times KV-cache decoding after a context of C tokens instead (`xtc bench --decode`: batch 1, f32
-against --dtype bf16 when given, alternating; PyTorch is not run).
+in each round, and compares the three: xtc bf16, xtc f32 and PyTorch's bf16 autocast.
+
+--decode C times KV-cache decoding after a context of C tokens instead, batch 1, --threads
+(use 1), each round alternating `xtc bench --decode C` (f32, and --dtype bf16 with --dtype bf16;
+--repeat x 8 one-token calls) and bench/gpu_torch.py decode --device cpu (the same model with a
+KV cache per layer, on xtc's weights; bf16 there is its weights and caches stored in bf16; as
+many one-token steps), and prints the medians of tokens/s and xtc / PyTorch. First it checks that
+both compute the same model: the logits after the context (the first token's) of xtc's compiled
+f32 module and of PyTorch on the same weights (`xtc init --seed 1`) and tokens (i * 7 mod vocab)
+must agree within 1e-4 of their largest; the bf16 ones are printed beside them.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import statistics
+import struct
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -56,14 +66,17 @@ def parse():
 
 
 def model_dims(path):
-    """num_tokens, dim, depth, heads of the (last) model in an .xtf file"""
+    """num_tokens, dim, depth, heads (and attn_dim_head, x-transformers' 64 by default) of the (last)
+    model in an .xtf file"""
     text = open(path).read()
-    dims = {}
-    for key, name in (("num_tokens", "vocab"), ("dim", "dim"), ("depth", "depth"), ("heads", "heads")):
+    dims = {"dim_head": 64}
+    for key, name in (("num_tokens", "vocab"), ("dim", "dim"), ("depth", "depth"), ("heads", "heads"),
+                      ("attn_dim_head", "dim_head")):
         found = re.findall(r"\b%s\s*=\s*(\d+)" % key, text)
-        if not found:
+        if not found and name != "dim_head":
             sys.exit("compare.py: %s has no '%s = N'" % (path, key))
-        dims[name] = int(found[-1])
+        if found:
+            dims[name] = int(found[-1])
     return dims
 
 
@@ -94,14 +107,106 @@ def run_torch(a, dims):
     return json.loads(line)[phase]
 
 
+def sh(cmd, env=None):
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if out.returncode != 0:
+        sys.exit("compare.py: %s failed:\n%s" % (" ".join(cmd), out.stderr))
+    return out.stdout
+
+
+def torch_env():
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
+    env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return env
+
+
+def write_tokens(path, tokens):
+    """a safetensors file holding tokens: I64 [1, n]"""
+    data = struct.pack("<%dq" % len(tokens), *tokens)
+    head = json.dumps({"tokens": {"dtype": "I64", "shape": [1, len(tokens)], "data_offsets": [0, len(data)]}})
+    head += " " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head.encode() + data)
+
+
+def last_logits(path):
+    """logits [1, n, V] of a safetensors file: the row at position n - 1"""
+    import numpy as np
+    raw = open(path, "rb").read()
+    size = struct.unpack("<Q", raw[:8])[0]
+    t = json.loads(raw[8:8 + size])["logits"]
+    lo, hi = t["data_offsets"]
+    return np.frombuffer(raw, dtype=np.float32, count=(hi - lo) // 4, offset=8 + size + lo).reshape(t["shape"])[0, -1]
+
+
 def decode(a):
-    cmd = [a.xtc, "bench", a.model, "--decode", str(a.decode), "--threads", str(a.threads), "--repeat",
-           str(a.repeat)] + (["--dtype", "bf16"] if a.dtype == "bf16" else [])
-    for _ in range(a.rounds):
-        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if out.returncode != 0:
-            sys.exit("compare.py: %s failed:\n%s" % (" ".join(cmd), out.stderr))
-        print(out.stdout, end="")
+    import numpy as np
+    dims = model_dims(a.model)
+    dtypes = ["f32", "bf16"] if a.dtype == "bf16" else ["f32"]
+    ntok = 8 * a.repeat  # xtc bench --decode times --repeat rounds of 8 one-token calls
+    tmp = tempfile.mkdtemp(prefix="compare_decode")
+    try:
+        w, inp = os.path.join(tmp, "w.safetensors"), os.path.join(tmp, "in.safetensors")
+        torch_cmd = ["/usr/bin/python3", os.path.join(HERE, "gpu_torch.py"), "decode", "--device", "cpu"]
+        torch_cmd += ["--%s=%d" % (k.replace("_", "-"), v) for k, v in sorted(dims.items())]
+        torch_cmd += ["--context", str(a.decode + ntok), "--tokens", str(ntok), "--threads", str(a.threads),
+                      "--dtypes", ",".join(dtypes), "--weights", w]
+        # the same model: the first token's logits of xtc's compiled modules and of PyTorch
+        write_tokens(inp, [i * 7 % dims["vocab"] for i in range(a.decode)])
+        first = {}
+        for d in dtypes:
+            so, out = os.path.join(tmp, "full_%s.so" % d), os.path.join(tmp, "out_%s.safetensors" % d)
+            sh([a.xtc, "compile", a.model, "-o", so] + (["--dtype", d] if d != "f32" else []))
+            if d == "f32":
+                sh([a.xtc, "init", so, "-o", w, "--seed", "1"])
+            sh([a.xtc, "run", so, "--weights", w, "--input", inp, "--output", out])
+            first["xtc " + d] = last_logits(out)
+        if not a.no_torch:
+            sh(torch_cmd + ["--passes", "0", "--logits-out", os.path.join(tmp, "torch_DTYPE.npy")], torch_env())
+            for d in dtypes:
+                first["PyTorch " + d] = np.load(os.path.join(tmp, "torch_%s.npy" % d))
+        ref = first["xtc f32"]
+        scale = float(np.max(np.abs(ref)))
+        print("first-token logits after %d tokens, max |x - xtc f32| / max |xtc f32| (%.3g):" % (a.decode, scale))
+        for k, v in first.items():
+            if k != "xtc f32":
+                print("  %-14s %.2e" % (k, float(np.max(np.abs(v - ref))) / scale))
+        if not a.no_torch and float(np.max(np.abs(first["PyTorch f32"] - ref))) > 1e-4 * scale:
+            sys.exit("compare.py: PyTorch's f32 logits differ from xtc's: not the same model")
+        # alternating rounds: xtc (f32 [and bf16]), then PyTorch (f32 [and bf16])
+        rate = {}
+        xcmd = [a.xtc, "bench", a.model, "--decode", str(a.decode), "--threads", str(a.threads), "--repeat",
+                str(a.repeat)] + (["--dtype", "bf16"] if a.dtype == "bf16" else [])
+        for _ in range(a.rounds):
+            for line in sh(xcmd).splitlines():
+                m = re.match(r"\s+(\S.*?)\s+[\d.]+ ms/token\s+([\d.]+) tokens/s", line)
+                if m:
+                    rate.setdefault("xtc " + ("f32" if m.group(1) == "f32" else "bf16"), []).append(float(m.group(2)))
+            if not a.no_torch:
+                for line in sh(torch_cmd + ["--passes", "1"], torch_env()).splitlines():
+                    if line.startswith("{"):
+                        r = json.loads(line)
+                        rate.setdefault("PyTorch " + r["dtype"], []).append(r["tok_per_s"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in rate.items()}
+    if a.json:
+        print(json.dumps({"model": a.model, "context": a.decode, "threads": a.threads, "rounds": a.rounds,
+                          "tokens_per_round": ntok, "tokens_per_s": med,
+                          "first_logits_rel_err": {k: float(np.max(np.abs(v - ref))) / scale
+                                                   for k, v in first.items()}}))
+        return
+    print("KV-cache decoding, %s: context %d, %d thread(s), tokens/s, medians of %d round(s) x %d tokens" %
+          (os.path.basename(a.model), a.decode, a.threads, a.rounds, ntok))
+    for d in dtypes:
+        x, t = med.get("xtc " + d), med.get("PyTorch " + d)
+        line = "  %-5s xtc %8.1f" % (d, x)
+        if t:
+            line += "   PyTorch %8.1f   xtc / PyTorch %.2fx" % (t, x / t)
+        print(line)
+    if "xtc bf16" in med:
+        print("  xtc bf16 / xtc f32 %.2fx" % (med["xtc bf16"] / med["xtc f32"]))
 
 
 def main():

@@ -3,26 +3,37 @@
 gets the repository only). One JSON line per measurement on stdout.
 
 The model is x-transformers' GPT as xtc compiles it from a TransformerWrapper + Decoder (pre-norm
-LayerNorm, causal attention through scaled_dot_product_attention, to_qkv / to_out without bias,
-GELU feed-forward x4 with bias, learned absolute positions scaled by dim**-0.5, final LayerNorm,
-logits without bias), the model of ../shared/bench/torch_gpt.py with SDPA and a KV cache.
+LayerNorm, causal attention through scaled_dot_product_attention, to_q/k/v (here one to_qkv)
+without bias, to_out with bias, GELU feed-forward x4 with bias, learned absolute positions scaled
+by dim**-0.5, final LayerNorm, logits with bias), the model of ../shared/bench/torch_gpt.py with
+SDPA and a KV cache.
 
   gpu_torch.py gpt --vocab V --dim D --depth L --heads H --shapes 8x1024,1x1024
                    [--dtypes f32,bf16] [--modes fwd,train] [--compile] [--device cuda]
   gpu_torch.py attn --seqs 1024,4096 --tokens 16384 [--heads 8 --dim-head 64] [--dtype bf16]
   gpu_torch.py decode --vocab V --dim D --depth L --heads H --context 1024 --tokens 64 [--dtypes f32,bf16]
+                      [--dim-head 64] [--device cpu --threads 1] [--weights W.safetensors] [--logits-out F.npy]
 
 gpt times eager mode (or torch.compile with --compile): 'fwd' is a no-grad forward, 'train' a
 whole step (forward, cross-entropy, backward, AdamW: fused=True on CUDA). bf16 is autocast with
 f32 master weights, as mixed-precision training is run. attn times causal attention alone,
 (B, H, N, 64) with B = tokens / N: forward, and forward + backward (backward = the difference).
-decode times one-token steps with a KV cache after a prompt of context - tokens.
+decode times one-token steps with a KV cache after a prompt of context - tokens (token i is
+i * 7 mod vocab, as `xtc bench --decode` feeds them), median per token over --passes passes.
+--weights loads xtc's weights (x-transformers' state_dict names: `xtc init model.so -o W`) so
+that both run the same model; --logits-out writes the prompt's logits at its last position (the
+first token's, f32) for a check against xtc's. bf16 is autocast on CUDA and weights and caches
+stored in bf16 on the CPU (what `xtc compile --target cpu --dtype bf16` stores).
 """
 import argparse
 import json
 import math
+import os
 import sys
 import time
+
+if __name__ == "__main__" and "--threads" in sys.argv:  # before torch starts its thread pools
+    os.environ["OMP_NUM_THREADS"] = sys.argv[sys.argv.index("--threads") + 1]
 
 import torch
 import torch.nn as nn
@@ -36,28 +47,28 @@ def sdpa(q, k, v, causal):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, dim_head=None):
         super().__init__()
-        self.heads = heads
-        self.to_qkv = nn.Linear(dim, 3 * dim, bias=False)
-        self.to_out = nn.Linear(dim, dim, bias=False)
+        self.heads, self.dh = heads, dim_head or dim // heads
+        self.to_qkv = nn.Linear(dim, 3 * heads * self.dh, bias=False)
+        self.to_out = nn.Linear(heads * self.dh, dim)
 
     def forward(self, x, cache=None, pos=0):
         b, n, d = x.shape
-        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self.to_qkv(x).view(b, n, 3, self.heads, self.dh).permute(2, 0, 3, 1, 4)
         if cache is not None:  # cache: (k, v) buffers (b, h, max, dh), filled up to pos
             cache[0][:, :, pos:pos + n] = k
             cache[1][:, :, pos:pos + n] = v
             k, v = cache[0][:, :, :pos + n], cache[1][:, :, :pos + n]
         o = sdpa(q, k, v, causal=n > 1)
-        return self.to_out(o.transpose(1, 2).reshape(b, n, d))
+        return self.to_out(o.transpose(1, 2).reshape(b, n, self.heads * self.dh))
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, dim_head=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = Attention(dim, heads, dim_head)
         self.ln2 = nn.LayerNorm(dim)
         self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
@@ -67,14 +78,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, dim, depth, heads, seq):
+    def __init__(self, vocab, dim, depth, heads, seq, dim_head=None):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
         self.pos_scale = dim ** -0.5
-        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(depth)])
+        self.blocks = nn.ModuleList([Block(dim, heads, dim_head) for _ in range(depth)])
         self.ln_f = nn.LayerNorm(dim)
-        self.to_logits = nn.Linear(dim, vocab, bias=False)
+        self.to_logits = nn.Linear(dim, vocab)
 
     def forward(self, idx, caches=None, pos=0):
         n = idx.shape[1]
@@ -82,6 +93,36 @@ class GPT(nn.Module):
         for i, blk in enumerate(self.blocks):
             x = blk(x, caches[i] if caches is not None else None, pos)
         return self.to_logits(self.ln_f(x))
+
+
+def load_xtc(model, path):
+    """xtc's weights (a safetensors file of F32 tensors by x-transformers' names) into model"""
+    import numpy as np
+    with open(path, "rb") as f:
+        raw = f.read()
+    size = int.from_bytes(raw[:8], "little")
+    head = json.loads(raw[8:8 + size])
+    w = {}
+    for name, t in head.items():
+        if name != "__metadata__":
+            lo, hi = t["data_offsets"]
+            assert t["dtype"] == "F32", "%s: %s, not F32" % (name, t["dtype"])
+            a = np.frombuffer(raw, dtype=np.float32, count=(hi - lo) // 4, offset=8 + size + lo)
+            w[name] = torch.from_numpy(a.reshape(t["shape"]).copy())
+    sd = {"tok.weight": w["token_emb.weight"], "pos.weight": w["pos_emb.emb.weight"],
+          "ln_f.weight": w["norm.weight"], "ln_f.bias": w["norm.bias"],
+          "to_logits.weight": w["to_logits.weight"], "to_logits.bias": w["to_logits.bias"]}
+    for i in range(len(model.blocks)):  # layers 2i (norm, attention) and 2i + 1 (norm, feed-forward)
+        a, f = "attn_layers.layers.%d." % (2 * i), "attn_layers.layers.%d." % (2 * i + 1)
+        b = "blocks.%d." % i
+        sd.update({b + "ln1.weight": w[a + "0.0.weight"], b + "ln1.bias": w[a + "0.0.bias"],
+                   b + "attn.to_qkv.weight": torch.cat([w[a + "1.to_%s.weight" % x] for x in "qkv"]),
+                   b + "attn.to_out.weight": w[a + "1.to_out.weight"], b + "attn.to_out.bias": w[a + "1.to_out.bias"],
+                   b + "ln2.weight": w[f + "0.0.weight"], b + "ln2.bias": w[f + "0.0.bias"],
+                   b + "ff.0.weight": w[f + "1.net.0.0.weight"], b + "ff.0.bias": w[f + "1.net.0.0.bias"],
+                   b + "ff.2.weight": w[f + "1.net.3.weight"], b + "ff.2.bias": w[f + "1.net.3.bias"]})
+    sd["pos.weight"] = sd["pos.weight"][:model.pos.weight.shape[0]]
+    model.load_state_dict(sd)
 
 
 def sync(dev):
@@ -189,30 +230,50 @@ def run_attn(a):
 
 def run_decode(a):
     dev = a.device
+    if a.threads:
+        torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.vocab, a.dim, a.depth, a.heads, a.context).to(dev).eval()
-    dh = a.dim // a.heads
+    model = GPT(a.vocab, a.dim, a.depth, a.heads, a.context, a.dim_head).to(dev).eval()
+    if a.weights:
+        load_xtc(model, a.weights)
+    dh = a.dim_head or a.dim // a.heads
     prompt = a.context - a.tokens
-    idx = torch.randint(0, a.vocab, (1, a.context), device=dev)
+    idx = (torch.arange(a.context, device=dev) * 7 % a.vocab).view(1, -1)
     for dtype in a.dtypes.split(","):
-        cdt = torch.bfloat16 if dtype == "bf16" and dev == "cuda" else torch.float32
-        # twice: the first pass warms up (cuBLAS handles, autocast caches, lazy kernel loading);
-        # the second is timed
-        for rep in range(2):
-            with torch.no_grad(), autocast(dev, dtype):
+        stored = dtype == "bf16" and dev == "cpu"  # bf16 weights and caches, no autocast
+        cdt = torch.bfloat16 if dtype == "bf16" and dev in ("cuda", "cpu") else torch.float32
+        m = GPT(a.vocab, a.dim, a.depth, a.heads, a.context, a.dim_head).to(dev).eval() if stored else model
+        if stored:
+            m.load_state_dict(model.state_dict())
+            m = m.to(torch.bfloat16)
+        # a first pass warms up (cuBLAS handles, autocast caches, lazy kernel loading); then
+        # --passes timed passes of the one-token steps, their median per token
+        per_token = []
+        for rep in range(1 + a.passes):
+            with torch.no_grad(), autocast(dev, "f32" if stored else dtype):
                 caches = [(torch.zeros(1, a.heads, a.context, dh, device=dev, dtype=cdt),
                            torch.zeros(1, a.heads, a.context, dh, device=dev, dtype=cdt)) for _ in range(a.depth)]
                 t0 = time.perf_counter()
-                model(idx[:, :prompt], caches, 0)
+                first = m(idx[:, :prompt], caches, 0)[0, -1].float().cpu()
                 sync(dev)
                 t1 = time.perf_counter()
                 for i in range(a.tokens if rep else min(a.tokens, 4)):
-                    logits = model(idx[:, prompt + i:prompt + i + 1], caches, prompt + i)
+                    logits = m(idx[:, prompt + i:prompt + i + 1], caches, prompt + i)
                     logits.float().cpu()  # read back, as a sampler would
                 sync(dev)
                 t2 = time.perf_counter()
+            if rep:
+                per_token.append((t2 - t1) / a.tokens)
+        if a.logits_out:
+            import numpy as np
+            np.save(a.logits_out.replace("DTYPE", dtype), first.numpy())
+        if not per_token:  # --passes 0: the logits only
+            continue
+        per_token.sort()
+        mid = len(per_token) // 2
+        med = per_token[mid] if len(per_token) % 2 else 0.5 * (per_token[mid - 1] + per_token[mid])
         emit(kind="decode", dtype=dtype, context=a.context, tokens=a.tokens, prompt_ms=1e3 * (t1 - t0),
-             ms_per_token=1e3 * (t2 - t1) / a.tokens, tok_per_s=a.tokens / (t2 - t1), device=dev)
+             ms_per_token=1e3 * med, tok_per_s=1 / med, passes=a.passes, threads=torch.get_num_threads(), device=dev)
 
 
 def main():
@@ -240,6 +301,11 @@ def main():
     d = sub.choices["decode"]
     d.add_argument("--context", type=int, default=1024)
     d.add_argument("--tokens", type=int, default=64)
+    d.add_argument("--passes", type=int, default=1, help="timed passes of --tokens steps")
+    d.add_argument("--dim-head", type=int, default=0, help="the heads' width (0: dim / heads)")
+    d.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
+    d.add_argument("--weights", help="xtc's weights (safetensors, x-transformers' names)")
+    d.add_argument("--logits-out", help="the prompt's last logits as .npy (DTYPE in the name: f32 or bf16)")
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_torch.py: no CUDA device for PyTorch %s" % torch.__version__)

@@ -5,17 +5,15 @@
 #ifndef XTC_TEST_FLASH_CASES_H
 #define XTC_TEST_FLASH_CASES_H
 
-/* The attention forms the tensor-core forward (cg_cuda_attention_mma.c) takes, every one with
- * the logsumexp column the backward reads: heads 8 by 12 (padded to the mma's 16 and 8), every
- * form of bias, mask and scale, causal with J = n + 3 and J = n - 1 (row 0 sees no key; J = 0
- * at n = 1), windows, heads 64 and 128 by 40, heads split in place (CG_VIEW_*), and one
- * gradient (the CUDA-core backward on the tensor-core forward's output and statistics). */
-static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
+/* Every form of bias, mask and scale over q, k of heads 8 and v of heads dv, 2 heads, causal with
+ * J = n + 3 and J = n - 1 (row 0 sees no key; J = 0 at n = 1), windows: the outputs that
+ * build_flash and build_flash16 share (with few_keys, also one without the logsumexp column);
+ * returns q. */
+static inline IrNode *flash_forms(IrGraph *g, IrDim b, IrDim n, int64_t dv, int few_keys)
 {
-    static const int split[4] = {0, 2, 1, 3};
-    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1);
-    IrDim sq[] = {b, h, n, ir_dim(8)}, sk[] = {b, h, J, ir_dim(8)}, sv[] = {b, h, J, ir_dim(12)};
-    IrDim sk0[] = {b, h, J0, ir_dim(8)}, sbias[] = {h, n, J}, smask[] = {b, one, one, J};
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1), d8 = ir_dim(8);
+    IrDim sq[] = {b, h, n, d8}, sk[] = {b, h, J, d8}, sv[] = {b, h, J, ir_dim(dv)};
+    IrDim sk0[] = {b, h, J0, d8}, sbias[] = {h, n, J}, smask[] = {b, one, one, J};
     IrDim sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
     IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sv);
     IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
@@ -27,10 +25,23 @@ static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
     out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
     out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
     out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
-    out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 0));
+    if (few_keys)
+        out(g, "few_keys", ir_attention(g, q, k0, v0, NULL, NULL, c, 0, 0));
     out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
     out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
     out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
+    return q;
+}
+
+/* The attention forms the tensor-core forward (cg_cuda_attention_mma.c) takes, every one with
+ * the logsumexp column the backward reads: heads 8 by 12 (padded to the mma's 16 and 8), the
+ * forms of flash_forms, heads 64 and 128 by 40, heads split in place (CG_VIEW_*), and one
+ * gradient (the CUDA-core backward on the tensor-core forward's output and statistics). */
+static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
+{
+    static const int split[4] = {0, 2, 1, 3};
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(2), one = ir_dim(1);
+    flash_forms(g, b, n, 12, 1);
     IrDim s64[] = {b, one, n, ir_dim(64)}, s64k[] = {b, one, J, ir_dim(64)};
     out(g, "head64", ir_attention(g, input(g, "q64", IR_F32, 4, s64), input(g, "k64", IR_F32, 4, s64k),
                                   input(g, "v64", IR_F32, 4, s64k), NULL, NULL, ir_const(g, 0.125, IR_F32), 1, 1));
@@ -41,34 +52,19 @@ static inline void build_flash(IrGraph *g, IrDim b, IrDim n)
     IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
     IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
     IrNode *hv = ir_permute(g, input(g, "xv", IR_F32, 4, sxk), split);
-    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, c, 1, 0), split));
+    out(g, "heads", ir_permute(g, ir_attention(g, hq, hk, hv, NULL, NULL, ir_const(g, 0.35, IR_F32), 1, 0), split));
 }
 
 /* The forward of q, k and v as stored (kernels/flash_fwd.cuh: 16-bit storage of the mma's format,
- * heads multiples of 8): every form of bias, mask and scale of build_flash over heads of 8
- * (padded to 16 in its tiles), causal with J = n + 3 and n - 1, windows, GPT's causal head of
- * 64 through head-split views (two 16-row tiles a warp), a window over heads of 40 by 24,
- * heads of 128 (one tile a warp, 32 keys a stage), and grouped key/values (multi-query; grouped
- * through head-split views of 4 and 2 heads). */
+ * heads multiples of 8): the forms of flash_forms over heads of 8 (padded to 16 in its tiles),
+ * GPT's causal head of 64 through head-split views (two 16-row tiles a warp), a window over
+ * heads of 40 by 24, heads of 128 (one tile a warp, 32 keys a stage), and grouped key/values
+ * (multi-query; grouped through head-split views of 4 and 2 heads). */
 static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
 {
     static const int split[4] = {0, 2, 1, 3};
-    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), one = ir_dim(1), d8 = ir_dim(8);
-    IrDim sq[] = {b, h, n, d8}, sk[] = {b, h, J, d8}, sk0[] = {b, h, J0, d8}, sbias[] = {h, n, J};
-    IrDim smask[] = {b, one, one, J}, sscale[] = {b, h, one, one}, sqm[] = {b, one, n, one};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
-    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0);
-    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
-    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
-    IrNode *pad = ir_binary(g, IR_AND, input(g, "qmask", IR_BOOL, 4, sqm), input(g, "kmask", IR_BOOL, 4, smask));
-    out(g, "plain", ir_attention(g, q, k, v, NULL, NULL, c, 0, 1));
-    out(g, "causal", ir_attention(g, q, k, v, NULL, NULL, c, 1, 1));
-    out(g, "all", ir_attention(g, q, k, v, bias, mask, scale, 1, 1));
-    out(g, "padded", ir_attention(g, q, k, v, NULL, pad, c, 0, 1));
-    out(g, "masked_row", ir_attention(g, q, k0, v0, NULL, NULL, c, 1, 1));
-    out(g, "window", ir_attention_window(g, q, k, v, NULL, NULL, c, 1, 1, 2));
-    out(g, "window_all", ir_attention_window(g, q, k, v, bias, pad, scale, 0, 1, 3));
-    out(g, "window_row0", ir_attention_window(g, q, k0, v0, NULL, NULL, c, 1, 1, 1));
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(2), one = ir_dim(1);
+    IrNode *q = flash_forms(g, b, n, 8, 0), *c = ir_const(g, 0.35, IR_F32);
     IrDim sxq[] = {b, n, h, ir_dim(64)}, sxk[] = {b, J, h, ir_dim(64)};
     IrNode *hq = ir_permute(g, input(g, "xq", IR_F32, 4, sxq), split);
     IrNode *hk = ir_permute(g, input(g, "xk", IR_F32, 4, sxk), split);
@@ -81,33 +77,11 @@ static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
     out(g, "head128", ir_attention(g, input(g, "q128", IR_F32, 4, s128), input(g, "k128", IR_F32, 4, s128k),
                                    input(g, "v128", IR_F32, 4, s128k), NULL, NULL, ir_const(g, 0.09, IR_F32), 1, 1));
     /* grouped key/values: one head for both query heads, and 2 for 4 through head-split views */
-    IrDim sk1[] = {b, one, J, d8}, sgq[] = {b, n, ir_dim(4), ir_dim(16)}, sgk[] = {b, J, h, ir_dim(16)};
+    IrDim sk1[] = {b, one, J, ir_dim(8)}, sgq[] = {b, n, ir_dim(4), ir_dim(16)}, sgk[] = {b, J, h, ir_dim(16)};
     out(g, "mqa", ir_attention(g, q, input(g, "k1", IR_F32, 4, sk1), input(g, "v1", IR_F32, 4, sk1), NULL, NULL, c, 1, 1));
     IrNode *gq = ir_permute(g, input(g, "gq", IR_F32, 4, sgq), split);
     IrNode *gk = ir_permute(g, input(g, "gk", IR_F32, 4, sgk), split), *gv = ir_permute(g, input(g, "gv", IR_F32, 4, sgk), split);
     out(g, "gqa_heads", ir_permute(g, ir_attention(g, gq, gk, gv, NULL, NULL, ir_const(g, 0.25, IR_F32), 1, 0), split));
-}
-
-/* The bounded (cosine-sim) forward on kernels/flash_fwd.cuh: inputs in [-2, 2] bound |q . k| by 4
- * D; heads of 16 (bound x scale 16), causal with J = n + 3 and n - 1 (rows that see no key: the
- * general path, chosen at run time), not causal, a window, and a causal head of 64 (two tiles a
- * warp, bound x scale 32); each with the statistics and one gradient of them. */
-static inline void build_flash16_bounded(IrGraph *g, IrDim b, IrDim n)
-{
-    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), d16 = ir_dim(16);
-    IrDim sq[] = {b, h, n, d16}, sk[] = {b, h, J, d16}, sk0[] = {b, h, J0, d16};
-    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
-    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0), *c = ir_const(g, 0.25, IR_F32);
-    IrNode *causal = ir_attention_bounded(g, q, k, v, NULL, c, 1, 1, 0, 64);
-    out(g, "causal", causal);
-    out(g, "causal_grad", ir_attention_grad(g, causal, input(g, "dout", IR_F32, 4, sq)));
-    out(g, "full", ir_attention_bounded(g, q, k, v, NULL, c, 0, 1, 0, 64));
-    out(g, "window", ir_attention_bounded(g, q, k, v, NULL, c, 1, 1, 5, 64));
-    out(g, "few_keys", ir_attention_bounded(g, q, k0, v0, NULL, c, 1, 1, 0, 64));
-    IrDim s64[] = {b, ir_dim(1), n, ir_dim(64)};
-    IrNode *q64 = input(g, "q64", IR_F32, 4, s64);
-    out(g, "head64", ir_attention_bounded(g, q64, q64, input(g, "v64", IR_F32, 4, s64), NULL, ir_const(g, 0.125, IR_F32),
-                                          1, 1, 0, 256));
 }
 
 /* Gradients on the tensor-core backward (heads up to 64): a bias, a mask and a scale operand,

@@ -8,41 +8,7 @@
 #ifndef XTC_TEST_MMA_CHECK_H
 #define XTC_TEST_MMA_CHECK_H
 
-
-typedef struct {
-    Binding b;                         /* what the module gets */
-    IrHostTensor ref[HARNESS_MAXLEAF]; /* what the interpreter gets: matmul operands rounded */
-} RefBinding;
-
-/* The names of the leaves that are operands of a matmul in g (before fusion hides the matmuls
- * in fused programs; the leaves keep their names): what the kernels round to 16 bits. */
-typedef struct {
-    int n;
-    const char *name[HARNESS_MAXLEAF];
-} Names;
-
-static void matmul_operands(const IrGraph *g, Names *ops)
-{
-    ops->n = 0;
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *x = g->nodes[i];
-        if (x->op != IR_MATMUL)
-            continue;
-        for (int j = 0; j < 2; j++) {
-            ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
-            ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
-            ops->name[ops->n++] = x->in[j]->s;
-        }
-    }
-}
-
-static int is_named(const Names *ops, const char *name)
-{
-    for (int i = 0; ops && i < ops->n; i++)
-        if (strcmp(ops->name[i], name) == 0)
-            return 1;
-    return 0;
-}
+#include "ref_binding.h"
 
 /* every integer input from 0 to 10, whatever its name (tiny_gpt's tokens and targets) */
 static void int_range_tokens(const char *name, int64_t *lo, int64_t *hi)
@@ -59,15 +25,11 @@ static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, 
 {
     BindDraw draw = {.param_scale = wscale, .int_range = int_range_tokens, .storage = 0};
     bind_random(&rb->b, g, syms, &draw);
+    ref_binding_copy(rb);
     for (int i = 0; i < rb->b.n; i++) {
         const IrNode *n = rb->b.leaf[i];
-        const IrHostTensor *t = &rb->b.t[i];
         IrHostTensor *r = &rb->ref[i];
-        int64_t numel = ir_host_numel(t);
-        size_t bytes = (size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype);
-        *r = *t;
-        r->data = malloc(bytes);
-        memcpy(r->data, t->data, bytes);
+        int64_t numel = ir_host_numel(r);
         if (storage && n->dtype == IR_F32)
             for (int64_t k = 0; k < numel; k++) {
                 float *v = &((float *)r->data)[k];
@@ -80,24 +42,6 @@ static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, 
                          : round_with->bf16_float(round_with->bf16_bits(*v));
             }
     }
-}
-
-static void bind_rounded_free(RefBinding *rb)
-{
-    for (int i = 0; i < rb->b.n; i++)
-        free(rb->ref[i].data);
-    bind_free(&rb->b);
-}
-
-/* ir_interp's callback: the interpreter's values of a RefBinding */
-static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
-{
-    RefBinding *rb = ctx;
-    int i = bind_index(&rb->b, leaf);
-    if (i < 0)
-        return -1;
-    *out = rb->ref[i];
-    return 0;
 }
 
 static XtcModule *compile_mma(const IrGraph *g, const char *name, int mma)

@@ -86,6 +86,17 @@ cp "$tmp/out" "$tmp/decode.txt"
 expect "decode: header" "^KV-cache decoding: .*, context 12 \(\+16 tokens timed per variant\), 1 thread, batch 1" "$tmp/decode.txt"
 expect "decode: f32 row" "^  f32 +[0-9.]+ ms/token +[0-9.]+ tokens/s +cpu +[0-9.]+ ms/token" "$tmp/decode.txt"
 expect "decode: bf16 row" "^  --dtype bf16 +[0-9.]+ ms/token .* [0-9.]+x f32" "$tmp/decode.txt"
+# bench/compare.py --decode: the same model in PyTorch with a KV cache on xtc's weights (its first
+# token's logits must agree with xtc's, else compare.py fails), tokens/s of both
+if $py -c "import torch, numpy" 2> /dev/null; then
+  check "compare.py --decode (PyTorch)" $py "$src/bench/compare.py" --xtc "$xtc" --model "$model" --decode 12 \
+    --threads 1 --repeat 1
+  cp "$tmp/out" "$tmp/cmp.txt"
+  expect "compare.py --decode: logits agree" "^  PyTorch f32 +[0-9.]+e[-+][0-9]+$" "$tmp/cmp.txt"
+  expect "compare.py --decode: tokens/s" "^  f32 +xtc +[0-9.]+ +PyTorch +[0-9.]+ +xtc / PyTorch [0-9.]+x" "$tmp/cmp.txt"
+else
+  echo "skip compare.py --decode: no PyTorch and numpy for $py"
+fi
 refuse "decode with --train" "without --train" "$xtc" bench "$model" --decode 4 --train
 refuse "decode of an encoder" "a KV cache needs a causal Decoder" "$xtc" bench "$src/models/bert.xtf" --decode 4 -O0
 

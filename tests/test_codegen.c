@@ -2,7 +2,8 @@
  * interpreter (ir_interp).
  *
  * Each case builds a small graph holding several ops, compiles it once to a module in a temp
- * directory, and runs it at two bindings of the symbols (b, n) with 1 and 2 threads, on random
+ * directory, and runs it at bindings of the symbols (b, n) (SIZES: ragged, size 1, and empty
+ * for the cases that allow it) with 1 and 2 threads, on random
  * inputs, comparing every output with the interpreter's: f32 within 1e-5 + 1e-4 * max|ref|,
  * integers and bools exactly. Sizes are ragged on purpose (1, 7, 17, 33, 65, 130: not multiples
  * of the vector width or the matmul blocks).
@@ -96,43 +97,25 @@ static void check_against_interp(const IrGraph *g, XtcModule *m, const int64_t *
     check_threads(g, m, syms, name, one_two, 2, 1e-4);
 }
 
-static void run_case(const OpCase *c, const char *name, const int64_t sizes[2][2])
-{
-    static const int one_two[] = {1, 2};
-    IrGraph *g = new_graph(name, c->build);
-    CgStats stats;
-    XtcModule *m = compile_load(g, name, &stats);
-    for (int k = 0; k < 2; k++)
-        check_threads(g, m, sizes[k], name, one_two, 2, c->rtol);
-    xtc_module_free(m);
-    ir_graph_free(g);
-}
-
-static const int64_t SIZES[2][2] = {{1, 7}, {3, 33}};
+/* The sizes every case runs at, on one module: two ragged ones, symbolic dims that come out as 1
+ * (not broadcast: a size-1 value of a symbol), and (the cases with OC_EMPTY) as 0. */
+static const int64_t SIZES[][2] = {{1, 7}, {3, 33}, {1, 1}, {2, 1}, {2, 0}, {0, 3}};
+#define NSIZES ((int)(sizeof SIZES / sizeof SIZES[0]))
 
 /* ---- the op cases (op_cases.h) for the CPU ---- */
 
 START_TEST(test_case)
 {
+    static const int one_two[] = {1, 2};
     const OpCase *c = op_case_for(OC_CPU, _i);
-    run_case(c, c->name, SIZES);
-}
-END_TEST
-
-/* Symbolic dims that come out as 1 (not broadcast: a size-1 value of a symbol) and as 0. */
-START_TEST(test_edge_sizes)
-{
-    static const int64_t ones[2][2] = {{1, 1}, {2, 1}}, empty[2][2] = {{2, 0}, {0, 3}};
-    const OpCase *c;
-    for (int k = 0; (c = op_case_for(OC_CPU, k)) != NULL; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "%s_ones", c->name);
-        run_case(c, name, ones);
-        if (c->flags & OC_EMPTY) {
-            snprintf(name, sizeof name, "%s_empty", c->name);
-            run_case(c, name, empty);
-        }
-    }
+    IrGraph *g = new_graph(c->name, c->build);
+    CgStats stats;
+    XtcModule *m = compile_load(g, c->name, &stats);
+    for (int k = 0; k < NSIZES; k++)
+        if ((SIZES[k][0] && SIZES[k][1]) || (c->flags & OC_EMPTY))
+            check_threads(g, m, SIZES[k], c->name, one_two, 2, c->rtol);
+    xtc_module_free(m);
+    ir_graph_free(g);
 }
 END_TEST
 
@@ -977,7 +960,6 @@ static Suite *suite(void)
     tcase_add_test(tc, test_an_op_without_a_case_fails);
     tcase_add_test(tc, test_every_op_has_a_lowering);
     tcase_add_loop_test(tc, test_case, 0, op_case_count(OC_CPU));
-    tcase_add_test(tc, test_edge_sizes);
     tcase_add_test(tc, test_ir_files);
     tcase_add_test(tc, test_levels_and_cpus);
     tcase_add_test(tc, test_bad_cpu_refused);

@@ -10,6 +10,10 @@
  *             must round as it does, so only the order of the f32 sums differs, held to
  *             OC_ATOL + rtol max|ref| (the row's rtol). A variant this CPU cannot run is named
  *             on stderr; this CPU's own always runs.
+ *   ops       every op case of the CPU (op_cases.h) compiled with --dtype bf16 against the
+ *             interpreter with every value the module stores in bf16 (its "storage" records, the
+ *             plan's choice: the matmul weights today) rounded as stored, at the case's own
+ *             tolerance; with --mma=off too where the module stores something (CK_RUN_CASE=ops).
  *   paths     the code for cooperlake (AVX512_BF16) calls vdpbf16ps, that for x86-64-v4 does not;
  *             --mma=fp16 is refused on the cpu target.
  *             (Modules here are compiled at -O0: the same kernels, compiled several times faster.)
@@ -35,91 +39,36 @@
 #include "harness_bind.h"
 #include "op_cases.h"
 #include "parity_run.h"
+#include "ref_binding.h"
 #include "harness_drive.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cpu_bf16"); }
 
 /* ---- matmuls against the interpreter on rounded operands ---- */
 
-/* the names of the leaves that are matmul operands (before fusion hides the matmuls) */
-typedef struct {
-    int n;
-    const char *name[HARNESS_MAXLEAF];
-} Names;
-
-static void matmul_operands(const IrGraph *g, Names *ops)
-{
-    ops->n = 0;
-    for (int i = 0; i < g->nnodes; i++) {
-        const IrNode *x = g->nodes[i];
-        for (int j = 0; j < 2 && x->op == IR_MATMUL; j++) {
-            ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
-            ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
-            ops->name[ops->n++] = x->in[j]->s;
-        }
-    }
-}
-
-static int is_named(const Names *ops, const char *name)
-{
-    for (int i = 0; i < ops->n; i++)
-        if (strcmp(ops->name[i], name) == 0)
-            return 1;
-    return 0;
-}
+static float round_bf16(float v) { return rt_bf16_to_f32(rt_f32_to_bf16(v)); }
 
 /* the interpreter's leaves: the module's, with the matmul operands rounded to bf16 */
-typedef struct {
-    Binding b;
-    IrHostTensor ref[HARNESS_MAXLEAF];
-} RefBinding;
-
 static void bind_rounded(RefBinding *rb, const IrGraph *g, const int64_t *syms, const Names *round)
 {
     bind_random(&rb->b, g, syms, NULL);
-    for (int i = 0; i < rb->b.n; i++) {
-        const IrNode *n = rb->b.leaf[i];
-        IrHostTensor *r = &rb->ref[i];
-        int64_t numel = ir_host_numel(&rb->b.t[i]);
-        size_t bytes = (size_t)(numel ? numel : 1) * ir_dtype_size(n->dtype);
-        *r = rb->b.t[i];
-        r->data = malloc(bytes);
-        memcpy(r->data, rb->b.t[i].data, bytes);
-        if (n->dtype == IR_F32 && is_named(round, n->s))
-            for (int64_t k = 0; k < numel; k++) {
-                float *v = &((float *)r->data)[k];
-                *v = rt_bf16_to_f32(rt_f32_to_bf16(*v));
-            }
-    }
-}
-
-static void bind_rounded_free(RefBinding *rb)
-{
+    ref_binding_copy(rb);
     for (int i = 0; i < rb->b.n; i++)
-        free(rb->ref[i].data);
-    bind_free(&rb->b);
-}
-
-static int ref_cb(void *ctx, const IrNode *leaf, IrHostTensor *out)
-{
-    RefBinding *rb = ctx;
-    int i = bind_index(&rb->b, leaf);
-    if (i < 0)
-        return -1;
-    *out = rb->ref[i];
-    return 0;
+        if (rb->b.leaf[i]->dtype == IR_F32 && is_named(round, rb->b.leaf[i]->s))
+            ref_binding_round(&rb->ref[i], round_bf16);
 }
 
 /* Compiles g for cpu (NULL: this one) with --mma=bf16, or with --dtype dtype (bf16 weights and
- * matmuls), into tmpdir/name.so; emit (or NULL) gets the LLVM IR. Returns the loaded module, or
+ * matmuls; --mma=off as well when mma_off), into tmpdir/name.so; emit (or NULL) gets the LLVM IR. Returns the loaded module, or
  * NULL with the loader's reason in why (a CPU this one is not). */
 static XtcModule *compile_dtype(const IrGraph *g, const char *name, const char *cpu, const char *emit, const char *dtype,
-                                char *why, size_t n)
+                                int mma_off, char *why, size_t n)
 {
     make_tmpdir();
     char path[512], err[1024];
-    snprintf(path, sizeof path, "%s/%s.%s.%s.so", tmpdir, name, cpu ? cpu : "native", dtype ? dtype : "mma");
-    CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = dtype ? CG_MMA_AUTO : CG_MMA_BF16,
+    snprintf(path, sizeof path, "%s/%s.%s.%s%s.so", tmpdir, name, cpu ? cpu : "native", dtype ? dtype : "mma",
+             mma_off ? ".mma_off" : "");
+    CgOptions opt = {.output = path, .opt_level = 0, .cpu = cpu, .mma = !dtype ? CG_MMA_BF16 : mma_off ? CG_MMA_OFF : CG_MMA_AUTO,
                      .dtype = dtype, .emit_llvm = emit, .source = "# test\n", .source_name = "t.xtf"};
     ck_assert_msg(harness_cg(g, &opt, NULL, err, sizeof err) == 0, "compiling %s for %s: %s", name, cpu ? cpu : "this CPU",
                   err);
@@ -135,7 +84,7 @@ static XtcModule *compile_dtype(const IrGraph *g, const char *name, const char *
 static XtcModule *compile_bf16(const IrGraph *g, const char *name, const char *cpu, const char *emit, char *why,
                                size_t n)
 {
-    return compile_dtype(g, name, cpu, emit, NULL, why, n);
+    return compile_dtype(g, name, cpu, emit, NULL, 0, why, n);
 }
 
 /* max |got - ref| / max |ref| over the outputs, each held to atol + rtol max|ref| */
@@ -250,7 +199,7 @@ START_TEST(test_matmul_forms)
     for (size_t v = 0; v < sizeof cpus / sizeof cpus[0]; v++) {
         const char *cpu = cpus[v] ? cpus[v] : "this CPU";
         char why[512];
-        XtcModule *m = compile_dtype(g, c->name, cpus[v], NULL, dtypes[v], why, sizeof why);
+        XtcModule *m = compile_dtype(g, c->name, cpus[v], NULL, dtypes[v], 0, why, sizeof why);
         if (m && dtypes[v])
             stored += strstr(xtc_module_metadata(m), "\nstorage ") != NULL;
         if (!m) {
@@ -304,6 +253,130 @@ START_TEST(test_matmul_forms)
     if (g != built)
         ir_graph_free(g);
     ir_graph_free(built);
+}
+END_TEST
+
+/* ---- every op case under --dtype bf16 ---- */
+
+/* Per node id of g (the graph m was compiled from, as built): whether m stores its value in bf16,
+ * from m's own "buffer" and "storage" records (include/abi/rt_abi.h): a leaf's buffer by its name,
+ * a temp's by its node's label (t<id> without one). So the reference rounds what the plan chose
+ * to store (CgPlan.storage), whatever that is: weights today, other buffers when the CPU stores
+ * more. Returns how many buffers m stores in 16 bits; each must name a node of g. */
+static int stored_nodes(const IrGraph *g, const XtcModule *m, uint8_t *stored)
+{
+    memset(stored, 0, (size_t)g->nnodes);
+    const char *meta = xtc_module_metadata(m);
+    int nstored = 0;
+    for (const char *line = meta; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        int buf;
+        char fmt[16];
+        if (sscanf(line, "storage %d %15s", &buf, fmt) != 2)
+            continue;
+        ck_assert_str_eq(fmt, "bf16");
+        char key[32], kind[16], name[256];
+        snprintf(key, sizeof key, "\nbuffer %d ", buf);
+        const char *rec = strstr(meta, key);
+        ck_assert_msg(rec && sscanf(rec + strlen(key), "%15s %255s", kind, name) == 2, "storage %d: no buffer record", buf);
+        int found = 0;
+        for (int i = 0; i < g->nnodes; i++) {
+            const IrNode *n = g->nodes[i];
+            char label[32];
+            int leaf = n->op == IR_INPUT || n->op == IR_PARAM || n->op == IR_BUFFER;
+            snprintf(label, sizeof label, "t%d", n->id);
+            int named = leaf ? n->s && !strcmp(n->s, name) : (n->label && !strcmp(n->label, name)) || !strcmp(label, name);
+            if (named && leaf == (strcmp(kind, "temp") != 0)) {
+                stored[n->id] = 1;
+                found = 1;
+            }
+        }
+        ck_assert_msg(found, "the module stores buffer %d (%s %s) in bf16, which names no node", buf, kind, name);
+        nstored++;
+    }
+    return nstored;
+}
+
+static void round_stored(void *ctx, const IrNode *n, double *v, int64_t count)
+{
+    const uint8_t *stored = ctx;
+    if (stored[n->id])
+        for (int64_t i = 0; i < count; i++)
+            v[i] = round_bf16((float)v[i]);
+}
+
+/* Runs case c's graph g compiled with --dtype bf16 (and --mma=off when mma_off) with 2 threads at
+ * test_codegen's sizes against the interpreter on the same inputs, with every value the module
+ * stores in bf16 rounded as stored (stored_nodes) and the leaves of round rounded as the bf16
+ * matmuls round them, within the case's own tolerance. Returns how many buffers it stores. */
+static int check_dtype_case(const OpCase *c, const IrGraph *g, const Names *round, int mma_off, const char *note)
+{
+    char why[512];
+    XtcModule *m = compile_dtype(g, c->name, NULL, NULL, "bf16", mma_off, why, sizeof why);
+    ck_assert_msg(m != NULL, "%s --dtype bf16: %s", c->name, why);
+    uint8_t *stored = malloc((size_t)g->nnodes);
+    int nstored = stored_nodes(g, m, stored);
+    static const int64_t sizes[][2] = {{1, 7}, {3, 33}};
+    for (int k = 0; k < 2; k++) {
+        RefBinding rb;
+        bind_rounded(&rb, g, sizes[k], round);
+        IrHostTensor *ref = calloc((size_t)g->noutputs + 1, sizeof *ref);
+        char err[512], what[256];
+        ck_assert_msg(ir_interp_rounded(g, ref_cb, &rb, round_stored, stored, ref, err, sizeof err) == 0, "%s: %s",
+                      c->name, err);
+        snprintf(what, sizeof what, "%s --dtype bf16%s (b=%lld n=%lld)", c->name, mma_off ? " --mma=off" : "",
+                 (long long)sizes[k][0], (long long)sizes[k][1]);
+        XtcSession *s = NULL;
+        ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s", xtc_session_error(s));
+        bind_session(s, &rb.b, what);
+        ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: %s", what, xtc_session_error(s));
+        for (int o = 0; o < g->noutputs; o++) {
+            XtcTensor t;
+            ck_assert_msg(xtc_session_get_output(s, g->outputs[o].name, &t) == XTC_OK, "%s", xtc_session_error(s));
+            char at[320];
+            snprintf(at, sizeof at, "%s output '%s'", what, g->outputs[o].name);
+            compare_within(at, &ref[o], &t, OC_ATOL, c->rtol);
+        }
+        xtc_session_free(s);
+        free_outputs(g, ref);
+        bind_rounded_free(&rb);
+    }
+    fprintf(stderr, "test_cpu_bf16: %s --dtype bf16%s: %d buffers stored in bf16; within the case's tolerance%s\n",
+            c->name, mma_off ? " --mma=off" : "", nstored, note);
+    free(stored);
+    xtc_module_free(m);
+    return nstored;
+}
+
+/* Every op case of the CPU (op_cases.h, as test_codegen runs them) with --dtype bf16 for this CPU
+ * (check_dtype_case). With the default --mma=bf16 the matmuls round their operands as they read
+ * them, which the reference does by rounding the leaves read only by matmuls; a case where one
+ * has another reader, or with fused programs (whose matmul steps round too), runs with --mma=off
+ * (bf16 storage, f32 matmuls) instead, and a case that stores buffers runs with --mma=off as well,
+ * where the rounding of what the module stores is the only difference from f32. */
+START_TEST(test_op_cases_dtype)
+{
+    const OpCase *c = op_case_for(OC_CPU, _i);
+    if (!strcmp(c->name, "matmul_q8")) { /* int8 weights compute in f32: the driver refuses them with --dtype */
+        fprintf(stderr, "test_cpu_bf16: matmul_q8 not run with --dtype bf16 (int8 weights compute in f32: xtc compile "
+                "refuses the two together)\n");
+        return;
+    }
+    IrGraph *g = harness_new_graph(c->name, c->build, 256);
+    Names ops;
+    matmul_operands(g, &ops);
+    char note[160] = "";
+    for (int i = 0; i < g->nnodes && !note[0]; i++)
+        for (int j = 0; j < g->nodes[i]->nin; j++) {
+            const IrNode *x = g->nodes[i], *in = x->in[j];
+            if (x->op == IR_FUSED)
+                snprintf(note, sizeof note, " (not --mma=bf16: fused programs round their matmuls' operands)");
+            else if (x->op != IR_MATMUL && in->s && is_named(&ops, in->s))
+                snprintf(note, sizeof note, " (not --mma=bf16: matmul operand '%s' has other readers)", in->s);
+        }
+    Names none = {0};
+    if (note[0] || check_dtype_case(c, g, &ops, 0, "") > 0)
+        check_dtype_case(c, g, &none, 1, note);
+    ir_graph_free(g);
 }
 END_TEST
 
@@ -410,8 +483,8 @@ START_TEST(test_train_masters)
     IrGraph *g = harness_build(f, NULL, &lo, 1, harness_target("cpu"), NULL, &d, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     char why[512];
-    XtcModule *m16 = compile_dtype(g, "train", NULL, NULL, NULL, why, sizeof why);
-    XtcModule *mw = compile_dtype(g, "train", NULL, NULL, "bf16", why, sizeof why);
+    XtcModule *m16 = compile_dtype(g, "train", NULL, NULL, NULL, 0, why, sizeof why);
+    XtcModule *mw = compile_dtype(g, "train", NULL, NULL, "bf16", 0, why, sizeof why);
     ck_assert_ptr_nonnull(m16);
     ck_assert_ptr_nonnull(mw);
     ck_assert_msg(strstr(xtc_module_metadata(mw), "\nstorage ") != NULL, "the training module stores no weight in bf16");
@@ -488,6 +561,10 @@ static Suite *suite(void)
     tcase_add_test(tc, test_train_masters);
     tcase_add_test(tc, test_parity_bf16);
     suite_add_tcase(s, tc);
+    TCase *ops = tcase_create("ops"); /* CK_RUN_CASE=ops runs these alone */
+    tcase_set_timeout(ops, 600);
+    tcase_add_loop_test(ops, test_op_cases_dtype, 0, op_case_count(OC_CPU));
+    suite_add_tcase(s, ops);
     return s;
 }
 

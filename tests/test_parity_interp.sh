@@ -5,19 +5,7 @@
 # within the DESIGN.md tolerance (graded by the cases' own compare.py); every other case must be
 # refused by name ("... is not supported yet"), never computed wrongly.
 set -u
-build=$1
-src=$2
-shared=${XTC_SHARED_DIR:-$src/../shared}
-parity=$shared/parity
-if [ ! -f "$parity/compare.py" ]; then
-  echo "FAIL: parity cases not found at $parity (set XTC_SHARED_DIR)"
-  exit 1
-fi
-py=/usr/bin/python3
-[ -x $py ] || py=python3
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$2/tests/parity_lib.sh" "$1" "$2"
 
 # cases whose every feature is implemented
 supported="decoder_plain encoder_mask rotary_pos_emb ff_glu rel_pos_bias rel_pos_bias_encoder
@@ -38,34 +26,6 @@ run_xl() {
     --output "$tmp/xl_out2.safetensors" --grads || return 1
   $py "$tmp/xl.py" "$d" "$out" merge "$tmp/xl_out1.safetensors" "$tmp/xl_out2.safetensors"
 }
-cat > "$tmp/xl.py" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/..")
-import safetensors_lite as st
-d, out, step = sys.argv[1], sys.argv[2], sys.argv[3]
-inp, _ = st.read(d + "/inputs.safetensors")
-nlayers = 2
-if step == "in1":
-    t = inp["tokens"]
-    b = t.shape[0]
-    res = {"tokens": t}
-    for l in range(nlayers):
-        res["mems.%d" % l] = st.Tensor("F32", [b, 0, 32], [])
-elif step == "in2":
-    o1, _ = st.read(sys.argv[4])
-    res = {"tokens": inp["tokens2"], "targets": inp["targets2"]}
-    for l in range(nlayers):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-else:
-    o1, _ = st.read(sys.argv[4])
-    o2, _ = st.read(sys.argv[5])
-    res = {k: v for k, v in o2.items() if k.startswith("grad.")}
-    res.update({"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]})
-    for l in range(nlayers):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-        res["mems2.%d" % l] = o2["mems.%d" % l]
-st.write(out, res)
-PY
 
 cat > "$tmp/seed.py" <<'PY'
 import sys
@@ -129,13 +89,9 @@ for dir in "$parity"/*/; do
   # vit and continuous have no built-in loss (the caller supplies grad.<output>)
   skip=(--skip '^grad\.(logits|logits2|output)$')
   if [ "$case" = vit ] || [ "$case" = continuous ]; then skip+=(--skip '^loss$'); fi
-  if out=$($py "$parity/compare.py" "$dir" "$tmp/$case.safetensors" "${skip[@]}" 2>&1); then
-    worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
-    echo "ok   $case ($(echo "$out" | grep -c '^ok') tensors; worst max_abs_err $worst)"
+  if parity_grade "$case" "$dir" "$tmp/$case.safetensors" "${skip[@]}"; then
     pass=$((pass + 1))
   else
-    echo "FAIL $case:"
-    echo "$out" | sed 's/^/    /'
     fail=$((fail + 1))
   fi
 done

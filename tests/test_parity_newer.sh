@@ -11,27 +11,15 @@
 # NVRTC compile takes seconds a module, so all of them would be minutes (all 49 passed there when
 # this was written: tests/test_parity_newer.sh build . cuda-emu).
 set -u
-build=$1
-src=$2
+. "$2/tests/parity_lib.sh" "$1" "$2"
 paths=${3:-interp cpu}
 emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask v1_rotary_xpos v2_xpos_gqa_qk_norm_mask "
 [ $# -ge 3 ] && emu_cases=""
-shared=${XTC_SHARED_DIR:-$src/../shared}
-compare=$shared/parity/compare.py
 cases_dir=$src/tests/parity_newer
-if [ ! -f "$compare" ]; then
-  echo "FAIL: the grader is not at $compare (set XTC_SHARED_DIR)"
-  exit 1
-fi
-py=/usr/bin/python3
-[ -x $py ] || py=python3
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
 # run_case CASE: every path of the case, one line per path into $tmp/CASE.log
 run_case() {
-  local c=$1 dir=$cases_dir/$1 x=$cases_dir/$1.xtf these=$paths p flags out worst
+  local c=$1 dir=$cases_dir/$1 x=$cases_dir/$1.xtf these=$paths p flags
   [[ "$emu_cases" == *" $c "* ]] && these="$these cuda-emu"
   for p in $these; do
     if [ "$p" = interp ]; then
@@ -49,17 +37,11 @@ run_case() {
       sed 's/^/    /' "$tmp/$c.err"
       continue
     fi
-    if out=$($py "$compare" "$dir" "$tmp/$c.$p.safetensors" --skip '^grad\.logits$' 2>&1); then
-      worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
-      echo "ok   $c ($p: $(echo "$out" | grep -c '^ok') tensors; worst max_abs_err $worst)"
-    else
-      echo "FAIL $c ($p):"
-      echo "$out" | grep -v '^ok' | sed 's/^/    /'
-    fi
+    parity_grade "$c ($p)" "$dir" "$tmp/$c.$p.safetensors" --skip '^grad\.logits$'
   done > "$tmp/$c.log"
 }
 export -f run_case
-export xtc py tmp compare cases_dir paths emu_cases
+export xtc tmp cases_dir paths emu_cases
 
 # two cases at a time (CI has two processors)
 ls -d "$cases_dir"/*/ | xargs -n1 basename | xargs -P 2 -I{} bash -c 'run_case {}'

@@ -12,20 +12,8 @@
 # LLVM's optimisation (0.2 s a module instead of 3; XTC_PARITY_OPT=-O2 checks the shipped code,
 # all 28 cases passed at -O1 and -O2 when this was written).
 set -u
-build=$1
-src=$2
-shared=${XTC_SHARED_DIR:-$src/../shared}
-parity=$shared/parity
+. "$2/tests/parity_lib.sh" "$1" "$2"
 opt=${XTC_PARITY_OPT:--O0}
-if [ ! -f "$parity/compare.py" ]; then
-  echo "FAIL: parity cases not found at $parity (set XTC_SHARED_DIR)"
-  exit 1
-fi
-py=/usr/bin/python3
-[ -x $py ] || py=python3
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 
 # every case is compiled; a case whose features are not all supported must be refused by name
 # (as in test_parity_interp.sh), every other one must match
@@ -50,37 +38,6 @@ for m, of in like.items():
         shape = list(res[of].shape[:2]) if of in res else list(res["x"].shape[:2])
         res[m] = st.Tensor("BOOL", shape, [True] * (shape[0] * shape[1]))
 st.write(sys.argv[2], res)
-PY
-
-# xl.py CASE_DIR OUT in1|in2|merge ...: the two segments of transformer_xl (see
-# test_parity_interp.sh); the merged file has logits, mems.<l> of segment 1, logits2, mems2.<l>,
-# loss and the gradients of segment 2.
-cat > "$tmp/xl.py" <<'PY'
-import sys
-sys.path.insert(0, sys.argv[1] + "/..")
-import safetensors_lite as st
-d, out, step = sys.argv[1], sys.argv[2], sys.argv[3]
-inp, _ = st.read(d + "/inputs.safetensors")
-nlayers = 2
-if step == "in1":
-    t = inp["tokens"]
-    res = {"tokens": t}
-    for l in range(nlayers):
-        res["mems.%d" % l] = st.Tensor("F32", [t.shape[0], 0, 32], [])
-elif step == "in2":
-    o1, _ = st.read(sys.argv[4])
-    res = {"tokens": inp["tokens2"], "targets": inp["targets2"]}
-    for l in range(nlayers):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-else:
-    o1, _ = st.read(sys.argv[4])
-    o2, _ = st.read(sys.argv[5])
-    res = {k: v for k, v in o2.items() if k.startswith("grad.")}
-    res.update({"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]})
-    for l in range(nlayers):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-        res["mems2.%d" % l] = o2["mems.%d" % l]
-st.write(out, res)
 PY
 
 inputs_of() { # the input names of a module, from xtc info
@@ -157,14 +114,9 @@ for c in $cases; do
   fi
   skip=(--skip '^grad\.(logits|logits2|output)$')
   if [ "$c" = vit ] || [ "$c" = continuous ]; then skip+=(--skip '^loss$'); fi
-  if out=$($py "$parity/compare.py" "$d" "$tmp/$c.safetensors" "${skip[@]}" 2>&1); then
-    ngrad=$(echo "$out" | grep -c '^ok *grad\.')
-    worst=$(echo "$out" | awk '/max_abs_err/ { if ($4 > w) w = $4 } END { printf "%.3e", w }')
-    echo "ok   $c ($(echo "$out" | grep -c '^ok') tensors, $ngrad gradients; worst max_abs_err $worst)"
+  if parity_grade "$c" "$d" "$tmp/$c.safetensors" "${skip[@]}"; then
     pass=$((pass + 1))
   else
-    echo "FAIL $c:"
-    echo "$out" | sed 's/^/    /'
     fail=$((fail + 1))
   fi
 done

@@ -11,57 +11,15 @@
 # emulator too (its NVRTC compiles take seconds; every case passed there when this was written:
 # tests/test_parity_xl.sh build . "interp cpu cuda-emu"); PATHS given, every case runs through those.
 set -u
-build=$1
-src=$2
+. "$2/tests/parity_lib.sh" "$1" "$2"
 paths=${3:-interp cpu}
 emu_cases=" xl_memory_tokens_rotary v2_xl_memory_tokens_gqa_rotary "
 [ $# -ge 3 ] && emu_cases=""
-shared=${XTC_SHARED_DIR:-$src/../shared}
-compare=$shared/parity/compare.py
 cases_dir=$src/tests/parity_xl
-if [ ! -f "$compare" ]; then
-  echo "FAIL: the grader is not at $compare (set XTC_SHARED_DIR)"
-  exit 1
-fi
-py=/usr/bin/python3
-[ -x $py ] || py=python3
-xtc=$build/xtc
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-# xl.py CASE_DIR OUT in1|in2|merge [SEG1 [SEG2]]: inputs of each segment, and the merged outputs
-cat > "$tmp/xl.py" <<'PY'
-import json, os, sys
-sys.path.insert(0, os.environ["PARITY_LIB"])
-import safetensors_lite as st
-d, out, step = sys.argv[1], sys.argv[2], sys.argv[3]
-info = json.load(open(d + "/case.json"))
-nmems, dim = info["num_mems"], info["config"]["attn_layers_kwargs"]["dim"]
-inp, _ = st.read(d + "/inputs.safetensors")
-if step == "in1":
-    res = {"tokens": inp["tokens"]}
-    for l in range(nmems):
-        res["mems.%d" % l] = st.Tensor("F32", [inp["tokens"].shape[0], 0, dim], [])
-elif step == "in2":
-    o1, _ = st.read(sys.argv[4])
-    res = {"tokens": inp["tokens2"], "targets": inp["targets2"]}
-    for l in range(nmems):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-else:
-    o1, _ = st.read(sys.argv[4])
-    o2, _ = st.read(sys.argv[5])
-    res = {k: v for k, v in o2.items() if k.startswith("grad.")}
-    res.update({"logits": o1["logits"], "logits2": o2["logits"], "loss": o2["loss"]})
-    for l in range(nmems):
-        res["mems.%d" % l] = o1["mems.%d" % l]
-        res["mems2.%d" % l] = o2["mems.%d" % l]
-st.write(out, res)
-PY
-export PARITY_LIB=$shared/parity
 
 # run_case CASE: every path of the case, one line per path into $tmp/CASE.log
 run_case() {
-  local c=$1 x=$cases_dir/$1.xtf d=$cases_dir/$1 these=$paths p o out
+  local c=$1 x=$cases_dir/$1.xtf d=$cases_dir/$1 these=$paths p o
   [[ "$emu_cases" == *" $c "* ]] && these="$these cuda-emu"
   for p in $these; do
     o=$tmp/$c.$p
@@ -79,12 +37,7 @@ run_case() {
       $py "$tmp/xl.py" "$d" "$o.in2.safetensors" in2 "$o.out1.safetensors" 2>> "$o.err" &&
       "${run2[@]}" --weights "$d/weights.safetensors" --input "$o.in2.safetensors" --output "$o.out2.safetensors" --grads 2>> "$o.err" &&
       $py "$tmp/xl.py" "$d" "$o.safetensors" merge "$o.out1.safetensors" "$o.out2.safetensors" 2>> "$o.err"; then
-      if out=$($py "$compare" "$d" "$o.safetensors" --skip '^grad\.logits2$' 2>&1); then
-        echo "ok   $c ($p: $(echo "$out" | grep -c '^ok') tensors)"
-      else
-        echo "FAIL $c ($p):"
-        echo "$out" | grep -v '^ok' | sed 's/^/    /'
-      fi
+      parity_grade "$c ($p)" "$d" "$o.safetensors" --skip '^grad\.logits2$'
     else
       echo "FAIL $c ($p): xtc failed:"
       sed 's/^/    /' "$o.err"
@@ -92,7 +45,7 @@ run_case() {
   done > "$tmp/$c.log"
 }
 export -f run_case
-export xtc py tmp compare cases_dir paths emu_cases
+export xtc tmp cases_dir paths emu_cases
 
 # two cases at a time (CI has two processors)
 ls "$cases_dir"/*.xtf | xargs -n1 basename | sed 's/\.xtf$//' | xargs -P 2 -I{} bash -c 'run_case {}'

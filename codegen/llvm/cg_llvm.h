@@ -121,6 +121,8 @@ LLVMValueRef cg_gemm_pack(Cg *cg, int transposed);
 LLVMValueRef cg_gemm_pack_b16(Cg *cg, int transposed); /* the same from bf16 (widened as packed) */
 LLVMValueRef cg_gemm_micro(Cg *cg);
 int cg_gemm_nr(Cg *cg);
+/* bp[p][j] = 0 for p < kc and nc <= j < NR: a packed panel's columns past B's last */
+void cg_gemm_pack_zero_tail(CgFn *f, LLVMValueRef bp, LLVMValueRef kc, LLVMValueRef nc);
 /* Transposes vw x vw floats held as vw row vectors of vw lanes, in place, in registers. */
 void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw);
 int cg_gemm_mr(Cg *cg);

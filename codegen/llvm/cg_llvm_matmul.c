@@ -461,6 +461,22 @@ static void pack_t_blocks(CgFn *f, LLVMValueRef bp, LLVMValueRef src, LLVMValueR
     cg_for_end(f, &lp);
 }
 
+/* The columns of a packed panel past B's last: bp[p][j] = 0 for p < kc, nc <= j < NR (the
+ * micro-kernel always reads NR columns; every pack ends with this, cg_q8_pack too). */
+void cg_gemm_pack_zero_tail(CgFn *f, LLVMValueRef bp, LLVMValueRef kc, LLVMValueRef nc)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    int nr = cg_gemm_nr(cg);
+    CgLoop lp, lj;
+    cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+    LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
+    cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
+    cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
+    cg_for_end(f, &lj);
+    cg_for_end(f, &lp);
+}
+
 /* pack(bp, b, ldb, pc, kc, j0, nc): bp[p][j] = B(pc + p, j0 + j) for j < nc, 0 for nc <= j < NR.
  * B(p, j) is b[p * ldb + j], or b[j * ldb + p] when transposed; src16: b holds bf16 (widened as
  * read, so that the panels are the same f32 panels). */
@@ -491,9 +507,6 @@ static LLVMValueRef pack_function(Cg *cg, int transposed, int src16)
         LLVMValueRef at = LLVMBuildAdd(b, srow, lj.iv, "");
         cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), src16 ? cg_load_bf16(f, src, at) : cg_load(f, IR_F32, src, at));
         cg_for_end(f, &lj);
-        cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
-        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
-        cg_for_end(f, &lj);
         cg_for_end(f, &lp);
     } else {
         /* a full panel: whole VW x VW blocks first, the last kc % VW rows element by element */
@@ -510,13 +523,8 @@ static LLVMValueRef pack_function(Cg *cg, int transposed, int src16)
         cg_store(f, IR_F32, bp, LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), ""), lj.iv, ""), v);
         cg_for_end(f, &lp);
         cg_for_end(f, &lj);
-        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
-        LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
-        cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
-        cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
-        cg_for_end(f, &lj);
-        cg_for_end(f, &lp);
     }
+    cg_gemm_pack_zero_tail(f, bp, kc, nc);
     helper_end(cg, &h);
     return fn;
 }

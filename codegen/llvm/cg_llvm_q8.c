@@ -110,11 +110,5 @@ void cg_q8_pack(CgFn *f, LLVMValueRef bp, LLVMValueRef pc, LLVMValueRef kc, LLVM
     cg_for_end(f, &lp);
     cg_for_end(f, &lg);
     cg_for_end(f, &lj);
-    /* columns past n: zeros */
-    cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
-    LLVMValueRef drow = LLVMBuildMul(b, lp.iv, cg_i64(cg, nr), "");
-    cg_for(f, &lj, nc, cg_i64(cg, nr), "j");
-    cg_store(f, IR_F32, bp, LLVMBuildAdd(b, drow, lj.iv, ""), cg_f32(cg, 0));
-    cg_for_end(f, &lj);
-    cg_for_end(f, &lp);
+    cg_gemm_pack_zero_tail(f, bp, kc, nc);
 }
