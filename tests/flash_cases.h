@@ -84,6 +84,28 @@ static inline void build_flash16(IrGraph *g, IrDim b, IrDim n)
     out(g, "gqa_heads", ir_permute(g, ir_attention(g, gq, gk, gv, NULL, NULL, ir_const(g, 0.25, IR_F32), 1, 0), split));
 }
 
+/* The bounded (cosine-sim) forward on kernels/flash_fwd.cuh: inputs in [-2, 2] bound |q . k| by 4
+ * D; heads of 16 (bound x scale 16), causal with J = n + 3 and n - 1 (rows that see no key: the
+ * general path, chosen at run time), not causal, a window, and a causal head of 64 (two tiles a
+ * warp, bound x scale 32); each with the statistics and one gradient of them. */
+static inline void build_flash16_bounded(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(2), d16 = ir_dim(16);
+    IrDim sq[] = {b, h, n, d16}, sk[] = {b, h, J, d16}, sk0[] = {b, h, J0, d16};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *k0 = input(g, "k0", IR_F32, 4, sk0), *v0 = input(g, "v0", IR_F32, 4, sk0), *c = ir_const(g, 0.25, IR_F32);
+    IrNode *causal = ir_attention_bounded(g, q, k, v, NULL, c, 1, 1, 0, 64);
+    out(g, "causal", causal);
+    out(g, "causal_grad", ir_attention_grad(g, causal, input(g, "dout", IR_F32, 4, sq)));
+    out(g, "full", ir_attention_bounded(g, q, k, v, NULL, c, 0, 1, 0, 64));
+    out(g, "window", ir_attention_bounded(g, q, k, v, NULL, c, 1, 1, 5, 64));
+    out(g, "few_keys", ir_attention_bounded(g, q, k0, v0, NULL, c, 1, 1, 0, 64));
+    IrDim s64[] = {b, ir_dim(1), n, ir_dim(64)};
+    IrNode *q64 = input(g, "q64", IR_F32, 4, s64);
+    out(g, "head64", ir_attention_bounded(g, q64, q64, input(g, "v64", IR_F32, 4, s64), NULL, ir_const(g, 0.125, IR_F32),
+                                          1, 1, 0, 256));
+}
+
 /* Gradients on the tensor-core backward (heads up to 64): a bias, a mask and a scale operand,
  * causal and window limits, rows that see no key or whose every key is masked, a ragged head
  * of 40 (and no logsumexp gradient), two tiles of 64 of a head of 64. */
