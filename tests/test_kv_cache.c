@@ -436,24 +436,25 @@ START_TEST(grouped_kv_heads_2x)
     ck_assert_int_eq(ck->rank, 4);
     ck_assert_int_eq(ck->shape[2].c, 2); /* [b, c, kv_heads, dim_head] */
     ir_graph_free(step);
-    check_model(src);
+    check_model_kv(src, 1); /* attention reads the 2 heads in place (kv_groups): caches in bf16 */
 }
 END_TEST
 
 START_TEST(one_kv_head_1x)
 {
-    check_model("xtransformers = \"1.29.2\"\n"
-                MODEL("dim = 16, depth = 1, heads = 2, attn_one_kv_head = true, attn_dim_head = 32,"
-                      " rotary_pos_emb = true"));
+    check_model_kv("xtransformers = \"1.29.2\"\n"
+                   MODEL("dim = 16, depth = 1, heads = 2, attn_one_kv_head = true, attn_dim_head = 32,"
+                         " rotary_pos_emb = true"), 1);
 }
 END_TEST
 
 /* rotary_xpos (2.x): the cached keys keep the scale of their own positions, the new queries
- * take theirs; scale_base 8 so that 32 positions scale q and k by up to 0.29^+-2 */
+ * take theirs; scale_base 8 so that 32 positions scale q and k by up to 0.29^+-2; grouped key/values
+ * read in place (pass kv_groups), so their caches can be bf16 */
 START_TEST(xpos_2x)
 {
-    check_model(XT2 MODEL("dim = 16, depth = 2, heads = 4, attn_kv_heads = 2, attn_dim_head = 8,"
-                          " rotary_xpos = true, rotary_xpos_scale_base = 8"));
+    check_model_kv(XT2 MODEL("dim = 16, depth = 2, heads = 4, attn_kv_heads = 2, attn_dim_head = 8,"
+                             " rotary_xpos = true, rotary_xpos_scale_base = 8"), 1);
 }
 END_TEST
 
