@@ -270,6 +270,49 @@ done:
     free(output);
 }
 
+static int swaps_last_two(const IrNode *n)
+{
+    if (n->op != IR_PERMUTE || n->rank < 2)
+        return 0;
+    for (int d = 0; d < n->rank - 2; d++)
+        if (n->perm[d] != d)
+            return 0;
+    return n->perm[n->rank - 2] == n->rank - 1 && n->perm[n->rank - 1] == n->rank - 2;
+}
+
+/* The CG_VIEW_A_T decisions (cg_plan.h): views[id] for matmul nodes, elide[id] for the permutes
+ * they read in place. stored: per node id, its storage (a view reads the operand as f32). */
+static void matmul_views(const IrGraph *g, const char *needed, const uint8_t *stored, unsigned *views, char *elide)
+{
+    int nn = g->nnodes;
+    char *other = calloc((size_t)nn + 1, 1);
+    if (!other)
+        return; /* no views: still a correct plan */
+    for (int o = 0; o < g->noutputs; o++)
+        other[g->outputs[o].node->id] = 1;
+    for (int i = 0; i < nn; i++) {
+        const IrNode *x = g->nodes[i];
+        if (!needed[i])
+            continue;
+        for (int k = 0; k < x->nin; k++) /* read other than as a plain matmul's A */
+            if (x->op != IR_MATMUL || k != 0 || x->ia[IR_IA_TRANSPOSE_B] || x->in[1] == x->in[0])
+                other[x->in[k]->id] = 1;
+    }
+    for (int i = 0; i < nn; i++) {
+        const IrNode *pm = g->nodes[i];
+        if (!needed[i] || elide[i] || other[i] || !swaps_last_two(pm) || pm->dtype != IR_F32 || stored[pm->in[0]->id])
+            continue;
+        int used = 0;
+        for (int j = i + 1; j < nn; j++)
+            if (needed[j] && g->nodes[j]->op == IR_MATMUL && g->nodes[j]->in[0] == pm) {
+                views[j] |= CG_VIEW_A_T;
+                used = 1;
+            }
+        elide[i] = (char)used;
+    }
+    free(other);
+}
+
 int cg_node_storage(const IrNode *n, int storage)
 {
     return n->dtype == IR_F32 && !cg_keeps_f32(n) ? storage : 0;
@@ -407,6 +450,8 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
     }
     if (o->storage)
         node_storage(g, needed, o, stored);
+    if (o->matmul_views)
+        matmul_views(g, needed, stored, views, elide);
 
     int rc = 0;
     for (int i = 0; i < g->nnodes && rc == 0; i++) {

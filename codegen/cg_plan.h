@@ -45,7 +45,14 @@ typedef struct {
  *    which the permute's consumers read as a plain buffer.
  * Every such permute is the split or merge of heads around attention (x-transformers'
  * rearrange 'b n (h d) -> b h n d' and back): four copies of an activation per layer saved. */
-enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8 };
+enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8, CG_VIEW_A_T = 16 };
+/* The transposed-A view (matmul_views, for the backends with CG_CAP_MATMUL_VIEWS: the CPU's
+ * matmul, cg_llvm_matmul.c): a permute that swaps the last two dims, [.., k, m] -> [.., m, k],
+ * makes no step when its every consumer is a matmul without transpose_b reading it as A (and
+ * only as A), it is not an output and its operand is stored as its dtype: the matmul (CG_VIEW_A_T)
+ * reads the operand in place, element (i, p) of a matrix at p m + i. Such permutes are the
+ * gradients' transposes of the weights' gradients, dW = g^T x (autodiff's grad_matmul): one copy
+ * of an activation per Linear layer saved in a training step. */
 
 typedef struct CgPlan {
     const IrGraph *g;
@@ -77,6 +84,7 @@ typedef struct CgPlan {
  * kernel) and into the metadata ("storage" records, include/abi/rt_abi.h). */
 typedef struct {
     int head_views; /* the head-split views below (backends with CG_CAP_HEAD_VIEWS) */
+    int matmul_views; /* the transposed-A view (backends with CG_CAP_MATMUL_VIEWS) */
     int storage;    /* 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
     int scope;      /* CG_STORE_* */
 } CgPlanOpts;

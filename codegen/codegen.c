@@ -64,7 +64,8 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     }
     double t0 = now_s();
     CgPlan plan;
-    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0, .storage = storage,
+    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0,
+                       .matmul_views = (be->caps & CG_CAP_MATMUL_VIEWS) != 0, .storage = storage,
                        .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL : CG_STORE_MATMUL_WEIGHTS};
     if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)
         return -1;
