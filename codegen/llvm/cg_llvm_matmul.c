@@ -58,6 +58,10 @@ static void mm_dims(CgFn *f, MmDims *d)
     d->n = cg_dim(f, out->shape[r - 1]);
     d->k = cg_dim(f, a->shape[a->rank - 1]);
     d->batch = cg_dims_prod(f, out->shape, 0, r - 2);
+    if (f->views & CG_VIEW_SUM_B) { /* the batch summed: one product over the batches' k rows (cg_plan.h) */
+        d->k = LLVMBuildMul(f->cg->b, d->k, d->batch, "k");
+        d->batch = cg_i64(f->cg, 1);
+    }
     d->split = f->mm_parts == 2;
     d->w = d->split ? LLVMBuildSDiv(f->cg->b, d->n, cg_i64(f->cg, 2), "w") : d->n;
 }
