@@ -552,11 +552,12 @@ int main(int argc, char **argv)
     } else if (argc >= 2 && !strcmp(argv[1], "--blas")) {
         /* GPT-M (batch 2 x seq 512 rows, d 512, 4d, vocab 20000): the forward's projections against
          * the weights ([n, k]), its logits, and the training step's products: a gradient of the input
-         * (dY W, W as stored) and of a weight (dY^T X, dY read transposed: k = one sequence's rows) */
+         * (dY W, W as stored) and of a weight (dY^T X, dY read transposed; summed over the batch, so
+         * k = batch x seq rows) */
         static const int64_t shapes[][4] = {{1024, 512, 512, 1}, {1024, 512, 2048, 1}, {1024, 2048, 512, 1},
                                             {1024, 512, 20000, 1}, {1024, 512, 512, 0}, {1024, 2048, 512, 0},
-                                            {1024, 20000, 512, 0}, {1024, 512, 2048, 0}, {512, 512, 512, 2}, {2048, 512, 512, 2},
-                                            {512, 512, 2048, 2}, {20000, 512, 512, 2}};
+                                            {1024, 20000, 512, 0}, {1024, 512, 2048, 0}, {512, 1024, 512, 2}, {2048, 1024, 512, 2},
+                                            {512, 1024, 2048, 2}, {20000, 1024, 512, 2}};
         int nshapes = argc >= 6 ? (argc - 2) / 4 : (int)(sizeof shapes / sizeof shapes[0]);
         rc = blas_open();
         for (int i = 0; i < nshapes && !rc; i++) {
