@@ -209,6 +209,7 @@ static void build_gemv_weights(IrGraph *g, IrDim b, IrDim n)
 
 static const OpCase GEMV_WEIGHTS = {"gemv_weights", build_gemv_weights, OC_CPU, OC_FUSE, 1e-5, ""};
 /* A read through a permute (CG_VIEW_A_T, packed into bf16 rows by pack_a_bf16_at), summed over the batch too */
+static void build_matmul_at_forms(IrGraph *g, IrDim b, IrDim n) { matmul_at_forms(g, b, n); }
 static const OpCase MATMUL_AT = {"matmul_at", build_matmul_at_forms, OC_CPU, 0, 1e-4, ""};
 
 /* the cases: the tensor-core rows, the CPU's matmul row, the matrix-vector path on weights, and A
