@@ -273,6 +273,71 @@ done:
     free(output);
 }
 
+static int swaps_last_two(const IrNode *n)
+{
+    if (n->op != IR_PERMUTE || n->rank < 2)
+        return 0;
+    for (int d = 0; d < n->rank - 2; d++)
+        if (n->perm[d] != d)
+            return 0;
+    return n->perm[n->rank - 2] == n->rank - 1 && n->perm[n->rank - 1] == n->rank - 2;
+}
+
+/* Whether x, of rank 3, has the batch dim of matmul mm's output (not broadcast) */
+static int same_batch(const IrNode *x, const IrNode *mm)
+{
+    return x->rank == 3 && ir_dim_eq(x->shape[0], mm->shape[0]);
+}
+
+/* The CG_VIEW_A_T and CG_VIEW_SUM_B decisions (cg_plan.h): views[id] for matmul nodes, elide[id]
+ * 1 for the permutes they read in place, 2 for the sums they write. stored: per node id, its
+ * storage (a view reads the operand as f32). */
+static void matmul_views(const IrGraph *g, const char *needed, const uint8_t *stored, unsigned *views, char *elide)
+{
+    int nn = g->nnodes;
+    char *other = calloc((size_t)nn + 1, 1), *output = calloc((size_t)nn + 1, 1);
+    int *uses = calloc((size_t)nn + 1, sizeof *uses), *reader = calloc((size_t)nn + 1, sizeof *reader);
+    if (!other || !output || !uses || !reader)
+        goto done; /* no views: still a correct plan */
+    for (int o = 0; o < g->noutputs; o++)
+        other[g->outputs[o].node->id] = output[g->outputs[o].node->id] = 1;
+    for (int i = 0; i < nn; i++) {
+        const IrNode *x = g->nodes[i];
+        if (!needed[i])
+            continue;
+        for (int k = 0; k < x->nin; k++) { /* read other than as a plain matmul's A */
+            if (x->op != IR_MATMUL || k != 0 || x->ia[IR_IA_TRANSPOSE_B] || x->in[1] == x->in[0])
+                other[x->in[k]->id] = 1;
+            uses[x->in[k]->id]++;
+            reader[x->in[k]->id] = i;
+        }
+    }
+    for (int i = 0; i < nn; i++) {
+        const IrNode *pm = g->nodes[i];
+        if (!needed[i] || elide[i] || other[i] || !swaps_last_two(pm) || pm->dtype != IR_F32 || stored[pm->in[0]->id])
+            continue;
+        int used = 0;
+        for (int j = i + 1; j < nn; j++) {
+            const IrNode *mm = g->nodes[j], *sum = g->nodes[reader[j]];
+            if (!needed[j] || mm->op != IR_MATMUL || mm->in[0] != pm)
+                continue;
+            views[j] |= CG_VIEW_A_T;
+            used = 1;
+            if (mm->rank == 3 && same_batch(pm->in[0], mm) && same_batch(mm->in[1], mm) && uses[j] == 1 && !output[j] &&
+                sum->op == IR_SUM && sum->ia[IR_IA_AXIS] == 0 && !elide[sum->id]) {
+                views[j] |= CG_VIEW_SUM_B;
+                elide[sum->id] = 2;
+            }
+        }
+        elide[i] = (char)used;
+    }
+done:
+    free(other);
+    free(output);
+    free(uses);
+    free(reader);
+}
+
 int cg_node_storage(const IrNode *n, int storage)
 {
     return n->dtype == IR_F32 && !cg_keeps_f32(n) ? storage : 0;
@@ -471,6 +536,8 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
     }
     if (o->storage)
         node_storage(g, needed, elide, o, stored);
+    if (o->matmul_views)
+        matmul_views(g, needed, stored, views, elide);
 
     int rc = 0;
     for (int i = 0; i < g->nnodes && rc == 0; i++) {
@@ -490,6 +557,8 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
             continue;
         if (node->op == IR_RESHAPE || elide[i]) {
             p->buf_of[i] = p->buf_of[node->in[0]->id];
+            if (elide[i] == 2) /* a sum its matmul writes (CG_VIEW_SUM_B): the buffer holds the sum's shape */
+                p->bufs[p->buf_of[i]].node = node;
             continue;
         }
         CgStep *st = &p->steps[p->nsteps];

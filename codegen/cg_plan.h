@@ -45,7 +45,19 @@ typedef struct {
  *    which the permute's consumers read as a plain buffer.
  * Every such permute is the split or merge of heads around attention (x-transformers'
  * rearrange 'b n (h d) -> b h n d' and back): four copies of an activation per layer saved. */
-enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8 };
+enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8, CG_VIEW_A_T = 16, CG_VIEW_SUM_B = 32 };
+/* The transposed-A view (matmul_views, for the backends with CG_CAP_MATMUL_VIEWS: the CPU's
+ * matmul, cg_llvm_matmul.c): a permute that swaps the last two dims, [.., k, m] -> [.., m, k],
+ * makes no step when its every consumer is a matmul without transpose_b reading it as A (and
+ * only as A), it is not an output and its operand is stored as its dtype: the matmul (CG_VIEW_A_T)
+ * reads the operand in place, element (i, p) of a matrix at p m + i. Such permutes are the
+ * gradients' transposes of the weights' gradients, dW = g^T x (autodiff's grad_matmul): one copy
+ * of an activation per Linear layer saved in a training step.
+ * CG_VIEW_SUM_B: such a matmul of rank 3, [b, m, n] = [b, k, m]^T x [b, k, n] with neither
+ * operand broadcast, whose only reader is a sum over its batch axis (the weight's gradient summed
+ * over the sequences) and which is not an output, is one product of the operands' b k rows,
+ * [m, b k] x [b k, n], written as the sum's value: the sum makes no step, and the product's
+ * buffer is the sum's, [1, m, n] (a b times smaller one, and no pass over it). */
 
 typedef struct CgPlan {
     const IrGraph *g;
@@ -83,6 +95,7 @@ typedef struct CgPlan {
  * kernel) and into the metadata ("storage" records, include/abi/rt_abi.h). */
 typedef struct {
     int head_views; /* the head-split views below (backends with CG_CAP_HEAD_VIEWS) */
+    int matmul_views; /* the transposed-A view (backends with CG_CAP_MATMUL_VIEWS) */
     int storage;    /* 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
     int scope;      /* CG_STORE_ALL, or CG_STORE_MATMUL_WEIGHTS and/or CG_STORE_KV_CACHES */
 } CgPlanOpts;

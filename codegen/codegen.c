@@ -67,7 +67,8 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
     int kv = cg_kv_storage(be->caps, be->name, storage, opt->kv_dtype, err, n);
     if (kv < 0)
         return -1;
-    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0, .storage = storage ? storage : kv,
+    CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0,
+                       .matmul_views = (be->caps & CG_CAP_MATMUL_VIEWS) != 0, .storage = storage ? storage : kv,
                        .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL
                                 : (storage ? CG_STORE_MATMUL_WEIGHTS : 0) | (kv ? CG_STORE_KV_CACHES : 0)};
     if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)

@@ -104,11 +104,13 @@ enum {
     CG_CAP_HALF = 8,      /* stores floating-point tensors in bf16 or fp16 (CgOptions.dtype) */
     CG_CAP_CUDA = 16,     /* renders CUDA C: CgOptions.cuda_arch and emit_cuda apply */
     CG_CAP_MMA = 32,      /* matmuls can take 16-bit operands (CgOptions.mma) */
-    CG_CAP_INT8 = 128,    /* lowers matmul_q8: int8 weights (CgOptions.weights_dtype) */
+    CG_CAP_INT8 = 512,    /* lowers matmul_q8: int8 weights (CgOptions.weights_dtype) */
     CG_CAP_HEAD_VIEWS = 64, /* attention reads q, k, v through, and writes its output through, the
                              * head-split permutes around it (cg_plan_build_views) */
     CG_CAP_HALF_WEIGHTS = 128, /* --dtype bf16 stores the matmul weights in bf16, the rest in f32
                                 * (CG_STORE_MATMUL_WEIGHTS, cg_plan.h); without CG_CAP_HALF */
+    CG_CAP_MATMUL_VIEWS = 256, /* a matmul reads its A operand through a permute that swaps the last
+                                * two dims (CG_VIEW_A_T, cg_plan.h) */
 };
 
 /* Whether backend caps can compile storage (cg_dtype_parse); 0 with a message when not. */

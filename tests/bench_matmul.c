@@ -15,12 +15,19 @@
  * bench_matmul --bf16 [M K N] ...: the matmuls compiled with --dtype bf16 (the weight stored in
  * bf16), with --mma=bf16 (operands rounded to bf16 as read; f32 sums both: vdpbf16ps on CPUs with
  * AVX512_BF16), then in f32, and the ratios; by default the models' shapes and three of one token
- * (the matrix-vector path of decoding). */
+ * (the matrix-vector path of decoding).
+ * bench_matmul --blas [M K N T] ...: the f32 matmul beside OpenBLAS's cblas_sgemm on the same
+ * operands (T 1: B given as [N, K], the weights' layout; T 2: A given as [K, M] and transposed by a
+ * permute, which the matmul reads in place: a weight's gradient), runs alternating, with 1 and 2 threads,
+ * and xtc / OpenBLAS in per cent of OpenBLAS's rate; by default the shapes of GPT-M's forward and
+ * training step. OpenBLAS is loaded at run time (the OpenMP build with its SkylakeX kernels, as
+ * ../shared/bench/README.md sets PyTorch up; XTC_BENCH_OPENBLAS names another library). */
 #include "codegen.h"
 #include "driver.h"
 #include "passes.h"
 #include "xtc.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -413,6 +420,120 @@ static int bench_epilogue(int64_t m, int64_t k, int64_t n, const char *dir)
     return rc;
 }
 
+/* OpenBLAS, loaded at run time: cblas_sgemm(RowMajor, NoTrans, transb, m, n, k, 1, A, lda, B, ldb, 0, C, n) */
+typedef void (*SgemmFn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
+static SgemmFn blas_sgemm;
+static void (*blas_set_threads)(int);
+
+static int blas_open(void)
+{
+    /* the library reads the core type once, as it loads: Debian's 0.3.21 does not know this CPU */
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
+    const char *paths[] = {getenv("XTC_BENCH_OPENBLAS"), "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0",
+                           "libopenblas.so.0"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        void *h = paths[i] ? dlopen(paths[i], RTLD_NOW | RTLD_LOCAL) : NULL;
+        if (!h)
+            continue;
+        blas_sgemm = (SgemmFn)dlsym(h, "cblas_sgemm");
+        blas_set_threads = (void (*)(int))dlsym(h, "openblas_set_num_threads");
+        if (blas_sgemm && blas_set_threads) {
+            printf("OpenBLAS: %s (OPENBLAS_CORETYPE=%s)\n", paths[i], getenv("OPENBLAS_CORETYPE"));
+            return 0;
+        }
+        dlclose(h);
+    }
+    fprintf(stderr, "bench_matmul --blas: no OpenBLAS with cblas_sgemm (apt-get install libopenblas0-openmp, or set "
+                    "XTC_BENCH_OPENBLAS)\n");
+    return 1;
+}
+
+/* xtc's [m x k] x [k x n] (form 1: B given [n, k]; 2: A given [k, m]) and cblas_sgemm on the same
+ * operands, one run of each in turn, 1 and 2 threads: the medians, and xtc's rate in per cent of
+ * OpenBLAS's. */
+static int bench_blas(int64_t m, int64_t k, int64_t n, int form, const char *dir)
+{
+    int tb = form == 1, ta = form == 2;
+    IrGraph *g = ir_graph_new("bench");
+    IrDim sa[] = {ir_dim(ta ? k : m), ir_dim(ta ? m : k)}, sb[] = {ir_dim(tb ? n : k), ir_dim(tb ? k : n)};
+    IrNode *a = ir_input(g, "a", IR_F32, 2, sa), *b = ir_param(g, "w", 2, sb);
+    ir_output(g, "c", ir_matmul(g, ta ? ir_permute(g, a, (int[]){1, 0}) : a, b, tb));
+    char path[600];
+    snprintf(path, sizeof path, "%s/blas_%lld_%lld_%lld_%d.so", dir, (long long)m, (long long)k, (long long)n, form);
+    XtcModule *mod = compile_and_load(g, NULL, path);
+    ir_graph_free(g);
+    if (!mod)
+        return 1;
+    float *A = malloc((size_t)(m * k) * 4), *B = malloc((size_t)(k * n) * 4), *C = malloc((size_t)(m * n) * 4);
+    for (int64_t i = 0; i < m * k; i++)
+        A[i] = (float)((i * 7) % 13) * 0.1f;
+    for (int64_t i = 0; i < k * n; i++)
+        B[i] = (float)((i * 5) % 11) * 0.1f;
+    int rc = 0;
+    double flop = 2.0 * (double)m * (double)n * (double)k;
+    for (int threads = 1; threads <= 2 && !rc; threads++) {
+        XtcSession *s;
+        xtc_session_new(mod, &(XtcSessionOptions){.threads = threads}, &s);
+        xtc_session_set_input(s, "a", XTC_F32, 2, ta ? (int64_t[]){k, m} : (int64_t[]){m, k}, A);
+        xtc_session_set_weight(s, "w", 2, tb ? (int64_t[]){n, k} : (int64_t[]){k, n}, B);
+        blas_set_threads(threads);
+        double t[2][25], c[2][25];
+        int reps = 0;
+        for (int r = -1; r < 25 && (r < 7 || t[0][0] * r < 3.0); r++) { /* r -1: warm-up */
+            for (int v = 0; v < 2 && !rc; v++) {
+                double w0 = now_s(), c0 = cpu_s();
+                if (v == 0)
+                    rc = xtc_session_run(s) != 0;
+                else
+                    blas_sgemm(101, ta ? 112 : 111, tb ? 112 : 111, (int)m, (int)n, (int)k, 1.0f, A, ta ? (int)m : (int)k, B, tb ? (int)k : (int)n,
+                               0.0f, C, (int)n);
+                if (r >= 0)
+                    c[v][r] = cpu_s() - c0, t[v][r] = now_s() - w0;
+            }
+            reps = r + 1;
+        }
+        if (rc) {
+            fprintf(stderr, "%s\n", xtc_session_error(s));
+            xtc_session_free(s);
+            break;
+        }
+        XtcTensor out;
+        xtc_session_get_output(s, "c", &out);
+        for (int probe = 0; probe < 64 && !rc; probe++) {
+            int64_t i = (probe * 7919) % m, j = (probe * 104729) % n;
+            double ref = 0;
+            for (int64_t p = 0; p < k; p++)
+                ref += (double)(ta ? A[p * m + i] : A[i * k + p]) * (double)(tb ? B[j * k + p] : B[p * n + j]);
+            double got = ((const float *)out.data)[i * n + j], gotb = C[i * n + j];
+            if (fabs(got - ref) > 1e-3 * (1 + fabs(ref)) || fabs(gotb - ref) > 1e-3 * (1 + fabs(ref))) {
+                fprintf(stderr, "wrong result at [%lld, %lld]: xtc %g, OpenBLAS %g, expected %g\n", (long long)i,
+                        (long long)j, got, gotb, ref);
+                rc = 1;
+            }
+        }
+        xtc_session_free(s);
+        if (rc)
+            break;
+        for (int v = 0; v < 2; v++) {
+            qsort(t[v], (size_t)reps, sizeof t[v][0], cmp_double);
+            qsort(c[v], (size_t)reps, sizeof c[v][0], cmp_double);
+        }
+        double tx = t[0][reps / 2], tbl = t[1][reps / 2], cx = c[0][reps / 2], cb = c[1][reps / 2];
+        printf("[%5lldx%5lld]%sx[%5lldx%5lld]%s threads %d  xtc %8.3f ms %6.1f GFLOP/s  OpenBLAS %8.3f ms %6.1f GFLOP/s"
+               "  xtc/OpenBLAS %5.1f %%", (long long)m, (long long)k, ta ? "^T" : "  ", (long long)k, (long long)n, tb ? "^T" : "  ",
+               threads, tx * 1e3, flop / tx * 1e-9, tbl * 1e3, flop / tbl * 1e-9, 100 * tbl / tx);
+        if (threads == 1)
+            printf("  (cpu time: %5.1f %%)", 100 * cb / cx);
+        printf("\n");
+    }
+    free(A);
+    free(B);
+    free(C);
+    xtc_module_free(mod);
+    unlink(path);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     char dir[] = "/tmp/xtc-bench-XXXXXX";
@@ -428,6 +549,27 @@ int main(int argc, char **argv)
     } else if (argc >= 5 && !strcmp(argv[1], "--epilogue")) {
         for (int i = 2; i + 2 < argc; i += 3)
             rc |= bench_epilogue(atoll(argv[i]), atoll(argv[i + 1]), atoll(argv[i + 2]), dir);
+    } else if (argc >= 2 && !strcmp(argv[1], "--blas")) {
+        /* GPT-M (batch 2 x seq 512 rows, d 512, 4d, vocab 20000): the forward's projections against
+         * the weights ([n, k]), its logits, and the training step's products: a gradient of the input
+         * (dY W, W as stored) and of a weight (dY^T X, dY read transposed; summed over the batch, so
+         * k = batch x seq rows) */
+        static const int64_t shapes[][4] = {{1024, 512, 512, 1}, {1024, 512, 2048, 1}, {1024, 2048, 512, 1},
+                                            {1024, 512, 20000, 1}, {1024, 512, 512, 0}, {1024, 2048, 512, 0},
+                                            {1024, 20000, 512, 0}, {1024, 512, 2048, 0}, {512, 1024, 512, 2}, {2048, 1024, 512, 2},
+                                            {512, 1024, 2048, 2}, {20000, 1024, 512, 2}};
+        int nshapes = argc >= 6 ? (argc - 2) / 4 : (int)(sizeof shapes / sizeof shapes[0]);
+        rc = blas_open();
+        for (int i = 0; i < nshapes && !rc; i++) {
+            const int64_t *sh = shapes[i];
+            int64_t given[4];
+            if (argc >= 6) {
+                for (int j = 0; j < 4; j++)
+                    given[j] = atoll(argv[2 + 4 * i + j]);
+                sh = given;
+            }
+            rc |= bench_blas(sh[0], sh[1], sh[2], (int)sh[3], dir);
+        }
     } else if (argc >= 2 && !strcmp(argv[1], "--bf16")) {
         /* the models' shapes by default: GPT-M's rows (batch 2 x seq 512) against d 512, 4d, vocab */
         static const int64_t shapes[][4] = {{1024, 512, 512, 1}, {1024, 512, 2048, 1}, {1024, 2048, 512, 1},

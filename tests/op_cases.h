@@ -969,6 +969,30 @@ static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
                               ir_unary(g, IR_GELU, ir_slice(g, pt, -1, ir_dim(72), ir_dim(72)))));
 }
 
+/* A read through a permute of its last two dims (dW = g^T x): the CPU reads it in place (CG_VIEW_A_T), batched
+ * (k = n), k past KC with a partial tile, m past two MC blocks, the plain path (5 columns), summed over the batch
+ * (CG_VIEW_SUM_B); build_matmul_at adds a permute another op reads too (no view; test_cpu_bf16 runs the forms). */
+static const int swap3[] = {0, 2, 1}, swap2[] = {1, 0};
+static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(37)}, sy[] = {b, n, ir_dim(45)}, sd[] = {ir_dim(300), ir_dim(29)};
+    IrDim sd2[] = {ir_dim(300), ir_dim(40)}, sd3[] = {ir_dim(300), ir_dim(5)}, st[] = {ir_dim(2), ir_dim(300), ir_dim(401)};
+    IrNode *x = input(g, "x", IR_F32, 3, sx), *deep = ir_permute(g, input(g, "deep", IR_F32, 2, sd), swap2);
+    out(g, "at_batch", ir_matmul(g, ir_permute(g, x, swap3), input(g, "y", IR_F32, 3, sy), 0));
+    out(g, "at_deep", ir_matmul(g, deep, input(g, "deep2", IR_F32, 2, sd2), 0));
+    out(g, "at_plain", ir_matmul(g, deep, input(g, "deep3", IR_F32, 2, sd3), 0));
+    out(g, "at_tall", ir_matmul(g, ir_permute(g, input(g, "tall", IR_F32, 3, st), swap3), input(g, "tall2", IR_F32, 2, sd2), 0));
+    out(g, "at_sum", ir_reduce(g, IR_SUM, ir_matmul(g, ir_permute(g, x, swap3), input(g, "y3", IR_F32, 3, sy), 0), 0));
+    return x;
+}
+static void build_matmul_at(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sy[] = {b, n, ir_dim(45)};
+    IrNode *both = ir_permute(g, matmul_at_forms(g, b, n), swap3);
+    out(g, "at_shared", ir_matmul(g, both, input(g, "y2", IR_F32, 3, sy), 0));
+    out(g, "at_shared_exp", ir_unary(g, IR_EXP, both));
+}
+
 /* ---- the table ---- */
 
 static const OpCase OP_CASES[] = {
@@ -978,6 +1002,7 @@ static const OpCase OP_CASES[] = {
     {"order", build_order, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"move", build_move, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"matmul", build_matmul, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
+    {"matmul_at", build_matmul_at, OC_CPU, OC_EMPTY, 1e-4, "a view of the cpu's (CUDA runs the permutes)"},
     {"matmul_q8", build_matmul_q8, OC_CPU, OC_EMPTY, 1e-4, "int8 weights are for the cpu target (op_case_backend_exempt)"},
     {"xent", build_xent, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"rand", build_rand, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},

@@ -29,9 +29,10 @@ static inline void matmul_operands(const IrGraph *g, Names *ops)
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *x = g->nodes[i];
         for (int j = 0; j < 2 && x->op == IR_MATMUL; j++) {
-            ck_assert_msg(x->in[j]->op == IR_INPUT || x->in[j]->op == IR_PARAM, "matmul operands must be leaves here");
+            const IrNode *leaf = x->in[j]->op == IR_PERMUTE ? x->in[j]->in[0] : x->in[j]; /* a transposed A */
+            ck_assert_msg(leaf->op == IR_INPUT || leaf->op == IR_PARAM, "matmul operands must be leaves here");
             ck_assert_int_lt(ops->n, HARNESS_MAXLEAF);
-            ops->name[ops->n++] = x->in[j]->s;
+            ops->name[ops->n++] = leaf->s;
         }
     }
 }

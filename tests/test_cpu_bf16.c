@@ -3,7 +3,7 @@
  *
  *   matmuls   every matmul form of the op table (tests/op_cases.h: the OC_MMA rows, and the CPU's
  *             "matmul" row: B packed past one k block of 256 with an odd k, row blocks past 192,
- *             the matrix-vector path, two-part GLU epilogues) compiled for this CPU (vdpbf16ps
+ *             the matrix-vector path, two-part GLU epilogues; A read through a permute) compiled for this CPU (vdpbf16ps
  *             where it has AVX512_BF16), for x86-64-v4 (AVX-512 without it: the rounding in
  *             software) and for x86-64-v3 (AVX2), run with 2 threads on random inputs against
  *             the interpreter fed the matmul operands rounded to bf16 by rt_half.h: the kernels
@@ -156,8 +156,12 @@ static void build_gemv_weights(IrGraph *g, IrDim b, IrDim n)
 }
 
 static const OpCase GEMV_WEIGHTS = {"gemv_weights", build_gemv_weights, OC_CPU, OC_FUSE, 1e-5, ""};
+/* A read through a permute (CG_VIEW_A_T, packed into bf16 rows by pack_a_bf16_at), summed over the batch too */
+static void build_matmul_at_forms(IrGraph *g, IrDim b, IrDim n) { matmul_at_forms(g, b, n); }
+static const OpCase MATMUL_AT = {"matmul_at", build_matmul_at_forms, OC_CPU, 0, 1e-4, ""};
 
-/* the cases: the tensor-core rows, the CPU's matmul row, and the matrix-vector path on weights */
+/* the cases: the tensor-core rows, the CPU's matmul row, the matrix-vector path on weights, and A
+ * read transposed */
 static const OpCase *bf16_case(int k)
 {
     int nmma = op_case_count(OC_MMA);
@@ -165,6 +169,8 @@ static const OpCase *bf16_case(int k)
         return op_case_for(OC_MMA, k);
     if (k == nmma + 1)
         return &GEMV_WEIGHTS;
+    if (k == nmma + 2)
+        return &MATMUL_AT;
     for (int i = 0; i < OP_NCASES && k == nmma; i++)
         if (!strcmp(OP_CASES[i].name, "matmul"))
             return &OP_CASES[i];
@@ -554,7 +560,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("bf16");
     tcase_set_timeout(tc, 600);
     int ncases = 0;
-    while (bf16_case(ncases) && ncases < op_case_count(OC_MMA) + 2)
+    while (bf16_case(ncases) && ncases < op_case_count(OC_MMA) + 3)
         ncases++;
     tcase_add_loop_test(tc, test_matmul_forms, 0, ncases);
     tcase_add_test(tc, test_paths);

@@ -182,15 +182,17 @@ static const char *decoder_src = "m = TransformerWrapper(num_tokens = 32, max_se
 
 /* steps per op in the plan; f32 temps with two dims that grow with n */
 typedef struct {
-    int steps, attention, attention_grad, softmax, nn_buffers, norms, permutes;
+    int steps, attention, attention_grad, softmax, nn_buffers, norms, permutes, sums;
 } Plan;
 
+/* views: 1 the head-split views, 2 the transposed-A view of matmuls (cg_plan.h) */
 static void plan_of(const IrGraph *g, Plan *pl, int views)
 {
     memset(pl, 0, sizeof *pl);
     CgPlan p;
     char err[512];
-    ck_assert_msg(cg_plan_build_views(g, &p, views, err, sizeof err) == 0, "%s", err);
+    CgPlanOpts o = {.head_views = views & 1, .matmul_views = (views & 2) != 0};
+    ck_assert_msg(cg_plan_build_opts(g, &p, &o, err, sizeof err) == 0, "%s", err);
     int n = ir_graph_find_sym(g, "n");
     ck_assert_int_ge(n, 0);
     pl->steps = p.nsteps;
@@ -199,6 +201,7 @@ static void plan_of(const IrGraph *g, Plan *pl, int views)
         pl->norms += op == IR_FUSED && strstr(p.steps[s].node->s, "rsqrt") != NULL;
         pl->attention += op == IR_ATTENTION;
         pl->permutes += op == IR_PERMUTE;
+        pl->sums += op == IR_SUM;
         pl->attention_grad += op == IR_ATTENTION_GRAD;
         pl->softmax += op == IR_SOFTMAX && p.steps[s].node->label && strstr(p.steps[s].node->label, "attn");
     }
@@ -281,10 +284,11 @@ START_TEST(test_kernel_counts)
         IrGraph *g = lower_xtf(NULL, decoder_src, &lo, train);
         ck_assert_ptr_nonnull(g);
         IrGraph *fused = optimize(g, 0), *unfused = optimize(g, 1);
-        Plan pf, pu, pv;
+        Plan pf, pu, pv, pa;
         plan_of(fused, &pf, 0);
         plan_of(unfused, &pu, 0);
         plan_of(fused, &pv, 1);
+        plan_of(fused, &pa, 3);
         printf("kernels (%s): fused %d steps, %d attention, %d attention_grad, %d softmax, %d LayerNorm kernels, "
                "%d f32 n x n buffers; unfused %d steps, %d softmax, %d f32 n x n buffers\n",
                train ? "training" : "inference", pf.steps, pf.attention, pf.attention_grad, pf.softmax, pf.norms,
@@ -306,6 +310,16 @@ START_TEST(test_kernel_counts)
             ck_assert_int_eq(pf.permutes, 4 * 3);
         ck_assert_int_eq(pv.permutes, train ? pf.permutes : 0);
         ck_assert_int_eq(pv.steps, pf.steps - (pf.permutes - pv.permutes));
+        /* the transposed-A view (CG_CAP_MATMUL_VIEWS): in training the gradient's transpose of
+         * every Linear weight's gradient is read in place (4 attention and 2 feed-forward
+         * projections a layer, and the logits); in inference there is none to read */
+        printf("transposed-A views (%s): %d permute steps with head-split views, %d with both\n",
+               train ? "training" : "inference", pv.permutes, pa.permutes);
+        ck_assert_int_eq(pa.permutes, pv.permutes - (train ? 6 * 3 + 1 : 0));
+        /* ... and each such product summed over the batch by the matmul itself (CG_VIEW_SUM_B):
+         * the sum makes no step either */
+        ck_assert_int_eq(pa.sums, pv.sums - (train ? 6 * 3 + 1 : 0));
+        ck_assert_int_eq(pa.steps, pv.steps - (pv.permutes - pa.permutes) - (pv.sums - pa.sums));
         ck_assert_int_ge(pu.nn_buffers, 3 * (train ? 4 : 2));
         ir_graph_free(fused);
         ir_graph_free(unfused);

@@ -1122,7 +1122,8 @@ static void llvm_release(void *unit) { unit_free(unit); }
 const CgBackend cg_llvm_backend = {
     .name = "cpu",
     .description = "LLVM CPU backend: native code in a shared library",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA | CG_CAP_HALF_WEIGHTS | CG_CAP_INT8,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_THREADS | CG_CAP_HOST_RUN | CG_CAP_HEAD_VIEWS | CG_CAP_MMA | CG_CAP_HALF_WEIGHTS | CG_CAP_INT8 |
+            CG_CAP_MATMUL_VIEWS,
     .supports = llvm_supports,
     .render = llvm_render,
     .compile = llvm_compile,

@@ -58,6 +58,10 @@ static void mm_dims(CgFn *f, MmDims *d)
     d->n = cg_dim(f, out->shape[r - 1]);
     d->k = cg_dim(f, a->shape[a->rank - 1]);
     d->batch = cg_dims_prod(f, out->shape, 0, r - 2);
+    if (f->views & CG_VIEW_SUM_B) { /* the batch summed: one product over the batches' k rows (cg_plan.h) */
+        d->k = LLVMBuildMul(f->cg->b, d->k, d->batch, "k");
+        d->batch = cg_i64(f->cg, 1);
+    }
     d->split = f->mm_parts == 2;
     d->w = d->split ? LLVMBuildSDiv(f->cg->b, d->n, cg_i64(f->cg, 2), "w") : d->n;
 }
@@ -169,7 +173,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     Cg *cg = f->cg;
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
-    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0;
+    int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, at = (f->views & CG_VIEW_A_T) != 0;
     MmDims d;
     mm_dims(f, &d);
     LLVMValueRef mk = LLVMBuildMul(b, d.m, d.k, ""), kn = LLVMBuildMul(b, d.k, d.n, "");
@@ -178,7 +182,8 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     cg_for(f, &l, f->lo, f->hi, "row");
     LLVMValueRef bi = LLVMBuildSDiv(b, l.iv, d.m, "");
     LLVMValueRef i = LLVMBuildSRem(b, l.iv, d.m, "");
-    LLVMValueRef abase = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), LLVMBuildMul(b, i, d.k, ""), "");
+    /* A(i, p) at i k + p, or through the transposed view (CG_VIEW_A_T) at p m + i */
+    LLVMValueRef abase = LLVMBuildAdd(b, batch_offset(f, n->in[0], bi, mk), at ? i : LLVMBuildMul(b, i, d.k, ""), "");
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi, kn);
     /* a split product's row (n < 8 here) goes to a row of scratch, C's row is the epilogue's */
     LLVMValueRef dst = d.split ? cg_var(f, LLVMArrayType(cg->t_f32, 8), NULL, "prow") : f->out;
@@ -188,7 +193,7 @@ static int plain_impl(CgFn *f, const CgMatmulEpilogue *epi)
     cg_for(f, &lp, cg_i64(cg, 0), d.k, "p");
     LLVMValueRef bidx = tb ? LLVMBuildAdd(b, LLVMBuildMul(b, lj.iv, d.k, ""), lp.iv, "")
                            : LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, d.n, ""), lj.iv, "");
-    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, lp.iv, ""));
+    LLVMValueRef av = cg_load(f, IR_F32, f->in[0], LLVMBuildAdd(b, abase, at ? LLVMBuildMul(b, lp.iv, d.m, "") : lp.iv, ""));
     LLVMValueRef bv = cg_q8(n) ? cg_q8_weight(f, lj.iv, lp.iv) : load_b(f, LLVMBuildAdd(b, bbase, bidx, ""));
     if (cg->bf16) { /* bf16 operands, rounded as they are read */
         av = cg_bf16_round(cg, av);
@@ -578,13 +583,17 @@ static void store_tile_vector(CgFn *f, LLVMValueRef cptr, LLVMValueRef acc, LLVM
 /* micro(a, lda, i0, mlast, kc, bp, c, ldc, mr, nc, accumulate):
  *   rows r < MR of A start at a + min(i0 + r, mlast) * lda; C rows at c + (i0 + r) * ldc;
  *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr.
+ * With at (the micro_at function, for A read through the transposed view CG_VIEW_A_T and packed
+ * by pack_a_at): A[r, p] at a + min(ai0 + r, mlast) + p * lda, the MR values of a k step
+ * contiguous, with the twelfth argument ai0 as below.
  * With bf16 operands (Cg.bf16, the micro_bf16 function): a and bp hold bf16 pairs, one i32 per
  * pair of k steps (the lower k in the low half), kc counts pairs and lda is in pairs; bp[p2][j]
  * is the pair (B(2 p2, j), B(2 p2 + 1, j)) (pack_bf16 below); a is the packed block of A, whose
  * rows are numbered apart from C's: a twelfth argument ai0 gives A's row of C's row i0. */
-static LLVMValueRef micro_build(Cg *cg, int bf16)
+static LLVMValueRef micro_build(Cg *cg, int bf16, int at)
 {
-    const char *name = bf16 ? "xtc_gemm_micro_bf16" : "xtc_gemm_micro";
+    at = at && !bf16; /* bf16 operands: A is packed in rows (pack_a_bf16) */
+    const char *name = bf16 ? "xtc_gemm_micro_bf16" : at ? "xtc_gemm_micro_at" : "xtc_gemm_micro";
     LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
     if (fn)
         return fn;
@@ -592,7 +601,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
     LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
     LLVMTypeRef params[12] = {p, i64, i64, i64, i64, p, p, i64, i64, i64, cg->t_i1, i64};
     Helper h;
-    fn = helper_begin(cg, &h, name, cg->t_void, params, bf16 ? 12 : 11);
+    fn = helper_begin(cg, &h, name, cg->t_void, params, bf16 || at ? 12 : 11);
     cg_attr(cg, fn, 1, "noalias");
     cg_attr(cg, fn, 6, "noalias");
     cg_attr(cg, fn, 7, "noalias");
@@ -602,7 +611,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
     LLVMValueRef mlast = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4), bp = LLVMGetParam(fn, 5);
     LLVMValueRef c = LLVMGetParam(fn, 6), ldc = LLVMGetParam(fn, 7), mr = LLVMGetParam(fn, 8);
     LLVMValueRef nc = LLVMGetParam(fn, 9), accumulate = LLVMGetParam(fn, 10);
-    LLVMValueRef ai0 = bf16 ? LLVMGetParam(fn, 11) : i0;
+    LLVMValueRef ai0 = bf16 || at ? LLVMGetParam(fn, 11) : i0;
     LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
     LLVMTypeRef et = bf16 ? cg->t_i32 : cg->t_f32, evt = bf16 ? vi : vt;
     IrDType edt = bf16 ? IR_I32 : IR_F32;
@@ -610,7 +619,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
     LLVMValueRef arow[16], acc[16][2];
     for (int r = 0; r < mr_max; r++) {
         LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
-        arow[r] = LLVMBuildInBoundsGEP2(b, et, a, (LLVMValueRef[]){LLVMBuildMul(b, row, lda, "")}, 1, "");
+        arow[r] = LLVMBuildInBoundsGEP2(b, et, a, (LLVMValueRef[]){at ? row : LLVMBuildMul(b, row, lda, "")}, 1, "");
         for (int h2 = 0; h2 < 2; h2++)
             acc[r][h2] = cg_var(f, vt, LLVMConstNull(vt), "acc");
     }
@@ -627,6 +636,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
     CgLoop lp;
     cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
     LLVMValueRef brow = LLVMBuildMul(b, lp.iv, cg_i64(cg, 2 * vw), "");
+    LLVMValueRef astep = at ? LLVMBuildMul(b, lp.iv, lda, "") : lp.iv; /* A[r, p] from row r's start */
     LLVMValueRef bv[2], bhi[2];
     for (int h2 = 0; h2 < 2; h2++) {
         LLVMValueRef ptr = cg_addr(f, edt, bp, LLVMBuildAdd(b, brow, cg_i64(cg, h2 * vw), ""));
@@ -648,7 +658,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
         }
     }
     for (int r = 0; r < mr_max; r++) {
-        LLVMValueRef av = LLVMBuildLoad2(b, et, cg_addr(f, edt, arow[r], lp.iv), "");
+        LLVMValueRef av = LLVMBuildLoad2(b, et, cg_addr(f, edt, arow[r], astep), "");
         av = LLVMBuildShuffleVector(b, LLVMBuildInsertElement(b, LLVMGetPoison(evt), av, cg_i32(cg, 0), ""),
                                     LLVMGetPoison(evt), LLVMConstNull(vi), "");
         for (int h2 = 0; h2 < 2; h2++) {
@@ -683,7 +693,7 @@ static LLVMValueRef micro_build(Cg *cg, int bf16)
     return fn;
 }
 
-static LLVMValueRef micro_function(Cg *cg) { return micro_build(cg, CG_BF16_OFF); }
+static LLVMValueRef micro_function(Cg *cg) { return micro_build(cg, CG_BF16_OFF, 0); }
 
 /* pack_bf16(bp, kc): a panel packed in f32 (pack_function) turned into bf16 pairs in place:
  * bp32[p2][j] = bf16(bp[2 p2][j]) | bf16(bp[2 p2 + 1][j]) << 16 (0 for 2 p2 + 1 = kc), for
@@ -729,16 +739,18 @@ static LLVMValueRef pack_bf16_function(Cg *cg)
 }
 
 /* pack_a_bf16(ap, a, lda, rows, kc): ap16[r][p] = bf16(a[r lda + p]) for r < rows, p < kc, and
- * ap16[r][kc] = 0 when kc is odd: rows of KC bf16 values (KC / 2 pairs), for micro_bf16 */
-static LLVMValueRef pack_a_bf16_function(Cg *cg)
+ * ap16[r][kc] = 0 when kc is odd: rows of KC bf16 values (KC / 2 pairs), for micro_bf16.
+ * at (A through the transposed view, pack_a_bf16_at): ap16[r][p] = bf16(a[p lda + r]). */
+static LLVMValueRef pack_a_bf16_function(Cg *cg, int at)
 {
-    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_pack_a_bf16");
+    const char *name = at ? "xtc_gemm_pack_a_bf16_at" : "xtc_gemm_pack_a_bf16";
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
     if (fn)
         return fn;
     LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
     LLVMTypeRef params[5] = {p, p, i64, i64, i64};
     Helper h;
-    fn = helper_begin(cg, &h, "xtc_gemm_pack_a_bf16", cg->t_void, params, 5);
+    fn = helper_begin(cg, &h, name, cg->t_void, params, 5);
     cg_attr(cg, fn, 1, "noalias");
     cg_attr(cg, fn, 2, "noalias");
     CgFn *f = &h.f;
@@ -753,6 +765,26 @@ static LLVMValueRef pack_a_bf16_function(Cg *cg)
         sh[l] = cg_i32(cg, 16);
     LLVMValueRef vfull = LLVMBuildMul(b, LLVMBuildSDiv(b, kc, cg_i64(cg, vw), ""), cg_i64(cg, vw), "");
     CgLoop lr, lp;
+    if (at) { /* k rows of A^T outermost, so that the reads are contiguous; then the odd kc's zero */
+        cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+        cg_for(f, &lr, cg_i64(cg, 0), rows, "r");
+        LLVMValueRef x = cg_load(f, IR_F32, a, LLVMBuildAdd(b, LLVMBuildMul(b, lp.iv, lda, ""), lr.iv, ""));
+        x = LLVMBuildTrunc(b, LLVMBuildLShr(b, LLVMBuildBitCast(b, cg_bf16_round(cg, x), cg->t_i32, ""), cg_i32(cg, 16), ""),
+                           i16, "");
+        LLVMValueRef at2 = LLVMBuildAdd(b, LLVMBuildMul(b, lr.iv, cg_i64(cg, KC), ""), lp.iv, "");
+        LLVMBuildStore(b, x, LLVMBuildInBoundsGEP2(b, i16, ap, &at2, 1, ""));
+        cg_for_end(f, &lr);
+        cg_for_end(f, &lp);
+        CgIf odd;
+        cg_if(f, &odd, LLVMBuildICmp(b, LLVMIntNE, LLVMBuildSRem(b, kc, cg_i64(cg, 2), ""), cg_i64(cg, 0), ""));
+        cg_for(f, &lr, cg_i64(cg, 0), rows, "r");
+        LLVMValueRef at3 = LLVMBuildAdd(b, LLVMBuildMul(b, lr.iv, cg_i64(cg, KC), ""), kc, "");
+        LLVMBuildStore(b, LLVMConstNull(i16), LLVMBuildInBoundsGEP2(b, i16, ap, &at3, 1, ""));
+        cg_for_end(f, &lr);
+        cg_if_end(f, &odd);
+        helper_end(cg, &h);
+        return fn;
+    }
     cg_for(f, &lr, cg_i64(cg, 0), rows, "r");
     LLVMValueRef src = LLVMBuildMul(b, lr.iv, lda, ""), dst = LLVMBuildMul(b, lr.iv, cg_i64(cg, KC), "");
     /* VW values at a time (rounded as vectors), then the rest one by one */
@@ -768,8 +800,8 @@ static LLVMValueRef pack_a_bf16_function(Cg *cg)
     cg_for(f, &lp, vfull, kc, "p");
     LLVMValueRef v = LLVMBuildBitCast(b, cg_bf16_round(cg, cg_load(f, IR_F32, a, LLVMBuildAdd(b, src, lp.iv, ""))), cg->t_i32, "");
     v = LLVMBuildTrunc(b, LLVMBuildLShr(b, v, cg_i32(cg, 16), ""), i16, "");
-    LLVMValueRef at = LLVMBuildAdd(b, dst, lp.iv, "");
-    LLVMBuildStore(b, v, LLVMBuildInBoundsGEP2(b, i16, ap, &at, 1, ""));
+    LLVMValueRef at1 = LLVMBuildAdd(b, dst, lp.iv, "");
+    LLVMBuildStore(b, v, LLVMBuildInBoundsGEP2(b, i16, ap, &at1, 1, ""));
     cg_for_end(f, &lp);
     CgIf odd;
     cg_if(f, &odd, LLVMBuildICmp(b, LLVMIntNE, LLVMBuildSRem(b, kc, cg_i64(cg, 2), ""), cg_i64(cg, 0), ""));
@@ -777,6 +809,54 @@ static LLVMValueRef pack_a_bf16_function(Cg *cg)
     LLVMBuildStore(b, LLVMConstNull(i16), LLVMBuildInBoundsGEP2(b, i16, ap, &at2, 1, ""));
     cg_if_end(f, &odd);
     cg_for_end(f, &lr);
+    helper_end(cg, &h);
+    return fn;
+}
+
+/* A packed by pack_a_at: a tile's k step takes APAD floats (MR of them used), a whole number of vectors */
+static int a_pad(Cg *cg) { return tile_rows(cg) <= lanes(cg) ? lanes(cg) : 2 * lanes(cg); }
+
+/* pack_a_at(ap, a, lda, rows, kc): A read through the transposed view (A[r, p] at a[p lda + r])
+ * packed in tiles of MR rows: ap[t][p][l] = A[t MR + l, p] for l < MR and t MR + l < rows, 0 for
+ * the other l < APAD, p < kc, with tile t at ap + t KC APAD. Each k step of A^T is a contiguous
+ * row of the stored operand, read with masked vector loads; the micro-kernel then reads its A
+ * values from one contiguous stream (read in place, every k step was another page of the
+ * operand, m floats apart). */
+static LLVMValueRef pack_a_at_function(Cg *cg)
+{
+    LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_pack_a_at");
+    if (fn)
+        return fn;
+    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
+    LLVMTypeRef params[5] = {p, p, i64, i64, i64};
+    Helper h;
+    fn = helper_begin(cg, &h, "xtc_gemm_pack_a_at", cg->t_void, params, 5);
+    cg_attr(cg, fn, 1, "noalias");
+    cg_attr(cg, fn, 2, "noalias");
+    CgFn *f = &h.f;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef ap = LLVMGetParam(fn, 0), a = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2);
+    LLVMValueRef rows = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4);
+    int vw = lanes(cg), mr = tile_rows(cg), pad = a_pad(cg);
+    LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), tys[2] = {vt, cg->t_ptr};
+    CgLoop lp, lt;
+    cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
+    LLVMValueRef src = LLVMBuildMul(b, lp.iv, lda, "");
+    cg_for(f, &lt, cg_i64(cg, 0), ceil_div(cg, rows, mr), "t");
+    LLVMValueRef r0 = LLVMBuildMul(b, lt.iv, cg_i64(cg, mr), "");
+    LLVMValueRef valid = cg_min_i64(f, cg_i64(cg, mr), LLVMBuildSub(b, rows, r0, ""));
+    LLVMValueRef dst = LLVMBuildAdd(b, LLVMBuildMul(b, lt.iv, cg_i64(cg, KC * pad), ""),
+                                    LLVMBuildMul(b, lp.iv, cg_i64(cg, pad), ""), "");
+    for (int l = 0; l < pad; l += vw) {
+        LLVMValueRef n = cg_max_i64(f, cg_i64(cg, 0), LLVMBuildSub(b, valid, cg_i64(cg, l), ""));
+        LLVMValueRef largs[4] = {cg_addr(f, IR_F32, a, LLVMBuildAdd(b, src, LLVMBuildAdd(b, r0, cg_i64(cg, l), ""), "")),
+                                 cg_i32(cg, 4), lane_mask(cg, n, vw), LLVMConstNull(vt)};
+        LLVMValueRef v = cg_intrinsic_n(cg, "llvm.masked.load", tys, 2, largs, 4);
+        LLVMValueRef st = LLVMBuildStore(b, v, cg_addr(f, IR_F32, ap, LLVMBuildAdd(b, dst, cg_i64(cg, l), "")));
+        LLVMSetAlignment(st, (unsigned)(vw * 4));
+    }
+    cg_for_end(f, &lt);
+    cg_for_end(f, &lp);
     helper_end(cg, &h);
     return fn;
 }
@@ -791,10 +871,13 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMBuilderRef b = cg->b;
     const IrNode *n = f->node;
     int tb = n->ia[IR_IA_TRANSPOSE_B] != 0, vw = lanes(cg), nr = 2 * vw, mrows = tile_rows(cg);
-    LLVMValueRef pack = pack_function(cg, tb, f->in_bf16[1]), micro = micro_build(cg, cg->bf16);
+    /* A(i, p) at i k + p, or through the transposed view at p m + i (the plan gives it only
+     * without transpose_b, so the matrix-vector path never reads it) */
+    int at = (f->views & CG_VIEW_A_T) != 0;
+    LLVMValueRef pack = pack_function(cg, tb, f->in_bf16[1]), micro = micro_build(cg, cg->bf16, at);
     LLVMTypeRef pack_type = LLVMGlobalGetValueType(pack), micro_type = LLVMGlobalGetValueType(micro);
     /* bf16 operands: each packed B panel turned into pairs, each MC x KC block of A packed too */
-    LLVMValueRef pack16 = cg->bf16 ? pack_bf16_function(cg) : NULL, packa = cg->bf16 ? pack_a_bf16_function(cg) : NULL;
+    LLVMValueRef pack16 = cg->bf16 ? pack_bf16_function(cg) : NULL, packa = cg->bf16 ? pack_a_bf16_function(cg, at) : NULL;
 
     MmDims d;
     mm_dims(f, &d);
@@ -813,7 +896,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef nmb = LLVMBuildSDiv(b, LLVMBuildAdd(b, d.m, LLVMBuildSub(b, rows, cg_i64(cg, 1), ""), ""), rows, "");
     LLVMValueRef nkb = cg_max_i64(f, ceil_div(cg, d.k, KC), cg_i64(cg, 1)); /* k = 0 still stores zeros */
     LLVMValueRef mlast = LLVMBuildSub(b, d.m, cg_i64(cg, 1), "");
-    LLVMValueRef ldb = tb ? d.k : d.n;
+    LLVMValueRef ldb = tb ? d.k : d.n, lda = at ? d.m : d.k;
 
     /* the item's packed panels: NC / NR panels of KC x NR floats, aligned for vector loads */
     int npanels_max = col_block(cg) / nr;
@@ -824,6 +907,11 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     if (cg->bf16) {
         ap = cg_var(f, LLVMArrayType(LLVMInt16TypeInContext(cg->ctx), MC * KC), NULL, "apacked");
         LLVMSetAlignment(ap, 64);
+    }
+    LLVMValueRef apt = NULL, pack_at = at && !cg->bf16 ? pack_a_at_function(cg) : NULL; /* A^T packed in tiles */
+    if (pack_at) {
+        apt = cg_var(f, LLVMArrayType(cg->t_f32, (unsigned)((MC / mrows) * KC * a_pad(cg))), NULL, "atiles");
+        LLVMSetAlignment(apt, 64);
     }
     if (d.split) {
         scratch = cg_var(f, LLVMArrayType(cg->t_f32, MC * 2 * (unsigned)icols), NULL, "product");
@@ -854,7 +942,8 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
     LLVMValueRef kc = cg_min_i64(f, cg_i64(cg, KC), LLVMBuildSub(b, d.k, pc, ""));
     LLVMValueRef accumulate = LLVMBuildICmp(b, LLVMIntSGT, lk.iv, cg_i64(cg, 0), "");
-    LLVMValueRef aptr = cg_addr(f, IR_F32, aptr0, LLVMBuildAdd(b, pc, LLVMBuildMul(b, arow0, d.k, ""), ""));
+    LLVMValueRef aptr = at ? cg_addr(f, IR_F32, aptr0, LLVMBuildAdd(b, LLVMBuildMul(b, pc, d.m, ""), arow0, ""))
+                           : cg_addr(f, IR_F32, aptr0, LLVMBuildAdd(b, pc, LLVMBuildMul(b, arow0, d.k, ""), ""));
 
     /* every panel of the item's columns packed once per k block (stays in L2) ... */
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
@@ -878,9 +967,15 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef ii1 = cg_min_i64(f, i_end, LLVMBuildAdd(b, ii0, cg_i64(cg, MC), ""));
     LLVMValueRef ntiles = ceil_div(cg, LLVMBuildSub(b, ii1, ii0, ""), mrows);
     if (packa) { /* rows [ii0, ii1) of A, from aptr's row ii0 - arow0 */
-        LLVMValueRef asrc = cg_addr(f, IR_F32, aptr, LLVMBuildMul(b, LLVMBuildSub(b, ii0, arow0, ""), d.k, ""));
-        LLVMValueRef aargs[5] = {ap, asrc, d.k, LLVMBuildSub(b, ii1, ii0, ""), kc};
+        LLVMValueRef arows = LLVMBuildSub(b, ii0, arow0, "");
+        LLVMValueRef asrc = cg_addr(f, IR_F32, aptr, at ? arows : LLVMBuildMul(b, arows, d.k, ""));
+        LLVMValueRef aargs[5] = {ap, asrc, lda, LLVMBuildSub(b, ii1, ii0, ""), kc};
         LLVMBuildCall2(b, LLVMGlobalGetValueType(packa), packa, aargs, 5, "");
+    }
+    if (pack_at) { /* rows [ii0, ii1) of A^T's columns, from aptr's column ii0 - arow0 */
+        LLVMValueRef aargs[5] = {apt, cg_addr(f, IR_F32, aptr, LLVMBuildSub(b, ii0, arow0, "")), d.m,
+                                 LLVMBuildSub(b, ii1, ii0, ""), kc};
+        LLVMBuildCall2(b, LLVMGlobalGetValueType(pack_at), pack_at, aargs, 5, "");
     }
     cg_for(f, &lj, cg_i64(cg, 0), npanels, "panel");
     part = LLVMBuildSDiv(b, lj.iv, npart, "");
@@ -899,7 +994,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     cg_for(f, &lr, cg_i64(cg, 0), ntiles, "tile");
     LLVMValueRef i0 = LLVMBuildAdd(b, ii0, LLVMBuildMul(b, lr.iv, cg_i64(cg, mrows), ""), "");
     LLVMValueRef mr = cg_min_i64(f, cg_i64(cg, mrows), LLVMBuildSub(b, ii1, i0, ""));
-    LLVMValueRef margs[12] = {aptr, d.k, LLVMBuildSub(b, i0, arow0, ""), LLVMBuildSub(b, mlast, arow0, ""), kc, bpj, cptr, ldc,
+    LLVMValueRef margs[12] = {aptr, lda, LLVMBuildSub(b, i0, arow0, ""), LLVMBuildSub(b, mlast, arow0, ""), kc, bpj, cptr, ldc,
                               mr, nc, accumulate};
     if (cg->bf16) { /* the packed block: pairs, rows from ii0 */
         margs[0] = ap;
@@ -907,8 +1002,13 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
         margs[3] = LLVMBuildSub(b, ii1, LLVMBuildAdd(b, ii0, cg_i64(cg, 1), ""), "");
         margs[4] = ceil_div(cg, kc, 2);
         margs[11] = LLVMBuildSub(b, i0, ii0, "");
+    } else if (pack_at) { /* the tile's packed values: MR rows, APAD floats a k step */
+        margs[0] = cg_addr(f, IR_F32, apt, LLVMBuildMul(b, lr.iv, cg_i64(cg, KC * a_pad(cg)), ""));
+        margs[1] = cg_i64(cg, a_pad(cg));
+        margs[3] = LLVMBuildSub(b, mr, cg_i64(cg, 1), "");
+        margs[11] = cg_i64(cg, 0);
     }
-    LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 ? 12 : 11, "");
+    LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 || pack_at ? 12 : 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
     if (epi) { /* after the last k block, these MC rows of the item's columns are final and in L2 */
