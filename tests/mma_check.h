@@ -137,12 +137,11 @@ static void attention_operands(const IrGraph *g, Names *ops)
  * 16 u of its max|ref|. */
 static const int64_t flash_sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}};
 
-static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
+static void check_flash_graph(const Lib *l, int mma, const IrGraph *g, const int64_t (*sizes)[2], size_t nsizes)
 {
-    IrGraph *g = new_graph("flash", build);
     Names ops;
     attention_operands(g, &ops);
-    XtcModule *m = compile_mma(g, "flash", mma);
+    XtcModule *m = compile_mma(g, g->name, mma);
     int f16 = mma == CG_MMA_FP16;
     double u = f16 ? 1.0 / 2048 : 1.0 / 256, unit = storage ? 2 * u : 0, worst = 0;
     for (size_t z = 0; z < nsizes; z++) {
@@ -150,8 +149,8 @@ static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_
         bind_rounded(&rb, g, sizes[z], 1.0, l, &ops, f16);
         IrHostTensor *ref = interp_outputs(g, ref_cb, &rb, NULL, "flash");
         char what[128];
-        snprintf(what, sizeof what, "flash --mma=%s --dtype %s (b=%lld n=%lld)", cg_mma_name(mma),
-                 STORAGE_NAME[storage], (long long)sizes[z][0], (long long)sizes[z][1]);
+        snprintf(what, sizeof what, "%s --mma=%s --dtype %s (%s=%lld %s=%lld)", g->name, cg_mma_name(mma),
+                 STORAGE_NAME[storage], g->sym_name[0], (long long)sizes[z][0], g->sym_name[1], (long long)sizes[z][1]);
         XtcSession *s = run_module(m, &rb.b, what, ORDERS[z % 3]);
         for (int o = 0; o < g->noutputs; o++) { /* one output at a time: its own tolerance */
             IrGraph one = *g;
@@ -167,6 +166,13 @@ static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_
     fprintf(stderr, "test_cuda_mma: flash attention --mma=%s --dtype %s: largest error %.2g of max|ref|\n",
             cg_mma_name(mma), STORAGE_NAME[storage], worst);
     xtc_module_free(m);
+}
+
+/* check_flash_graph on build's graph over the sizes b and n */
+static void check_flash_sizes(const Lib *l, int mma, BuildFn build, const int64_t (*sizes)[2], size_t nsizes)
+{
+    IrGraph *g = new_graph("flash", build);
+    check_flash_graph(l, mma, g, sizes, nsizes);
     ir_graph_free(g);
 }
 

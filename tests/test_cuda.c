@@ -50,6 +50,7 @@
 #include "harness_bind.h"
 #include "emu_lib.h"
 #include "op_cases.h"
+#include "flash_cases.h"
 
 static void make_tmpdir(void) { harness_make_tmpdir("cuda"); }
 
@@ -870,6 +871,32 @@ START_TEST(test_declared_names_reserved)
 }
 END_TEST
 
+/* The same of the tensor-core attention (not op table rows: flash_cases.h), whose bodies are
+ * kernels/flash_fwd.cuh and flash_bwd.cuh with 16-bit storage of the mma's format (every name of
+ * theirs is reserved: nc, the backward's tile loop, is) and the converting kernels with f32. */
+START_TEST(test_flash_names_reserved)
+{
+    char err[1024];
+    ck_assert(cu_name_reserved("nc") && cu_name_reserved("lt") && cu_name_reserved("fb_ls") && !cu_name_reserved("b"));
+    static const BuildFn flash[] = {build_flash, build_flash16, build_flash16_bounded, build_flash_grad16};
+    for (size_t f = 0; f < sizeof flash / sizeof flash[0]; f++) {
+        IrGraph *g = new_graph("flash", flash[f]);
+        CgPlan plan;
+        ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+        for (int st = 0; st <= 2; st++) {
+            CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
+            CuUnit u;
+            ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+            for (int k = 0; k < u.nkernels; k++)
+                check_declared_names(g, u.kernel_text[k], "flash");
+            cg_cuda_unit_free(&u);
+        }
+        cg_plan_free(&plan);
+        ir_graph_free(g);
+    }
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -904,6 +931,7 @@ static Suite *suite(void)
     }
     TCase *kept = tcase_create("kept"); /* no compile: CK_RUN_CASE=kept runs it alone */
     tcase_add_test(kept, test_kept_f32);
+    tcase_add_test(kept, test_flash_names_reserved);
     suite_add_tcase(s, kept);
     TCase *arena = tcase_create("arena"); /* CK_RUN_CASE=arena runs it alone */
     tcase_set_timeout(arena, 300);

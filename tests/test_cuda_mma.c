@@ -795,6 +795,45 @@ START_TEST(test_flash_grad16)
 }
 END_TEST
 
+/* Sizes named as the kernel bodies' locals: a cross-attention of t query rows over nc context
+ * keys with a [t, nc] context mask (2 batches), forward and gradient, bf16 storage (both
+ * kernels/flash_fwd.cuh and flash_bwd.cuh). The mask macro's text names the sizes; the backward
+ * has a loop named nc around it, so cu_name_reserved must rename that size (a shadowed size reads
+ * the wrong mask elements). */
+START_TEST(test_flash_size_names)
+{
+    IrGraph *g = ir_graph_new("flash_names");
+    IrDim t = ir_dim_sym(ir_graph_add_sym(g, "t", 64)), nc = ir_dim_sym(ir_graph_add_sym(g, "nc", 64));
+    IrDim two = ir_dim(2), one = ir_dim(1), sq[] = {two, one, t, ir_dim(8)}, sk[] = {two, one, nc, ir_dim(8)};
+    IrDim smask[] = {two, one, t, nc};
+    IrNode *a = ir_attention(g, input(g, "q", IR_F32, 4, sq), input(g, "k", IR_F32, 4, sk), input(g, "v", IR_F32, 4, sk),
+                             NULL, input(g, "cmask", IR_BOOL, 4, smask), ir_const(g, 0.35, IR_F32), 0, 1);
+    out(g, "cross", a);
+    out(g, "cross_grad", ir_attention_grad(g, a, input(g, "dout", IR_F32, 4, sq)));
+    char err[1024];
+    ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s", err);
+    CgPlan plan;
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    CuUnit cu;
+    CgOptions opt = {.output = "-", .mma = CG_MMA_BF16, .dtype = "bf16"};
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+    int stored = 0;
+    for (int i = 0; i < cu.nkernels; i++)
+        stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
+    ck_assert_int_eq(stored, 2);
+    cg_cuda_unit_free(&cu);
+    cg_plan_free(&plan);
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{5, 7}};
+    storage = 1;
+    check_flash_graph(&l, CG_MMA_BF16, g, sizes, 1);
+    storage = 0;
+    lib_close(&l);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* ---- a whole model ---- */
 
 /* The model as xtc compile [--train] --target cuda-emu builds it. */
@@ -1123,6 +1162,9 @@ static Suite *suite(void)
     tcase_add_test(fb, test_flash_grad16);
     tcase_add_test(fb, test_flash_bounded);
     suite_add_tcase(s, fb);
+    TCase *fn = tcase_create("flash_names"); /* CK_RUN_CASE=flash_names runs it alone */
+    tcase_add_test(fn, test_flash_size_names);
+    suite_add_tcase(s, fn);
     TCase *ls = tcase_create("loss_scale");
     tcase_add_test(ls, test_loss_scale_accuracy);
     tcase_add_test(ls, test_loss_scale_overflow);

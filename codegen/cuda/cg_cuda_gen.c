@@ -21,7 +21,8 @@ int cu_error(CuGen *gen, const char *fmt, ...)
 
 /* Names a symbol may not take in the generated code: C, C++ and CUDA words, and the locals and
  * parameters the kernels and the host code use (test_cuda checks that every local the kernels
- * declare is here). A symbol with such a name becomes symN_NAME. */
+ * declare is here), and every name of the code of kernels/flash_fwd.cuh and flash_bwd.cuh (read
+ * from their text). A symbol with such a name becomes symN_NAME. */
 static const char *const reserved[] = {
     "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum", "extern",
     "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return", "short", "signed",
@@ -53,6 +54,31 @@ static const char *const reserved[] = {
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", "gb", "gbv", NULL};
 
+static int word_char(char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+/* Whether name is an identifier of text's code (comments skipped). */
+static int in_code(const char *text, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = text; *p;) {
+        if (p[0] == '/' && p[1] == '*') {
+            const char *e = strstr(p + 2, "*/");
+            p = e ? e + 2 : p + strlen(p);
+        } else if (p[0] == '/' && p[1] == '/') {
+            p += strcspn(p, "\n");
+        } else {
+            /* a word: an identifier, or a number (0x1fu, 1.0f: its letters are no name) */
+            size_t n = 0;
+            while (word_char(p[n]))
+                n++;
+            if (n == len && strncmp(p, name, len) == 0 && !(*p >= '0' && *p <= '9'))
+                return 1;
+            p += n ? n : 1;
+        }
+    }
+    return 0;
+}
+
 int cu_name_reserved(const char *name)
 {
     for (int r = 0; reserved[r]; r++)
@@ -63,7 +89,11 @@ int cu_name_reserved(const char *name)
         if (strncmp(name, reserved_numbered[r], len) == 0 && name[len] && strspn(name + len, "0123456789") == strlen(name + len))
             return 1;
     }
-    return strncmp(name, "xtc_", 4) == 0 || strncmp(name, "XTC_", 4) == 0 || strncmp(name, "__", 2) == 0;
+    if (strncmp(name, "xtc_", 4) == 0 || strncmp(name, "XTC_", 4) == 0 || strncmp(name, "__", 2) == 0)
+        return 1;
+    /* and every name of the fixed kernel bodies in whose scope the model's macros (mask, bias
+     * and score texts over the sizes) expand; flash_lib.cuh's functions see no size */
+    return in_code(cg_embed_flash_fwd_cuh, name) || in_code(cg_embed_flash_bwd_cuh, name);
 }
 
 void cu_gen_init(CuGen *gen, const CgPlan *plan)

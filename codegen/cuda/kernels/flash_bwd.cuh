@@ -29,8 +29,8 @@
  *                     keys jf .. jl is in its row's keys and its score is x * scale (no mask,
  *                     no bias, a constant scale): those tiles skip the element work
  *   XTC_FB_SCALE, XTC_FB_SCALE2   that scale, and times log2(e)
- * The macros' texts name the sizes (symbols such as b, n, c, m, p, s, t): no name of this body
- * in their scope is one of those (the lane's coordinates are lg and lt, a loop's tile nc).
+ * The macros' texts name the sizes: cu_name_reserved (cg_cuda_gen.c) knows every name of this
+ * body, so a size of such a name is written symN_NAME and no local here shadows it.
  *
  * The work is split so that every output row has one writer (no atomics, the same bits on
  * every run): per batch, blocks of 4 warps take 64 query rows (their dq) or 64 keys (their dk

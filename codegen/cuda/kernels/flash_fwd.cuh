@@ -27,6 +27,8 @@
  *                            every row's maximum is XTC_FA_BOUND (b scale log2(e), base 2) from the
  *                            start: no maximum to reduce, nothing to rescale (as the CUDA-core
  *                            tiled forward; bf16 only: fp16 would flush small P); 0 otherwise
+ * The macros' texts name the sizes: cu_name_reserved (cg_cuda_gen.c) knows every name of this
+ * body, so a size of such a name is written symN_NAME and no local here shadows it.
  *
  * A warp owns 16 MT query rows of the block's tile, loaded once (ldmatrix.x4) into registers as
  * mma A fragments. The keys of the tile's rows (causal and window limits bound them: tiles past
