@@ -523,7 +523,10 @@ static void build_attention_bounded(IrGraph *g, IrDim b, IrDim n)
  * J >= I; the others and the backward take it as the general attention): causal with keys offset
  * from the queries (40 queries, 45 keys: two key tiles of 32), without causal, a window, the
  * statistics and their gradient, bound x scale = 40 (the largest), fewer keys than queries under causal (rows
- * that see no key: the general path) and a padding mask (the general path). */
+ * that see no key: the general path) and a padding mask (the general path); and rows for the few-row
+ * (decode) path, which takes the bound likewise: one query row against 200 keys (two blocks of key warps)
+ * with the statistics, three causal rows, two rows without causal, five causal rows against three keys
+ * (the general path) and one masked row (the general path). */
 static void build_attention_bounded_cuda(IrGraph *g, IrDim b, IrDim n)
 {
     (void)b;
@@ -543,6 +546,19 @@ static void build_attention_bounded_cuda(IrGraph *g, IrDim b, IrDim n)
     out(g, "few_keys", ir_attention_bounded(g, q, unit_rows(g, input(g, "k2", IR_F32, 4, sk2)),
                                             input(g, "v2", IR_F32, 4, sk2), NULL, c, 1, 1, 0, 1));
     out(g, "masked", ir_attention_bounded(g, q, k, v, input(g, "km", IR_BOOL, 4, skm), c, 1, 1, 0, 1));
+    IrDim sd1[] = {one, h, one, hd}, sd2[] = {one, h, ir_dim(2), hd}, sd3[] = {one, h, ir_dim(3), hd};
+    IrDim sd5[] = {one, h, ir_dim(5), hd};
+    IrDim sdk[] = {one, h, ir_dim(200), hd}, sdk3[] = {one, h, ir_dim(3), hd};
+    IrNode *d1 = unit_rows(g, input(g, "dq1", IR_F32, 4, sd1)), *d3 = unit_rows(g, input(g, "dq3", IR_F32, 4, sd3));
+    out(g, "decode", ir_attention_bounded(g, d1, unit_rows(g, input(g, "dk", IR_F32, 4, sdk)),
+                                          input(g, "dv", IR_F32, 4, sdk), NULL, c, 1, 1, 0, 1));
+    out(g, "decode_rows", ir_attention_bounded(g, d3, k, v, NULL, c, 1, 0, 0, 1));
+    out(g, "decode_full", ir_attention_bounded(g, unit_rows(g, input(g, "dq2", IR_F32, 4, sd2)), k, v,
+                                               NULL, c, 0, 0, 0, 1));
+    out(g, "decode_few_keys", ir_attention_bounded(g, unit_rows(g, input(g, "dq5", IR_F32, 4, sd5)),
+                                                   unit_rows(g, input(g, "dk3", IR_F32, 4, sdk3)),
+                                                   input(g, "dv3", IR_F32, 4, sdk3), NULL, c, 1, 1, 0, 1));
+    out(g, "decode_masked", ir_attention_bounded(g, d1, k, v, input(g, "km", IR_BOOL, 4, skm), c, 1, 1, 0, 1));
 }
 
 /* The fused attention ops (passes/fuse_attention.c makes them): causal with keys offset from the

@@ -282,6 +282,44 @@ START_TEST(test_head_views)
 }
 END_TEST
 
+/* The few-row (decode) path of the bounded attention (cg_cuda_attention_decode.c) as rendered for
+ * attention_bounded_cuda: of its five decode rows, the four without a mask operand take the bound
+ * as each key warp's maximum (a run-time condition under causal: decode_few_keys, three keys for
+ * five rows, runs the general path, which test_case_once checks), the masked one keeps the general
+ * path; with f32 storage and with bf16 and fp16 storage on tensor cores alike, since the decode
+ * path's probabilities stay f32. Its numbers: test_case_once (f32), test_cuda_mma's
+ * test_flash_bounded (bf16 and fp16, one query row). */
+START_TEST(test_decode_bounded)
+{
+    const OpCase *c = NULL;
+    for (int i = 0; (c = once_case(i)) != NULL; i++)
+        if (!strcmp(c->name, "attention_bounded_cuda"))
+            break;
+    ck_assert_msg(c, "no attention_bounded_cuda case");
+    IrGraph *g = new_graph(c->name, c->build);
+    CgPlan plan;
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    for (int st = 0; st <= 2; st++) {
+        CgOptions opt = {.output = "-", .dtype = STORAGE_NAME[st], .mma = st == 2 ? CG_MMA_FP16 : st ? CG_MMA_BF16 : 0};
+        CuUnit u;
+        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+        int decode = 0, bounded = 0;
+        for (int k = 0; k < u.nkernels; k++) {
+            if (plan.kernels[k].node->op != IR_ATTENTION || !strstr(u.kernel_text[k], "few query rows"))
+                continue;
+            decode++;
+            bounded += strstr(u.kernel_text[k], "const float dm = bounded ? ") != NULL;
+        }
+        ck_assert_msg(decode == 5 && bounded == 4, "%s storage: %d decode paths, %d bounded", STORAGE_NAME[st], decode,
+                      bounded);
+        cg_cuda_unit_free(&u);
+    }
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* Which values stay f32 under 16-bit storage for being sums of gradients over the batch or the
  * positions (cg_keeps_f32): T5's relative position bias gradient, its softmax gradients
  * [b, h, n, n] summed over the batch, the layers' sums added, scaled, permuted and gathered into
@@ -932,6 +970,7 @@ static Suite *suite(void)
     TCase *kept = tcase_create("kept"); /* no compile: CK_RUN_CASE=kept runs it alone */
     tcase_add_test(kept, test_kept_f32);
     tcase_add_test(kept, test_flash_names_reserved);
+    tcase_add_test(kept, test_decode_bounded);
     suite_add_tcase(s, kept);
     TCase *arena = tcase_create("arena"); /* CK_RUN_CASE=arena runs it alone */
     tcase_set_timeout(arena, 300);

@@ -15,6 +15,11 @@
  *      last among those of its matrix (a counter per matrix) combines them:
  *      M = max m_s, L = sum l_s e^(m_s - M), out = sum o_s e^(m_s - M) / L, and the
  *      logsumexp M + log L where the node keeps it.
+ * Bounded (cosine-sim attention: Att.bmax, no mask operand; under causal J >= I, a run-time
+ * condition) every m is the bound b s from the start, as in the tiled forward: no shuffles for
+ * the maximum, and the combination's weights e^(m_s - M) are all 1. The probabilities stay f32
+ * here (nothing is packed to 16 bits as in kernels/flash_fwd.cuh), so 16-bit storage, fp16
+ * included, takes it too: each exp(score - b s) >= exp(-2 b s) is a normal float.
  *
  * No shared memory beyond one flag: the path sits in front of the other kernels, whose tiles may
  * fill it. The rows of a matrix (at most DEC_ROWS) are taken one after another by each warp. It is
@@ -81,6 +86,8 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     fprintf(f, "        const i64 c0 = sw * 32;\n");
     if (a->D % 8 == 0)
         fprintf(f, "        const int dvec = qs %% 8 == 0 && ks %% 8 == 0 && ((size_t)qb | (size_t)kb) %% 16 == 0; /* 16-byte loads */\n");
+    if (a->bmax[0]) /* bounded: every row sees a key unless causal with fewer keys than queries */
+        fprintf(f, "        const int bounded = %s; /* block-uniform: the shuffles stay whole */\n", a->causal ? "J >= I" : "1");
     fprintf(f, "        for (i64 i = 0; sw < SW && i < I; i++) { /* warp-uniform */\n");
     cu_att_key_range(k, a, "            ");
     fprintf(f, "            const i64 cb = c0 > jb ? c0 : jb, ce = c0 + 32 < je ? c0 + 32 : je; /* the warp's keys of row i */\n");
@@ -114,7 +121,10 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     fprintf(f, "                const float scale = %s;\n", a->scale);
     fprintf(f, "                sc = %s ? dot * scale%s : -3.40282347e+38f; /* -FLT_MAX where masked */\n", a->keep, a->bias);
     fprintf(f, "            }\n");
-    fprintf(f, "            const float dm = xtc_warp_max(sc);\n");
+    if (a->bmax[0]) /* bounded: the row's maximum is the bound, no maximum to reduce */
+        fprintf(f, "            const float dm = bounded ? %s : xtc_warp_max(sc);\n", a->bmax);
+    else
+        fprintf(f, "            const float dm = xtc_warp_max(sc);\n");
     fprintf(f, "            const float pj = sc == -XTC_INF ? 0.0f : expf(sc - dm);\n");
     fprintf(f, "            const float dsum = xtc_warp_sum(pj);\n");
     fprintf(f, "            float acc[%d];\n", ec);
@@ -153,11 +163,19 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     fprintf(f, "                const int e = (int)(t %% (E + 1)); /* E: the logsumexp */\n");
     fprintf(f, "                const volatile float *pp = xtc_dpart_%s + (batch * I + i) * SW * (E + 2);\n", fn);
     fprintf(f, "                float mx = -XTC_INF, lsum = 0.0f, sum = 0.0f;\n");
-    fprintf(f, "                for (i64 s = 0; s < SW; s++)\n");
-    fprintf(f, "                    mx = xtc_fmax(mx, pp[s * (E + 2)]);\n");
+    if (a->bmax[0]) /* bounded: every warp's m is the bound, so is M (each weight 1) */
+        fprintf(f, "                if (bounded)\n"
+                   "                    mx = %s;\n"
+                   "                else\n"
+                   "                    for (i64 s = 0; s < SW; s++)\n"
+                   "                        mx = xtc_fmax(mx, pp[s * (E + 2)]);\n", a->bmax);
+    else
+        fprintf(f, "                for (i64 s = 0; s < SW; s++)\n"
+                   "                    mx = xtc_fmax(mx, pp[s * (E + 2)]);\n");
     fprintf(f, "                for (i64 s = 0; s < SW; s++) {\n");
     fprintf(f, "                    const float ms = pp[s * (E + 2)];\n");
-    fprintf(f, "                    const float w = ms == -XTC_INF ? 0.0f : expf(ms - mx);\n");
+    fprintf(f, "                    const float w = %sms == -XTC_INF ? 0.0f : expf(ms - mx);\n",
+            a->bmax[0] ? "bounded ? 1.0f : " : "");
     fprintf(f, "                    lsum += pp[s * (E + 2) + 1] * w;\n");
     fprintf(f, "                    if (e < E)\n");
     fprintf(f, "                        sum += pp[s * (E + 2) + 2 + e] * w;\n");
