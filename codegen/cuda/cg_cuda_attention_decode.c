@@ -87,7 +87,8 @@ static void decode_body(CuKernel *k, const Att *a, int stats, unsigned block)
     if (a->D % 8 == 0)
         fprintf(f, "        const int dvec = qs %% 8 == 0 && ks %% 8 == 0 && ((size_t)qb | (size_t)kb) %% 16 == 0; /* 16-byte loads */\n");
     if (a->bmax[0]) /* bounded: every row sees a key unless causal with fewer keys than queries */
-        fprintf(f, "        const int bounded = %s; /* block-uniform: the shuffles stay whole */\n", a->causal ? "J >= I" : "1");
+        fprintf(f, "        const int bounded = %s; /* block-uniform: the shuffles stay whole */\n",
+                a->causal ? "J >= I" : "1");
     fprintf(f, "        for (i64 i = 0; sw < SW && i < I; i++) { /* warp-uniform */\n");
     cu_att_key_range(k, a, "            ");
     fprintf(f, "            const i64 cb = c0 > jb ? c0 : jb, ce = c0 + 32 < je ? c0 + 32 : je; /* the warp's keys of row i */\n");
