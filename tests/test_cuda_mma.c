@@ -599,6 +599,42 @@ static int flash_kernels(IrGraph *g, int mma, IrOp op, const char *marker, long 
     return on;
 }
 
+#define AS_STORED "copied as stored (cp.async, ldmatrix)" /* the comment of the kernels of operands as stored */
+
+/* Of g's kernels of op rendered with storage st (--dtype STORAGE_NAME[st], --mma of its format,
+ * bf16 for f32), how many have marker (and also, unless NULL) in their text; *all counts op's. */
+static int count_attention_kernels(IrGraph *g, int st, IrOp op, const char *marker, const char *also, int *all)
+{
+    CgPlan plan;
+    CuUnit cu;
+    CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
+    char err[1024];
+    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
+    int n = *all = 0;
+    for (int i = 0; i < cu.nkernels; i++)
+        if (plan.kernels[i].node->op == op) {
+            ++*all;
+            n += strstr(cu.kernel_text[i], marker) && (!also || strstr(cu.kernel_text[i], also));
+        }
+    cg_cuda_unit_free(&cu);
+    cg_plan_free(&plan);
+    return n;
+}
+
+/* build's graph with bf16 and fp16 storage (the mma of that format) against the interpreter, at
+ * n = 1, 7, 17, 70 and 130 */
+static void check_flash16(BuildFn build)
+{
+    Lib l;
+    lib_open(&l);
+    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
+    for (storage = 1; storage <= 2; storage++)
+        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build, sizes, sizeof sizes / sizeof sizes[0]);
+    storage = 0;
+    lib_close(&l);
+}
+
 /* The forward is the tensor-core kernel (its comment names it) for every head up to 128, and
  * the CUDA-core one above that and without --mma; then the numbers against the interpreter. */
 START_TEST(test_flash_attention)
@@ -630,32 +666,13 @@ END_TEST
 START_TEST(test_flash_stored)
 {
     IrGraph *g = new_graph("flash", build_flash16);
-    CgPlan plan;
-    char err[1024];
-    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-    for (int st = 0; st <= 2; st++) {
-        CuUnit cu;
-        CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
-        int stored = 0, all = 0;
-        for (int i = 0; i < cu.nkernels; i++)
-            if (plan.kernels[i].node->op == IR_ATTENTION) {
-                all++;
-                stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
-            }
+    for (int st = 0, all; st <= 2; st++) {
+        int stored = count_attention_kernels(g, st, IR_ATTENTION, AS_STORED, NULL, &all);
         ck_assert_int_eq(all, 13);
         ck_assert_int_eq(stored, st ? all : 0);
-        cg_cuda_unit_free(&cu);
     }
-    cg_plan_free(&plan);
     ir_graph_free(g);
-    Lib l;
-    lib_open(&l);
-    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
-    for (storage = 1; storage <= 2; storage++)
-        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16, sizes, sizeof sizes / sizeof sizes[0]);
-    storage = 0;
-    lib_close(&l);
+    check_flash16(build_flash16);
 }
 END_TEST
 
@@ -667,35 +684,16 @@ END_TEST
 START_TEST(test_flash_bounded)
 {
     IrGraph *g = new_graph("flash", build_flash16_bounded);
-    CgPlan plan;
-    char err[1024];
-    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-    for (int st = 1; st <= 2; st++) {
-        CuUnit cu;
-        CgOptions opt = {.output = "-", .mma = st == 1 ? CG_MMA_BF16 : CG_MMA_FP16, .dtype = STORAGE_NAME[st]};
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
-        int bounded = 0, all = 0;
-        for (int i = 0; i < cu.nkernels; i++)
-            if (plan.kernels[i].node->op == IR_ATTENTION) {
-                all++;
-                ck_assert(strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)"));
-                bounded += strstr(cu.kernel_text[i], "#define XTC_FA_BOUNDED (J >= I)") != NULL ||
-                           strstr(cu.kernel_text[i], "#define XTC_FA_BOUNDED (1)") != NULL;
-            }
+    for (int st = 1, all; st <= 2; st++) {
+        int stored = count_attention_kernels(g, st, IR_ATTENTION, AS_STORED, NULL, &all);
         ck_assert_int_eq(all, 5);
+        ck_assert_int_eq(stored, all);
+        int bounded = count_attention_kernels(g, st, IR_ATTENTION, "#define XTC_FA_BOUNDED (J >= I)", NULL, &all) +
+                      count_attention_kernels(g, st, IR_ATTENTION, "#define XTC_FA_BOUNDED (1)", NULL, &all);
         ck_assert_int_eq(bounded, st == 1 ? 5 : 0);
-        cg_cuda_unit_free(&cu);
     }
-    cg_plan_free(&plan);
     ir_graph_free(g);
-    Lib l;
-    lib_open(&l);
-    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
-    for (storage = 1; storage <= 2; storage++)
-        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash16_bounded, sizes,
-                          sizeof sizes / sizeof sizes[0]);
-    storage = 0;
-    lib_close(&l);
+    check_flash16(build_flash16_bounded);
 }
 END_TEST
 
@@ -764,34 +762,13 @@ END_TEST
 START_TEST(test_flash_grad16)
 {
     IrGraph *g = new_graph("flash", build_flash_grad16);
-    CgPlan plan;
-    char err[1024];
-    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-    for (int st = 0; st <= 2; st++) {
-        CuUnit cu;
-        CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
-        int stored = 0, all = 0;
-        for (int i = 0; i < cu.nkernels; i++)
-            if (plan.kernels[i].node->op == IR_ATTENTION_GRAD) {
-                all++;
-                stored += strstr(cu.kernel_text[i], "backward on tensor cores: operands in") &&
-                          strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)");
-            }
+    for (int st = 0, all; st <= 2; st++) {
+        int stored = count_attention_kernels(g, st, IR_ATTENTION_GRAD, "backward on tensor cores: operands in", AS_STORED, &all);
         ck_assert_int_eq(all, 11);
         ck_assert_int_eq(stored, st ? all : 0);
-        cg_cuda_unit_free(&cu);
     }
-    cg_plan_free(&plan);
     ir_graph_free(g);
-    Lib l;
-    lib_open(&l);
-    static const int64_t sizes[][2] = {{1, 1}, {1, 7}, {2, 17}, {1, 70}, {1, 130}};
-    for (storage = 1; storage <= 2; storage++)
-        check_flash_sizes(&l, storage == 1 ? CG_MMA_BF16 : CG_MMA_FP16, build_flash_grad16, sizes,
-                          sizeof sizes / sizeof sizes[0]);
-    storage = 0;
-    lib_close(&l);
+    check_flash16(build_flash_grad16);
 }
 END_TEST
 
@@ -812,17 +789,9 @@ START_TEST(test_flash_size_names)
     out(g, "cross_grad", ir_attention_grad(g, a, input(g, "dout", IR_F32, 4, sq)));
     char err[1024];
     ck_assert_msg(ir_verify(g, err, sizeof err) == 0, "%s", err);
-    CgPlan plan;
-    ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-    CuUnit cu;
-    CgOptions opt = {.output = "-", .mma = CG_MMA_BF16, .dtype = "bf16"};
-    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &cu, err, sizeof err) == 0, "%s", err);
-    int stored = 0;
-    for (int i = 0; i < cu.nkernels; i++)
-        stored += strstr(cu.kernel_text[i], "copied as stored (cp.async, ldmatrix)") != NULL;
-    ck_assert_int_eq(stored, 2);
-    cg_cuda_unit_free(&cu);
-    cg_plan_free(&plan);
+    int all;
+    ck_assert_int_eq(count_attention_kernels(g, 1, IR_ATTENTION, AS_STORED, NULL, &all), 1);
+    ck_assert_int_eq(count_attention_kernels(g, 1, IR_ATTENTION_GRAD, AS_STORED, NULL, &all), 1);
     Lib l;
     lib_open(&l);
     static const int64_t sizes[][2] = {{5, 7}};

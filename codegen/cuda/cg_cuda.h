@@ -126,11 +126,15 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
 void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts);
 void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn);
 int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent);
+/* The static shared memory a block may declare (bytes): what a kernel's __shared__ arrays share. */
+#define CU_SMEM_STATIC (48 * 1024)
 /* cg_cuda_gemv.c: inside the matmul kernel's batch loop, the path taken when M is small (at run
- * time); nothing where M is a constant too large. Then, after the kernel's geometry, the grid of
- * that path (threads: the kernel's block size). */
-int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads);
-void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads);
+ * time); nothing where M is a constant too large, or where its shared memory (B as stored) passes
+ * smem, the bytes of CU_SMEM_STATIC the kernel's own arrays leave. Then, after the kernel's
+ * geometry, the grid of that path (the same threads, the kernel's block size, and smem). */
+int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads,
+                 int smem);
+void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads, int smem);
 /* The statement (at indent at) loading v[0 .. 8) with the 8 values from p + idx as floats, p +
  * idx 16-byte aligned: the prelude's xtc_ld8, one 16-byte load of 16-bit storage, two of f32. */
 void cu_load_vec8(CuKernel *k, const char *v, const char *p, const char *idx, const char *at);

@@ -183,6 +183,26 @@ void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent)
         fprintf(f, "%s(void)ix%d;\n", indent, d);
 }
 
+int cu_att_capture_begin(CuKernel *k, CuAttCapture *c)
+{
+    c->saved = k->f;
+    c->buf = NULL;
+    c->len = 0;
+    if (!(k->f = open_memstream(&c->buf, &c->len))) {
+        k->f = c->saved;
+        return cu_error(k->gen, "out of memory");
+    }
+    return 0;
+}
+
+void cu_att_capture_define(CuKernel *k, CuAttCapture *c, const char *head)
+{
+    fclose(k->f);
+    k->f = c->saved;
+    cu_att_define_lines(k->f, head, c->buf);
+    free(c->buf);
+}
+
 /* Where the [rows, width] matrix of batch index `batch` (flat over the batch dims) of a forward
  * attention operand or result x starts (pointer name), and its row stride (stride): contiguous
  * [.., rows, width]; or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, H, width]

@@ -32,6 +32,16 @@ void cu_att_tile_keys(CuKernel *k, const Att *a, int rows, const char *indent);
 void cu_att_query_ranges(CuKernel *k, const Att *a, const char *indent);
 /* ix0, ix1, ..: the batch dims of the flat batch index `batch` */
 void cu_att_batch_indices(CuKernel *k, const IrNode *q, const char *indent);
+/* The text the shared emitters write between cu_att_capture_begin (k->f into a string; 0, or -1
+ * out of memory with k->f as it was) and cu_att_capture_define (k->f back, the text written
+ * there as `#define head`: cu_att_define_lines) */
+typedef struct {
+    FILE *saved;
+    char *buf;
+    size_t len;
+} CuAttCapture;
+int cu_att_capture_begin(CuKernel *k, CuAttCapture *c);
+void cu_att_capture_define(CuKernel *k, CuAttCapture *c, const char *head);
 /* pointer `name` to the [rows, width] matrix of batch `batch` of operand or result x, row stride
  * `stride` (head views; k and v of grouped key/values at their own batch) */
 void cu_att_operand_rows(CuKernel *k, const IrNode *x, unsigned view, const char *qual, const char *type,

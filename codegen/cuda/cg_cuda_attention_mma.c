@@ -94,33 +94,21 @@ static int flash16(CuKernel *k, const Att *a, int stats)
             k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16",
             k->gen->mma == CG_MMA_FP16 ? "xtc_fa_pack_f16" : "xtc_fa_pack_bf16", stats);
     /* the batch indices and the operands' rows, and a row's keys: the shared emitters' text */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *saved = f;
-    if (!(k->f = open_memstream(&buf, &len))) {
-        k->f = saved;
-        return cu_error(k->gen, "out of memory");
-    }
+    CuAttCapture c;
+    if (cu_att_capture_begin(k, &c) < 0)
+        return -1;
     cu_att_batch_indices(k, q, "        ");
     cu_att_operand_rows(k, q, views & CG_VIEW_Q, "const ", cu_mem_type(q), "qb", "in0", "I", "D", "qs");
     cu_att_operand_rows(k, kk, views & CG_VIEW_K, "const ", cu_mem_type(kk), "kb", "in1", "J", "D", "ks");
     cu_att_operand_rows(k, v, views & CG_VIEW_V, "const ", cu_mem_type(v), "vb", "in2", "J", "E", "vs");
     cu_att_operand_rows(k, x, views & CG_VIEW_OUT, "", cu_mem_type(x), "ob", "out", "I", "OC", "os");
-    fclose(k->f);
-    cu_att_define_lines(saved, "XTC_FA_TILE", buf);
-    free(buf);
-    buf = NULL;
-    if (!(k->f = open_memstream(&buf, &len))) {
-        k->f = saved;
-        return cu_error(k->gen, "out of memory");
-    }
+    cu_att_capture_define(k, &c, "XTC_FA_TILE");
+    if (cu_att_capture_begin(k, &c) < 0)
+        return -1;
     fprintf(k->f, "    {\n");
     cu_att_key_range(k, a, "        ");
     fprintf(k->f, "        xtc_lo = jb;\n        xtc_hi = je;\n    }");
-    fclose(k->f);
-    k->f = f = saved;
-    cu_att_define_lines(f, "XTC_FA_KEYS(i, xtc_lo, xtc_hi)", buf);
-    free(buf);
+    cu_att_capture_define(k, &c, "XTC_FA_KEYS(i, xtc_lo, xtc_hi)");
     /* plain, within a row's key range only a causal row that sees no key is masked (keep's
      * limits hold for the others); else the score as the CUDA-core kernels make it */
     if (plain)

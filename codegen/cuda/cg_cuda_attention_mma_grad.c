@@ -188,20 +188,13 @@ static void store_rows(FILE *o, const char *dst, const char *acc, const char *r0
 static int define_emitted(CuKernel *k, const Att *a, void (*emit)(CuKernel *, const Att *, const char *),
                           const char *head, const char *tail)
 {
-    FILE *saved = k->f;
-    char *buf = NULL;
-    size_t len = 0;
-    if (!(k->f = open_memstream(&buf, &len))) {
-        k->f = saved;
-        return cu_error(k->gen, "out of memory");
-    }
+    CuAttCapture c;
+    if (cu_att_capture_begin(k, &c) < 0)
+        return -1;
     fprintf(k->f, "    {\n");
     emit(k, a, "        ");
     fprintf(k->f, "        %s\n    }", tail);
-    fclose(k->f);
-    k->f = saved;
-    cu_att_define_lines(saved, head, buf);
-    free(buf);
+    cu_att_capture_define(k, &c, head);
     return 0;
 }
 
@@ -242,22 +235,15 @@ static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
             k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16",
             k->gen->mma == CG_MMA_FP16 ? "xtc_fa_pack_f16" : "xtc_fa_pack_bf16");
     /* the batch indices and the operands' rows (kb and vb: where a key/value head mapping goes) */
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *saved = f;
-    if (!(k->f = open_memstream(&buf, &len))) {
-        k->f = saved;
-        return cu_error(k->gen, "out of memory");
-    }
+    CuAttCapture c;
+    if (cu_att_capture_begin(k, &c) < 0)
+        return -1;
     cu_att_batch_indices(k, q, "        ");
     fprintf(k->f, "        const xtc_fs *qb = in0 + batch * I * D, *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
     fprintf(k->f, "        const xtc_fs *gb = in4 + batch * I * GC;\n");
     fprintf(k->f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
     fprintf(k->f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;", cu_mem_type(x));
-    fclose(k->f);
-    k->f = saved;
-    cu_att_define_lines(f, "XTC_FB_TILE", buf);
-    free(buf);
+    cu_att_capture_define(k, &c, "XTC_FB_TILE");
     if (define_emitted(k, a, cu_att_key_range, "XTC_FB_KEYS(i, xtc_lo, xtc_hi)", "xtc_lo = jb;\n        xtc_hi = je;") < 0 ||
         define_emitted(k, a, cu_att_query_ranges, "XTC_FB_QUERIES(j, xtc_fm, xtc_ib, xtc_ie)",
                        "xtc_fm = fm;\n        xtc_ib = ib;\n        xtc_ie = ie;") < 0)

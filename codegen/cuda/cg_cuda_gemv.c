@@ -11,7 +11,8 @@
  *    across K, VEC (8) consecutive k each per load (one 16-byte load of 16-bit storage, two of
  *    f32), the warp's sums combined with shuffles; a block of W warps covers W columns.
  *  - B as [K, N]: a block per 32 columns, lane = column (a warp's loads are contiguous), the
- *    warps splitting K; their sums combined through shared memory.
+ *    warps splitting K; their sums combined through shared memory (taken only where the
+ *    kernel's own arrays leave room for them, cg_cuda_gemv's smem).
  *
  * Rows are taken GROWS at a time (each thread keeps GROWS sums per product column), so B is read
  * once per GROWS rows. With a GLU epilogue (parts = 2) each output column needs the product's
@@ -47,9 +48,15 @@ void cu_mma_operand(const CuKernel *k, const char *value, char *buf, size_t n)
         snprintf(buf, n, "xtc_bf16_float(xtc_bf16_bits(%s))", value);
 }
 
-/* Whether node x's M may be small enough for this path. */
-static int may_take(const IrNode *x)
+/* gemv_b's shared sums, Gv: GROWS x 32 floats a warp */
+static int gemv_b_smem(unsigned threads) { return (int)(threads / 32) * GROWS * 32 * 4; }
+
+/* Whether node x's M may be small enough for this path, and its shared memory (none with B
+ * transposed) fits in the smem bytes the kernel leaves. */
+static int may_take(const IrNode *x, unsigned threads, int smem)
 {
+    if (!x->ia[IR_IA_TRANSPOSE_B] && gemv_b_smem(threads) > smem)
+        return 0;
     IrDim m = x->shape[x->rank - 2];
     for (int s = 0; s < IR_MAXSYM; s++)
         if (m.k[s])
@@ -147,7 +154,7 @@ static int gemv_bt(CuKernel *k, int parts, const char *tb, CuEpilogue epilogue, 
 static int gemv_b(CuKernel *k, int parts, CuEpilogue epilogue, void *ctx, unsigned threads)
 {
     FILE *f = k->f;
-    int rows = GROWS / parts; /* the shared sums stay GROWS x 32 floats a warp */
+    int rows = GROWS / parts; /* the shared sums stay GROWS x 32 floats a warp (gemv_b_smem) */
     char av[96], bv[160];
     fprintf(f, "            __shared__ float Gv[%u][%d][%d][32]; /* [warp][half][row][lane]: the warps' sums */\n",
             threads / 32, parts, rows);
@@ -199,9 +206,10 @@ static int gemv_b(CuKernel *k, int parts, CuEpilogue epilogue, void *ctx, unsign
     return 0;
 }
 
-int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads)
+int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads,
+                 int smem)
 {
-    if (!may_take(x))
+    if (!may_take(x, threads, smem))
         return 0;
     FILE *f = k->f;
     int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
@@ -219,9 +227,9 @@ int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpil
     return 0;
 }
 
-void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads)
+void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads, int smem)
 {
-    if (!may_take(x))
+    if (!may_take(x, threads, smem))
         return;
     CuGen *gen = k->gen;
     int r = x->rank, tb = x->ia[IR_IA_TRANSPOSE_B] != 0;

@@ -313,15 +313,17 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
     /* rows padded by 4 floats: a warp's stage stores spread over the banks, and rows stay 16-byte
      * aligned for xtc_lds4 */
     const F32Shape *shapes[2] = {&shape_small, &shape_large};
+    int smem = CU_SMEM_STATIC; /* what the tiles leave */
     for (int s = 0; s < 2; s++) {
         const F32Shape *sh = shapes[s];
         fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][m]: A's %d-tile, transposed */\n",
                 sh->as, sh->kt, sh->tile, sh->tile);
         fprintf(f, "    __shared__ XTC_ALIGN16 float %s[2][%d][%d + 4]; /* [stage][k][n] */\n", sh->bs, sh->kt, sh->tile);
+        smem -= 2 * 2 * sh->kt * (sh->tile + 4) * 4;
     }
     fprintf(f, "    const int tx = threadIdx.x %% 16, ty = threadIdx.x / 16;\n");
     cu_matmul_prologue(k, x, ia, ib, parts);
-    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS) < 0)
+    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS, smem) < 0)
         return -1;
     char big[6 * CU_EXPR];
     large_test(big, sizeof big, "M", "N");
@@ -346,7 +348,7 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
     size_t len = (size_t)snprintf(grid, sizeof grid, "(%s) ? (%s) * (%s) : %s", big, tm, tn, k->geom.grid_x);
     if (len < sizeof k->geom.grid_x) /* else the small tiles' grid, which the grid-stride loop also covers */
         memcpy(k->geom.grid_x, grid, len + 1);
-    cg_cuda_gemv_geometry(k, x, parts, THREADS);
+    cg_cuda_gemv_geometry(k, x, parts, THREADS, smem);
     return k->gen->err[0] ? -1 : 0;
 }
 
@@ -423,7 +425,8 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     fprintf(f, "    const int wm = warp / 2 * 32, wn = warp %% 2 * 32; /* the warp's quarter of the tile */\n");
     cu_matmul_prologue(k, x, ia, ib, parts);
-    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, MTHREADS) < 0)
+    const int smem = CU_SMEM_STATIC - 2 * TILE * MSTRIDE * 4; /* what As and Bs leave */
+    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, MTHREADS, smem) < 0)
         return -1;
     /* split: a warp's columns 8 j + 2 t (+ 1), j < 4, pair up 16 apart */
     int R = parts == 2 ? 16 : 0, tw = R ? TILE / 2 : TILE;
@@ -486,7 +489,7 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
     matmul_geometry(k, x, MTHREADS);
-    cg_cuda_gemv_geometry(k, x, parts, MTHREADS);
+    cg_cuda_gemv_geometry(k, x, parts, MTHREADS, smem);
     return k->gen->err[0] ? -1 : 0;
 }
 

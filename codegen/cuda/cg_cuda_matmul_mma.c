@@ -286,10 +286,10 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     fprintf(f, "    const int lane = threadIdx.x %% 32, warp = threadIdx.x / 32;\n");
     fprintf(f, "    const int g = lane / 4, t = lane %% 4; /* the fragment coordinates of the lane */\n");
     cu_matmul_prologue(k, x, ia, ib, parts);
-    /* few rows (decoding): the GEMV path where B is transposed (a linear layer's weight), which
-     * needs no shared memory; its B-as-stored form sums through 8-16 KiB of shared memory, past
-     * the 48 KiB a block may declare statically on top of this kernel's tiles */
-    if (tb && cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS) < 0)
+    /* few rows (decoding): the GEMV path in what As and Bs leave of the static shared memory
+     * (nothing: only its form for B transposed, a linear layer's weight, which needs none) */
+    const int smem = CU_SMEM_STATIC - STAGES * (shape_large.bm + shape_large.bn) * KT * 2;
+    if (cg_cuda_gemv(k, x, ia, ib, parts, epilogue, ctx, THREADS, smem) < 0)
         return -1;
     if (vec) {
         fprintf(f, "        /* 16-byte copies: rows of multiples of 8 values, aligned operands */\n");
@@ -328,7 +328,6 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
         snprintf(k->geom.grid_x, sizeof k->geom.grid_x, "(%s) * (%s)", tl[1][0], tl[1][1]);
     snprintf(k->geom.grid_y, sizeof k->geom.grid_y, "%s", batches);
     k->geom.block = THREADS;
-    if (tb)
-        cg_cuda_gemv_geometry(k, x, parts, THREADS);
+    cg_cuda_gemv_geometry(k, x, parts, THREADS, smem);
     return k->gen->err[0] ? -1 : 0;
 }

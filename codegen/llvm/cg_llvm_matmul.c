@@ -407,6 +407,21 @@ static void helper_end(Cg *cg, Helper *h)
     LLVMPositionBuilderAtEnd(cg->b, h->saved);
 }
 
+/* A packing helper's start: void name(ptr dst, ptr src, i64 ...), n parameters in all, dst and
+ * src noalias; its parameters in param[0 .. n). */
+static LLVMValueRef pack_helper_begin(Cg *cg, Helper *h, const char *name, int n, LLVMValueRef *param)
+{
+    LLVMTypeRef params[8] = {cg->t_ptr, cg->t_ptr};
+    for (int i = 2; i < n; i++)
+        params[i] = cg->t_i64;
+    LLVMValueRef fn = helper_begin(cg, h, name, cg->t_void, params, n);
+    cg_attr(cg, fn, 1, "noalias");
+    cg_attr(cg, fn, 2, "noalias");
+    for (int i = 0; i < n; i++)
+        param[i] = LLVMGetParam(fn, (unsigned)i);
+    return fn;
+}
+
 /* Transposes VW x VW floats held as VW row vectors, in place: swapping the off-diagonal h x h
  * blocks of every 2h x 2h block, for h = VW/2 .. 1 (two-source shuffles, no memory). */
 void cg_transpose_vectors(Cg *cg, LLVMValueRef *rows, int vw)
@@ -493,16 +508,12 @@ static LLVMValueRef pack_function(Cg *cg, int transposed, int src16)
     if (fn)
         return fn;
     int nr = 2 * lanes(cg);
-    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
-    LLVMTypeRef params[7] = {p, p, i64, i64, i64, i64, i64};
     Helper h;
-    fn = helper_begin(cg, &h, name, cg->t_void, params, 7);
-    cg_attr(cg, fn, 1, "noalias");
-    cg_attr(cg, fn, 2, "noalias");
+    LLVMValueRef pm[7];
+    fn = pack_helper_begin(cg, &h, name, 7, pm);
     CgFn *f = &h.f;
     LLVMBuilderRef b = cg->b;
-    LLVMValueRef bp = LLVMGetParam(fn, 0), src = LLVMGetParam(fn, 1), ldb = LLVMGetParam(fn, 2);
-    LLVMValueRef pc = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4), j0 = LLVMGetParam(fn, 5), nc = LLVMGetParam(fn, 6);
+    LLVMValueRef bp = pm[0], src = pm[1], ldb = pm[2], pc = pm[3], kc = pm[4], j0 = pm[5], nc = pm[6];
     CgLoop lp, lj;
     if (!transposed) {
         cg_for(f, &lp, cg_i64(cg, 0), kc, "p");
@@ -747,16 +758,12 @@ static LLVMValueRef pack_a_bf16_function(Cg *cg, int at)
     LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, name);
     if (fn)
         return fn;
-    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
-    LLVMTypeRef params[5] = {p, p, i64, i64, i64};
     Helper h;
-    fn = helper_begin(cg, &h, name, cg->t_void, params, 5);
-    cg_attr(cg, fn, 1, "noalias");
-    cg_attr(cg, fn, 2, "noalias");
+    LLVMValueRef pm[5];
+    fn = pack_helper_begin(cg, &h, name, 5, pm);
     CgFn *f = &h.f;
     LLVMBuilderRef b = cg->b;
-    LLVMValueRef ap = LLVMGetParam(fn, 0), a = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2);
-    LLVMValueRef rows = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4);
+    LLVMValueRef ap = pm[0], a = pm[1], lda = pm[2], rows = pm[3], kc = pm[4];
     LLVMTypeRef i16 = LLVMInt16TypeInContext(cg->ctx);
     int vw = lanes(cg);
     LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), vi = LLVMVectorType(cg->t_i32, (unsigned)vw);
@@ -827,16 +834,12 @@ static LLVMValueRef pack_a_at_function(Cg *cg)
     LLVMValueRef fn = LLVMGetNamedFunction(cg->mod, "xtc_gemm_pack_a_at");
     if (fn)
         return fn;
-    LLVMTypeRef p = cg->t_ptr, i64 = cg->t_i64;
-    LLVMTypeRef params[5] = {p, p, i64, i64, i64};
     Helper h;
-    fn = helper_begin(cg, &h, "xtc_gemm_pack_a_at", cg->t_void, params, 5);
-    cg_attr(cg, fn, 1, "noalias");
-    cg_attr(cg, fn, 2, "noalias");
+    LLVMValueRef pm[5];
+    fn = pack_helper_begin(cg, &h, "xtc_gemm_pack_a_at", 5, pm);
     CgFn *f = &h.f;
     LLVMBuilderRef b = cg->b;
-    LLVMValueRef ap = LLVMGetParam(fn, 0), a = LLVMGetParam(fn, 1), lda = LLVMGetParam(fn, 2);
-    LLVMValueRef rows = LLVMGetParam(fn, 3), kc = LLVMGetParam(fn, 4);
+    LLVMValueRef ap = pm[0], a = pm[1], lda = pm[2], rows = pm[3], kc = pm[4];
     int vw = lanes(cg), mr = tile_rows(cg), pad = a_pad(cg);
     LLVMTypeRef vt = LLVMVectorType(cg->t_f32, (unsigned)vw), tys[2] = {vt, cg->t_ptr};
     CgLoop lp, lt;
