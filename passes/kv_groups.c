@@ -137,7 +137,7 @@ static IrNode *group_node(PassRewriter *rw, const IrNode *old, IrNode *p)
             p->in[2] = rw->map[vx->id];
         }
     }
-    return pass_build(rw, p);
+    return pass_simplify_node(rw, old, p); /* the reshapes after a group sum's slices merge */
 }
 
 IrGraph *pass_kv_groups(IrGraph *g, const PassTarget *t, char *err, size_t n)
