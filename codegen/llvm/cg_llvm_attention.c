@@ -1005,7 +1005,9 @@ int cg_attention_grad_impl(CgFn *f)
     CgLoop li;
     cg_for(f, &li, f->lo, f->hi, "item");
     LLVMValueRef kbi = li.iv; /* k and v's batch index; grouped: their rows' head g in the output */
-    LLVMValueRef kvq = hd.R == 1 ? kbi : iadd(&k, imul(&k, idiv(&k, kbi, ci(&k, hd.G)), ci(&k, hd.H)), irem(&k, kbi, ci(&k, hd.G)));
+    LLVMValueRef kvq = kbi; /* the query batch index of head g: b H + g */
+    if (hd.R > 1)
+        kvq = iadd(&k, imul(&k, idiv(&k, kbi, ci(&k, hd.G)), ci(&k, hd.H)), irem(&k, kbi, ci(&k, hd.G)));
     LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, kbi, d.J), cD));
     LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, kbi, d.J), cE));
     LLVMValueRef dkb = ptr(&k, f->out, iadd(&k, imul(&k, imul(&k, kvq, rowsout), cD), imul(&k, d.I, cD)));
