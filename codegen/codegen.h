@@ -129,9 +129,10 @@ typedef struct CgBackend {
     void (*release)(void *unit);
     /* Limits of the fused kernels, which the passes respect (PassTarget): the largest constant
      * head size the attention kernel and its gradient kernel take, and whether the forward
-     * kernel reads grouped key/values (fewer k and v heads than q heads) without their repeat. */
+     * kernel reads grouped key/values (fewer k and v heads than q heads) without their repeat,
+     * and whether the gradient kernel does (dk, dv summed over each group: ops.def). */
     int attention_max_head, attention_grad_max_head;
-    int attention_kv_groups;
+    int attention_kv_groups, attention_grad_kv_groups;
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;

@@ -424,10 +424,17 @@ static void grad_attention(Ad *A, IrNode *n, IrNode *g)
     IrDim I = q->shape[r - 2], J = k->shape[r - 2];
     if (want(A, n, 0))
         accum(A, q, ir_slice(A->g, b, r - 2, ir_dim(0), I));
-    if (want(A, n, 1))
-        accum(A, k, ir_slice(A->g, b, r - 2, I, J));
-    if (want(A, n, 2))
-        accum(A, v, ir_slice(A->g, b, r - 2, ir_dim_add(I, J), J));
+    /* grouped key/values: dk, dv of key/value head g are in the rows of head g (ops.def) */
+    int grouped = ir_attention_kv_group(n) != 1;
+    IrDim G = grouped ? k->shape[r - 3] : ir_dim(0);
+    if (want(A, n, 1)) {
+        IrNode *dk = ir_slice(A->g, b, r - 2, I, J);
+        accum(A, k, grouped ? ir_slice(A->g, dk, r - 3, ir_dim(0), G) : dk);
+    }
+    if (want(A, n, 2)) {
+        IrNode *dv = ir_slice(A->g, b, r - 2, ir_dim_add(I, J), J);
+        accum(A, v, grouped ? ir_slice(A->g, dv, r - 3, ir_dim(0), G) : dv);
+    }
 }
 
 /* ---- the table: one entry per op of ops.def ---- */

@@ -13,7 +13,10 @@
  *   ds_j  = p_j (dp_j - D + dlse_i), 0 where s_j was masked (the where passes nothing back)
  *   dq_i += sum_j (ds_j scale) k_j;  dk_j += (ds_j scale) q_i;  dv_j += p_j dout_i
  * Grouped key/values (k, v [.., G, J, D] where q is [.., H, I, D]): query head i reads key/value
- * head i mod G (x-transformers' repeat 'b kvh n d -> b (r kvh) n d').
+ * head i mod G (x-transformers' repeat 'b kvh n d -> b (r kvh) n d'). attention_grad then
+ * computes each query head's dk, dv as above and adds them, heads ascending, into the rows of
+ * key/value head i mod G (the order of the repeat's gradient, a sum over the repeats); the dk,
+ * dv rows of heads G..H-1 stay zero.
  * Every sum runs in the order the unfused graph's ops run theirs, so the interpreter gives the
  * fused graph's outputs bit for bit (up to the sign of zeros).
  * The o operand (the forward output with its statistics) is not read here: the backends use it
@@ -222,14 +225,23 @@ int ir_fused_attention_grad(const IrNode *n, const IrFusedArg *in, const int64_t
     int64_t gcols = dout->shape[a.r - 1]; /* E, or E + 1 with the logsumexp's gradient */
     int64_t rows = out_shape[a.r - 2];    /* I + 2J */
     memset(out, 0, sizeof *out * (size_t)(a.nb * rows * a.D));
-    double *s, *p;
+    double *s, *p, *dkh = NULL; /* grouped: one query head's dk, dv [2J, D] before the group's sum */
     char *keep;
     if (att_alloc(&a, &s, &p, &keep, err, nerr) < 0)
         return -1;
+    if (a.H != a.G && !(dkh = calloc((size_t)(2 * a.J * a.D + 1), sizeof *dkh))) {
+        free(s), free(p), free(keep);
+        snprintf(err, nerr, "out of memory");
+        return -1;
+    }
     for (int64_t bi = 0; bi < a.nb; bi++) {
         double *dq = out + bi * rows * a.D, *dk = dq + a.I * a.D, *dv = dk + a.J * a.D;
-        const double *qb = a.q->data + bi * a.I * a.D, *kb = a.k->data + bi * a.J * a.D;
-        const double *vb = a.v->data + bi * a.J * a.E;
+        const double *qb = a.q->data + bi * a.I * a.D, *kb = a.k->data + att_kv(&a, bi) * a.J * a.D;
+        const double *vb = a.v->data + att_kv(&a, bi) * a.J * a.E;
+        if (dkh) {
+            memset(dkh, 0, sizeof *dkh * (size_t)(2 * a.J * a.D));
+            dk = dkh, dv = dkh + a.J * a.D;
+        }
         double scale = att_scale(&a, bi);
         for (int64_t i = 0; i < a.I && a.J > 0; i++) {
             const double *g = dout->data + (bi * a.I + i) * gcols;
@@ -256,8 +268,14 @@ int ir_fused_attention_grad(const IrNode *n, const IrFusedArg *in, const int64_t
                 }
             }
         }
+        if (dkh) { /* into key/value head g = h mod G's rows of the same batch index */
+            int64_t g = bi % a.H % a.G;
+            double *to = out + (bi - bi % a.H + g) * rows * a.D + a.I * a.D;
+            for (int64_t x = 0; x < 2 * a.J * a.D; x++)
+                to[x] += dkh[x];
+        }
     }
-    free(s), free(p), free(keep);
+    free(s), free(p), free(keep), free(dkh);
     return 0;
 }
 

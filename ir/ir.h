@@ -269,8 +269,10 @@ IrNode *ir_attention_bounded(IrGraph *g, IrNode *q, IrNode *k, IrNode *v, IrNode
  * head i mod G. For an attention or attention_grad node: H / G, the query heads sharing a
  * key/value head (1: not grouped). */
 int64_t ir_attention_kv_group(const IrNode *n);
-/* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv
- * (not grouped: the verifier refuses k and v with fewer heads than q). */
+/* Its gradient: o = ir_attention(.., stats = 1) of the same operands; [.., I + 2J, D] = dq, dk, dv.
+ * Grouped key/values (k, v [.., G, J, D]): still [.., H, I + 2J, D], key/value head g's dk and dv
+ * (the sums over its query heads) in head g's rows, zeros in those of heads G..H-1, so that
+ * slicing rows and then heads [0, G) gives dk, dv [.., G, J, D] (ops.def). */
 IrNode *ir_attention_grad(IrGraph *g, IrNode *o, IrNode *dout);
 /* A fused program (ir/fused_expr.h) over nin operands, its value broadcast to shape. */
 IrNode *ir_fused(IrGraph *g, const char *program, int nin, IrNode *const *in, int rank, const IrDim *shape);

@@ -550,7 +550,9 @@ static const char *infer_attention(IrNode *n, char *buf, size_t nb)
 }
 
 /* operands q, k, v, o, dout, bias, mask, scale; o must be the attention of the same operands
- * with stats, whose values the backends read instead of recomputing the row statistics */
+ * with stats, whose values the backends read instead of recomputing the row statistics. Grouped
+ * key/values (k, v with G heads where q has H) as for attention: the result keeps q's shape
+ * [.., H, I + 2J, D], key/value head g's dk, dv in the rows of head g (ops.def) */
 static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
 {
     const IrNode *x[6] = {n->in[0], n->in[1], n->in[2], n->in[5], n->in[6], n->in[7]};
@@ -559,8 +561,6 @@ static const char *infer_attention_grad(IrNode *n, char *buf, size_t nb)
         return e;
     const IrNode *q = n->in[0], *k = n->in[1], *v = n->in[2], *o = n->in[3], *dout = n->in[4];
     int r = q->rank;
-    if (r >= 3 && !ir_dim_eq(k->shape[r - 3], q->shape[r - 3]))
-        return fail(buf, nb, "takes k and v with q's heads (grouped key/values stay repeated in training)");
     if (o->op != IR_ATTENTION || o->ia[IR_IA_STATS] != 1 || o->ia[IR_IA_CAUSAL] != n->ia[IR_IA_GRAD_CAUSAL] || o->ia[IR_IA_WINDOW] != n->ia[IR_IA_GRAD_WINDOW])
         return fail(buf, nb, "operand 4 must be the attention (with stats) whose gradient this is");
     for (int i = 0; i < 6; i++)

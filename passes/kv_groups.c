@@ -8,15 +8,25 @@
  * key/values, implied by the shapes), so the repeat, a copy of k and v per layer (at H 8, G 2,
  * D 64 and n 2048: 6 MiB a layer and sequence), need not exist.
  *
+ * In training the attention's gradient, attention_grad, reads the same repeats, and autodiff
+ * made the repeat's gradient: the sum over each group of the query heads' dk (and dv),
+ *   sum(reshape(slice(attention_grad, dk rows) [B, H, J, D] -> [B, R, G, J, D]), axis 1) [B, 1, G, J, D]
+ * attention_grad takes grouped key/values too and does that sum itself (its dk, dv rows of head
+ * g hold key/value head g's: ops.def), so each such sum becomes the slice of those rows, heads
+ * [0, G), and neither the repeat nor the [B, H, J, D] gradients exist.
+ *
  * Requires: a graph after the attention fusion (fuse_attention.c makes the attention nodes).
  * Produces: every attention node whose k and v are both such repeats of the same G heads, with
- * the key/value heads themselves as its operands; dce then drops the repeats. Left as it is:
- * an attention whose gradient kernel reads it (attention_grad takes k and v with q's heads: in
- * training the repeat stays, and its gradient, the sum over each group), and every attention on
- * a target whose kernel does not read grouped key/values (PassTarget.attention_kv_groups; the
- * interpreter, a NULL target, reads them).
+ * the key/value heads themselves as its operands; the attention_grad nodes that read it likewise,
+ * and the group sums of their dk, dv as slices of them; dce then drops the repeats and the sums.
+ * Left as it is: an attention whose attention_grad is read otherwise than through its dq rows and
+ * such group sums (its [B, H, J, D] dk or dv itself), or on a target whose gradient kernel does
+ * not read grouped key/values (PassTarget.attention_grad_kv_groups); every attention on a target
+ * whose forward kernel does not (PassTarget.attention_kv_groups). The interpreter, a NULL target,
+ * reads them all.
  * Exact: the attention reads the same values (ir/interp_fused.c maps query head i to key/value
- * head i mod G), in the interpreter bit for bit. */
+ * head i mod G), and attention_grad sums each group's dk, dv in the order of the sum it replaces
+ * (heads ascending), in the interpreter bit for bit. */
 #include "passes.h"
 
 #include <stdlib.h>
@@ -44,33 +54,125 @@ static const IrNode *repeated_heads(const IrNode *kv)
     return x;
 }
 
-static IrNode *group_node(PassRewriter *rw, const IrNode *old, IrNode *p)
+/* The pass's state: the attention nodes that keep their repeats, and each group sum to replace. */
+typedef struct {
+    char *kept;              /* [nnodes]: attention nodes left as they are */
+    const IrNode **sum_grad; /* [nnodes]: for a group sum replaced, the attention_grad it sums */
+    IrDim *sum_row;          /* [nnodes]: ... and the first of its rows (I: dk, I + J: dv) */
+} Groups;
+
+/* The attention_grad a reads k and v through the repeats of G heads: *kx, *vx (NULL: not). */
+static void grouped_operands(const IrNode *a, const IrNode **kx, const IrNode **vx)
 {
-    const char *graded = rw->ctx;
-    if (old->op == IR_ATTENTION && !graded[old->id]) {
-        const IrNode *k = repeated_heads(old->in[1]), *v = repeated_heads(old->in[2]);
-        if (k && v && ir_dim_eq(k->shape[1], v->shape[1])) {
-            p->in[1] = rw->map[k->id];
-            p->in[2] = rw->map[v->id];
+    *kx = repeated_heads(a->in[1]), *vx = repeated_heads(a->in[2]);
+    if (!*kx || !*vx || !ir_dim_eq((*kx)->shape[1], (*vx)->shape[1]))
+        *kx = *vx = NULL;
+}
+
+/* the only user of node x in g (NULL: none, or more than its live uses allow) */
+static const IrNode *only_user(const IrGraph *g, const int *uses, const IrNode *x)
+{
+    if (uses[x->id] != 1)
+        return NULL;
+    for (int i = x->id + 1; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i]->nin; k++)
+            if (g->nodes[i]->in[k] == x)
+                return g->nodes[i];
+    return NULL; /* an output */
+}
+
+/* Whether every live use of attention_grad a (rank 4: [B, H, I + 2J, D]) is its dq rows or the
+ * group sum of its dk or dv rows (the repeat's gradient); the sums go into s when record. */
+static int grads_fold(const IrGraph *g, const int *uses, const char *live, const IrNode *a, Groups *s, int record)
+{
+    const IrNode *q = a->in[0], *kr = a->in[1], *kx, *vx;
+    grouped_operands(a, &kx, &vx);
+    IrDim I = q->shape[2], J = kr->shape[2], G = kx->shape[1], R = ir_dim(q->shape[1].c / G.c);
+    int seen = 0;
+    for (int i = a->id + 1; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        if (!live[i])
+            continue;
+        for (int k = 0; k < x->nin; k++) {
+            if (x->in[k] != a)
+                continue;
+            seen++;
+            if (x->op != IR_SLICE || x->ia[IR_IA_AXIS] != 2)
+                return 0;
+            if (ir_dim_eq(x->d, ir_dim(0)) && ir_dim_eq(x->shape[2], I))
+                continue; /* dq: the query heads' own */
+            if (!ir_dim_eq(x->shape[2], J) || !(ir_dim_eq(x->d, I) || ir_dim_eq(x->d, ir_dim_add(I, J))))
+                return 0;
+            const IrNode *rs = only_user(g, uses, x), *sum = rs ? only_user(g, uses, rs) : NULL;
+            IrDim want[5] = {q->shape[0], R, G, J, q->shape[3]};
+            if (!sum || rs->op != IR_RESHAPE || rs->rank != 5 || sum->op != IR_SUM || sum->ia[IR_IA_AXIS] != 1)
+                return 0;
+            for (int d = 0; d < 5; d++)
+                if (!ir_dim_eq(rs->shape[d], want[d]))
+                    return 0;
+            if (record) {
+                s->sum_grad[sum->id] = a;
+                s->sum_row[sum->id] = x->d;
+            }
         }
     }
-    return pass_build(rw, p);
+    return seen == uses[a->id]; /* none an output */
+}
+
+static IrNode *group_node(PassRewriter *rw, const IrNode *old, IrNode *p)
+{
+    Groups *s = rw->ctx;
+    const IrNode *kx, *vx;
+    if (s->sum_grad[old->id]) { /* the group sum: the rows attention_grad summed, heads [0, G) */
+        const IrNode *a = s->sum_grad[old->id];
+        IrNode *x = ir_slice(rw->g, rw->map[a->id], 2, s->sum_row[old->id], a->in[1]->shape[2]);
+        x = ir_slice(rw->g, x, 1, ir_dim(0), old->shape[2]);
+        return ir_reshape(rw->g, x, old->rank, old->shape);
+    }
+    const IrNode *att = old->op == IR_ATTENTION ? old : old->op == IR_ATTENTION_GRAD ? old->in[3] : NULL;
+    if (att && !s->kept[att->id]) {
+        grouped_operands(att, &kx, &vx);
+        if (kx) {
+            p->in[1] = rw->map[kx->id];
+            p->in[2] = rw->map[vx->id];
+        }
+    }
+    return pass_simplify_node(rw, old, p); /* the reshapes after a group sum's slices merge */
 }
 
 IrGraph *pass_kv_groups(IrGraph *g, const PassTarget *t, char *err, size_t n)
 {
-    char *graded = calloc((size_t)g->nnodes + 1, 1); /* attention nodes an attention_grad reads */
-    if (!graded) {
+    size_t nn = (size_t)g->nnodes + 1;
+    Groups s = {calloc(nn, 1), calloc(nn, sizeof *s.sum_grad), calloc(nn, sizeof *s.sum_row)};
+    int *uses = malloc(nn * sizeof *uses);
+    char *live = uses ? pass_liveness(g, uses) : NULL;
+    IrGraph *out = NULL;
+    if (!s.kept || !s.sum_grad || !s.sum_row || !live) {
         snprintf(err, n, "out of memory");
-        return NULL;
+        goto done;
     }
-    for (int i = 0; i < g->nnodes; i++)
-        if (g->nodes[i]->op == IR_ATTENTION_GRAD)
-            graded[g->nodes[i]->in[3]->id] = 1;
-    if (t && !t->attention_kv_groups) /* the copy stays: no attention node qualifies */
-        for (int i = 0; i < g->nnodes; i++)
-            graded[i] = 1;
-    IrGraph *out = pass_rewrite(g, group_node, graded, NULL, err, n);
-    free(graded);
+    int grads = !t || t->attention_grad_kv_groups;
+    const IrNode *kx, *vx;
+    for (int i = 0; i < g->nnodes; i++) { /* an attention keeps its repeats if a gradient cannot fold */
+        const IrNode *a = g->nodes[i];
+        if (a->op != IR_ATTENTION_GRAD || !live[i])
+            continue;
+        grouped_operands(a, &kx, &vx);
+        if (kx && !(grads && a->rank == 4 && grads_fold(g, uses, live, a, &s, 0)))
+            s.kept[a->in[3]->id] = 1;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *a = g->nodes[i];
+        if (t && !t->attention_kv_groups) /* the copy stays: no attention node qualifies */
+            s.kept[i] = 1;
+        else if (a->op == IR_ATTENTION_GRAD && live[i] && !s.kept[a->in[3]->id]) {
+            grouped_operands(a, &kx, &vx);
+            if (kx)
+                grads_fold(g, uses, live, a, &s, 1);
+        }
+    }
+    out = pass_rewrite(g, group_node, &s, NULL, err, n);
+done:
+    free(s.kept), free(s.sum_grad), free(s.sum_row), free(uses), free(live);
     return out;
 }

@@ -36,6 +36,10 @@ typedef struct {
      * q: ops.def) in place; where it does not, kv_groups keeps the lowering's repeat of k and v
      * (a copy) in front of it. 0 in a zeroed PassTarget: the copy stays. */
     int attention_kv_groups;
+    /* Whether its gradient kernel (attention_grad) reads them too: dk, dv summed over each group
+     * in the kernel (ops.def). Where it does not, an attention an attention_grad reads keeps the
+     * repeat, and the repeat's gradient (a sum over each group) stays. 0 in a zeroed PassTarget. */
+    int attention_grad_kv_groups;
 } PassTarget;
 
 typedef struct {

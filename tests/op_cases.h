@@ -1025,6 +1025,8 @@ static const OpCase OP_CASES[] = {
     {"attention", build_attention, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"heads", build_heads, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"attention_grouped", build_attention_grouped, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
+    {"attention_grouped_grad", build_attention_grouped_grad, OC_CPU, 0, 1e-4,
+     "the CUDA backward kernels take k and v with q's heads (attention_grad_kv_groups 0: the repeat stays)"},
     {"attention_tiles", build_attention_tiles, OC_CPU, OC_EMPTY, 1e-4,
      "CPU tiles: 16 n + 60 queries are 2140 at the CUDA sizes' n = 130, too slow for the emulator"},
     {"attention_bounded", build_attention_bounded, OC_CPU, OC_EMPTY, 1e-4,

@@ -29,4 +29,35 @@ static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
     out(g, "gqa_bounded", ir_attention_bounded(g, unit_rows(g, q), unit_rows(g, k), v, NULL, ir_const(g, 10.0, IR_F32), 1, 1, 0, 1));
 }
 
+/* The gradient of grouped key/values (ops.def: attention_grad; dk, dv of key/value head g, summed
+ * over its query heads h mod G = g, in the rows of head g, zeros in those of heads G..H-1): 4
+ * query heads over 2 with a bias per query head, a padding mask (rows with no key: their uniform
+ * share of dv), a scale per batch and head, causal with keys offset and the logsumexp's gradient;
+ * without any; over 1 (multi-query) with a mask and a window, and causal with a bias; and, for
+ * the CPU kernel's tiles, 4 over 2 of 24 wide heads at n + 40 queries and 2n + 60 keys (two query
+ * and two or three key tiles of the backward), causal. */
+static void build_attention_grouped_grad(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim J = ir_dim_addc(n, 3), h = ir_dim(4), hd = ir_dim(8), one = ir_dim(1), two = ir_dim(2);
+    IrDim sq[] = {b, h, n, hd}, sg[] = {b, h, n, ir_dim(9)}, sk2[] = {b, two, J, hd}, sk1[] = {b, one, J, hd};
+    IrDim sbias[] = {h, n, J}, smask[] = {b, one, one, J}, sscale[] = {b, h, one, one};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk2), *v = input(g, "v", IR_F32, 4, sk2);
+    IrNode *k1 = input(g, "k1", IR_F32, 4, sk1), *v1 = input(g, "v1", IR_F32, 4, sk1);
+    IrNode *bias = input(g, "bias", IR_F32, 3, sbias), *mask = input(g, "mask", IR_BOOL, 4, smask);
+    IrNode *scale = input(g, "scale", IR_F32, 4, sscale), *c = ir_const(g, 0.35, IR_F32);
+    IrNode *all = ir_attention(g, q, k, v, bias, mask, scale, 1, 1);
+    out(g, "gqa_all_grad", ir_attention_grad(g, all, input(g, "dout_lse", IR_F32, 4, sg)));
+    IrNode *plain = ir_attention(g, q, k, v, NULL, NULL, c, 0, 1);
+    out(g, "gqa_plain_grad", ir_attention_grad(g, plain, input(g, "dout", IR_F32, 4, sq)));
+    IrNode *mw = ir_attention_window(g, q, k1, v1, NULL, mask, c, 1, 1, 2);
+    out(g, "mqa_window_grad", ir_attention_grad(g, mw, input(g, "dout_w", IR_F32, 4, sq)));
+    IrNode *mc = ir_attention(g, q, k1, v1, bias, NULL, scale, 1, 1);
+    out(g, "mqa_bias_grad", ir_attention_grad(g, mc, input(g, "dout_b", IR_F32, 4, sq)));
+    IrDim I2 = ir_dim_addc(n, 40), J2 = ir_dim_addc(ir_dim_add(n, n), 60), hw = ir_dim(24);
+    IrDim stq[] = {b, h, I2, hw}, stk[] = {b, two, J2, hw};
+    IrNode *tq = input(g, "tq", IR_F32, 4, stq), *tk = input(g, "tk", IR_F32, 4, stk), *tv = input(g, "tv", IR_F32, 4, stk);
+    IrNode *tiles = ir_attention(g, tq, tk, tv, NULL, NULL, ir_const(g, 0.2, IR_F32), 1, 1);
+    out(g, "gqa_tiles_grad", ir_attention_grad(g, tiles, input(g, "dout_t", IR_F32, 4, stq)));
+}
+
 #endif

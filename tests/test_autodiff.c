@@ -520,6 +520,26 @@ static IrNode *b_attention_window(Ctx *c)
     return ir_attention_window(c->g, q, k, v, NULL, NULL, ir_const(c->g, 0.6, IR_F32), 1, 1, 2);
 }
 
+/* grouped key/values (attention_grad sums each group's dk, dv): 4 query heads over 2 key/value
+ * heads, causal over J = I + 2 keys with a padding mask and the logsumexp; over 1 (multi-query)
+ * with a scale per head */
+static IrNode *b_attention_grouped(Ctx *c)
+{
+    IrDim J = ir_dim_addc(c->N, 2);
+    IrNode *q = par(c, "q", V_SMOOTH, SHAPE(c->B, D(4), c->N, D(3)));
+    IrNode *k = par(c, "k", V_SMOOTH, SHAPE(c->B, D(2), J, D(3))), *v = par(c, "v", V_SMOOTH, SHAPE(c->B, D(2), J, D(3)));
+    IrNode *km = inp(c, "km", IR_BOOL, V_SMOOTH, 0, SHAPE(c->B, D(1), D(1), J));
+    return ir_attention(c->g, q, k, v, NULL, km, ir_const(c->g, 0.6, IR_F32), 1, 1);
+}
+
+static IrNode *b_attention_mqa(Ctx *c)
+{
+    IrNode *q = par(c, "q", V_SMOOTH, SHAPE(c->B, D(3), c->N, D(3)));
+    IrNode *k = par(c, "k", V_SMOOTH, SHAPE(c->B, D(1), c->N, D(3))), *v = par(c, "v", V_SMOOTH, SHAPE(c->B, D(1), c->N, D(3)));
+    IrNode *scale = inp(c, "scale", IR_F32, V_POS, 0, SHAPE(D(1), D(3), D(1), D(1)));
+    return ir_attention(c->g, q, k, v, NULL, NULL, scale, 0, 0);
+}
+
 static IrNode *b_mm_left2(Ctx *c)
 {
     return ir_matmul(c->g, par(c, "a", V_SMOOTH, SHAPE(D(3), D(4))),
@@ -596,6 +616,8 @@ static const GradCase cases[] = {
     {"ATTENTION causal mask bias", IR_ATTENTION, b_attention, V_SMOOTH, V_SMOOTH},
     {"ATTENTION stats, scale per head", IR_ATTENTION, b_attention_stats, V_SMOOTH, V_SMOOTH},
     {"ATTENTION window", IR_ATTENTION, b_attention_window, V_SMOOTH, V_SMOOTH},
+    {"ATTENTION grouped key/values", IR_ATTENTION, b_attention_grouped, V_SMOOTH, V_SMOOTH},
+    {"ATTENTION one key/value head", IR_ATTENTION, b_attention_mqa, V_SMOOTH, V_SMOOTH},
     {"XENT i32", IR_XENT, b_xent_i32, V_SMOOTH, V_SMOOTH},
 };
 enum { NCASES = sizeof cases / sizeof cases[0] };

@@ -57,6 +57,8 @@ START_TEST(test_targets)
     ck_assert_ptr_null(t.loss_scale);
     ck_assert_int_eq(t.passes.attention_max_head, 256);
     ck_assert_int_eq(t.passes.attention_grad_max_head, 256);
+    ck_assert_int_eq(t.passes.attention_kv_groups, 1);
+    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 1); /* the CPU backward sums each group */
     ck_assert_ptr_nonnull(t.passes.supports);
 
     ck_assert_int_eq(drv_target(&t, &(CgOptions){.target = "cuda", .dtype = "fp16"}, err, sizeof err), 0);
@@ -66,6 +68,8 @@ START_TEST(test_targets)
     ck_assert_str_eq(t.loss_scale, XTC_LOSS_SCALE_INPUT); /* fp16: the session scales the loss */
     ck_assert_int_eq(t.passes.attention_max_head, 1024);
     ck_assert_int_eq(t.passes.attention_grad_max_head, 1024);
+    ck_assert_int_eq(t.passes.attention_kv_groups, 1);
+    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 0); /* its backward kernels take q's heads */
     ck_assert_int_eq(drv_target(&t, &(CgOptions){.target = "cuda-emu", .dtype = "bf16", .cuda_arch = "sm_90"},
                                 err, sizeof err), 0);
     ck_assert_ptr_null(t.loss_scale); /* bf16 has f32's range */

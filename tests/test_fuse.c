@@ -366,10 +366,26 @@ START_TEST(test_window_fuses)
 }
 END_TEST
 
-/* Grouped key/values (attn_kv_heads = 2 of 8 heads; kv_groups): in inference each attention
- * reads the 2 key/value heads themselves and the repeat of k and v is gone (no 5-d expand, four
- * fewer plan steps a layer than on a target whose kernel does not read them, where the copy
- * stays); in training attention_grad takes q's heads, so the repeat stays. */
+/* Grouped key/values (attn_kv_heads = 2 of 8 heads; kv_groups): each attention reads the 2
+ * key/value heads themselves and the repeat of k and v is gone (no 5-d expand, four fewer plan
+ * steps a layer than on a target whose kernel does not read them, where the copy stays); in
+ * training its attention_grad too, which sums each group's dk and dv itself, so the repeat's
+ * gradient (a 5-d sum over the group) is gone as well. On a target whose forward
+ * reads them but whose gradient kernel does not (attention_grad_kv_groups 0: CUDA's), training
+ * keeps the repeats and the sums. */
+static void count_groups(const IrGraph *g, int *grouped, int *grads, int *repeats, int *sums)
+{
+    *grouped = *grads = *repeats = *sums = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const IrNode *x = g->nodes[i];
+        int two = x->in[1] && x->in[2] && x->in[1]->shape[1].c == 2 && x->in[2]->shape[1].c == 2;
+        *grouped += x->op == IR_ATTENTION && two;
+        *grads += x->op == IR_ATTENTION_GRAD && two;
+        *repeats += x->op == IR_EXPAND && x->rank == 5;
+        *sums += x->op == IR_SUM && x->rank == 5;
+    }
+}
+
 START_TEST(test_grouped_kv)
 {
     static const char *src = "xtransformers = \"2.26.4\"\n"
@@ -382,29 +398,44 @@ START_TEST(test_grouped_kv)
         IrGraph *fused = optimize(g, 0);
         PassTarget off = harness_target("cpu")->passes; /* a kernel without grouped key/values */
         off.attention_kv_groups = 0;
+        PassTarget fwd = harness_target("cpu")->passes; /* ... with them in the forward kernel only */
+        fwd.attention_grad_kv_groups = 0;
         char err[1024];
         IrGraph *copied = pass_run_pipeline(g, &(PassOptions){.verify_each = 1, .target = &off}, err, sizeof err);
         ck_assert_msg(copied != NULL, "%s", err);
-        int grouped = 0, repeats = 0, repeats_off = 0;
-        for (int i = 0; i < fused->nnodes; i++) {
-            const IrNode *x = fused->nodes[i];
-            grouped += x->op == IR_ATTENTION && x->in[1]->shape[1].c == 2 && x->in[2]->shape[1].c == 2;
-            repeats += x->op == IR_EXPAND && x->rank == 5;
-        }
-        for (int i = 0; i < copied->nnodes; i++)
-            repeats_off += copied->nodes[i]->op == IR_EXPAND && copied->nodes[i]->rank == 5;
+        IrGraph *fwd_only = pass_run_pipeline(g, &(PassOptions){.verify_each = 1, .target = &fwd}, err, sizeof err);
+        ck_assert_msg(fwd_only != NULL, "%s", err);
+        int grouped, grads, repeats, sums, grouped_off, grads_off, repeats_off, sums_off, grouped_fwd, grads_fwd,
+            repeats_fwd, sums_fwd;
+        count_groups(fused, &grouped, &grads, &repeats, &sums);
+        count_groups(copied, &grouped_off, &grads_off, &repeats_off, &sums_off);
+        count_groups(fwd_only, &grouped_fwd, &grads_fwd, &repeats_fwd, &sums_fwd);
         Plan pf, po;
         plan_of(fused, &pf, 1);
         plan_of(copied, &po, 1);
-        printf("grouped key/values (%s): %d of 2 attentions read 2 heads, %d repeats (%d without kv_groups), "
-               "%d plan steps (%d)\n", train ? "training" : "inference", grouped, repeats, repeats_off, pf.steps, po.steps);
+        printf("grouped key/values (%s): %d of 2 attentions and %d attention_grads read 2 heads, %d repeats "
+               "and %d group sums (%d and %d without kv_groups), %d plan steps (%d)\n",
+               train ? "training" : "inference", grouped, grads, repeats, sums, repeats_off, sums_off, pf.steps, po.steps);
         ck_assert_int_eq(pf.attention, 2);
         ck_assert_int_eq(pf.attention_grad, train ? 2 : 0);
-        ck_assert_int_eq(grouped, train ? 0 : 2);
+        ck_assert_int_eq(grouped, 2);
+        ck_assert_int_eq(grads, train ? 2 : 0);
+        ck_assert_int_eq(repeats + sums, 0);
+        ck_assert_int_eq(grouped_off + grads_off, 0);
         ck_assert_int_eq(repeats_off, 2 * 2);
-        ck_assert_int_eq(repeats, train ? 2 * 2 : 0);
-        if (!train) /* each repeat was two copies, the expand and the reshape of its result */
+        ck_assert_int_eq(sums_off, train ? 2 * 2 : 0);
+        ck_assert_int_eq(grouped_fwd, train ? 0 : 2);
+        ck_assert_int_eq(grads_fwd, 0);
+        ck_assert_int_eq(repeats_fwd, train ? 2 * 2 : 0);
+        ck_assert_int_eq(sums_fwd, train ? 2 * 2 : 0);
+        /* inference: each repeat was two copies, the expand and the reshape of its result;
+         * training: the 2 expands a layer go, and each group sum gives way to a copy of the
+         * slice of heads [0, G) of attention_grad's dk or dv rows (not contiguous) */
+        if (train)
+            ck_assert_int_le(pf.steps, po.steps - 2 * 2);
+        else
             ck_assert_int_eq(pf.steps, po.steps - 2 * 2 * 2);
+        ir_graph_free(fwd_only);
         ir_graph_free(copied);
         ir_graph_free(fused);
         ir_graph_free(g);

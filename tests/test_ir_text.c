@@ -218,6 +218,8 @@ static IrGraph *build_fused(void)
     IrDim skv[] = {B, D(1), N, D(4)}; /* grouped key/values: one head read by both query heads */
     IrNode *kg = ir_input(g, "kg", IR_F32, 4, skv), *vg = ir_input(g, "vg", IR_F32, 4, skv);
     ir_output(g, "grouped", ir_label(g, ir_attention(g, q, kg, vg, NULL, NULL, ir_const(g, 0.5, IR_F32), 1, 0), "attn.grouped"));
+    IrNode *fg = ir_attention(g, q, kg, vg, NULL, mask, ir_const(g, 0.5, IR_F32), 0, 1); /* and its gradient */
+    ir_output(g, "grouped_grad", ir_label(g, ir_attention_grad(g, fg, ir_input(g, "doutg", IR_F32, 4, sq)), "attn.grouped.grad"));
     IrNode *in[2] = {ir_input(g, "x", IR_F32, 3, sx), ir_param(g, "w", 1, sw)};
     IrNode *norm = ir_fused(g, "sum($0);mul(%0,0.25:f32);sub($0,%1);mul(%2,%2);sum(%3);rsqrt(%4);mul(%2,%5);mul(%6,$1)",
                             2, in, 3, sx);
@@ -663,7 +665,7 @@ static const ErrorCase error_cases[] = {
     {HEAD "  %z = const 0 : f32[]\n  %t = const 1 : bool[]\n  %s = const 10 : f32[]\n"
           "  %y = attention %x, %x, %x, %z, %t, %s [causal=0, stats=0, window=0, bound=-1] : f32[b, n]\n}\n",
      "bound is 0 (none) or a positive bound on |q_i| |k_j|"},
-    /* grouped key/values: k's and v's heads divide q's; the gradient takes q's heads only */
+    /* grouped key/values: k's and v's heads divide q's; the gradient keeps q's shape (dk, dv in the first heads) */
     {HEAD "  %q = input \"q\" : f32[b, 4, n, 8]\n  %k = input \"k\" : f32[b, 3, n, 8]\n  %z = const 0 : f32[]\n"
           "  %t = const 1 : bool[]\n  %s = const 1 : f32[]\n"
           "  %y = attention %q, %k, %k, %z, %t, %s [causal=0, stats=0, window=0, bound=0] : f32[b, 4, n, 8]\n}\n",
@@ -675,8 +677,8 @@ static const ErrorCase error_cases[] = {
     {HEAD "  %q = input \"q\" : f32[b, 4, n, 8]\n  %k = input \"k\" : f32[b, 2, n, 8]\n  %d = input \"d\" : f32[b, 4, n, 8]\n"
           "  %z = const 0 : f32[]\n  %t = const 1 : bool[]\n  %s = const 1 : f32[]\n"
           "  %o = attention %q, %k, %k, %z, %t, %s [causal=0, stats=1, window=0, bound=0] : f32[b, 4, n, 9]\n"
-          "  %y = attention_grad %q, %k, %k, %o, %d, %z, %t, %s [causal=0, window=0] : f32[b, 4, 3*n, 8]\n}\n",
-     "takes k and v with q's heads (grouped key/values stay repeated in training)"},
+          "  %y = attention_grad %q, %k, %k, %o, %d, %z, %t, %s [causal=0, window=0] : f32[b, 2, 3*n, 8]\n}\n",
+     "type mismatch: written f32[b, 2, 3*n, 8], but attention_grad gives f32[b, 4, 3*n, 8]"},
     {HEAD "  %y = sum %x [axis=99999999999999999999] : f32[b, 1]\n}\n", "integer out of range"},
     {HEAD "  %y = sum %x [axis=5] : f32[b, 1]\n}\n", "sum %x: axis 5 out of range for rank 2"},
     {HEAD "  %y = kth_largest %x [k=0] : f32[b, 1]\n}\n", "kth_largest %x: k must be at least 1, got 0"},

@@ -803,6 +803,9 @@ int cg_cuda_attention_grad(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     Att a;
+    if (ir_attention_kv_group(x) != 1) /* the passes keep the repeat for it (attention_grad_kv_groups 0) */
+        return cu_error(k->gen, "the cuda backend's attention_grad takes k and v with q's heads, not grouped (node %%%s)",
+                        x->label ? x->label : "?");
     if (cu_att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[IR_IA_GRAD_CAUSAL] != 0, x->ia[IR_IA_GRAD_WINDOW]) < 0)
         return -1;
     int r = a.r;

@@ -36,11 +36,15 @@
  * a maximum over the whole tile, each MR rows go from S = Q' K^T to P (2^x without a clamp) to
  * O += P V at once, while their scores are in L1.
  *
- * Backward, one work item = one batch index (dq accumulates in place, with no other thread
- * writing it):
+ * Backward, one work item = one batch index of k and v (dq accumulates in place, with no other
+ * thread writing it). With grouped key/values (G key/value heads for H query heads, R = H / G),
+ * that is one key/value head, and the item runs its R query heads h = g, G + g, ... in turn inside
+ * each key tile: dK, dV sum over them there, with no other thread writing key/value head g's rows
+ * (ops.def: the dk, dv rows of head g; the item clears those of its heads G..H-1); K and V are
+ * packed once for the R heads. B G items, not B H.
  *   u = sum of dout over the fully masked rows / J              (their uniform share of dv)
  *   for each tile of BBC keys: dK = dV = 0, K and V packed once
- *     for each tile of BBR query rows that sees any of these keys:
+ *     for each query head of the item, each tile of BBR query rows that sees any of these keys:
  *       S = Q K^T, dP = dO V^T;  P = exp(S scale + bias - lse), 0 where masked
  *       Drow = dO . O - dlse;  dS = P (dP - Drow) scale
  *       dV += P^T dO;  dK += dS^T Q;  dQ += dS K
@@ -914,9 +918,55 @@ void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
     k.f = f, k.cg = f->cg, k.b = f->cg->b;
     const IrNode *n = f->node, *q = n->in[0];
     int r = q->rank;
-    *items = cg_dims_prod(f, q->shape, 0, r - 2);
+    LLVMValueRef qitems = cg_dims_prod(f, q->shape, 0, r - 2); /* query batch indices */
+    *items = cg_dims_prod(f, n->in[1]->shape, 0, r - 2);       /* key/value ones: the grouped items */
     LLVMValueRef I = cg_dim(f, q->shape[r - 2]), J = cg_dim(f, n->in[1]->shape[r - 2]);
-    *cost = imul(&k, imul(&k, *items, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
+    *cost = imul(&k, imul(&k, qitems, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
+}
+
+/* The query heads of backward work item kbi (a key/value batch index): with grouped key/values
+ * (R = H / G > 1), a loop over the R query heads h = g, G + g, .. of its key/value head g
+ * (closed by heads_end); else the item's own batch index. Returns the query batch index. */
+typedef struct {
+    int64_t R, H, G;
+    CgLoop l;
+} Heads;
+
+static LLVMValueRef heads_begin(K *k, Heads *h, LLVMValueRef kbi, int64_t from)
+{
+    if (h->R == 1)
+        return kbi;
+    cg_for(k->f, &h->l, ci(k, from), ci(k, h->R), "qhead");
+    LLVMValueRef b = idiv(k, kbi, ci(k, h->G)), g = irem(k, kbi, ci(k, h->G));
+    return iadd(k, imul(k, b, ci(k, h->H)), iadd(k, imul(k, h->l.iv, ci(k, h->G)), g));
+}
+
+static void heads_end(K *k, Heads *h)
+{
+    if (h->R > 1)
+        cg_for_end(k->f, &h->l);
+}
+
+/* What the backward reads and writes for query batch index bi: its q, o (with the logsumexp
+ * column), dout and dq rows, its bias and mask offsets and its scale. */
+typedef struct {
+    LLVMValueRef qb, obf, gb, dqb, boff, moff, scale;
+} GradHead;
+
+static void grad_head(K *k, const Dims *d, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef bi, GradHead *h)
+{
+    CgFn *f = k->f;
+    const IrNode *n = f->node, *q = n->in[0], *dout = n->in[4];
+    int r = q->rank;
+    int64_t Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == d->E ? d->E : d->E + 1;
+    LLVMValueRef rows = imul(k, bi, d->I), rowsout = iadd(k, d->I, imul(k, d->J, ci(k, 2)));
+    h->qb = ptr(k, f->in[0], imul(k, rows, ci(k, d->D)));
+    h->obf = ptr(k, f->in[3], imul(k, rows, ci(k, d->E + 1)));
+    h->gb = ptr(k, f->in[4], imul(k, rows, ci(k, Go)));
+    h->dqb = ptr(k, f->out, imul(k, imul(k, bi, rowsout), ci(k, d->D)));
+    h->boff = bias->present ? score_batch_offset(k, q, bias, bi) : ci(k, 0);
+    h->moff = mask->present ? score_batch_offset(k, q, mask, bi) : ci(k, 0);
+    h->scale = scale_of(k, q, n->in[7], f->in[7], bi);
 }
 
 int cg_attention_grad_impl(CgFn *f)
@@ -949,24 +999,32 @@ int cg_attention_grad_impl(CgFn *f)
     LLVMValueRef off = isub(&k, d.J, d.I);
     LLVMValueRef rowsout = iadd(&k, d.I, imul(&k, d.J, ci(&k, 2)));
 
+    Heads hd = {ir_attention_kv_group(n), 1, 1, {0}};
+    if (hd.R > 1)
+        hd.H = q->shape[r - 3].c, hd.G = n->in[1]->shape[r - 3].c;
     CgLoop li;
     cg_for(f, &li, f->lo, f->hi, "item");
-    LLVMValueRef bi = li.iv;
-    LLVMValueRef qb = ptr(&k, f->in[0], imul(&k, imul(&k, bi, d.I), cD));
-    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, bi, d.J), cD));
-    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, bi, d.J), cE));
-    LLVMValueRef obf = ptr(&k, f->in[3], imul(&k, imul(&k, bi, d.I), cEo));
-    LLVMValueRef gb = ptr(&k, f->in[4], imul(&k, imul(&k, bi, d.I), cGo));
-    LLVMValueRef dqb = ptr(&k, f->out, imul(&k, imul(&k, bi, rowsout), cD));
-    LLVMValueRef dkb = ptr(&k, dqb, imul(&k, d.I, cD));
+    LLVMValueRef kbi = li.iv; /* k and v's batch index; grouped: their rows' head g in the output */
+    LLVMValueRef kvq = kbi; /* the query batch index of head g: b H + g */
+    if (hd.R > 1)
+        kvq = iadd(&k, imul(&k, idiv(&k, kbi, ci(&k, hd.G)), ci(&k, hd.H)), irem(&k, kbi, ci(&k, hd.G)));
+    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, kbi, d.J), cD));
+    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, kbi, d.J), cE));
+    LLVMValueRef dkb = ptr(&k, f->out, iadd(&k, imul(&k, imul(&k, kvq, rowsout), cD), imul(&k, d.I, cD)));
     LLVMValueRef dvb = ptr(&k, dkb, imul(&k, d.J, cD));
-    LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
-    LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
-    LLVMValueRef scale = scale_of(&k, q, n->in[7], f->in[7], bi);
-    fill(&k, dqb, imul(&k, d.I, cD), 0);
-    /* u: the fully masked rows' uniform share of every dv row */
+    GradHead h;
+    if (hd.R > 1) { /* the dk, dv rows of the item's heads G..H-1: zero */
+        LLVMValueRef hb = heads_begin(&k, &hd, kbi, 1);
+        fill(&k, ptr(&k, f->out, iadd(&k, imul(&k, imul(&k, hb, rowsout), cD), imul(&k, d.I, cD))),
+             imul(&k, imul(&k, d.J, ci(&k, 2)), cD), 0);
+        heads_end(&k, &hd);
+    }
+    /* u: the fully masked rows' uniform share of every dv row (summed over the item's heads) */
     fill(&k, U, cE, 0);
     CgLoop lr, lc;
+    grad_head(&k, &d, &bias, &mask, heads_begin(&k, &hd, kbi, 0), &h);
+    LLVMValueRef qb = h.qb, obf = h.obf, gb = h.gb, dqb = h.dqb, boff = h.boff, moff = h.moff, scale = h.scale;
+    fill(&k, dqb, imul(&k, d.I, cD), 0);
     cg_for(f, &lr, ci(&k, 0), d.I, "i");
     LLVMValueRef lse_i = ld(&k, obf, iadd(&k, imul(&k, lr.iv, cEo), cE));
     CgIf fm;
@@ -976,6 +1034,7 @@ int cg_attention_grad_impl(CgFn *f)
     cg_for_end(f, &lc);
     cg_if_end(f, &fm);
     cg_for_end(f, &lr);
+    heads_end(&k, &hd);
     LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, imax(&k, d.J, ci(&k, 1)), k.cg->t_f32, ""), "");
     cg_for(f, &lc, ci(&k, 0), cE, "e");
     st(&k, U, lc.iv, f_mul(&k, ld(&k, U, lc.iv), invj));
@@ -1004,6 +1063,8 @@ int cg_attention_grad_impl(CgFn *f)
     LLVMValueRef istart = causal ? imin(&k, d.I, imax(&k, ci(&k, 0), isub(&k, j0, off))) : ci(&k, 0);
     LLVMValueRef iend = window ? imax(&k, istart, imin(&k, d.I, iadd(&k, isub(&k, iadd(&k, j0, bc), off), ci(&k, window))))
                                : d.I;
+    grad_head(&k, &d, &bias, &mask, heads_begin(&k, &hd, kbi, 0), &h);
+    qb = h.qb, obf = h.obf, gb = h.gb, dqb = h.dqb, boff = h.boff, moff = h.moff, scale = h.scale;
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ceil_div(&k, isub(&k, iend, istart), BBR), "qtile");
     LLVMValueRef i0 = iadd(&k, istart, imul(&k, lq.iv, cBBR));
@@ -1065,6 +1126,7 @@ int cg_attention_grad_impl(CgFn *f)
                    ptr(&k, dqb, iadd(&k, imul(&k, i0, cD), ci(&k, d0))), cD, dnc, 1);
     }
     cg_for_end(f, &lq);
+    heads_end(&k, &hd);
     /* the tile's dk and dv rows */
     cg_for(f, &lr, ci(&k, 0), bc, "krow");
     LLVMValueRef jrow = iadd(&k, j0, lr.iv);
