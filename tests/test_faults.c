@@ -21,7 +21,7 @@
  * without injection and, before each call, forks a child for every allocation that call makes
  * (counted in a reference pass); the child fails it and runs the pass to its end, as the pass
  * of the plain loop would, and sends its outcome back through a pipe. What comes before the
- * call runs once instead of once per allocation: the emulated training sweep took about 160 s
+ * call runs once instead of once per allocation: the emulated training sweep took about 175 s
  * of CPU time, forked about 80 (its 346 allocations after the second run cost no emulated run). */
 #include "harness.h"
 #include "rt_alloc.h"
