@@ -13,13 +13,24 @@
  * (.ci/sanitize.sh runs this suite with CK_FORK=no). The same for a decoding life cycle with
  * the KV-cache form (a prompt, then a token a call, the caches carried from call to call, on the
  * device for emulated CUDA), where an allocation that only makes a carry fall back to a copy is
- * allowed to go unreported as long as the logits and caches come out bitwise the same. */
+ * allowed to go unreported as long as the logits and caches come out bitwise the same.
+ *
+ * A pass that fails allocation n must run to its end to show that nothing changed, and an
+ * emulated CUDA pass spends its time in the emulated kernels (0.13 s a training run, two runs a
+ * pass, 624 allocations). A single-threaded sweep therefore forks (see sweep): one pass runs
+ * without injection and, before each call, forks a child for every allocation that call makes
+ * (counted in a reference pass); the child fails it and runs the pass to its end, as the pass
+ * of the plain loop would, and sends its outcome back through a pipe. What comes before the
+ * call runs once instead of once per allocation: the emulated training sweep took about 175 s
+ * of CPU time, forked about 80 (its 346 allocations after the second run cost no emulated run). */
 #include "harness.h"
 #include "rt_alloc.h"
 #include "tiny_train.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define B 2
@@ -66,6 +77,89 @@ static uint64_t weights_hash(XtcSession *s, const XtcModule *m)
     return h;
 }
 
+/* ---- forking at the calls of a pass ---- */
+
+enum { MAX_BOUNDS = 256 };
+static struct {
+    int record;             /* the reference pass: note the allocations before each call */
+    int fork;               /* the forking pass (its parent): fork at each call */
+    int child;              /* this process is a child: it fails an allocation, then reports */
+    int pipe;               /* the child's end of its pipe */
+    int nb;                 /* calls met so far in this pass */
+    long at[MAX_BOUNDS + 1]; /* the reference pass: allocations made before call b; at[n] all */
+    int n;
+} fk;
+
+/* What a child sends back: its outcome and how many allocations it counted after the fork. */
+typedef struct {
+    Outcome p;
+    long count;
+} Report;
+
+static void verdict(long n, const Outcome *p);
+
+/* Before each call of a pass. In the forking pass: one child per allocation of the call (the
+ * reference pass counted them), each of which returns from here with that allocation set to fail
+ * and goes on with the pass; the parent checks what each child reports, then makes the call
+ * itself without injection. */
+static void boundary(const char *call)
+{
+    if (fk.record) {
+        ck_assert_int_lt(fk.nb, MAX_BOUNDS);
+        fk.at[fk.nb++] = rt_fault_allocations();
+        return;
+    }
+    if (!fk.fork)
+        return;
+    int b = fk.nb++;
+    ck_assert_msg(b < fk.n && rt_fault_allocations() == fk.at[b],
+                  "the passes differ: before %s, %ld allocations, %ld in the reference pass", call,
+                  rt_fault_allocations(), b < fk.n ? fk.at[b] : -1L);
+    for (long k = 0; k < fk.at[b + 1] - fk.at[b]; k++) {
+        int fd[2];
+        ck_assert_int_eq(pipe(fd), 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        ck_assert_msg(pid >= 0, "fork failed");
+        if (pid == 0) {
+            close(fd[0]);
+            fk.fork = 0;
+            fk.child = 1;
+            fk.pipe = fd[1];
+            rt_fault_fail_after(k);
+            return;
+        }
+        close(fd[1]);
+        Report r;
+        ssize_t got = 0, m;
+        while (got < (ssize_t)sizeof r && (m = read(fd[0], (char *)&r + got, sizeof r - (size_t)got)) > 0)
+            got += m;
+        close(fd[0]);
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        long n = fk.at[b] + k;
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0 && got == (ssize_t)sizeof r,
+                      "the pass failing allocation %ld (in or after %s) did not finish: %s %d", n, call,
+                      WIFEXITED(status) ? "exit status" : "signal",
+                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        ck_assert_msg(r.count > k, "allocation %ld (in or after %s) did not come in the forked pass", n, call);
+        verdict(n, &r.p);
+    }
+}
+
+/* The end of a child's pass: its report to the parent, and the end of the child. */
+static void child_report(const Outcome *p)
+{
+    if (!fk.child)
+        return;
+    Report r = {.p = *p, .count = rt_fault_allocations()};
+    rt_fault_fail_after(-1);
+    ssize_t w = write(fk.pipe, &r, sizeof r);
+    close(fk.pipe);
+    fflush(NULL);
+    exit(w == (ssize_t)sizeof r ? 0 : 3); /* exit, not _exit: LeakSanitizer checks the child */
+}
+
 /* A call returned st with message msg. A failure must be the injected one, reported as such;
  * the injection is then turned off so that the retry succeeds. Returns 1 to retry. */
 static int met(Outcome *p, const char *call, int st, int expect, const char *msg)
@@ -85,6 +179,7 @@ static int met(Outcome *p, const char *call, int st, int expect, const char *msg
 /* The calls on a session: every one retried once after an injected failure. */
 #define CALL(p, s, expr)                                                                          \
     do {                                                                                          \
+        boundary(#expr);                                                                          \
         int st_ = (expr);                                                                         \
         if (met(p, #expr, st_, XTC_ERR_MEMORY, xtc_session_error(s))) {                           \
             st_ = (expr);                                                                         \
@@ -97,6 +192,7 @@ static XtcSession *open_session(const char *module_path, int threads, Outcome *p
 {
     memset(p, 0, sizeof *p);
     XtcModule *m = NULL;
+    boundary("xtc_module_load");
     int st = xtc_module_load(module_path, &m);
     if (met(p, "xtc_module_load", st, XTC_ERR_MEMORY, m ? xtc_module_error(m) : "out of memory (no module)")) {
         xtc_module_free(m);
@@ -105,6 +201,7 @@ static XtcSession *open_session(const char *module_path, int threads, Outcome *p
     ck_assert_msg(st == XTC_OK, "%s", xtc_module_error(m));
     XtcSession *s = NULL;
     XtcSessionOptions so = {.threads = threads};
+    boundary("xtc_session_new");
     st = xtc_session_new(m, &so, &s);
     if (met(p, "xtc_session_new", st, XTC_ERR_MEMORY, s ? xtc_session_error(s) : "out of memory (no session)")) {
         xtc_session_free(s);
@@ -147,6 +244,7 @@ static void life_cycle(const char *module_path, int threads, Outcome *p)
     CALL(p, s, xtc_session_step(s, &opt));
     uint64_t before = weights_hash(s, m);
     ck_assert(before != saved);
+    boundary("xtc_session_load_checkpoint");
     st = xtc_session_load_checkpoint(s, ckpt, 1);
     if (met(p, "xtc_session_load_checkpoint", st, XTC_ERR_MEMORY, xtc_session_error(s))) {
         ck_assert_msg(weights_hash(s, m) == before && xtc_session_step_count(s) == 2,
@@ -161,6 +259,7 @@ static void life_cycle(const char *module_path, int threads, Outcome *p)
     /* the reader on its own: its status for out of memory is RT_ST_ENOMEM */
     RtStFile *f = NULL;
     char msg[512] = "";
+    boundary("rt_st_open");
     st = rt_st_open(ckpt, &f, msg, sizeof msg);
     if (met(p, "rt_st_open", st, RT_ST_ENOMEM, msg))
         st = rt_st_open(ckpt, &f, msg, sizeof msg);
@@ -171,27 +270,82 @@ static void life_cycle(const char *module_path, int threads, Outcome *p)
     xtc_module_free(m);
 }
 
-/* Fails every allocation of the life cycle in turn; returns how many passes injected one. */
-static long sweep(const char *module_path, int threads)
+/* ---- the sweep: every allocation of a pass fails once ---- */
+
+typedef void (*Cycle)(const char *module_path, int threads, Outcome *p);
+static struct {
+    const char *path;
+    Outcome ref;  /* the pass without injection */
+    int decode;   /* decoding's rule: a failure may go unreported where the results stay the same */
+} sw;
+
+/* What a pass that failed allocation n must show. */
+static void verdict(long n, const Outcome *p)
 {
-    Outcome ref, p;
-    life_cycle(module_path, threads, &ref);
-    ck_assert_int_eq(ref.failures, 0);
-    ck_assert(ref.loss[1] < ref.loss[0]); /* the step did something */
+    if (sw.decode) {
+        ck_assert_msg(p->failures <= 1 && p->weights == sw.ref.weights,
+                      "allocation %ld of %s failing: %d calls failed (%s), the logits or caches %s", n, sw.path,
+                      p->failures, p->where, p->weights == sw.ref.weights ? "agree" : "differ");
+        return;
+    }
+    ck_assert_msg(p->failures == 1, "allocation %ld of %s failed but no call reported it", n, sw.path);
+    ck_assert_msg(memcmp(p->loss, sw.ref.loss, sizeof p->loss) == 0 && p->weights == sw.ref.weights,
+                  "after recovering from allocation %ld failing in %s, the results differ", n, p->where);
+}
+
+/* Fails every allocation of the pass in turn; returns how many there are. The reference pass
+ * counts the allocations before each call; a single-threaded session is swept by forking at
+ * them (fork copies only the calling thread: a pool's workers would be missing in the child). */
+static long sweep(Cycle cycle, const char *module_path, int threads, int decode)
+{
+    sw.path = module_path;
+    sw.decode = decode;
+    memset(&fk, 0, sizeof fk);
+    fk.record = 1;
+    rt_fault_fail_after(LONG_MAX); /* counts, fails nothing */
+    cycle(module_path, threads, &sw.ref);
+    long total = rt_fault_allocations();
+    rt_fault_fail_after(-1);
+    fk.record = 0;
+    ck_assert_int_eq(sw.ref.failures, 0);
+    Outcome p;
+    if (threads == 1) {
+        fk.n = fk.nb;
+        fk.at[fk.n] = total;
+        fk.nb = 0;
+        fk.fork = 1;
+        rt_fault_fail_after(LONG_MAX);
+        cycle(module_path, threads, &p); /* each child fails one allocation */
+        child_report(&p);                /* a child ends here */
+        long count = rt_fault_allocations();
+        rt_fault_fail_after(-1);
+        fk.fork = 0;
+        ck_assert_msg(count == total && fk.nb == fk.n, "the forking pass made %ld allocations in %d calls, the "
+                      "reference pass %ld in %d", count, fk.nb, total, fk.n);
+        ck_assert_int_eq(p.failures, 0);
+        ck_assert(p.weights == sw.ref.weights && memcmp(p.loss, sw.ref.loss, sizeof p.loss) == 0);
+        return total;
+    }
     long n = 0;
     for (;; n++) {
         rt_fault_fail_after(n);
-        life_cycle(module_path, threads, &p);
+        cycle(module_path, threads, &p);
         long count = rt_fault_allocations();
         rt_fault_fail_after(-1);
         if (count <= n) { /* allocation n never came: every one has failed once */
             ck_assert_int_eq(p.failures, 0);
             break;
         }
-        ck_assert_msg(p.failures == 1, "allocation %ld of %s failed but no call reported it", n, module_path);
-        ck_assert_msg(memcmp(p.loss, ref.loss, sizeof p.loss) == 0 && p.weights == ref.weights,
-                      "after recovering from allocation %ld failing in %s, the results differ", n, p.where);
+        verdict(n, &p);
     }
+    return n;
+}
+
+/* The training life cycle's sweep: the step must have done something. */
+static long sweep_training(const char *module_path, int threads)
+{
+    long n = sweep(life_cycle, module_path, threads, 0);
+    ck_assert(sw.ref.loss[1] < sw.ref.loss[0]);
     fprintf(stderr, "test_faults: %s, %d thread(s): each of %ld allocations failed once, all reported\n",
             strrchr(module_path, '/') + 1, threads, n);
     return n;
@@ -199,22 +353,22 @@ static long sweep(const char *module_path, int threads)
 
 START_TEST(test_cpu_module)
 {
-    ck_assert_int_gt(sweep(cpu_path, 2), 50);
+    ck_assert_int_gt(sweep_training(cpu_path, 2), 50);
 }
 END_TEST
 
 START_TEST(test_emulated_cuda_module)
 {
-    ck_assert_int_gt(sweep(emu_path, 1), 50);
+    ck_assert_int_gt(sweep_training(emu_path, 1), 50);
 }
 END_TEST
 
 /* Decoding with carried caches: a 3-token prompt, then 4 calls of a token; p->weights is the hash
  * of every call's logits and of the caches after the last. */
-static void decode_cycle(const char *module_path, Outcome *p)
+static void decode_cycle(const char *module_path, int threads, Outcome *p)
 {
     XtcModule *m;
-    XtcSession *s = open_session(module_path, 1, p, &m);
+    XtcSession *s = open_session(module_path, threads, p, &m);
     CALL(p, s, xtc_session_load_weights(s, kv_weights_path));
     const char *caches[8];
     int ncache = 0;
@@ -254,23 +408,7 @@ static void decode_cycle(const char *module_path, Outcome *p)
 
 static long sweep_decode(const char *module_path)
 {
-    Outcome ref, p;
-    decode_cycle(module_path, &ref);
-    ck_assert_int_eq(ref.failures, 0);
-    long n = 0;
-    for (;; n++) {
-        rt_fault_fail_after(n);
-        decode_cycle(module_path, &p);
-        long count = rt_fault_allocations();
-        rt_fault_fail_after(-1);
-        if (count <= n) {
-            ck_assert_int_eq(p.failures, 0);
-            break;
-        }
-        ck_assert_msg(p.failures <= 1 && p.weights == ref.weights,
-                      "allocation %ld of %s failing: %d calls failed (%s), the logits or caches %s", n, module_path,
-                      p.failures, p.where, p.weights == ref.weights ? "agree" : "differ");
-    }
+    long n = sweep(decode_cycle, module_path, 1, 1);
     fprintf(stderr, "test_faults: decoding %s: each of %ld allocations failed once, no result changed\n",
             strrchr(module_path, '/') + 1, n);
     return n;
