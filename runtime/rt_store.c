@@ -13,7 +13,10 @@
  * input cache holds its bf16 values in own[] (xtc_session_set_input rounds the caller's f32 to
  * nearest even, rs_store_input), the output cache (the input with the call's rows appended) is a
  * bf16 temp, so that xtc_session_carry hands its memory over (or appends in place) as for f32;
- * xtc_session_get_output widens a 16-bit output into half[] (rs_store_output). */
+ * xtc_session_get_output widens a 16-bit output into half[] (rs_store_output). Caches stored
+ * as int8 rows (`--kv-dtype int8`, RT_STORE_INT8_ROWS: D int8 values and an f32 scale a row,
+ * rt_half.h) go the same way, quantized row by row as they are bound and widened to q s,
+ * (D + 4) bytes a row of D values (rs_stored_bytes, rs_buffer_bytes). */
 #include "rt_half.h"
 #include "rt_session.h"
 

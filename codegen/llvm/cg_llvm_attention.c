@@ -178,7 +178,10 @@ static void micro_tile(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef r0, 
 
 /* ---- k and v stored in bf16 (KV caches under CG_STORE_KV_CACHES, CgFn.in_bf16[1] and [2]) ----
  * The forward reads them widened (16 at a time where the loop vectorises: zero-extend, shift,
- * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. */
+ * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. Stored as
+ * int8 rows (CgFn.in_i8, CG_STORE_INT8_ROWS) they are addressed in bytes (operand_rows) and read
+ * sign-extended: the few-rows scores times each key's scale, the output's p times each value
+ * row's, the panels dequantized. */
 
 /* the address of element idx of an operand holding f32, or bf16 when b16 */
 static LLVMValueRef kv_addr(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
