@@ -106,7 +106,7 @@ static inline void rt_i8_row_quantize(const float *x, int64_t D, void *row)
     int8_t *q = row;
     for (int64_t i = 0; i < D; i++) {
         float y = __builtin_rintf(x[i] * inv);
-        y = __builtin_fminf(__builtin_fmaxf(y, -127.0f), 127.0f);
+        y = __builtin_fmaxf(__builtin_fminf(y, 127.0f), -127.0f); /* the kernel's order: a NaN gives 127 */
         q[i] = (int8_t)y;
     }
     memcpy(q + D, &s, sizeof s);
