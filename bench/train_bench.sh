@@ -20,7 +20,8 @@
 #     kernels' profile of one run each. Accuracy: models/tiny_gpt.xtf trained by `xtc demo`
 #     (500 steps, seed 1), on the held-out last 10 % of the demo's text (cli/corpus.c, seed 1) in
 #     windows of 128 bytes: perplexity with f32 weights and with int8 weights (per output row, and
-#     in groups of 32), and the largest |logit difference| from f32. Takes a few minutes
+#     in groups of 32), and the largest |logit difference| from f32; then the same windows decoded
+#     with the KV cache (bench/kv_ppl.c) with f32, bf16 and int8 caches (--kv-dtype). Takes a few minutes
 #     (DEMO_CKPT=PATH: that demo's checkpoint instead of training it again).
 #
 # The machines are shared and noisy: compare ratios taken in the same run.
@@ -206,6 +207,16 @@ for name, what in (("l_int8", "int8, a scale per row"), ("l_int8g", "int8, group
 same = np.array_equal(logits("l_int8"), logits("l_int8q"))
 print(f"  the xtc quantize file gives the same logits as the f32 file quantized at load: {same}")
 EOF2
+  echo "  KV-cache decoding of the same windows (bench/kv_ppl.c: a prompt of 64 bytes, then one a call),"
+  echo "  the caches in f32, bf16 and int8 (--kv-dtype), with f32 and int8 weights, against f32:"
+  cc -O2 -Iinclude bench/kv_ppl.c "$build/libxtc_rt.a" -lm -ldl -lpthread -o "$tmp/kv_ppl"
+  tail -c 40000 "$tmp/demo.txt" > "$tmp/held.txt" # the held-out 10 % above
+  "$xtc" compile models/tiny_gpt.xtf --kv-cache -o "$tmp/k_f32.so"
+  "$xtc" compile models/tiny_gpt.xtf --kv-cache --kv-dtype bf16 -o "$tmp/k_kv16.so"
+  "$xtc" compile models/tiny_gpt.xtf --kv-cache --kv-dtype int8 -o "$tmp/k_kv8.so"
+  "$xtc" compile models/tiny_gpt.xtf --kv-cache --weights-dtype int8 --kv-dtype int8 -o "$tmp/k_w8kv8.so"
+  "$tmp/kv_ppl" "$tmp/demo.safetensors" "$tmp/held.txt" 64 "$tmp/k_f32.so" "$tmp/k_kv16.so" "$tmp/k_kv8.so" "$tmp/k_w8kv8.so" |
+    sed "s|$tmp/||"
 }
 [ $int8 = 1 ] && int8_bench
 

@@ -76,8 +76,9 @@ int cli_compile(int argc, char **argv)
          "(xtc quantize writes such weights; the f32 file\nloads too, quantized as it loads)"},
         {"--group", CLI_INT, &co.quant_group, "G", .help = "with --weights-dtype int8: a scale per G weights along each row\n"
          "(32 to 128 are usual; default: one per output row)", .lo = 1, .hi = 1 << 20},
-        {"--kv-dtype", CLI_STR, &co.kv_dtype, "D", .help = "cpu, with --kv-cache: f32 or bf16, how the KV caches are stored\n"
-         "(default: bf16 with --dtype bf16, else f32); the API's caches stay f32"},
+        {"--kv-dtype", CLI_STR, &co.kv_dtype, "D", .help = "cpu, with --kv-cache: f32, bf16 or int8, how the KV caches are\n"
+         "stored (int8: each row of a head with its scale, max|x|/127; default:\nbf16 with --dtype bf16, else f32); "
+         "the API's caches stay f32"},
         {"-v", CLI_FLAG, &verbose, NULL, .help = "print the compile statistics"},
     };
     const CliCmd cmd = {

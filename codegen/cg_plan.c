@@ -384,7 +384,8 @@ static int reads_as_kv(const IrNode *x, const IrNode *v)
  * (the cache carried in) read only as the first operand of a concat (its positions, then the
  * call's: the runtime appends in place where the axis allows, rt_carry.c) and that concat (an
  * output: carried out), which only attention kernels read, as k or v, in place or through
- * head-split views. Both of a pair or neither; none that cg_keeps_f32 keeps. */
+ * head-split views. Both of a pair or neither; none that cg_keeps_f32 keeps; as int8 rows, only
+ * caches whose rows (the last dimension) are constant and appended whole. */
 static void kv_cache_storage(const IrGraph *g, const char *needed, const char *elide, int storage, uint8_t *st)
 {
     size_t nn = (size_t)g->nnodes + 1;
@@ -396,7 +397,9 @@ static void kv_cache_storage(const IrGraph *g, const char *needed, const char *e
     for (int i = 0; i < g->nnodes; i++) {
         const IrNode *c = g->nodes[i];
         if (needed[i] && output[i] && c->op == IR_CONCAT && c->dtype == IR_F32 && c->in[0]->op == IR_INPUT &&
-            c->in[0]->dtype == IR_F32 && c->in[1] != c->in[0] && !cg_keeps_f32(c) && !cg_keeps_f32(c->in[0]))
+            c->in[0]->dtype == IR_F32 && c->in[1] != c->in[0] && !cg_keeps_f32(c) && !cg_keeps_f32(c->in[0]) &&
+            (storage != CG_STORE_INT8_ROWS || /* rows of a constant last dimension, appended whole */
+             (c->rank >= 2 && ir_dim_is_const(c->shape[c->rank - 1]) && c->ia[IR_IA_AXIS] < c->rank - 1)))
             cand[i] = 1, cand[c->in[0]->id] = 1;
     }
     for (int i = 0; i < g->nnodes; i++) { /* a reader other than those drops the pair */
@@ -458,7 +461,7 @@ static void node_storage(const IrGraph *g, const char *needed, const char *elide
     for (int o2 = 0; o2 < g->noutputs; o2++)
         st[g->outputs[o2].node->id] = 0;
     if (o->scope & CG_STORE_KV_CACHES)
-        kv_cache_storage(g, needed, elide, o->storage, st);
+        kv_cache_storage(g, needed, elide, o->kv_storage ? o->kv_storage : o->storage, st);
 }
 
 int cg_plan_build(const IrGraph *g, CgPlan *p, char *err, size_t n) { return cg_plan_build_opts(g, p, NULL, err, n); }
@@ -709,7 +712,7 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
     }
     for (int i = 0; i < p->nbufs; i++) /* written only where a buffer is stored in 16 bits */
         if (p->storage && p->storage[i])
-            fprintf(f, "storage %d %s\n", i, p->storage[i] == 1 ? "bf16" : "fp16");
+            fprintf(f, "storage %d %s\n", i, p->storage[i] == 1 ? "bf16" : p->storage[i] == 2 ? "fp16" : "int8");
     for (int o = 0; o < g->noutputs; o++) {
         const IrNode *node = g->outputs[o].node;
         fprintf(f, "output ");

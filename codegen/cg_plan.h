@@ -73,7 +73,8 @@ typedef struct CgPlan {
     int64_t *range_hi;  /* per buffer, 0 = none */
     uint8_t *range_index; /* per buffer: some use is a gather index (no negative values) */
     /* per buffer: how its values are stored (CgPlanOpts.scope below): 0 as its dtype, 1 bf16, 2 fp16
-     * (the numbers of XTC_CUDA_BF16/FP16 and of the metadata's "storage" records); NULL = all 0 */
+     * (the numbers of XTC_CUDA_BF16/FP16 and of the metadata's "storage" records), 3 int8 rows
+     * (CG_STORE_INT8_ROWS, KV caches); NULL = all 0 */
     uint8_t *storage;
 } CgPlan;
 
@@ -90,7 +91,10 @@ typedef struct CgPlan {
  *    as the first operand of a concat that is an output (the cache carried in, and out with the
  *    call's rows appended) and that concat, when only attention kernels read it, as k or v (in
  *    place or through a head-split view): the concat kernel writes bf16 rows, the attention
- *    widens k and v as it reads them. A pair with any other reader stays f32.
+ *    widens k and v as it reads them. A pair with any other reader stays f32. With --kv-dtype
+ *    int8 (CgPlanOpts.kv_storage CG_STORE_INT8_ROWS) the same pairs are stored as int8 rows
+ *    with a scale each: the concat quantizes the call's rows, the attention scales its dot
+ *    products and probabilities by the rows' scales.
  * The storage goes into the kernels' signatures (a kernel reading a bf16 weight is another
  * kernel) and into the metadata ("storage" records, include/abi/rt_abi.h). */
 typedef struct {
@@ -98,7 +102,14 @@ typedef struct {
     int matmul_views; /* the transposed-A view (backends with CG_CAP_MATMUL_VIEWS) */
     int storage;    /* 0 f32, 1 bf16, 2 fp16 (cg_dtype_parse) */
     int scope;      /* CG_STORE_ALL, or CG_STORE_MATMUL_WEIGHTS and/or CG_STORE_KV_CACHES */
+    int kv_storage; /* CG_STORE_KV_CACHES: the caches' storage, 1 bf16 or CG_STORE_INT8_ROWS (0: storage) */
 } CgPlanOpts;
+/* The storage of KV caches under --kv-dtype int8 (CG_STORE_KV_CACHES only): each row of the
+ * cache's last dimension (one position of one kv head: D values) as D int8 values followed by
+ * their f32 scale, D + 4 bytes a row; symmetric, scale = max|x| / 127 and q = x (127 / max|x|)
+ * rounded to nearest even (rt_half.h rt_i8_row_quantize, the one rule of the kernels, the
+ * runtime and the tests); the metadata's "storage" record says int8. */
+#define CG_STORE_INT8_ROWS 3
 enum { CG_STORE_ALL = 0, CG_STORE_MATMUL_WEIGHTS = 1, CG_STORE_KV_CACHES = 2 };
 /* The rule of CG_STORE_ALL for one value: storage for an f32 value cg_keeps_f32 does not keep, else 0. */
 int cg_node_storage(const IrNode *n, int storage);

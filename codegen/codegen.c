@@ -69,6 +69,7 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
         return -1;
     CgPlanOpts popt = {.head_views = (be->caps & CG_CAP_HEAD_VIEWS) != 0,
                        .matmul_views = (be->caps & CG_CAP_MATMUL_VIEWS) != 0, .storage = storage ? storage : kv,
+                       .kv_storage = kv,
                        .scope = be->caps & CG_CAP_HALF ? CG_STORE_ALL
                                 : (storage ? CG_STORE_MATMUL_WEIGHTS : 0) | (kv ? CG_STORE_KV_CACHES : 0)};
     if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)
@@ -114,8 +115,8 @@ int cg_storage_supported(unsigned caps, const char *backend, int storage, char *
 
 int cg_kv_storage(unsigned caps, const char *backend, int storage, const char *kv_dtype, char *err, size_t n)
 {
-    if (kv_dtype && strcmp(kv_dtype, "f32") && strcmp(kv_dtype, "bf16")) {
-        snprintf(err, n, "--kv-dtype: expected f32 or bf16, got '%s'", kv_dtype);
+    if (kv_dtype && strcmp(kv_dtype, "f32") && strcmp(kv_dtype, "bf16") && strcmp(kv_dtype, "int8")) {
+        snprintf(err, n, "--kv-dtype: expected f32, bf16 or int8, got '%s'", kv_dtype);
         return -1;
     }
     if (!(caps & CG_CAP_HALF_WEIGHTS)) {
@@ -124,7 +125,9 @@ int cg_kv_storage(unsigned caps, const char *backend, int storage, const char *k
         snprintf(err, n, "--kv-dtype applies to the cpu target (the %s backend stores its KV caches as --dtype)", backend);
         return -1;
     }
-    return kv_dtype ? !strcmp(kv_dtype, "bf16") : storage == 1;
+    if (kv_dtype)
+        return !strcmp(kv_dtype, "bf16") ? 1 : !strcmp(kv_dtype, "int8") ? CG_STORE_INT8_ROWS : 0;
+    return storage == 1;
 }
 
 int cg_dtype_parse(const char *dtype, char *err, size_t n)

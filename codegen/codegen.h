@@ -39,7 +39,8 @@ typedef struct {
                               * module's options with quant_group */
     int quant_group;         /* int8 weights: the scales' group along k, 0 = one per output column */
     const char *kv_dtype;    /* cpu: storage of the KV caches of a --kv-cache graph, NULL (that of dtype),
-                              * "f32" or "bf16" (CG_STORE_KV_CACHES, cg_plan.h; cg_kv_storage) */
+                              * "f32", "bf16" or "int8" (rows with a scale each: CG_STORE_INT8_ROWS;
+                              * CG_STORE_KV_CACHES, cg_plan.h; cg_kv_storage) */
     int parts;               /* cpu: modules the kernels are split into, compiled in parallel threads;
                               * 0 = by the number of kernels (cg_llvm.c); --emit-llvm makes one */
 } CgOptions;
@@ -139,8 +140,9 @@ extern const CgBackend cg_llvm_backend;
 extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cuda/cg_cuda.c */
 
 /* The storage of the KV caches (CgOptions.kv_dtype) on a backend with caps, storing in storage
- * (CgOptions.dtype, cg_dtype_parse): 0 f32, 1 bf16; -1 with one line in err for a value other
- * than f32 or bf16, or kv_dtype on a backend without CG_CAP_HALF_WEIGHTS (cuda stores its caches
+ * (CgOptions.dtype, cg_dtype_parse): 0 f32, 1 bf16, CG_STORE_INT8_ROWS int8; -1 with one line in
+ * err for a value other than f32, bf16 or int8, or kv_dtype on a backend without
+ * CG_CAP_HALF_WEIGHTS (cuda stores its caches
  * as --dtype). NULL follows the storage where the backend has CG_CAP_HALF_WEIGHTS. */
 int cg_kv_storage(unsigned caps, const char *backend, int storage, const char *kv_dtype, char *err, size_t n);
 

@@ -37,7 +37,7 @@ typedef struct {
     int int8;                  /* --weights-dtype int8: the matmul weights quantized (passes/quantize.c) */
     int quant_group;           /* their scales' group along k (0: one scale per output column) */
     const char *kv_dtype;      /* cpu: the KV caches' storage as asked (NULL: that of dtype) */
-    int kv_storage;            /* ... as resolved (cg_kv_storage): 0 f32, 1 bf16 */
+    int kv_storage;            /* ... as resolved (cg_kv_storage): 0 f32, 1 bf16, 3 int8 rows */
     const char *loss_scale;    /* autodiff: the loss-scale input fp16 storage needs, else NULL */
     PassTarget passes;         /* the passes: what the backend lowers and its kernels' limits */
 } DrvTarget;
@@ -48,7 +48,7 @@ typedef struct {
  * Returns 0, or -1 with one line in err: an unknown target, a 16-bit dtype for a backend that
  * stores f32 only, CUDA options for a CPU target, an unknown CPU ("--cpu: ..."), int8 weights for a
  * backend without them, with 16-bit storage or operands, a group outside [1, 1 << 20], or a
- * --kv-dtype other than f32 or bf16, or for a target other than the cpu. */
+ * --kv-dtype other than f32, bf16 or int8, or for a target other than the cpu. */
 int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n);
 
 /* With t->int8 the autodiff stage quantizes the matmul weights instead (pass_quantize_weights:

@@ -193,7 +193,14 @@ int xtc_session_set_weight(XtcSession *s, const char *name, int rank, const int6
  * (to nearest even) once, as it binds it; the run appends the call's keys and values rounded
  * the same way; xtc_session_get_output returns a cache widened to f32 (exact: every value is a
  * bf16 value), a copy made at that call; xtc_session_carry moves the bf16 values as they are
- * (no rounding, no widening, in place as described there). */
+ * (no rounding, no widening, in place as described there).
+ * KV caches in int8: --kv-dtype int8 (`xtc info`: option kv_dtype = int8) stores the same caches
+ * as int8 rows: each row of the last dimension (one position of one kv head, dim_head values x)
+ * as dim_head int8 values q and one f32 scale s, symmetric: s = max|x| / 127, q = x * (127 /
+ * max|x|) rounded to nearest even, in f32 (a row of zeros: s = 0); the row stands for q * s.
+ * Everything above holds with that rounding in place of bf16's: set_input quantizes a cache
+ * row by row once, the run appends its rows quantized, get_output returns q * s as f32 (a row
+ * read back and given again is the same row), carry moves the stored rows as they are. */
 
 /* int8 weights. A module compiled with `xtc compile --weights-dtype int8 [--group G]` stores each
  * matmul weight W [n, k] (a Linear's: attention's q, k, v and output projections, the

@@ -32,6 +32,8 @@ size_t rs_buffer_bytes(const RtBuffer *b, size_t elem, const int64_t *syms)
     size_t n = elem;
     for (int i = 0; i < b->rank; i++) {
         int64_t d = rt_dim_eval(&b->shape[i], syms);
+        if (i == b->rank - 1 && b->storage == RT_STORE_INT8_ROWS && elem == 1 && d > 0)
+            d += 4; /* each row's scale (rt_half.h) */
         if (d <= 0)
             return 0;
         if (__builtin_mul_overflow(n, (size_t)d, &n) || n > ((size_t)1 << 50))

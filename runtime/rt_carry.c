@@ -322,7 +322,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (s->carried && s->carried[ob] && s->ptr[ob] == s->spare[ob]) {
         /* the output's memory becomes the input's, the input's old memory the next spare */
         void *old = s->own[ib];
-        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : (size_t)rs_numel_of(in->rank, s->shape[ib]) * rs_stored_elem(m, ib);
+        size_t oldcap = s->own_cap[ib] ? s->own_cap[ib] : rs_stored_bytes(m, ib, in->rank, s->shape[ib]);
         size_t cap = s->spare_cap[ob];
         s->own[ib] = NULL;
         rs_bind_buffer(s, ib, s->spare[ob], t.rank, t.shape);
@@ -336,8 +336,8 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
      * outputs stay readable unless one of them was in the input's memory, which this frees (the
      * same output carried twice without a run between). */
     int kept = !output_in(s, s->own[ib]);
-    if (same && in->storage && !s->dev) { /* bf16 into bf16: the stored bytes */
-        size_t bytes = (size_t)rs_numel_of(t.rank, t.shape) * rs_stored_elem(m, ib);
+    if (same && in->storage && !s->dev) { /* bf16 into bf16, int8 rows into int8 rows: the stored bytes */
+        size_t bytes = rs_stored_bytes(m, ib, t.rank, t.shape);
         void *copy = rt_malloc(bytes ? bytes : 1);
         if (!copy)
             return rs_fail(s, XTC_ERR_MEMORY, "out of memory for input '%s'", input);

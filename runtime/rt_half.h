@@ -89,6 +89,39 @@ static inline void rt_half_widen(int storage, const uint16_t *src, float *dst, s
     }
 }
 
+/* KV caches stored as int8 rows (`--kv-dtype int8`, codegen/cg_plan.h CG_STORE_INT8_ROWS): each
+ * row of D values (one position of one kv head) as D int8 values q followed by the f32 scale s,
+ * D + 4 bytes: symmetric, s = max|x| / 127, q = x (127 / max|x|) rounded to nearest even (then
+ * within [-127, 127]); a row of zeros has s = 0. The value a row stands for is q s. The same f32
+ * operations as the generated concat kernel (cg_llvm_util.c cg_i8row_quantize), so that the
+ * runtime (an input cache), the kernels (the appended rows) and the tests round alike. */
+static inline void rt_i8_row_quantize(const float *x, int64_t D, void *row)
+{
+    float m = 0;
+    for (int64_t i = 0; i < D; i++) {
+        float a = x[i] < 0 ? -x[i] : x[i];
+        m = a > m ? a : m;
+    }
+    float inv = m == 0 ? 0 : 127.0f / m, s = m / 127.0f;
+    int8_t *q = row;
+    for (int64_t i = 0; i < D; i++) {
+        float y = __builtin_rintf(x[i] * inv);
+        y = __builtin_fmaxf(__builtin_fminf(y, 127.0f), -127.0f); /* the kernel's order: a NaN gives 127 */
+        q[i] = (int8_t)y;
+    }
+    memcpy(q + D, &s, sizeof s);
+}
+
+/* the D values a row stands for (q s) */
+static inline void rt_i8_row_widen(const void *row, int64_t D, float *x)
+{
+    const int8_t *q = row;
+    float s;
+    memcpy(&s, q + D, sizeof s);
+    for (int64_t i = 0; i < D; i++)
+        x[i] = (float)q[i] * s;
+}
+
 static inline float rt_round_to_storage(int storage, float f)
 {
     return storage ? rt_half_to_f32(storage, rt_f32_to_half(storage, f)) : f;

@@ -20,6 +20,8 @@ typedef struct {
 } RtDim;
 
 typedef enum { RT_BUF_INPUT, RT_BUF_PARAM, RT_BUF_STATE, RT_BUF_TEMP } RtBufKind;
+/* RtBuffer.storage of rows of int8 values with an f32 scale each (rt_half.h rt_i8_row_quantize) */
+enum { RT_STORE_INT8_ROWS = 3 };
 
 typedef struct {
     RtBufKind kind;
@@ -34,7 +36,8 @@ typedef struct {
     int has_init;                   /* params, state: fresh values start by init_rule (XtcInitRule) */
     int init_rule;                  /* with its parameter init (the init line) */
     double init;
-    int storage;                    /* "storage" record: 0 as dtype, 1 bf16, 2 fp16 (f32 buffers) */
+    int storage;                    /* "storage" record: 0 as dtype, 1 bf16, 2 fp16 (f32 buffers),
+                                     * RT_STORE_INT8_ROWS (a CPU module's KV caches, rt_half.h) */
     int qscale, qweight;            /* an i8 weight: its scales' buffer; a scale buffer: its weight;
                                      * else -1 (rt_quant.c) */
     int64_t qgroup;                 /* an i8 weight: its scales' group along k */

@@ -386,11 +386,11 @@ static int record(Parser *p)
         m->bufs[b].has_init = 1;
         m->bufs[b].init_rule = rule;
         m->bufs[b].init = v;
-    } else if (strcmp(kind, "storage") == 0) { /* storage BUFFER bf16|fp16 */
+    } else if (strcmp(kind, "storage") == 0) { /* storage BUFFER bf16|fp16|int8 */
         int b = 0;
         if (need(p, 3) < 0 || parse_index(p, t[1], 0, m->nbufs, &b) < 0)
             return -1;
-        int st = strcmp(t[2], "bf16") == 0 ? 1 : strcmp(t[2], "fp16") == 0 ? 2 : 0;
+        int st = strcmp(t[2], "bf16") == 0 ? 1 : strcmp(t[2], "fp16") == 0 ? 2 : strcmp(t[2], "int8") == 0 ? RT_STORE_INT8_ROWS : 0;
         if (!st)
             return bad(p, "unknown storage '%s'", t[2]);
         if (m->bufs[b].dtype != XTC_F32 || m->bufs[b].storage)

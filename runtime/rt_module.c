@@ -214,11 +214,22 @@ int xtc_module_load(const char *path, XtcModule **out)
         return rc == -2 ? XTC_ERR_MEMORY : XTC_ERR_FORMAT;
     }
     for (int b = 0; b < m->nbufs && !m->device; b++) /* the host converts what it binds (rt_store.c) */
-        if (m->bufs[b].storage && m->bufs[b].storage != 1) {
+        if (m->bufs[b].storage == 2) {
             rt_set_error(m->err, sizeof m->err, "%.300s: buffer %d ('%.100s') stored in fp16: a CPU module stores in "
                          "f32 or bf16", path, b, m->bufs[b].name);
             return XTC_ERR_FORMAT;
         }
+    for (int b = 0; b < m->nbufs; b++) { /* int8 rows: a CPU module's KV caches, rows of a constant size */
+        const RtBuffer *buf = &m->bufs[b];
+        int ok = !m->device && buf->rank >= 1 && buf->shape[buf->rank - 1].c > 0;
+        for (int s = 0; ok && s < RT_MAXSYM; s++)
+            ok = buf->shape[buf->rank - 1].k[s] == 0;
+        if (buf->storage == RT_STORE_INT8_ROWS && !ok) {
+            rt_set_error(m->err, sizeof m->err, "%.300s: buffer %d ('%.100s') stored as int8 rows: only a CPU module's "
+                         "buffers whose last dimension is constant are", path, b, buf->name);
+            return XTC_ERR_FORMAT;
+        }
+    }
     return check_cpu(m, path);
 }
 

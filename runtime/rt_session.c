@@ -658,7 +658,7 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     }
     if (buf->dtype == XTC_F32 && n)
         memcpy(copy, data, (size_t)n * esize);
-    if (buf->storage && !m->device) { /* a KV cache stored in bf16: rounded once, here (rt_store.c) */
+    if (buf->storage && !m->device) { /* a KV cache stored in bf16 or int8 rows: rounded once, here (rt_store.c) */
         void *h = rs_store_input(m, b, (const float *)copy, n);
         free(copy);
         if (!h)
@@ -1102,7 +1102,7 @@ int rs_get_output(XtcSession *s, const char *name, XtcTensor *out, int widen)
     for (int d = 0; d < o->rank; d++)
         out->shape[d] = rt_dim_eval(&o->shape[d], s->syms);
     out->data = s->ptr[o->buf];
-    if (widen && s->m->bufs[o->buf].storage && !s->dev) { /* a KV cache stored in bf16: the API's f32 */
+    if (widen && s->m->bufs[o->buf].storage && !s->dev) { /* a KV cache in bf16 or int8 rows: the API's f32 */
         out->data = rs_store_output(s, o->buf, s->ptr[o->buf], rs_numel_of(out->rank, out->shape));
         if (!out->data)
             return rs_fail(s, XTC_ERR_MEMORY, "out of memory for output '%s'", name);

@@ -117,6 +117,8 @@ void rs_store_free(XtcSession *s);
 void *rs_store_input(const XtcModule *m, int b, const float *src, int64_t n);
 const float *rs_store_output(XtcSession *s, int b, const void *data, int64_t n);
 size_t rs_stored_elem(const XtcModule *m, int b);
+/* ... and the bytes of buffer b at this shape in a CPU session's memory (int8 rows: D + 4 a row) */
+size_t rs_stored_bytes(const XtcModule *m, int b, int rank, const int64_t *shape);
 /* rt_comm.c: a run's reductions (begin before the schedule, the step hook during it, finish after
  * a successful run, abandon after a failed one) */
 void rt_comm_begin(XtcSession *s);

@@ -13,7 +13,10 @@
  * input cache holds its bf16 values in own[] (xtc_session_set_input rounds the caller's f32 to
  * nearest even, rs_store_input), the output cache (the input with the call's rows appended) is a
  * bf16 temp, so that xtc_session_carry hands its memory over (or appends in place) as for f32;
- * xtc_session_get_output widens a 16-bit output into half[] (rs_store_output). */
+ * xtc_session_get_output widens a 16-bit output into half[] (rs_store_output). Caches stored
+ * as int8 rows (`--kv-dtype int8`, RT_STORE_INT8_ROWS: D int8 values and an f32 scale a row,
+ * rt_half.h) go the same way, quantized row by row as they are bound and widened to q s,
+ * (D + 4) bytes a row of D values (rs_stored_bytes, rs_buffer_bytes). */
 #include "rt_half.h"
 #include "rt_session.h"
 
@@ -84,6 +87,14 @@ void rs_store_free(XtcSession *s)
 
 void *rs_store_input(const XtcModule *m, int b, const float *src, int64_t n)
 {
+    if (m->bufs[b].storage == RT_STORE_INT8_ROWS) {
+        const RtBuffer *buf = &m->bufs[b];
+        int64_t D = buf->shape[buf->rank - 1].c, rows = n > 0 ? n / D : 0;
+        char *q = rt_malloc(rows ? (size_t)(rows * (D + 4)) : 1);
+        for (int64_t r = 0; q && r < rows; r++)
+            rt_i8_row_quantize(src + r * D, D, q + r * (D + 4));
+        return q;
+    }
     uint16_t *h = rt_malloc(n > 0 ? (size_t)n * 2 : 1);
     for (int64_t i = 0; h && i < n; i++)
         h[i] = rt_f32_to_half(m->bufs[b].storage, src[i]);
@@ -98,11 +109,30 @@ const float *rs_store_output(XtcSession *s, int b, const void *data, int64_t n)
     if (!w)
         return NULL;
     s->half[b] = w;
-    rt_half_widen(s->m->bufs[b].storage, data, w, (size_t)(n > 0 ? n : 0));
+    const RtBuffer *buf = &s->m->bufs[b];
+    if (buf->storage == RT_STORE_INT8_ROWS) {
+        int64_t D = buf->shape[buf->rank - 1].c;
+        for (int64_t r = 0; r < (n > 0 ? n / D : 0); r++)
+            rt_i8_row_widen((const char *)data + r * (D + 4), D, w + r * D);
+        return w;
+    }
+    rt_half_widen(buf->storage, data, w, (size_t)(n > 0 ? n : 0));
     return w;
 }
 
 size_t rs_stored_elem(const XtcModule *m, int b)
 {
-    return m->bufs[b].storage && !m->device ? 2 : xtc_dtype_size(m->bufs[b].dtype);
+    if (m->device || !m->bufs[b].storage)
+        return xtc_dtype_size(m->bufs[b].dtype);
+    return m->bufs[b].storage == RT_STORE_INT8_ROWS ? 1 : 2; /* int8 rows: and 4 bytes a row (rs_stored_bytes) */
+}
+
+size_t rs_stored_bytes(const XtcModule *m, int b, int rank, const int64_t *shape)
+{
+    size_t n = (size_t)rs_numel_of(rank, shape);
+    const RtBuffer *buf = &m->bufs[b];
+    if (m->device || buf->storage != RT_STORE_INT8_ROWS)
+        return n * rs_stored_elem(m, b);
+    int64_t D = buf->shape[buf->rank - 1].c;
+    return n / (size_t)D * (size_t)(D + 4);
 }

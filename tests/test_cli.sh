@@ -165,8 +165,18 @@ check "compile --kv-cache --dtype bf16 --kv-dtype f32" "$xtc" compile "$tmp/q.xt
   -o "$tmp/qkv32.so"
 check "info of a module with f32 caches" "$xtc" info "$tmp/qkv32.so"
 ! grep -q "kv_dtype" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL --kv-dtype f32 keeps the caches f32"; }
+# ... and as int8 rows: recorded, with int8 weights too; refused without --kv-cache and on cuda
+check "compile --kv-cache --weights-dtype int8 --kv-dtype int8" "$xtc" compile "$tmp/q.xtf" --kv-cache --weights-dtype int8 \
+  --kv-dtype int8 -O1 -o "$tmp/qkv8.so"
+check "info of a module with int8 caches" "$xtc" info "$tmp/qkv8.so"
+grep -q "option kv_dtype = int8" "$tmp/out" || { fail=$((fail + 1)); echo "FAIL info shows the int8 caches"; }
+refuse "--kv-dtype int8 without --kv-cache" "applies with --kv-cache" "$xtc" compile "$tmp/q.xtf" --kv-dtype int8 -o "$tmp/x.so"
+refuse "--kv-dtype int8 on cuda" "applies to the cpu target" "$xtc" compile "$tmp/q.xtf" --kv-cache --target cuda \
+  --kv-dtype int8 -o "$tmp/x.so"
+refuse "bench --kv-dtype int8 without --decode" "apply with --decode" "$xtc" bench "$tmp/q.xtf" --batch 1 --seq 8 \
+  --kv-dtype int8
 refuse "--kv-dtype without --kv-cache" "applies with --kv-cache" "$xtc" compile "$tmp/q.xtf" --kv-dtype bf16 -o "$tmp/x.so"
-refuse "--kv-dtype fp16" "expected f32 or bf16" "$xtc" compile "$tmp/q.xtf" --kv-cache --kv-dtype fp16 -o "$tmp/x.so"
+refuse "--kv-dtype fp16" "expected f32, bf16 or int8" "$xtc" compile "$tmp/q.xtf" --kv-cache --kv-dtype fp16 -o "$tmp/x.so"
 refuse "--kv-dtype on cuda" "applies to the cpu target" "$xtc" compile "$tmp/q.xtf" --kv-cache --target cuda-emu \
   --kv-dtype bf16 -o "$tmp/x.so"
 check "help lists quantize" "$xtc" help

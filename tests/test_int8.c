@@ -216,12 +216,35 @@ static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
             v[i] = rt_bf16_to_f32(rt_f32_to_bf16((float)v[i]));
 }
 
-/* One model of a file: forward (and with kv, a prompt of 3 tokens and two one-token calls; kv16:
- * the caches stored in bf16, --kv-dtype bf16, against the interpreter rounding them the same way,
- * every output within 4e-3 of its largest value: a cache value the f32 sums put on the other
- * side of a bf16 rounding boundary than the double ones, one unit of bf16). */
-static void check_model(const char *path, int kv, int group, int kv16)
+/* ... or to int8 rows as --kv-dtype int8 stores them (rt_half.h rt_i8_row_quantize) */
+static void round_caches_int8(void *ctx, const IrNode *n, double *v, int64_t count)
 {
+    (void)ctx;
+    if (!(n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6)))
+        return;
+    int64_t D = n->shape[n->rank - 1].c;
+    float x[512];
+    char row[512 + 4];
+    ck_assert(D > 0 && D <= 512 && count % D == 0);
+    for (int64_t r = 0; r < count / D; r++) {
+        for (int64_t i = 0; i < D; i++)
+            x[i] = (float)v[r * D + i];
+        rt_i8_row_quantize(x, D, row);
+        rt_i8_row_widen(row, D, x);
+        for (int64_t i = 0; i < D; i++)
+            v[r * D + i] = x[i];
+    }
+}
+
+/* One model of a file: forward (and with kv, a prompt of 3 tokens and two one-token calls; kvst:
+ * the caches stored in bf16 (1, --kv-dtype bf16) or as int8 rows (3, --kv-dtype int8) against
+ * the interpreter rounding them the same way, every output within 4e-3 of its largest value: a
+ * cache value the f32 sums put on the other side of a rounding boundary than the double ones,
+ * one unit of bf16, or of the row's int8 scale). */
+static void check_model(const char *path, int kv, int group, int kvst)
+{
+    int kv16 = kvst != 0; /* caches rounded, bf16 or int8 */
+    const char *kvname = kvst == 3 ? "int8" : "bf16";
     clock_t t0 = clock();
     XtfDiag d;
     xtf_diag_init(&d);
@@ -234,7 +257,7 @@ static void check_model(const char *path, int kv, int group, int kv16)
     DrvTarget interp, cpu;
     ck_assert_msg(drv_target(&interp, &ask, err, sizeof err) == 0, "%s", err);
     ask.target = "cpu";
-    ask.kv_dtype = kv16 ? "bf16" : NULL;
+    ask.kv_dtype = kv16 ? kvname : NULL;
     ck_assert_msg(drv_target(&cpu, &ask, err, sizeof err) == 0, "%s", err);
     XtLowerOpts lo = {.kv_cache = kv};
     IrGraph *g = harness_build(f, NULL, &lo, 0, &interp, NULL, NULL, err, sizeof err);
@@ -260,8 +283,10 @@ static void check_model(const char *path, int kv, int group, int kv16)
     DrvJob job = {.file = f, .lower = lo, .cg = {.opt_level = 2}};
     XtcModule *m = drv_build_load(&job, &cpu, NULL, err, sizeof err);
     ck_assert_msg(m != NULL, "%s: %s", path, err);
+    char kvmeta[32];
+    snprintf(kvmeta, sizeof kvmeta, "kv_dtype %s", kvname);
     if (kv16)
-        ck_assert_msg(strstr(xtc_module_metadata(m), "kv_dtype bf16") != NULL, "%s: caches not stored in bf16", path);
+        ck_assert_msg(strstr(xtc_module_metadata(m), kvmeta) != NULL, "%s: caches not stored in %s", path, kvname);
     XtcSession *s;
     /* 2 threads for the small models (the kernels' split of work), 1 for the others (CPU time) */
     int threads = strstr(path, "tiny_gpt") || strstr(path, "gpt_rotary") ? 2 : 1;
@@ -287,10 +312,10 @@ static void check_model(const char *path, int kv, int group, int kv16)
                           xtc_session_error(s));
         }
         ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s: %s", path, xtc_session_error(s));
-        IrHostTensor *ref = interp_outputs(g, leaves_cb, &l, kv16 ? round_caches : NULL, path);
+        IrHostTensor *ref = interp_outputs(g, leaves_cb, &l, kvst == 3 ? round_caches_int8 : kv16 ? round_caches : NULL, path);
         char what[600];
-        snprintf(what, sizeof what, "%s%s group %d call %d", path, kv16 ? " (bf16 KV cache)" : kv ? " (KV cache)" : "",
-                 group, call);
+        snprintf(what, sizeof what, "%s%s%s%s group %d call %d", path, kv16 ? " " : "", kv16 ? kvname : "",
+                 kv16 || kv ? " (KV cache)" : "", group, call);
         worst = fmax(worst, compare_outputs(what, g, s, ref, kv16 ? 4e-3 : 1e-4));
         for (int o = 0; o < g->noutputs; o++) { /* the caches go on: the interpreter's and the session's */
             const char *nm = g->outputs[o].name;
@@ -305,8 +330,9 @@ static void check_model(const char *path, int kv, int group, int kv16)
         }
         free_outputs(g, ref);
     }
-    printf("int8: %s%s, group %d: %d int8 matmuls, %d call(s), largest error %.2g of max|ref| (%.1f s)\n", path,
-           kv16 ? " (bf16 KV cache)" : kv ? " (KV cache)" : "", group, q8, calls, worst, (double)(clock() - t0) / CLOCKS_PER_SEC);
+    printf("int8: %s%s%s%s, group %d: %d int8 matmuls, %d call(s), largest error %.2g of max|ref| (%.1f s)\n", path,
+           kv16 ? " " : "", kv16 ? kvname : "", kv16 || kv ? " (KV cache)" : "", group, q8, calls, worst,
+           (double)(clock() - t0) / CLOCKS_PER_SEC);
     leaves_free(&l);
     xtc_session_free(s);
     xtc_module_free(m);
@@ -344,6 +370,7 @@ START_TEST(test_models)
             check_model(names[i], 0, 32, 0);
             check_model(names[i], 1, 32, 0);
             check_model(names[i], 1, 0, 1); /* with the caches in bf16 */
+            check_model(names[i], 1, 0, 3); /* ... and as int8 rows */
         }
     }
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "codegen.h"
 #include "gpu.h"
@@ -120,6 +121,39 @@ static void make_weights(const IrGraph *g, Bind *b)
     }
 }
 
+/* count values rounded as --kv-dtype int8 stores them: rows of D, each D int8 values times their
+ * scale (rt_half.h rt_i8_row_quantize, the runtime's and the kernels' rule) */
+static void round_rows_int8(double *v, int64_t count, int64_t D)
+{
+    float x[512];
+    char row[512 + 4];
+    ck_assert(D > 0 && D <= 512 && count % D == 0);
+    for (int64_t r = 0; r < count / D; r++) {
+        for (int64_t i = 0; i < D; i++)
+            x[i] = (float)v[r * D + i];
+        rt_i8_row_quantize(x, D, row);
+        rt_i8_row_widen(row, D, x);
+        for (int64_t i = 0; i < D; i++)
+            v[r * D + i] = x[i];
+    }
+}
+
+/* rows of D values read back from a cache stored as int8 rows: each an int8 row times its scale,
+ * so quantized again it gives itself */
+static void expect_int8_rows(const char *name, const float *v, int64_t rows, int64_t D)
+{
+    float x[512];
+    char row[512 + 4];
+    ck_assert(D > 0 && D <= 512);
+    for (int64_t r = 0; r < rows; r++) {
+        rt_i8_row_quantize(v + r * D, D, row);
+        rt_i8_row_widen(row, D, x);
+        for (int64_t i = 0; i < D; i++)
+            ck_assert_msg(x[i] == v[r * D + i], "%s row %lld: %.9g is not an int8 value times the row's scale", name,
+                          (long long)r, v[r * D + i]);
+    }
+}
+
 /* Decodes tok[0, T) with the step graph compiled for target ("cpu", "cuda-emu", "cuda"), as `xtc
  * generate` does: the prompt (PROMPT tokens) on empty caches, then a token per call, each call's
  * caches carried into the next. Returns the largest difference from the reference logits ref
@@ -128,6 +162,8 @@ static void make_weights(const IrGraph *g, Bind *b)
  * CgOptions.dtype; kv: 0, or compiled with --kv-dtype bf16 and the caches expected in bf16 (1:
  * every value read back is a bf16 value, the last caches within 2^-8 of each value, one unit of
  * bf16, where the reference rounded them too) or in f32 (-1: a reader other than attention);
+ * 2 / -2 the same with --kv-dtype int8 (every row read back an int8 row times its scale, the
+ * last caches within one unit, max|row| / 127, of the reference's);
  * cpu_name: --cpu (NULL: this one; a CPU this one cannot run: -1 with a message, not run). */
 static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t *tok, int T, int PROMPT,
                               const IrHostTensor *ref, const char *target, int mma, const char *dtype, int kv,
@@ -141,7 +177,7 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     harness_make_tmpdir("kv_cache");
     snprintf(path, sizeof path, "%s/step_%s.so", tmpdir, target);
     CgOptions opt = {.output = path, .target = cpu ? NULL : target, .opt_level = 1, .source = "# test\n",
-                     .source_name = "t.xtf", .mma = mma, .dtype = dtype, .kv_dtype = kv ? "bf16" : NULL, .cpu = cpu_name};
+                     .source_name = "t.xtf", .mma = mma, .dtype = dtype, .kv_dtype = kv ? (abs(kv) == 2 ? "int8" : "bf16") : NULL, .cpu = cpu_name};
     CgStats st;
     ck_assert_msg(harness_cg(h, &opt, &st, err, sizeof err) == 0, "%s: %s", target, err);
     ir_graph_free(h);
@@ -157,10 +193,13 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     if (dtype) /* the weights are stored in bf16 (metadata "storage" records) */
         ck_assert_msg(strstr(xtc_module_metadata(m), "\nstorage ") != NULL, "%s --dtype %s: no weight stored in 16 bits",
                       target, dtype);
-    int kv16 = kv > 0;
+    int kv16 = kv == 1, kv8 = kv == 2;
+    const char *kvname = abs(kv) == 2 ? "int8" : "bf16";
+    char kvmeta[32];
+    snprintf(kvmeta, sizeof kvmeta, "kv_dtype %s", kvname);
     if (kv)
-        ck_assert_msg((strstr(xtc_module_metadata(m), "kv_dtype bf16") != NULL) == kv16, "--kv-dtype bf16: caches %s",
-                      kv16 ? "not stored in bf16" : "stored in bf16 although something other than attention reads them");
+        ck_assert_msg((strstr(xtc_module_metadata(m), kvmeta) != NULL) == (kv > 0), "--kv-dtype %s: caches %s", kvname,
+                      kv > 0 ? "not stored so" : "stored so although something other than attention reads them");
     XtcSession *s = NULL;
     ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s", xtc_session_error(s));
     for (int i = 0; i < step->nnodes; i++) {
@@ -218,6 +257,8 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
             for (int64_t i = 0; kv16 && i < ct.shape[1] * ct.shape[2] * ct.shape[3]; i++)
                 ck_assert_msg(rt_bf16_to_f32(rt_f32_to_bf16(cv[i])) == cv[i], "%s[%lld] = %.9g: not a bf16 value",
                               w->cache_names[c], (long long)i, cv[i]);
+            if (kv8)
+                expect_int8_rows(w->cache_names[c], cv, ct.shape[1] * ct.shape[2], ct.shape[3]);
             XtcTensor raw; /* where the session keeps it (the API's f32 copy of a bf16 one is elsewhere) */
             ck_assert_int_eq(rs_get_output(s, w->cache_names[c], &raw, 0), XTC_OK);
             stayed += calls > 0 && raw.data == where[c];
@@ -229,6 +270,8 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
                     tol = fmax(tol, 2e-2 * fabs(w->cache[c][i]));
                 for (int64_t i = 0; kv16 && !dtype && mma != CG_MMA_BF16 && i < numel; i++)
                     tol = fmax(tol, 0x1p-8 * fabs(w->cache[c][i]) * 1.0001);
+                for (int64_t i = 0; kv8 && !dtype && mma != CG_MMA_BF16 && i < numel; i++)
+                    tol = fmax(tol, fabs(w->cache[c][i]) / 127 * 1.0001);
                 for (int64_t i = 0; i < numel; i++)
                     expect_msg(fabs(((const float *)ct.data)[i] - w->cache[c][i]) < tol, "%s: %s[%lld] %g, expected %g",
                                target, w->cache_names[c], (long long)i, ((const float *)ct.data)[i], w->cache[c][i]);
@@ -257,15 +300,21 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
 
 /* Decodes tok[0, T) with the step graph on the interpreter (the prompt, then a token per call),
  * the caches of the last call left in b; rounded: each cache (the concat of the cache carried in
- * and the call's rows) rounded to bf16 as the CPU stores it under --kv-dtype bf16. Returns the
+ * and the call's rows) rounded to bf16 as the CPU stores it under --kv-dtype bf16 (rounded 1) or
+ * to int8 rows (2, --kv-dtype int8). Returns the
  * largest difference from the reference logits ref [1, T, V]; logits (T V floats, or NULL) gets
  * the decoding's. */
 static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
 {
-    (void)ctx;
-    if (n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6))
-        for (int64_t i = 0; i < count; i++)
-            v[i] = rt_bf16_to_f32(rt_f32_to_bf16((float)v[i]));
+    int int8 = *(const int *)ctx == 2; /* else bf16 */
+    if (!(n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6)))
+        return;
+    if (int8) {
+        round_rows_int8(v, count, n->shape[n->rank - 1].c);
+        return;
+    }
+    for (int64_t i = 0; i < count; i++)
+        v[i] = rt_bf16_to_f32(rt_f32_to_bf16((float)v[i]));
 }
 
 static double interp_decode(const IrGraph *step, Bind *b, const int64_t *tok, int T, int PROMPT, const IrHostTensor *ref,
@@ -296,7 +345,7 @@ static double interp_decode(const IrGraph *step, Bind *b, const int64_t *tok, in
         b->g = step;
         b->n = n;
         b->tokens = (int64_t *)tok + pos;
-        if ((rounded ? ir_interp_rounded(step, bind, b, round_caches, NULL, outs, err, sizeof err)
+        if ((rounded ? ir_interp_rounded(step, bind, b, round_caches, &rounded, outs, err, sizeof err)
                      : ir_interp(step, bind, b, outs, err, sizeof err)) != 0)
             ck_abort_msg("step at %d: %s", pos, err);
         const float *lg = outs[0].data, *rf = ref->data;
@@ -321,6 +370,36 @@ static double interp_decode(const IrGraph *step, Bind *b, const int64_t *tok, in
     }
     free(outs);
     return worst;
+}
+
+/* KV caches stored as int8 rows (--kv-dtype int8, f32 weights and matmuls): decoding (a prompt of
+ * `prompt` rows, more than the attention's few-rows path reads in place, then a token a call)
+ * against the interpreter decoding with the same caches rounded to int8 rows, within 2e-3 of the
+ * largest logit (the f32 sums put a value on the other side of a rounding boundary now and then:
+ * one unit, max|row| / 127); for this CPU and, with wide, for x86-64-v3 (8-float vectors: the
+ * scalar few-rows loops). kv8 0: something other than attention reads the caches, which stay
+ * f32: recomputation's logits. */
+static void check_int8_caches(const IrGraph *step, Bind *b, const int64_t *tok, int T, int prompt, const IrHostTensor *ref,
+                              int kv8, int wide)
+{
+    clock_t t0 = clock();
+    int64_t V = ref->shape[2];
+    double maxlogit = 0;
+    for (int64_t i = 0; i < T * V; i++)
+        maxlogit = fmax(maxlogit, fabs(((const float *)ref->data)[i]));
+    IrHostTensor rref = *ref;
+    rref.data = malloc((size_t)(T * V) * sizeof(float));
+    double er = interp_decode(step, b, tok, T, prompt, ref, kv8 ? 2 : 0, rref.data);
+    double ek = decode_compiled(step, b, tok, T, prompt, &rref, "cpu", CG_MMA_AUTO, NULL, kv8 ? 2 : -2, NULL);
+    if (kv8 && wide)
+        ek = fmax(ek, decode_compiled(step, b, tok, T, prompt, &rref, "cpu", CG_MMA_AUTO, NULL, 2, "x86-64-v3"));
+    fprintf(stderr, "test_kv_cache: %s caches: decoding within %.2g of the interpreter's%s, which is within %.2g of "
+            "recomputation (of max|logit| %.3g; %.1f s CPU)\n", kv8 ? "int8" : "f32 (kept)", ek / maxlogit,
+            kv8 ? " rounded so" : "", er / maxlogit, maxlogit, (double)(clock() - t0) / CLOCKS_PER_SEC);
+    ck_assert_msg(ek <= (kv8 ? 2e-3 * maxlogit : 1e-4), "cpu --kv-dtype int8: decoding differs from the interpreter's "
+                  "by %g (max|logit| %g)", ek, maxlogit);
+    ck_assert_msg(!kv8 || er > 1e-5 * maxlogit, "caches rounded to int8 gave the f32 logits (%g): were they rounded?", er);
+    free(rref.data);
 }
 
 /* kv16: whether --kv-dtype bf16 stores this model's caches in bf16 (only attention reads them) */
@@ -387,6 +466,7 @@ static void check_model_kv(const char *src, int kv16)
                   "by %g (max|logit| %g)", ek, maxlogit);
     ck_assert_msg(!kv16 || er > 1e-5 * maxlogit, "caches rounded to bf16 gave the f32 logits (%g): were they rounded?", er);
     free(rref.data);
+    check_int8_caches(step, &b, tok, T, PROMPT_LONG, &ref, kv16, 1); /* int8 rows: the same caches as bf16 */
     for (int c = 0; c < b.ncache; c++)
         free(b.cache[c]);
     for (int i = 0; i < b.nw; i++)

@@ -115,9 +115,11 @@ static int emit_kernel(Cg *cg, const CgKernel *k)
     for (int i = 0; i < n->nin; i++) { /* the storage is in the kernel's signature (cg_plan.c) */
         int ib = cg->plan->buf_of[n->in[i]->id];
         f.in_bf16[i] = ib >= 0 && cg->plan->storage && cg->plan->storage[ib] == 1;
+        f.in_i8[i] = ib >= 0 && cg->plan->storage && cg->plan->storage[ib] == CG_STORE_INT8_ROWS;
     }
     int ob = cg->plan->buf_of[n->id];
     f.out_bf16 = ob >= 0 && cg->plan->storage && cg->plan->storage[ob] == 1;
+    f.out_i8 = ob >= 0 && cg->plan->storage && cg->plan->storage[ob] == CG_STORE_INT8_ROWS;
     f.syms = LLVMGetParam(impl, P_SYMS);
     f.lo = LLVMGetParam(impl, P_LO);
     f.hi = LLVMGetParam(impl, P_HI);
@@ -798,9 +800,10 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
     char lanes[8], group[24];
     snprintf(lanes, sizeof lanes, "%d", cg->vec);
     snprintf(group, sizeof group, "%d", opt->quant_group);
-    int kv16 = 0; /* KV caches stored in bf16 (CG_STORE_KV_CACHES: the only 16-bit inputs) */
+    int kvst = 0; /* KV caches stored in bf16 or int8 (CG_STORE_KV_CACHES: the only such inputs) */
     for (int b = 0; b < plan->nbufs; b++)
-        kv16 |= plan->bufs[b].kind == CG_BUF_INPUT && plan->storage && plan->storage[b] == 1;
+        if (plan->bufs[b].kind == CG_BUF_INPUT && plan->storage && plan->storage[b])
+            kvst = plan->storage[b];
     const char *options[] = {
         "compiler", compiler,
         "target", "cpu",
@@ -809,7 +812,7 @@ static int llvm_render(const CgPlan *plan, const CgOptions *opt, void **unit, ch
         "vector_lanes", lanes,
         "mma", cg->bf16 == CG_BF16_DPBF16 ? "bf16" : cg->bf16 ? "bf16-soft" : NULL,
         "dtype", cg->storage == 1 ? "bf16" : NULL,
-        "kv_dtype", kv16 ? "bf16" : NULL,
+        "kv_dtype", kvst == 1 ? "bf16" : kvst == CG_STORE_INT8_ROWS ? "int8" : NULL,
         "features", cg->features[0] ? cg->features : NULL,
         "requires", cg->requires[0] ? cg->requires : NULL,
         "source", opt->source_name,

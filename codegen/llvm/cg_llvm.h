@@ -66,6 +66,9 @@ typedef struct CgFn {
                                 * weight under --dtype bf16; a KV cache read by attention or concat,
                                 * CG_STORE_KV_CACHES); every other buffer holds its dtype */
     uint8_t out_bf16;          /* the result's buffer holds bf16 (a KV cache written by its concat) */
+    uint8_t in_i8[IR_MAXIN];   /* operand i's buffer holds int8 rows with their scales (a KV cache under
+                                * --kv-dtype int8, CG_STORE_INT8_ROWS: read by attention or concat) */
+    uint8_t out_i8;            /* the result's buffer holds int8 rows (a KV cache written by its concat) */
 } CgFn;
 
 typedef struct {
@@ -203,6 +206,14 @@ LLVMValueRef cg_addr_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
 LLVMValueRef cg_load_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx);
 /* Stores f32 value v at element idx of a bf16 buffer, rounded to nearest even (cg_bf16_round). */
 void cg_store_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v);
+/* Int8 rows with their scales (CG_STORE_INT8_ROWS, CgFn.in_i8: rows of D int8 values, then
+ * their f32 scale, D + 4 bytes a row): the address of row `row`; the scale of the row at rowp;
+ * its value e as f32 without the scale (q); and the quantization of the D f32 values
+ * src[soff ..] into the row at rowp (rt_half.h rt_i8_row_quantize: the same f32 operations). */
+LLVMValueRef cg_i8row_addr(CgFn *f, LLVMValueRef base, LLVMValueRef row, int64_t D);
+LLVMValueRef cg_i8row_scale(CgFn *f, LLVMValueRef rowp, int64_t D);
+LLVMValueRef cg_i8row_q(CgFn *f, LLVMValueRef rowp, LLVMValueRef e);
+void cg_i8row_quantize(CgFn *f, LLVMValueRef rowp, LLVMValueRef src, LLVMValueRef soff, int64_t D);
 /* A vector of n bf16 values (<n x i16>, loaded as such) widened to <n x float>. */
 LLVMValueRef cg_widen_bf16(Cg *cg, LLVMValueRef v16, int n);
 /* Converts a compute value of dtype from to dtype to (the CAST rules: truncation toward zero,

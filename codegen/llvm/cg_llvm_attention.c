@@ -182,7 +182,10 @@ static void micro_tile(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef r0, 
 
 /* ---- k and v stored in bf16 (KV caches under CG_STORE_KV_CACHES, CgFn.in_bf16[1] and [2]) ----
  * The forward reads them widened (16 at a time where the loop vectorises: zero-extend, shift,
- * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. */
+ * f32 FMA): in place on the few-rows path, packed into the same f32 panels otherwise. Stored as
+ * int8 rows (CgFn.in_i8, CG_STORE_INT8_ROWS) they are addressed in bytes (operand_rows) and read
+ * sign-extended: the few-rows scores times each key's scale, the output's p times each value
+ * row's, the panels dequantized. */
 
 /* the address of element idx of an operand holding f32, or bf16 when b16 */
 static LLVMValueRef kv_addr(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
@@ -196,11 +199,25 @@ static LLVMValueRef kv_ld(K *k, int b16, LLVMValueRef base, LLVMValueRef idx)
     return b16 ? cg_load_bf16(k->f, base, idx) : ld(k, base, idx);
 }
 
-/* pack() from such an operand */
-static void kv_pack(K *k, int b16, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb,
-                    LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc)
+/* pack() from such an operand (st: 0 f32, 1 bf16), or from int8 rows of `width` values and their
+ * scales (st CG_STORE_INT8_ROWS, ldb in bytes: the values times their row's scale) */
+static void kv_pack(K *k, int kst, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb,
+                    LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc, int64_t width)
 {
-    if (!b16) {
+    if (kst == CG_STORE_INT8_ROWS) { /* bp[p nr + j] = x[pc + p, j0 + j], or x[j0 + j, pc + p] transposed */
+        CgLoop lr, le;
+        cg_for(k->f, &lr, ci(k, 0), transposed ? nc : kc, "prow");
+        LLVMValueRef rowp = cg_addr(k->f, IR_I8, src, imul(k, iadd(k, transposed ? j0 : pc, lr.iv), ldb));
+        LLVMValueRef sc = cg_i8row_scale(k->f, rowp, width);
+        cg_for(k->f, &le, ci(k, 0), transposed ? kc : nc, "pcol");
+        LLVMValueRef x = f_mul(k, cg_i8row_q(k->f, rowp, iadd(k, transposed ? pc : j0, le.iv)), sc);
+        st(k, bp, transposed ? iadd(k, imul(k, le.iv, ci(k, k->nr)), lr.iv) : iadd(k, imul(k, lr.iv, ci(k, k->nr)), le.iv), x);
+        cg_for_end(k->f, &le);
+        cg_for_end(k->f, &lr);
+        cg_gemm_pack_zero_tail(k->f, bp, kc, nc);
+        return;
+    }
+    if (!kst) {
         pack(k, transposed, bp, src, ldb, pc, kc, j0, nc);
         return;
     }
@@ -316,17 +333,21 @@ static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRe
  * x starts (b16: stored in bf16), with its row stride in *stride: a contiguous [.., rows, width];
  * or, through a head-split view (cg_plan.h, CG_VIEW_*), [b, rows, h, width] read or written in
  * place for x's [b, h, rows, width]: the rows of head h are width floats every h width. */
-static LLVMValueRef operand_rows(K *k, const IrNode *x, unsigned view, LLVMValueRef base, int b16, LLVMValueRef bi,
+static LLVMValueRef operand_rows(K *k, const IrNode *x, unsigned view, LLVMValueRef base, int st, LLVMValueRef bi,
                                  LLVMValueRef rows, int64_t width, LLVMValueRef *stride)
 {
+    int i8 = st == CG_STORE_INT8_ROWS; /* int8 rows: the start and the stride in bytes, width + 4 a row */
+    LLVMValueRef w = ci(k, i8 ? width + 4 : width), r0;
     if (!view) {
-        *stride = ci(k, width);
-        return kv_addr(k, b16, base, imul(k, bi, imul(k, rows, ci(k, width))));
+        *stride = w;
+        r0 = imul(k, bi, rows);
+    } else {
+        LLVMValueRef h = cg_dim(k->f, x->shape[1]); /* views exist for rank 4 only */
+        LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
+        *stride = imul(k, h, w);
+        r0 = iadd(k, imul(k, imul(k, b, rows), h), head);
     }
-    LLVMValueRef h = cg_dim(k->f, x->shape[1]); /* views exist for rank 4 only */
-    LLVMValueRef b = idiv(k, bi, h), head = irem(k, bi, h);
-    *stride = imul(k, h, ci(k, width));
-    return kv_addr(k, b16, base, imul(k, iadd(k, imul(k, imul(k, b, rows), h), head), ci(k, width)));
+    return i8 ? cg_addr(k->f, IR_I8, base, imul(k, r0, w)) : kv_addr(k, st, base, imul(k, r0, w));
 }
 
 /* The key/value batch index of query batch index bi: with grouped key/values (k, v with G heads
@@ -369,10 +390,10 @@ static LLVMValueRef shuf(K *k, LLVMValueRef a, LLVMValueRef b, const int *idx, i
     return LLVMBuildShuffleVector(k->b, a, b, LLVMConstVector(m, (unsigned)n), "");
 }
 
-/* whether few_scores_vec takes a row of width elements (of bf16 when x16) */
-static int few_scores_vec_fits(const K *k, int x16, int width)
+/* whether few_scores_vec takes a row of width elements (xst: 0 f32, 1 bf16, CG_STORE_INT8_ROWS) */
+static int few_scores_vec_fits(const K *k, int xst, int width)
 {
-    return k->cg->vec == 16 && width > 0 && width <= MAX_HEAD && width % (x16 ? 32 : 16) == 0;
+    return k->cg->vec == 16 && width > 0 && width <= MAX_HEAD && width % (xst == 1 ? 32 : 16) == 0;
 }
 
 /* sum of a 16-lane vector's products for key t of `nk` (1 or 4) into S[si + t] */
@@ -411,9 +432,10 @@ static void few_scores_store(K *k, LLVMValueRef *acc, int nk, LLVMValueRef S, LL
 }
 
 /* S[srow + c] = Y[yrow ..] . x_(j0 + c) for c in [cb, ce): few_rows' scores (few_scores_vec_fits) */
-static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef xb, int x16, LLVMValueRef xs,
+static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef xb, int xst, LLVMValueRef xs,
                            LLVMValueRef j0, LLVMValueRef cb, LLVMValueRef ce, int width, LLVMValueRef S, LLVMValueRef srow)
 {
+    int x16 = xst == 1, x8 = xst == CG_STORE_INT8_ROWS; /* int8 rows: 16 a load, sign-extended, times the scale */
     CgFn *f = k->f;
     Cg *cg = k->cg;
     LLVMBuilderRef b = k->b;
@@ -455,7 +477,11 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
             acc[t] = NULL;
             for (int v = 0; v < nv; v += x16 ? 2 : 1) {
                 LLVMValueRef xv[2];
-                if (x16) {
+                if (x8) {
+                    LLVMValueRef l = LLVMBuildLoad2(b, LLVMVectorType(cg->t_i8, 16), cg_addr(f, IR_I8, xb, iadd(k, xrow, ci(k, 16 * v))), "");
+                    LLVMSetAlignment(l, 1);
+                    xv[0] = LLVMBuildSIToFP(b, l, vt, "");
+                } else if (x16) {
                     LLVMValueRef l = LLVMBuildLoad2(b, vi, cg_addr_bf16(f, xb, iadd(k, xrow, ci(k, 16 * v))), "");
                     LLVMSetAlignment(l, 2);
                     xv[0] = LLVMBuildBitCast(b, LLVMBuildShl(b, l, sh, ""), vt, "");
@@ -469,6 +495,12 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
                     acc[t] = acc[t] ? cg_intrinsic(cg, "llvm.fmuladd", vt, (LLVMValueRef[]){yv[v + h], xv[h], acc[t]}, 3)
                                     : f_mul(k, yv[v + h], xv[h]);
             }
+            if (x8) { /* (sum q_e y_e) scale */
+                LLVMValueRef sc = cg_i8row_scale(f, cg_addr(f, IR_I8, xb, xrow), width);
+                LLVMValueRef v = LLVMBuildInsertElement(b, LLVMGetPoison(vt), sc, cg_i32(cg, 0), "");
+                v = LLVMBuildShuffleVector(b, v, LLVMGetPoison(vt), LLVMConstNull(vi), "");
+                acc[t] = f_mul(k, acc[t], v);
+            }
         }
         few_scores_store(k, acc, nk, S, iadd(k, srow, c));
         cg_for_end(f, &lc);
@@ -476,10 +508,10 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
 }
 
 /* The tile products of a few rows (FEW_ROWS) over the keys each row r sees, the key or value
- * rows x_(j0 + c) read in place (row stride xs; bf16 when x16); Y holds rows of `width` floats:
+ * rows x_(j0 + c) read in place (row stride xs; xst: f32, bf16 or int8 rows); Y holds rows of `width` floats:
  *   scores (output 0): S[r, c] = Y_r . x_(j0 + c), Y = the scaled q rows;
  *   output (1):        Y_r += P[r, c] x_(j0 + c), Y = the rows of O. */
-static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int x16, LLVMValueRef xs, LLVMValueRef j0,
+static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int xst, LLVMValueRef xs, LLVMValueRef j0,
                      LLVMValueRef bcq, LLVMValueRef first_lim, LLVMValueRef first_lo, int causal, int width,
                      LLVMValueRef S, LLVMValueRef Y)
 {
@@ -489,23 +521,28 @@ static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int x
     LLVMValueRef cb, ce;
     row_keys(k, lr.iv, bcq, first_lim, first_lo, causal, &cb, &ce);
     LLVMValueRef yrow = imul(k, lr.iv, ci(k, width)), srow = imul(k, lr.iv, ci(k, BC));
-    if (!output && few_scores_vec_fits(k, x16, width)) {
-        few_scores_vec(k, Y, yrow, xb, x16, xs, j0, cb, ce, width, S, srow);
+    if (!output && few_scores_vec_fits(k, xst, width)) {
+        few_scores_vec(k, Y, yrow, xb, xst, xs, j0, cb, ce, width, S, srow);
         cg_for_end(f, &lr);
         return;
     }
     cg_for(f, &lc, cb, ce, "fkey");
     LLVMValueRef xrow = imul(k, iadd(k, j0, lc.iv), xs), si = iadd(k, srow, lc.iv);
     LLVMValueRef acc = output ? NULL : cg_var(f, k->cg->t_f32, fc(k, 0), "dot"), p = output ? ld(k, S, si) : NULL;
+    /* int8 rows (xrow in bytes): S = (Y_r . q) scale, Y_r += (P scale) q */
+    int x8 = xst == CG_STORE_INT8_ROWS;
+    LLVMValueRef xp = x8 ? cg_addr(f, IR_I8, xb, xrow) : NULL, sc = x8 ? cg_i8row_scale(f, xp, width) : NULL;
+    if (x8 && output)
+        p = f_mul(k, p, sc);
     cg_for(f, &le, ci(k, 0), ci(k, width), "fe");
-    LLVMValueRef yi = iadd(k, yrow, le.iv), x = kv_ld(k, x16, xb, iadd(k, xrow, le.iv));
+    LLVMValueRef yi = iadd(k, yrow, le.iv), x = x8 ? cg_i8row_q(f, xp, le.iv) : kv_ld(k, xst, xb, iadd(k, xrow, le.iv));
     if (output)
         st(k, Y, yi, cg_intrinsic(k->cg, "llvm.fmuladd", k->cg->t_f32, (LLVMValueRef[]){p, x, ld(k, Y, yi)}, 3));
     else
         fsum_into(k, acc, f_mul(k, ld(k, Y, yi), x));
     cg_for_end(f, &le);
     if (!output)
-        st(k, S, si, fget(k, acc));
+        st(k, S, si, x8 ? f_mul(k, fget(k, acc), sc) : fget(k, acc));
     cg_for_end(f, &lc);
     cg_for_end(f, &lr);
 }
@@ -654,11 +691,12 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef grows = imin(&k, grp_rows, isub(&k, d.I, g0));
     LLVMValueRef ntq = ceil_div(&k, grows, BR);
     LLVMValueRef qs, ks, vs, os; /* row strides */
-    const int k16 = f->in_bf16[1], v16 = f->in_bf16[2]; /* k, v stored in bf16 (KV caches) */
+    /* k, v stored in bf16 or as int8 rows (KV caches): 0 f32, 1 bf16, CG_STORE_INT8_ROWS */
+    const int kst = f->in_i8[1] ? CG_STORE_INT8_ROWS : f->in_bf16[1], vst = f->in_i8[2] ? CG_STORE_INT8_ROWS : f->in_bf16[2];
     LLVMValueRef kvbi = kv_batch(&k, n, bi);
     LLVMValueRef qb = operand_rows(&k, q, f->views & CG_VIEW_Q, f->in[0], 0, bi, d.I, D, &qs);
-    LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], k16, kvbi, d.J, D, &ks);
-    LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], v16, kvbi, d.J, E, &vs);
+    LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], kst, kvbi, d.J, D, &ks);
+    LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], vst, kvbi, d.J, E, &vs);
     LLVMValueRef ob = operand_rows(&k, q, f->views & CG_VIEW_OUT, f->out, 0, bi, d.I, Eo, &os);
     LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
     LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
@@ -700,12 +738,12 @@ int cg_attention_impl(CgFn *f)
     CgLoop lp;
     cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
     LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
-    kv_pack(&k, k16, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
-            imin(&k, ci(&k, nr), isub(&k, bc, p0)));
+    kv_pack(&k, kst, 1, ptr(&k, KP, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, ks, ci(&k, 0), cD, iadd(&k, j0, p0),
+            imin(&k, ci(&k, nr), isub(&k, bc, p0)), D);
     cg_for_end(f, &lp);
     for (int e0 = 0; e0 < E; e0 += nr)
-        kv_pack(&k, v16, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
-                ci(&k, E - e0 < nr ? E - e0 : nr));
+        kv_pack(&k, vst, 0, ptr(&k, VP, ci(&k, (int64_t)(e0 / nr) * BC * nr)), vb, vs, j0, bc, ci(&k, e0),
+                ci(&k, E - e0 < nr ? E - e0 : nr), E);
     cg_if_end(f, &cfew);
     CgLoop lq;
     cg_for(f, &lq, ci(&k, 0), ntq, "qtile");
@@ -730,7 +768,7 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef first_lo = window ? isub(&k, isub(&k, iadd(&k, i0, off), ci(&k, window)), j0) : NULL;
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 0, rows, kb, k16, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
+        few_rows(&k, 0, rows, kb, kst, ks, j0, bcq, first_lim, first_lo, causal, D, S, qt);
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -838,7 +876,7 @@ int cg_attention_impl(CgFn *f)
     /* O[rows, E] += P[rows, bcq] V[j0 .. j0 + bcq, E], MR rows at a time over the keys they see */
     if (plain) {
         cg_if(f, &cfew, few);
-        few_rows(&k, 1, rows, vb, v16, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
+        few_rows(&k, 1, rows, vb, vst, vs, j0, bcq, first_lim, first_lo, causal, E, S, ptr(&k, O, imul(&k, sbase, cE)));
         cg_if_end(f, &cfew);
         cg_if(f, &cfew, LLVMBuildNot(k.b, few, ""));
     }
@@ -875,8 +913,11 @@ int cg_attention_impl(CgFn *f)
     CgLoop lk;
     cg_for(f, &lk, ci(&k, 0), d.J, "j");
     LLVMValueRef vrow = imul(&k, lk.iv, vs);
+    LLVMValueRef vp8 = vst == CG_STORE_INT8_ROWS ? cg_addr(f, IR_I8, vb, vrow) : NULL;
+    LLVMValueRef vsc = vp8 ? cg_i8row_scale(f, vp8, E) : NULL;
     cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), kv_ld(&k, v16, vb, iadd(&k, vrow, lc.iv))));
+    LLVMValueRef vx = vp8 ? f_mul(&k, cg_i8row_q(f, vp8, lc.iv), vsc) : kv_ld(&k, vst, vb, iadd(&k, vrow, lc.iv));
+    st(&k, VMEAN, lc.iv, f_add(&k, ld(&k, VMEAN, lc.iv), vx));
     cg_for_end(f, &lc);
     cg_for_end(f, &lk);
     LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, d.J, k.cg->t_f32, ""), "");

@@ -709,6 +709,31 @@ static void copy_run(CgFn *f, LLVMValueRef dst, LLVMValueRef doff, int dst16, LL
     cg_for_end(f, &l);
 }
 
+/* The concat of a KV cache stored as int8 rows (CgFn.out_i8: rows of the last dimension D with
+ * their scales, CG_STORE_INT8_ROWS): runs of whole rows, elements doff and soff and len being
+ * multiples of D: the stored rows of an int8 operand copied as they are, an f32 operand's
+ * quantized row by row. */
+static void copy_rows_i8(CgFn *f, LLVMValueRef doff, LLVMValueRef src, LLVMValueRef soff, int src8, LLVMValueRef len)
+{
+    LLVMBuilderRef b = f->cg->b;
+    int64_t D = f->node->shape[f->node->rank - 1].c;
+    LLVMValueRef cD = cg_i64(f->cg, D);
+    LLVMValueRef drow = LLVMBuildSDiv(b, doff, cD, ""), srow = LLVMBuildSDiv(b, soff, cD, "");
+    LLVMValueRef rows = LLVMBuildSDiv(b, len, cD, "");
+    CgLoop l;
+    if (src8) {
+        LLVMValueRef dst = cg_i8row_addr(f, f->out, drow, D), from = cg_i8row_addr(f, src, srow, D);
+        cg_for(f, &l, cg_i64(f->cg, 0), LLVMBuildMul(b, rows, cg_i64(f->cg, D + 4), ""), "byte");
+        cg_store(f, IR_I8, dst, l.iv, cg_load(f, IR_I8, from, l.iv));
+        cg_for_end(f, &l);
+        return;
+    }
+    cg_for(f, &l, cg_i64(f->cg, 0), rows, "qrows");
+    cg_i8row_quantize(f, cg_i8row_addr(f, f->out, LLVMBuildAdd(b, drow, l.iv, ""), D), src,
+                      LLVMBuildAdd(b, soff, LLVMBuildMul(b, l.iv, cD, ""), ""), D);
+    cg_for_end(f, &l);
+}
+
 static int impl_concat(CgFn *f)
 {
     LLVMBuilderRef b = f->cg->b;
@@ -724,10 +749,16 @@ static int impl_concat(CgFn *f)
                                      LLVMBuildICmp(b, LLVMIntEQ, l.iv, cg_i64(f->cg, 0), ""), "inplace");
     CgIf copy;
     cg_if(f, &copy, LLVMBuildNot(b, same, ""));
-    copy_run(f, f->out, obase, f->out_bf16, f->in[0], LLVMBuildMul(b, l.iv, la, ""), f->in_bf16[0], la);
+    if (f->out_i8)
+        copy_rows_i8(f, obase, f->in[0], LLVMBuildMul(b, l.iv, la, ""), f->in_i8[0], la);
+    else
+        copy_run(f, f->out, obase, f->out_bf16, f->in[0], LLVMBuildMul(b, l.iv, la, ""), f->in_bf16[0], la);
     cg_if_end(f, &copy);
-    copy_run(f, f->out, LLVMBuildAdd(b, obase, la, ""), f->out_bf16, f->in[1], LLVMBuildMul(b, l.iv, lb, ""), f->in_bf16[1],
-             lb);
+    if (f->out_i8)
+        copy_rows_i8(f, LLVMBuildAdd(b, obase, la, ""), f->in[1], LLVMBuildMul(b, l.iv, lb, ""), f->in_i8[1], lb);
+    else
+        copy_run(f, f->out, LLVMBuildAdd(b, obase, la, ""), f->out_bf16, f->in[1], LLVMBuildMul(b, l.iv, lb, ""),
+                 f->in_bf16[1], lb);
     cg_for_end(f, &l);
     return 0;
 }

@@ -165,6 +165,50 @@ void cg_store_bf16(CgFn *f, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
     LLVMBuildStore(cg->b, h, cg_addr_bf16(f, base, idx));
 }
 
+LLVMValueRef cg_i8row_addr(CgFn *f, LLVMValueRef base, LLVMValueRef row, int64_t D)
+{
+    LLVMValueRef off = LLVMBuildMul(f->cg->b, row, cg_i64(f->cg, D + 4), "");
+    return LLVMBuildInBoundsGEP2(f->cg->b, f->cg->t_i8, base, &off, 1, "");
+}
+
+LLVMValueRef cg_i8row_scale(CgFn *f, LLVMValueRef rowp, int64_t D)
+{
+    LLVMValueRef l = LLVMBuildLoad2(f->cg->b, f->cg->t_f32, cg_addr(f, IR_I8, rowp, cg_i64(f->cg, D)), "scale");
+    LLVMSetAlignment(l, 1);
+    return l;
+}
+
+LLVMValueRef cg_i8row_q(CgFn *f, LLVMValueRef rowp, LLVMValueRef e)
+{
+    return LLVMBuildSIToFP(f->cg->b, cg_load(f, IR_I8, rowp, e), f->cg->t_f32, "");
+}
+
+void cg_i8row_quantize(CgFn *f, LLVMValueRef rowp, LLVMValueRef src, LLVMValueRef soff, int64_t D)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef m = cg_var(f, cg->t_f32, cg_f32(cg, 0), "amax");
+    CgLoop l;
+    cg_for(f, &l, cg_i64(cg, 0), cg_i64(cg, D), "qmax");
+    LLVMValueRef x = cg_load(f, IR_F32, src, LLVMBuildAdd(b, soff, l.iv, ""));
+    LLVMValueRef ax = cg_intrinsic(cg, "llvm.fabs", cg->t_f32, &x, 1), cur = cg_get(f, cg->t_f32, m);
+    LLVMBuildStore(b, LLVMBuildSelect(b, LLVMBuildFCmp(b, LLVMRealOGT, ax, cur, ""), ax, cur, ""), m);
+    cg_for_end(f, &l);
+    LLVMValueRef amax = cg_get(f, cg->t_f32, m);
+    LLVMValueRef zero = LLVMBuildFCmp(b, LLVMRealOEQ, amax, cg_f32(cg, 0), "");
+    /* inv = 127 / amax (0 for a row of zeros), scale = amax / 127 */
+    LLVMValueRef inv = LLVMBuildSelect(b, zero, cg_f32(cg, 0), LLVMBuildFDiv(b, cg_f32(cg, 127), amax, ""), "inv");
+    LLVMValueRef st = LLVMBuildStore(b, LLVMBuildFDiv(b, amax, cg_f32(cg, 127), ""), cg_addr(f, IR_I8, rowp, cg_i64(cg, D)));
+    LLVMSetAlignment(st, 1);
+    cg_for(f, &l, cg_i64(cg, 0), cg_i64(cg, D), "qrow");
+    LLVMValueRef y = LLVMBuildFMul(b, cg_load(f, IR_F32, src, LLVMBuildAdd(b, soff, l.iv, "")), inv, "");
+    y = cg_intrinsic(cg, "llvm.rint", cg->t_f32, &y, 1); /* the default rounding: to nearest even */
+    y = cg_intrinsic(cg, "llvm.minnum", cg->t_f32, (LLVMValueRef[]){y, cg_f32(cg, 127)}, 2);
+    y = cg_intrinsic(cg, "llvm.maxnum", cg->t_f32, (LLVMValueRef[]){y, cg_f32(cg, -127)}, 2);
+    LLVMBuildStore(b, LLVMBuildFPToSI(b, y, cg->t_i8, ""), cg_addr(f, IR_I8, rowp, l.iv));
+    cg_for_end(f, &l);
+}
+
 void cg_store(CgFn *f, IrDType t, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v)
 {
     Cg *cg = f->cg;

@@ -30,8 +30,11 @@
  *                                           --dtype; cg_plan.h CgPlanOpts): the kernels read (and
  *                                           write) it in 16 bits, the host API sees f32 and the
  *                                           runtime converts. A CPU module stores only weights and
- *                                           inputs so (rt_store.c keeps bf16 copies of them); a CUDA
- *                                           module's XtcCudaModuleV1.buf_storage says the same. No
+ *                                           inputs so (rt_store.c keeps bf16 copies of them), and
+ *                                           its KV caches (--kv-dtype) in bf16 or int8: rows of the
+ *                                           constant last dimension D as D int8 values and an f32
+ *                                           scale (rt_half.h rt_i8_row_quantize); a CUDA module's
+ *                                           XtcCudaModuleV1.buf_storage says the same (no int8). No
  *                                           record: its dtype (every module of an earlier xtc)
  *   output NAME BUFFER DTYPE SHAPE          an output and the buffer holding it (it may alias an
  *                                           input or another buffer through a reshape)
