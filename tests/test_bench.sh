@@ -115,6 +115,7 @@ if $py -c "import torch, numpy" 2> /dev/null; then
   cp "$tmp/out" "$tmp/cmp.txt"
   expect "compare.py --decode: logits agree" "^  PyTorch f32 +[0-9.]+e[-+][0-9]+$" "$tmp/cmp.txt"
   expect "compare.py --decode: tokens/s" "^  f32 +xtc +[0-9.]+ +PyTorch +[0-9.]+ +xtc / PyTorch [0-9.]+x" "$tmp/cmp.txt"
+expect "compare.py --decode: tokens/s by cpu" " by cpu: xtc +[0-9.]+ +PyTorch +[0-9.]+ +[0-9.]+x$" "$tmp/cmp.txt"
 else
   echo "skip compare.py --decode: no PyTorch and numpy for $py"
 fi
