@@ -178,7 +178,8 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
                  "spread, the activation memory (arena) and the speed-up.\n"
                  "On the cpu target it also prints the process's CPU time per run (user + system,\n"
                  "every thread's: the work, not the latency; with --threads T > 1 it counts every\n"
-                 "worker, their spin-waits between kernels included) and the speed-up by it: other\n"
+                 "worker, their spin-waits included: idle workers spin up to 2 ms after a kernel, the\n"
+                 "last ones into the other variant's run) and the speed-up by it: other\n"
                  "processes on a loaded machine move it far less than the wall clock. Not on cuda (the\n"
                  "host's CPU time is launches and waits, not the kernels) nor cuda-emu (the emulator's).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &o->path, .maxpos = 1, .pos_name = "model file",
