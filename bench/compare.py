@@ -24,7 +24,8 @@ in each round, and compares the three: xtc bf16, xtc f32 and PyTorch's bf16 auto
 (use 1), each round alternating `xtc bench --decode C` (f32, and --dtype bf16 with --dtype bf16;
 --repeat x 8 one-token calls) and bench/gpu_torch.py decode --device cpu (the same model with a
 KV cache per layer, on xtc's weights; bf16 there is its weights and caches stored in bf16; as
-many one-token steps), and prints the medians of tokens/s and xtc / PyTorch. First it checks that
+many one-token steps), and prints the medians of tokens/s and xtc / PyTorch, by the wall clock
+and by the process's CPU time (every thread's; a loaded machine moves it far less). First it checks that
 both compute the same model: the logits after the context (the first token's) of xtc's compiled
 f32 module and of PyTorch on the same weights (`xtc init --seed 1`) and tokens (i * 7 mod vocab)
 must agree within 1e-4 of their largest; the bf16 ones are printed beside them.
@@ -175,38 +176,49 @@ def decode(a):
         if not a.no_torch and float(np.max(np.abs(first["PyTorch f32"] - ref))) > 1e-4 * scale:
             sys.exit("compare.py: PyTorch's f32 logits differ from xtc's: not the same model")
         # alternating rounds: xtc (f32 [and bf16]), then PyTorch (f32 [and bf16])
-        rate = {}
+        rate, cpu_rate = {}, {}  # tokens/s by the wall clock, by the process's CPU time
         xcmd = [a.xtc, "bench", a.model, "--decode", str(a.decode), "--threads", str(a.threads), "--repeat",
                 str(a.repeat)] + (["--dtype", "bf16"] if a.dtype == "bf16" else [])
         for _ in range(a.rounds):
             for line in sh(xcmd).splitlines():
-                m = re.match(r"\s+(\S.*?)\s+[\d.]+ ms/token\s+([\d.]+) tokens/s", line)
+                m = re.match(r"\s+(\S.*?)\s+[\d.]+ ms/token\s+([\d.]+) tokens/s\s+cpu\s+[\d.]+ ms/token\s+([\d.]+) "
+                             r"tokens/s", line)
                 if m:
-                    rate.setdefault("xtc " + ("f32" if m.group(1) == "f32" else "bf16"), []).append(float(m.group(2)))
+                    name = "xtc " + ("f32" if m.group(1) == "f32" else "bf16")
+                    rate.setdefault(name, []).append(float(m.group(2)))
+                    cpu_rate.setdefault(name, []).append(float(m.group(3)))
             if not a.no_torch:
                 for line in sh(torch_cmd + ["--passes", "1"], torch_env()).splitlines():
                     if line.startswith("{"):
                         r = json.loads(line)
                         rate.setdefault("PyTorch " + r["dtype"], []).append(r["tok_per_s"])
+                        if "cpu_tok_per_s" in r:
+                            cpu_rate.setdefault("PyTorch " + r["dtype"], []).append(r["cpu_tok_per_s"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rate.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu_rate.items()}
     if a.json:
         print(json.dumps({"model": a.model, "context": a.decode, "threads": a.threads, "rounds": a.rounds,
-                          "tokens_per_round": ntok, "tokens_per_s": med,
+                          "tokens_per_round": ntok, "tokens_per_s": med, "cpu_tokens_per_s": cpu_med,
                           "first_logits_rel_err": {k: float(np.max(np.abs(v - ref))) / scale
                                                    for k, v in first.items()}}))
         return
-    print("KV-cache decoding, %s: context %d, %d thread(s), tokens/s, medians of %d round(s) x %d tokens" %
+    print("KV-cache decoding, %s: context %d, %d thread(s), tokens/s, medians of %d round(s) x %d tokens "
+          "(by the wall clock; by the process's CPU time, every thread's)" %
           (os.path.basename(a.model), a.decode, a.threads, a.rounds, ntok))
     for d in dtypes:
         x, t = med.get("xtc " + d), med.get("PyTorch " + d)
         line = "  %-5s xtc %8.1f" % (d, x)
         if t:
             line += "   PyTorch %8.1f   xtc / PyTorch %.2fx" % (t, x / t)
+        xc, tc = cpu_med.get("xtc " + d), cpu_med.get("PyTorch " + d)
+        if xc and tc:
+            line += "   by cpu: xtc %8.1f   PyTorch %8.1f   %.2fx" % (xc, tc, xc / tc)
         print(line)
     if "xtc bf16" in med:
-        print("  xtc bf16 / xtc f32 %.2fx" % (med["xtc bf16"] / med["xtc f32"]))
+        print("  xtc bf16 / xtc f32 %.2fx" % (med["xtc bf16"] / med["xtc f32"]) +
+              ("   by cpu %.2fx" % (cpu_med["xtc bf16"] / cpu_med["xtc f32"]) if "xtc bf16" in cpu_med else ""))
 
 
 def main():

@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -248,7 +249,7 @@ def run_decode(a):
             m = m.to(torch.bfloat16)
         # a first pass warms up (cuBLAS handles, autocast caches, lazy kernel loading); then
         # --passes timed passes of the one-token steps, their median per token
-        per_token = []
+        per_token, cpu_per_token = [], []
         for rep in range(1 + a.passes):
             with torch.no_grad(), autocast(dev, "f32" if stored else dtype):
                 caches = [(torch.zeros(1, a.heads, a.context, dh, device=dev, dtype=cdt),
@@ -256,24 +257,25 @@ def run_decode(a):
                 t0 = time.perf_counter()
                 first = m(idx[:, :prompt], caches, 0)[0, -1].float().cpu()
                 sync(dev)
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.process_time()
                 for i in range(a.tokens if rep else min(a.tokens, 4)):
                     logits = m(idx[:, prompt + i:prompt + i + 1], caches, prompt + i)
                     logits.float().cpu()  # read back, as a sampler would
                 sync(dev)
-                t2 = time.perf_counter()
+                t2, c2 = time.perf_counter(), time.process_time()
             if rep:
                 per_token.append((t2 - t1) / a.tokens)
+                cpu_per_token.append((c2 - c1) / a.tokens)  # the process's CPU time, every thread's
         if a.logits_out:
             import numpy as np
             np.save(a.logits_out.replace("DTYPE", dtype), first.numpy())
         if not per_token:  # --passes 0: the logits only
             continue
-        per_token.sort()
-        mid = len(per_token) // 2
-        med = per_token[mid] if len(per_token) % 2 else 0.5 * (per_token[mid - 1] + per_token[mid])
+        med, cpu_med = statistics.median(per_token), statistics.median(cpu_per_token)
+        extra = {"cpu_tok_per_s": 1 / cpu_med} if dev == "cpu" and cpu_med > 0 else {}
         emit(kind="decode", dtype=dtype, context=a.context, tokens=a.tokens, prompt_ms=1e3 * (t1 - t0),
-             ms_per_token=1e3 * med, tok_per_s=1 / med, passes=a.passes, threads=torch.get_num_threads(), device=dev)
+             ms_per_token=1e3 * med, tok_per_s=1 / med, passes=a.passes, threads=torch.get_num_threads(), device=dev,
+             **extra)
 
 
 def main():

@@ -7,7 +7,9 @@
  * sessions run alternately, R times each, so that the noise of a shared machine falls on both
  * alike. Reported per variant: the median time of every kernel (from the runtime's per-step
  * profile, summed over the steps sharing the kernel), the median of their sum, the total's
- * median, minimum and maximum (host wall clock around xtc_session_run), the activation arena's
+ * median, minimum and maximum (host wall clock around xtc_session_run), on the cpu target the
+ * process's CPU time around the same runs (every thread's, so the work rather than the latency;
+ * other processes on a shared machine move it far less than the wall clock), the activation arena's
  * size (xtc_session_peak_bytes: for cuda and cuda-emu the device arena, each intermediate at its
  * storage size, 2 bytes per element with --dtype bf16 or fp16), and the speed-up of the medians. --json writes the same as one JSON object for scripts
  * (bench/compare.py reads it).
@@ -56,12 +58,14 @@ typedef struct {
     int emulated;            /* device reported as "emulated" */
     int threaded;            /* --threads applies to the kernels (elsewhere to the host's share) */
     int device_arena;        /* the arena is device memory */
+    int cpu_time;            /* the process's CPU time around a run is the run's work (not on cuda: the
+                              * host's launches and waits; not on cuda-emu: the emulator's, not the GPU's) */
 } TargetInfo;
 
 static const TargetInfo targets[] = {
-    {"cpu", "wall-clock", "wall clock per step", 0, 1, 0},
-    {"cuda", "cuda-events", "CUDA events around each launch", 0, 0, 1},
-    {"cuda-emu", "emulated-cuda-events", "emulated CUDA events (host clock: not GPU figures)", 1, 0, 1},
+    {"cpu", "wall-clock", "wall clock per step", 0, 1, 0, 1},
+    {"cuda", "cuda-events", "CUDA events around each launch", 0, 0, 1, 0},
+    {"cuda-emu", "emulated-cuda-events", "emulated CUDA events (host clock: not GPU figures)", 1, 0, 1, 0},
 };
 
 static const TargetInfo *target_info(const char *name)
@@ -84,16 +88,22 @@ typedef struct {
     int ran;                 /* 0: skipped (see why) */
     char why[256];
     double *total;           /* [repeat] seconds per run */
+    double *cpu;             /* [repeat] the process's CPU seconds per run (every thread's) */
     double *kernels;         /* [repeat] seconds per run summed over the kernels */
     double *kernel_s;        /* [repeat][nkernels] seconds per kernel per run */
     double *step_s;          /* [nsteps] scratch */
 } Variant;
 
-static double now_s(void)
+static double clock_s(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double now_s(void)
+{
+    return clock_s(CLOCK_MONOTONIC);
 }
 
 static int opt_target(const char *v, void *ptr, char *err, size_t n)
@@ -155,7 +165,7 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"--json", CLI_FLAG, &o->json, .help = "one JSON object on stdout instead of tables"},
         {"--decode", CLI_I64, &o->decode, "C", .help = "time KV-cache decoding instead (batch 1): a prompt of C tokens, then\n"
          "--repeat rounds of 8 one-token calls; with --dtype or --mma against f32,\nthe variants alternating "
-         "(no --batch or --seq)", .lo = 1},
+         "(no --batch or --seq); tokens/s by wall and by CPU time", .lo = 1},
         {"--weights-dtype", CLI_STR, &o->weights_dtype, "D", .help = "with --decode: int8 matmul weights, as xtc compile"},
         {"--kv-dtype", CLI_STR, &o->kv_dtype, "D", .help = "with --decode: the KV caches' storage, as xtc compile"},
         {"--against", CLI_STR, &o->against, "PASS", .help = "compare with every pass but PASS (xtc ir --list-passes)\n"
@@ -165,7 +175,13 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         .name = "bench", .usage = "model.xtf --batch B --seq N [options]",
         .about = "Compiles the model fused (every pass) and unfused (--no-fuse), runs both on the same\n"
                  "seeded weights and inputs, and prints per-kernel medians, the total's median and\n"
-                 "spread, the activation memory (arena) and the speed-up.\n",
+                 "spread, the activation memory (arena) and the speed-up.\n"
+                 "On the cpu target it also prints the process's CPU time per run (user + system,\n"
+                 "every thread's: the work, not the latency; with --threads T > 1 it counts every\n"
+                 "worker, their spin-waits included: idle workers spin up to 2 ms after a kernel, the\n"
+                 "last ones into the other variant's run) and the speed-up by it: other\n"
+                 "processes on a loaded machine move it far less than the wall clock. Not on cuda (the\n"
+                 "host's CPU time is launches and waits, not the kernels) nor cuda-emu (the emulator's).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &o->path, .maxpos = 1, .pos_name = "model file",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -374,15 +390,16 @@ static int run_once(Variant *v, int r)
         fprintf(stderr, "xtc bench: %s: %s\n", v->name, xtc_session_error(v->sess));
         return -1;
     }
-    double t0 = now_s();
+    double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
     if (xtc_session_run(v->sess) != XTC_OK) {
         fprintf(stderr, "xtc bench: %s: %s\n", v->name, xtc_session_error(v->sess));
         return -1;
     }
-    double dt = now_s() - t0;
+    double dt = now_s() - t0, dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     if (r < 0)
         return 0;
     v->total[r] = dt;
+    v->cpu[r] = dc;
     xtc_session_profile_steps(v->sess, v->step_s, v->nsteps);
     double *ks = v->kernel_s + (size_t)r * (size_t)v->nkernels;
     for (int s = 0; s < v->nsteps; s++) {
@@ -508,6 +525,9 @@ static void print_variant(const BenchOpts *o, const Variant *v)
            1e3 * min_of(v->total, o->repeat), 1e3 * max_of(v->total, o->repeat),
            med > 0 ? 100 * (max_of(v->total, o->repeat) - min_of(v->total, o->repeat)) / med : 0,
            v->peak / 1048576.0, target_info(o->target)->device_arena ? " of device memory" : "");
+    if (target_info(o->target)->cpu_time)
+        printf("  cpu %.2f ms median (min %.2f, max %.2f): the process's CPU time, every thread's\n",
+               1e3 * median(v->cpu, o->repeat, 1), 1e3 * min_of(v->cpu, o->repeat), 1e3 * max_of(v->cpu, o->repeat));
     printf("  kernels %.3f ms median per run (the sum of the steps' times)\n", 1e3 * median(v->kernels, o->repeat, 1));
     KMed *km = kernel_medians(v, o->repeat);
     if (!km)
@@ -562,6 +582,13 @@ static void json_variant(const BenchOpts *o, const Variant *v)
         printf("%s%.4f", r ? ", " : "", 1e3 * v->total[r]);
     printf("]}, \"kernels_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}", 1e3 * median(v->kernels, o->repeat, 1),
            1e3 * min_of(v->kernels, o->repeat), 1e3 * max_of(v->kernels, o->repeat));
+    if (target_info(o->target)->cpu_time) {
+        printf(", \"cpu_ms\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f, \"runs\": [", 1e3 * median(v->cpu, o->repeat, 1),
+               1e3 * min_of(v->cpu, o->repeat), 1e3 * max_of(v->cpu, o->repeat));
+        for (int r = 0; r < o->repeat; r++)
+            printf("%s%.4f", r ? ", " : "", 1e3 * v->cpu[r]);
+        printf("]}");
+    }
     KMed *km = kernel_medians(v, o->repeat);
     if (km) {
         OpSum ops[128];
@@ -596,6 +623,7 @@ static void free_variant(Variant *v)
     if (v->so[0])
         unlink(v->so);
     free(v->total);
+    free(v->cpu);
     free(v->kernels);
     free(v->kernel_s);
     free(v->step_s);
@@ -652,10 +680,11 @@ int cli_bench(int argc, char **argv)
         if (rc)
             break;
         v->total = calloc((size_t)o.repeat, sizeof *v->total);
+        v->cpu = calloc((size_t)o.repeat, sizeof *v->cpu);
         v->kernels = calloc((size_t)o.repeat, sizeof *v->kernels);
         v->kernel_s = calloc((size_t)o.repeat * (size_t)(v->nkernels + 1), sizeof *v->kernel_s);
         v->step_s = calloc((size_t)v->nsteps + 1, sizeof *v->step_s);
-        if (!v->total || !v->kernels || !v->kernel_s || !v->step_s) {
+        if (!v->total || !v->cpu || !v->kernels || !v->kernel_s || !v->step_s) {
             rc = -1;
             break;
         }
@@ -689,10 +718,16 @@ int cli_bench(int argc, char **argv)
         /* the runs alternate (fused, unfused, fused, ...): the ratio of each pair of neighbours
          * saw the same moment of a shared machine, so its spread says how far the medians'
          * ratio can be trusted */
-        double *pair = calloc((size_t)o.repeat, sizeof *pair);
+        const TargetInfo *ti = target_info(o.target);
+        double cf = ti->cpu_time && var[0].ran ? median(var[0].cpu, o.repeat, 1) : 0;
+        double cu = ti->cpu_time && var[1].ran ? median(var[1].cpu, o.repeat, 1) : 0;
+        double *pair = calloc(2 * (size_t)o.repeat, sizeof *pair), *pair_cpu = pair ? pair + o.repeat : NULL;
         int paired = pair && var[0].ran && var[1].ran;
-        for (int r = 0; paired && r < o.repeat; r++)
+        for (int r = 0; paired && r < o.repeat; r++) {
             pair[r] = var[0].total[r] > 0 ? var[1].total[r] / var[0].total[r] : 0;
+            pair_cpu[r] = var[0].cpu[r] > 0 ? var[1].cpu[r] / var[0].cpu[r] : 0;
+        }
+        int paired_cpu = paired && cf > 0 && cu > 0 && min_of(pair_cpu, o.repeat) > 0;
         char cpu[256] = "?";
         FILE *ci = fopen("/proc/cpuinfo", "r");
         if (ci) {
@@ -707,7 +742,6 @@ int cli_bench(int argc, char **argv)
             fclose(ci);
         }
         /* the device as its driver names it: the GPU (cuDeviceGetName), "emulated", or the CPU */
-        const TargetInfo *ti = target_info(o.target);
         const XtcSession *opened = var[0].sess ? var[0].sess : var[1].sess;
         const char *dev = opened ? xtc_session_device(opened) : "";
         if (ti->emulated)
@@ -742,6 +776,11 @@ int cli_bench(int argc, char **argv)
             if (paired)
                 printf(", \"speedup_pairs\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}",
                        median(pair, o.repeat, 1), min_of(pair, o.repeat), max_of(pair, o.repeat));
+            if (cf > 0 && cu > 0)
+                printf(", \"speedup_cpu\": %.4f", cu / cf);
+            if (paired_cpu)
+                printf(", \"speedup_pairs_cpu\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}",
+                       median(pair_cpu, o.repeat, 1), min_of(pair_cpu, o.repeat), max_of(pair_cpu, o.repeat));
             printf("}\n");
         } else {
             printf("xtc bench %s: batch %lld, seq %lld, %s, target %s", o.path, (long long)o.batch, (long long)o.seq,
@@ -760,11 +799,20 @@ int cli_bench(int argc, char **argv)
             print_variant(&o, &var[0]);
             print_variant(&o, &var[1]);
             printf("\n");
-            if (mf > 0 && mu > 0 && kf > 0 && ku > 0)
-                printf("speed-up (%s / fused median): %.2fx total, %.2fx kernels\n", var[1].name, mu / mf, ku / kf);
-            if (paired && o.repeat > 1)
-                printf("speed-up of neighbouring runs: median %.2fx, from %.2fx to %.2fx\n", median(pair, o.repeat, 1),
+            if (mf > 0 && mu > 0 && kf > 0 && ku > 0) {
+                printf("speed-up (%s / fused median): %.2fx total, %.2fx kernels", var[1].name, mu / mf, ku / kf);
+                if (cf > 0 && cu > 0)
+                    printf(", %.2fx cpu", cu / cf);
+                printf("\n");
+            }
+            if (paired && o.repeat > 1) {
+                printf("speed-up of neighbouring runs: median %.2fx, from %.2fx to %.2fx", median(pair, o.repeat, 1),
                        min_of(pair, o.repeat), max_of(pair, o.repeat));
+                if (paired_cpu)
+                    printf("; by cpu: median %.2fx, from %.2fx to %.2fx", median(pair_cpu, o.repeat, 1),
+                           min_of(pair_cpu, o.repeat), max_of(pair_cpu, o.repeat));
+                printf("\n");
+            }
             char what[128] = "";
             if (ti->device_arena)
                 snprintf(what, sizeof what, " (device memory, %s storage)", o.dtype ? o.dtype : "f32");

@@ -40,6 +40,16 @@ need(device == "*" and r["device"] not in ("", "emulated", "cpu") or r["device"]
 need(r["kernel_timer"] == timer, "kernel_timer is %r" % r["kernel_timer"])
 need(r["repeat"] == int(repeat), "repeat is %r" % r["repeat"])
 need(r["speedup"] > 0 and r["speedup_kernels"] > 0, "no speed-up")
+# the process's CPU time around the runs: on the cpu target only (elsewhere not the kernels' work)
+pos = lambda x: isinstance(x, (int, float)) and 0 < x < float("inf")
+cpu_keys = ("speedup_cpu", "speedup_pairs_cpu")
+if target == "cpu":
+    need(pos(r["speedup_cpu"]), "speedup_cpu is %r" % r["speedup_cpu"])
+    sc = r["speedup_pairs_cpu"]
+    need(all(pos(sc[k]) for k in ("min", "median", "max")) and sc["min"] <= sc["median"] <= sc["max"],
+         "speedup_pairs_cpu min/median/max")
+else:
+    need(not any(k in r for k in cpu_keys), "CPU-time keys on target %s" % target)
 sp = r["speedup_pairs"]
 need(0 < sp["min"] <= sp["median"] <= sp["max"], "speedup_pairs min/median/max")
 runs = [u / f for f, u in zip(r["fused"]["total_ms"]["runs"], r["unfused"]["total_ms"]["runs"])]
@@ -53,6 +63,13 @@ for name in ("fused", "unfused"):
     need(all(t > 0 for t in v["total_ms"]["runs"]), name + ": a run took no time")
     need(v["total_ms"]["min"] <= v["total_ms"]["median"] <= v["total_ms"]["max"], name + ": total min/median/max")
     need(v["kernels_ms"]["median"] > 0, name + ": the kernels took no time")
+    if target == "cpu":
+        c = v["cpu_ms"]
+        need(len(c["runs"]) == int(repeat) and all(pos(t) for t in c["runs"]), name + ": cpu_ms runs")
+        need(all(pos(c[k]) for k in ("min", "median", "max")) and c["min"] <= c["median"] <= c["max"],
+             name + ": cpu_ms min/median/max")
+    else:
+        need("cpu_ms" not in v, name + ": cpu_ms on target " + target)
     rows = v["kernel_ms"]
     need(len(rows) == v["kernels"], name + ": %d kernel rows for %d kernels" % (len(rows), v["kernels"]))
     need(all(k["kernel"].startswith("xtc_k") and k["median_ms"] >= 0 and k["steps"] >= 1 for k in rows),
@@ -79,13 +96,17 @@ check "bench (text)" "$xtc" bench "$model" --batch 1 --seq 8 --repeat 2
 cp "$tmp/out" "$tmp/cpu.txt"
 expect "text: target cpu" "target cpu, 1 thread, 2 runs after 1 warm-up" "$tmp/cpu.txt"
 expect "text: wall-clock kernel times" "^kernel times: wall clock per step" "$tmp/cpu.txt"
+expect "text: cpu time" "^  cpu [0-9.]+ ms median \(min [0-9.]+, max [0-9.]+\): the process's CPU time" "$tmp/cpu.txt"
+expect "text: speed-up by cpu time" "^speed-up \(unfused / fused median\): [0-9.]+x total, [0-9.]+x kernels, [0-9.]+x cpu$" \
+  "$tmp/cpu.txt"
+expect "text: neighbours by cpu time" "^speed-up of neighbouring runs: .*; by cpu: median [0-9.]+x, from [0-9.]+x to" "$tmp/cpu.txt"
 
 # --decode C: KV-cache decoding after C tokens, --dtype bf16 against f32, alternating
 check "bench --decode --dtype bf16" "$xtc" bench "$model" --decode 12 --dtype bf16 --repeat 2 -O0
 cp "$tmp/out" "$tmp/decode.txt"
 expect "decode: header" "^KV-cache decoding: .*, context 12 \(\+16 tokens timed per variant\), 1 thread, batch 1" "$tmp/decode.txt"
-expect "decode: f32 row" "^  f32 +[0-9.]+ ms/token +[0-9.]+ tokens/s +cpu +[0-9.]+ ms/token" "$tmp/decode.txt"
-expect "decode: bf16 row" "^  --dtype bf16 +[0-9.]+ ms/token .* [0-9.]+x f32" "$tmp/decode.txt"
+expect "decode: f32 row" "^  f32 +[0-9.]+ ms/token +[0-9.]+ tokens/s +cpu +[0-9.]+ ms/token +[0-9.]+ tokens/s$" "$tmp/decode.txt"
+expect "decode: bf16 row" "^  --dtype bf16 +[0-9.]+ ms/token .* cpu .* tokens/s +[0-9.]+x f32, [0-9.]+x by cpu$" "$tmp/decode.txt"
 # bench/compare.py --decode: the same model in PyTorch with a KV cache on xtc's weights (its first
 # token's logits must agree with xtc's, else compare.py fails), tokens/s of both
 if $py -c "import torch, numpy" 2> /dev/null; then
@@ -94,6 +115,7 @@ if $py -c "import torch, numpy" 2> /dev/null; then
   cp "$tmp/out" "$tmp/cmp.txt"
   expect "compare.py --decode: logits agree" "^  PyTorch f32 +[0-9.]+e[-+][0-9]+$" "$tmp/cmp.txt"
   expect "compare.py --decode: tokens/s" "^  f32 +xtc +[0-9.]+ +PyTorch +[0-9.]+ +xtc / PyTorch [0-9.]+x" "$tmp/cmp.txt"
+expect "compare.py --decode: tokens/s by cpu" " by cpu: xtc +[0-9.]+ +PyTorch +[0-9.]+ +[0-9.]+x$" "$tmp/cmp.txt"
 else
   echo "skip compare.py --decode: no PyTorch and numpy for $py"
 fi
