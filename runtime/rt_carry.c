@@ -1,6 +1,6 @@
-/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), carrying outputs
- * into inputs (xtc_session_carry: KV caches on the host and on a device) and a device module's
- * outputs left on the device until read. */
+/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), limits on the row
+ * norms of a cosine-sim key cache, carrying outputs into inputs (xtc_session_carry: KV caches on
+ * the host and on a device) and a device module's outputs left on the device until read. */
 #include "rt_session.h"
 
 #include <errno.h>
