@@ -459,6 +459,74 @@ START_TEST(xpos_2x)
 }
 END_TEST
 
+/* The pairing cosine_sim reads, on IR text: a cache input is bounded by the rows appended to it
+ * only where the output of its own name is that append (a: bound 1); appended to but carried out
+ * under another name (b), or appended rows with no bound (c): no bound, no claim. */
+static const char *const pairs_ir =
+    "graph pairs(b, n <= 8, c <= 8) {\n"
+    "  %x = input \"q\" : f32[b, n, 4]\n"
+    "  %y = input \"k\" : f32[b, n, 4]\n"
+    "  %ka = input \"a\" : f32[b, c, 4]\n"
+    "  %kb = input \"b\" : f32[b, c, 4]\n"
+    "  %kc = input \"c\" : f32[b, c, 4]\n"
+    "  %eps = const 1e-12 : f32[]\n"
+    "  %scale = const 10 : f32[]\n"
+    "  %xx = mul %x, %x : f32[b, n, 4]\n"
+    "  %xs = sum %xx [axis=2] : f32[b, n, 1]\n"
+    "  %xr = sqrt %xs : f32[b, n, 1]\n"
+    "  %xm = max %xr, %eps : f32[b, n, 1]\n"
+    "  %q = div %x, %xm : f32[b, n, 4]\n"
+    "  %yy = mul %y, %y : f32[b, n, 4]\n"
+    "  %ys = sum %yy [axis=2] : f32[b, n, 1]\n"
+    "  %yr = sqrt %ys : f32[b, n, 1]\n"
+    "  %ym = max %yr, %eps : f32[b, n, 1]\n"
+    "  %k = div %y, %ym : f32[b, n, 4]\n"
+    "  %a = concat %ka, %k [axis=1] : f32[b, n+c, 4]\n"
+    "  %bb = concat %kb, %k [axis=1] : f32[b, n+c, 4]\n"
+    "  %cc = concat %kc, %y [axis=1] : f32[b, n+c, 4]\n"
+    "  %qa = matmul %q, %a [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %da = mul %qa, %scale : f32[b, n, n+c]\n"
+    "  %wa = softmax %da : f32[b, n, n+c]\n"
+    "  %oa = matmul %wa, %a [transpose_b=0] : f32[b, n, 4]\n"
+    "  %qb = matmul %q, %bb [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %db = mul %qb, %scale : f32[b, n, n+c]\n"
+    "  %wb = softmax %db : f32[b, n, n+c]\n"
+    "  %ob = matmul %wb, %bb [transpose_b=0] : f32[b, n, 4]\n"
+    "  %qc = matmul %q, %cc [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %dc = mul %qc, %scale : f32[b, n, n+c]\n"
+    "  %wc = softmax %dc : f32[b, n, n+c]\n"
+    "  %oc = matmul %wc, %cc [transpose_b=0] : f32[b, n, 4]\n"
+    "  output oa = %oa\n"
+    "  output ob = %ob\n"
+    "  output oc = %oc\n"
+    "  output a = %a\n"
+    "  output b_next = %bb\n"
+    "  output c = %cc\n"
+    "}\n";
+
+START_TEST(cosine_sim_pairs)
+{
+    char err[512];
+    IrGraph *g = ir_parse(pairs_ir, "pairs.ir", err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    IrGraph *h = harness_passes(g, NULL, NULL, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    static const char *const outs[] = {"oa", "ob", "oc"};
+    for (int o = 0; o < h->noutputs; o++)
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(h->outputs[o].name, outs[i])) {
+                const IrNode *at = h->outputs[o].node;
+                ck_assert_msg(at->op == IR_ATTENTION, "%s: %s", outs[i], ir_ops[at->op].name);
+                ck_assert_msg(at->ia[IR_IA_BOUND] == (i == 0), "%s: bound=%lld", outs[i], (long long)at->ia[IR_IA_BOUND]);
+            }
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "a")) == 1);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "b")) == 0);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "c")) == 0);
+    ir_graph_free(h);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* Cosine-sim attention of 2.x (l2-normalised q and k, the fixed qk_norm_scale, rotary, grouped
  * key/values) decoding with a KV cache: the pipeline bounds the cached attention too, since the
  * cache holds only the normalised keys the module appended (ir_row_norm on cache.<l>.k, not on
@@ -712,6 +780,7 @@ int main(void)
     tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);
     TCase *cos = tcase_create("cosine_sim"); /* CK_RUN_CASE=cosine_sim runs it alone */
+    tcase_add_test(cos, cosine_sim_pairs);
     tcase_add_test(cos, cosine_sim_2x);
     suite_add_tcase(s, cos);
     return harness_run(s, NULL);
