@@ -460,8 +460,9 @@ START_TEST(xpos_2x)
 END_TEST
 
 /* The pairing cosine_sim reads, on IR text: a cache input is bounded by the rows appended to it
- * only where the output of its own name is that append (a: bound 1); appended to but carried out
- * under another name (b), or appended rows with no bound (c): no bound, no claim. */
+ * only where the output of its own name is that append (a: bound 1, the claim printed and read
+ * back as "rownorm %ka = 1"); appended to but carried out under another name (b), or appended rows
+ * with no bound (c): no bound, no claim. */
 static const char *const pairs_ir =
     "graph pairs(b, n <= 8, c <= 8) {\n"
     "  %x = input \"q\" : f32[b, n, 4]\n"
@@ -522,6 +523,17 @@ START_TEST(cosine_sim_pairs)
     ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "a")) == 1);
     ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "b")) == 0);
     ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "c")) == 0);
+    /* the claim in the text form: "rownorm %ka = 1", read back the same */
+    char *text = ir_print_str(h);
+    ck_assert_msg(strstr(text, "\n  rownorm %ka = 1\n") != NULL, "%s", text);
+    IrGraph *r = ir_parse(text, "pairs_after.ir", err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ck_assert(ir_find_row_norm(r, ir_find_leaf(r, IR_INPUT, "a")) == 1);
+    char *again = ir_print_str(r);
+    ck_assert_str_eq(again, text);
+    free(again);
+    free(text);
+    ir_graph_free(r);
     ir_graph_free(h);
     ir_graph_free(g);
 }
