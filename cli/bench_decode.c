@@ -6,7 +6,9 @@
  * (xtc_session_carry, as generate does), the variants alternating round by round so that the
  * machine's other load falls on both alike. Per variant: the median time per token and tokens/s by
  * the wall clock and by the process's CPU time (every thread's: the work, not the latency; other
- * processes on the cores move it far less), and the speed over f32 by both. */
+ * processes on the cores move it far less), and the speed over the first variant by both. With
+ * --against PASS the two variants are f32 both, every pass but PASS ("without-PASS", first) and
+ * every pass. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,9 +80,10 @@ static int call(DecVar *v, int64_t n)
     return 0;
 }
 
-static int open_variant(DecVar *v, const BenchDecode *d, XtfFile *f, const DrvTarget *t)
+static int open_variant(DecVar *v, const BenchDecode *d, XtfFile *f, const DrvTarget *t, int without)
 {
-    DrvJob job = {.file = f, .model = d->model, .lower = {.kv_cache = 1},
+    PassOptions po = {.disable = &d->against, .ndisable = 1};
+    DrvJob job = {.file = f, .model = d->model, .lower = {.kv_cache = 1}, .passes = without ? &po : NULL,
                   .cg = {.output = v->so, .opt_level = d->opt_level, .source_name = d->path}};
     char prefix[96];
     snprintf(prefix, sizeof prefix, "xtc bench: %s", v->name);
@@ -129,22 +132,23 @@ int cli_bench_decode(const BenchDecode *d)
         return 1;
     }
     const DrvTarget *t = d->t;
-    int asked = d->dtype || (d->mma != CG_MMA_AUTO && d->mma != CG_MMA_OFF) || t->int8 || t->kv_dtype;
+    int asked = d->dtype || (d->mma != CG_MMA_AUTO && d->mma != CG_MMA_OFF) || t->int8 || t->kv_dtype || d->against;
     DecVar var[2];
     memset(var, 0, sizeof var);
-    var[0].name = "f32";
-    char label[96];
+    char label[96], without[80];
+    snprintf(without, sizeof without, "without-%s", d->against ? d->against : "");
+    var[0].name = d->against ? without : "f32";
     snprintf(label, sizeof label, "%s%s%s%s%s%s", d->dtype ? " --dtype " : "", d->dtype ? d->dtype : "",
              d->mma == CG_MMA_BF16 ? " --mma=bf16" : d->mma == CG_MMA_OFF && d->dtype ? " --mma=off" : "",
              t->int8 ? " --weights-dtype int8" : "", t->kv_dtype ? " --kv-dtype " : "", t->kv_dtype ? t->kv_dtype : "");
     memmove(label, label + 1, strlen(label)); /* the leading space */
-    var[1].name = label;
+    var[1].name = d->against ? "every pass" : label;
     int nvar = asked ? 2 : 1, rc = 0, rounds = d->repeat;
     for (int i = 0; i < nvar && !rc; i++) {
         DecVar *v = &var[i];
         snprintf(v->so, sizeof v->so, "%s/decode%d.so", d->dir, i);
         fprintf(stderr, "xtc bench: compiling %s (KV-cache form) ...\n", v->name);
-        rc = open_variant(v, d, f, i ? d->t : &t32);
+        rc = open_variant(v, d, f, i ? d->t : &t32, !i && d->against);
         v->wall = calloc((size_t)rounds * DECODE_ROUND, sizeof *v->wall);
         v->cpu = calloc((size_t)rounds * DECODE_ROUND, sizeof *v->cpu);
         if (!rc && (!v->wall || !v->cpu))
@@ -173,7 +177,7 @@ int cli_bench_decode(const BenchDecode *d)
             printf("  %-22s %8.3f ms/token  %8.1f tokens/s   cpu %8.3f ms/token  %8.1f tokens/s", v->name, w * 1e3, 1 / w,
                    c * 1e3, c > 0 ? 1 / c : 0);
             if (i)
-                printf("   %.2fx f32, %.2fx by cpu", base / w, c > 0 ? base_cpu / c : 0);
+                printf("   %.2fx %s, %.2fx by cpu", base / w, var[0].name, c > 0 ? base_cpu / c : 0);
             printf("\n");
         }
     }

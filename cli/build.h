@@ -28,6 +28,7 @@ XtfFile *cli_module_xtf(const XtcModule *m, const char *path);
 /* xtc bench --decode (bench_decode.c): what cmd_bench.c parsed */
 typedef struct {
     const char *path, *model, *dtype, *dir;
+    const char *against; /* --against PASS: every pass but PASS against every pass (f32 both) */
     int mma, threads, repeat, opt_level;
     int64_t context;
     const DrvTarget *t; /* --dtype and --mma resolved */

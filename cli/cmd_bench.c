@@ -164,7 +164,7 @@ static int parse_args(int argc, char **argv, BenchOpts *o)
         {"-O3", CLI_LEVEL, &o->opt_level, .set = 3},
         {"--json", CLI_FLAG, &o->json, .help = "one JSON object on stdout instead of tables"},
         {"--decode", CLI_I64, &o->decode, "C", .help = "time KV-cache decoding instead (batch 1): a prompt of C tokens, then\n"
-         "--repeat rounds of 8 one-token calls; with --dtype or --mma against f32,\nthe variants alternating "
+         "--repeat rounds of 8 one-token calls; with --dtype or --mma against f32\n(or --against PASS), the variants alternating "
          "(no --batch or --seq); tokens/s by wall and by CPU time", .lo = 1},
         {"--weights-dtype", CLI_STR, &o->weights_dtype, "D", .help = "with --decode: int8 matmul weights, as xtc compile"},
         {"--kv-dtype", CLI_STR, &o->kv_dtype, "D", .help = "with --decode: the KV caches' storage, as xtc compile"},
@@ -636,8 +636,10 @@ int cli_bench(int argc, char **argv)
     if (rc)
         return rc > 0 ? 0 : 2;
     if (o.decode) {
-        if (strcmp(o.t.name, "cpu") != 0 || o.train || o.json || o.against) {
-            fprintf(stderr, "xtc bench: --decode runs on the cpu target, without --train, --json or --against\n");
+        int asked = o.dtype || (o.mma != CG_MMA_AUTO && o.mma != CG_MMA_OFF) || o.t.int8 || o.t.kv_dtype;
+        if (strcmp(o.t.name, "cpu") != 0 || o.train || o.json || (o.against && asked)) {
+            fprintf(stderr, "xtc bench: --decode runs on the cpu target, without --train or --json, and --against "
+                            "without --dtype, --mma, --weights-dtype or --kv-dtype\n");
             return 2;
         }
         const char *tmpd = getenv("TMPDIR");
@@ -647,7 +649,7 @@ int cli_bench(int argc, char **argv)
             fprintf(stderr, "xtc bench: cannot create a temporary directory: %s\n", strerror(errno));
             return 1;
         }
-        BenchDecode d = {.path = o.path, .model = o.model, .dtype = o.dtype, .dir = ddir, .mma = o.mma,
+        BenchDecode d = {.path = o.path, .model = o.model, .dtype = o.dtype, .dir = ddir, .against = o.against, .mma = o.mma,
                          .threads = o.threads, .repeat = o.repeat, .opt_level = o.opt_level, .context = o.decode,
                          .t = &o.t};
         rc = cli_bench_decode(&d);

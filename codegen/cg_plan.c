@@ -741,6 +741,11 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
             put_name(f, p->bufs[i].name);
             fprintf(f, " %lld %lld\n", p->range_index[i] ? 0LL : (long long)INT64_MIN, (long long)p->range_hi[i]);
         }
+    for (int i = 0; i < g->nrownorms; i++) { /* inputs whose rows a bound relies on (a KV cache) */
+        int b = p->buf_of[g->rownorms[i].input->id];
+        if (b >= 0)
+            fprintf(f, "norm %d %a\n", b, g->rownorms[i].norm);
+    }
     for (int k = 0; k < p->nkernels; k++)
         fprintf(f, "kernel %d %s %s %d\n", k, p->kernels[k].fn, ir_ops[p->kernels[k].node->op].name,
                 p->kernels[k].uses);

@@ -242,7 +242,12 @@ int xtc_session_init_weights(XtcSession *s, uint64_t seed);
  * last run, else by the run; the message names each symbol's value and input.
  * Integer inputs used as indices (token ids: tokens, src, tgt) are checked against the table
  * size, and targets against the number of classes (negative targets are ignored, not refused):
- * XTC_ERR_RANGE, "input 'targets': value 300 at [0, 5] is outside [0, 256)". */
+ * XTC_ERR_RANGE, "input 'targets': value 300 at [0, 5] is outside [0, 256)".
+ * A KV cache whose attention is cosine-sim (l2-normalised keys: the module decodes with the bound
+ * on the scores, `norm` in its metadata) holds only keys the module wrote: a key cache given here
+ * with a row (last axis) whose L2 norm is above 1.125 times that bound (rounding to a cache's
+ * storage stays well within it) or not finite is XTC_ERR_RANGE naming the row, and nothing is
+ * bound. */
 int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int rank,
                           const int64_t *shape, const void *data);
 
@@ -278,7 +283,8 @@ int xtc_session_get_output(XtcSession *s, const char *name, XtcTensor *out);
  * input's values, while the memory has room (it grows by a quarter when not): a call then writes
  * only the new rows. The outputs stay readable until the next run or input change, unless the
  * carry replaces the memory an output of the last run is in (XTC_ERR_STATE then, until the next
- * run). */
+ * run). Into a cosine-sim key cache (see xtc_session_set_input) only the output of its own name
+ * carries (XTC_ERR_ARG otherwise). */
 int xtc_session_carry(XtcSession *s, const char *output, const char *input);
 
 /* Bytes of the session's activation arena (intermediate values and outputs; weights and inputs

@@ -274,6 +274,7 @@ void ir_graph_free(IrGraph *g)
     free(g->outputs);
     free(g->aliases);
     free(g->inits);
+    free(g->rownorms);
     free(g);
 }
 
@@ -518,6 +519,42 @@ int ir_init(IrGraph *g, IrNode *p, IrInitKind kind, double value)
     r->target = p;
     r->kind = kind;
     r->value = value;
+    return 0;
+}
+
+double ir_find_row_norm(const IrGraph *g, const IrNode *x)
+{
+    for (int i = 0; i < g->nrownorms; i++)
+        if (g->rownorms[i].input == x)
+            return g->rownorms[i].norm;
+    return 0;
+}
+
+int ir_row_norm(IrGraph *g, IrNode *x, double norm)
+{
+    if (!x)
+        return -1;
+    if (x->op != IR_INPUT || x->dtype != IR_F32 || x->rank < 1 || !(norm > 0) || !isfinite(norm)) {
+        ir_graph_set_error(g, "row norm: %%%s is not an f32 input or %g is not a norm", x->label ? x->label : "?", norm);
+        return -1;
+    }
+    for (int i = 0; i < g->nrownorms; i++)
+        if (g->rownorms[i].input == x) {
+            g->rownorms[i].norm = fmin(g->rownorms[i].norm, norm);
+            return 0;
+        }
+    if (g->nrownorms == g->rownormcap) {
+        int cap = g->rownormcap ? g->rownormcap * 2 : 4;
+        IrRowNorm *a = realloc(g->rownorms, cap * sizeof *a);
+        if (!a) {
+            ir_graph_set_error(g, "out of memory");
+            return -1;
+        }
+        g->rownorms = a;
+        g->rownormcap = cap;
+    }
+    g->rownorms[g->nrownorms].input = x;
+    g->rownorms[g->nrownorms++].norm = norm;
     return 0;
 }
 

@@ -159,6 +159,15 @@ typedef struct {
     double value;
 } IrInit;
 
+/* A claim on an f32 input a pass relies on: every row (last axis) of its value has an L2 norm of
+ * at most `norm` (cosine-sim attention reading a KV cache: the cache holds only keys the module
+ * normalised, passes/attention_bound.c). The module records it and the runtime checks the rows a
+ * caller binds to that input (xtc_session_set_input). */
+typedef struct {
+    IrNode *input;
+    double norm;
+} IrRowNorm;
+
 typedef struct IrArena IrArena;
 
 typedef struct IrGraph {
@@ -184,6 +193,8 @@ typedef struct IrGraph {
     int naliases, aliascap;
     IrInit *inits;
     int ninits, initcap;
+    IrRowNorm *rownorms;
+    int nrownorms, rownormcap;
     IrArena *arena;
     struct IrHash *hash;
     char error[512];
@@ -287,6 +298,10 @@ const IrAlias *ir_find_alias(const IrGraph *g, const char *name);
  * leaf replaces the earlier one (zero_init_output over a Linear's default). */
 int ir_init(IrGraph *g, IrNode *p, IrInitKind kind, double value);
 const IrInit *ir_find_init(const IrGraph *g, const IrNode *p); /* NULL: no rule */
+/* Claims that the rows of the f32 INPUT x have L2 norms <= norm (IrRowNorm); a second claim on x
+ * keeps the smaller. ir_find_row_norm: the claim on x, 0 if none. */
+int ir_row_norm(IrGraph *g, IrNode *x, double norm);
+double ir_find_row_norm(const IrGraph *g, const IrNode *x);
 IrNode *ir_find_leaf(const IrGraph *g, IrOp op, const char *name);
 
 /* Shape inference for one node (ops.def's infer column); NULL or an error message. */

@@ -9,6 +9,7 @@
  *   stmt    := '%' VALUE '=' OP bare* [ operand { ',' operand } ] [ '[' attr { ',' attr } ']' ]
  *              ':' type
  *            | 'output' NAME '=' operand
+ *            | 'rownorm' operand '=' FLOAT        (ir_row_norm: an f32 input's rows' L2 norm bound)
  *   bare    := STRING | FLOAT              (the s: and f: attributes, in signature order)
  *   attr    := IDENT '=' ( INT | dim | '(' [ INT { ',' INT } ] ')' )   (i:, d:, p:)
  *   type    := DTYPE '[' [ dim { ',' dim } ] ']'
@@ -864,6 +865,20 @@ static int parse_init(Parser *P)
     return 0;
 }
 
+/* rownorm %input = number ('rownorm' already read): the claim IrRowNorm */
+static int parse_rownorm(Parser *P)
+{
+    skip_ws(P);
+    const char *at = P->p;
+    IrNode *n = use_value(P);
+    double v;
+    if (!n || expect(P, '=', "'=' after the input") < 0 || read_float(P, &v) < 0 || check_eol(P) < 0)
+        return -1;
+    if (ir_row_norm(P->g, n, v) < 0)
+        return perr(P, at, "%s", ir_graph_error(P->g) ? ir_graph_error(P->g) : "out of memory");
+    return 0;
+}
+
 /* after "name =": dim, or min(dim, cap); the symbols of dim are those declared before name */
 static int parse_derived(Parser *P, const char *at, const char *name)
 {
@@ -1003,8 +1018,10 @@ static int parse_graph(Parser *P)
         if (c == '%')
             rc = parse_node(P);
         else if (is_alpha(c) && read_ident(P, word, sizeof word, "a statement") == 0 &&
-                 (strcmp(word, "output") == 0 || strcmp(word, "alias") == 0 || strcmp(word, "init") == 0))
-            rc = word[0] == 'o' ? parse_output(P) : word[0] == 'a' ? parse_alias(P) : parse_init(P);
+                 (strcmp(word, "output") == 0 || strcmp(word, "alias") == 0 || strcmp(word, "init") == 0 ||
+                  strcmp(word, "rownorm") == 0))
+            rc = word[0] == 'o' ? parse_output(P) : word[0] == 'a' ? parse_alias(P) : word[0] == 'r' ? parse_rownorm(P)
+                                                                                     : parse_init(P);
         else
             rc = perr(P, at, "expected a node (%%name = op ...), an output or '}', found %s",
                       describe(at, found, sizeof found));

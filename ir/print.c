@@ -254,6 +254,13 @@ static void print_graph(Buf *b, const IrGraph *g)
         put_double(b, g->inits[i].value);
         put(b, "\n");
     }
+    for (int i = 0; i < g->nrownorms; i++) { /* a claim on an input's rows (IrRowNorm) */
+        put(b, "  rownorm ");
+        put_value(b, g->rownorms[i].input);
+        put(b, " = ");
+        put_double(b, g->rownorms[i].norm);
+        put(b, "\n");
+    }
     for (int i = 0; i < g->noutputs; i++) {
         put(b, "  output ");
         put_name(b, g->outputs[i].name);

@@ -18,8 +18,15 @@
  *  - views that keep rows whole (reshape, permute, expand, keeping the last axis), a concat of
  *    rows (a non-last axis: the larger bound), a slice of a row (no larger)
  *  - a reshape joining m rows into one (qk_norm_groups)                -> sqrt(m) times
- * Anything else (a cache read from an input, memory key/values, a learned scale) is unknown: no
- * bound. A wrong bound would only cost range, never values, and the interpreter checks it. */
+ *  - a KV cache: the f32 input whose output of the same name (the pair the runtime carries back,
+ *    xtc_session_carry) is that input with rows appended (a concat on a non-last axis, the input
+ *    first) holds only rows appended by earlier calls                 -> those rows' bound
+ *    The claim is recorded on the graph (ir_row_norm): the module lists it and the runtime refuses
+ *    a cache bound by the caller whose rows exceed it, so a foreign cache cannot break it. Rows
+ *    rounded to the cache's storage (bf16, int8 with a scale) may have norms a hair above it: a
+ *    score then exceeds b s by as much and its exp stays near 1, never overflowing.
+ * Anything else (memory key/values, a learned scale) is unknown: no bound. A wrong bound would
+ * only cost range, never values, and the interpreter checks it. */
 #include "passes.h"
 
 #include <math.h>
@@ -28,6 +35,15 @@
 #include "rewrite.h"
 
 #define DEPTH_MAX 48
+#define CACHES_MAX 8
+
+/* the graph walked and the cache inputs a bound relies on */
+typedef struct {
+    const IrGraph *g;
+    int ncaches;
+    const IrNode *cache[CACHES_MAX];
+    double norm[CACHES_MAX];
+} Walk;
 
 static int last_axis(const IrNode *x, int64_t axis) { return axis == x->rank - 1; }
 
@@ -152,8 +168,29 @@ static const IrNode *rotation_of(const IrNode *n)
     return NULL;
 }
 
+static double row_norm(Walk *w, const IrNode *x, int depth);
+
+/* x an f32 input carried back from the output of its name, that output x with rows appended: the
+ * appended rows' bound (recorded in w), 0 if not so */
+static double cache_norm(Walk *w, const IrNode *x, int depth)
+{
+    const IrNode *o = NULL;
+    for (int i = 0; i < w->g->noutputs && !o; i++)
+        if (!strcmp(w->g->outputs[i].name, x->s))
+            o = w->g->outputs[i].node;
+    if (x->dtype != IR_F32 || !o || o->op != IR_CONCAT || o->in[0] != x || last_axis(o, o->ia[IR_IA_AXIS]) ||
+        w->ncaches == CACHES_MAX)
+        return 0;
+    double b = row_norm(w, o->in[1], depth + 1);
+    if (b > 0) {
+        w->cache[w->ncaches] = x;
+        w->norm[w->ncaches++] = b;
+    }
+    return b;
+}
+
 /* an upper bound on the L2 norm of every row (last axis) of x; 0: unknown */
-static double row_norm(const IrNode *x, int depth)
+static double row_norm(Walk *w, const IrNode *x, int depth)
 {
     if (depth > DEPTH_MAX)
         return 0;
@@ -161,25 +198,27 @@ static double row_norm(const IrNode *x, int depth)
         return 1;
     const IrNode *in = x->nin > 0 ? x->in[0] : NULL;
     switch (x->op) {
+    case IR_INPUT:
+        return cache_norm(w, x, depth);
     case IR_ADD: {
         const IrNode *r = rotation_of(x);
-        return r ? row_norm(r, depth + 1) : 0;
+        return r ? row_norm(w, r, depth + 1) : 0;
     }
     case IR_RESHAPE: { /* rows whole, or m of them joined */
         int64_t wo = width(x), wi = width(in);
         if (wo < 1 || wi < 1 || wo % wi)
             return 0;
-        return sqrt((double)(wo / wi)) * row_norm(in, depth + 1);
+        return sqrt((double)(wo / wi)) * row_norm(w, in, depth + 1);
     }
     case IR_PERMUTE:
-        return x->perm[x->rank - 1] == x->rank - 1 ? row_norm(in, depth + 1) : 0;
+        return x->perm[x->rank - 1] == x->rank - 1 ? row_norm(w, in, depth + 1) : 0;
     case IR_EXPAND:
-        return in->rank >= 1 && ir_dim_eq(in->shape[in->rank - 1], x->shape[x->rank - 1]) ? row_norm(in, depth + 1) : 0;
+        return in->rank >= 1 && ir_dim_eq(in->shape[in->rank - 1], x->shape[x->rank - 1]) ? row_norm(w, in, depth + 1) : 0;
     case IR_SLICE: /* of rows, or a part of each row */
-        return row_norm(in, depth + 1);
+        return row_norm(w, in, depth + 1);
     case IR_CONCAT: {
         if (!last_axis(x, x->ia[IR_IA_AXIS])) {
-            double a = row_norm(x->in[0], depth + 1), b = row_norm(x->in[1], depth + 1);
+            double a = row_norm(w, x->in[0], depth + 1), b = row_norm(w, x->in[1], depth + 1);
             return a > 0 && b > 0 ? fmax(a, b) : 0;
         }
         /* partial rotary: rotary(t[.., :r]) then t[.., r:] of the same t */
@@ -187,8 +226,8 @@ static double row_norm(const IrNode *x, int depth)
         if (rot && rot->op == IR_SLICE && rest->op == IR_SLICE && rot->in[0] == rest->in[0] &&
             is_last_slice(rot, rot->in[0], 0, width(rot)) &&
             is_last_slice(rest, rest->in[0], width(rot), width(rot->in[0]) - width(rot)))
-            return row_norm(rot->in[0], depth + 1);
-        double a = row_norm(x->in[0], depth + 1), b = row_norm(x->in[1], depth + 1);
+            return row_norm(w, rot->in[0], depth + 1);
+        double a = row_norm(w, x->in[0], depth + 1), b = row_norm(w, x->in[1], depth + 1);
         return a > 0 && b > 0 ? sqrt(a * a + b * b) : 0;
     }
     default:
@@ -196,13 +235,13 @@ static double row_norm(const IrNode *x, int depth)
     }
 }
 
-static int64_t bound_of(const IrNode *q, const IrNode *k, const IrNode *bias, const IrNode *scale)
+static int64_t bound_of(Walk *w, const IrNode *q, const IrNode *k, const IrNode *bias, const IrNode *scale)
 {
     double s;
     if (!(bias->op == IR_CONST && bias->f == 0) || scale->op != IR_CONST || !(scale->f > 0))
         return 0;
     s = scale->f;
-    double nq = row_norm(q, 0), nk = nq > 0 ? row_norm(k, 0) : 0;
+    double nq = row_norm(w, q, 0), nk = nq > 0 ? row_norm(w, k, 0) : 0;
     if (!(nq > 0 && nk > 0))
         return 0;
     int64_t b = (int64_t)ceil(nq * nk * (1 - 1e-12));
@@ -211,8 +250,14 @@ static int64_t bound_of(const IrNode *q, const IrNode *k, const IrNode *bias, co
 
 static IrNode *bound_node(PassRewriter *rw, const IrNode *old, IrNode *p)
 {
-    if (old->op == IR_ATTENTION && old->ia[IR_IA_BOUND] == 0)
-        p->ia[IR_IA_BOUND] = bound_of(old->in[0], old->in[1], old->in[3], old->in[5]);
+    if (old->op == IR_ATTENTION && old->ia[IR_IA_BOUND] == 0) {
+        Walk w = {.g = rw->old};
+        p->ia[IR_IA_BOUND] = bound_of(&w, old->in[0], old->in[1], old->in[3], old->in[5]);
+        /* the bound holds only while the caches hold what the module wrote: the runtime checks */
+        for (int i = 0; p->ia[IR_IA_BOUND] && i < w.ncaches; i++)
+            if (ir_row_norm(rw->g, rw->map[w.cache[i]->id], w.norm[i]) < 0)
+                return NULL;
+    }
     return pass_build(rw, p);
 }
 

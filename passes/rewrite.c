@@ -136,6 +136,14 @@ IrGraph *pass_rewrite_leaves(const IrGraph *g, PassRewriteFn fn, void *ctx, cons
             goto fail;
         }
     }
+    for (int k = 0; k < g->nrownorms; k++) { /* an input's row norm claim, if it is still read */
+        IrNode *img = map[g->rownorms[k].input->id];
+        if (img && ir_row_norm(ng, img, g->rownorms[k].norm) < 0) {
+            snprintf(err, n, "row norm of '%s': %s", g->rownorms[k].input->s,
+                     ir_graph_error(ng) ? ir_graph_error(ng) : "out of memory");
+            goto fail;
+        }
+    }
     for (int k = 0; k < g->naliases; k++) { /* tied parameters keep their second names */
         IrNode *img = map[g->aliases[k].target->id];
         if (!img || ir_alias(ng, g->aliases[k].name, img) < 0) {

@@ -1,6 +1,6 @@
-/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), carrying outputs
- * into inputs (xtc_session_carry: KV caches on the host and on a device) and a device module's
- * outputs left on the device until read. */
+/* rt_carry.c: limits on sums of symbols (a KV cache's c+n <= max_seq_len), limits on the row
+ * norms of a cosine-sim key cache, carrying outputs into inputs (xtc_session_carry: KV caches on
+ * the host and on a device) and a device module's outputs left on the device until read. */
 #include "rt_session.h"
 
 #include <errno.h>
@@ -97,6 +97,31 @@ int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape)
     return rs_check_limits(s, syms, known, b, shape);
 }
 
+
+/* ---- row norms of inputs a bound relies on (rs_check_row_norms) ---- */
+
+/* A bf16 row of norm 1 rounds to at most 1 + 2^-8, an int8 row with its scale max|x| / 127 to
+ * about 1 + sqrt(D) / 254 (1.045 at D = 128): a cache the module wrote and the caller read back
+ * stays within the slack. A row above it by a factor r adds (r - 1) b s to the scores over the
+ * maximum the kernels assume: at r = 1.125, b s <= 40, exp(5) at most, no overflow. */
+int rs_check_row_norms(XtcSession *s, int b, int rank, const int64_t *shape, const float *x)
+{
+    const RtBuffer *buf = &s->m->bufs[b];
+    if (!(buf->row_norm > 0) || rank < 1)
+        return XTC_OK;
+    int64_t d = shape[rank - 1], rows = d ? rs_numel_of(rank, shape) / d : 0;
+    double lim = buf->row_norm * RS_ROW_NORM_SLACK;
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t j = 0; j < d; j++)
+            ss += (double)x[r * d + j] * x[r * d + j];
+        if (!(sqrt(ss) <= lim))
+            return rs_fail(s, XTC_ERR_RANGE, "input '%s': row %lld has L2 norm %g, above the %g the model's cosine-sim "
+                           "attention relies on (a KV cache holds the keys it normalised)", buf->name, (long long)r,
+                           sqrt(ss), buf->row_norm);
+    }
+    return XTC_OK;
+}
 
 /* ---- carrying outputs into inputs (KV caches) ---- */
 
@@ -293,6 +318,9 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     int ib = rs_find_buffer(m, RT_BUF_INPUT, input);
     if (ib < 0)
         return rs_fail(s, XTC_ERR_NAME, "the model has no input named '%s'", input);
+    if (m->bufs[ib].row_norm > 0 && strcmp(output, input))
+        return rs_fail(s, XTC_ERR_ARG, "input '%s' holds rows of L2 norm <= %g (cosine-sim attention relies on it): "
+                       "only output '%s' carries into it", input, m->bufs[ib].row_norm, input);
     int st = device_carry(s, oi, ib);
     if (st >= 0)
         return st;

@@ -33,6 +33,7 @@ typedef struct {
     int first, last;                /* temps: steps that write it first and read it last */
     int has_range;                  /* inputs used as indices: valid values [lo, hi) */
     int64_t lo, hi;
+    double row_norm;                /* "norm" record: f32 input rows' L2 norm bound; 0: none */
     int has_init;                   /* params, state: fresh values start by init_rule (XtcInitRule) */
     int init_rule;                  /* with its parameter init (the init line) */
     double init;

@@ -386,6 +386,18 @@ static int record(Parser *p)
         m->bufs[b].has_init = 1;
         m->bufs[b].init_rule = rule;
         m->bufs[b].init = v;
+    } else if (strcmp(kind, "norm") == 0) { /* norm BUFFER NORM */
+        int b = 0;
+        if (need(p, 3) < 0 || parse_index(p, t[1], 0, m->nbufs, &b) < 0)
+            return -1;
+        char *end = NULL;
+        errno = 0;
+        double v = strtod(t[2], &end);
+        if (!*t[2] || *end || errno || !isfinite(v) || !(v > 0))
+            return bad(p, "bad row norm '%s'", t[2]);
+        if (m->bufs[b].kind != RT_BUF_INPUT || m->bufs[b].dtype != XTC_F32 || m->bufs[b].rank < 1)
+            return bad(p, "norm of buffer %s, which is not an f32 input", t[1]);
+        m->bufs[b].row_norm = v;
     } else if (strcmp(kind, "storage") == 0) { /* storage BUFFER bf16|fp16|int8 */
         int b = 0;
         if (need(p, 3) < 0 || parse_index(p, t[1], 0, m->nbufs, &b) < 0)

@@ -658,6 +658,8 @@ int xtc_session_set_input(XtcSession *s, const char *name, XtcDType dtype, int r
     }
     if (buf->dtype == XTC_F32 && n)
         memcpy(copy, data, (size_t)n * esize);
+    if ((st = rs_check_row_norms(s, b, rank, shape, (const float *)copy))) /* a cache's keys: bounded */
+        return free(copy), st;
     if (buf->storage && !m->device) { /* a KV cache stored in bf16 or int8 rows: rounded once, here (rt_store.c) */
         void *h = rs_store_input(m, b, (const float *)copy, n);
         free(copy);

@@ -94,6 +94,12 @@ int rs_plan_fits(const XtcModule *m, const ArenaPlan *p, const int64_t *syms);
 int rs_appends_to(const XtcSession *s, int ob, int ib, const int64_t *syms);
 int rs_check_limits(XtcSession *s, const int64_t *syms, const int *known, int b, const int64_t *shape);
 int rs_check_limits_early(XtcSession *s, int b, const int64_t *shape);
+/* The rows (last axis) of f32 input b's value x [shape] against the module's "norm" record (a KV
+ * cache that cosine-sim attention reads with a bound): XTC_OK, or XTC_ERR_RANGE naming the first
+ * row whose L2 norm is not finite or exceeds the record by more than rounding to a cache's storage
+ * can (RS_ROW_NORM_SLACK). */
+#define RS_ROW_NORM_SLACK 1.125
+int rs_check_row_norms(XtcSession *s, int b, int rank, const int64_t *shape, const float *x);
 int rs_find_output(const XtcModule *m, const char *name);
 /* xtc_session_get_output; widen 0: a 16-bit output of a CPU module as stored (its bytes) */
 int rs_get_output(XtcSession *s, const char *name, XtcTensor *out, int widen);

@@ -128,6 +128,13 @@ check "bench --against cosine_sim" "$xtc" bench "$src/tests/parity_newer/v2_qk_n
 cp "$tmp/out" "$tmp/against.txt"
 expect "text: the variant without the pass" "^without-cosine_sim: [0-9]+ nodes" "$tmp/against.txt"
 expect "text: its speed-up" "^speed-up \(without-cosine_sim / fused median\)" "$tmp/against.txt"
+# ... with --decode: KV-cache decoding without the pass against every pass (the cached attention bounded)
+check "bench --decode --against cosine_sim" "$xtc" bench "$src/bench/cosine4k.xtf" --decode 4 --repeat 1 -O0 --against cosine_sim
+cp "$tmp/out" "$tmp/dagainst.txt"
+expect "decode: the variant without the pass" "^  without-cosine_sim +[0-9.]+ ms/token" "$tmp/dagainst.txt"
+expect "decode: every pass against it" "^  every pass +[0-9.]+ ms/token .* [0-9.]+x without-cosine_sim, [0-9.]+x by cpu$" "$tmp/dagainst.txt"
+refuse "decode --against with --dtype" "and --against without --dtype" "$xtc" bench "$model" --decode 4 --against cosine_sim \
+  --dtype bf16
 refuse "--against an unknown pass" "xtc bench: --against: unknown pass 'cosine' (passes: fold" "$xtc" bench "$model" --batch 1 \
   --seq 8 --against cosine
 

@@ -50,6 +50,13 @@ def kv(name, c, n):  # decoder_plain --kv-cache: 2 layers, 2 heads of 32
     st.write("%s/%s.safetensors" % (out, name), t)
 kv("kv_fits", 12, 20)
 kv("kv_over", 20, 20)
+# v2_attn_qk_norm --kv-cache (cosine-sim: 1 layer, 2 heads of 8): unit keys, then one key of norm 1e3
+def cos(name, last):
+    st.write("%s/%s.safetensors" % (out, name), {"tokens": st.Tensor("I64", [1, 1], [1]),
+             "cache.0.k": st.Tensor("F32", [1, 2, 2, 8], ([1.0] + [0.0] * 7) * 3 + [last] + [0.0] * 7),
+             "cache.0.v": st.Tensor("F32", [1, 2, 2, 8], [0.5] * 32)})
+cos("cos_unit", 1.0)
+cos("cos_big", 1e3)
 def tok(name, shape, values, targets=None):
     t = {"tokens": st.Tensor("I64", shape, values)}
     if targets is not None:
@@ -69,6 +76,13 @@ $xtc init $tmp/rt_kv.so -o $tmp/rt_kv_w.safetensors > /dev/null 2>&1
 check rt_kv_fits $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_fits.safetensors --output $tmp/rt_out.safetensors
 refuse_t rt_kv_over "n+c = 40 exceeds 32 (the model's max_seq_len): n = 20 (input 'tokens'), c = 20 (input 'cache.0.k')" \
   $xtc run $tmp/rt_kv.so --weights $tmp/rt_kv_w.safetensors --input $tmp/kv_over.safetensors --output $tmp/rt_out.safetensors
+# a cosine-sim model's key cache holds keys it normalised (its decoding takes the bound): a file's
+# cache with a key of norm 1e3 is refused by name, not decoded into overflow
+$xtc compile $src/tests/parity_newer/v2_attn_qk_norm.xtf --kv-cache -O0 -o $tmp/rt_cos.so > /dev/null 2>&1
+$xtc init $tmp/rt_cos.so -o $tmp/rt_cos_w.safetensors > /dev/null 2>&1
+check rt_cos_unit_cache $xtc run $tmp/rt_cos.so --weights $tmp/rt_cos_w.safetensors --input $tmp/cos_unit.safetensors --output $tmp/rt_out.safetensors
+refuse_t rt_cos_hostile_cache "input 'cache.0.k': row 3 has L2 norm 1000, above the 1 the model's cosine-sim attention relies on" \
+  $xtc run $tmp/rt_cos.so --weights $tmp/rt_cos_w.safetensors --input $tmp/cos_big.safetensors --output $tmp/rt_out.safetensors
 # no output elements, no work; absurd loops refused before running
 dp=$src/tests/parity/decoder_plain.xtf
 $xtc compile $dp -o $tmp/rt_dp.so > /dev/null 2>&1

@@ -8,7 +8,8 @@
  * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
  * without crossing the bus), gives those logits and, after the last call, those caches too; with
  * the caches stored in bf16 (--kv-dtype bf16), the logits of the interpreter decoding with them
- * rounded to bf16. */
+ * rounded to bf16. Cosine-sim attention decodes with its bound (the cache holds normalised keys).
+ */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -538,6 +539,186 @@ START_TEST(xpos_2x)
 }
 END_TEST
 
+/* The pairing cosine_sim reads, on IR text: a cache input is bounded by the rows appended to it
+ * only where the output of its own name is that append (a: bound 1, the claim printed and read
+ * back as "rownorm %ka = 1"); appended to but carried out under another name (b), or appended rows
+ * with no bound (c): no bound, no claim. */
+static const char *const pairs_ir =
+    "graph pairs(b, n <= 8, c <= 8) {\n"
+    "  %x = input \"q\" : f32[b, n, 4]\n"
+    "  %y = input \"k\" : f32[b, n, 4]\n"
+    "  %ka = input \"a\" : f32[b, c, 4]\n"
+    "  %kb = input \"b\" : f32[b, c, 4]\n"
+    "  %kc = input \"c\" : f32[b, c, 4]\n"
+    "  %eps = const 1e-12 : f32[]\n"
+    "  %scale = const 10 : f32[]\n"
+    "  %xx = mul %x, %x : f32[b, n, 4]\n"
+    "  %xs = sum %xx [axis=2] : f32[b, n, 1]\n"
+    "  %xr = sqrt %xs : f32[b, n, 1]\n"
+    "  %xm = max %xr, %eps : f32[b, n, 1]\n"
+    "  %q = div %x, %xm : f32[b, n, 4]\n"
+    "  %yy = mul %y, %y : f32[b, n, 4]\n"
+    "  %ys = sum %yy [axis=2] : f32[b, n, 1]\n"
+    "  %yr = sqrt %ys : f32[b, n, 1]\n"
+    "  %ym = max %yr, %eps : f32[b, n, 1]\n"
+    "  %k = div %y, %ym : f32[b, n, 4]\n"
+    "  %a = concat %ka, %k [axis=1] : f32[b, n+c, 4]\n"
+    "  %bb = concat %kb, %k [axis=1] : f32[b, n+c, 4]\n"
+    "  %cc = concat %kc, %y [axis=1] : f32[b, n+c, 4]\n"
+    "  %qa = matmul %q, %a [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %da = mul %qa, %scale : f32[b, n, n+c]\n"
+    "  %wa = softmax %da : f32[b, n, n+c]\n"
+    "  %oa = matmul %wa, %a [transpose_b=0] : f32[b, n, 4]\n"
+    "  %qb = matmul %q, %bb [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %db = mul %qb, %scale : f32[b, n, n+c]\n"
+    "  %wb = softmax %db : f32[b, n, n+c]\n"
+    "  %ob = matmul %wb, %bb [transpose_b=0] : f32[b, n, 4]\n"
+    "  %qc = matmul %q, %cc [transpose_b=1] : f32[b, n, n+c]\n"
+    "  %dc = mul %qc, %scale : f32[b, n, n+c]\n"
+    "  %wc = softmax %dc : f32[b, n, n+c]\n"
+    "  %oc = matmul %wc, %cc [transpose_b=0] : f32[b, n, 4]\n"
+    "  output oa = %oa\n"
+    "  output ob = %ob\n"
+    "  output oc = %oc\n"
+    "  output a = %a\n"
+    "  output b_next = %bb\n"
+    "  output c = %cc\n"
+    "}\n";
+
+START_TEST(cosine_sim_pairs)
+{
+    char err[512];
+    IrGraph *g = ir_parse(pairs_ir, "pairs.ir", err, sizeof err);
+    ck_assert_msg(g != NULL, "%s", err);
+    IrGraph *h = harness_passes(g, NULL, NULL, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    static const char *const outs[] = {"oa", "ob", "oc"};
+    for (int o = 0; o < h->noutputs; o++)
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(h->outputs[o].name, outs[i])) {
+                const IrNode *at = h->outputs[o].node;
+                ck_assert_msg(at->op == IR_ATTENTION, "%s: %s", outs[i], ir_ops[at->op].name);
+                ck_assert_msg(at->ia[IR_IA_BOUND] == (i == 0), "%s: bound=%lld", outs[i], (long long)at->ia[IR_IA_BOUND]);
+            }
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "a")) == 1);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "b")) == 0);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "c")) == 0);
+    /* the claim in the text form: "rownorm %ka = 1", read back the same */
+    char *text = ir_print_str(h);
+    ck_assert_msg(strstr(text, "\n  rownorm %ka = 1\n") != NULL, "%s", text);
+    IrGraph *r = ir_parse(text, "pairs_after.ir", err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    ck_assert(ir_find_row_norm(r, ir_find_leaf(r, IR_INPUT, "a")) == 1);
+    char *again = ir_print_str(r);
+    ck_assert_str_eq(again, text);
+    free(again);
+    free(text);
+    ir_graph_free(r);
+    ir_graph_free(h);
+    ir_graph_free(g);
+}
+END_TEST
+
+/* Cosine-sim attention of 2.x (l2-normalised q and k, the fixed qk_norm_scale, rotary, grouped
+ * key/values) decoding with a KV cache: the pipeline bounds the cached attention too, since the
+ * cache holds only the normalised keys the module appended (ir_row_norm on cache.<l>.k, not on
+ * .v); the interpreter decodes through the bounded graph, checking |q . k| <= bound at every call
+ * (and refuses a cache whose keys break it); the compiled modules, CPU (f32 and bf16 caches) and
+ * emulated CUDA, decode as the other models do. A module's session refuses a caller's cache
+ * whose rows exceed the norm, and a carry into it from another output. */
+START_TEST(cosine_sim_2x)
+{
+    const char *src = XT2 MODEL("dim = 16, depth = 2, heads = 4, attn_kv_heads = 2, attn_dim_head = 8,"
+                                " attn_qk_norm = true, rotary_pos_emb = true");
+    IrGraph *full = lower(src, 0), *step = lower(src, 1);
+    char err[1024];
+    IrGraph *h = harness_passes(step, NULL, NULL, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    int attn = 0, bounded = 0;
+    for (int i = 0; i < h->nnodes; i++)
+        if (h->nodes[i]->op == IR_ATTENTION) {
+            attn++;
+            bounded += h->nodes[i]->ia[IR_IA_BOUND] == 1;
+        }
+    ck_assert_int_eq(attn, 2);
+    ck_assert_int_eq(bounded, 2);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "cache.0.k")) == 1);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "cache.1.k")) == 1);
+    ck_assert(ir_find_row_norm(h, ir_find_leaf(h, IR_INPUT, "cache.0.v")) == 0);
+
+    Bind b = {0};
+    make_weights(full, &b);
+    enum { T = 9, PROMPT = 4 };
+    int64_t tok[T];
+    for (int t = 0; t < T; t++)
+        tok[t] = (t * 5 + 1) % 64;
+    IrHostTensor ref;
+    b.g = full;
+    b.b = 1;
+    b.n = T;
+    b.tokens = tok;
+    ck_assert_msg(ir_interp(full, bind, &b, &ref, err, sizeof err) == 0, "full: %s", err);
+    double worst = interp_decode(h, &b, tok, T, PROMPT, &ref, 0, NULL);
+    ck_assert_msg(worst < 1e-4, "bounded cached decoding differs from recomputation by %g", worst);
+    /* the last call's caches, the keys of layer 0 three times longer: the interpreter's check */
+    ck_assert_str_eq(b.cache_names[0], "cache.0.k");
+    for (int64_t i = 0; i < T * 2 * 8; i++)
+        b.cache[0][i] *= 3;
+    b.g = h;
+    b.n = 1;
+    IrHostTensor *outs = calloc((size_t)h->noutputs, sizeof *outs);
+    ck_assert_int_ne(ir_interp(h, bind, &b, outs, err, sizeof err), 0);
+    ck_assert_msg(strstr(err, "exceeds the bound"), "%s", err);
+    free(outs);
+    ir_graph_free(h);
+
+    /* the module: its metadata lists the claim, its session checks what a caller binds */
+    PassOptions po = {.verify_each = 1};
+    char path[600];
+    h = harness_passes(step, "cpu", &po, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    bounded = 0;
+    for (int i = 0; i < h->nnodes; i++)
+        bounded += h->nodes[i]->op == IR_ATTENTION && h->nodes[i]->ia[IR_IA_BOUND] == 1;
+    ck_assert_int_eq(bounded, 2);
+    harness_make_tmpdir("kv_cache");
+    snprintf(path, sizeof path, "%s/cosine.so", tmpdir);
+    CgOptions opt = {.output = path, .opt_level = 1, .source = "# test\n", .source_name = "t.xtf"};
+    ck_assert_msg(harness_cg(h, &opt, NULL, err, sizeof err) == 0, "%s", err);
+    ir_graph_free(h);
+    XtcModule *m = NULL;
+    ck_assert_int_eq(xtc_module_load(path, &m), XTC_OK);
+    unlink(path);
+    ck_assert_msg(strstr(xtc_module_metadata(m), "\nnorm ") != NULL, "no norm record");
+    XtcSession *s = NULL;
+    ck_assert_int_eq(xtc_session_new(m, NULL, &s), XTC_OK);
+    float rows[3 * 2 * 8];
+    for (int i = 0; i < 3 * 2 * 8; i++)
+        rows[i] = i % 8 == i / 8 % 8 ? 1 : 0; /* unit rows */
+    ck_assert_msg(xtc_session_set_input(s, "cache.0.k", XTC_F32, 4, (int64_t[]){1, 3, 2, 8}, rows) == XTC_OK, "%s",
+                  xtc_session_error(s));
+    rows[5 * 8 + 3] = 0.6f; /* row 5: norm sqrt(1.36) */
+    ck_assert_int_eq(xtc_session_set_input(s, "cache.0.k", XTC_F32, 4, (int64_t[]){1, 3, 2, 8}, rows), XTC_ERR_RANGE);
+    ck_assert_msg(strstr(xtc_session_error(s), "input 'cache.0.k': row 5 has L2 norm 1.16619"), "%s", xtc_session_error(s));
+    ck_assert_int_eq(xtc_session_set_input(s, "cache.0.v", XTC_F32, 4, (int64_t[]){1, 3, 2, 8}, rows), XTC_OK);
+    ck_assert_int_eq(xtc_session_carry(s, "cache.0.v", "cache.0.k"), XTC_ERR_ARG);
+    ck_assert_msg(strstr(xtc_session_error(s), "only output 'cache.0.k' carries into it"), "%s", xtc_session_error(s));
+    xtc_session_free(s);
+    xtc_module_free(m);
+
+    for (int c = 0; c < b.ncache; c++)
+        free(b.cache[c]);
+    for (int i = 0; i < b.nw; i++)
+        free(b.w[i]);
+    free(b.w);
+    free(b.names);
+    ir_host_free(&ref);
+    ir_graph_free(full);
+    ir_graph_free(step);
+    check_model_kv(src, 1); /* compiled: CPU (f32 and bf16 caches) and emulated CUDA, bounded */
+}
+END_TEST
+
 /* a sliding window (max_attend_past): the cached keys older than it are masked in each step as in
  * the full recomputation, memory key/values too */
 START_TEST(window_mem_kv)
@@ -690,5 +871,9 @@ int main(void)
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);
+    TCase *cos = tcase_create("cosine_sim"); /* CK_RUN_CASE=cosine_sim runs it alone */
+    tcase_add_test(cos, cosine_sim_pairs);
+    tcase_add_test(cos, cosine_sim_2x);
+    suite_add_tcase(s, cos);
     return harness_run(s, NULL);
 }

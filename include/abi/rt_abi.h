@@ -47,6 +47,10 @@
  *                                           writes "init BUFFER VALUE": const.)
  *   range INPUT LO HI                       integer input used as indices: values in [LO, HI);
  *                                           LO INT64_MIN: targets (negative ones are ignored)
+ *   norm BUFFER NORM                        the f32 input BUFFER's rows (last axis) have L2
+ *                                           norms <= NORM (%a), which a kernel relies on (cosine-
+ *                                           sim attention reading a KV cache): the runtime checks
+ *                                           the rows a caller binds to it
  *   kernel ID FUNCTION OP USES              one generated function, shared by USES steps
  *   step ID KERNEL OUT IN0 .. INk OP LABEL  schedule entry: 3 to XTC_ABI_MAXIN operand buffers,
  *                                           -1 for absent operands
