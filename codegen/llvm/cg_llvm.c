@@ -1134,5 +1134,5 @@ const CgBackend cg_llvm_backend = {
     .attention_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_LLVM_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1,
-    .attention_grad_kv_groups = 1, /* one work item per (batch, key/value head): cg_llvm_attention.c */
+    .attention_grad_kv_groups = 1, /* one work item per (batch, key/value head): cg_llvm_attention_grad.c */
 };

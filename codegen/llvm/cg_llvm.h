@@ -108,7 +108,7 @@ typedef struct {
     void *ctx;
 } CgMatmulEpilogue;
 int cg_matmul_impl_epilogue(CgFn *f, const CgMatmulEpilogue *epi);
-/* ... and its building blocks, shared with the fused attention kernels (cg_llvm_attention.c):
+/* ... and its building blocks, shared with the fused attention kernels (cg_llvm_attention.c and _grad.c):
  *   pack(bp, b, ldb, pc, kc, j0, nc)   bp[p][j] = B(pc + p, j0 + j), j < nc; zeros up to NR;
  *                                      B(p, j) = b[p ldb + j], or b[j ldb + p] when transposed
  *   micro(a, lda, i0, mlast, kc, bp, c, ldc, mr, nc, accumulate)
@@ -153,7 +153,7 @@ void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_kth_largest_impl(CgFn *f);
 void cg_entmax15_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_entmax15_impl(CgFn *f);
-/* cg_llvm_attention.c: the fused attention ops */
+/* cg_llvm_attention.c, cg_llvm_attention_grad.c: the fused attention ops (forward, backward) */
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_attention_impl(CgFn *f);
 void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);

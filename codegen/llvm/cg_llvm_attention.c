@@ -35,22 +35,8 @@
  * sees no key, which is how such a row is recognised then. Without a mask, as no row waits for
  * a maximum over the whole tile, each MR rows go from S = Q' K^T to P (2^x without a clamp) to
  * O += P V at once, while their scores are in L1.
- *
- * Backward, one work item = one batch index of k and v (dq accumulates in place, with no other
- * thread writing it). With grouped key/values (G key/value heads for H query heads, R = H / G),
- * that is one key/value head, and the item runs its R query heads h = g, G + g, ... in turn inside
- * each key tile: dK, dV sum over them there, with no other thread writing key/value head g's rows
- * (ops.def: the dk, dv rows of head g; the item clears those of its heads G..H-1); K and V are
- * packed once for the R heads. B G items, not B H.
- *   u = sum of dout over the fully masked rows / J              (their uniform share of dv)
- *   for each tile of BBC keys: dK = dV = 0, K and V packed once
- *     for each query head of the item, each tile of BBR query rows that sees any of these keys:
- *       S = Q K^T, dP = dO V^T;  P = exp(S scale + bias - lse), 0 where masked
- *       Drow = dO . O - dlse;  dS = P (dP - Drow) scale
- *       dV += P^T dO;  dK += dS^T Q;  dQ += dS K
- *     dk = dK, dv = dV + u
- * Five tile products per pair of tiles, none of them n x n in memory. */
-#include "cg_llvm.h"
+ * The backward (attention_grad) is cg_llvm_attention_grad.c; what the two share, cg_llvm_attention.h. */
+#include "cg_llvm_attention.h"
 
 #include <float.h>
 #include <math.h>
@@ -60,58 +46,9 @@
 #define GROUP_MAX 8 /* forward: query tiles per work item, sharing each packed key tile (group_of) */
 #define ITEMS_PER_THREAD 4 /* forward: fewer tiles per item until there are this many items a thread */
 #define BC 256  /* forward: keys per tile */
-#define BBR 48  /* backward: query rows per tile */
-#define BBC 64  /* backward: keys per tile */
-_Static_assert(BBR % 16 == 0 && BBC % 16 == 0, "transpose_tile moves whole blocks of up to 16 x 16");
 #define MAX_HEAD CG_LLVM_ATTENTION_MAX_HEAD /* D and E: constants up to this (the stack tiles are sized by them) */
 #define FEW_ROWS 4  /* forward: a work item of at most this many query rows (decoding) and no
                      * bias or mask reads K and V in place instead of packing them */
-
-/* ---- small builders ---- */
-
-typedef struct {
-    CgFn *f;
-    Cg *cg;
-    LLVMBuilderRef b;
-    int nr, mr;
-    LLVMValueRef pack_n, pack_t, micro;
-    LLVMTypeRef pack_ty, micro_ty;
-} K;
-
-static LLVMValueRef ci(K *k, int64_t v) { return cg_i64(k->cg, v); }
-static LLVMValueRef iadd(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildAdd(k->b, a, b, ""); }
-static LLVMValueRef isub(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSub(k->b, a, b, ""); }
-static LLVMValueRef imul(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildMul(k->b, a, b, ""); }
-static LLVMValueRef idiv(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSDiv(k->b, a, b, ""); }
-static LLVMValueRef irem(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildSRem(k->b, a, b, ""); }
-static LLVMValueRef imin(K *k, LLVMValueRef a, LLVMValueRef b) { return cg_min_i64(k->f, a, b); }
-static LLVMValueRef imax(K *k, LLVMValueRef a, LLVMValueRef b) { return cg_max_i64(k->f, a, b); }
-static LLVMValueRef ilt(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildICmp(k->b, LLVMIntSLT, a, b, ""); }
-static LLVMValueRef fc(K *k, double v) { return cg_f32(k->cg, v); }
-static LLVMValueRef f_add(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(k->b, a, b, ""); }
-static LLVMValueRef f_sub(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(k->b, a, b, ""); }
-static LLVMValueRef f_mul(K *k, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(k->b, a, b, ""); }
-static LLVMValueRef ptr(K *k, LLVMValueRef base, LLVMValueRef idx) { return cg_addr(k->f, IR_F32, base, idx); }
-static LLVMValueRef ld(K *k, LLVMValueRef base, LLVMValueRef idx) { return cg_load(k->f, IR_F32, base, idx); }
-static void st(K *k, LLVMValueRef base, LLVMValueRef idx, LLVMValueRef v) { cg_store(k->f, IR_F32, base, idx, v); }
-static LLVMValueRef fget(K *k, LLVMValueRef var) { return cg_get(k->f, k->cg->t_f32, var); }
-static LLVMValueRef ceil_div(K *k, LLVMValueRef a, int64_t d) { return idiv(k, iadd(k, a, ci(k, d - 1)), ci(k, d)); }
-static LLVMValueRef ceil_div_v(K *k, LLVMValueRef a, LLVMValueRef d) { return idiv(k, isub(k, iadd(k, a, d), ci(k, 1)), d); }
-
-/* a float array of n elements on the stack, 64-byte aligned */
-/* dst[c dld + r] = src[r sld + c] for r < rows, c < cols, in VW x VW blocks through registers
- * (cg_transpose_vectors): whole blocks, so up to VW - 1 rows and columns past the edges, which
- * the arrays hold and nothing reads, move too. Scattering each element to its transposed place
- * instead vectorises into scatter instructions, which this CPU runs an element at a time. */
-static void transpose_tile(K *k, LLVMValueRef src, int64_t sld, LLVMValueRef dst, int64_t dld, LLVMValueRef rows,
-                           LLVMValueRef cols);
-
-static LLVMValueRef stack_floats(K *k, int64_t n, const char *name)
-{
-    LLVMValueRef a = cg_var(k->f, LLVMArrayType(k->cg->t_f32, (unsigned)n), NULL, name);
-    LLVMSetAlignment(a, 64);
-    return a;
-}
 
 /* max(a, b) for the vectoriser: maxnum with no-NaN flags (NaN inputs give unspecified rows) */
 static LLVMValueRef fmaxv(K *k, LLVMValueRef a, LLVMValueRef b)
@@ -120,13 +57,8 @@ static LLVMValueRef fmaxv(K *k, LLVMValueRef a, LLVMValueRef b)
     return cg_fmf(cg_intrinsic(k->cg, "llvm.maxnum", k->cg->t_f32, args, 2), LLVMFastMathNoNaNs | LLVMFastMathNoSignedZeros);
 }
 
-/* acc += x, reassociable so that the loop vectorises */
-static void fsum_into(K *k, LLVMValueRef acc, LLVMValueRef x)
-{
-    LLVMBuildStore(k->b, cg_fmf(LLVMBuildFAdd(k->b, fget(k, acc), x, ""), LLVMFastMathAllowReassoc | LLVMFastMathAllowContract), acc);
-}
-
-static void fill(K *k, LLVMValueRef base, LLVMValueRef n, double v)
+/* base[0..n) = v */
+void cg_att_fill(K *k, LLVMValueRef base, LLVMValueRef n, double v)
 {
     CgLoop l;
     cg_for(k->f, &l, ci(k, 0), n, "z");
@@ -134,7 +66,7 @@ static void fill(K *k, LLVMValueRef base, LLVMValueRef n, double v)
     cg_for_end(k->f, &l);
 }
 
-static void k_init(K *k, CgFn *f)
+void cg_att_k_init(K *k, CgFn *f)
 {
     memset(k, 0, sizeof *k);
     k->f = f;
@@ -147,28 +79,6 @@ static void k_init(K *k, CgFn *f)
     k->micro = cg_gemm_micro(f->cg);
     k->pack_ty = LLVMGlobalGetValueType(k->pack_n);
     k->micro_ty = LLVMGlobalGetValueType(k->micro);
-}
-
-/* bp = panel of B(pc + p, j0 + j): B(p, j) = src[p ldb + j], or src[j ldb + p] transposed */
-static void pack(K *k, int transposed, LLVMValueRef bp, LLVMValueRef src, LLVMValueRef ldb, LLVMValueRef pc,
-                 LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc)
-{
-    LLVMValueRef args[7] = {bp, src, ldb, pc, kc, j0, nc};
-    LLVMBuildCall2(k->b, k->pack_ty, transposed ? k->pack_t : k->pack_n, args, 7, "");
-}
-
-/* C[0..rows, 0..nc) (+)= A[rows, kc] x panel bp, A rows at a + r lda, C rows at c + r ldc */
-static void micro_rows(K *k, LLVMValueRef a, LLVMValueRef lda, LLVMValueRef rows, LLVMValueRef kc, LLVMValueRef bp,
-                       LLVMValueRef c, LLVMValueRef ldc, LLVMValueRef nc, int accumulate)
-{
-    CgLoop l;
-    cg_for(k->f, &l, ci(k, 0), ceil_div(k, rows, k->mr), "mt");
-    LLVMValueRef r0 = imul(k, l.iv, ci(k, k->mr));
-    LLVMValueRef mr = imin(k, ci(k, k->mr), isub(k, rows, r0));
-    LLVMValueRef args[11] = {a, lda, r0, isub(k, rows, ci(k, 1)), kc, bp, c, ldc, mr, nc,
-                             LLVMConstInt(k->cg->t_i1, (unsigned long long)accumulate, 0)};
-    LLVMBuildCall2(k->b, k->micro_ty, k->micro, args, 11, "");
-    cg_for_end(k->f, &l);
 }
 
 /* C rows r0 .. r0 + mr of C[rows, 0..nc) (+)= A[rows, kc] x panel bp: one micro-kernel call */
@@ -227,13 +137,7 @@ static void kv_pack(K *k, int kst, int transposed, LLVMValueRef bp, LLVMValueRef
 
 /* ---- operands ---- */
 
-/* Sizes of an attention node (or of the forward node behind an attention_grad). */
-typedef struct {
-    LLVMValueRef nb, I, J;   /* batch (product of the batch dims), queries, keys */
-    int D, E;                /* head sizes: constants */
-} Dims;
-
-static int dims_of(K *k, const IrNode *n, Dims *d)
+int cg_att_dims_of(K *k, const IrNode *n, Dims *d)
 {
     const IrNode *q = n->in[0], *v = n->in[2], *kk = n->in[1];
     int r = q->rank;
@@ -249,19 +153,9 @@ static int dims_of(K *k, const IrNode *n, Dims *d)
     return 0;
 }
 
-/* A bias or mask operand x, broadcast to the scores [batch.., I, J]: element (bi, i, j) is at
- * base + boff(bi) + i si + j sj, sj being 0 or 1 (known here, so the loops over j vectorise). */
-typedef struct {
-    int present;        /* 0: the constant "none" (bias 0, mask true) */
-    IrDType t;
-    const IrNode *x;
-    LLVMValueRef base, si;
-    int sj;
-} ScoreOp;
-
 static LLVMValueRef x_stride(K *k, const IrNode *x, int d) { return cg_dims_prod(k->f, x->shape, d + 1, x->rank); }
 
-static void score_op(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, int is_mask, ScoreOp *s)
+void cg_att_score_op(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, int is_mask, ScoreOp *s)
 {
     memset(s, 0, sizeof *s);
     s->x = x;
@@ -275,7 +169,7 @@ static void score_op(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, 
 }
 
 /* offset of batch index bi (flat over q's batch dims) in x */
-static LLVMValueRef score_batch_offset(K *k, const IrNode *q, const ScoreOp *s, LLVMValueRef bi)
+LLVMValueRef cg_att_score_batch_offset(K *k, const IrNode *q, const ScoreOp *s, LLVMValueRef bi)
 {
     int r = q->rank, lead = r - s->x->rank;
     LLVMValueRef off = ci(k, 0), rest = bi;
@@ -293,7 +187,7 @@ static LLVMValueRef score_batch_offset(K *k, const IrNode *q, const ScoreOp *s, 
 }
 
 /* address of row i's element j0 (+ c sj) */
-static LLVMValueRef score_row(K *k, const ScoreOp *s, LLVMValueRef boff, LLVMValueRef i, LLVMValueRef j0)
+LLVMValueRef cg_att_score_row(K *k, const ScoreOp *s, LLVMValueRef boff, LLVMValueRef i, LLVMValueRef j0)
 {
     LLVMValueRef off = iadd(k, boff, imul(k, i, s->si));
     if (s->sj)
@@ -303,7 +197,7 @@ static LLVMValueRef score_row(K *k, const ScoreOp *s, LLVMValueRef boff, LLVMVal
 
 /* the score x at column c of a row: x (+ bias), and whether it is kept (mask, causal limit lim,
  * and with a window its lower limit lo: NULL without one) */
-static LLVMValueRef score_at(K *k, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef brow, LLVMValueRef mrow,
+LLVMValueRef cg_att_score_at(K *k, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef brow, LLVMValueRef mrow,
                              LLVMValueRef c, LLVMValueRef lo, LLVMValueRef lim, LLVMValueRef x, LLVMValueRef *keep)
 {
     if (bias->present)
@@ -320,13 +214,13 @@ static LLVMValueRef score_at(K *k, const ScoreOp *bias, const ScoreOp *mask, LLV
 
 /* The scale of batch index bi: a constant, or one value per batch and head (cosine similarity's
  * learned temperature). */
-static LLVMValueRef scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, LLVMValueRef bi)
+LLVMValueRef cg_att_scale_of(K *k, const IrNode *q, const IrNode *x, LLVMValueRef base, LLVMValueRef bi)
 {
     if (x->op == IR_CONST)
         return fc(k, x->f);
     ScoreOp s;
-    score_op(k, q, x, base, 0, &s);
-    return ld(k, base, score_batch_offset(k, q, &s, bi));
+    cg_att_score_op(k, q, x, base, 0, &s);
+    return ld(k, base, cg_att_score_batch_offset(k, q, &s, bi));
 }
 
 /* Where the matrix of batch index bi (flat over x's batch dims) of an attention operand or result
@@ -649,10 +543,10 @@ void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 int cg_attention_impl(CgFn *f)
 {
     K k;
-    k_init(&k, f);
+    cg_att_k_init(&k, f);
     const IrNode *n = f->node, *q = n->in[0];
     Dims d;
-    if (dims_of(&k, n, &d) < 0)
+    if (cg_att_dims_of(&k, n, &d) < 0)
         return -1;
     int causal = n->ia[IR_IA_CAUSAL] != 0, stats = n->ia[IR_IA_STATS] != 0;
     int64_t window = n->ia[IR_IA_WINDOW];
@@ -664,8 +558,8 @@ int cg_attention_impl(CgFn *f)
     int64_t Eo = E + stats;
     int kpanels = (BC + nr - 1) / nr, epanels = (E + nr - 1) / nr;
     ScoreOp bias, mask;
-    score_op(&k, q, n->in[3], f->in[3], 0, &bias);
-    score_op(&k, q, n->in[4], f->in[4], 1, &mask);
+    cg_att_score_op(&k, q, n->in[3], f->in[3], 0, &bias);
+    cg_att_score_op(&k, q, n->in[4], f->in[4], 1, &mask);
     const int GROUP = group_of(n);
     LLVMValueRef S = stack_floats(&k, BR * BC, "S"), O = stack_floats(&k, (int64_t)GROUP * BR * E, "O");
     LLVMValueRef QS = stack_floats(&k, (int64_t)GROUP * BR * D, "qscaled");
@@ -698,11 +592,11 @@ int cg_attention_impl(CgFn *f)
     LLVMValueRef kb = operand_rows(&k, n->in[1], f->views & CG_VIEW_K, f->in[1], kst, kvbi, d.J, D, &ks);
     LLVMValueRef vb = operand_rows(&k, n->in[2], f->views & CG_VIEW_V, f->in[2], vst, kvbi, d.J, E, &vs);
     LLVMValueRef ob = operand_rows(&k, q, f->views & CG_VIEW_OUT, f->out, 0, bi, d.I, Eo, &os);
-    LLVMValueRef boff = bias.present ? score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
-    LLVMValueRef moff = mask.present ? score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
+    LLVMValueRef boff = bias.present ? cg_att_score_batch_offset(&k, q, &bias, bi) : ci(&k, 0);
+    LLVMValueRef moff = mask.present ? cg_att_score_batch_offset(&k, q, &mask, bi) : ci(&k, 0);
     /* scores in units of log2: Q scale log2(e) K^T (+ bias log2(e)), so that the softmax takes
      * 2^x, and the scale is applied once per query row instead of once per score */
-    LLVMValueRef qscale = f_mul(&k, scale_of(&k, q, n->in[5], f->in[5], bi), fc(&k, M_LOG2E));
+    LLVMValueRef qscale = f_mul(&k, cg_att_scale_of(&k, q, n->in[5], f->in[5], bi), fc(&k, M_LOG2E));
     CgLoop lsq, lsc;
     cg_for(f, &lsq, ci(&k, 0), grows, "qs");
     LLVMValueRef qsrc = imul(&k, iadd(&k, g0, lsq.iv), qs), qdst = imul(&k, lsq.iv, cD);
@@ -718,9 +612,9 @@ int cg_attention_impl(CgFn *f)
         jbeg = imax(&k, ci(&k, 0), isub(&k, iadd(&k, g0, off), ci(&k, window)));
     /* the item's rows only: a one-token call (decoding) would otherwise clear GROUP BR rows of O
      * (up to 100 KB) per head for its one row */
-    fill(&k, M, grows, bounded ? mfixed : -INFINITY);
-    fill(&k, L, grows, 0);
-    fill(&k, O, imul(&k, grows, cE), 0);
+    cg_att_fill(&k, M, grows, bounded ? mfixed : -INFINITY);
+    cg_att_fill(&k, L, grows, 0);
+    cg_att_fill(&k, O, imul(&k, grows, cE), 0);
 
     /* a few rows (one token per call with a KV cache): the tile products read K and V in place,
      * each row's scores dot products and its output a sum of v rows, instead of packing every
@@ -816,14 +710,14 @@ int cg_attention_impl(CgFn *f)
         LLVMBuildStore(k.b, fmaxv(&k, fget(&k, mt), ld(&k, S, iadd(&k, srow, lc.iv))), mt);
         cg_for_end(f, &lc);
     } else {
-        LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
-        LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
+        LLVMValueRef brow = bias.present ? cg_att_score_row(&k, &bias, boff, i, j0) : NULL;
+        LLVMValueRef mrow = mask.present ? cg_att_score_row(&k, &mask, moff, i, j0) : NULL;
         ScoreOp bias2 = bias; /* the bias read in log2 units */
         cg_for(f, &lc, ci(&k, 0), bcq, "c");
         LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
         LLVMValueRef x = ld(&k, S, si);
         bias2.present = 0;
-        x = score_at(&k, &bias2, &mask, brow, mrow, lc.iv, lo, lim, x, &keep);
+        x = cg_att_score_at(&k, &bias2, &mask, brow, mrow, lc.iv, lo, lim, x, &keep);
         if (bias.present) {
             LLVMValueRef bv = ld(&k, bias.base, bias.sj ? iadd(&k, brow, lc.iv) : brow);
             x = cg_intrinsic(k.cg, "llvm.fmuladd", k.cg->t_f32, (LLVMValueRef[]){bv, fc(&k, M_LOG2E), x}, 3);
@@ -909,7 +803,7 @@ int cg_attention_impl(CgFn *f)
     CgIf cf, cn, cm;
     cg_if(f, &cf, LLVMBuildAnd(k.b, full, jpos, ""));
     cg_if(f, &cm, LLVMBuildNot(k.b, LLVMBuildLoad2(k.b, k.cg->t_i1, have_mean, ""), ""));
-    fill(&k, VMEAN, cE, 0);
+    cg_att_fill(&k, VMEAN, cE, 0);
     CgLoop lk;
     cg_for(f, &lk, ci(&k, 0), d.J, "j");
     LLVMValueRef vrow = imul(&k, lk.iv, vs);
@@ -950,258 +844,3 @@ int cg_attention_impl(CgFn *f)
     return 0;
 }
 
-/* ---- backward ---- */
-
-void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
-{
-    K k;
-    memset(&k, 0, sizeof k);
-    k.f = f, k.cg = f->cg, k.b = f->cg->b;
-    const IrNode *n = f->node, *q = n->in[0];
-    int r = q->rank;
-    LLVMValueRef qitems = cg_dims_prod(f, q->shape, 0, r - 2); /* query batch indices */
-    *items = cg_dims_prod(f, n->in[1]->shape, 0, r - 2);       /* key/value ones: the grouped items */
-    LLVMValueRef I = cg_dim(f, q->shape[r - 2]), J = cg_dim(f, n->in[1]->shape[r - 2]);
-    *cost = imul(&k, imul(&k, qitems, I), imul(&k, J, cg_dims_prod(f, q->shape, r - 1, r)));
-}
-
-/* The query heads of backward work item kbi (a key/value batch index): with grouped key/values
- * (R = H / G > 1), a loop over the R query heads h = g, G + g, .. of its key/value head g
- * (closed by heads_end); else the item's own batch index. Returns the query batch index. */
-typedef struct {
-    int64_t R, H, G;
-    CgLoop l;
-} Heads;
-
-static LLVMValueRef heads_begin(K *k, Heads *h, LLVMValueRef kbi, int64_t from)
-{
-    if (h->R == 1)
-        return kbi;
-    cg_for(k->f, &h->l, ci(k, from), ci(k, h->R), "qhead");
-    LLVMValueRef b = idiv(k, kbi, ci(k, h->G)), g = irem(k, kbi, ci(k, h->G));
-    return iadd(k, imul(k, b, ci(k, h->H)), iadd(k, imul(k, h->l.iv, ci(k, h->G)), g));
-}
-
-static void heads_end(K *k, Heads *h)
-{
-    if (h->R > 1)
-        cg_for_end(k->f, &h->l);
-}
-
-/* What the backward reads and writes for query batch index bi: its q, o (with the logsumexp
- * column), dout and dq rows, its bias and mask offsets and its scale. */
-typedef struct {
-    LLVMValueRef qb, obf, gb, dqb, boff, moff, scale;
-} GradHead;
-
-static void grad_head(K *k, const Dims *d, const ScoreOp *bias, const ScoreOp *mask, LLVMValueRef bi, GradHead *h)
-{
-    CgFn *f = k->f;
-    const IrNode *n = f->node, *q = n->in[0], *dout = n->in[4];
-    int r = q->rank;
-    int64_t Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == d->E ? d->E : d->E + 1;
-    LLVMValueRef rows = imul(k, bi, d->I), rowsout = iadd(k, d->I, imul(k, d->J, ci(k, 2)));
-    h->qb = ptr(k, f->in[0], imul(k, rows, ci(k, d->D)));
-    h->obf = ptr(k, f->in[3], imul(k, rows, ci(k, d->E + 1)));
-    h->gb = ptr(k, f->in[4], imul(k, rows, ci(k, Go)));
-    h->dqb = ptr(k, f->out, imul(k, imul(k, bi, rowsout), ci(k, d->D)));
-    h->boff = bias->present ? score_batch_offset(k, q, bias, bi) : ci(k, 0);
-    h->moff = mask->present ? score_batch_offset(k, q, mask, bi) : ci(k, 0);
-    h->scale = scale_of(k, q, n->in[7], f->in[7], bi);
-}
-
-int cg_attention_grad_impl(CgFn *f)
-{
-    K k;
-    k_init(&k, f);
-    const IrNode *n = f->node, *q = n->in[0], *dout = n->in[4];
-    Dims d;
-    if (dims_of(&k, n, &d) < 0)
-        return -1;
-    int causal = n->ia[IR_IA_GRAD_CAUSAL] != 0, D = d.D, E = d.E, nr = k.nr;
-    int64_t window = n->ia[IR_IA_GRAD_WINDOW];
-    int r = q->rank;
-    int64_t Eo = E + 1, Go = ir_dim_is_const(dout->shape[r - 1]) && dout->shape[r - 1].c == E ? E : E + 1;
-    ScoreOp bias, mask;
-    score_op(&k, q, n->in[5], f->in[5], 0, &bias);
-    score_op(&k, q, n->in[6], f->in[6], 1, &mask);
-    int kpanels = (BBC + nr - 1) / nr, dpanels = (D + nr - 1) / nr;
-    LLVMValueRef S = stack_floats(&k, BBR * BBC, "S"), DP = stack_floats(&k, BBR * BBC, "dP");
-    LLVMValueRef PT = stack_floats(&k, BBC * BBR, "PT"), DST = stack_floats(&k, BBC * BBR, "dST");
-    LLVMValueRef DK = stack_floats(&k, (int64_t)BBC * D, "dK"), DV = stack_floats(&k, (int64_t)BBC * E, "dV");
-    LLVMValueRef KPT = stack_floats(&k, (int64_t)kpanels * D * nr, "kpt");
-    LLVMValueRef VPT = stack_floats(&k, (int64_t)kpanels * E * nr, "vpt");
-    LLVMValueRef KPN = stack_floats(&k, (int64_t)dpanels * BBC * nr, "kpn");
-    LLVMValueRef BP = stack_floats(&k, (int64_t)BBR * nr, "bp");
-    LLVMValueRef LSE = stack_floats(&k, BBR, "lse"), DROW = stack_floats(&k, BBR, "drow");
-    LLVMValueRef U = stack_floats(&k, E, "u");
-    LLVMValueRef neg_max = fc(&k, -FLT_MAX);
-    LLVMValueRef cD = ci(&k, D), cE = ci(&k, E), cEo = ci(&k, Eo), cGo = ci(&k, Go), cBBC = ci(&k, BBC), cBBR = ci(&k, BBR);
-    LLVMValueRef off = isub(&k, d.J, d.I);
-    LLVMValueRef rowsout = iadd(&k, d.I, imul(&k, d.J, ci(&k, 2)));
-
-    Heads hd = {ir_attention_kv_group(n), 1, 1, {0}};
-    if (hd.R > 1)
-        hd.H = q->shape[r - 3].c, hd.G = n->in[1]->shape[r - 3].c;
-    CgLoop li;
-    cg_for(f, &li, f->lo, f->hi, "item");
-    LLVMValueRef kbi = li.iv; /* k and v's batch index; grouped: their rows' head g in the output */
-    LLVMValueRef kvq = kbi; /* the query batch index of head g: b H + g */
-    if (hd.R > 1)
-        kvq = iadd(&k, imul(&k, idiv(&k, kbi, ci(&k, hd.G)), ci(&k, hd.H)), irem(&k, kbi, ci(&k, hd.G)));
-    LLVMValueRef kb = ptr(&k, f->in[1], imul(&k, imul(&k, kbi, d.J), cD));
-    LLVMValueRef vb = ptr(&k, f->in[2], imul(&k, imul(&k, kbi, d.J), cE));
-    LLVMValueRef dkb = ptr(&k, f->out, iadd(&k, imul(&k, imul(&k, kvq, rowsout), cD), imul(&k, d.I, cD)));
-    LLVMValueRef dvb = ptr(&k, dkb, imul(&k, d.J, cD));
-    GradHead h;
-    if (hd.R > 1) { /* the dk, dv rows of the item's heads G..H-1: zero */
-        LLVMValueRef hb = heads_begin(&k, &hd, kbi, 1);
-        fill(&k, ptr(&k, f->out, iadd(&k, imul(&k, imul(&k, hb, rowsout), cD), imul(&k, d.I, cD))),
-             imul(&k, imul(&k, d.J, ci(&k, 2)), cD), 0);
-        heads_end(&k, &hd);
-    }
-    /* u: the fully masked rows' uniform share of every dv row (summed over the item's heads) */
-    fill(&k, U, cE, 0);
-    CgLoop lr, lc;
-    grad_head(&k, &d, &bias, &mask, heads_begin(&k, &hd, kbi, 0), &h);
-    LLVMValueRef qb = h.qb, obf = h.obf, gb = h.gb, dqb = h.dqb, boff = h.boff, moff = h.moff, scale = h.scale;
-    fill(&k, dqb, imul(&k, d.I, cD), 0);
-    cg_for(f, &lr, ci(&k, 0), d.I, "i");
-    LLVMValueRef lse_i = ld(&k, obf, iadd(&k, imul(&k, lr.iv, cEo), cE));
-    CgIf fm;
-    cg_if(f, &fm, LLVMBuildFCmp(k.b, LLVMRealOLE, lse_i, neg_max, ""));
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, U, lc.iv, f_add(&k, ld(&k, U, lc.iv), ld(&k, gb, iadd(&k, imul(&k, lr.iv, cGo), lc.iv))));
-    cg_for_end(f, &lc);
-    cg_if_end(f, &fm);
-    cg_for_end(f, &lr);
-    heads_end(&k, &hd);
-    LLVMValueRef invj = LLVMBuildFDiv(k.b, fc(&k, 1), LLVMBuildSIToFP(k.b, imax(&k, d.J, ci(&k, 1)), k.cg->t_f32, ""), "");
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, U, lc.iv, f_mul(&k, ld(&k, U, lc.iv), invj));
-    cg_for_end(f, &lc);
-
-    CgLoop lj;
-    cg_for(f, &lj, ci(&k, 0), ceil_div(&k, d.J, BBC), "ktile");
-    LLVMValueRef j0 = imul(&k, lj.iv, cBBC);
-    LLVMValueRef bc = imin(&k, cBBC, isub(&k, d.J, j0));
-    fill(&k, DK, ci(&k, (int64_t)BBC * D), 0);
-    fill(&k, DV, ci(&k, (int64_t)BBC * E), 0);
-    /* K and V of the tile, packed once: transposed panels for Q K^T and dO V^T, plain for dS K */
-    CgLoop lp;
-    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
-    LLVMValueRef p0 = imul(&k, lp.iv, ci(&k, nr));
-    LLVMValueRef nc = imin(&k, ci(&k, nr), isub(&k, bc, p0));
-    pack(&k, 1, ptr(&k, KPT, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), kb, cD, ci(&k, 0), cD, iadd(&k, j0, p0), nc);
-    pack(&k, 1, ptr(&k, VPT, imul(&k, lp.iv, ci(&k, (int64_t)E * nr))), vb, cE, ci(&k, 0), cE, iadd(&k, j0, p0), nc);
-    cg_for_end(f, &lp);
-    for (int dp = 0; dp < dpanels; dp++)
-        pack(&k, 0, ptr(&k, KPN, ci(&k, (int64_t)dp * BBC * nr)), kb, cD, j0, bc, ci(&k, dp * nr),
-             ci(&k, D - dp * nr < nr ? D - dp * nr : nr));
-
-    /* query tiles that see any key of this tile: i + off >= j0 under causal, and with a window
-     * i + off - window < j0 + bc */
-    LLVMValueRef istart = causal ? imin(&k, d.I, imax(&k, ci(&k, 0), isub(&k, j0, off))) : ci(&k, 0);
-    LLVMValueRef iend = window ? imax(&k, istart, imin(&k, d.I, iadd(&k, isub(&k, iadd(&k, j0, bc), off), ci(&k, window))))
-                               : d.I;
-    grad_head(&k, &d, &bias, &mask, heads_begin(&k, &hd, kbi, 0), &h);
-    qb = h.qb, obf = h.obf, gb = h.gb, dqb = h.dqb, boff = h.boff, moff = h.moff, scale = h.scale;
-    CgLoop lq;
-    cg_for(f, &lq, ci(&k, 0), ceil_div(&k, isub(&k, iend, istart), BBR), "qtile");
-    LLVMValueRef i0 = iadd(&k, istart, imul(&k, lq.iv, cBBR));
-    LLVMValueRef rows = imin(&k, cBBR, isub(&k, iend, i0));
-    LLVMValueRef qt = ptr(&k, qb, imul(&k, i0, cD)), gt = ptr(&k, gb, imul(&k, i0, cGo));
-    /* S = Q K^T, dP = dO V^T, panel by panel */
-    cg_for(f, &lp, ci(&k, 0), ceil_div(&k, bc, nr), "kpanel");
-    p0 = imul(&k, lp.iv, ci(&k, nr));
-    nc = imin(&k, ci(&k, nr), isub(&k, bc, p0));
-    micro_rows(&k, qt, cD, rows, cD, ptr(&k, KPT, imul(&k, lp.iv, ci(&k, (int64_t)D * nr))), ptr(&k, S, p0), cBBC, nc, 0);
-    micro_rows(&k, gt, cGo, rows, cE, ptr(&k, VPT, imul(&k, lp.iv, ci(&k, (int64_t)E * nr))), ptr(&k, DP, p0), cBBC, nc, 0);
-    cg_for_end(f, &lp);
-    /* row statistics: lse, and Drow = dO . O - dlse */
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    LLVMValueRef i = iadd(&k, i0, lr.iv);
-    st(&k, LSE, lr.iv, ld(&k, obf, iadd(&k, imul(&k, i, cEo), cE)));
-    LLVMValueRef dsum = cg_var(f, k.cg->t_f32, fc(&k, 0), "dsum");
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    fsum_into(&k, dsum, f_mul(&k, ld(&k, gb, iadd(&k, imul(&k, i, cGo), lc.iv)), ld(&k, obf, iadd(&k, imul(&k, i, cEo), lc.iv))));
-    cg_for_end(f, &lc);
-    LLVMValueRef dr = fget(&k, dsum);
-    if (Go > E)
-        dr = f_sub(&k, dr, ld(&k, gb, iadd(&k, imul(&k, i, cGo), cE)));
-    st(&k, DROW, lr.iv, dr);
-    cg_for_end(f, &lr);
-    /* P and dS, row by row, stored as they are and transposed */
-    cg_for(f, &lr, ci(&k, 0), rows, "row");
-    i = iadd(&k, i0, lr.iv);
-    LLVMValueRef srow = imul(&k, lr.iv, cBBC);
-    LLVMValueRef lse = ld(&k, LSE, lr.iv), drow = ld(&k, DROW, lr.iv);
-    LLVMValueRef notfull = LLVMBuildFCmp(k.b, LLVMRealOGT, lse, neg_max, "");
-    LLVMValueRef lim = causal ? isub(&k, iadd(&k, iadd(&k, i, off), ci(&k, 1)), j0) : bc;
-    LLVMValueRef brow = bias.present ? score_row(&k, &bias, boff, i, j0) : NULL;
-    LLVMValueRef mrow = mask.present ? score_row(&k, &mask, moff, i, j0) : NULL;
-    cg_for(f, &lc, ci(&k, 0), bc, "c");
-    LLVMValueRef si = iadd(&k, srow, lc.iv), keep;
-    LLVMValueRef lo = window ? isub(&k, isub(&k, iadd(&k, i, off), ci(&k, window)), j0) : NULL;
-    LLVMValueRef x = score_at(&k, &bias, &mask, brow, mrow, lc.iv, lo, lim, f_mul(&k, ld(&k, S, si), scale), &keep);
-    keep = LLVMBuildAnd(k.b, keep, notfull, "");
-    LLVMValueRef p = LLVMBuildSelect(k.b, keep, cg_exp_finite(k.cg, f_sub(&k, x, lse)), fc(&k, 0), "");
-    LLVMValueRef ds = f_mul(&k, f_mul(&k, p, f_sub(&k, ld(&k, DP, si), drow)), scale);
-    st(&k, S, si, p); /* the scores are done with: P takes their place */
-    st(&k, DP, si, ds);
-    cg_for_end(f, &lc);
-    cg_for_end(f, &lr);
-    transpose_tile(&k, S, BBC, PT, BBR, rows, bc);
-    transpose_tile(&k, DP, BBC, DST, BBR, rows, bc);
-    /* dV += P^T dO, dK += dS^T Q, dQ += dS K */
-    for (int e0 = 0; e0 < E; e0 += nr) {
-        LLVMValueRef enc = ci(&k, E - e0 < nr ? E - e0 : nr);
-        pack(&k, 0, BP, gb, cGo, i0, rows, ci(&k, e0), enc);
-        micro_rows(&k, PT, cBBR, bc, rows, BP, ptr(&k, DV, ci(&k, e0)), cE, enc, 1);
-    }
-    for (int d0 = 0; d0 < D; d0 += nr) {
-        LLVMValueRef dnc = ci(&k, D - d0 < nr ? D - d0 : nr);
-        pack(&k, 0, BP, qb, cD, i0, rows, ci(&k, d0), dnc);
-        micro_rows(&k, DST, cBBR, bc, rows, BP, ptr(&k, DK, ci(&k, d0)), cD, dnc, 1);
-        micro_rows(&k, DP, cBBC, rows, bc, ptr(&k, KPN, ci(&k, (int64_t)(d0 / nr) * BBC * nr)),
-                   ptr(&k, dqb, iadd(&k, imul(&k, i0, cD), ci(&k, d0))), cD, dnc, 1);
-    }
-    cg_for_end(f, &lq);
-    heads_end(&k, &hd);
-    /* the tile's dk and dv rows */
-    cg_for(f, &lr, ci(&k, 0), bc, "krow");
-    LLVMValueRef jrow = iadd(&k, j0, lr.iv);
-    cg_for(f, &lc, ci(&k, 0), cD, "d");
-    st(&k, dkb, iadd(&k, imul(&k, jrow, cD), lc.iv), ld(&k, DK, iadd(&k, imul(&k, lr.iv, cD), lc.iv)));
-    cg_for_end(f, &lc);
-    cg_for(f, &lc, ci(&k, 0), cE, "e");
-    st(&k, dvb, iadd(&k, imul(&k, jrow, cE), lc.iv),
-       f_add(&k, ld(&k, DV, iadd(&k, imul(&k, lr.iv, cE), lc.iv)), ld(&k, U, lc.iv)));
-    cg_for_end(f, &lc);
-    cg_for_end(f, &lr);
-    cg_for_end(f, &lj);
-    cg_for_end(f, &li);
-    return 0;
-}
-
-static void transpose_tile(K *k, LLVMValueRef src, int64_t sld, LLVMValueRef dst, int64_t dld, LLVMValueRef rows,
-                           LLVMValueRef cols)
-{
-    int vw = k->nr / 2;
-    LLVMTypeRef vt = LLVMVectorType(k->cg->t_f32, (unsigned)vw);
-    CgLoop lr, lc;
-    cg_for(k->f, &lr, ci(k, 0), ceil_div(k, rows, vw), "trow");
-    LLVMValueRef r0 = imul(k, lr.iv, ci(k, vw));
-    cg_for(k->f, &lc, ci(k, 0), ceil_div(k, cols, vw), "tcol");
-    LLVMValueRef c0 = imul(k, lc.iv, ci(k, vw));
-    LLVMValueRef v[64];
-    for (int t = 0; t < vw; t++) {
-        v[t] = LLVMBuildLoad2(k->b, vt, ptr(k, src, iadd(k, imul(k, iadd(k, r0, ci(k, t)), ci(k, sld)), c0)), "");
-        LLVMSetAlignment(v[t], 4);
-    }
-    cg_transpose_vectors(k->cg, v, vw);
-    for (int u = 0; u < vw; u++)
-        LLVMSetAlignment(LLVMBuildStore(k->b, v[u], ptr(k, dst, iadd(k, imul(k, iadd(k, c0, ci(k, u)), ci(k, dld)), r0))), 4);
-    cg_for_end(k->f, &lc);
-    cg_for_end(k->f, &lr);
-}

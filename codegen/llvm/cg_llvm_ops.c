@@ -984,7 +984,7 @@ static const CgLower lowering[] = {
 
     [IR_RAND] = {work_numel, impl_rand, 0},
 
-    /* fused ops (cg_llvm_attention.c) */
+    /* fused ops (cg_llvm_attention.c, cg_llvm_attention_grad.c) */
     [IR_ATTENTION] = {cg_attention_work, cg_attention_impl, 0},
     [IR_ATTENTION_GRAD] = {cg_attention_grad_work, cg_attention_grad_impl, 0},
     [IR_FUSED] = {cg_fused_work, cg_fused_impl, 0}, /* cg_llvm_fused.c */
