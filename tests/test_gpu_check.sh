@@ -23,8 +23,6 @@ if ! $py -c 'import gzip' 2> /dev/null; then
   exit 77
 fi
 
-# the kit's emulated modules run a few calls each: cc -O0 compiles them ~3x faster than -O1
-export XTC_EMU_OPT=${XTC_EMU_OPT:-0}
 XTC_PYTHON=$py bash "$src/bench/gpu_check.sh" --dry-run --build "$build" --kit "$tmp/kit" > "$tmp/log" 2>&1
 rc=$?
 expect "dry run: exit 0 (was $rc)" "^gpu_check: 7 passed, 0 failed of 7 " "$tmp/log"
