@@ -596,6 +596,7 @@ START_TEST(test_module_cache)
     char *saved = was ? strdup(was) : NULL, cache[600], blocker[600];
     snprintf(cache, sizeof cache, "%s/module-cache", tmpdir);
     setenv("XTC_MODULE_CACHE", cache, 1);
+    unsetenv("XTC_EMU_OPT"); /* the emulated modules below start at the default level */
     IrGraph *g = new_graph("matmul", build_matmul), *h = new_graph("reduce", build_reduce);
     ck_assert_int_eq(cache_compile(g, "cache_a", NULL, 1), 0);
     ck_assert_int_eq(count_entries(cache), 1);
@@ -647,6 +648,23 @@ START_TEST(test_module_cache)
     ck_assert_int_eq(cache_compile(g, "cache_f", "cuda-emu", 1), 1);
     ck_assert_int_eq(cache_compile(h, "cache_g", NULL, 1), 1);
     ck_assert_int_eq(count_entries(cache), 4);
+    /* the emulated module's cc level ($XTC_EMU_OPT) is part of the key: -O0 and -O1 never mix */
+    setenv("XTC_EMU_OPT", "0", 1);
+    ck_assert_int_eq(cache_compile(g, "cache_i", "cuda-emu", 1), 0);
+    ck_assert_int_eq(cache_compile(g, "cache_j", "cuda-emu", 1), 1);
+    ck_assert_int_eq(count_entries(cache), 5);
+    setenv("XTC_EMU_OPT", "1", 1); /* the default, spelt out: the -O1 entry */
+    ck_assert_int_eq(cache_compile(g, "cache_k", "cuda-emu", 1), 1);
+    setenv("XTC_EMU_OPT", "fast", 1);
+    {
+        char err[1024];
+        snprintf(path, sizeof path, "%s/cache_l.so", tmpdir);
+        CgOptions bad = {.output = path, .target = "cuda-emu", .opt_level = 1, .source_name = "test.xtf"};
+        ck_assert_int_ne(harness_cg(g, &bad, NULL, err, sizeof err), 0);
+        ck_assert_msg(strstr(err, "XTC_EMU_OPT must be 0, 1, 2 or 3") && strstr(err, "'fast'"), "%s", err);
+    }
+    unsetenv("XTC_EMU_OPT");
+    ck_assert_int_eq(count_entries(cache), 5);
     /* a directory that cannot be made: every compile builds */
     snprintf(blocker, sizeof blocker, "%s/cache_a.so/cache", tmpdir);
     setenv("XTC_MODULE_CACHE", blocker, 1);

@@ -249,11 +249,31 @@ static void remove_dir(const char *dir)
 static const char *const cc_flags[] = {"-std=gnu11", "-O1", "-fPIC", "-shared", "-fwrapv", "-fno-strict-aliasing",
                                        "-w"};
 #define NCC_FLAGS ((int)(sizeof cc_flags / sizeof cc_flags[0]))
+#define CC_OPT_FLAG 1 /* cc_flags[CC_OPT_FLAG] is the optimisation level */
+
+/* The optimisation level of an emulated module's cc: $XTC_EMU_OPT (0 to 3) replaces -O1 where a
+ * module runs little and compiles much (test_cuda_parity: -O0); unset or empty, -O1. The flags
+ * chosen are part of the module cache's key. */
+static const char *emu_opt_flag(char *err, size_t n)
+{
+    static const char *const levels[] = {"-O0", "-O1", "-O2", "-O3"};
+    const char *v = getenv("XTC_EMU_OPT");
+    if (!v || !v[0])
+        return cc_flags[CC_OPT_FLAG];
+    if (v[0] >= '0' && v[0] <= '3' && !v[1])
+        return levels[v[0] - '0'];
+    snprintf(err, n, "XTC_EMU_OPT must be 0, 1, 2 or 3 (the emulated module's cc -O level), not '%.40s'", v);
+    return NULL;
+}
 
 static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
 {
     CuUnit *u = unit;
     double t0 = now_s();
+    const char *flags[NCC_FLAGS];
+    memcpy(flags, cc_flags, sizeof flags);
+    if (u->emu && !(flags[CC_OPT_FLAG] = emu_opt_flag(err, n)))
+        return -1;
     char *ptx = NULL, *meta = NULL, *host = NULL, *emu_main = NULL;
     int rc = -1;
     char dirbuf[4096] = "", nvrtc_version[32] = "", compiler[64];
@@ -296,7 +316,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
             cg_hash_str(&key, parts[i]);
         for (int i = 0; i < NCC_FLAGS; i++)
-            cg_hash_str(&key, cc_flags[i]);
+            cg_hash_str(&key, flags[i]);
         cg_hash_program(&key, "cc");
         if (cg_cache_fetch(&key, opt->output)) {
             if (stats)
@@ -332,7 +352,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
     char *argv[NCC_FLAGS + 9] = {"cc"};
     int argc = 1;
     for (int i = 0; i < NCC_FLAGS; i++)
-        argv[argc++] = (char *)cc_flags[i];
+        argv[argc++] = (char *)flags[i];
     char *files[] = {"-I", dirbuf, "-o", tmpso, hostc, u->emu ? emuc : NULL, u->emu ? "-lm" : NULL, NULL};
     memcpy(argv + argc, files, sizeof files);
     if (cg_run_program(argv, log) < 0) {
