@@ -23,6 +23,7 @@
 #include "harness.h"
 #include "harness_bind.h"
 #include "harness_drive.h"
+#include "harness_kv.h"
 #include "rt_half.h"
 #include "rt_quant.h"
 #include "safetensors.h"
@@ -220,20 +221,8 @@ static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
 static void round_caches_int8(void *ctx, const IrNode *n, double *v, int64_t count)
 {
     (void)ctx;
-    if (!(n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6)))
-        return;
-    int64_t D = n->shape[n->rank - 1].c;
-    float x[512];
-    char row[512 + 4];
-    ck_assert(D > 0 && D <= 512 && count % D == 0);
-    for (int64_t r = 0; r < count / D; r++) {
-        for (int64_t i = 0; i < D; i++)
-            x[i] = (float)v[r * D + i];
-        rt_i8_row_quantize(x, D, row);
-        rt_i8_row_widen(row, D, x);
-        for (int64_t i = 0; i < D; i++)
-            v[r * D + i] = x[i];
-    }
+    if (n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6))
+        harness_round_rows_int8(v, count, n->shape[n->rank - 1].c);
 }
 
 /* One model of a file: forward (and with kv, a prompt of 3 tokens and two one-token calls; kvst:

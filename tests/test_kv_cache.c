@@ -21,6 +21,7 @@
 #include "gpu.h"
 #include "harness.h"
 #include "harness_drive.h"
+#include "harness_kv.h"
 #include "init.h"
 #include "ir.h"
 #include "passes.h"
@@ -43,6 +44,17 @@ typedef struct {
     int64_t cache_shape[MAXT][4];
     int ncache;
 } Bind;
+
+/* frees what a Bind holds: its weights, and with caches its cache buffers */
+static void bind_free(Bind *b, int caches)
+{
+    for (int c = 0; caches && c < b->ncache; c++)
+        free(b->cache[c]);
+    for (int i = 0; i < b->nw; i++)
+        free(b->w[i]);
+    free(b->w);
+    free(b->names);
+}
 
 static int bind(void *ctx, const IrNode *leaf, IrHostTensor *out)
 {
@@ -119,23 +131,6 @@ static void make_weights(const IrGraph *g, Bind *b)
                 w[k] += (float)(0.05 * rt_rng_normal(&rng));
         b->names[b->nw] = n->s;
         b->w[b->nw++] = w;
-    }
-}
-
-/* count values rounded as --kv-dtype int8 stores them: rows of D, each D int8 values times their
- * scale (rt_half.h rt_i8_row_quantize, the runtime's and the kernels' rule) */
-static void round_rows_int8(double *v, int64_t count, int64_t D)
-{
-    float x[512];
-    char row[512 + 4];
-    ck_assert(D > 0 && D <= 512 && count % D == 0);
-    for (int64_t r = 0; r < count / D; r++) {
-        for (int64_t i = 0; i < D; i++)
-            x[i] = (float)v[r * D + i];
-        rt_i8_row_quantize(x, D, row);
-        rt_i8_row_widen(row, D, x);
-        for (int64_t i = 0; i < D; i++)
-            v[r * D + i] = x[i];
     }
 }
 
@@ -311,7 +306,7 @@ static void round_caches(void *ctx, const IrNode *n, double *v, int64_t count)
     if (!(n->op == IR_CONCAT && n->in[0]->op == IR_INPUT && !strncmp(n->in[0]->s, "cache.", 6)))
         return;
     if (int8) {
-        round_rows_int8(v, count, n->shape[n->rank - 1].c);
+        harness_round_rows_int8(v, count, n->shape[n->rank - 1].c);
         return;
     }
     for (int64_t i = 0; i < count; i++)
@@ -468,12 +463,7 @@ static void check_model_kv(const char *src, int kv16)
     ck_assert_msg(!kv16 || er > 1e-5 * maxlogit, "caches rounded to bf16 gave the f32 logits (%g): were they rounded?", er);
     free(rref.data);
     check_int8_caches(step, &b, tok, T, PROMPT_LONG, &ref, kv16, 1); /* int8 rows: the same caches as bf16 */
-    for (int c = 0; c < b.ncache; c++)
-        free(b.cache[c]);
-    for (int i = 0; i < b.nw; i++)
-        free(b.w[i]);
-    free(b.w);
-    free(b.names);
+    bind_free(&b, 1);
     ir_host_free(&ref);
     ir_graph_free(full);
     ir_graph_free(step);
@@ -706,12 +696,7 @@ START_TEST(cosine_sim_2x)
     xtc_session_free(s);
     xtc_module_free(m);
 
-    for (int c = 0; c < b.ncache; c++)
-        free(b.cache[c]);
-    for (int i = 0; i < b.nw; i++)
-        free(b.w[i]);
-    free(b.w);
-    free(b.names);
+    bind_free(&b, 1);
     ir_host_free(&ref);
     ir_graph_free(full);
     ir_graph_free(step);
@@ -820,10 +805,7 @@ START_TEST(past_max_seq_len)
     ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s", xtc_session_error(s));
     xtc_session_free(s);
     xtc_module_free(m);
-    for (int i = 0; i < b.nw; i++)
-        free(b.w[i]);
-    free(b.w);
-    free(b.names);
+    bind_free(&b, 0); /* its caches are one shared buffer of zeros */
     ir_graph_free(step);
 }
 END_TEST
