@@ -68,10 +68,7 @@ void cg_att_fill(K *k, LLVMValueRef base, LLVMValueRef n, double v)
 
 void cg_att_k_init(K *k, CgFn *f)
 {
-    memset(k, 0, sizeof *k);
-    k->f = f;
-    k->cg = f->cg;
-    k->b = f->cg->b;
+    cg_att_k_base(k, f);
     k->nr = cg_gemm_nr(f->cg);
     k->mr = cg_gemm_mr(f->cg);
     k->pack_n = cg_gemm_pack(f->cg, 0);
@@ -530,8 +527,7 @@ static void probs_rows(K *k, const Probs *p, LLVMValueRef rbeg, LLVMValueRef ren
 void cg_attention_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     K k;
-    memset(&k, 0, sizeof k);
-    k.f = f, k.cg = f->cg, k.b = f->cg->b;
+    cg_att_k_base(&k, f);
     const IrNode *n = f->node, *q = n->in[0];
     int r = q->rank;
     LLVMValueRef nb = cg_dims_prod(f, q->shape, 0, r - 2), I = cg_dim(f, q->shape[r - 2]);

@@ -6,6 +6,8 @@
 #ifndef XTC_CG_LLVM_ATTENTION_H
 #define XTC_CG_LLVM_ATTENTION_H
 
+#include <string.h>
+
 #include "cg_llvm.h"
 
 /* ---- small builders ---- */
@@ -61,6 +63,12 @@ static inline void pack(K *k, int transposed, LLVMValueRef bp, LLVMValueRef src,
     LLVMBuildCall2(k->b, k->pack_ty, transposed ? k->pack_t : k->pack_n, args, 7, "");
 }
 
+/* the builder's fields alone (no GEMM helpers declared): what the work-size functions need */
+static inline void cg_att_k_base(K *k, CgFn *f)
+{
+    memset(k, 0, sizeof *k);
+    k->f = f, k->cg = f->cg, k->b = f->cg->b;
+}
 /* k: the builders of kernel f (the matmul packing functions and micro-kernel included) */
 void cg_att_k_init(K *k, CgFn *f);
 /* base[0..n) = v */

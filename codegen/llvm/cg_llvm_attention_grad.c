@@ -68,8 +68,7 @@ static void transpose_tile(K *k, LLVMValueRef src, int64_t sld, LLVMValueRef dst
 void cg_attention_grad_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost)
 {
     K k;
-    memset(&k, 0, sizeof k);
-    k.f = f, k.cg = f->cg, k.b = f->cg->b;
+    cg_att_k_base(&k, f);
     const IrNode *n = f->node, *q = n->in[0];
     int r = q->rank;
     LLVMValueRef qitems = cg_dims_prod(f, q->shape, 0, r - 2); /* query batch indices */
