@@ -566,6 +566,7 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
         }
         CgStep *st = &p->steps[p->nsteps];
         st->node = node;
+        st->scratch = -1;
         const char *label = node->label && valid_name(node->label) ? node->label : NULL;
         int b = add_buffer(p, CG_BUF_TEMP, node, label);
         p->bufs[b].first = p->bufs[b].last = p->nsteps;
@@ -641,14 +642,47 @@ void cg_plan_free(CgPlan *p)
     memset(p, 0, sizeof *p);
 }
 
-static void meta_shape(FILE *f, const IrGraph *g, const IrNode *n)
+int cg_plan_add_scratch(CgPlan *p, int step, int rank, const IrDim *shape)
+{
+    if (step < 0 || step >= p->nsteps || p->steps[step].scratch >= 0 || rank < 1 || rank > IR_MAXRANK)
+        return -1;
+    size_t nb = (size_t)p->nbufs + 1; /* the per-buffer arrays, one entry more */
+    CgBuffer *bufs = realloc(p->bufs, nb * sizeof *bufs);
+    if (bufs)
+        p->bufs = bufs;
+    int64_t *hi = realloc(p->range_hi, nb * sizeof *hi);
+    if (hi)
+        p->range_hi = hi;
+    uint8_t *ix = realloc(p->range_index, nb), *st = realloc(p->storage, nb);
+    if (ix)
+        p->range_index = ix;
+    if (st)
+        p->storage = st;
+    if (!bufs || !hi || !ix || !st)
+        return -1;
+    const char *label = p->steps[step].node->label;
+    int b = add_buffer(p, CG_BUF_TEMP, p->steps[step].node, valid_name(label) ? label : NULL);
+    CgBuffer *buf = &p->bufs[b];
+    buf->first = buf->last = step;
+    buf->rank = rank;
+    memcpy(buf->shape, shape, (size_t)rank * sizeof *shape);
+    p->range_hi[b] = 0;
+    p->range_index[b] = 0;
+    p->storage[b] = 0;
+    p->steps[step].scratch = b;
+    return b;
+}
+
+static void meta_dims(FILE *f, const IrGraph *g, int rank, const IrDim *shape)
 {
     char d[64];
     fputc('[', f);
-    for (int i = 0; i < n->rank; i++)
-        fprintf(f, "%s%s", i ? "," : "", ir_dim_str(g, n->shape[i], d, sizeof d));
+    for (int i = 0; i < rank; i++)
+        fprintf(f, "%s%s", i ? "," : "", ir_dim_str(g, shape[i], d, sizeof d));
     fputc(']', f);
 }
+
+static void meta_shape(FILE *f, const IrGraph *g, const IrNode *n) { meta_dims(f, g, n->rank, n->shape); }
 
 /* Names go into the space-separated metadata with bytes outside '!'..'~' and '%' as %XX
  * (rt_meta.c decodes them), so any name survives, spaces and UTF-8 included. */
@@ -706,8 +740,13 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions)
         }
         fprintf(f, "buffer %d %s ", i, buf_kind_name(b->kind));
         put_name(f, nm);
-        fprintf(f, " %s ", ir_dtype_name(b->node->dtype));
-        meta_shape(f, g, b->node);
+        if (b->rank > 0) { /* a step's scratch */
+            fprintf(f, ".scratch %s ", ir_dtype_name(IR_F32));
+            meta_dims(f, g, b->rank, b->shape);
+        } else {
+            fprintf(f, " %s ", ir_dtype_name(b->node->dtype));
+            meta_shape(f, g, b->node);
+        }
         fprintf(f, " %d %d\n", b->first, b->last);
     }
     for (int i = 0; i < p->nbufs; i++) /* written only where a buffer is stored in 16 bits */

@@ -13,12 +13,18 @@ typedef struct {
     const IrNode *node; /* the node whose value it holds */
     const char *name;   /* leaf name, or the node's label */
     int first, last;    /* temps: the step writing it, the last step reading it (nsteps: output) */
+    /* a step's scratch (CgStep.scratch) when rank > 0: f32 values of this shape, which its step
+     * alone writes and reads (first = last = the step), named "<node's label>.scratch"; node is
+     * the step's */
+    int rank;
+    IrDim shape[IR_MAXRANK];
 } CgBuffer;
 
 typedef struct {
     const IrNode *node;
     int kernel;
     int out, in[IR_MAXIN]; /* buffer ids, -1 for absent operands */
+    int scratch;           /* the step's scratch buffer (a temp only its own launches use), or -1 */
 } CgStep;
 
 /* One generated function, shared by every step whose node has the same signature: op, dtypes,
@@ -121,6 +127,13 @@ int cg_plan_build_views(const IrGraph *g, CgPlan *p, int head_views, char *err, 
 /* ... with views and 16-bit storage as o says (NULL: neither) */
 int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *o, char *err, size_t n);
 void cg_plan_free(CgPlan *p);
+/* Gives step its scratch buffer (CgStep.scratch, CgBuffer.rank): f32 values of `shape`, a temp
+ * that lives during the step alone, stored as f32 whatever the plan's storage. The metadata
+ * lists it as an ordinary temp buffer, so the runtime's arena places it (no record of the step
+ * names it: the module's schedule hands it to the step's kernels). Called by cg_compile with
+ * what the backend's scratch hook asks for. Returns the buffer id, or -1 out of memory or when
+ * the step has one already. */
+int cg_plan_add_scratch(CgPlan *p, int step, int rank, const IrDim *shape);
 
 /* The metadata text (malloc'ed) for the plan, with options as key/value pairs (values without
  * spaces or newlines; NULL values are skipped). */

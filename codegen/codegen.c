@@ -74,6 +74,16 @@ int cg_compile(const IrGraph *g, const CgOptions *opt, CgStats *stats, char *err
                                 : (storage ? CG_STORE_MATMUL_WEIGHTS : 0) | (kv ? CG_STORE_KV_CACHES : 0)};
     if (cg_plan_build_opts(g, &plan, &popt, err, n) < 0)
         return -1;
+    for (int s = 0; be->scratch && s < plan.nsteps; s++) { /* the steps' scratch buffers, now that storage is known */
+        IrDim shape[IR_MAXRANK];
+        int rank = be->scratch(&plan, s, opt, shape, err, n);
+        if (rank > 0 && cg_plan_add_scratch(&plan, s, rank, shape) < 0)
+            snprintf(err, n, "out of memory"), rank = -1;
+        if (rank < 0) {
+            cg_plan_free(&plan);
+            return -1;
+        }
+    }
     for (int k = 0; k < plan.nkernels; k++) {
         const IrNode *node = plan.kernels[k].node;
         if (!be->supports(node->op)) {

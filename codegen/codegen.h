@@ -134,6 +134,11 @@ typedef struct CgBackend {
      * and whether the gradient kernel does (dk, dv summed over each group: ops.def). */
     int attention_max_head, attention_grad_max_head;
     int attention_kv_groups, attention_grad_kv_groups;
+    /* NULL, or: the shape (rank returned, dims into shape[IR_MAXRANK]) of the f32 scratch buffer
+     * step of plan gets compiled with opt (cg_plan_add_scratch: a temp its kernels alone use
+     * during the step), 0 for none, -1 with a message. cg_compile asks for every step before
+     * rendering; the render finds them as CgStep.scratch. */
+    int (*scratch)(const struct CgPlan *plan, int step, const CgOptions *opt, IrDim *shape, char *err, size_t n);
 } CgBackend;
 
 extern const CgBackend cg_llvm_backend;

@@ -11,6 +11,7 @@
  * The compile step writes its files into a temporary directory (kept when XTC_KEEP_TMP is set,
  * for debugging) and needs cc; --emit-cuda (CgOptions.emit_cuda) writes the CUDA C out. */
 #include "cg_cuda.h"
+#include "cg_cuda_attention.h"
 #include "rt_fileio.h"
 
 #include <errno.h>
@@ -32,7 +33,7 @@ static double now_s(void)
 /* ---- render ---- */
 
 /* How the emulator calls the kernel from cuLaunchKernel-style args. */
-static char *emu_call_text(const CuGen *gen, const CgKernel *K)
+static char *emu_call_text(const CuGen *gen, const CgKernel *K, int scratch)
 {
     const IrNode *x = K->node;
     char *buf = NULL;
@@ -44,6 +45,8 @@ static char *emu_call_text(const CuGen *gen, const CgKernel *K)
     fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_mem_type(x), a++);
     for (int i = 0; i < x->nin; i++)
         fprintf(f, ", *(const %s **)a[%d]", cu_mem_type(x->in[i]), a++);
+    if (scratch)
+        fprintf(f, ", *(float **)a[%d]", a++);
     for (int s = 0; s < gen->g->nsyms; s++)
         fprintf(f, ", *(i64 *)a[%d]", a++);
     fprintf(f, ", *(int **)a[%d])", a);
@@ -66,6 +69,10 @@ const CuLibKernel cu_lib_kernels[] = {
      "*(float *)a[10], *(float *)a[11], *(float *)a[12], *(float *)a[13], *(float *)a[14], *(float *)a[15], "
      "*(float *)a[16], *(float *)a[17], *(float *)a[18])",
      0},
+    {"xtc_fb_pre", /* kernels/flash_pre.cuh */
+     "xtc_fb_pre(*(const xtc_fs **)a[0], *(const float **)a[1], *(float **)a[2], *(i64 *)a[3], *(int *)a[4], "
+     "*(int *)a[5])",
+     1},
 };
 
 /* Whether g is a training graph: it has grad.<param> outputs, which the optimizer steps from. */
@@ -93,21 +100,54 @@ void cg_cuda_unit_free(CuUnit *u)
     memset(u, 0, sizeof *u);
 }
 
+/* The architecture, storage and resolved matmul precision opt compiles with; 0 or -1 with a message. */
+static int resolve(const CgOptions *opt, int emu, const char **arch, int *storage, int *mma, char *err, size_t n)
+{
+    *arch = opt && opt->cuda_arch && opt->cuda_arch[0] ? opt->cuda_arch : CU_DEFAULT_ARCH;
+    int num = cg_cuda_arch_number(*arch, err, n);
+    if (num < 0 || (*storage = cg_dtype_parse(opt ? opt->dtype : NULL, err, n)) < 0)
+        return -1;
+    return (*mma = cg_mma_resolve(opt ? opt->mma : CG_MMA_AUTO, *storage, num, emu, err, n)) < 0 ? -1 : 0;
+}
+
+/* CgBackend.scratch: attention_grad steps whose kernel is kernels/flash_bwd.cuh's get each query
+ * row's dlse_i - D_i, [q's batch dims.., I] (cu_flash_bwd16_fits, CuGeom.pre) */
+static int scratch_of(const CgPlan *plan, int step, const CgOptions *opt, int emu, IrDim *shape, char *err, size_t n)
+{
+    const IrNode *x = plan->steps[step].node;
+    if (x->op != IR_ATTENTION_GRAD)
+        return 0;
+    const char *arch;
+    int storage, mma;
+    if (resolve(opt, emu, &arch, &storage, &mma, err, n) < 0)
+        return -1;
+    if (!cu_flash_bwd16_fits(storage, mma, x))
+        return 0;
+    const IrNode *q = x->in[0];
+    memcpy(shape, q->shape, (size_t)(q->rank - 1) * sizeof *shape);
+    return q->rank - 1;
+}
+
+static int cuda_scratch(const CgPlan *plan, int step, const CgOptions *opt, IrDim *shape, char *err, size_t n)
+{
+    return scratch_of(plan, step, opt, 0, shape, err, n);
+}
+
+static int emu_scratch(const CgPlan *plan, int step, const CgOptions *opt, IrDim *shape, char *err, size_t n)
+{
+    return scratch_of(plan, step, opt, 1, shape, err, n);
+}
+
 int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUnit *u, char *err, size_t n)
 {
     memset(u, 0, sizeof *u);
     cu_gen_init(&u->gen, plan);
     u->plan = plan;
     u->emu = emu;
-    const char *arch = opt && opt->cuda_arch && opt->cuda_arch[0] ? opt->cuda_arch : CU_DEFAULT_ARCH;
-    if (cg_cuda_arch_number(arch, err, n) < 0)
-        return -1;
-    if ((u->gen.storage = cg_dtype_parse(opt ? opt->dtype : NULL, err, n)) < 0)
+    const char *arch;
+    if (resolve(opt, emu, &arch, &u->gen.storage, &u->gen.mma, err, n) < 0)
         return -1;
     snprintf(u->arch, sizeof u->arch, "%s", arch);
-    if ((u->gen.mma = cg_mma_resolve(opt ? opt->mma : CG_MMA_AUTO, u->gen.storage, cg_cuda_arch_number(arch, err, n),
-                                     emu, err, n)) < 0)
-        return -1;
     int nk = plan->nkernels;
     u->kernel_text = calloc((size_t)nk + 1, sizeof *u->kernel_text);
     u->emu_call = calloc((size_t)nk + 1, sizeof *u->emu_call);
@@ -137,7 +177,7 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
             return -1;
         }
         int rc = L->emit(&ck);
-        if (fclose(ck.f) != 0 || rc < 0 || !(u->emu_call[k] = emu_call_text(&u->gen, K))) {
+        if (fclose(ck.f) != 0 || rc < 0 || !(u->emu_call[k] = emu_call_text(&u->gen, K, ck.geom.pre[0] != 0))) {
             snprintf(err, n, "%s", u->gen.err[0] ? u->gen.err : "out of memory");
             cg_cuda_unit_free(u);
             return -1;
@@ -145,6 +185,9 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
         u->geom[k] = ck.geom;
         u->sync[k] = ck.sync;
     }
+    int pre = 0; /* a kernel takes a scratch buffer that xtc_fb_pre fills */
+    for (int k = 0; k < nk; k++)
+        pre |= u->geom[k].pre[0] != 0;
     size_t len = 0;
     FILE *f = open_memstream(&u->source, &len);
     if (!f) {
@@ -157,7 +200,12 @@ int cg_cuda_render_unit(const CgPlan *plan, const CgOptions *opt, int emu, CuUni
         fprintf(f, "\n%s", u->kernel_text[k]);
     if (trains(plan->g)) { /* the device's AdamW step over the grad.<param> outputs */
         fprintf(f, "\n%s", cg_embed_adamw_cuh);
-        u->nlib = 2;
+        u->lib[u->nlib++] = CU_LIB_ADAMW_NORM;
+        u->lib[u->nlib++] = CU_LIB_ADAMW_UPDATE;
+    }
+    if (pre) { /* the flash backward's preprocessing (CuGeom.pre) */
+        fprintf(f, "\n%s", cg_embed_flash_pre_cuh);
+        u->lib[u->nlib++] = CU_LIB_FB_PRE;
     }
     if (fclose(f) != 0) {
         snprintf(err, n, "out of memory");
@@ -266,6 +314,23 @@ static const char *emu_opt_flag(char *err, size_t n)
     return NULL;
 }
 
+/* Whether the plan's scratch buffers are those its kernels take (CgBackend.scratch, as
+ * cg_compile asks for them); 0, or -1 with a message. A unit rendered from a plan without them
+ * has kernel texts, but no schedule. */
+static int scratch_check(const CuUnit *u, char *err, size_t n)
+{
+    for (int s = 0; s < u->plan->nsteps; s++) {
+        const CgStep *st = &u->plan->steps[s];
+        if ((st->scratch >= 0) != (u->geom[st->kernel].pre[0] != 0)) {
+            snprintf(err, n, "internal: step %d (node %%%s) %s a scratch buffer its kernel %s", s,
+                     st->node->label ? st->node->label : "?", st->scratch >= 0 ? "has" : "lacks",
+                     st->scratch >= 0 ? "does not take" : "takes");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, size_t n)
 {
     CuUnit *u = unit;
@@ -277,7 +342,7 @@ static int compile(void *unit, const CgOptions *opt, CgStats *stats, char *err, 
     char *ptx = NULL, *meta = NULL, *host = NULL, *emu_main = NULL;
     int rc = -1;
     char dirbuf[4096] = "", nvrtc_version[32] = "", compiler[64];
-    if (opt->emit_cuda && write_file(NULL, opt->emit_cuda, u->source, err, n) < 0)
+    if (scratch_check(u, err, n) < 0 || (opt->emit_cuda && write_file(NULL, opt->emit_cuda, u->source, err, n) < 0))
         return -1;
     if (!u->emu) {
         if (cg_nvrtc_compile(u->source, "model.cu", u->arch, &ptx, err, n) < 0)
@@ -402,6 +467,7 @@ const CgBackend cg_cuda_backend = {
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
     .attention_grad_kv_groups = 0, /* the backward kernels take k and v with q's heads */
+    .scratch = cuda_scratch,
 };
 
 const CgBackend cg_cuda_emu_backend = {
@@ -416,4 +482,5 @@ const CgBackend cg_cuda_emu_backend = {
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
     .attention_grad_kv_groups = 0, /* the backward kernels take k and v with q's heads */
+    .scratch = emu_scratch,
 };

@@ -29,6 +29,7 @@
 
 #define CU_DEFAULT_ARCH "sm_80"
 #define CU_EXPR 512 /* room for one expression over the symbols */
+#define CU_NLIB 3   /* the entries of cu_lib_kernels */
 /* The attention kernels' bound on the head sizes D and E, forward and gradient (past the tiled
  * kernels' shared memory, the row kernels keep a query row and per-thread sums of D/128 floats);
  * the cuda backends advertise it to the passes (CgBackend.attention_max_head). */
@@ -50,6 +51,12 @@ typedef struct {
     char grid_y[6 * CU_EXPR]; /* blocks along y (capped at 65535); "" = 1 */
     unsigned block;           /* threads per block (x) */
     char zero[6 * CU_EXPR];   /* bytes of the output to clear before the launch; "" = none */
+    /* "" or the rows of the step's scratch (CgStep.scratch; cu_flash_bwd16_fits): the kernel
+     * takes it after its operands, and xtc_fb_pre (kernels/flash_pre.cuh) fills it first from
+     * the step's in4 (the output gradient, pre_gc columns) and in3 (o, pre_e + 1 columns) */
+    char pre[6 * CU_EXPR];
+    char pre_gc[CU_EXPR];
+    long long pre_e;
 } CuGeom;
 
 /* A kernel being written. */
@@ -89,7 +96,9 @@ typedef struct {
     CuGeom *geom;        /* [nkernels] */
     int *sync;           /* [nkernels] */
     /* kernels of the source files under codegen/cuda/kernels appended after the plan's (the
-     * runtime launches them by name: a training module's AdamW step), cu_lib_kernels[0..nlib) */
+     * runtime launches them by name: a training module's AdamW step; the schedule launches
+     * xtc_fb_pre): cu_lib_kernels[lib[0..nlib)], kernel nkernels + i of the module */
+    int lib[CU_NLIB];
     int nlib;
 } CuUnit;
 
@@ -100,6 +109,7 @@ typedef struct {
     int sync;             /* uses __syncthreads */
 } CuLibKernel;
 extern const CuLibKernel cu_lib_kernels[];
+enum { CU_LIB_ADAMW_NORM, CU_LIB_ADAMW_UPDATE, CU_LIB_FB_PRE };
 
 /* cg_cuda_ops.c: the lowering of op, or NULL when the table has no entry for it. */
 const CuLower *cg_cuda_lowering(IrOp op);
@@ -216,6 +226,6 @@ extern const char cg_embed_adamw_cuh[];
 /* codegen/cuda/kernels/flash_lib.cuh, flash_fwd.cuh and flash_bwd.cuh: the tensor-core
  * attention's functions and the bodies of its forward (cg_cuda_attention_mma.c) and backward
  * (cg_cuda_attention_mma_grad.c) */
-extern const char cg_embed_flash_lib_cuh[], cg_embed_flash_fwd_cuh[], cg_embed_flash_bwd_cuh[];
+extern const char cg_embed_flash_lib_cuh[], cg_embed_flash_fwd_cuh[], cg_embed_flash_bwd_cuh[], cg_embed_flash_pre_cuh[];
 
 #endif

@@ -67,6 +67,10 @@ int cu_attention_mma(CuKernel *k, const Att *a, int stats);
  * unless q, k, v and the output gradient are stored in the mma's format with heads multiples of
  * 8, which kernels/flash_bwd.cuh takes), -1 error. */
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols);
+/* Whether attention_grad x takes kernels/flash_bwd.cuh's kernel in a module of that storage and
+ * resolved mma: q, k, v and the output gradient in the mma's format, o in f32, D = E a multiple
+ * of 8 up to 128. That kernel reads each row's dlse_i - D_i from the step's scratch (CuGeom.pre). */
+int cu_flash_bwd16_fits(int storage, int mma, const IrNode *x);
 
 /* The forward kernel with, in front of the others' body, the path of few query rows against many
  * keys taken at run time (cg_cuda_attention_decode.c; it writes the others' kernel through

@@ -44,11 +44,26 @@
 static const char *po(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *pc(const char *e) { return strchr(e, ' ') ? ")" : ""; }
 
-/* Whether x's storage is the 16-bit format of the mma operands: pairs are then raw bits. */
-static int raw_pairs(const CuKernel *k, const IrNode *x)
+/* Whether x's storage (the module's, storage) is the 16-bit format of the mma operands (mma):
+ * pairs are then raw bits. */
+static int raw_format(int storage, int mma, const IrNode *x)
 {
-    int fmt = k->gen->mma == CG_MMA_FP16 ? 2 : 1;
-    return k->gen->storage == fmt && strcmp(cu_mem_type(x), "xtc_fs") == 0;
+    return storage == (mma == CG_MMA_FP16 ? 2 : 1) && strcmp(cu_mem_type(x), "xtc_fs") == 0;
+}
+
+static int raw_pairs(const CuKernel *k, const IrNode *x) { return raw_format(k->gen->storage, k->gen->mma, x); }
+
+int cu_flash_bwd16_fits(int storage, int mma, const IrNode *x)
+{
+    const IrNode *q = x->in[0], *v = x->in[2];
+    int r = q->rank;
+    if (x->op != IR_ATTENTION_GRAD || mma == CG_MMA_OFF || r < 2 || !ir_dim_is_const(q->shape[r - 1]) ||
+        !ir_dim_is_const(v->shape[r - 1]))
+        return 0;
+    long long D = (long long)q->shape[r - 1].c, E = (long long)v->shape[r - 1].c;
+    return D == E && D >= 8 && D % 8 == 0 && D <= FLASH_BWD_HEAD && raw_format(storage, mma, q) &&
+           raw_format(storage, mma, x->in[1]) && raw_format(storage, mma, v) && raw_format(storage, mma, x->in[4]) &&
+           strcmp(cu_mem_type(x->in[3]), "float") == 0;
 }
 
 void cu_att_pair(CuKernel *k, const IrNode *x, const char *indent, const char *dst, const char *p, const char *clo,
@@ -204,10 +219,9 @@ static int define_emitted(CuKernel *k, const Att *a, void (*emit)(CuKernel *, co
  * rows, in 48 KiB of static shared memory. Returns 1 written, 0 when it does not apply, -1 error. */
 static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
 {
-    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
+    const IrNode *x = k->node, *q = x->in[0];
     const IrNode *mask = x->in[6], *scale = x->in[7];
-    if (!raw_pairs(k, q) || !raw_pairs(k, kk) || !raw_pairs(k, v) || !raw_pairs(k, dout) || a->D % 8 ||
-        a->D > FLASH_BWD_HEAD)
+    if (!cu_flash_bwd16_fits(k->gen->storage, k->gen->mma, x))
         return 0;
     long long dp = (a->D + 15) / 16 * 16, ds = dp + 8;
     int bn = 64, nst = 2;
@@ -223,6 +237,11 @@ static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
     int plain = mask->op == IR_CONST && mask->f != 0 && !a->bias[0] && scale->op == IR_CONST;
     FILE *f = k->f;
     k->sync = 1;
+    /* the scratch: each query row's dlse_i - D_i, from xtc_fb_pre before the kernel */
+    snprintf(k->geom.pre, sizeof k->geom.pre, "%s%s%s * %s%s%s", po(a->batches), a->batches, pc(a->batches), po(a->I),
+             a->I, pc(a->I));
+    snprintf(k->geom.pre_gc, sizeof k->geom.pre_gc, "%s", gcols);
+    k->geom.pre_e = a->E;
     fputs(cg_embed_flash_lib_cuh, f);
     cu_kernel_begin(k);
     fprintf(f, "    /* FlashAttention-2 backward on tensor cores: operands in %s, copied as stored (cp.async, ldmatrix); "

@@ -49,7 +49,8 @@ static const char *const reserved[] = {
     "dlast", "dvec", "qw", "kw", "SW", "dbl", "dlane", "dwarp", "dblk", "sw", "c0", "cb", "ce", "dm", "pp", "ms",
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
     "slot", "gn", "ok", "vec", "pair", "Dl", "Kt", "Qt", "Gt", "gf", "kf", "vf", "dka", "dva", "h", "sh", "bounded",
-    "sa", "wr", "mt", "rf", "rl", "vt", "nx", "klo", "khi", "mu", "m", "l", NULL};
+    "sa", "wr", "mt", "rf", "rl", "vt", "nx", "klo", "khi", "mu", "m", "l", "scratch", "pre_rows",
+    "pre_e", "pre_gc", "pre_args", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", "gb", "gbv", NULL};
@@ -268,14 +269,17 @@ void cu_kernel_begin(CuKernel *k)
     int indent = k->bound_blocks ? fprintf(f, "XTC_KERNEL XTC_BOUNDS(%d, %d) %s(", k->bound_threads, k->bound_blocks, k->k->fn)
                                  : fprintf(f, "XTC_KERNEL %s(", k->k->fn);
     int col = indent;
-    int nparams = 1 + x->nin + k->gen->g->nsyms + 1;
+    int scratch = k->geom.pre[0] != 0; /* the step's scratch after the operands (CuGeom.pre) */
+    int nparams = 1 + x->nin + scratch + k->gen->g->nsyms + 1;
     for (int p = 0; p < nparams; p++) {
         if (p == 0)
             snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x));
         else if (p <= x->nin)
             snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]), p - 1);
+        else if (scratch && p == x->nin + 1)
+            snprintf(param, sizeof param, "float *__restrict__ scratch");
         else if (p < nparams - 1)
-            snprintf(param, sizeof param, "i64 %s", k->gen->sym[p - 1 - x->nin]);
+            snprintf(param, sizeof param, "i64 %s", k->gen->sym[p - 1 - x->nin - scratch]);
         else
             snprintf(param, sizeof param, "int *__restrict__ status");
         int len = (int)strlen(param) + (p + 1 < nparams ? 2 : 1);

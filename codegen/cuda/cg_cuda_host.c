@@ -80,6 +80,28 @@ static const char *step_label(const IrNode *n, char *buf, size_t len)
     return buf;
 }
 
+/* The module's kernel number of library kernel lib (CuUnit.lib), -1 when it has none. */
+static int lib_kernel(const CuUnit *u, int lib)
+{
+    for (int i = 0; i < u->nlib; i++)
+        if (u->lib[i] == lib)
+            return u->nkernels + i;
+    return -1;
+}
+
+/* In a step's block: xtc_fb_pre filling the step's scratch from in4 and in3 before its kernel
+ * (CuGeom.pre): a warp a row, 4 rows a block */
+static void pre_launch(FILE *f, const CuUnit *u, const CuGeom *g)
+{
+    fprintf(f, "        { /* the scratch: each query row's dlse_i - D_i (kernels/flash_pre.cuh) */\n");
+    fprintf(f, "            int64_t pre_rows = %s;\n", g->pre);
+    fprintf(f, "            int32_t pre_e = %lld, pre_gc = (int32_t)(%s);\n", g->pre_e, g->pre_gc);
+    fprintf(f, "            void *pre_args[] = {&in4, &in3, &scratch, &pre_rows, &pre_e, &pre_gc};\n");
+    fprintf(f, "            const uint32_t grid[3] = {xtc_grid((pre_rows + 3) / 4, XTC_GRID_X), 1, 1}, block[3] = {128, 1, 1};\n");
+    fprintf(f, "            if (grid[0] && (rc = api->launch(api->ctx, %d, grid, block, pre_args)))\n", lib_kernel(u, CU_LIB_FB_PRE));
+    fprintf(f, "                return rc;\n        }\n");
+}
+
 static void run_function(FILE *f, const CuUnit *u)
 {
     const CgPlan *p = u->plan;
@@ -103,10 +125,16 @@ static void run_function(FILE *f, const CuUnit *u)
         fprintf(f, "    {\n        void *out = bufs[%d]", st->out);
         for (int i = 0; i < st->node->nin; i++)
             fprintf(f, ", *in%d = bufs[%d]", i, st->in[i]);
+        if (st->scratch >= 0)
+            fprintf(f, ", *scratch = bufs[%d]", st->scratch);
         fprintf(f, ";\n        int32_t *st = status + %d;\n", s);
+        if (st->scratch >= 0)
+            pre_launch(f, u, &u->geom[st->kernel]);
         fprintf(f, "        void *args[] = {&out");
         for (int i = 0; i < st->node->nin; i++)
             fprintf(f, ", &in%d", i);
+        if (st->scratch >= 0)
+            fprintf(f, ", &scratch");
         for (int sy = 0; sy < gen->g->nsyms; sy++)
             fprintf(f, ", &%s", gen->sym[sy]);
         fprintf(f, ", &st};\n");
@@ -160,14 +188,15 @@ char *cg_cuda_host_source(const CuUnit *u, const char *meta, const char *ptx, co
         for (int k = 0; k < u->nkernels; k++)
             fprintf(f, "    \"%s\",\n", u->plan->kernels[k].fn);
         for (int k = 0; k < u->nlib; k++)
-            fprintf(f, "    \"%s\",\n", cu_lib_kernels[k].name);
+            fprintf(f, "    \"%s\",\n", cu_lib_kernels[u->lib[k]].name);
         fprintf(f, "};\n\n");
     }
     /* how each buffer's floating-point values are stored on the device (--dtype) */
     fprintf(f, "static const uint8_t xtc_buf_storage[%d] = {", u->plan->nbufs + 1);
     for (int b = 0; b < u->plan->nbufs; b++) {
         const IrNode *node = u->plan->bufs[b].node;
-        int half = cg_node_storage(node, u->gen.storage); /* CG_STORE_ALL (cg_plan.h) */
+        /* CG_STORE_ALL (cg_plan.h); a step's scratch (CgBuffer.rank) is f32 */
+        int half = u->plan->bufs[b].rank > 0 ? 0 : cg_node_storage(node, u->gen.storage);
         fprintf(f, "%s%d", b ? ", " : "", half);
     }
     fprintf(f, "%s};\n\n", u->plan->nbufs ? "" : "0");
@@ -201,13 +230,13 @@ char *cg_cuda_emu_main(const CuUnit *u)
     int all = u->nkernels + u->nlib;
     for (int k = 0; k < all; k++)
         fprintf(f, "static void xtc_emu_call_k%d(void **a)\n{\n    %s;\n}\n\n", k,
-                k < u->nkernels ? u->emu_call[k] : cu_lib_kernels[k - u->nkernels].emu_call);
+                k < u->nkernels ? u->emu_call[k] : cu_lib_kernels[u->lib[k - u->nkernels]].emu_call);
     if (all) {
         fprintf(f, "static const XtcEmuKernel xtc_emu_kernels[] = {\n");
         for (int k = 0; k < all; k++)
             fprintf(f, "    {\"%s\", xtc_emu_call_k%d, %d},\n",
-                    k < u->nkernels ? u->plan->kernels[k].fn : cu_lib_kernels[k - u->nkernels].name, k,
-                    k < u->nkernels ? u->sync[k] : cu_lib_kernels[k - u->nkernels].sync);
+                    k < u->nkernels ? u->plan->kernels[k].fn : cu_lib_kernels[u->lib[k - u->nkernels]].name, k,
+                    k < u->nkernels ? u->sync[k] : cu_lib_kernels[u->lib[k - u->nkernels]].sync);
         fprintf(f, "};\n\n");
     }
     fprintf(f, "__attribute__((visibility(\"hidden\"))) const XtcEmuModule xtc_emu_module = {\n");

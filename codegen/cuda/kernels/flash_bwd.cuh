@@ -8,7 +8,9 @@
  *
  * In scope: I, J, batches (i64), D, E, OC, GC (int: o has E + 1 columns, the last the
  * forward's logsumexp; the output gradient E, or E + 1 with the logsumexp's gradient), the
- * kernel's operands, and
+ * kernel's operands, scratch (f32, the step's scratch: query row i of flat batch b's dlse_i -
+ * D_i at b I + i, D_i = dO_i . O_i, which kernels/flash_pre.cuh's xtc_fb_pre wrote before this
+ * kernel, FlashAttention-2's preprocessing), and
  *   XTC_FB_BN         rows of a streamed tile (64, 32 or 16: static shared memory, 48 KiB)
  *   XTC_FB_NST        stages of streamed tiles: 2 (copies overlap the products) or 1
  *   XTC_FB_DP         D rounded up to 16 (the tiles hold zeros past D)
@@ -45,10 +47,10 @@
  * resident rows; per streamed tile and warp, with A fragments of its rows by ldmatrix:
  *   X = R1 S1^T, Y = R2 S2^T   (S = Q K^T and dP = dO V^T, or their transposes for a key block)
  *                              B fragments by ldmatrix from the [row][d] tiles as stored;
- *   P, dS         in registers, from the forward's logsumexp (o's column E) and D_i = dO_i . O_i
- *                 (computed per row as the tile arrives: a query block once for its rows, a key
- *                 block per streamed tile into shared memory beside the logsumexp and the row's
- *                 keys); full tiles in base 2 with the scale folded in;
+ *   P, dS         in registers, from the forward's logsumexp (o's column E) and dlse_i - D_i
+ *                 (the scratch's; read per row as the tile arrives: a query block once for its
+ *                 rows, a key block per streamed tile into shared memory beside the logsumexp
+ *                 and the row's keys); full tiles in base 2 with the scale folded in;
  *   acc1 += dS S1 (dq += dS K, or dk += dS^T Q), and for a key block acc2 += P^T dO (dv): the
  *                 accumulators of P and dS are A fragments once packed to 16 bits in registers,
  *                 S1 and S2 B fragments by ldmatrix.trans from the [row][d] tiles (no transposed
@@ -105,23 +107,16 @@
         xtc_fa_rows(fd, 2 * XTC_FB_DS, S1, D, fs0, flim, XTC_FB_BN, XTC_FB_DP / 8, D / 8, w1);                        \
         xtc_fa_rows(fd + 2u * XTC_FB_BN * XTC_FB_DS, 2 * XTC_FB_DS, S2, sld2, fs0, flim, XTC_FB_BN, XTC_FB_DP / 8,     \
                     E / 8, w2);                                                                                       \
-        if (kv) { /* 128 / BN lanes a row */                                                                          \
-            const int per = 128 / XTC_FB_BN, rr = threadIdx.x / per, h = threadIdx.x % per;                          \
+        if (kv && threadIdx.x < XTC_FB_BN) { /* a lane a row */                                                      \
+            const int rr = threadIdx.x;                                                                               \
             const i64 i = fs0 + rr;                                                                                   \
-            float dsum = 0.0f; /* D_i = dout_i . o_i */                                                               \
-            for (int e = h; e < E && i < flim; e += per)                                                              \
-                dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);                                              \
-            for (int w = 1; w < per; w <<= 1)                                                                         \
-                dsum += __shfl_xor_sync(0xffffffffu, dsum, w);                                                        \
-            if (h == 0) {                                                                                             \
-                i64 lo = 0, hi = 0;                                                                                   \
-                if (i < flim)                                                                                         \
-                    XTC_FB_KEYS(i, lo, hi);                                                                           \
-                fb_ls[s_][rr] = i < flim ? xtc_ld(ob, i * OC + E) : 0.0f;                                             \
-                fb_dl[s_][rr] = (i < flim && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;                          \
-                fb_lo[s_][rr] = lo;                                                                                   \
-                fb_hi[s_][rr] = hi;                                                                                   \
-            }                                                                                                         \
+            i64 lo = 0, hi = 0;                                                                                       \
+            if (i < flim)                                                                                             \
+                XTC_FB_KEYS(i, lo, hi);                                                                               \
+            fb_ls[s_][rr] = i < flim ? xtc_ld(ob, i * OC + E) : 0.0f;                                                 \
+            fb_dl[s_][rr] = i < flim ? scratch[batch * I + i] : 0.0f;                                                 \
+            fb_lo[s_][rr] = lo;                                                                                       \
+            fb_hi[s_][rr] = hi;                                                                                       \
         }                                                                                                             \
     } while (0)
         xtc_fa_rows(sa, 2 * XTC_FB_DS, R1, D, r0, rlim, 64, XTC_FB_DP / 8, D / 8, v1);
@@ -136,18 +131,13 @@
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const i64 i = rw + lg + 8 * r;
-                float dsum = 0.0f; /* D_i = dout_i . o_i over the row's four lanes */
-                for (int e = lt; e < E && i < I; e += 4)
-                    dsum += xtc_ld(gb, i * GC + e) * xtc_ld(ob, i * OC + e);
-                for (int w = 1; w < 4; w <<= 1)
-                    dsum += __shfl_xor_sync(0xffffffffu, dsum, w);
                 i64 lo = 0, hi = 0;
                 if (i < I)
                     XTC_FB_KEYS(i, lo, hi);
                 rlo[r] = lo;
                 rhi[r] = hi;
                 rls[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;
-                rdl[r] = (i < I && GC > E ? xtc_ld(gb, i * GC + E) : 0.0f) - dsum;
+                rdl[r] = i < I ? scratch[batch * I + i] : 0.0f;
             }
         } else {
 #pragma unroll
