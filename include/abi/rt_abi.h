@@ -23,7 +23,9 @@
  *                                           max_seq_len: the cache's positions and the call's)
  *   buffer ID KIND NAME DTYPE SHAPE FIRST LAST
  *       KIND input | param | state (persistent buffer from the weights file) | temp
- *       NAME the input/param name, or the node's label for temps
+ *       NAME the input/param name, or the node's label for temps; "<label>.scratch" for a
+ *            step's scratch (a temp of FIRST = LAST = that step, which its kernels alone use:
+ *            the CUDA tensor-core attention backward's rows' dlse_i - D_i; cg_plan.h)
  *       SHAPE [d0,d1,...] with each d an affine form over the symbols: 64, n, n+3, 2*b, m+n, n-1
  *       FIRST, LAST the schedule steps that write it first and read it last (temps only; -1)
  *   storage BUFFER FORMAT                   the f32 BUFFER is stored in FORMAT, bf16 or fp16 (compile
