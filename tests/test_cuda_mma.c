@@ -772,81 +772,6 @@ START_TEST(test_flash_grad16)
 }
 END_TEST
 
-/* FlashAttention-2's preprocessing through a step's scratch buffer (CgStep.scratch): with 16-bit
- * storage of the mma's format, the CUDA backends give every attention_grad step of
- * build_flash_grad16 (kernels/flash_bwd.cuh's, all 11) an f32 scratch of q's batch dims and rows,
- * and no other step; the metadata lists it as a temp of that step alone, "<label>.scratch" (so
- * the runtime's arena places it); the kernel takes it after its operands and reads each row's
- * dlse_i - D_i from it, and the module's source has xtc_fb_pre (kernels/flash_pre.cuh), which
- * the schedule launches before it. f32 storage (the register-staged backward) and the cpu
- * backend take none. The values: test_flash_grad16 (the modules compiled by cg_compile). */
-START_TEST(test_flash_scratch)
-{
-    IrGraph *g = new_graph("flash", build_flash_grad16);
-    ck_assert_ptr_null(cg_llvm_backend.scratch);
-    for (int st = 0; st <= 2; st++)
-        for (int emu = 0; emu < 2; emu++) {
-            const CgBackend *be = emu ? &cg_cuda_emu_backend : &cg_cuda_backend;
-            CgOptions opt = {.output = "-", .mma = st == 2 ? CG_MMA_FP16 : CG_MMA_BF16, .dtype = STORAGE_NAME[st]};
-            CgPlan plan;
-            char err[1024];
-            ck_assert_msg(cg_plan_build_views(g, &plan, 1, err, sizeof err) == 0, "%s", err);
-            int nbufs = plan.nbufs, added = 0;
-            for (int s = 0; s < plan.nsteps; s++) {
-                const IrNode *x = plan.steps[s].node;
-                IrDim shape[IR_MAXRANK];
-                int rank = be->scratch(&plan, s, &opt, shape, err, sizeof err);
-                ck_assert_int_eq(rank, st && x->op == IR_ATTENTION_GRAD ? x->in[0]->rank - 1 : 0);
-                for (int d = 0; d < rank; d++)
-                    ck_assert(ir_dim_eq(shape[d], x->in[0]->shape[d]));
-                if (rank > 0) {
-                    ck_assert_int_eq(cg_plan_add_scratch(&plan, s, rank, shape), nbufs + added);
-                    ck_assert_int_eq(cg_plan_add_scratch(&plan, s, rank, shape), -1); /* one a step */
-                    added++;
-                }
-            }
-            ck_assert_int_eq(added, st ? 11 : 0);
-            char *meta = cg_plan_meta(&plan, NULL, 0);
-            ck_assert_ptr_nonnull(meta);
-            int found = 0;
-            for (const char *p = strstr(meta, ".scratch "); p; p = strstr(p + 1, ".scratch "))
-                found++;
-            ck_assert_int_eq(found, added);
-            for (int s = 0; s < plan.nsteps; s++) {
-                const CgStep *sp = &plan.steps[s];
-                if (sp->scratch < 0)
-                    continue;
-                char want[200], dims[96] = "[", d[32], label[32];
-                const IrNode *q = sp->node->in[0];
-                for (int k = 0; k + 1 < q->rank; k++)
-                    snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%s", k ? "," : "",
-                             ir_dim_str(g, q->shape[k], d, sizeof d));
-                snprintf(label, sizeof label, "t%d", sp->node->id);
-                snprintf(want, sizeof want, "buffer %d temp %s.scratch f32 %s] %d %d\n", sp->scratch,
-                         sp->node->label ? sp->node->label : label, dims, s, s);
-                ck_assert_msg(strstr(meta, want), "no '%s' in the metadata:\n%s", want, meta);
-            }
-            free(meta);
-            CuUnit cu;
-            ck_assert_msg(cg_cuda_render_unit(&plan, &opt, emu, &cu, err, sizeof err) == 0, "%s", err);
-            for (int s = 0; s < plan.nsteps; s++) {
-                const CgStep *sp = &plan.steps[s];
-                ck_assert_int_eq(cu.geom[sp->kernel].pre[0] != 0, sp->scratch >= 0);
-                if (sp->scratch >= 0) {
-                    const char *text = cu.kernel_text[sp->kernel];
-                    ck_assert(strstr(text, "float *__restrict__ scratch") && strstr(text, "scratch[batch * I + i]"));
-                    ck_assert(!strstr(text, "dsum")); /* no D_i sums left in the backward */
-                }
-            }
-            ck_assert_int_eq(strstr(cu.source, "XTC_KERNEL xtc_fb_pre(") != NULL, st != 0);
-            ck_assert_int_eq(cu.nlib, st ? 1 : 0); /* not a training graph: no AdamW */
-            cg_cuda_unit_free(&cu);
-            cg_plan_free(&plan);
-        }
-    ir_graph_free(g);
-}
-END_TEST
-
 /* Sizes named as the kernel bodies' locals: a cross-attention of t query rows over nc context
  * keys with a [t, nc] context mask (2 batches), forward and gradient, bf16 storage (both
  * kernels/flash_fwd.cuh and flash_bwd.cuh). The mask macro's text names the sizes; the backward
@@ -1204,7 +1129,6 @@ static Suite *suite(void)
     suite_add_tcase(s, fl);
     TCase *fb = tcase_create("flash_bwd");
     tcase_add_test(fb, test_flash_grad16);
-    tcase_add_test(fb, test_flash_scratch);
     tcase_add_test(fb, test_flash_bounded);
     suite_add_tcase(s, fb);
     TCase *fn = tcase_create("flash_names"); /* CK_RUN_CASE=flash_names runs it alone */
