@@ -12,8 +12,13 @@ thread's: `xtc bench`'s "cpu_ms", and for PyTorch bench/torch_cputime.py, which 
 own timed loop with time.process_time() around each iteration), and both ratios are printed (the
 JSON keys ending in _cpu_ms and _cpu; "rounds_ms" and "rounds_cpu_ms" hold each round's medians).
 Other processes on a loaded machine move the wall clock far more than the CPU time: quote the
-ratio by CPU time beside the wall one. Both sides' idle worker threads spin-wait a little after
-each parallel region, and that counts as CPU time on both.
+ratio by CPU time beside the wall one. But with --threads above 1 on a loaded machine PyTorch's
+CPU time grows too: its OpenMP threads split each operation statically and spin-wait at its end
+for a preempted partner (about 60 % of its CPU time at load 10), while xtc's pool lets the
+running threads take the preempted one's chunks. There the work is compared by --threads 1, or
+with OMP_WAIT_POLICY=passive in the environment (PyTorch's threads then sleep instead of
+spinning; xtc does not use OpenMP): both shown in bench/RESULTS.md ("GPT-M beside PyTorch by CPU
+time").
 
   bench/compare.py [--xtc build/xtc] [--model models/gpt.xtf] [--batch 1] [--seq 1024]
                    [--threads 2] [--repeat 5] [--rounds 1] [--train] [--mma bf16] [--dtype bf16]
