@@ -7,10 +7,22 @@ SkylakeX kernels, see ../shared/bench/README.md) on the same sizes, alternating 
 --rounds times, and prints the medians and their ratios: fusion's speed-up (unfused / fused) and
 xtc against PyTorch (torch / xtc, above 1 when xtc is faster). The machines are shared and
 noisy: compare ratios of medians taken in the same run, never figures from different runs.
+Each side is timed by the wall clock and by the process's CPU time (user + system, every
+thread's: `xtc bench`'s "cpu_ms", and for PyTorch bench/torch_cputime.py, which runs torch_gpt.py's
+own timed loop with time.process_time() around each iteration), and both ratios are printed (the
+JSON keys ending in _cpu_ms and _cpu; "rounds_ms" and "rounds_cpu_ms" hold each round's medians).
+Other processes on a loaded machine move the wall clock far more than the CPU time: quote the
+ratio by CPU time beside the wall one. But with --threads above 1 on a loaded machine PyTorch's
+CPU time grows too: its OpenMP threads split each operation statically and spin-wait at its end
+for a preempted partner (about 60 % of its CPU time at load 10), while xtc's pool lets the
+running threads take the preempted one's chunks. There the work is compared by --threads 1, or
+with OMP_WAIT_POLICY=passive in the environment (PyTorch's threads then sleep instead of
+spinning; xtc does not use OpenMP): both shown in bench/RESULTS.md ("GPT-M beside PyTorch by CPU
+time").
 
   bench/compare.py [--xtc build/xtc] [--model models/gpt.xtf] [--batch 1] [--seq 1024]
                    [--threads 2] [--repeat 5] [--rounds 1] [--train] [--mma bf16] [--dtype bf16]
-                   [--decode C] [--json]
+                   [--decode C] [-O N] [--json]
 
 The PyTorch model is torch_gpt.py's x-transformers-style decoder with the vocabulary, width,
 depth and heads read from the .xtf (num_tokens, dim, depth, heads); --train compares xtc's
@@ -61,6 +73,8 @@ def parse():
     p.add_argument("--dtype", choices=["f32", "bf16"], default="f32",
                    help="bf16: xtc's weights and matmuls in bf16 (beside xtc f32), PyTorch under bf16 autocast")
     p.add_argument("--decode", type=int, default=0, help="KV-cache decoding after a context of this many tokens")
+    p.add_argument("-O", dest="opt", type=int, choices=range(4), help="xtc bench's -O level (default its own, -O2; "
+                   "-O0 compiles fastest: for tests, not for figures)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", action="store_true")
     return p.parse_args()
@@ -85,7 +99,7 @@ def run_xtc(a, dtype=None):
     dtype = a.dtype if dtype is None else dtype
     cmd = [a.xtc, "bench", a.model, "--batch", str(a.batch), "--seq", str(a.seq), "--threads",
            str(a.threads), "--repeat", str(a.repeat), "--json", "--mma", a.mma if dtype == "f32" else "auto",
-           "--dtype", dtype] + (["--train"] if a.train else [])
+           "--dtype", dtype] + (["--train"] if a.train else []) + (["-O%d" % a.opt] if a.opt is not None else [])
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if out.returncode != 0:
         sys.exit("compare.py: %s failed:\n%s" % (" ".join(cmd), out.stderr))
@@ -97,7 +111,9 @@ def run_torch(a, dims):
     env["LD_LIBRARY_PATH"] = "/usr/lib/x86_64-linux-gnu/openblas-openmp"
     env["OPENBLAS_CORETYPE"] = "SkylakeX"
     phase = "fwdbwd" if a.train else "fwd"
-    cmd = ["/usr/bin/python3", a.torch_script, "model", "--config", "custom", "--vocab", str(dims["vocab"]),
+    # torch_gpt.py's own timed loop, each iteration also by the process's CPU time (torch_cputime.py)
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_cputime.py"), a.torch_script, "model", "--config",
+           "custom", "--vocab", str(dims["vocab"]),
            "--dim", str(dims["dim"]), "--depth", str(dims["depth"]), "--heads", str(dims["heads"]), "--seq",
            str(a.seq), "--batch", str(a.batch), "--threads", str(a.threads), "--iters", str(a.repeat),
            "--phases", phase, "--json"] + (["--bf16-autocast"] if a.mma == "bf16" or a.dtype == "bf16" else [])
@@ -226,23 +242,29 @@ def main():
     if a.decode:
         return decode(a)
     dims = model_dims(a.model)
+    # each side's median per round, by the wall clock and by the process's CPU time (every thread's)
     fused, unfused, torch, f32 = [], [], [], []
+    fused_cpu, unfused_cpu, torch_cpu, f32_cpu = [], [], [], []
     arena = {}
     torch_peak = None
     for _ in range(a.rounds):
         x = run_xtc(a)
         if x["fused"]["ran"]:
             fused.append(x["fused"]["total_ms"]["median"])
+            fused_cpu.append(x["fused"]["cpu_ms"]["median"])
         if x["unfused"]["ran"]:
             unfused.append(x["unfused"]["total_ms"]["median"])
+            unfused_cpu.append(x["unfused"]["cpu_ms"]["median"])
         arena = {"fused": x["fused"]["arena_bytes"], "unfused": x["unfused"]["arena_bytes"]}
         if a.dtype == "bf16":  # xtc's own f32 in the same round
             y = run_xtc(a, "f32")
             if y["fused"]["ran"]:
                 f32.append(y["fused"]["total_ms"]["median"])
+                f32_cpu.append(y["fused"]["cpu_ms"]["median"])
         if not a.no_torch:
             t = run_torch(a, dims)
             torch.append(1e3 * t["median_s"])
+            torch_cpu.append(1e3 * t["cpu_median_s"])
             torch_peak = t.get("peak_delta")
     med = lambda v: statistics.median(v) if v else None
     res = {
@@ -251,15 +273,21 @@ def main():
         "xtc_fused_ms": med(fused), "xtc_unfused_ms": med(unfused), "torch_ms": med(torch),
         "xtc_f32_fused_ms": med(f32),
         "xtc_arena_bytes": arena, "torch_peak_delta_bytes": torch_peak,
+        "xtc_fused_cpu_ms": med(fused_cpu), "xtc_unfused_cpu_ms": med(unfused_cpu), "torch_cpu_ms": med(torch_cpu),
+        "xtc_f32_fused_cpu_ms": med(f32_cpu),
+        "rounds_ms": {"xtc_fused": fused, "xtc_unfused": unfused, "torch": torch, "xtc_f32_fused": f32},
+        "rounds_cpu_ms": {"xtc_fused": fused_cpu, "xtc_unfused": unfused_cpu, "torch": torch_cpu,
+                          "xtc_f32_fused": f32_cpu},
     }
-    if res["xtc_fused_ms"] and res["xtc_unfused_ms"]:
-        res["fusion_speedup"] = res["xtc_unfused_ms"] / res["xtc_fused_ms"]
-    if res["xtc_fused_ms"] and res["torch_ms"]:
-        res["torch_over_xtc_fused"] = res["torch_ms"] / res["xtc_fused_ms"]
-    if res["xtc_fused_ms"] and res["xtc_f32_fused_ms"]:
-        res["xtc_f32_over_xtc_fused"] = res["xtc_f32_fused_ms"] / res["xtc_fused_ms"]
-    if res["xtc_unfused_ms"] and res["torch_ms"]:
-        res["torch_over_xtc_unfused"] = res["torch_ms"] / res["xtc_unfused_ms"]
+    # the ratios by the wall clock (the keys without _cpu) and by CPU time
+    for key, num, den in (("fusion_speedup", "xtc_unfused", "xtc_fused"),
+                          ("torch_over_xtc_fused", "torch", "xtc_fused"),
+                          ("xtc_f32_over_xtc_fused", "xtc_f32_fused", "xtc_fused"),
+                          ("torch_over_xtc_unfused", "torch", "xtc_unfused")):
+        for suffix in ("", "_cpu"):
+            n, d = res[num + suffix + "_ms"], res[den + suffix + "_ms"]
+            if n and d:
+                res[key + suffix] = n / d
     if a.json:
         print(json.dumps(res))
         return
@@ -268,24 +296,27 @@ def main():
         what += ", xtc bf16 weights and matmuls (PyTorch: bf16 autocast)"
     elif a.mma == "bf16":
         what += ", bf16 matmuls (PyTorch: bf16 autocast)"
-    print("%s: batch %d, seq %d, %d threads, %s; medians of %d round(s) x %d runs" %
+    print("%s: batch %d, seq %d, %d threads, %s; medians of %d round(s) x %d runs, by the wall clock and by "
+          "the process's CPU time (every thread's)" %
           (os.path.basename(a.model), a.batch, a.seq, a.threads, what, a.rounds, a.repeat))
     fmt = lambda v: "%10.1f ms" % v if v else "%13s" % "-"
-    print("  xtc fused    %s   arena %8.1f MiB" % (fmt(res["xtc_fused_ms"]), arena.get("fused", 0) / 2**20))
-    print("  xtc unfused  %s   arena %8.1f MiB" % (fmt(res["xtc_unfused_ms"]), arena.get("unfused", 0) / 2**20))
+    row = lambda name, key: "  %-13s%s   cpu %s" % (name, fmt(res[key + "_ms"]), fmt(res[key + "_cpu_ms"]))
+    print(row("xtc fused", "xtc_fused") + "   arena %8.1f MiB" % (arena.get("fused", 0) / 2**20))
+    print(row("xtc unfused", "xtc_unfused") + "   arena %8.1f MiB" % (arena.get("unfused", 0) / 2**20))
     if f32:
-        print("  xtc f32 fused%s" % fmt(res["xtc_f32_fused_ms"]))
+        print(row("xtc f32 fused", "xtc_f32_fused"))
     if torch:
-        peak = " peak RSS +%.1f MiB" % (torch_peak / 2**20) if torch_peak else ""
-        print("  PyTorch      %s  %s" % (fmt(res["torch_ms"]), peak))
+        peak = "   peak RSS +%.1f MiB" % (torch_peak / 2**20) if torch_peak else ""
+        print(row("PyTorch", "torch") + peak)
+    ratio = lambda key: "%.2fx   by cpu %s" % (res[key], "%.2fx" % res[key + "_cpu"] if key + "_cpu" in res else "-")
     if "fusion_speedup" in res:
-        print("  fusion speed-up (unfused / fused):   %.2fx" % res["fusion_speedup"])
+        print("  fusion speed-up (unfused / fused):   " + ratio("fusion_speedup"))
     if "torch_over_xtc_fused" in res:
-        print("  PyTorch / xtc fused:                 %.2fx" % res["torch_over_xtc_fused"])
-        print("  PyTorch / xtc unfused:               %.2fx" % res["torch_over_xtc_unfused"])
+        print("  PyTorch / xtc fused:                 " + ratio("torch_over_xtc_fused"))
+    if "torch_over_xtc_unfused" in res:
+        print("  PyTorch / xtc unfused:               " + ratio("torch_over_xtc_unfused"))
     if "xtc_f32_over_xtc_fused" in res:
-        print("  xtc f32 / xtc bf16 (fused):          %.2fx" % res["xtc_f32_over_xtc_fused"])
-
+        print("  xtc f32 / xtc bf16 (fused):          " + ratio("xtc_f32_over_xtc_fused"))
 
 if __name__ == "__main__":
     main()

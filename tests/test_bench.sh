@@ -116,9 +116,46 @@ if $py -c "import torch, numpy" 2> /dev/null; then
   expect "compare.py --decode: logits agree" "^  PyTorch f32 +[0-9.]+e[-+][0-9]+$" "$tmp/cmp.txt"
   expect "compare.py --decode: tokens/s" "^  f32 +xtc +[0-9.]+ +PyTorch +[0-9.]+ +xtc / PyTorch [0-9.]+x" "$tmp/cmp.txt"
 expect "compare.py --decode: tokens/s by cpu" " by cpu: xtc +[0-9.]+ +PyTorch +[0-9.]+ +[0-9.]+x$" "$tmp/cmp.txt"
+  # forward / training step beside PyTorch: both sides by the wall clock and by CPU time (PyTorch's
+  # through bench/torch_cputime.py); 1 thread, so no run's CPU time can exceed its wall time
+  check "compare.py --train --dtype bf16 --json" $py "$src/bench/compare.py" --xtc "$xtc" --model "$model" --batch 1 \
+    --seq 8 --threads 1 --repeat 2 --rounds 1 --train --dtype bf16 -O 0 --json
+  cp "$tmp/out" "$tmp/cmp.json"
+  cat > "$tmp/cmp_cpu.py" << 'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+def need(cond, what):
+    if not cond:
+        sys.exit("compare.py JSON: " + what + "\n" + json.dumps(r, indent=1)[:3000])
+pos = lambda x: isinstance(x, (int, float)) and 0 < x < float("inf")
+for s in ("xtc_fused", "xtc_unfused", "torch", "xtc_f32_fused"):
+    wall, cpu = r[s + "_ms"], r[s + "_cpu_ms"]
+    need(pos(wall) and pos(cpu), "%s: wall %r, cpu %r" % (s, wall, cpu))
+    need(r["rounds_ms"][s] == [wall] and r["rounds_cpu_ms"][s] == [cpu], s + ": one round's medians")
+    need(cpu <= 1.1 * wall + 1.0, "%s: %g ms of CPU time in %g ms on 1 thread" % (s, cpu, wall))
+for key, num, den in (("fusion_speedup", "xtc_unfused", "xtc_fused"), ("torch_over_xtc_fused", "torch", "xtc_fused"),
+                      ("torch_over_xtc_unfused", "torch", "xtc_unfused"),
+                      ("xtc_f32_over_xtc_fused", "xtc_f32_fused", "xtc_fused")):
+    for suf in ("", "_cpu"):
+        want = r[num + suf + "_ms"] / r[den + suf + "_ms"]
+        need(abs(r[key + suf] - want) <= 1e-9 * want, "%s%s is %r, not %r" % (key, suf, r[key + suf], want))
+need(r["train"] and r["dtype"] == "bf16" and r["threads"] == 1 and r["rounds"] == 1, "the settings")
+print("compare.py JSON ok: PyTorch / xtc fused %.2fx, by cpu %.2fx" % (r["torch_over_xtc_fused"],
+                                                                    r["torch_over_xtc_fused_cpu"]))
+EOF
+  check "its JSON: wall and CPU medians, both ratios" $py "$tmp/cmp_cpu.py" "$tmp/cmp.json"
 else
-  echo "skip compare.py --decode: no PyTorch and numpy for $py"
+  echo "skip compare.py --decode and forward / training: no PyTorch and numpy for $py"
 fi
+# the text: each side's wall and CPU medians, each ratio both ways (xtc alone here)
+check "compare.py --dtype bf16 --no-torch" $py "$src/bench/compare.py" --xtc "$xtc" --model "$model" --batch 1 --seq 8 \
+  --threads 1 --repeat 1 --dtype bf16 --no-torch -O 0
+cp "$tmp/out" "$tmp/cmp.txt"
+expect "compare.py text: header" "^decoder_plain.xtf: batch 1, seq 8, 1 threads, forward, .* by the wall clock and by the process's CPU time" \
+  "$tmp/cmp.txt"
+expect "compare.py text: xtc fused by wall and cpu" "^  xtc fused +[0-9.]+ ms   cpu +[0-9.]+ ms   arena" "$tmp/cmp.txt"
+expect "compare.py text: xtc f32 by wall and cpu" "^  xtc f32 fused +[0-9.]+ ms   cpu +[0-9.]+ ms$" "$tmp/cmp.txt"
+expect "compare.py text: ratio by wall and cpu" "^  xtc f32 / xtc bf16 \(fused\): +[0-9.]+x   by cpu [0-9.]+x$" "$tmp/cmp.txt"
 refuse "decode with --train" "without --train" "$xtc" bench "$model" --decode 4 --train
 refuse "decode of an encoder" "a KV cache needs a causal Decoder" "$xtc" bench "$src/models/bert.xtf" --decode 4 -O0
 
