@@ -35,7 +35,8 @@ static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
  * share of dv), a scale per batch and head, causal with keys offset and the logsumexp's gradient;
  * without any; over 1 (multi-query) with a mask and a window, and causal with a bias; and, for
  * the CPU kernel's tiles, 4 over 2 of 24 wide heads at n + 40 queries and 2n + 60 keys (two query
- * and two or three key tiles of the backward), causal. */
+ * and two or three key tiles of the backward), causal; 2 over 1 of 130 wide heads (CUDA's row
+ * kernel), causal. */
 static void build_attention_grouped_grad(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim J = ir_dim_addc(n, 3), h = ir_dim(4), hd = ir_dim(8), one = ir_dim(1), two = ir_dim(2);
@@ -58,6 +59,11 @@ static void build_attention_grouped_grad(IrGraph *g, IrDim b, IrDim n)
     IrNode *tq = input(g, "tq", IR_F32, 4, stq), *tk = input(g, "tk", IR_F32, 4, stk), *tv = input(g, "tv", IR_F32, 4, stk);
     IrNode *tiles = ir_attention(g, tq, tk, tv, NULL, NULL, ir_const(g, 0.2, IR_F32), 1, 1);
     out(g, "gqa_tiles_grad", ir_attention_grad(g, tiles, input(g, "dout_t", IR_F32, 4, stq)));
+    /* 130 wide heads, 2 over 1: CUDA's row kernel (a block per query row or key), causal */
+    IrDim swq[] = {b, two, ir_dim(5), ir_dim(130)}, swk[] = {b, one, ir_dim(9), ir_dim(130)};
+    IrNode *wq = input(g, "wq", IR_F32, 4, swq), *wk = input(g, "wk", IR_F32, 4, swk), *wv = input(g, "wv", IR_F32, 4, swk);
+    IrNode *wide = ir_attention(g, wq, wk, wv, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
+    out(g, "mqa_wide_grad", ir_attention_grad(g, wide, input(g, "dout_wide", IR_F32, 4, swq)));
 }
 
 #endif

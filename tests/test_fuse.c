@@ -371,8 +371,8 @@ END_TEST
  * steps a layer than on a target whose kernel does not read them, where the copy stays); in
  * training its attention_grad too, which sums each group's dk and dv itself, so the repeat's
  * gradient (a 5-d sum over the group) is gone as well. On a target whose forward
- * reads them but whose gradient kernel does not (attention_grad_kv_groups 0: CUDA's), training
- * keeps the repeats and the sums. */
+ * reads them but whose gradient kernel does not (attention_grad_kv_groups 0: CUDA's with tensor
+ * cores, cg_attention_grad_kv_groups), training keeps the repeats and the sums. */
 static void count_groups(const IrGraph *g, int *grouped, int *grads, int *repeats, int *sums)
 {
     *grouped = *grads = *repeats = *sums = 0;
