@@ -33,7 +33,8 @@ static void build_attention_grouped(IrGraph *g, IrDim b, IrDim n)
  * over its query heads h mod G = g, in the rows of head g, zeros in those of heads G..H-1): 4
  * query heads over 2 with a bias per query head, a padding mask (rows with no key: their uniform
  * share of dv), a scale per batch and head, causal with keys offset and the logsumexp's gradient;
- * without any; over 1 (multi-query) with a mask and a window, and causal with a bias; and, for
+ * without any; over 1 (multi-query) with a mask and a window, and causal with a bias; 4 over 2
+ * bounded (cosine-sim: the forward's maximum the bound, its logsumexp read back); and, for
  * the CPU kernel's tiles, 4 over 2 of 24 wide heads at n + 40 queries and 2n + 60 keys (two query
  * and two or three key tiles of the backward), causal; 2 over 1 of 130 wide heads (CUDA's row
  * kernel), causal. */
@@ -54,6 +55,8 @@ static void build_attention_grouped_grad(IrGraph *g, IrDim b, IrDim n)
     out(g, "mqa_window_grad", ir_attention_grad(g, mw, input(g, "dout_w", IR_F32, 4, sq)));
     IrNode *mc = ir_attention(g, q, k1, v1, bias, NULL, scale, 1, 1);
     out(g, "mqa_bias_grad", ir_attention_grad(g, mc, input(g, "dout_b", IR_F32, 4, sq)));
+    IrNode *bd = ir_attention_bounded(g, unit_rows(g, q), unit_rows(g, k), v, NULL, ir_const(g, 10.0, IR_F32), 1, 1, 0, 1);
+    out(g, "gqa_bounded_grad", ir_attention_grad(g, bd, input(g, "dout_bd", IR_F32, 4, sq)));
     IrDim I2 = ir_dim_addc(n, 40), J2 = ir_dim_addc(ir_dim_add(n, n), 60), hw = ir_dim(24);
     IrDim stq[] = {b, h, I2, hw}, stk[] = {b, two, J2, hw};
     IrNode *tq = input(g, "tq", IR_F32, 4, stq), *tk = input(g, "tk", IR_F32, 4, stk), *tv = input(g, "tv", IR_F32, 4, stk);
