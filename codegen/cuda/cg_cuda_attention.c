@@ -23,7 +23,12 @@
  *   every output row has one writer: no atomics, the same result on every run; tiled
  *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row; with --mma
  *   and heads up to 64 (128 with 16-bit storage of the mma's format), cg_cuda_attention_mma_grad.c's
- *   tensor-core kernels, split the same way. The
+ *   tensor-core kernels, split the same way. Grouped key/values (k and v with G heads where q
+ *   has H, ops.def) take the CUDA-core kernels: a dq block reads its query head's key/value head
+ *   (grad_rows), a dk/dv block of a head g < G loops over the query heads g, g + G, .. in order,
+ *   summing into the same registers, and writes head g's rows; those of heads G..H-1 write zeros
+ *   (grad_zero_rows): still one writer per row. The tensor-core kernels take q's heads only; the
+ *   driver keeps the repeat where they would run (cg_attention_grad_kv_groups). The
  *   probabilities come back from the forward output's logsumexp (o's last column),
  *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
  *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's
