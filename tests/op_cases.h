@@ -1026,6 +1026,8 @@ static const OpCase OP_CASES[] = {
     {"heads", build_heads, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"attention_grouped", build_attention_grouped, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"attention_grouped_grad", build_attention_grouped_grad, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
+    {"attention_grouped_tiles", build_attention_grouped_tiles, OC_CPU, 0, 1e-4,
+     "CPU tiles: 2n + 60 keys at the CUDA sizes' n = 130, slow in the emulator (attention_grouped_grad has CUDA's)"},
     {"attention_tiles", build_attention_tiles, OC_CPU, OC_EMPTY, 1e-4,
      "CPU tiles: 16 n + 60 queries are 2140 at the CUDA sizes' n = 130, too slow for the emulator"},
     {"attention_bounded", build_attention_bounded, OC_CPU, OC_EMPTY, 1e-4,
