@@ -968,6 +968,102 @@ START_TEST(test_nvrtc_errors)
 }
 END_TEST
 
+/* The CUDA-core attention backward with grouped key/values (cg_cuda_attention.c: a dk/dv block
+ * loops over its group's query heads, those of heads G..H-1 zeroed), as the GPU gets it: 8 query
+ * heads over 2 of 64 (the 32-row tile: causal, the logsumexp's gradient), over 1 of 128 (the
+ * 16-row tile: a bias and a mask) and 4 over 2 of 160 (the row kernel), f32 storage: NVRTC
+ * compiles them, ptxas -v assembles them for sm_80 and sm_90 with no spills. */
+START_TEST(test_grouped_grad_kernels)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    IrGraph *g = ir_graph_new("grouped_grad");
+    IrDim b = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), n = ir_dim_sym(ir_graph_add_sym(g, "n", 16384));
+    IrDim h = ir_dim(8), one = ir_dim(1);
+    static const int heads[3] = {64, 128, 160}, kv[3] = {2, 1, 2}, qh[3] = {8, 8, 4};
+    for (int i = 0; i < 3; i++) {
+        IrDim sq[] = {b, ir_dim(qh[i]), n, ir_dim(heads[i])}, sk[] = {b, ir_dim(kv[i]), n, ir_dim(heads[i])};
+        IrDim sd[] = {b, ir_dim(qh[i]), n, ir_dim(heads[i] + (i == 0))}, sbias[] = {h, n, n}, smask[] = {b, one, one, n};
+        char name[32];
+        snprintf(name, sizeof name, "q%d", i);
+        IrNode *q = ir_input(g, name, IR_F32, 4, sq);
+        snprintf(name, sizeof name, "k%d", i);
+        IrNode *k = ir_input(g, name, IR_F32, 4, sk);
+        snprintf(name, sizeof name, "v%d", i);
+        IrNode *v = ir_input(g, name, IR_F32, 4, sk);
+        IrNode *o = i == 1 ? ir_attention(g, q, k, v, ir_input(g, "bias", IR_F32, 3, sbias),
+                                          ir_input(g, "mask", IR_BOOL, 4, smask), ir_const(g, 0.1, IR_F32), 0, 1)
+                           : ir_attention(g, q, k, v, NULL, NULL, ir_const(g, 0.1, IR_F32), 1, 1);
+        snprintf(name, sizeof name, "d%d", i);
+        IrNode *d = ir_input(g, name, IR_F32, 4, sd);
+        snprintf(name, sizeof name, "grad%d", i);
+        ir_output(g, name, ir_attention_grad(g, o, d));
+    }
+    CgPlan plan;
+    char err[4096];
+    ck_assert_msg(ir_graph_error(g) == NULL && ir_verify(g, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
+    CgOptions opt = {.output = "-", .mma = CG_MMA_OFF};
+    CuUnit u;
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+    char *src = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&src, &len);
+    cu_prelude(f, g, u.nkernels, 0);
+    int grads = 0;
+    for (int k = 0; k < u.nkernels; k++)
+        if (plan.kernels[k].node->op == IR_ATTENTION_GRAD) {
+            ck_assert_msg(strstr(u.kernel_text[k], "the group's query heads"), "%s", u.kernel_text[k]);
+            fprintf(f, "\n%s", u.kernel_text[k]);
+            grads++;
+        }
+    fclose(f);
+    ck_assert_int_eq(grads, 3);
+    char *ptx = NULL;
+    ck_assert_msg(cg_nvrtc_compile(src, "grouped_grad.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+    free(src);
+    char ptx_path[512], log[512];
+    snprintf(ptx_path, sizeof ptx_path, "%s/grouped_grad.ptx", tmpdir);
+    FILE *pf = fopen(ptx_path, "w");
+    ck_assert(pf && fputs(ptx, pf) >= 0);
+    fclose(pf);
+    free(ptx);
+    for (int a = 0; a < 2; a++) {
+        const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
+        snprintf(log, sizeof log, "%s/grouped_grad_%d.log", tmpdir, a);
+        char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
+        int rc = cg_run_program(argv, log);
+        char *text = harness_read_file(log, NULL);
+        ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
+        int infos = 0;
+        for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
+            const char *line = p;
+            while (line > text && line[-1] != '\n')
+                line--;
+            ck_assert_msg(strstr(line, " 0 bytes spill stores, 0 bytes spill loads") < strchr(line, '\n') &&
+                              strstr(line, " 0 bytes spill stores, 0 bytes spill loads"),
+                          "ptxas %s: spills: %.300s", arch, line);
+            infos++;
+        }
+        ck_assert_int_eq(infos, 3);
+        char fig[128] = "";
+        size_t fl = 0;
+        for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
+            int regs = 0;
+            sscanf(p, "Used %d registers", &regs);
+            fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d", fl ? ", " : "", regs);
+        }
+        fprintf(stderr, "test_cuda_nvrtc: grouped attention_grad (64, 128 wide: tiled; 160: rows), %s: no spills, "
+                        "registers %s\n", arch + 6, fig);
+        free(text);
+    }
+    cg_cuda_unit_free(&u);
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_nvrtc");
@@ -987,6 +1083,10 @@ static Suite *suite(void)
     tcase_add_test(fl, test_flash_instruction_mix);
     tcase_add_test(fl, test_matmul_instruction_mix);
     suite_add_tcase(s, fl);
+    TCase *gg = tcase_create("grouped grad"); /* CK_RUN_CASE="grouped grad" runs it alone */
+    tcase_set_timeout(gg, 300);
+    tcase_add_test(gg, test_grouped_grad_kernels);
+    suite_add_tcase(s, gg);
     return s;
 }
 

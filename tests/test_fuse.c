@@ -371,8 +371,8 @@ END_TEST
  * steps a layer than on a target whose kernel does not read them, where the copy stays); in
  * training its attention_grad too, which sums each group's dk and dv itself, so the repeat's
  * gradient (a 5-d sum over the group) is gone as well. On a target whose forward
- * reads them but whose gradient kernel does not (attention_grad_kv_groups 0: CUDA's), training
- * keeps the repeats and the sums. */
+ * reads them but whose gradient kernel does not (attention_grad_kv_groups 0: CUDA's with tensor
+ * cores, cg_attention_grad_kv_groups), training keeps the repeats and the sums. */
 static void count_groups(const IrGraph *g, int *grouped, int *grads, int *repeats, int *sums)
 {
     *grouped = *grads = *repeats = *sums = 0;
@@ -428,6 +428,25 @@ START_TEST(test_grouped_kv)
         ck_assert_int_eq(grads_fwd, 0);
         ck_assert_int_eq(repeats_fwd, train ? 2 * 2 : 0);
         ck_assert_int_eq(sums_fwd, train ? 2 * 2 : 0);
+        /* the cuda targets as the driver resolves them: with CUDA cores (f32) the backward sums
+         * each group too, as the CPU's; with tensor cores (--dtype bf16) only the forward reads
+         * the key/value heads (cg_attention_grad_kv_groups) */
+        DrvTarget c16;
+        ck_assert_msg(drv_target(&c16, &(CgOptions){.target = "cuda", .dtype = "bf16"}, err, sizeof err) == 0, "%s", err);
+        for (int half = 0; half <= 1; half++) {
+            PassTarget *ct = half ? &c16.passes : &(PassTarget){0};
+            if (!half)
+                *ct = harness_target("cuda")->passes;
+            IrGraph *cg = pass_run_pipeline(g, &(PassOptions){.verify_each = 1, .target = ct}, err, sizeof err);
+            ck_assert_msg(cg != NULL, "%s", err);
+            int cgr, cgd, crep, csum;
+            count_groups(cg, &cgr, &cgd, &crep, &csum);
+            ck_assert_int_eq(cgr, half ? grouped_fwd : grouped);
+            ck_assert_int_eq(cgd, half ? grads_fwd : grads);
+            ck_assert_int_eq(crep, half ? repeats_fwd : repeats);
+            ck_assert_int_eq(csum, half ? sums_fwd : sums);
+            ir_graph_free(cg);
+        }
         /* inference: each repeat was two copies, the expand and the reshape of its result;
          * training: the 2 expands a layer go, and each group sum gives way to a copy of the
          * slice of heads [0, G) of attention_grad's dk or dv rows (not contiguous) */

@@ -466,7 +466,7 @@ const CgBackend cg_cuda_backend = {
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
-    .attention_grad_kv_groups = 0, /* the backward kernels take k and v with q's heads */
+    .attention_grad_kv_groups = CG_GROUPS_CUDA_CORES, /* the CUDA-core backward sums each group */
     .scratch = cuda_scratch,
 };
 
@@ -481,6 +481,6 @@ const CgBackend cg_cuda_emu_backend = {
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
-    .attention_grad_kv_groups = 0, /* the backward kernels take k and v with q's heads */
+    .attention_grad_kv_groups = CG_GROUPS_CUDA_CORES, /* the CUDA-core backward sums each group */
     .scratch = emu_scratch,
 };

@@ -23,7 +23,12 @@
  *   every output row has one writer: no atomics, the same result on every run; tiled
  *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row; with --mma
  *   and heads up to 64 (128 with 16-bit storage of the mma's format), cg_cuda_attention_mma_grad.c's
- *   tensor-core kernels, split the same way. The
+ *   tensor-core kernels, split the same way. Grouped key/values (k and v with G heads where q
+ *   has H, ops.def) take the CUDA-core kernels: a dq block reads its query head's key/value head
+ *   (grad_rows), a dk/dv block of a head g < G loops over the query heads g, g + G, .. in order,
+ *   summing into the same registers, and writes head g's rows; those of heads G..H-1 write zeros
+ *   (grad_zero_rows): still one writer per row. The tensor-core kernels take q's heads only; the
+ *   driver keeps the repeat where they would run (cg_attention_grad_kv_groups). The
  *   probabilities come back from the forward output's logsumexp (o's last column),
  *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
  *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's
@@ -632,6 +637,79 @@ static void load_tile(CuKernel *k, const char *dst, const char *src, const char 
             base, lim, src, base, width, indent);
 }
 
+/* Grouped key/values in the backward (ops.def: k and v with G heads where q has H): 1 with H and
+ * G set, else 0 (G = H). */
+static int grad_groups(const IrNode *x, long long *H, long long *G)
+{
+    int r = x->in[0]->rank;
+    *H = *G = 1;
+    if (ir_attention_kv_group(x) == 1)
+        return 0;
+    *H = (long long)x->in[0]->shape[r - 3].c;
+    *G = (long long)x->in[1]->shape[r - 3].c;
+    return 1;
+}
+
+enum { GR_Q = 1, GR_KV = 2 }; /* grad_rows: the query side (qb, ob, gb, the batch indices), k and v */
+
+/* The backward's input rows of query batch index `batch` (a variable's name; the query side's is
+ * `batch`, flat over q's batch dims): the batch
+ * indices ix0.. and qb, ob, gb (GR_Q), kb, vb (GR_KV) at the key/value batch index of that query
+ * head, (batch / H) G + batch % H % G with grouped key/values. */
+static void grad_rows(CuKernel *k, unsigned which, const char *batch, const char *indent)
+{
+    const IrNode *x = k->node, *q = x->in[0];
+    FILE *f = k->f;
+    long long H, G;
+    char kvb[96];
+    snprintf(kvb, sizeof kvb, "%s", batch);
+    if (grad_groups(x, &H, &G))
+        snprintf(kvb, sizeof kvb, "(%s / %lld * %lld + %s %% %lld %% %lld)", batch, H, G, batch, H, G);
+    if (which & GR_Q) {
+        cu_att_batch_indices(k, q, indent);
+        fprintf(f, "%sconst %s *qb = in0 + batch * I * D;\n", indent, cu_mem_type(q));
+        fprintf(f, "%sconst %s *ob = in3 + batch * I * OC;\n", indent, cu_mem_type(x->in[3]));
+        fprintf(f, "%sconst %s *gb = in4 + batch * I * GC;\n", indent, cu_mem_type(x->in[4]));
+    }
+    if (which & GR_KV) {
+        fprintf(f, "%sconst %s *kb = in1 + %s * J * D;\n", indent, cu_mem_type(x->in[1]), kvb);
+        fprintf(f, "%sconst %s *vb = in2 + %s * J * E;\n", indent, cu_mem_type(x->in[2]), kvb);
+    }
+}
+
+/* The dk/dv side's loop over the query heads of key/value head `bt` (the block's batch index, whose
+ * head is below G), ascending, as `batch`: R = H / G heads, or the one head bt; closed by
+ * grad_heads_end. */
+static void grad_heads_begin(CuKernel *k, const char *indent)
+{
+    long long H, G;
+    if (grad_groups(k->node, &H, &G))
+        fprintf(k->f, "%sfor (int rh = 0; rh < %lld; rh++) { /* the group's query heads, summed in order */\n"
+                      "%s    const i64 batch = bt + rh * %lld;\n", indent, H / G, indent, G);
+    else
+        fprintf(k->f, "%s{\n%s    const i64 batch = bt;\n", indent, indent);
+    char in[64];
+    snprintf(in, sizeof in, "%s    ", indent);
+    grad_rows(k, GR_Q, "batch", in);
+}
+
+/* Rows [j0, j0 + n) (below J) of dk and dv of batch index bt set to zero where bt's head is one of
+ * heads G..H-1 (grouped key/values: no key/value head of theirs); opens the else of the head that
+ * has one, which the caller closes. */
+static void grad_zero_rows(CuKernel *k, const char *j0, const char *n, const char *indent)
+{
+    long long H, G;
+    if (!grad_groups(k->node, &H, &G))
+        return;
+    FILE *f = k->f;
+    fprintf(f, "%sif (bt %% %lld >= %lld) { /* no key/value head: zero dk, dv rows */\n", indent, H, G);
+    fprintf(f, "%s    for (i64 t = threadIdx.x; t < (i64)%s * D; t += blockDim.x)\n", indent, n);
+    fprintf(f, "%s        if (%s + t / D < J) {\n", indent, j0);
+    fprintf(f, "%s            xtc_st(dk, (%s + t / D) * D + t %% D, 0.0f);\n", indent, j0);
+    fprintf(f, "%s            xtc_st(dv, (%s + t / D) * D + t %% D, 0.0f);\n%s        }\n", indent, j0, indent);
+    fprintf(f, "%s} else {\n", indent);
+}
+
 /* attention_grad tiled: blocks [0, QT) of a batch take T query rows each (their dq), blocks
  * [QT, QT + KT) T keys each (their dk, dv), so that each output row still has one writer. Both
  * recompute p and ds tile by tile in shared memory: the dq half streams key and value tiles past
@@ -641,7 +719,7 @@ static void load_tile(CuKernel *k, const char *dst, const char *src, const char 
  * decided element by element from i's key range, so both halves skip and keep the same pairs. */
 static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, int t)
 {
-    const IrNode *x = k->node, *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
+    const IrNode *x = k->node;
     int rm = t / 16, cn = t / 8;
     long long dn = (a->D + 7) / 8;
     long long smem = 4LL * t * (a->D + 1) + 2LL * t * (t + 1) + 3 * t;
@@ -655,14 +733,9 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "    const int tx = threadIdx.x & 7, ty = threadIdx.x >> 3;\n");
     fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", t - 1, t, t - 1, t);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
-    fprintf(f, "        const i64 batch = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
-    cu_att_batch_indices(k, q, "        ");
-    fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
-    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
-    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
-    fprintf(f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
-    fprintf(f, "        const %s *gb = in4 + batch * I * GC;\n", cu_mem_type(dout));
-    fprintf(f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
+    fprintf(f, "        const i64 bt = blk / (qtiles + ktiles), tile = blk %% (qtiles + ktiles);\n");
+    fprintf(f, "        %s *const dq = out + bt * (I + 2 * J) * D, *const dk = dq + I * D, *const dv = dk + J * D;\n",
+            cu_mem_type(x));
     fprintf(f, "        float *const Qs = sm, *const Gs = Qs + %d * (D + 1), *const Ks = Gs + %d * (D + 1);\n", t, t);
     fprintf(f, "        float *const Vs = Ks + %d * (D + 1), *const Ps = Vs + %d * (D + 1), *const Ss = Ps + %d * %d;\n",
             t, t, t, t + 1);
@@ -670,7 +743,8 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
             t, t + 1);
     /* ---- dq ---- */
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j for T query rows */\n");
-    fprintf(f, "            const i64 i0 = tile * %d;\n", t);
+    fprintf(f, "            const i64 batch = bt, i0 = tile * %d;\n", t);
+    grad_rows(k, GR_Q | GR_KV, "batch", "            ");
     load_tile(k, "Qs", "qb", "i0", "I", "D", t, "            ");
     load_tile(k, "Gs", "gb", "i0", "I", "GC", t, "            ");
     fprintf(f, "            i64 rjb[%d], rje[%d];\n", rm, rm);
@@ -722,6 +796,10 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     /* ---- dk, dv ---- */
     fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i for T keys */\n");
     fprintf(f, "            const i64 jt0 = (tile - qtiles) * %d;\n", t);
+    char tn[16];
+    snprintf(tn, sizeof tn, "%d", t);
+    grad_zero_rows(k, "jt0", tn, "            ");
+    grad_rows(k, GR_KV, "bt", "            ");
     load_tile(k, "Ks", "kb", "jt0", "J", "D", t, "            ");
     load_tile(k, "Vs", "vb", "jt0", "J", "E", t, "            ");
     fprintf(f, "            float acc[%d][%lld], acc2[%d][%lld];\n", rm, dn, rm, dn);
@@ -734,6 +812,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "            {\n                const i64 j = (jt0 + %d < J ? jt0 + %d : J) - 1;\n", t, t);
     cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
+    grad_heads_begin(k, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", t);
     load_tile(k, "Qs", "qb", "i0", "ihi", "D", t, "                ");
@@ -781,12 +860,16 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        }\n                    }\n                }\n");
     fprintf(f, "                __syncthreads(); /* before the next tile replaces Qs, Gs, Ls, Ps, Ss */\n");
     fprintf(f, "            }\n");
+    fprintf(f, "            }\n"); /* grad_heads_begin's loop */
     fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
     fprintf(f, "                const i64 j = jt0 + ty + 16 * r;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n", dn);
     fprintf(f, "                    if (j < J && tx + 8 * e < D) {\n");
     fprintf(f, "                        xtc_st(dk, j * D + tx + 8 * e, acc[r][e]);\n");
     fprintf(f, "                        xtc_st(dv, j * D + tx + 8 * e, acc2[r][e]);\n                    }\n            }\n");
+    long long H, G;
+    if (grad_groups(x, &H, &G))
+        fprintf(f, "            }\n"); /* grad_zero_rows' else */
     fprintf(f, "        }\n");
     fprintf(f, "        __syncthreads(); /* before the next block's tiles */\n");
     fprintf(f, "    }\n");
@@ -803,9 +886,6 @@ int cg_cuda_attention_grad(CuKernel *k)
     const IrNode *x = k->node;
     const IrNode *q = x->in[0], *kk = x->in[1], *v = x->in[2], *dout = x->in[4];
     Att a;
-    if (ir_attention_kv_group(x) != 1) /* the passes keep the repeat for it (attention_grad_kv_groups 0) */
-        return cu_error(k->gen, "the cuda backend's attention_grad takes k and v with q's heads, not grouped (node %%%s)",
-                        x->label ? x->label : "?");
     if (cu_att_setup(k, &a, q, kk, v, x->in[5], x->in[6], x->in[7], "in5", "in6", "in7", x->ia[IR_IA_GRAD_CAUSAL] != 0, x->ia[IR_IA_GRAD_WINDOW]) < 0)
         return -1;
     int r = a.r;
@@ -830,20 +910,16 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "    const int D = %lld, E = %lld, OC = %lld, GC = %s; /* o has E + 1 columns, dout E or E + 1 */\n", a.D,
             a.E, a.E + 1, gcols);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (I + J); blk += gridDim.x) {\n");
-    fprintf(f, "        const i64 batch = blk / (I + J), r = blk %% (I + J);\n");
-    cu_att_batch_indices(k, q, "        ");
-    fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
-    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
-    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
-    fprintf(f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
-    fprintf(f, "        const %s *gb = in4 + batch * I * GC;\n", cu_mem_type(dout));
-    fprintf(f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
+    fprintf(f, "        const i64 bt = blk / (I + J), r = blk %% (I + J);\n");
+    fprintf(f, "        %s *const dq = out + bt * (I + 2 * J) * D, *const dk = dq + I * D, *const dv = dk + J * D;\n",
+            cu_mem_type(x));
     fprintf(f, "        const float scale = %s;\n", a.scale);
     fprintf(f, "        float acc[%lld], acc2[%lld];\n", accd > 0 ? accd : 1, accd > 0 ? accd : 1);
     fprintf(f, "        for (int ci = 0; ci < %lld; ci++)\n            acc[ci] = acc2[ci] = 0.0f;\n", accd);
     /* dq rows */
     fprintf(f, "        if (r < I) { /* dq_i = sum_j ds_ij k_j */\n");
-    fprintf(f, "            const i64 i = r;\n");
+    fprintf(f, "            const i64 i = r, batch = bt;\n");
+    grad_rows(k, GR_Q | GR_KV, "batch", "            ");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(qb, i * D + d);\n                row_b[d] = xtc_ld(gb, i * GC + d);\n            }\n");
     fprintf(f, "            float dsum = 0.0f; /* D_i = dout_i . o_i */\n");
@@ -880,10 +956,13 @@ int cg_cuda_attention_grad(CuKernel *k)
     /* dk, dv rows */
     fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
     fprintf(f, "            const i64 j = r - I;\n");
+    grad_zero_rows(k, "j", "1", "            ");
+    grad_rows(k, GR_KV, "bt", "            ");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(kb, j * D + d);\n                row_b[d] = xtc_ld(vb, j * E + d);\n            }\n");
     fprintf(f, "            __syncthreads();\n");
     cu_att_query_ranges(k, &a, "            ");
+    grad_heads_begin(k, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? ib : 0, ihi = seg ? ie : fm; i0 < ihi; i0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");
@@ -911,10 +990,14 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1, w2 */\n");
     fprintf(f, "            }\n");
+    fprintf(f, "            }\n"); /* grad_heads_begin's loop */
     fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                if (d < D) {\n                    xtc_st(dk, j * D + d, acc[ci]);\n");
     fprintf(f, "                    xtc_st(dv, j * D + d, acc2[ci]);\n                }\n            }\n");
+    long long H, G;
+    if (grad_groups(x, &H, &G))
+        fprintf(f, "            }\n"); /* grad_zero_rows' else */
     fprintf(f, "        }\n");
     fprintf(f, "        __syncthreads(); /* before the next block of rows replaces row_a, row_b */\n");
     fprintf(f, "    }\n");

@@ -298,7 +298,9 @@ static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
 
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
 {
-    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E != a->D)
+    /* grouped key/values (ops.def) take the CUDA-core kernels, which sum each group's query heads;
+     * the driver keeps the repeat where these would run (cg_attention_grad_kv_groups) */
+    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E != a->D || ir_attention_kv_group(k->node) != 1)
         return 0;
     int rc = flash_bwd16(k, a, gcols); /* operands in the mma's format: kernels/flash_bwd.cuh */
     if (rc)

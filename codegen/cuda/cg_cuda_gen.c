@@ -50,7 +50,7 @@ static const char *const reserved[] = {
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
     "slot", "gn", "ok", "vec", "pair", "Dl", "Kt", "Qt", "Gt", "gf", "kf", "vf", "dka", "dva", "h", "sh", "bounded",
     "sa", "wr", "mt", "rf", "rl", "vt", "nx", "klo", "khi", "mu", "m", "l", "scratch", "pre_rows",
-    "pre_e", "pre_gc", "pre_args", NULL};
+    "pre_e", "pre_gc", "pre_args", "bt", "rh", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", "gb", "gbv", NULL};
