@@ -58,7 +58,7 @@ int cu_flash_bwd16_fits(int storage, int mma, const IrNode *x)
     const IrNode *q = x->in[0], *v = x->in[2];
     int r = q->rank;
     if (x->op != IR_ATTENTION_GRAD || mma == CG_MMA_OFF || r < 2 || !ir_dim_is_const(q->shape[r - 1]) ||
-        !ir_dim_is_const(v->shape[r - 1]))
+        !ir_dim_is_const(v->shape[r - 1]) || ir_attention_kv_group(x) != 1)
         return 0;
     long long D = (long long)q->shape[r - 1].c, E = (long long)v->shape[r - 1].c;
     return D == E && D >= 8 && D % 8 == 0 && D <= FLASH_BWD_HEAD && raw_format(storage, mma, q) &&
