@@ -367,6 +367,8 @@ static int has_feature(const char *features, const char *f)
     return 0;
 }
 
+int cg_has_feature(const Cg *cg, const char *f) { return has_feature(cg->requires, f); }
+
 /* x86-64 CPUs by LLVM name and the instruction-set features LLVM gives each (the vector and
  * arithmetic ones, which generated code may use, checked against clang's expansion of -march):
  * a CPU has its base's features and its own. For a CPU named with --cpu, the module records these

@@ -167,6 +167,7 @@ int cg_fused_impl(CgFn *f);
 int cg_error(Cg *cg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 LLVMValueRef cg_i64(Cg *cg, int64_t v);
+int cg_has_feature(const Cg *cg, const char *f); /* whether the code may use CPU feature f ("avx512bw") */
 LLVMValueRef cg_i32(Cg *cg, int32_t v);
 LLVMValueRef cg_f32(Cg *cg, double v);
 LLVMTypeRef cg_mem_type(Cg *cg, IrDType t);   /* storage: float, i32, i64, i8 */

@@ -265,6 +265,28 @@ static void row_keys(K *k, LLVMValueRef r, LLVMValueRef bcq, LLVMValueRef first_
     *cb = first_lo ? imin(k, *ce, imax(k, ci(k, 0), iadd(k, first_lo, r))) : ci(k, 0);
 }
 
+/* a software prefetch of row `row` of the few-rows path's k or v rows (xst: 0 f32, 1 bf16,
+ * CG_STORE_INT8_ROWS; row stride xs in elements, or bytes for int8 rows): each 64-byte line of
+ * its width values (and an int8 row's scale), FEW_PREFETCH rows ahead of the one read, so that
+ * the stream of rows from L3 or memory overlaps the arithmetic on the rows before. A prefetch
+ * never faults: rows past the cache's end are harmless. */
+#define FEW_PREFETCH 16
+static void few_prefetch(K *k, LLVMValueRef xb, int xst, LLVMValueRef xs, LLVMValueRef row, int width)
+{
+    Cg *cg = k->cg;
+    int x8 = xst == CG_STORE_INT8_ROWS;
+    int64_t bytes = x8 ? width + 4 : (int64_t)width * (xst == 1 ? 2 : 4), esz = x8 ? 1 : xst == 1 ? 2 : 4;
+    LLVMValueRef off = imul(k, imul(k, row, xs), ci(k, esz));
+    for (int64_t o = 0; o < bytes + 63; o += 64) {
+        LLVMValueRef at = iadd(k, off, ci(k, o < bytes ? o : bytes - 1));
+        LLVMValueRef pa = LLVMBuildGEP2(k->b, cg->t_i8, xb, &at, 1, "pf");
+        LLVMValueRef args[4] = {pa, cg_i32(cg, 0), cg_i32(cg, 3), cg_i32(cg, 1)};
+        cg_intrinsic(cg, "llvm.prefetch", cg->t_ptr, args, 4);
+        if (o >= bytes - 1)
+            break;
+    }
+}
+
 /* ---- the few-rows scores in AVX-512 vectors ----
  * A row's scores S[r, c] = Y_r . x_(j0 + c) for the keys c in [cb, ce), 4 keys at a time: each
  * key's products summed in one 16-lane vector, the four vectors then summed lane-wise together
@@ -322,6 +344,26 @@ static void few_scores_store(K *k, LLVMValueRef *acc, int nk, LLVMValueRef S, LL
     LLVMSetAlignment(stv, 4);
 }
 
+/* whether few_scores_vec takes int8 keys of `width` values as int16 products (AVX512-BW's
+ * vpmaddwd, which VNNI fuses with the sum into vpdpwssd): the row of q split once into two int16
+ * parts, q = qs (q16 + qlo / FEW_I16_LO) with qs = max|q| / 32767, q16 = rint(q / qs) and qlo the
+ * remainder rounded (|qlo| <= FEW_I16_LO / 2 < 2^15), so that q is kept to about 2^-31 of its
+ * largest value, as close as f32 keeps it; then a key's 64 values in 2 sign-extensions to int16
+ * and 4 multiply-adds (the two sums, exact in int32: |q16 k| <= 32767 128, two products a lane,
+ * width / 32 of them) and one conversion of each, instead of 4 widenings to int32, 4 conversions
+ * and 4 FMAs (the sign-extensions share the shuffle port with the sum tree) */
+#define FEW_I16_LO 65534.0
+static LLVMValueRef few_splat(K *k, LLVMValueRef x)
+{
+    LLVMTypeRef vt = LLVMVectorType(k->cg->t_f32, 16);
+    LLVMValueRef v = LLVMBuildInsertElement(k->b, LLVMGetPoison(vt), x, cg_i32(k->cg, 0), "");
+    return LLVMBuildShuffleVector(k->b, v, LLVMGetPoison(vt), LLVMConstNull(LLVMVectorType(k->cg->t_i32, 16)), "");
+}
+static int few_scores_i16(const K *k, int width)
+{
+    return width % 32 == 0 && cg_has_feature(k->cg, "avx512bw");
+}
+
 /* S[srow + c] = Y[yrow ..] . x_(j0 + c) for c in [cb, ce): few_rows' scores (few_scores_vec_fits) */
 static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef xb, int xst, LLVMValueRef xs,
                            LLVMValueRef j0, LLVMValueRef cb, LLVMValueRef ce, int width, LLVMValueRef S, LLVMValueRef srow)
@@ -355,6 +397,39 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
         }
         sh = LLVMConstVector(e16, 16), mask = LLVMConstVector(em, 16);
     }
+    /* int8 keys against q rounded to int16 (few_scores_i16): q = qs q16, qs = max|q| / 32767 */
+    int w16 = x8 && few_scores_i16(k, width);
+    LLVMValueRef y16[MAX_HEAD / 32], ylo[MAX_HEAD / 32], qs = NULL;
+    LLVMTypeRef vi16 = LLVMVectorType(LLVMInt16TypeInContext(cg->ctx), 32);
+    if (w16) {
+        LLVMValueRef m = NULL;
+        for (int v = 0; v < nv; v++) {
+            LLVMValueRef a = cg_intrinsic(cg, "llvm.fabs", vt, &yv[v], 1);
+            m = m ? cg_intrinsic(cg, "llvm.maxnum", vt, (LLVMValueRef[]){m, a}, 2) : a;
+        }
+        m = cg_intrinsic(cg, "llvm.vector.reduce.fmax", vt, &m, 1);
+        LLVMValueRef pos = LLVMBuildFCmp(b, LLVMRealOGT, m, fc(k, 0), "");
+        qs = f_mul(k, m, fc(k, 1.0 / 32767));
+        LLVMValueRef inv = LLVMBuildSelect(b, pos, LLVMBuildFDiv(b, fc(k, 32767), m, ""), fc(k, 0), "");
+        LLVMValueRef invv = few_splat(k, inv);
+        int cat[32];
+        for (int i = 0; i < 32; i++)
+            cat[i] = i;
+        LLVMValueRef h[2], hl[2], lov = few_splat(k, fc(k, FEW_I16_LO));
+        LLVMTypeRef v16 = LLVMVectorType(LLVMInt16TypeInContext(cg->ctx), 16);
+        for (int v = 0; v < nv; v++) {
+            LLVMValueRef x = f_mul(k, yv[v], invv);
+            LLVMValueRef r = cg_intrinsic(cg, "llvm.rint", vt, &x, 1);
+            /* the remainder x - r in [-1/2, 1/2], in units of 1 / FEW_I16_LO */
+            LLVMValueRef lo = cg_intrinsic(cg, "llvm.rint", vt, (LLVMValueRef[]){f_mul(k, LLVMBuildFSub(b, x, r, ""), lov)}, 1);
+            h[v % 2] = LLVMBuildTrunc(b, LLVMBuildFPToSI(b, r, vi, ""), v16, "");
+            hl[v % 2] = LLVMBuildTrunc(b, LLVMBuildFPToSI(b, lo, vi, ""), v16, "");
+            if (v % 2) {
+                y16[v / 2] = shuf(k, h[0], h[1], cat, 32);
+                ylo[v / 2] = shuf(k, hl[0], hl[1], cat, 32);
+            }
+        }
+    }
     for (int pass = 0; pass < 2; pass++) { /* 4 keys at a time, then one */
         int nk = pass ? 1 : 4;
         LLVMValueRef n4 = idiv(k, isub(k, ce, cb), ci(k, 4));
@@ -365,8 +440,25 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
         LLVMValueRef acc[4];
         for (int t = 0; t < nk; t++) {
             LLVMValueRef xrow = imul(k, iadd(k, j0, iadd(k, c, ci(k, t))), xs);
+            few_prefetch(k, xb, xst, xs, iadd(k, j0, iadd(k, c, ci(k, t + FEW_PREFETCH))), width);
             acc[t] = NULL;
-            for (int v = 0; v < nv; v += x16 ? 2 : 1) {
+            if (w16) { /* 32 keys' values a load, sign-extended to int16; products summed in pairs */
+                LLVMValueRef iacc[2] = {NULL, NULL};
+                for (int v = 0; v < nv; v += 2) {
+                    LLVMValueRef l = LLVMBuildLoad2(b, LLVMVectorType(cg->t_i8, 32), cg_addr(f, IR_I8, xb, iadd(k, xrow, ci(k, 16 * v))), "");
+                    LLVMSetAlignment(l, 1);
+                    LLVMValueRef k16 = LLVMBuildSExt(b, l, vi16, "");
+                    for (int part = 0; part < 2; part++) { /* q16, then the remainder */
+                        LLVMValueRef pr = cg_intrinsic_n(cg, "llvm.x86.avx512.pmaddw.d.512", NULL, 0,
+                                                         (LLVMValueRef[]){k16, part ? ylo[v / 2] : y16[v / 2]}, 2);
+                        iacc[part] = iacc[part] ? LLVMBuildAdd(b, iacc[part], pr, "") : pr;
+                    }
+                }
+                acc[t] = cg_intrinsic(cg, "llvm.fmuladd", vt,
+                                      (LLVMValueRef[]){LLVMBuildSIToFP(b, iacc[1], vt, ""), few_splat(k, fc(k, 1.0 / FEW_I16_LO)),
+                                                       LLVMBuildSIToFP(b, iacc[0], vt, "")}, 3);
+            }
+            for (int v = 0; v < nv && !w16; v += x16 ? 2 : 1) {
                 LLVMValueRef xv[2];
                 if (x8) {
                     LLVMValueRef l = LLVMBuildLoad2(b, LLVMVectorType(cg->t_i8, 16), cg_addr(f, IR_I8, xb, iadd(k, xrow, ci(k, 16 * v))), "");
@@ -388,6 +480,8 @@ static void few_scores_vec(K *k, LLVMValueRef Y, LLVMValueRef yrow, LLVMValueRef
             }
             if (x8) { /* (sum q_e y_e) scale */
                 LLVMValueRef sc = cg_i8row_scale(f, cg_addr(f, IR_I8, xb, xrow), width);
+                if (w16)
+                    sc = f_mul(k, sc, qs);
                 LLVMValueRef v = LLVMBuildInsertElement(b, LLVMGetPoison(vt), sc, cg_i32(cg, 0), "");
                 v = LLVMBuildShuffleVector(b, v, LLVMGetPoison(vt), LLVMConstNull(vi), "");
                 acc[t] = f_mul(k, acc[t], v);
@@ -419,6 +513,7 @@ static void few_rows(K *k, int output, LLVMValueRef rows, LLVMValueRef xb, int x
     }
     cg_for(f, &lc, cb, ce, "fkey");
     LLVMValueRef xrow = imul(k, iadd(k, j0, lc.iv), xs), si = iadd(k, srow, lc.iv);
+    few_prefetch(k, xb, xst, xs, iadd(k, j0, iadd(k, lc.iv, ci(k, FEW_PREFETCH))), width);
     LLVMValueRef acc = output ? NULL : cg_var(f, k->cg->t_f32, fc(k, 0), "dot"), p = output ? ld(k, S, si) : NULL;
     /* int8 rows (xrow in bytes): S = (Y_r . q) scale, Y_r += (P scale) q */
     int x8 = xst == CG_STORE_INT8_ROWS;
