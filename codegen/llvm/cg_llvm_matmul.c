@@ -18,7 +18,8 @@
  *         for each MR rows of the block:
  *           micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
  *           is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
- *           C tile (+)= accumulators, with masked loads/stores on the last, partial panel
+ *           C tile (+)= accumulators, with masked loads/stores on the last, partial panel (the
+ *           tile's lines prefetched before the call, so that they arrive during its k loop)
  *
  * Without the MC blocks, every panel streamed the item's whole m x KC slice of A: 1 MiB at
  * m = 1024, as large as this CPU's L2, so it came from the shared L3 once per panel, and the
@@ -595,8 +596,9 @@ static void store_tile_vector(CgFn *f, LLVMValueRef cptr, LLVMValueRef acc, LLVM
  *   rows r < MR of A start at a + min(i0 + r, mlast) * lda; C rows at c + (i0 + r) * ldc;
  *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr.
  * With at (the micro_at function, for A read through the transposed view CG_VIEW_A_T and packed
- * by pack_a_at): A[r, p] at a + min(ai0 + r, mlast) + p * lda, the MR values of a k step
- * contiguous, with the twelfth argument ai0 as below.
+ * by pack_a_at): A[r, p] at a + ai0 + r + p * lda for every r < MR (the tile holds zeros past
+ * its rows; mlast unused), the MR values of a k step contiguous, with the twelfth argument ai0
+ * as below.
  * With bf16 operands (Cg.bf16, the micro_bf16 function): a and bp hold bf16 pairs, one i32 per
  * pair of k steps (the lower k in the low half), kc counts pairs and lda is in pairs; bp[p2][j]
  * is the pair (B(2 p2, j), B(2 p2 + 1, j)) (pack_bf16 below); a is the packed block of A, whose
@@ -629,7 +631,9 @@ static LLVMValueRef micro_build(Cg *cg, int bf16, int at)
 
     LLVMValueRef arow[16], acc[16][2];
     for (int r = 0; r < mr_max; r++) {
-        LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
+        /* a packed A^T tile holds all MR rows (zeros past mr): one base, constant offsets */
+        LLVMValueRef row = at ? LLVMBuildAdd(b, ai0, cg_i64(cg, r), "")
+                              : cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
         arow[r] = LLVMBuildInBoundsGEP2(b, et, a, (LLVMValueRef[]){at ? row : LLVMBuildMul(b, row, lda, "")}, 1, "");
         for (int h2 = 0; h2 < 2; h2++)
             acc[r][h2] = cg_var(f, vt, LLVMConstNull(vt), "acc");
@@ -866,6 +870,27 @@ static LLVMValueRef pack_a_at_function(Cg *cg)
 
 /* ---- the blocked path ---- */
 
+/* Prefetches (into L2, for writing) the C tile a micro-kernel call is about to update, rows
+ * i0 + r for r < mr of c (ldc floats apart), columns [0, nc): the call reads and writes it only
+ * after its k loop, so the lines arrive meanwhile (a product's output larger than L2 came from
+ * L3 on every k block, the micro-kernel waiting on its loads of C). */
+static void prefetch_tile(CgFn *f, LLVMValueRef c, LLVMValueRef i0, LLVMValueRef ldc, LLVMValueRef mr, LLVMValueRef nc)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef last = LLVMBuildSub(b, nc, cg_i64(cg, 1), "");
+    LLVMValueRef cols[3] = {cg_i64(cg, 0), cg_min_i64(f, cg_i64(cg, 16), last), last};
+    for (int r = 0; r < tile_rows(cg); r++) {
+        LLVMValueRef row = LLVMBuildAdd(b, i0, cg_min_i64(f, cg_i64(cg, r), LLVMBuildSub(b, mr, cg_i64(cg, 1), "")), "");
+        LLVMValueRef at = LLVMBuildMul(b, row, ldc, "");
+        for (int j = 0; j < 3; j++) {
+            LLVMValueRef args[4] = {cg_addr(f, IR_F32, c, LLVMBuildAdd(b, at, cols[j], "")), cg_i32(cg, 1), cg_i32(cg, 2),
+                                    cg_i32(cg, 1)};
+            cg_intrinsic(cg, "llvm.prefetch", cg->t_ptr, args, 4);
+        }
+    }
+}
+
 static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
 {
     if (plain_path(f->node))
@@ -1011,6 +1036,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
         margs[3] = LLVMBuildSub(b, mr, cg_i64(cg, 1), "");
         margs[11] = cg_i64(cg, 0);
     }
+    prefetch_tile(f, cptr, margs[2], ldc, mr, nc);
     LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 || pack_at ? 12 : 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
