@@ -40,6 +40,7 @@
 #define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
 #define MIN_ITEMS 4  /* work items wanted before rows are split too (or one per thread, if more) */
 #define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
+#define PREFETCH_C (256 * 1024) /* an item's C block past this many floats (1 MiB): its tiles prefetched */
 #define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
 #define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
 #define GEMV_UNROLL 4 /* ... computed this many at a time */
@@ -966,6 +967,11 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     /* rows from i_start: A and the scratch are addressed relative to the item's first row */
     LLVMValueRef arow0 = d.split ? i_start : cg_i64(cg, 0);
 
+    /* the item's C block past PREFETCH_C floats (half this CPU's L2): its tiles are prefetched (an item
+     * whose C stays in L2, as GPT-M's logits' 1024 x 256, would only pay the instructions) */
+    LLVMValueRef big_c = LLVMBuildICmp(b, LLVMIntSGT, LLVMBuildMul(b, LLVMBuildSub(b, i_end, i_start, ""),
+                                                                   LLVMBuildSub(b, j_end, j_start, ""), ""),
+                                       cg_i64(cg, PREFETCH_C), "bigc");
     cg_for(f, &lk, cg_i64(cg, 0), nkb, "kb");
     LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
     LLVMValueRef kc = cg_min_i64(f, cg_i64(cg, KC), LLVMBuildSub(b, d.k, pc, ""));
@@ -1036,7 +1042,10 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
         margs[3] = LLVMBuildSub(b, mr, cg_i64(cg, 1), "");
         margs[11] = cg_i64(cg, 0);
     }
+    CgIf pf;
+    cg_if(f, &pf, big_c);
     prefetch_tile(f, cptr, margs[2], ldc, mr, nc);
+    cg_if_end(f, &pf);
     LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 || pack_at ? 12 : 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
