@@ -18,7 +18,8 @@
  *         for each MR rows of the block:
  *           micro-kernel: MR x NR accumulators in vector registers (MR x 2 vectors), one k step
  *           is 2 vector loads of bp, MR broadcasts of A, 2 MR fused multiply-adds; then
- *           C tile (+)= accumulators, with masked loads/stores on the last, partial panel
+ *           C tile (+)= accumulators, with masked loads/stores on the last, partial panel (the
+ *           tile's lines prefetched before the call, so that they arrive during its k loop)
  *
  * Without the MC blocks, every panel streamed the item's whole m x KC slice of A: 1 MiB at
  * m = 1024, as large as this CPU's L2, so it came from the shared L3 once per panel, and the
@@ -39,6 +40,7 @@
 #define KC 256       /* k block: a packed panel is KC x NR floats (32 KiB with AVX-512) */
 #define MIN_ITEMS 4  /* work items wanted before rows are split too (or one per thread, if more) */
 #define MC 192       /* rows of A per L2 block: MC x KC floats (192 KiB), a multiple of MR (12 or 6) */
+#define PREFETCH_C (256 * 1024) /* an item's C block past this many floats (1 MiB): its tiles prefetched */
 #define GEMV_ROWS 4  /* batch x m up to this, with B transposed: the matrix-vector path */
 #define GEMV_COLS 16 /* output columns (rows of the stored B) per work item of that path */
 #define GEMV_UNROLL 4 /* ... computed this many at a time */
@@ -595,8 +597,9 @@ static void store_tile_vector(CgFn *f, LLVMValueRef cptr, LLVMValueRef acc, LLVM
  *   rows r < MR of A start at a + min(i0 + r, mlast) * lda; C rows at c + (i0 + r) * ldc;
  *   C[r, 0..nc) (+)= sum_p A[r, p] * bp[p, ..] for r < mr.
  * With at (the micro_at function, for A read through the transposed view CG_VIEW_A_T and packed
- * by pack_a_at): A[r, p] at a + min(ai0 + r, mlast) + p * lda, the MR values of a k step
- * contiguous, with the twelfth argument ai0 as below.
+ * by pack_a_at): A[r, p] at a + ai0 + r + p * lda for every r < MR (the tile holds zeros past
+ * its rows; mlast unused), the MR values of a k step contiguous, with the twelfth argument ai0
+ * as below.
  * With bf16 operands (Cg.bf16, the micro_bf16 function): a and bp hold bf16 pairs, one i32 per
  * pair of k steps (the lower k in the low half), kc counts pairs and lda is in pairs; bp[p2][j]
  * is the pair (B(2 p2, j), B(2 p2 + 1, j)) (pack_bf16 below); a is the packed block of A, whose
@@ -629,7 +632,9 @@ static LLVMValueRef micro_build(Cg *cg, int bf16, int at)
 
     LLVMValueRef arow[16], acc[16][2];
     for (int r = 0; r < mr_max; r++) {
-        LLVMValueRef row = cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
+        /* a packed A^T tile holds all MR rows (zeros past mr): one base, constant offsets */
+        LLVMValueRef row = at ? LLVMBuildAdd(b, ai0, cg_i64(cg, r), "")
+                              : cg_min_i64(f, LLVMBuildAdd(b, ai0, cg_i64(cg, r), ""), mlast);
         arow[r] = LLVMBuildInBoundsGEP2(b, et, a, (LLVMValueRef[]){at ? row : LLVMBuildMul(b, row, lda, "")}, 1, "");
         for (int h2 = 0; h2 < 2; h2++)
             acc[r][h2] = cg_var(f, vt, LLVMConstNull(vt), "acc");
@@ -866,6 +871,27 @@ static LLVMValueRef pack_a_at_function(Cg *cg)
 
 /* ---- the blocked path ---- */
 
+/* Prefetches (into L2, for writing) the C tile a micro-kernel call is about to update, rows
+ * i0 + r for r < mr of c (ldc floats apart), columns [0, nc): the call reads and writes it only
+ * after its k loop, so the lines arrive meanwhile (a product's output larger than L2 came from
+ * L3 on every k block, the micro-kernel waiting on its loads of C). */
+static void prefetch_tile(CgFn *f, LLVMValueRef c, LLVMValueRef i0, LLVMValueRef ldc, LLVMValueRef mr, LLVMValueRef nc)
+{
+    Cg *cg = f->cg;
+    LLVMBuilderRef b = cg->b;
+    LLVMValueRef last = LLVMBuildSub(b, nc, cg_i64(cg, 1), "");
+    LLVMValueRef cols[3] = {cg_i64(cg, 0), cg_min_i64(f, cg_i64(cg, 16), last), last};
+    for (int r = 0; r < tile_rows(cg); r++) {
+        LLVMValueRef row = LLVMBuildAdd(b, i0, cg_min_i64(f, cg_i64(cg, r), LLVMBuildSub(b, mr, cg_i64(cg, 1), "")), "");
+        LLVMValueRef at = LLVMBuildMul(b, row, ldc, "");
+        for (int j = 0; j < 3; j++) {
+            LLVMValueRef args[4] = {cg_addr(f, IR_F32, c, LLVMBuildAdd(b, at, cols[j], "")), cg_i32(cg, 1), cg_i32(cg, 2),
+                                    cg_i32(cg, 1)};
+            cg_intrinsic(cg, "llvm.prefetch", cg->t_ptr, args, 4);
+        }
+    }
+}
+
 static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
 {
     if (plain_path(f->node))
@@ -941,6 +967,11 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     /* rows from i_start: A and the scratch are addressed relative to the item's first row */
     LLVMValueRef arow0 = d.split ? i_start : cg_i64(cg, 0);
 
+    /* the item's C block past PREFETCH_C floats (half this CPU's L2): its tiles are prefetched (an item
+     * whose C stays in L2, as GPT-M's logits' 1024 x 256, would only pay the instructions) */
+    LLVMValueRef big_c = LLVMBuildICmp(b, LLVMIntSGT, LLVMBuildMul(b, LLVMBuildSub(b, i_end, i_start, ""),
+                                                                   LLVMBuildSub(b, j_end, j_start, ""), ""),
+                                       cg_i64(cg, PREFETCH_C), "bigc");
     cg_for(f, &lk, cg_i64(cg, 0), nkb, "kb");
     LLVMValueRef pc = LLVMBuildMul(b, lk.iv, cg_i64(cg, KC), "");
     LLVMValueRef kc = cg_min_i64(f, cg_i64(cg, KC), LLVMBuildSub(b, d.k, pc, ""));
@@ -1011,6 +1042,10 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
         margs[3] = LLVMBuildSub(b, mr, cg_i64(cg, 1), "");
         margs[11] = cg_i64(cg, 0);
     }
+    CgIf pf;
+    cg_if(f, &pf, big_c);
+    prefetch_tile(f, cptr, margs[2], ldc, mr, nc);
+    cg_if_end(f, &pf);
     LLVMBuildCall2(b, micro_type, micro, margs, cg->bf16 || pack_at ? 12 : 11, "");
     cg_for_end(f, &lr);
     cg_for_end(f, &lj);
