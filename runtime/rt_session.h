@@ -1,8 +1,8 @@
 /* rt_session.h: the session object and the helpers its files share (rt_session.c: creation,
- * binding, runs and outputs; rt_arena.c: the memory plan and the bounds of a call's work;
- * rt_carry.c: limits on sums of symbols, carrying outputs into inputs, outputs left on a device;
- * rt_scaler.c: loss scaling; rt_comm.c: gradients summed over ranks; rt_store.c: 16-bit storage
- * on the CPU). Private to the runtime. */
+ * binding, runs and outputs; rt_weights.c: setting and loading weights; rt_arena.c: the memory
+ * plan and the bounds of a call's work; rt_carry.c: limits on sums of symbols, carrying outputs
+ * into inputs, outputs left on a device; rt_scaler.c: loss scaling; rt_comm.c: gradients summed
+ * over ranks; rt_store.c: 16-bit storage on the CPU). Private to the runtime. */
 #ifndef XTC_RT_SESSION_H
 #define XTC_RT_SESSION_H
 
@@ -79,6 +79,10 @@ struct XtcSession {
 int rs_fail(XtcSession *s, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void rs_bind_buffer(XtcSession *s, int b, void *data, int rank, const int64_t *shape);
 int rs_check_shape(XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape);
+/* rs_check_shape's check alone: the status, and its message in msg (not the session's) */
+int rs_shape_problem(const XtcSession *s, const RtBuffer *b, const char *what, int rank, const int64_t *shape,
+                     char *msg, size_t n);
+void rs_shape_text(char *buf, size_t n, int rank, const int64_t *shape); /* "[2, 3]" */
 void rs_dims_text(char *buf, size_t n, const RtBuffer *b);
 int rs_find_buffer(const XtcModule *m, RtBufKind kind, const char *name);
 int64_t rs_numel_of(int rank, const int64_t *shape);

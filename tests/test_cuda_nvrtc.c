@@ -10,8 +10,9 @@
  * lowered for inference, for inference with the padding masks, for incremental decoding (KV
  * cache) where the model allows it, and for training with the backward graph (ir_autodiff),
  * each through the pass pipeline as `xtc compile --target cuda` runs it. Their kernels are
- * rendered once, deduplicated by text (the twelve layers of a model, and the models among
- * themselves, share most kernels) and compiled in NVRTC programs for sm_80, whose PTX ptxas
+ * rendered once, deduplicated by code (the twelve layers of a model, and the models among
+ * themselves, share most kernels; kernels that differ only in comments or in parameters their
+ * body never reads are one: same_code) and compiled in NVRTC programs for sm_80, whose PTX ptxas
  * assembles: of the models' one of each form and allocation sizes, and of the parity graphs'
  * those of a form (see thin_to_forms) the models' lack.
  *
@@ -81,6 +82,8 @@ static int toolkit_present(void)
 
 typedef struct {
     char **text; /* canonical text: the kernel's name replaced by @NAME@ */
+    char **key;  /* what makes two kernels the same program (same_code) */
+    int *nparams;
     char **op;
     int n, cap;
     int graphs, refused, kernels;
@@ -108,6 +111,90 @@ static char *canonical(const char *text, const char *fn)
     return out;
 }
 
+static int ident_char(char c) { return c == '_' || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+/* whether identifier id occurs in text as a word */
+static int has_word(const char *text, const char *id)
+{
+    size_t len = strlen(id);
+    for (const char *p = strstr(text, id); p; p = strstr(p + 1, id))
+        if ((p == text || !ident_char(p[-1])) && !ident_char(p[len]))
+            return 1;
+    return 0;
+}
+
+/* What makes two kernels one program for NVRTC and ptxas, in a new string: the canonical text
+ * without its comments (the header names the graph's shapes and steps), its parameters reduced to
+ * those the rest of the text names, their spacing normalised. Kernels with the same body whose
+ * signatures differ only in parameters the body never reads (the symbols of the graph a fused
+ * kernel came from) are the same code: compiling the one with the fewest parameters compiles
+ * every statement the others have, and a parameter the body needs but a signature lacks fails
+ * there. *nparams: how many parameters the signature has. */
+static char *same_code(const char *text, int *nparams)
+{
+    size_t n = strlen(text), o = 0;
+    char *bare = malloc(n + 1);
+    ck_assert_ptr_nonnull(bare);
+    for (const char *p = text; *p;)
+        if (p[0] == '/' && p[1] == '*') {
+            const char *end = strstr(p + 2, "*/");
+            p = end ? end + 2 : p + strlen(p);
+        } else {
+            bare[o++] = *p++;
+        }
+    bare[o] = 0;
+    *nparams = 0;
+    char *open = strstr(bare, "@NAME@(");
+    if (!open)
+        return bare;
+    open += 6;
+    char *close = open;
+    for (int depth = 0; *close; close++)
+        if (*close == '(')
+            depth++;
+        else if (*close == ')' && --depth == 0)
+            break;
+    ck_assert_msg(*close == ')', "a kernel signature without its ')': %.200s", open);
+    const char *body = close + 1;
+    char *key = malloc(o + 1);
+    ck_assert_ptr_nonnull(key);
+    size_t k = (size_t)(open - bare) + 1;
+    memcpy(key, bare, k);
+    int kept = 0;
+    for (char *param = open + 1; param < close;) {
+        char *end = param;
+        for (int depth = 0; end < close && (depth || *end != ','); end++)
+            depth += (*end == '(' || *end == '[') - (*end == ')' || *end == ']');
+        char *id_end = end;
+        while (id_end > param && !ident_char(id_end[-1]))
+            id_end--;
+        char *id = id_end;
+        while (id > param && ident_char(id[-1]))
+            id--;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(id_end - id), id);
+        if (id_end > param)
+            ++*nparams;
+        if (id_end > param && has_word(body, name)) { /* kept, its white space as one space */
+            if (kept++)
+                key[k++] = ',';
+            int space = 1;
+            for (char *q = param; q < end; q++) {
+                int white = *q == ' ' || *q == '\n' || *q == '\t';
+                if (white && !space)
+                    key[k++] = ' ';
+                else if (!white)
+                    key[k++] = *q;
+                space = white;
+            }
+        }
+        param = end < close ? end + 1 : close;
+    }
+    snprintf(key + k, o + 1 - k, "%s", body);
+    free(bare);
+    return key;
+}
+
 static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
 {
     char err[1024];
@@ -122,20 +209,35 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
         if (ks->only_mma && !strstr(u.kernel_text[k], "xtc_mma_m16n8k16_"))
             continue;
         char *c = canonical(u.kernel_text[k], plan.kernels[k].fn);
-        int found = 0;
-        for (int i = 0; i < ks->n && !found; i++)
-            found = strcmp(ks->text[i], c) == 0;
-        if (found) {
-            free(c);
+        int nparams;
+        char *key = same_code(c, &nparams);
+        int found = -1;
+        for (int i = 0; i < ks->n && found < 0; i++)
+            if (strcmp(ks->key[i], key) == 0)
+                found = i;
+        if (found >= 0) { /* the same code: the one with the fewest parameters stays */
+            if (nparams < ks->nparams[found]) {
+                free(ks->text[found]);
+                ks->text[found] = c;
+                ks->nparams[found] = nparams;
+            } else {
+                free(c);
+            }
+            free(key);
             continue;
         }
         if (ks->n == ks->cap) {
             ks->cap = ks->cap ? 2 * ks->cap : 256;
             ks->text = realloc(ks->text, (size_t)ks->cap * sizeof *ks->text);
+            ks->key = realloc(ks->key, (size_t)ks->cap * sizeof *ks->key);
+            ks->nparams = realloc(ks->nparams, (size_t)ks->cap * sizeof *ks->nparams);
             ks->op = realloc(ks->op, (size_t)ks->cap * sizeof *ks->op);
+            ck_assert(ks->text && ks->key && ks->nparams && ks->op);
         }
         ks->viewed += plan.kernels[k].views != 0;
         ks->op[ks->n] = strdup(ir_ops[plan.kernels[k].node->op].name);
+        ks->key[ks->n] = key;
+        ks->nparams[ks->n] = nparams;
         ks->text[ks->n++] = c;
     }
     ks->kernels += u.nkernels;
@@ -347,9 +449,12 @@ static void free_set(KernelSet *ks)
 {
     for (int i = 0; i < ks->n; i++) {
         free(ks->text[i]);
+        free(ks->key[i]);
         free(ks->op[i]);
     }
     free(ks->text);
+    free(ks->key);
+    free(ks->nparams);
     free(ks->op);
 }
 
@@ -445,6 +550,8 @@ static void thin_to_forms(const KernelSet *ks, KernelSet *out, const int *from, 
                           int *kept)
 {
     *out = *ks;
+    out->key = NULL; /* (only text and op are the thinned set's) */
+    out->nparams = NULL;
     out->text = malloc((size_t)ks->n * sizeof *out->text);
     out->op = malloc((size_t)ks->n * sizeof *out->op);
     ck_assert(out->text && out->op);
