@@ -760,6 +760,53 @@ START_TEST(test_library_kernels)
 END_TEST
 
 /* occurrences of what in [from, end) (end NULL: to the end) */
+/* ptxas -v for sm_80 and sm_90 on ptx (written to tmpdir/stem.ptx; freed here): every kernel
+ * without local memory (no stack frame, no spills), `kernels` of them; prints each kernel's
+ * registers/shared bytes per arch under `what` */
+static void ptxas_check(char *ptx, const char *stem, int kernels, const char *what)
+{
+    char ptx_path[512], log[512];
+    snprintf(ptx_path, sizeof ptx_path, "%s/%s.ptx", tmpdir, stem);
+    FILE *pf = fopen(ptx_path, "w");
+    ck_assert(pf && fputs(ptx, pf) >= 0);
+    fclose(pf);
+    free(ptx);
+    for (int a = 0; a < 2; a++) {
+        const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
+        snprintf(log, sizeof log, "%s/%s_%d.log", tmpdir, stem, a);
+        char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
+        int rc = cg_run_program(argv, log);
+        char *text = harness_read_file(log, NULL);
+        ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
+        int infos = 0;
+        for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
+            const char *line = p;
+            while (line > text && line[-1] != '\n')
+                line--;
+            ck_assert_msg(strncmp(line + strspn(line, " "), "0 bytes stack frame, 0 bytes spill stores, 0 bytes "
+                                  "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
+            infos++;
+        }
+        ck_assert_int_eq(infos, kernels);
+        char fig[512] = "";
+        size_t fl = 0;
+        for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
+            int regs = 0, smem = 0;
+            const char *sm = strstr(p, "bytes smem");
+            while (sm && sm > p && sm[-1] == ' ')
+                sm--;
+            while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
+                sm--;
+            sscanf(p, "Used %d registers", &regs);
+            if (sm)
+                sscanf(sm, "%d", &smem);
+            fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
+        }
+        fprintf(stderr, "test_cuda_nvrtc: %s, %s: registers/shared bytes per kernel %s\n", what, arch + 6, fig);
+        free(text);
+    }
+}
+
 static int count_in(const char *from, const char *end, const char *what)
 {
     int c = 0;
@@ -880,47 +927,10 @@ START_TEST(test_flash_instruction_mix)
                               "%s: %d ldmatrix, %d ldmatrix.trans, %d cp.async, %d cp.async.wait_group", stored_fn[e], ldm,
                               ldt, cpa, wait);
             }
-            char ptx_path[512], log[512];
-            snprintf(ptx_path, sizeof ptx_path, "%s/flash_%d_%d.ptx", tmpdir, mma, storage);
-            FILE *pf = fopen(ptx_path, "w");
-            ck_assert(pf && fputs(ptx, pf) >= 0);
-            fclose(pf);
-            free(ptx);
-            for (int a = 0; a < 2; a++) {
-                const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
-                snprintf(log, sizeof log, "%s/flash_%d_%d_%d.log", tmpdir, mma, storage, a);
-                char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
-                int rc = cg_run_program(argv, log);
-                char *text = harness_read_file(log, NULL);
-                ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
-                int infos = 0;
-                for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
-                    const char *line = p;
-                    while (line > text && line[-1] != '\n')
-                        line--;
-                    ck_assert_msg(strncmp(line + strspn(line, " "), "0 bytes stack frame, 0 bytes spill stores, 0 bytes "
-                                          "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
-                    infos++;
-                }
-                ck_assert_int_eq(infos, si ? 11 : 10);
-                char fig[256] = "";
-                size_t fl = 0;
-                for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
-                    int regs = 0, smem = 0;
-                    const char *sm = strstr(p, "bytes smem");
-                    while (sm && sm > p && sm[-1] == ' ')
-                        sm--;
-                    while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
-                        sm--;
-                    sscanf(p, "Used %d registers", &regs);
-                    if (sm)
-                        sscanf(sm, "%d", &smem);
-                    fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
-                }
-                fprintf(stderr, "test_cuda_nvrtc: flash --mma=%s, %s storage, %s: registers/shared bytes per kernel %s\n",
-                        cg_mma_name(mma), storage_name[storage], arch + 6, fig);
-                free(text);
-            }
+            char stem[64], what[128];
+            snprintf(stem, sizeof stem, "flash_%d_%d", mma, storage);
+            snprintf(what, sizeof what, "flash --mma=%s, %s storage", cg_mma_name(mma), storage_name[storage]);
+            ptxas_check(ptx, stem, si ? 11 : 10, what);
             cg_cuda_unit_free(&u);
         }
     }
@@ -1010,47 +1020,10 @@ START_TEST(test_matmul_instruction_mix)
         ck_assert_int_eq(entries, kernels);
         ck_assert_int_eq(with_cp, copying);
         ck_assert_int_eq(with_trans, trans);
-        char ptx_path[512], log[512];
-        snprintf(ptx_path, sizeof ptx_path, "%s/mma16_%d.ptx", tmpdir, mma);
-        FILE *pf = fopen(ptx_path, "w");
-        ck_assert(pf && fputs(ptx, pf) >= 0);
-        fclose(pf);
-        free(ptx);
-        for (int a = 0; a < 2; a++) {
-            const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
-            snprintf(log, sizeof log, "%s/mma16_%d_%d.log", tmpdir, mma, a);
-            char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
-            int rc = cg_run_program(argv, log);
-            char *text = harness_read_file(log, NULL);
-            ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
-            int infos = 0;
-            for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
-                const char *line = p;
-                while (line > text && line[-1] != '\n')
-                    line--;
-                ck_assert_msg(strncmp(line + strspn(line, " "), "0 bytes stack frame, 0 bytes spill stores, 0 bytes "
-                                      "spill loads", 62) == 0, "ptxas %s: local memory: %.300s", arch, line);
-                infos++;
-            }
-            ck_assert_int_eq(infos, kernels);
-            char fig[512] = "";
-            size_t fl = 0;
-            for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
-                int regs = 0, smem = 0;
-                const char *sm = strstr(p, "bytes smem");
-                while (sm && sm > p && sm[-1] == ' ')
-                    sm--;
-                while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
-                    sm--;
-                sscanf(p, "Used %d registers", &regs);
-                if (sm)
-                    sscanf(sm, "%d", &smem);
-                fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
-            }
-            fprintf(stderr, "test_cuda_nvrtc: matmul --dtype %s, %s: registers/shared bytes per kernel %s\n",
-                    opt.dtype, arch + 6, fig);
-            free(text);
-        }
+        char stem[64], what[128];
+        snprintf(stem, sizeof stem, "mma16_%d", mma);
+        snprintf(what, sizeof what, "matmul --dtype %s", opt.dtype);
+        ptxas_check(ptx, stem, kernels, what);
         cg_cuda_unit_free(&u);
     }
     cg_plan_free(&plan);
@@ -1067,7 +1040,18 @@ START_TEST(test_nvrtc_errors)
     char err[4096], *ptx = NULL;
     ck_assert_int_eq(cg_nvrtc_compile("extern \"C\" __global__ void k(float *x) { x[0] = undeclared; }", "bad.cu",
                                       "sm_80", &ptx, err, sizeof err), -1);
-    ck_assert_msg(strstr(err, "undeclared") && strstr(err, "bad.cu"), "%s", err);
+    ck_assert_msg(strstr(err, "undeclared") && strstr(err, "bad.cu") && strstr(err, "for compute_80 "), "%s", err);
+    /* a failing program with many warnings first: the message still names the error */
+    size_t cap = 64 * 1024, len = 0;
+    char *src = malloc(cap);
+    ck_assert(src);
+    for (int i = 0; i < 200; i++) /* NVRTC logs each function's warnings before a later one's error */
+        len += (size_t)snprintf(src + len, cap - len, "extern \"C\" __global__ void k%d() { int unused_%d = %d; }\n",
+                                i, i, i);
+    snprintf(src + len, cap - len, "extern \"C\" __global__ void k(float *x) { x[0] = undeclared_at_the_end; }\n");
+    ck_assert_int_eq(cg_nvrtc_compile(src, "noisy.cu", "sm_80", &ptx, err, sizeof err), -1);
+    free(src);
+    ck_assert_msg(strstr(err, "undeclared_at_the_end") && strstr(err, "error"), "%s", err);
     ck_assert_int_eq(cg_nvrtc_compile("", "x.cu", "sm_12", &ptx, err, sizeof err), -1);
     ck_assert_msg(strstr(err, "sm_12"), "%s", err);
     ck_assert_int_eq(cg_cuda_arch_number("banana", err, sizeof err), -1);
@@ -1130,41 +1114,7 @@ START_TEST(test_grouped_grad_kernels)
     char *ptx = NULL;
     ck_assert_msg(cg_nvrtc_compile(src, "grouped_grad.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
     free(src);
-    char ptx_path[512], log[512];
-    snprintf(ptx_path, sizeof ptx_path, "%s/grouped_grad.ptx", tmpdir);
-    FILE *pf = fopen(ptx_path, "w");
-    ck_assert(pf && fputs(ptx, pf) >= 0);
-    fclose(pf);
-    free(ptx);
-    for (int a = 0; a < 2; a++) {
-        const char *arch = a ? "-arch=sm_90" : "-arch=sm_80";
-        snprintf(log, sizeof log, "%s/grouped_grad_%d.log", tmpdir, a);
-        char *argv[] = {(char *)XTC_PTXAS, "-v", (char *)arch, ptx_path, "-o", "/dev/null", NULL};
-        int rc = cg_run_program(argv, log);
-        char *text = harness_read_file(log, NULL);
-        ck_assert_msg(rc == 0 && text, "ptxas %s %s: %s", arch, ptx_path, text ? text : "");
-        int infos = 0;
-        for (const char *p = strstr(text, "bytes spill stores"); p; p = strstr(p + 1, "bytes spill stores")) {
-            const char *line = p;
-            while (line > text && line[-1] != '\n')
-                line--;
-            ck_assert_msg(strstr(line, " 0 bytes spill stores, 0 bytes spill loads") < strchr(line, '\n') &&
-                              strstr(line, " 0 bytes spill stores, 0 bytes spill loads"),
-                          "ptxas %s: spills: %.300s", arch, line);
-            infos++;
-        }
-        ck_assert_int_eq(infos, 3);
-        char fig[128] = "";
-        size_t fl = 0;
-        for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
-            int regs = 0;
-            sscanf(p, "Used %d registers", &regs);
-            fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d", fl ? ", " : "", regs);
-        }
-        fprintf(stderr, "test_cuda_nvrtc: grouped attention_grad (64, 128 wide: tiled; 160: rows), %s: no spills, "
-                        "registers %s\n", arch + 6, fig);
-        free(text);
-    }
+    ptxas_check(ptx, "grouped_grad", 3, "grouped attention_grad (64, 128 wide: tiled; 160: rows)");
     cg_cuda_unit_free(&u);
     cg_plan_free(&plan);
     ir_graph_free(g);

@@ -137,6 +137,35 @@ int cg_cuda_arch_number(const char *arch, char *err, size_t n)
     return v;
 }
 
+/* NVRTC's log with its error lines (and the line after each: the source) moved before its warnings,
+ * in their order, so that a message cut to its first part names what failed */
+static void errors_first(char *log)
+{
+    size_t len = strlen(log);
+    char *out = malloc(len + 1);
+    if (!out)
+        return;
+    size_t o = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int take_next = 0;
+        for (const char *p = log; *p;) {
+            const char *e = strchr(p, '\n');
+            size_t l = e ? (size_t)(e - p) + 1 : strlen(p);
+            int is_error = strstr(p, ": error") && strstr(p, ": error") < p + l;
+            int mine = is_error || take_next;
+            take_next = is_error;
+            if (mine == (pass == 0)) {
+                memcpy(out + o, p, l);
+                o += l;
+            }
+            p += l;
+        }
+    }
+    out[o] = 0;
+    memcpy(log, out, o + 1);
+    free(out);
+}
+
 int cg_nvrtc_compile(const char *source, const char *name, const char *arch, char **ptx, char *err, size_t n)
 {
     *ptx = NULL;
@@ -170,8 +199,10 @@ int cg_nvrtc_compile(const char *source, const char *name, const char *arch, cha
         log[loglen] = 0;
     }
     if (r != 0) {
+        if (log)
+            errors_first(log);
         snprintf(err, n, "NVRTC %d.%d could not compile the CUDA C for %s (%s): %.1200s", nvrtc.major, nvrtc.minor,
-                 opt_arch + 21, nvrtc.GetErrorString(r), log ? log : "(no log)");
+                 strchr(opt_arch, '=') + 1, nvrtc.GetErrorString(r), log ? log : "(no log)");
         free(log);
         nvrtc.DestroyProgram(&prog);
         return -1;
