@@ -3,7 +3,7 @@
  * empty cache, then one token per call, for models whose attention depends on positions in
  * every way the lowering supports (absolute, rotary, T5 buckets, PIA, memory key/values), and
  * with grouped or single key/value heads (x-transformers 1.x and 2.x), the cache sized by them,
- * and rotary_xpos (keys scaled by their absolute positions).
+ * and rotary_xpos (keys scaled by their absolute positions); int8 caches at every context 1..40.
  * The same decoding through compiled modules, CPU and emulated CUDA, with the caches carried
  * from call to call by xtc_session_carry (on the CPU appended in place, on the device copied there
  * without crossing the bus), gives those logits and, after the last call, those caches too; with
@@ -529,6 +529,47 @@ START_TEST(xpos_2x)
 }
 END_TEST
 
+/* int8 caches (--kv-dtype int8) decoded one token a call from a 1-token prompt to 40 positions, so
+ * the few-rows path's 4-key loop meets every remainder and rows near its prefetch distance; heads of
+ * 32, 64 and 96 (multiples of 32: int8 keys' scores as int16 products where the CPU has AVX512-BW)
+ * and 48 (the widening path), one with grouped key/values; against the interpreter rounding the
+ * caches the same way (check_int8_caches) */
+START_TEST(int8_every_context)
+{
+    static const char *const layers[] = {
+        "dim = 16, depth = 1, heads = 2, attn_dim_head = 32",
+        "dim = 16, depth = 1, heads = 2, attn_dim_head = 48",
+        "dim = 16, depth = 1, heads = 1, attn_dim_head = 64",
+        "dim = 16, depth = 1, heads = 4, attn_kv_heads = 2, attn_dim_head = 96",
+    };
+    enum { T = 41 };
+    int64_t tok[T];
+    for (int t = 0; t < T; t++)
+        tok[t] = (t * 11 + 5) % 64;
+    for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
+        char src[512];
+        snprintf(src, sizeof src, "%sm = TransformerWrapper(num_tokens = 64, max_seq_len = 48, attn_layers = Decoder(%s))\n",
+                 strstr(layers[i], "kv_heads") ? XT2 : "", layers[i]);
+        IrGraph *full = lower(src, 0), *step = lower(src, 1);
+        Bind b = {0};
+        make_weights(full, &b);
+        IrHostTensor ref;
+        char err[512];
+        b.g = full;
+        b.b = 1;
+        b.n = T;
+        b.tokens = tok;
+        if (ir_interp(full, bind, &b, &ref, err, sizeof err) != 0)
+            ck_abort_msg("full: %s", err);
+        check_int8_caches(step, &b, tok, T, 1, &ref, 1, 0);
+        bind_free(&b, 1);
+        ir_host_free(&ref);
+        ir_graph_free(full);
+        ir_graph_free(step);
+    }
+}
+END_TEST
+
 /* The pairing cosine_sim reads, on IR text: a cache input is bounded by the rows appended to it
  * only where the output of its own name is that append (a: bound 1, the claim printed and read
  * back as "rownorm %ka = 1"); appended to but carried out under another name (b), or appended rows
@@ -853,6 +894,10 @@ int main(void)
     tcase_add_test(tc, refusals);
     tcase_add_test(tc, past_max_seq_len);
     suite_add_tcase(s, tc);
+    TCase *i8 = tcase_create("int8_contexts"); /* CK_RUN_CASE=int8_contexts runs it alone */
+    tcase_set_timeout(i8, 600);
+    tcase_add_test(i8, int8_every_context);
+    suite_add_tcase(s, i8);
     TCase *cos = tcase_create("cosine_sim"); /* CK_RUN_CASE=cosine_sim runs it alone */
     tcase_add_test(cos, cosine_sim_pairs);
     tcase_add_test(cos, cosine_sim_2x);
