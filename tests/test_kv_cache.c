@@ -398,6 +398,19 @@ static void check_int8_caches(const IrGraph *step, Bind *b, const int64_t *tok, 
     free(rref.data);
 }
 
+/* The whole sequence tok[0..T) through the full (uncached) graph: the reference that cached
+ * decoding must reproduce; leaves b bound to the full graph at batch 1. */
+static void full_reference(IrGraph *full, Bind *b, int64_t *tok, int T, IrHostTensor *ref)
+{
+    char err[512];
+    b->g = full;
+    b->b = 1;
+    b->n = T;
+    b->tokens = tok;
+    if (ir_interp(full, bind, b, ref, err, sizeof err) != 0)
+        ck_abort_msg("full: %s", err);
+}
+
 /* kv16: whether --kv-dtype bf16 stores this model's caches in bf16 (only attention reads them) */
 static void check_model_kv(const char *src, int kv16)
 {
@@ -408,16 +421,10 @@ static void check_model_kv(const char *src, int kv16)
     int64_t tok[T];
     for (int t = 0; t < T; t++)
         tok[t] = (t * 7 + 3) % 64;
-    char err[512];
 
     /* full recomputation */
     IrHostTensor ref;
-    b.g = full;
-    b.b = 1;
-    b.n = T;
-    b.tokens = tok;
-    if (ir_interp(full, bind, &b, &ref, err, sizeof err) != 0)
-        ck_abort_msg("full: %s", err);
+    full_reference(full, &b, tok, T, &ref);
     int64_t V = ref.shape[2];
 
     double worst = interp_decode(step, &b, tok, T, PROMPT, &ref, 0, NULL);
@@ -554,13 +561,7 @@ START_TEST(int8_every_context)
         Bind b = {0};
         make_weights(full, &b);
         IrHostTensor ref;
-        char err[512];
-        b.g = full;
-        b.b = 1;
-        b.n = T;
-        b.tokens = tok;
-        if (ir_interp(full, bind, &b, &ref, err, sizeof err) != 0)
-            ck_abort_msg("full: %s", err);
+        full_reference(full, &b, tok, T, &ref);
         check_int8_caches(step, &b, tok, T, 1, &ref, 1, 0);
         bind_free(&b, 1);
         ir_host_free(&ref);
@@ -684,11 +685,7 @@ START_TEST(cosine_sim_2x)
     for (int t = 0; t < T; t++)
         tok[t] = (t * 5 + 1) % 64;
     IrHostTensor ref;
-    b.g = full;
-    b.b = 1;
-    b.n = T;
-    b.tokens = tok;
-    ck_assert_msg(ir_interp(full, bind, &b, &ref, err, sizeof err) == 0, "full: %s", err);
+    full_reference(full, &b, tok, T, &ref);
     double worst = interp_decode(h, &b, tok, T, PROMPT, &ref, 0, NULL);
     ck_assert_msg(worst < 1e-4, "bounded cached decoding differs from recomputation by %g", worst);
     /* the last call's caches, the keys of layer 0 three times longer: the interpreter's check */
