@@ -77,7 +77,11 @@ struct RtDevice {
     int stage_pinned;       /* stage is registered with the driver, as the host arena below */
     void *pinned;           /* the session's host arena, registered with the driver (page-locked:
                              * outputs come back at the bus's speed, not through the driver's
-                             * own staging), or NULL */
+                             * own staging), or NULL: see cuda_host_arena */
+    void *host;             /* the session's host arena and its bytes */
+    size_t host_bytes;
+    size_t host_copied;     /* bytes copied into it since it was allocated */
+    int host_refused;       /* the driver refused to register it */
     /* the AdamW step (cuda_adamw): the kernels' indices in fn (-1: none), the master weights and
      * moments [opt_total], the per-block sums [opt_nblocks], the kernels' tables */
     int k_norm, k_update;
@@ -87,6 +91,7 @@ struct RtDevice {
     size_t opt_tables_bytes;
     RtCuGraphs graphs;      /* the schedule's CUDA graphs (rt_cuda_graph.c) */
     uint64_t *key;          /* [RT_MAXSYM + nbufs + 1]: this run's graph key */
+    int print_calls;        /* XTC_CUDA_CALLS=print: the driver calls to stderr at close */
 };
 
 /* -1 with the message in err; -2 when the driver ran out of memory */
@@ -140,6 +145,8 @@ static void close_device(RtDevice *d)
     free(d->dptr);
     free(d->host_status);
     free(d->stage);
+    if (d->print_calls)
+        rt_cu_calls_print(stderr);
     free(d);
 }
 
@@ -233,6 +240,7 @@ static int cuda_open(const XtcModule *m, RtDevice **out, char *err, size_t n)
         close_device(d);
         return XTC_ERR_IO;
     }
+    d->print_calls = rt_cu_count_calls(&d->drv) == 2;
     const RtCuDriver *drv = &d->drv;
     rt_cu_graphs_init(&d->graphs, drv, RT_MAXSYM + m->nbufs + 1);
     CUresult r = drv->Init(0);
@@ -524,6 +532,8 @@ static void widen_outputs(RtDevice *d, const RtDeviceRun *run)
         widen_task(&w, 0, n);
 }
 
+static void pin_host_arena(RtDevice *d);
+
 static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n)
 {
     const XtcModule *m = d->m;
@@ -615,6 +625,8 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         void *dst = d->cm->buf_storage[b] ? (char *)d->stage + staged : run->host[b];
         if (d->cm->buf_storage[b])
             staged += bytes;
+        else
+            d->host_copied += bytes;
         if (bytes && (r = drv->MemcpyDtoHAsync(dst, (CUdeviceptr)(uintptr_t)d->dptr[b], bytes, d->stream)) != CUDA_SUCCESS)
             return cu_fail(d, r, "copying an output from the device", err, n);
     }
@@ -622,6 +634,7 @@ static int32_t cuda_run(RtDevice *d, const RtDeviceRun *run, char *err, size_t n
         return cu_fail(d, r, "copying the status words from the device", err, n);
     if ((r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, "the CUDA run failed", err, n);
+    pin_host_arena(d);
     widen_outputs(d, run);
     for (int s = 0; s < m->nsteps; s++)
         if (d->host_status[s])
@@ -684,6 +697,10 @@ static int cuda_fetch(RtDevice *d, int b, void *host, const int64_t *syms, void 
             CUDA_SUCCESS ||
         (r = drv->StreamSynchronize(d->stream)) != CUDA_SUCCESS)
         return cu_fail(d, r, what, err, n);
+    if (!storage) {
+        d->host_copied += bytes;
+        pin_host_arena(d);
+    }
     if (storage) {
         WidenOne w = {storage, d->stage, host, bytes / 2};
         int64_t chunks = (int64_t)((w.n + WIDEN_CHUNK - 1) / WIDEN_CHUNK);
@@ -835,18 +852,36 @@ static int cuda_adamw(RtDevice *d, const RtAdamW *a, char *err, size_t n)
 }
 
 /* The host arena, where the outputs come back: registered with the driver (page-locked), so that
- * copies into it run at the bus's speed. Best effort: where the driver refuses (a limit on
- * locked memory), the copies go through the driver's staging as before. */
+ * copies into it run at the bus's speed, once the runs have copied as many bytes into it as it
+ * holds: registering costs about what copying its size through the driver's staging costs
+ * (0.4 ms a MB measured on an H200: 53 ms for GPT's 125 MB arena of logits and caches), so a
+ * session that copies little into a large arena (decoding: a token's logits a call, the caches
+ * left on the device) never pays it, and one that copies a lot (training: the gradients every
+ * step) pays it once. Best effort: where the driver refuses (a limit on locked memory), the
+ * copies go through the driver's staging as before. The context is current (a run's, a fetch's). */
+static void pin_host_arena(RtDevice *d)
+{
+    const RtCuDriver *drv = &d->drv;
+    if (d->pinned || d->host_refused || !d->host || !drv->MemHostRegister || d->host_copied < d->host_bytes)
+        return;
+    if (drv->MemHostRegister(d->host, d->host_bytes, 0) == CUDA_SUCCESS)
+        d->pinned = d->host;
+    else
+        d->host_refused = 1;
+}
+
 static void cuda_host_arena(RtDevice *d, void *p, size_t bytes)
 {
     const RtCuDriver *drv = &d->drv;
-    if (!drv->MemHostRegister || p == d->pinned || drv->CtxSetCurrent(d->ctx) != CUDA_SUCCESS)
+    if (p == d->host || drv->CtxSetCurrent(d->ctx) != CUDA_SUCCESS)
         return;
     if (d->pinned)
         drv->MemHostUnregister(d->pinned);
     d->pinned = NULL;
-    if (p && bytes && drv->MemHostRegister(p, bytes, 0) == CUDA_SUCCESS)
-        d->pinned = p;
+    d->host = p && bytes ? p : NULL;
+    d->host_bytes = d->host ? bytes : 0;
+    d->host_copied = 0;
+    d->host_refused = 0;
 }
 
 /* Bytes per element of buffer b on the device (before cuda_open checked the module: as on the

@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -145,6 +146,34 @@ void rt_cu_emu_traffic(uint64_t bytes[3]);
 /* The host memory registered with the emulator (cuMemHostRegister) now, process-wide: how many
  * ranges and how many bytes. */
 void rt_cu_emu_registered(int64_t *ranges, uint64_t *bytes);
+
+/* rt_cuda_calls.c: the driver calls of the process's CUDA sessions, by kind, and the host's time
+ * inside them, counted where $XTC_CUDA_CALLS is set when a session is created (a diagnostic). */
+enum {
+    RT_CU_CALL_CONTEXT,  /* cuCtxSetCurrent */
+    RT_CU_CALL_SYNC,     /* cuStreamSynchronize, cuEventSynchronize */
+    RT_CU_CALL_ALLOC,    /* cuMemAlloc */
+    RT_CU_CALL_FREE,     /* cuMemFree */
+    RT_CU_CALL_HTOD,     /* cuMemcpyHtoDAsync */
+    RT_CU_CALL_DTOH,     /* cuMemcpyDtoHAsync */
+    RT_CU_CALL_DTOD,     /* cuMemcpyDtoDAsync */
+    RT_CU_CALL_MEMSET,   /* cuMemsetD8Async */
+    RT_CU_CALL_LAUNCH,   /* cuLaunchKernel */
+    RT_CU_CALL_REGISTER, /* cuMemHostRegister, cuMemHostUnregister */
+    RT_CU_CALL_EVENT,    /* cuEventRecord */
+    RT_CU_CALL_GRAPH,    /* captures, instantiations, updates and launches of graphs */
+    RT_CU_NCALLS
+};
+extern const char *const rt_cu_call_names[RT_CU_NCALLS];
+typedef struct {
+    uint64_t calls[RT_CU_NCALLS];
+    double host_s[RT_CU_NCALLS]; /* seconds the host spent inside them */
+} RtCuCalls;
+void rt_cu_calls(RtCuCalls *out);
+void rt_cu_calls_print(FILE *f);
+/* Wraps d's entry points in counting ones where $XTC_CUDA_CALLS is set: 0 when not, 2 when it is
+ * "print" (the caller prints the counts when it closes), else 1. */
+int rt_cu_count_calls(RtCuDriver *d);
 
 /* "CUDA_ERROR_... (text)" for an error code of d. */
 const char *rt_cu_error_text(const RtCuDriver *d, CUresult r, char *buf, size_t n);

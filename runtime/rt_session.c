@@ -775,7 +775,30 @@ int xtc_session_run(XtcSession *s)
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
-        if ((st = rs_plan_arena(s, next)))
+        /* a symbol outgrowing its plan again (a cache a token longer each call) is planned half
+         * as large again, within its bound: the arenas are replanned and reallocated (and a
+         * device's freed, synchronised and allocated) a logarithmic number of times, not at
+         * every call; where that plan cannot be had, the plan of these sizes */
+        int grew = 0;
+        for (int k = 0; k < m->nsyms; k++)
+            if (!m->sym_derived[k] && s->arena && s->planned[k] > 0 && syms[k] > s->planned[k]) {
+                int64_t b = sym_bound(s, k), v = syms[k] + syms[k] / 2;
+                next[k] = b > 0 && v > b ? b : v;
+                grew |= next[k] > syms[k];
+            }
+        if (grew) {
+            int64_t base[RT_MAXSYM];
+            memcpy(base, next, sizeof base);
+            rt_derive_syms(m, next);
+            for (int k = 0; k < RT_MAXSYM; k++) /* derived symbols as large as any plan's */
+                next[k] = next[k] > base[k] ? next[k] : base[k];
+            if (rs_plan_arena(s, next) != XTC_OK) {
+                for (int k = 0; k < RT_MAXSYM; k++)
+                    next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
+                grew = 0;
+            }
+        }
+        if (!grew && (st = rs_plan_arena(s, next)))
             return st;
         if (!rs_plan_fits(m, &s->host, syms) || (s->devplan.elem && !rs_plan_fits(m, &s->devplan, syms)))
             st = rs_plan_arena(s, syms); /* a shape that shrinks as a symbol grows */

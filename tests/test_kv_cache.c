@@ -197,6 +197,7 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
         ck_assert_msg((strstr(xtc_module_metadata(m), kvmeta) != NULL) == (kv > 0), "--kv-dtype %s: caches %s", kvname,
                       kv > 0 ? "not stored so" : "stored so although something other than attention reads them");
     XtcSession *s = NULL;
+    setenv("XTC_CUDA_CALLS", "1", 1); /* the driver calls of each call, counted (rt_cuda_calls.c) */
     ck_assert_msg(xtc_session_new(m, &(XtcSessionOptions){.threads = 2}, &s) == XTC_OK, "%s", xtc_session_error(s));
     for (int i = 0; i < step->nnodes; i++) {
         const IrNode *n = step->nodes[i];
@@ -224,12 +225,31 @@ static double decode_compiled(const IrGraph *step, const Bind *w, const int64_t 
     for (int pos = 0; pos < T; calls++) {
         int64_t n = pos == 0 ? PROMPT : 1;
         uint64_t t0[3], t1[3];
+        RtCuCalls k0, k1;
+        rt_cu_calls(&k0);
         rt_cu_emu_traffic(t0);
         ck_assert_int_eq(xtc_session_set_input(s, "tokens", XTC_I64, 2, (int64_t[]){1, n}, tok + pos), XTC_OK);
         ck_assert_msg(xtc_session_run(s) == XTC_OK, "%s at %d: %s", target, pos, xtc_session_error(s));
         XtcTensor lg;
         ck_assert_int_eq(xtc_session_get_output(s, "logits", &lg), XTC_OK);
         rt_cu_emu_traffic(t1);
+        rt_cu_calls(&k1);
+        if (emu && calls > 0) { /* a token's call: the token up, the launches, the status words and
+                                 * the logits down, two synchronisations (the run's, the fetch's);
+                                 * an allocation only where the arena is outgrown (and
+                                 * synchronised before the old one is freed) */
+            uint64_t c[RT_CU_NCALLS];
+            for (int k = 0; k < RT_CU_NCALLS; k++)
+                c[k] = k1.calls[k] - k0.calls[k];
+            expect_msg(c[RT_CU_CALL_ALLOC] <= 1 && c[RT_CU_CALL_FREE] == c[RT_CU_CALL_ALLOC] &&
+                           c[RT_CU_CALL_SYNC] <= 2 + c[RT_CU_CALL_FREE] && c[RT_CU_CALL_HTOD] == 1 &&
+                           c[RT_CU_CALL_DTOH] == 2 && c[RT_CU_CALL_DTOD] == 0,
+                       "%s at %d: a token's call allocated %llu, freed %llu, synchronised %llu times, copied %llu up, "
+                       "%llu down, %llu on the device",
+                       target, pos, (unsigned long long)c[RT_CU_CALL_ALLOC], (unsigned long long)c[RT_CU_CALL_FREE],
+                       (unsigned long long)c[RT_CU_CALL_SYNC], (unsigned long long)c[RT_CU_CALL_HTOD],
+                       (unsigned long long)c[RT_CU_CALL_DTOH], (unsigned long long)c[RT_CU_CALL_DTOD]);
+        }
         if (emu && calls == 1)
             for (int k = 0; k < 2; k++)
                 first[k] = t1[k] - t0[k];
