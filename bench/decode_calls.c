@@ -2,6 +2,7 @@
  * time inside them and outside (runtime/rt_cuda_calls.c counts them: XTC_CUDA_CALLS is set here).
  * It reaches the runtime's internals, so it is built from the sources or the static library:
  *
+ *   built as build/decode_calls; elsewhere (e.g. beside a GPU kit):
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Iinclude/abi -Iruntime -Ibench bench/decode_calls.c \
  *      build/libxtc_rt.a -lm -ldl -lpthread -o decode_calls
  *   decode_calls MODULE.so PROMPT TOKENS     (a --kv-cache module, --target cuda or cuda-emu)
