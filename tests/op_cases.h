@@ -215,6 +215,37 @@ static void build_order(IrGraph *g, IrDim b, IrDim n)
     out(g, "entmax_v", ir_entmax15(g, input(g, "v", IR_F32, 1, sv)));
 }
 
+/* The paths of the CUDA copy kernels (codegen/cuda/cg_cuda_ops.c, emit_copy): 16-byte vectors
+ * where the last axis is kept and every offset is a multiple of 16 bytes (statically: the heads
+ * split and merge with rows of 16, a last-axis slice window at 8 of 24; at run time: rows of
+ * 4n, n even in bf16, and a window at 2n), the element loop where not (rows of 6, a window at
+ * 1 of 7), and the tiled transpose of the last two axes (f32, i64, bool; sizes not multiples
+ * of 32; batch dims of the output and the input). */
+static void build_copies(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim n2 = ir_dim_add(n, n), n4 = ir_dim_add(n2, n2);
+    static const int heads[4] = {0, 2, 1, 3}, swap3[3] = {1, 0, 2}, t3[3] = {0, 2, 1}, t4[4] = {0, 1, 3, 2};
+    IrDim sh[] = {b, n, ir_dim(4), ir_dim(16)}, sr[] = {b, n, ir_dim(3), ir_dim(6)}, s4[] = {b, ir_dim(3), n4};
+    IrNode *split = ir_permute(g, input(g, "x", IR_F32, 4, sh), heads);
+    out(g, "split", split);
+    out(g, "merge", ir_permute(g, ir_unary(g, IR_NEG, split), heads));
+    out(g, "split_ragged", ir_permute(g, input(g, "xr", IR_F32, 4, sr), heads));
+    out(g, "swap_4n", ir_permute(g, input(g, "x4", IR_F32, 3, s4), swap3));
+    IrDim sw[] = {b, n, ir_dim(24)}, sw2[] = {b, ir_dim(3), ir_dim_addc(n2, 8)}, sw3[] = {b, n, ir_dim(7)};
+    out(g, "window", ir_slice(g, input(g, "w", IR_F32, 3, sw), 2, ir_dim(8), ir_dim(16)));
+    out(g, "window_2n", ir_slice(g, input(g, "w2", IR_F32, 3, sw2), 2, n2, ir_dim(8)));
+    out(g, "window_odd", ir_slice(g, input(g, "w3", IR_F32, 3, sw3), 2, ir_dim(1), ir_dim(4)));
+    IrDim sq[] = {b, ir_dim(2), n, ir_dim(16)}, se[] = {b, ir_dim(1), ir_dim(16)}, te[] = {b, n, ir_dim(16)};
+    out(g, "rows_of_q", ir_slice(g, input(g, "q", IR_F32, 4, sq), 1, ir_dim(1), ir_dim(1)));
+    out(g, "expand_rows", ir_expand(g, input(g, "e", IR_F32, 3, se), 3, te));
+    IrDim st1[] = {b, n, ir_dim(45)}, st2[] = {b, ir_dim(3), ir_dim(40), n}, sti[] = {n, ir_dim(33)}, stb[] = {b, n, ir_dim(5)};
+    out(g, "transpose_tiles", ir_permute(g, input(g, "t1", IR_F32, 3, st1), t3));
+    out(g, "transpose_batch", ir_permute(g, input(g, "t2", IR_F32, 4, st2), t4));
+    static const int t2[2] = {1, 0};
+    out(g, "transpose_i64", ir_permute(g, input(g, "ti", IR_I64, 2, sti), t2));
+    out(g, "transpose_bool", ir_permute(g, input(g, "tb", IR_BOOL, 3, stb), t3));
+}
+
 static void build_move(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sx[] = {b, n, ir_dim(5), ir_dim(3)};
@@ -1019,6 +1050,7 @@ static const OpCase OP_CASES[] = {
     {"reduce", build_reduce, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"order", build_order, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"move", build_move, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
+    {"copies", build_copies, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"matmul", build_matmul, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"matmul_at", build_matmul_at, OC_CPU, OC_EMPTY, 1e-4, "a view of the cpu's (CUDA runs the permutes)"},
     {"matmul_q8", build_matmul_q8, OC_CPU, OC_EMPTY, 1e-4, "int8 weights are for the cpu target (op_case_backend_exempt)"},

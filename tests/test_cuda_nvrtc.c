@@ -1121,6 +1121,67 @@ START_TEST(test_grouped_grad_kernels)
 }
 END_TEST
 
+/* The copy kernels of GPT's training step at its sizes, bf16 storage, as the GPU gets them
+ * (cg_cuda_ops.c, emit_copy): the heads split and merge and a broadcast of rows move 16-byte
+ * vectors (v4 loads and stores in the PTX), the transposes of the last two axes go through a
+ * shared tile, a last-axis slice of rows of 65 takes the element loop; NVRTC compiles them and
+ * ptxas -v assembles them for sm_80 and sm_90 with no local memory. */
+START_TEST(test_copy_kernels)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    IrGraph *g = ir_graph_new("copies");
+    IrDim b = ir_dim_sym(ir_graph_add_sym(g, "b", 0)), n = ir_dim_sym(ir_graph_add_sym(g, "n", 16384));
+    static const int heads[4] = {0, 2, 1, 3}, t3[3] = {0, 2, 1};
+    IrDim sx[] = {b, n, ir_dim(8), ir_dim(64)}, sh[] = {b, ir_dim(8), n, ir_dim(64)}, s65[] = {b, ir_dim(8), n, ir_dim(65)};
+    IrDim sd[] = {b, n, ir_dim(512)}, sr[] = {b, ir_dim(1), ir_dim(512)};
+    ir_output(g, "split", ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), heads));
+    ir_output(g, "merge", ir_permute(g, ir_input(g, "h", IR_F32, 4, sh), heads));
+    ir_output(g, "rows", ir_expand(g, ir_input(g, "r", IR_F32, 3, sr), 3, sd));
+    ir_output(g, "transpose", ir_permute(g, ir_input(g, "d", IR_F32, 3, sd), t3));
+    ir_output(g, "window", ir_slice(g, ir_input(g, "w", IR_F32, 4, s65), 3, ir_dim(0), ir_dim(64)));
+    CgPlan plan;
+    char err[4096];
+    ck_assert_msg(ir_graph_error(g) == NULL && ir_verify(g, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
+    CgOptions opt = {.output = "-", .mma = CG_MMA_OFF, .dtype = "bf16"};
+    CuUnit u;
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+    char *src = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&src, &len);
+    cu_prelude(f, g, u.nkernels, 1);
+    int copies = 0, vectors = 0, tiled = 0;
+    for (int k = 0; k < u.nkernels; k++) {
+        IrOp op = plan.kernels[k].node->op;
+        if (op != IR_PERMUTE && op != IR_SLICE && op != IR_EXPAND)
+            continue;
+        fprintf(f, "\n%s", u.kernel_text[k]);
+        copies++;
+        vectors += strstr(u.kernel_text[k], "xtc_cp16(") != NULL;
+        tiled += strstr(u.kernel_text[k], "tile[32][33]") != NULL;
+    }
+    fclose(f);
+    ck_assert_int_eq(copies, 5);
+    ck_assert_int_eq(vectors, 3); /* split, merge, rows */
+    ck_assert_int_eq(tiled, 1);
+    char *ptx = NULL;
+    ck_assert_msg(cg_nvrtc_compile(src, "copies.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+    free(src);
+    int v4 = 0;
+    for (const char *e = strstr(ptx, ".entry "); e; e = strstr(e + 1, ".entry ")) {
+        const char *end = strstr(e + 1, ".entry ");
+        v4 += count_in(e, end, "ld.global.nc.v4.u32") > 0 && count_in(e, end, "st.global.v4.u32") > 0;
+    }
+    ck_assert_int_eq(v4, vectors);
+    ptxas_check(ptx, "copies", copies, "copies (split, merge, rows: 16-byte vectors; transpose: tiled)");
+    cg_cuda_unit_free(&u);
+    cg_plan_free(&plan);
+    ir_graph_free(g);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_nvrtc");
@@ -1144,6 +1205,10 @@ static Suite *suite(void)
     tcase_set_timeout(gg, 300);
     tcase_add_test(gg, test_grouped_grad_kernels);
     suite_add_tcase(s, gg);
+    TCase *cp = tcase_create("copies"); /* CK_RUN_CASE=copies runs it alone */
+    tcase_set_timeout(cp, 300);
+    tcase_add_test(cp, test_copy_kernels);
+    suite_add_tcase(s, cp);
     return s;
 }
 

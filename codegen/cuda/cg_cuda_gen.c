@@ -50,10 +50,10 @@ static const char *const reserved[] = {
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
     "slot", "gn", "ok", "vec", "pair", "Dl", "Kt", "Qt", "Gt", "gf", "kf", "vf", "dka", "dva", "h", "sh", "bounded",
     "sa", "wr", "mt", "rf", "rl", "vt", "nx", "klo", "khi", "mu", "m", "l", "scratch", "pre_rows",
-    "pre_e", "pre_gc", "pre_args", "bt", "rh", NULL};
+    "pre_e", "pre_gc", "pre_args", "bt", "rh", "items", "plane", "R", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
-                                                "size", "x", "sym", "gb", "gbv", NULL};
+                                                "size", "x", "sym", "gb", "gbv", "stride", NULL};
 
 static int word_char(char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
 
@@ -372,6 +372,13 @@ static const char *const prelude[] = {
     "    xtc_lds4(v, p + i);",
     "#endif",
     "}",
+    "/* 16 bytes from s to d, both 16-byte aligned: one 128-bit load and store on the GPU (the",
+    " * vector path of the copies) */",
+    "#ifdef XTC_CUDA_EMULATION",
+    "#define xtc_cp16(d, s) xtc_emu_cp16((void *)(d), (const void *)(s))",
+    "#else",
+    "#define xtc_cp16(d, s) (*(uint4 *)(d) = *(const uint4 *)(s))",
+    "#endif",
     "XTC_INLINE void xtc_ld8_f32(float v[8], const float *p, i64 i)",
     "{",
     "    xtc_ld4_f32(v, p, i);",

@@ -2,14 +2,17 @@
  * designated-initializer row per op, its length checked against the op table) and the kernels
  * of every op but the reductions (cg_cuda_reduce.c) and matmul (cg_cuda_matmul.c).
  *
- * Elementwise ops, copies (permute, slice, expand, concat), gathers and the computed leaves
- * (const, arange, relpos_bucket) are one thread per output element in a grid-stride loop, with
- * the element's coordinates recovered by division where operands broadcast or move. The
+ * Elementwise ops, gathers and the computed leaves (const, arange, relpos_bucket) are one thread
+ * per output element in a grid-stride loop, with the element's coordinates recovered by division
+ * where operands broadcast or move; the copies (permute, slice, expand, concat) index in 32 bits
+ * where the sizes allow, move 16-byte vectors along a contiguous last axis, and transpose the last
+ * two axes through shared memory (emit_copy). The
  * elementwise semantics follow ir/interp.c exactly where it matters (NaN through max and relu,
  * saturating float-to-int, truncating integer division with a zero divisor reported). */
 #include "cg_cuda.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BLOCK 256 /* threads per block of the elementwise kernels */
@@ -287,76 +290,284 @@ static int emit_relpos(CuKernel *k)
 
 /* ---- copies: permute, slice, expand ---- */
 
+/* Whether expression e (a dim expression of cu_dim / cu_dims_prod) is a multiple of v: 1 when
+ * known so, 0 when known not, 2 when it depends on the symbols. */
+static int known_multiple(const char *e, long long v)
+{
+    char *end;
+    long long c = strtoll(e, &end, 10);
+    if (*e && !*end)
+        return c % v == 0;
+    /* a product ending in a constant ("b * n * 64"): a multiple of it */
+    int depth = 0;
+    for (const char *p = e; *p; p++) {
+        depth += (*p == '(') - (*p == ')');
+        if (depth == 0 && (*p == '+' || *p == '-' || *p == '/' || *p == '%'))
+            return 2;
+    }
+    const char *star = strrchr(e, '*');
+    if (star && star[1] == ' ' && (c = strtoll(star + 2, &end, 10)) > 0 && !*end && c % v == 0)
+        return 1;
+    return 2;
+}
+
+/* The bytes of one element of storage type t ("xtc_fs", "float", ...: cu_mem_type). */
+static int mem_bytes(const CuGen *gen, const char *t)
+{
+    if (!strcmp(t, "xtc_fs"))
+        return gen->storage ? 2 : 4;
+    return !strcmp(t, "i64") ? 8 : !strcmp(t, "u8") ? 1 : 4;
+}
+
+/* stride[d]: the operand's element stride along output dim d ("0" where expand broadcasts it);
+ * base: the operand's offset of the first element (a slice's start). */
+static void copy_strides(CuKernel *k, char (*stride)[CU_EXPR], char *base, size_t nbase)
+{
+    const IrNode *x = k->node, *in = x->in[0];
+    snprintf(base, nbase, "0");
+    for (int d = 0; d < x->rank; d++) {
+        int src = x->op == IR_PERMUTE ? x->perm[d] : d;
+        if (x->op == IR_EXPAND) {
+            src = d - (x->rank - in->rank);
+            if (cg_operand_bcast(x, in, d)) {
+                snprintf(stride[d], CU_EXPR, "0");
+                continue;
+            }
+        }
+        cu_dims_prod(k->gen, in->shape, src + 1, in->rank, stride[d], CU_EXPR);
+    }
+    if (x->op == IR_SLICE) {
+        char start[CU_EXPR], st[CU_EXPR];
+        cu_dim(k->gen, x->d, start, sizeof start);
+        cu_dims_prod(k->gen, in->shape, (int)x->ia[IR_IA_AXIS] + 1, in->rank, st, sizeof st);
+        if (strcmp(start, "0") && strcmp(st, "1"))
+            snprintf(base, nbase, "(%s) * (%s)", start, st);
+        else if (strcmp(start, "0"))
+            snprintf(base, nbase, "%s", start);
+    }
+}
+
+/* One grid-stride loop of a copy at indent ind, its index arithmetic in type ity ("unsigned"
+ * where the run-time test before it found that the element counts fit in 31 bits, else "i64"):
+ * each item is v elements, a 16-byte vector where v > 1 (the last axis contiguous in both, every
+ * offset a multiple of v: tested before), or one element. The sizes and strides are hoisted out
+ * of the loop, so the per-item divisions are by loop constants, by multiply and shift where
+ * they are constants of the kernel. */
+static void copy_loop(CuKernel *k, const char *ity, int v, char (*stride)[CU_EXPR], const char *base, const char *ind)
+{
+    const IrNode *x = k->node, *in = x->in[0];
+    FILE *f = k->f;
+    /* first: the outermost dim longer than 1 (the index left there needs no modulo); top: the
+     * outermost that moves through the operand (those above it, broadcast, need no index) */
+    int r = x->rank, first = 0, top;
+    while (first < r && ir_dim_is_one(x->shape[first]))
+        first++;
+    for (top = first; top < r && (ir_dim_is_one(x->shape[top]) || !strcmp(stride[top], "0"));)
+        top++;
+    fprintf(f, "%s{\n", ind);
+    fprintf(f, "%s    const %s items = (%s)(total / %d), base = (%s)(%s);\n", ind, ity, ity, v, ity, base);
+    for (int d = r - 1; d >= top; d--) {
+        if (ir_dim_is_one(x->shape[d]))
+            continue;
+        char size[CU_EXPR];
+        cu_dim(k->gen, x->shape[d], size, sizeof size);
+        if (d > first && d == r - 1 && v > 1)
+            fprintf(f, "%s    const %s size%d = (%s)((%s) / %d);\n", ind, ity, d, ity, size, v);
+        else if (d > first)
+            fprintf(f, "%s    const %s size%d = (%s)(%s);\n", ind, ity, d, ity, size);
+        if (strcmp(stride[d], "0") && strcmp(stride[d], "1"))
+            fprintf(f, "%s    const %s stride%d = (%s)(%s);\n", ind, ity, d, ity, stride[d]);
+    }
+    fprintf(f, "%s    for (%s i = (%s)xtc_global_id(); i < items; i += (%s)xtc_global_size()) {\n", ind, ity, ity, ity);
+    fprintf(f, "%s        %s rest = i, src = base;\n", ind, ity);
+    if (top >= r)
+        fprintf(f, "%s        (void)rest;\n", ind);
+    for (int d = r - 1; d >= top; d--) {
+        if (ir_dim_is_one(x->shape[d]))
+            continue;
+        char mul[CU_EXPR + 8] = "";
+        if (d == r - 1 && v > 1)
+            snprintf(mul, sizeof mul, " * %du", v);
+        else if (strcmp(stride[d], "1"))
+            snprintf(mul, sizeof mul, " * stride%d", d);
+        int zero = !strcmp(stride[d], "0");
+        if (d == first)
+            fprintf(f, "%s        src += rest%s;\n", ind, mul);
+        else if (d == top)
+            fprintf(f, "%s        src += rest %% size%d%s;\n", ind, d, mul);
+        else if (!zero)
+            fprintf(f, "%s        src += rest %% size%d%s;\n", ind, d, mul);
+        if (d > top)
+            fprintf(f, "%s        rest /= size%d;\n", ind, d);
+    }
+    if (v > 1) {
+        fprintf(f, "%s        xtc_cp16(out + i * %du, in0 + src);\n", ind, v);
+    } else {
+        char load[64], store[128];
+        fprintf(f, "%s        %s;\n", ind, cu_store(x, "out", "i", cu_load(in, "in0", "src", load, sizeof load), store, sizeof store));
+    }
+    fprintf(f, "%s    }\n%s}\n", ind, ind);
+}
+
+/* A permute swapping the last two axes ([.., R, C] -> [.., C, R], the leading axes kept), both
+ * longer than 1: through a 32 x 33 tile of shared memory, so that the loads run along the
+ * input's rows and the stores along the output's (a block of 256 threads per tile, grid-stride
+ * over the tiles; the divisions once per tile). */
+static int is_inner_transpose(const IrNode *x)
+{
+    int r = x->rank;
+    if (x->op != IR_PERMUTE || r < 2 || x->perm[r - 2] != r - 1 || x->perm[r - 1] != r - 2)
+        return 0;
+    for (int d = 0; d < r - 2; d++)
+        if (x->perm[d] != d)
+            return 0;
+    return !ir_dim_is_one(x->shape[r - 1]) && !ir_dim_is_one(x->shape[r - 2]);
+}
+
+static int emit_transpose(CuKernel *k)
+{
+    const IrNode *x = k->node, *in = x->in[0];
+    FILE *f = k->f;
+    int r = x->rank;
+    char batch[CU_EXPR], rows[CU_EXPR], cols[CU_EXPR], load[96], store[192];
+    cu_dims_prod(k->gen, x->shape, 0, r - 2, batch, sizeof batch);
+    cu_dim(k->gen, in->shape[r - 2], rows, sizeof rows);
+    cu_dim(k->gen, in->shape[r - 1], cols, sizeof cols);
+    k->sync = 1;
+    cu_kernel_begin(k);
+    fprintf(f, "    /* tiled transpose: in [batch, R, C] -> out [batch, C, R] */\n");
+    fprintf(f, "    const i64 batch = %s, R = %s, C = %s;\n", batch, rows, cols);
+    fprintf(f, "    const i64 tr = (R + 31) / 32, tc = (C + 31) / 32, tiles = batch * tr * tc;\n");
+    fprintf(f, "    __shared__ %s tile[32][33];\n", cu_val_type(x->dtype));
+    fprintf(f, "    const int tx = (int)(threadIdx.x & 31u), ty = (int)(threadIdx.x >> 5);\n");
+    fprintf(f, "    for (i64 t = blockIdx.x; t < tiles; t += gridDim.x) {\n");
+    fprintf(f, "        const i64 c0 = t %% tc * 32, r0 = t / tc %% tr * 32, plane = t / tc / tr * R * C;\n");
+    fprintf(f, "        for (int j = ty; j < 32; j += 8)\n");
+    fprintf(f, "            if (r0 + j < R && c0 + tx < C)\n");
+    fprintf(f, "                tile[j][tx] = %s;\n", cu_load(in, "in0", "plane + (r0 + j) * C + c0 + tx", load, sizeof load));
+    fprintf(f, "        __syncthreads();\n");
+    fprintf(f, "        for (int j = ty; j < 32; j += 8)\n");
+    fprintf(f, "            if (c0 + j < C && r0 + tx < R)\n");
+    fprintf(f, "                %s;\n", cu_store(x, "out", "plane + (c0 + j) * R + r0 + tx", "tile[tx][j]", store, sizeof store));
+    fprintf(f, "        __syncthreads(); /* the tile is read before the next is written */\n");
+    fprintf(f, "    }\n");
+    cu_kernel_end(k);
+    char tiles[6 * CU_EXPR], tr[2 * CU_EXPR], tc[2 * CU_EXPR];
+    char rr[CU_EXPR + 8], cc[CU_EXPR + 8];
+    snprintf(rr, sizeof rr, "(%s)", rows);
+    snprintf(cc, sizeof cc, "(%s)", cols);
+    cu_ceil_div(rr, 32, tr, sizeof tr);
+    cu_ceil_div(cc, 32, tc, sizeof tc);
+    snprintf(tiles, sizeof tiles, "(%s) * (%s) * (%s)", batch, tr, tc);
+    cu_geom_rows(k, tiles, 256);
+    return 0;
+}
+
+/* permute, slice, expand: out[i] = in0[src(i)]. The index arithmetic is in 32 bits where the
+ * element counts of both fit in 31 bits (tested at run time unless they are constants; the
+ * 64-bit loop otherwise), the sizes hoisted. Where the last axis is contiguous in the operand
+ * (a permute keeping it, a slice of another axis, an expand not broadcasting it), the storage
+ * types are the same and every offset of a row is a multiple of 16 bytes (the runtime's buffers
+ * are 64-byte aligned; the pointers are tested too), each item is a 16-byte vector (xtc_cp16):
+ * the divisions once per vector rather than per element. A transpose of the last two axes goes
+ * through shared memory (emit_transpose). */
 static int emit_copy(CuKernel *k)
 {
     const IrNode *x = k->node, *in = x->in[0];
     CuGen *gen = k->gen;
     FILE *f = k->f;
-    char total[CU_EXPR], base[3 * CU_EXPR] = "0";
-    cu_dims_prod(gen, x->shape, 0, x->rank, total, sizeof total);
-    /* per output dim: the stride of the operand element it moves through */
-    char stride[IR_MAXRANK][CU_EXPR];
-    for (int d = 0; d < x->rank; d++) {
-        int src = d;
-        if (x->op == IR_PERMUTE)
-            src = x->perm[d];
-        if (x->op == IR_EXPAND) {
-            src = d - (x->rank - in->rank);
-            if (cg_operand_bcast(x, in, d)) {
-                snprintf(stride[d], sizeof stride[d], "0");
-                continue;
-            }
-        }
-        cu_dims_prod(gen, in->shape, src + 1, in->rank, stride[d], sizeof stride[d]);
+    if (is_inner_transpose(x))
+        return emit_transpose(k);
+    int r = x->rank;
+    char total[CU_EXPR], in_total[CU_EXPR], base[3 * CU_EXPR], stride[IR_MAXRANK][CU_EXPR];
+    cu_dims_prod(gen, x->shape, 0, r, total, sizeof total);
+    cu_dims_prod(gen, in->shape, 0, in->rank, in_total, sizeof in_total);
+    copy_strides(k, stride, base, sizeof base);
+    /* the vector path: its run-time condition (cond), or none (v = 1) */
+    int v = 16 / mem_bytes(gen, cu_mem_type(x));
+    char cond[8 * CU_EXPR] = "", last[CU_EXPR] = "1";
+    if (r > 0)
+        cu_dim(gen, x->shape[r - 1], last, sizeof last);
+    if (r == 0 || ir_dim_is_one(x->shape[r - 1]) || strcmp(stride[r - 1], "1") ||
+        strcmp(cu_mem_type(x), cu_mem_type(in)) || known_multiple(last, v) == 0 || known_multiple(base, v) == 0)
+        v = 1;
+    for (int d = 0; d < r - 1 && v > 1; d++)
+        if (!ir_dim_is_one(x->shape[d]) && known_multiple(stride[d], v) == 0)
+            v = 1;
+    if (v > 1) {
+        size_t len = (size_t)snprintf(cond, sizeof cond, "((unsigned long long)(const void *)out | "
+                                                         "(unsigned long long)(const void *)in0) %% 16 == 0");
+        const char *terms[IR_MAXRANK + 2];
+        int nt = 0;
+        terms[nt++] = last;
+        terms[nt++] = base;
+        for (int d = 0; d < r - 1; d++)
+            if (!ir_dim_is_one(x->shape[d]))
+                terms[nt++] = stride[d];
+        for (int t = 0; t < nt && len < sizeof cond; t++)
+            if (known_multiple(terms[t], v) == 2)
+                len += (size_t)snprintf(cond + len, sizeof cond - len, " && (%s) %% %d == 0", terms[t], v);
     }
-    if (x->op == IR_SLICE) {
-        char start[CU_EXPR], st[CU_EXPR];
-        cu_dim(gen, x->d, start, sizeof start);
-        cu_dims_prod(gen, in->shape, (int)x->ia[IR_IA_AXIS] + 1, in->rank, st, sizeof st);
-        if (strcmp(start, "0") == 0)
-            snprintf(base, sizeof base, "0");
-        else if (strcmp(st, "1") == 0)
-            snprintf(base, sizeof base, "%s", start);
-        else
-            snprintf(base, sizeof base, "(%s) * %s%s%s", start, strchr(st, ' ') ? "(" : "", st, strchr(st, ' ') ? ")" : "");
-    }
+    /* the 32-bit loops: always, never, or by a run-time test */
+    char *end;
+    long long ct = strtoll(total, &end, 10), ci = *end ? -1 : strtoll(in_total, &end, 10);
+    int fits = *end || ct < 0 || ci < 0 ? 2 : ct <= 0x7fffffff && ci <= 0x7fffffff;
     cu_kernel_begin(k);
     fprintf(f, "    const i64 total = %s;\n", total);
-    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
-    fprintf(f, "        i64 rest = i, src = %s;\n", base);
-    int first = 0;
-    while (first < x->rank && ir_dim_is_one(x->shape[first]))
-        first++;
-    for (int d = x->rank - 1; d >= first; d--) {
-        if (ir_dim_is_one(x->shape[d]))
-            continue;
-        char size[CU_EXPR], term[2 * CU_EXPR];
-        cu_dim(gen, x->shape[d], size, sizeof size);
-        int paren = strchr(size, ' ') != NULL;
-        int zero = strcmp(stride[d], "0") == 0, one = strcmp(stride[d], "1") == 0;
-        const char *open = strchr(stride[d], ' ') ? "(" : "", *close = strchr(stride[d], ' ') ? ")" : "";
-        if (d == first) {
-            if (!zero)
-                fprintf(f, "        src += rest%s%s%s%s;\n", one ? "" : " * ", one ? "" : open, one ? "" : stride[d],
-                        one ? "" : close);
-            break;
-        }
-        snprintf(term, sizeof term, "rest %% %s%s%s", paren ? "(" : "", size, paren ? ")" : "");
-        if (!zero)
-            fprintf(f, "        src += %s%s%s%s%s%s;\n", one ? "" : "(", term, one ? "" : ") * ", one ? "" : open,
-                    one ? "" : stride[d], one ? "" : close);
-        fprintf(f, "        rest /= %s%s%s;\n", paren ? "(" : "", size, paren ? ")" : "");
+    const char *ind = "    ";
+    if (fits == 2) {
+        if (strcmp(in_total, total))
+            fprintf(f, "    if (total <= 0x7fffffff && (i64)(%s) <= 0x7fffffff) {\n", in_total);
+        else
+            fprintf(f, "    if (total <= 0x7fffffff) {\n");
+        ind = "        ";
     }
-    char load[64], store[128];
-    fprintf(f, "        %s;\n    }\n", cu_store(x, "out", "i", cu_load(in, "in0", "src", load, sizeof load), store, sizeof store));
+    if (fits) {
+        if (v > 1) {
+            fprintf(f, "%sif (%s)\n", ind, cond);
+            copy_loop(k, "unsigned", v, stride, base, ind);
+            fprintf(f, "%selse\n", ind);
+        }
+        copy_loop(k, "unsigned", 1, stride, base, ind);
+    }
+    if (fits == 2)
+        fprintf(f, "    } else {\n");
+    if (fits != 1)
+        copy_loop(k, "i64", 1, stride, base, ind);
+    if (fits == 2)
+        fprintf(f, "    }\n");
     cu_kernel_end(k);
-    cu_geom_items(k, total, BLOCK);
+    char items[CU_EXPR + 16];
+    if (v > 1 && known_multiple(last, v) == 1)
+        snprintf(items, sizeof items, "(%s) / %d", total, v);
+    else
+        snprintf(items, sizeof items, "%s", total);
+    cu_geom_items(k, items, BLOCK);
     return 0;
 }
 
-/* concat: out[outer, la + lb, inner] from a[outer, la, inner] and b[outer, lb, inner]. With
- * outer 1 and out the memory of a (a KV cache appended in place: the runtime places the output
- * there, RtDeviceRun.place), a is already where it belongs and only b is written. */
+static void concat_loop(CuKernel *k, const char *ity, const char *ind)
+{
+    const IrNode *x = k->node;
+    FILE *f = k->f;
+    fprintf(f, "%sfor (%s i = (%s)(first + xtc_global_id()); i < (%s)total; i += (%s)xtc_global_size()) {\n", ind, ity,
+            ity, ity, ity);
+    fprintf(f, "%s    const %s r = i %% (%s)inner, q = i / (%s)inner, j = q %% (%s)(la + lb), o = q / (%s)(la + lb);\n",
+            ind, ity, ity, ity, ity, ity);
+    char la_load[96], lb_load[96], value[220], store[320], a[64], b[64];
+    snprintf(a, sizeof a, "(o * (%s)la + j) * (%s)inner + r", ity, ity);
+    snprintf(b, sizeof b, "(o * (%s)lb + j - (%s)la) * (%s)inner + r", ity, ity, ity);
+    cu_load(x->in[0], "in0", a, la_load, sizeof la_load);
+    cu_load(x->in[1], "in1", b, lb_load, sizeof lb_load);
+    snprintf(value, sizeof value, "j < (%s)la ? %s : %s", ity, la_load, lb_load);
+    fprintf(f, "%s    %s;\n", ind, cu_store(x, "out", "i", value, store, sizeof store));
+    fprintf(f, "%s}\n", ind);
+}
+
+/* concat: out[outer, la + lb, inner] from a[outer, la, inner] and b[outer, lb, inner], its index
+ * arithmetic in 32 bits where the output's count fits in 31 bits (the operands' are smaller).
+ * With outer 1 and out the memory of a (a KV cache appended in place: the runtime places the
+ * output there, RtDeviceRun.place), a is already where it belongs and only b is written. */
 static int emit_concat(CuKernel *k)
 {
     const IrNode *x = k->node;
@@ -372,13 +583,10 @@ static int emit_concat(CuKernel *k)
     fprintf(f, "    const i64 outer = %s, inner = %s, la = %s, lb = %s;\n", outer, inner, la, lb);
     fprintf(f, "    const i64 total = outer * (la + lb) * inner;\n");
     fprintf(f, "    const i64 first = outer == 1 && (const void *)out == (const void *)in0 ? la * inner : 0;\n");
-    fprintf(f, "    for (i64 i = first + xtc_global_id(); i < total; i += xtc_global_size()) {\n");
-    fprintf(f, "        const i64 r = i %% inner, j = i / inner %% (la + lb), o = i / inner / (la + lb);\n");
-    char la_load[64], lb_load[64], value[160], store[256];
-    cu_load(x->in[0], "in0", "(o * la + j) * inner + r", la_load, sizeof la_load);
-    cu_load(x->in[1], "in1", "(o * lb + j - la) * inner + r", lb_load, sizeof lb_load);
-    snprintf(value, sizeof value, "j < la ? %s : %s", la_load, lb_load);
-    fprintf(f, "        %s;\n", cu_store(x, "out", "i", value, store, sizeof store));
+    fprintf(f, "    if (total <= 0x7fffffff) {\n");
+    concat_loop(k, "unsigned", "        ");
+    fprintf(f, "    } else {\n");
+    concat_loop(k, "i64", "        ");
     fprintf(f, "    }\n");
     cu_kernel_end(k);
     char total[5 * CU_EXPR];

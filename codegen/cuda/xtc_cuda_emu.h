@@ -233,6 +233,18 @@ static void xtc_emu_entry(void)
     xtc_emu_yield(b, t); /* a finished thread is never resumed */
 }
 
+/* ---- vector accesses ---- */
+
+/* The prelude's xtc_cp16 (a 128-bit load and store on the GPU): both addresses must be 16-byte
+ * aligned, as the GPU's must, where a misaligned one faults; here it fails the launch. */
+static inline void xtc_emu_cp16(void *d, const void *s)
+{
+    if (((uintptr_t)d | (uintptr_t)s) & 15u)
+        xtc_emu_fail(xtc_emu_block, "a 16-byte copy from %p to %p: not 16-byte aligned", s, d);
+    else
+        memcpy(d, s, 16);
+}
+
 /* ---- barriers and warp operations ---- */
 
 static inline void xtc_emu_syncthreads(void)
