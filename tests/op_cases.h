@@ -173,6 +173,11 @@ static void build_reduce(IrGraph *g, IrDim b, IrDim n)
     out(g, "softmax1", ir_softmax(g, v));
     out(g, "sum_v", ir_reduce(g, IR_SUM, v, 0));
     out(g, "softmax_x", ir_softmax(g, x));
+    /* even inner sizes: neighbouring outputs in pairs (axis 0, outer 1), the axis in row chunks
+     * (axis 1 where n >= 16; several chunks at n = 130) */
+    out(g, "sum_even0", ir_reduce(g, IR_SUM, big, 0));
+    out(g, "max_even0", ir_reduce(g, IR_RMAX, big, 0));
+    out(g, "sum_even1", ir_reduce(g, IR_SUM, big, 1));
     /* the ops defined by sorting each row; ties and masked entries (-FLT_MAX) included */
     IrNode *ties = ir_binary(g, IR_MUL, ir_unary(g, IR_RELU, x), ir_const(g, 0.0, IR_F32));
     IrNode *some = ir_where(g, ir_binary(g, IR_LT, x, ir_const(g, -1.0, IR_F32)), ir_const(g, -3.4028234663852886e+38, IR_F32), x);
@@ -808,7 +813,8 @@ static void build_attention_many(IrGraph *g, IrDim b, IrDim n)
 /* Reductions past the op cases' sizes: a cross-entropy over more rows than it has blocks
  * (XENT_PARTS = 1024 in cg_cuda_reduce.c; 2100 rows, ignored targets among them), and sums and
  * maxima over a long outer axis with few outputs, whose blocks split the axis among their warps
- * (45 columns: a partial group of 32; outer 3). Fixed sizes: run once. */
+ * and the axis into row chunks (45 columns: a partial group of 32; outer 3). Fixed sizes: run
+ * once. */
 static void build_reduce_long(IrGraph *g, IrDim b, IrDim n)
 {
     (void)b;
@@ -820,6 +826,16 @@ static void build_reduce_long(IrGraph *g, IrDim b, IrDim n)
     out(g, "sum_long", ir_reduce(g, IR_SUM, x, 1));
     out(g, "max_long", ir_reduce(g, IR_RMAX, x, 1));
     out(g, "sum_rows", ir_reduce(g, IR_SUM, y, 1));
+    /* a thread per pair of outputs past outer 1 (inner even, len < 16), a thread per output
+     * (inner odd), and many row chunks a column group (outer 2, ragged columns and last chunk) */
+    IrDim sp[] = {ir_dim(4), ir_dim(8), ir_dim(2050)}, so[] = {ir_dim(3), ir_dim(5), ir_dim(45)};
+    IrDim sc[] = {ir_dim(2), ir_dim(3001), ir_dim(40)};
+    IrNode *p = input(g, "p", IR_F32, 3, sp), *q = input(g, "q", IR_F32, 3, so), *c = input(g, "c", IR_F32, 3, sc);
+    out(g, "sum_pairs", ir_reduce(g, IR_SUM, p, 1));
+    out(g, "max_pairs", ir_reduce(g, IR_RMAX, p, 1));
+    out(g, "sum_odd", ir_reduce(g, IR_SUM, q, 1));
+    out(g, "sum_chunks", ir_reduce(g, IR_SUM, c, 1));
+    out(g, "max_chunks", ir_reduce(g, IR_RMAX, c, 1));
 }
 
 /* layer norm over the last axis, as the front end lowers it */

@@ -17,6 +17,9 @@
  *   softmax             exp(x - max) * (1 / sum), its max and 1 / sum per-row values
  * Values are recomputed in every loop that needs them rather than stored.
  *
+ * Indices are 32-bit where the output and every operand are small enough (chosen at run time:
+ * the kernel holds both loops), so that splitting an element index into row and column and the
+ * row into the leading dims' indices are 32-bit divisions.
  *   without reductions: a thread per output element, in a grid-stride loop;
  *   with reductions:    a block per row; for each reduction in program order a loop over its
  *                       argument's columns (softmax: two) and a block reduction whose result
@@ -49,6 +52,7 @@ typedef struct {
     const char *col;     /* the loop's own column variable */
     const char *indent;
     int temps;           /* values at other columns: t<n> */
+    const char *ix;      /* the index type: "int" where every offset fits, else "i64" */
 } Fz;
 
 static int operand_of(const IrNode *x) { return x->s && x->s[0] == 'x' ? atoi(x->s + 1) : 0; }
@@ -106,18 +110,20 @@ static void row_bases(Fz *z, const char *row, const char *indent)
     FILE *f = z->f;
     int r = n->rank;
     char expr[2048];
+    const char *ix = z->ix;
     if (r > 2) {
-        fprintf(f, "%si64 rest = %s;\n", indent, row);
+        fprintf(f, "%s%s rest = %s;\n", indent, ix, row);
         for (int d = r - 2; d >= 1; d--) {
             char size[CU_EXPR];
             cu_dim(k->gen, n->shape[d], size, sizeof size);
             int p = strchr(size, ' ') != NULL;
-            fprintf(f, "%sconst i64 ri%d = rest %% %s%s%s;\n%srest /= %s%s%s;\n", indent, d, p ? "(" : "", size,
-                    p ? ")" : "", indent, p ? "(" : "", size, p ? ")" : "");
+            const char *cast = strcmp(ix, "int") ? "" : "(int)"; /* a 32-bit division */
+            fprintf(f, "%sconst %s ri%d = rest %% %s%s%s%s;\n%srest /= %s%s%s%s;\n", indent, ix, d, cast, p ? "(" : "",
+                    size, p ? ")" : "", indent, cast, p ? "(" : "", size, p ? ")" : "");
         }
-        fprintf(f, "%sconst i64 ri0 = rest;\n", indent);
+        fprintf(f, "%sconst %s ri0 = rest;\n", indent, ix);
     } else if (r == 2) {
-        fprintf(f, "%sconst i64 ri0 = %s;\n", indent, row);
+        fprintf(f, "%sconst %s ri0 = %s;\n", indent, ix, row);
     }
     for (int d = 0; d < r - 1; d++)
         fprintf(f, "%s(void)ri%d;\n", indent, d);
@@ -133,7 +139,7 @@ static void row_bases(Fz *z, const char *row, const char *indent)
             cu_dims_prod(k->gen, x->shape, kd + 1, x->rank, stride, sizeof stride);
             add_term(expr, sizeof expr, &len, d, stride);
         }
-        fprintf(f, "%sconst i64 base%d = %s;\n", indent, op, len ? expr : "0");
+        fprintf(f, "%sconst %s base%d = %s;\n", indent, ix, op, len ? expr : "0");
     }
     for (int i = 0; i < z->pg->nnodes; i++) {
         const IrNode *pv = z->pg->nodes[i], *x;
@@ -150,7 +156,7 @@ static void row_bases(Fz *z, const char *row, const char *indent)
             cu_dims_prod(k->gen, x->shape, pv->perm[kd] + 1, x->rank, stride, sizeof stride);
             add_term(expr, sizeof expr, &len, d, stride);
         }
-        fprintf(f, "%sconst i64 pbase%d = %s; /* operand %d, permuted */\n", indent, pv->id, len ? expr : "0",
+        fprintf(f, "%sconst %s pbase%d = %s; /* operand %d, permuted */\n", indent, ix, pv->id, len ? expr : "0",
                 operand_of(x));
     }
 }
@@ -287,7 +293,7 @@ static void reduction(Fz *z, const IrNode *x)
     cu_dim(z->k->gen, e->shape[e->rank - 1], len, sizeof len);
     fprintf(f, "        /* %s over %s columns */\n", ir_ops[x->op].name, len);
     fprintf(f, "        float red%d = %s;\n", x->id, is_max ? "-XTC_INF" : "0.0f");
-    fprintf(f, "        for (i64 j = threadIdx.x; j < %s; j += blockDim.x) {\n", len);
+    fprintf(f, "        for (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", z->ix, len);
     new_loop(z, "j", "            ");
     value(z, e, "j", a, sizeof a);
     if (is_max)
@@ -299,7 +305,7 @@ static void reduction(Fz *z, const IrNode *x)
     if (x->op != IR_SOFTMAX)
         return;
     fprintf(f, "        float inv%d = 0.0f; /* softmax: 1 / sum of exp(x - max) */\n", x->id);
-    fprintf(f, "        for (i64 j = threadIdx.x; j < %s; j += blockDim.x) {\n", len);
+    fprintf(f, "        for (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", z->ix, len);
     new_loop(z, "j", "            ");
     value(z, e, "j", a, sizeof a);
     fprintf(f, "            inv%d += expf(%s - red%d);\n", x->id, a, x->id);
@@ -313,6 +319,7 @@ static int epilogue(void *ctx, CuKernel *k, const char *indent)
     Fz *z = ctx;
     const IrNode *root = z->steps[z->prog.nsteps - 1];
     fprintf(k->f, "%s{\n", indent);
+    z->ix = "i64";
     char deeper[64], v[64];
     snprintf(deeper, sizeof deeper, "%s    ", indent);
     row_bases(z, "batch * M + row", deeper);
@@ -320,6 +327,60 @@ static int epilogue(void *ctx, CuKernel *k, const char *indent)
     value(z, root, col_of(root, "col"), v, sizeof v);
     fprintf(k->f, "%sxtc_st(C, row * %s + col, %s);\n%s}\n", deeper, z->mm_parts == 2 ? "Nout" : "N", v, indent);
     return k->gen->err[0] ? -1 : 0;
+}
+
+/* The loops over the rows with index type ix, written to z->f. */
+static void body(Fz *z, const char *ix)
+{
+    FILE *f = z->f;
+    const IrNode *n = z->k->node, *root = z->steps[z->prog.nsteps - 1];
+    char v[64];
+    z->ix = ix;
+    z->temps = 0;
+    if (z->has_reduce) {
+        fprintf(f, "    for (%s row = blockIdx.x; row < (%s)rows; row += gridDim.x) {\n", ix, ix);
+        row_bases(z, "row", "        ");
+        for (int i = 0; i < z->pg->nnodes; i++)
+            if (ir_fused_is_reduce(z->pg->nodes[i]->op))
+                reduction(z, z->pg->nodes[i]);
+        fprintf(f, "        for (%s j = threadIdx.x; j < (%s)Lout; j += blockDim.x) {\n", ix, ix);
+    } else {
+        fprintf(f, "    for (%s e = (%s)blockIdx.x * blockDim.x + threadIdx.x; e < (%s)(rows * Lout);\n", ix, ix, ix);
+        fprintf(f, "         e += (%s)gridDim.x * blockDim.x) {\n", ix);
+        fprintf(f, "        const %s row = e / (%s)Lout, j = e %% (%s)Lout;\n", ix, ix, ix);
+        row_bases(z, "row", "        ");
+        fprintf(f, "        {\n");
+    }
+    new_loop(z, "j", "            ");
+    value(z, root, col_of(root, "j"), v, sizeof v);
+    char value_text[96], store[256];
+    snprintf(value_text, sizeof value_text, n->dtype == IR_BOOL ? "(u8)(%s)" : "%s", v);
+    fprintf(f, "            %s;\n", cu_store(n, "out", "row * Lout + j", value_text, store, sizeof store));
+    fprintf(f, "        }\n    }\n");
+}
+
+/* body() one level deeper, into k's text; -1 when out of memory */
+static int body_indented(Fz *z, const char *ix)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *out = z->f, *mem = open_memstream(&buf, &len);
+    if (!mem)
+        return -1;
+    z->f = mem;
+    body(z, ix);
+    fclose(mem);
+    z->f = out;
+    if (!buf)
+        return -1;
+    for (const char *line = buf; *line;) {
+        const char *end = strchr(line, '\n');
+        size_t l = end ? (size_t)(end - line + 1) : strlen(line);
+        fprintf(out, "%s%.*s", l > 1 ? "    " : "", (int)l, line);
+        line += l;
+    }
+    free(buf);
+    return 0;
 }
 
 int cg_cuda_fused(CuKernel *k)
@@ -332,7 +393,6 @@ int cg_cuda_fused(CuKernel *k)
     const IrNode *n = k->node;
     FILE *f = k->f;
     CuGen *gen = k->gen;
-    const IrNode *root = z.steps[z.prog.nsteps - 1];
     if (z.mm) { /* the matmul's kernel, the rest of the program as its epilogue */
         if (n->dtype != IR_F32) {
             fz_free(&z);
@@ -342,32 +402,38 @@ int cg_cuda_fused(CuKernel *k)
         fz_free(&z);
         return rc;
     }
-    char rows[CU_EXPR], lout[CU_EXPR], v[64];
+    char rows[CU_EXPR], lout[CU_EXPR];
     cu_dims_prod(gen, n->shape, 0, n->rank - 1, rows, sizeof rows);
     cu_dim(gen, n->shape[n->rank - 1], lout, sizeof lout);
     k->sync = z.has_reduce;
     cu_kernel_begin(k);
     fprintf(f, "    /* %s */\n", n->s);
     fprintf(f, "    const i64 rows = %s, Lout = %s; /* the output as [rows, Lout] */\n", rows, lout);
-    if (z.has_reduce) {
-        fprintf(f, "    for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n");
-        row_bases(&z, "row", "        ");
-        for (int i = 0; i < z.pg->nnodes; i++)
-            if (ir_fused_is_reduce(z.pg->nodes[i]->op))
-                reduction(&z, z.pg->nodes[i]);
-        fprintf(f, "        for (i64 j = threadIdx.x; j < Lout; j += blockDim.x) {\n");
-    } else {
-        fprintf(f, "    for (i64 e = xtc_global_id(); e < rows * Lout; e += xtc_global_size()) {\n");
-        fprintf(f, "        const i64 row = e / Lout, j = e %% Lout;\n");
-        row_bases(&z, "row", "        ");
-        fprintf(f, "        {\n");
+    /* 32-bit indices where the output and every operand have few enough elements that an offset
+     * plus the grid's size fits (the division of an element index into row and column is a long
+     * sequence on the GPU in 64 bits) */
+    fprintf(f, "    if (rows * Lout <= 0x3fffffff");
+    for (int op = 0; op < n->nin; op++) {
+        char size[CU_EXPR], seen[CU_EXPR];
+        const IrNode *x = n->in[op];
+        int again = 0;
+        cu_dims_prod(gen, x->shape, 0, x->rank, size, sizeof size);
+        for (int o = 0; o < op && !again; o++) /* an operand of the same size checked already */
+            again = strcmp(cu_dims_prod(gen, n->in[o]->shape, 0, n->in[o]->rank, seen, sizeof seen), size) == 0;
+        if (!again && (size[strspn(size, "0123456789")] != 0 || atoll(size) > 0x3fffffff)) /* not a small constant */
+            fprintf(f, " && %s%s%s <= 0x3fffffff", strchr(size, ' ') ? "(" : "", size, strchr(size, ' ') ? ")" : "");
     }
-    new_loop(&z, "j", "            ");
-    value(&z, root, col_of(root, "j"), v, sizeof v);
-    char value_text[96], store[256];
-    snprintf(value_text, sizeof value_text, n->dtype == IR_BOOL ? "(u8)(%s)" : "%s", v);
-    fprintf(f, "            %s;\n", cu_store(n, "out", "row * Lout + j", value_text, store, sizeof store));
-    fprintf(f, "        }\n    }\n");
+    fprintf(f, ") {\n");
+    if (body_indented(&z, "int") < 0) {
+        fz_free(&z);
+        return cu_error(gen, "out of memory");
+    }
+    fprintf(f, "    } else {\n");
+    if (body_indented(&z, "i64") < 0) {
+        fz_free(&z);
+        return cu_error(gen, "out of memory");
+    }
+    fprintf(f, "    }\n");
     cu_kernel_end(k);
     if (z.has_reduce) {
         cu_geom_rows(k, rows, ROW_BLOCK);

@@ -50,7 +50,8 @@ static const char *const reserved[] = {
     "gl", "gw", "gnw", "gc", "gc0", "gm", "ga", "gs", "gx", "gvec", "kq", "bw", "aw", "gav", "Gv", "kt",
     "slot", "gn", "ok", "vec", "pair", "Dl", "Kt", "Qt", "Gt", "gf", "kf", "vf", "dka", "dva", "h", "sh", "bounded",
     "sa", "wr", "mt", "rf", "rl", "vt", "nx", "klo", "khi", "mu", "m", "l", "scratch", "pre_rows",
-    "pre_e", "pre_gc", "pre_args", "bt", "rh", "items", "plane", "R", NULL};
+    "pre_e", "pre_gc", "pre_args", "bt", "rh", "items", "plane", "R",
+    "chunks", "per", "ch", "j1", "istride", "step", "a0", "a1", NULL};
 /* ... and the families of numbered locals (t0, v12, red3, ix2, ...) */
 static const char *const reserved_numbered[] = {"t", "v", "red", "base", "pbase", "inv", "ri", "ix", "i", "in",
                                                 "size", "x", "sym", "gb", "gbv", "stride", NULL};
@@ -379,6 +380,17 @@ static const char *const prelude[] = {
     "#else",
     "#define xtc_cp16(d, s) (*(uint4 *)(d) = *(const uint4 *)(s))",
     "#endif",
+    "XTC_INLINE void xtc_ld2_f32(float v[2], const float *p, i64 i)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    v[0] = p[i];",
+    "    v[1] = p[i + 1];",
+    "#else",
+    "    const float2 q = *(const float2 *)(p + i);",
+    "    v[0] = q.x;",
+    "    v[1] = q.y;",
+    "#endif",
+    "}",
     "XTC_INLINE void xtc_ld8_f32(float v[8], const float *p, i64 i)",
     "{",
     "    xtc_ld4_f32(v, p, i);",
@@ -778,6 +790,8 @@ static const char *const storage_f32[] = {
     "#endif",
     "/* eight consecutive values from p + i as floats, p + i 16-byte aligned */",
     "#define xtc_ld8(v, p, i) xtc_ld8_f32(v, p, i)",
+    "/* two neighbours p[i], p[i + 1] as floats, p + i aligned to their size: one 64-bit load */",
+    "#define xtc_ld2(v, p, i) xtc_ld2_f32(v, p, i)",
     NULL};
 
 static const char *const storage_bf16[] = {
@@ -814,6 +828,18 @@ static const char *const storage_half_access[] = {
     "    }",
     "#endif",
     "}",
+    "/* two neighbouring 16-bit values as floats, p + i 4-byte aligned: one 32-bit load */",
+    "XTC_INLINE void xtc_ld2_fs(float v[2], const xtc_fs *p, i64 i)",
+    "{",
+    "#ifdef XTC_CUDA_EMULATION",
+    "    v[0] = xtc_fs_to_f32(p[i]);",
+    "    v[1] = xtc_fs_to_f32(p[i + 1]);",
+    "#else",
+    "    const unsigned w = *(const unsigned *)(p + i);",
+    "    v[0] = xtc_fs_to_f32((unsigned short)(w & 0xffffu));",
+    "    v[1] = xtc_fs_to_f32((unsigned short)(w >> 16));",
+    "#endif",
+    "}",
     "XTC_INLINE float xtc_ld_fs(const xtc_fs *p, i64 i) { return xtc_fs_to_f32(p[i]); }",
     "XTC_INLINE void xtc_st_fs(xtc_fs *p, i64 i, float v) { p[i] = xtc_f32_to_fs(v); }",
     "XTC_INLINE float xtc_ld_f32(const float *p, i64 i) { return p[i]; }",
@@ -843,6 +869,7 @@ static const char *const storage_half_access[] = {
     "#define xtc_st(p, i, v) _Generic((p) + 0, float *: xtc_st_f32, default: xtc_st_fs)(p, i, v)",
     "#define xtc_st2(p, i, v0, v1) _Generic((p) + 0, float *: xtc_st2_f32, default: xtc_st2_fs)(p, i, v0, v1)",
     "#define xtc_ld8(v, p, i) _Generic((p) + 0, float *: xtc_ld8_f32, const float *: xtc_ld8_f32, default: xtc_ld8_fs)(v, p, i)",
+    "#define xtc_ld2(v, p, i) _Generic((p) + 0, float *: xtc_ld2_f32, const float *: xtc_ld2_f32, default: xtc_ld2_fs)(v, p, i)",
     "#else",
     "XTC_INLINE float xtc_ld(const xtc_fs *p, i64 i) { return xtc_ld_fs(p, i); }",
     "XTC_INLINE float xtc_ld(const float *p, i64 i) { return p[i]; }",
@@ -852,6 +879,8 @@ static const char *const storage_half_access[] = {
     "XTC_INLINE void xtc_st2(float *p, i64 i, float v0, float v1) { xtc_st2_f32(p, i, v0, v1); }",
     "XTC_INLINE void xtc_ld8(float v[8], const xtc_fs *p, i64 i) { xtc_ld8_fs(v, p, i); }",
     "XTC_INLINE void xtc_ld8(float v[8], const float *p, i64 i) { xtc_ld8_f32(v, p, i); }",
+    "XTC_INLINE void xtc_ld2(float v[2], const xtc_fs *p, i64 i) { xtc_ld2_fs(v, p, i); }",
+    "XTC_INLINE void xtc_ld2(float v[2], const float *p, i64 i) { xtc_ld2_f32(v, p, i); }",
     "#endif",
     NULL};
 

@@ -5,10 +5,12 @@
  *     block of ROW_BLOCK threads per row (rows in a grid-stride loop), each thread striding over
  *     the row, then xtc_block_sum / xtc_block_max (warp shuffles, then the warps' results
  *     through shared memory; see the prelude in cg_cuda_gen.c);
- *   - a reduction over an outer axis: one thread per output element looping down the axis,
- *     so that neighbouring threads read neighbouring memory; when there are few outputs and
- *     the axis is long (a bias gradient: [1, n, 512] over n), a block per 32 columns whose
- *     warps take every COL_WARPS-th row and add their results in warp order;
+ *   - a reduction over an outer axis: one thread per output element (per pair of neighbours,
+ *     one 2-value load a row, where the inner size is even) looping down the axis, so that
+ *     neighbouring threads read neighbouring memory; when there are few outputs and the axis is
+ *     long (a bias gradient: [1, n, 512] over n), blocks of 32 columns times chunks of rows,
+ *     whose partial sums the last block of each column group adds in chunk order (col_loops);
+ *     32-bit indices where the tensor is small enough, chosen at run time;
  *   - cross-entropy: a block per row, the blocks' partial sums added by the last block to
  *     finish, in block order: the loss is deterministic.
  *
@@ -23,11 +25,106 @@
 #define COL_WARPS 16            /* an outer axis: warps a block */
 #define COL_SPLIT_ITEMS 65536  /* split the axis among warps below this many outputs */
 #define COL_SPLIT_LEN 16       /* ... when it is at least this long */
+#define COL_CHUNK_ROWS 64      /* ... in chunks of at least this many rows */
+#define COL_PART_BLOCKS 1024   /* ... for about this many blocks (and the partial sums' room) */
 #define XENT_BLOCK 256
 #define XENT_PARTS 1024 /* cross-entropy: blocks at most, each one partial sum */
 
 static const char *paren_open(const char *e) { return strchr(e, ' ') ? "(" : ""; }
 static const char *paren_close(const char *e) { return strchr(e, ' ') ? ")" : ""; }
+
+/* The row chunks of the column groups (both expressions): chunks of at least COL_CHUNK_ROWS
+ * rows, as many as make about COL_PART_BLOCKS blocks in all; one where the groups alone are
+ * that many (the partial sums' buffer holds COL_PART_BLOCKS blocks' 32 sums). */
+static void col_chunks(const char *groups, const char *len, char *buf, size_t n)
+{
+    char a[4 * CU_EXPR], b[4 * CU_EXPR];
+    snprintf(a, sizeof a, "%d / %s", COL_PART_BLOCKS, groups);
+    snprintf(b, sizeof b, "(%s + %d) / %d", len, COL_CHUNK_ROWS - 1, COL_CHUNK_ROWS);
+    snprintf(buf, n, "(%s >= %d ? 1 : %s < %s ? %s : %s)", groups, COL_PART_BLOCKS / 2, a, b, a, b);
+}
+
+/* The reduction down an outer axis of [outer, len, inner], with indices of type ix (int where
+ * every offset fits):
+ *   - few outputs and a long axis (a bias gradient: [1, n, 512] over n): blocks of 32 columns
+ *     times chunks of rows; a block's warps take every COL_WARPS-th row of its chunk and add
+ *     their results in warp order; with more than one chunk the blocks leave their sums in the
+ *     kernel's own global memory and the last block of a column group to finish adds them in
+ *     chunk order, so the sum does not depend on which block ran when;
+ *   - else a thread per output (per pair of neighbouring outputs, one 2-value load a row, where
+ *     inner is even) walking down the axis, neighbouring threads reading neighbouring memory.
+ * one_outer: outer is 1 (no division). */
+static void col_loops(CuKernel *k, const char *ix, int is_max, int one_outer)
+{
+    FILE *f = k->f;
+    const char *fn = k->k->fn, *mt = cu_mem_type(k->node->in[0]), *init = is_max ? "-XTC_INF" : "0.0f";
+    char chunks[24 * CU_EXPR];
+    fprintf(f, "        if (total < %d && len >= %d) {\n", COL_SPLIT_ITEMS, COL_SPLIT_LEN);
+    fprintf(f, "            const %s colgroups = ((%s)inner + 31) / 32, groups = (%s)outer * colgroups;\n", ix, ix, ix);
+    col_chunks("groups", "len", chunks, sizeof chunks);
+    fprintf(f, "            const %s chunks = %s;\n", ix, chunks);
+    fprintf(f, "            const %s per = ((%s)len + chunks - 1) / chunks; /* rows a chunk */\n", ix, ix);
+    fprintf(f, "            const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
+    fprintf(f, "            for (%s t = blockIdx.x; t < groups * chunks; t += gridDim.x) {\n", ix);
+    fprintf(f, "                const %s g = t / chunks, ch = t - g * chunks;\n", ix);
+    fprintf(f, "                const %s o = g / colgroups, c = (g - o * colgroups) * 32 + lane;\n", ix);
+    fprintf(f, "                const %s j1 = ch * per + per < (%s)len ? ch * per + per : (%s)len;\n", ix, ix, ix);
+    fprintf(f, "                float acc = %s;\n", init);
+    fprintf(f, "                if (c < (%s)inner) {\n", ix);
+    fprintf(f, "                    const %s *x = in0 + o * (%s)len * (%s)inner + c;\n", mt, ix, ix);
+    fprintf(f, "                    for (%s j = ch * per + warp; j < j1; j += %d)\n", ix, COL_WARPS);
+    fprintf(f, is_max ? "                        acc = xtc_fmax(acc, xtc_ld(x, j * (%s)inner));\n"
+                      : "                        acc += xtc_ld(x, j * (%s)inner);\n", ix);
+    fprintf(f, "                }\n                part[warp][lane] = acc;\n                __syncthreads();\n");
+    fprintf(f, "                if (warp == 0)\n                    for (int w = 1; w < %d; w++)\n", COL_WARPS);
+    fprintf(f, is_max ? "                        acc = xtc_fmax(acc, part[w][lane]);\n"
+                      : "                        acc += part[w][lane];\n");
+    fprintf(f, "                if (chunks > 1) {\n");
+    fprintf(f, "                    if (warp == 0)\n                        xtc_part_%s[t * 32 + lane] = acc;\n", fn);
+    fprintf(f, "                    __threadfence(); /* the sums are visible before the count says so */\n");
+    fprintf(f, "                    __syncthreads();\n");
+    fprintf(f, "                    if (threadIdx.x == 0)\n");
+    fprintf(f, "                        last = atomicAdd(&xtc_done_%s[g], 1u) == (unsigned)chunks - 1;\n", fn);
+    fprintf(f, "                    __syncthreads();\n");
+    fprintf(f, "                    if (last && warp == 0) {\n");
+    fprintf(f, "                        const volatile float *p = xtc_part_%s + g * chunks * 32 + lane;\n", fn);
+    fprintf(f, "                        acc = p[0];\n");
+    fprintf(f, "                        for (%s q = 1; q < chunks; q++)\n", ix);
+    fprintf(f, is_max ? "                            acc = xtc_fmax(acc, p[q * 32]);\n"
+                      : "                            acc += p[q * 32];\n");
+    fprintf(f, "                        if (lane == 0)\n");
+    fprintf(f, "                            xtc_done_%s[g] = 0; /* for the next launch */\n", fn);
+    fprintf(f, "                    }\n                }\n");
+    fprintf(f, "                if (warp == 0 && c < (%s)inner && (chunks == 1 || last))\n", ix);
+    fprintf(f, "                    xtc_st(out, o * (%s)inner + c, acc);\n", ix);
+    fprintf(f, "                __syncthreads(); /* part[] and last are read above */\n            }\n");
+    fprintf(f, "            return;\n        }\n");
+    /* a thread per output, or per pair */
+    fprintf(f, "        const %s istride = (%s)inner, step = (%s)len * istride;\n", ix, ix, ix);
+    fprintf(f, "        if (istride %% 2 == 0 && ((size_t)in0 | (size_t)out) %% 8 == 0) { /* pairs */\n");
+    fprintf(f, "            for (%s i = 2 * ((%s)blockIdx.x * blockDim.x + threadIdx.x); i < (%s)total;\n", ix, ix, ix);
+    fprintf(f, "                 i += 2 * (%s)gridDim.x * blockDim.x) {\n", ix);
+    if (one_outer)
+        fprintf(f, "                const %s *x = in0 + i;\n", mt);
+    else
+        fprintf(f, "                const %s o = i / istride;\n                const %s *x = in0 + o * step + (i - o * istride);\n", ix, mt);
+    fprintf(f, "                float a0 = %s, a1 = %s;\n", init, init);
+    fprintf(f, "                for (%s j = 0; j < step; j += istride) {\n", ix);
+    fprintf(f, "                    float v[2];\n                    xtc_ld2(v, x, j);\n");
+    fprintf(f, is_max ? "                    a0 = xtc_fmax(a0, v[0]);\n                    a1 = xtc_fmax(a1, v[1]);\n"
+                      : "                    a0 += v[0];\n                    a1 += v[1];\n");
+    fprintf(f, "                }\n                xtc_st2(out, i, a0, a1);\n            }\n            return;\n        }\n");
+    fprintf(f, "        for (%s i = (%s)blockIdx.x * blockDim.x + threadIdx.x; i < (%s)total; i += (%s)gridDim.x * blockDim.x) {\n",
+            ix, ix, ix, ix);
+    if (one_outer)
+        fprintf(f, "            const %s *x = in0 + i;\n", mt);
+    else
+        fprintf(f, "            const %s o = i / istride;\n            const %s *x = in0 + o * step + (i - o * istride);\n", ix, mt);
+    fprintf(f, "            float acc = %s;\n", init);
+    fprintf(f, "            for (%s j = 0; j < step; j += istride)\n", ix);
+    fprintf(f, is_max ? "                acc = xtc_fmax(acc, xtc_ld(x, j));\n" : "                acc += xtc_ld(x, j);\n");
+    fprintf(f, "            xtc_st(out, i, acc);\n        }\n");
+}
 
 int cg_cuda_reduce(CuKernel *k)
 {
@@ -58,47 +155,34 @@ int cg_cuda_reduce(CuKernel *k)
         cu_geom_rows(k, outer, ROW_BLOCK);
         return 0;
     }
-    /* an outer axis: a thread per output element walking down the axis; or, when that leaves
-     * fewer than COL_SPLIT_ITEMS threads and the axis is long, columns of 32 outputs a block,
-     * the axis split among its warps and their results added in warp order */
+    /* an outer axis: see col_loops; 32-bit indices where every offset fits (chosen at run time) */
     k->sync = 1;
+    fprintf(f, "/* %s: the column groups' partial sums by row chunk, and how many chunks have finished */\n", k->k->fn);
+    fprintf(f, "XTC_GLOBAL float xtc_part_%s[%d];\nXTC_GLOBAL unsigned xtc_done_%s[%d];\n", k->k->fn,
+            32 * COL_PART_BLOCKS, k->k->fn, COL_PART_BLOCKS);
     cu_kernel_begin(k);
-    fprintf(f, "    __shared__ float part[%d][33];\n", COL_WARPS);
+    fprintf(f, "    __shared__ float part[%d][33];\n    __shared__ int last;\n", COL_WARPS);
     fprintf(f, "    const i64 outer = %s, len = %s, inner = %s, total = outer * inner;\n", outer, len, inner);
     if (is_max)
         fprintf(f, "    if (len == 0 && total > 0 && xtc_global_id() == 0)\n        *status = 1; /* max over an empty axis */\n");
-    fprintf(f, "    if (total < %d && len >= %d) {\n", COL_SPLIT_ITEMS, COL_SPLIT_LEN);
-    fprintf(f, "        const i64 colgroups = (inner + 31) / 32, groups = outer * colgroups;\n");
-    fprintf(f, "        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n");
-    fprintf(f, "        for (i64 g = blockIdx.x; g < groups; g += gridDim.x) {\n");
-    fprintf(f, "            const i64 o = g / colgroups, c = g %% colgroups * 32 + lane;\n");
-    fprintf(f, "            float acc = %s;\n", init);
-    fprintf(f, "            if (c < inner) {\n");
-    fprintf(f, "                const %s *x = in0 + o * len * inner + c;\n", cu_mem_type(in));
-    fprintf(f, "                for (i64 j = warp; j < len; j += %d)\n", COL_WARPS);
-    fprintf(f, is_max ? "                    acc = xtc_fmax(acc, xtc_ld(x, j * inner));\n"
-                      : "                    acc += xtc_ld(x, j * inner);\n");
-    fprintf(f, "            }\n            part[warp][lane] = acc;\n            __syncthreads();\n");
-    fprintf(f, "            if (warp == 0 && c < inner) {\n");
-    fprintf(f, "                for (int w = 1; w < %d; w++)\n", COL_WARPS);
-    fprintf(f, is_max ? "                    acc = xtc_fmax(acc, part[w][lane]);\n" : "                    acc += part[w][lane];\n");
-    fprintf(f, "                xtc_st(out, o * inner + c, acc);\n            }\n");
-    fprintf(f, "            __syncthreads(); /* part[] is read above */\n        }\n        return;\n    }\n");
-    fprintf(f, "    for (i64 i = xtc_global_id(); i < total; i += xtc_global_size()) {\n");
-    fprintf(f, "        const %s *x = in0 + i / inner * len * inner + i %% inner;\n", cu_mem_type(in));
-    fprintf(f, "        float acc = %s;\n", init);
-    fprintf(f, "        for (i64 j = 0; j < len; j++)\n");
-    fprintf(f, is_max ? "            acc = xtc_fmax(acc, xtc_ld(x, j * inner));\n" : "            acc += xtc_ld(x, j * inner);\n");
-    fprintf(f, "        xtc_st(out, i, acc);\n    }\n");
+    fprintf(f, "    if (total * (len > 0 ? len : 1) <= 0x3fffffff) { /* i + the grid's size fits too */\n");
+    col_loops(k, "int", is_max, strcmp(outer, "1") == 0);
+    fprintf(f, "    } else {\n");
+    col_loops(k, "i64", is_max, strcmp(outer, "1") == 0);
+    fprintf(f, "    }\n");
     cu_kernel_end(k);
-    /* the grid of whichever loop runs: column groups, or the elements a block of threads */
+    /* the grid of whichever loop runs: column groups times row chunks, or the elements (pairs of
+     * them where inner is even) a block of threads */
     char po[CU_EXPR + 4], pl[CU_EXPR + 4], pi[CU_EXPR + 4];
     snprintf(po, sizeof po, "%s%s%s", paren_open(outer), outer, paren_close(outer));
     snprintf(pl, sizeof pl, "%s%s%s", paren_open(len), len, paren_close(len));
     snprintf(pi, sizeof pi, "%s%s%s", paren_open(inner), inner, paren_close(inner));
+    char groups[3 * CU_EXPR], chunks[24 * CU_EXPR];
+    snprintf(groups, sizeof groups, "(%s * ((%s + 31) / 32))", po, pi);
+    col_chunks(groups, pl, chunks, sizeof chunks);
     int w = snprintf(k->geom.grid_x, sizeof k->geom.grid_x,
-                     "(%s * %s < %d && %s >= %d ? %s * ((%s + 31) / 32) : (%s * %s + %d) / %d)", po, pi, COL_SPLIT_ITEMS,
-                     pl, COL_SPLIT_LEN, po, pi, po, pi, 32 * COL_WARPS - 1, 32 * COL_WARPS);
+                     "(%s * %s < %d && %s >= %d ? %s * %s : (%s * %s / (%s %% 2 == 0 ? 2 : 1) + %d) / %d)", po, pi,
+                     COL_SPLIT_ITEMS, pl, COL_SPLIT_LEN, groups, chunks, po, pi, pi, 32 * COL_WARPS - 1, 32 * COL_WARPS);
     if (w < 0 || (size_t)w >= sizeof k->geom.grid_x)
         return cu_error(gen, "%s: the launch geometry's expression is too long", k->k->fn);
     k->geom.block = 32 * COL_WARPS;
