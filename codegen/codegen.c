@@ -184,13 +184,6 @@ const char *cg_mma_name(int mma)
     }
 }
 
-int cg_attention_grad_kv_groups(const CgBackend *be, int mma, int storage)
-{
-    if (be->attention_grad_kv_groups != CG_GROUPS_CUDA_CORES)
-        return be->attention_grad_kv_groups != 0;
-    return !(mma == CG_MMA_BF16 || mma == CG_MMA_FP16 || (mma == CG_MMA_AUTO && storage > 0));
-}
-
 int cg_mma_resolve(int mma, int storage, int arch, int emu, char *err, size_t n)
 {
     static const char *const storage_name[] = {"f32", "bf16", "fp16"};

@@ -131,8 +131,7 @@ typedef struct CgBackend {
     /* Limits of the fused kernels, which the passes respect (PassTarget): the largest constant
      * head size the attention kernel and its gradient kernel take, and whether the forward
      * kernel reads grouped key/values (fewer k and v heads than q heads) without their repeat,
-     * and whether the gradient kernel does (dk, dv summed over each group: ops.def): 1, or
-     * CG_GROUPS_CUDA_CORES where only its CUDA-core kernels do (cg_attention_grad_kv_groups). */
+     * and whether the gradient kernel does (dk, dv summed over each group: ops.def). */
     int attention_max_head, attention_grad_max_head;
     int attention_kv_groups, attention_grad_kv_groups;
     /* NULL, or: the shape (rank returned, dims into shape[IR_MAXRANK]) of the f32 scratch buffer
@@ -142,15 +141,6 @@ typedef struct CgBackend {
     int (*scratch)(const struct CgPlan *plan, int step, const CgOptions *opt, IrDim *shape, char *err, size_t n);
 } CgBackend;
 
-enum { CG_GROUPS_CUDA_CORES = 2 };
-
-/* Whether be's gradient kernel takes grouped key/values (PassTarget.attention_grad_kv_groups) in
- * a module of matmul precision mma (CgOptions.mma) and storage (cg_dtype_parse): its
- * attention_grad_kv_groups, but 0 for CG_GROUPS_CUDA_CORES where the matmuls may run on tensor
- * cores (an explicit --mma bf16|fp16, or the default with 16-bit storage): there the tensor-core
- * backward would run, which takes k and v with q's heads, so the repeat and the sums stay (the
- * CUDA-core kernels that would take a grouped node instead cost more than the copy). */
-int cg_attention_grad_kv_groups(const CgBackend *be, int mma, int storage);
 
 extern const CgBackend cg_llvm_backend;
 extern const CgBackend cg_cuda_backend, cg_cuda_emu_backend; /* codegen/cuda/cg_cuda.c */

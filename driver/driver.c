@@ -92,7 +92,7 @@ int drv_target(DrvTarget *t, const CgOptions *ask, char *err, size_t n)
     t->passes.attention_max_head = be->attention_max_head;
     t->passes.attention_grad_max_head = be->attention_grad_max_head;
     t->passes.attention_kv_groups = be->attention_kv_groups;
-    t->passes.attention_grad_kv_groups = cg_attention_grad_kv_groups(be, ask->mma, t->storage);
+    t->passes.attention_grad_kv_groups = be->attention_grad_kv_groups;
     return 0;
 }
 

@@ -164,4 +164,48 @@ static inline void build_flash_grad16(IrGraph *g, IrDim b, IrDim n)
                                               input(g, "wd64", IR_F32, 4, s64)));
 }
 
+/* Grouped key/values through the tensor-core backward (ops.def: query head h reads key/value head
+ * h mod G; dk, dv of head g summed over its query heads, zeros in the rows of heads G..H-1): 4
+ * query heads over 2 of 16 wide with a bias per query head, a padding mask, a scale per batch and
+ * head, causal with keys offset and the logsumexp's gradient (rows of 17 values: no 16-byte
+ * copies); 8 over 2 (groups of 4) of 32, not causal; multi-query of 64, causal (full tiles at
+ * n = 130), and of 8 with a window where row 0 sees no key. */
+static inline void build_flash_grad_grouped(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim J = ir_dim_addc(n, 3), J0 = ir_dim_addc(n, -1), h = ir_dim(4), one = ir_dim(1), two = ir_dim(2);
+    IrDim sq[] = {b, h, n, ir_dim(16)}, sk[] = {b, two, J, ir_dim(16)}, sd[] = {b, h, n, ir_dim(17)};
+    IrDim sbias[] = {h, n, J}, smask[] = {b, one, one, J}, sscale[] = {b, h, one, one};
+    IrNode *q = input(g, "q", IR_F32, 4, sq), *k = input(g, "k", IR_F32, 4, sk), *v = input(g, "v", IR_F32, 4, sk);
+    IrNode *all = ir_attention(g, q, k, v, input(g, "bias", IR_F32, 3, sbias), input(g, "mask", IR_BOOL, 4, smask),
+                               input(g, "scale", IR_F32, 4, sscale), 1, 1);
+    out(g, "gqa_all_grad", ir_attention_grad(g, all, input(g, "dout", IR_F32, 4, sd)));
+    IrDim s4q[] = {b, ir_dim(8), n, ir_dim(32)}, s4k[] = {b, two, n, ir_dim(32)};
+    IrNode *q4 = input(g, "q4", IR_F32, 4, s4q);
+    IrNode *a4 = ir_attention(g, q4, input(g, "k4", IR_F32, 4, s4k), input(g, "v4", IR_F32, 4, s4k), NULL, NULL,
+                              ir_const(g, 0.17, IR_F32), 0, 1);
+    out(g, "gqa4_grad", ir_attention_grad(g, a4, input(g, "d4", IR_F32, 4, s4q)));
+    IrDim smq[] = {b, h, n, ir_dim(64)}, smk[] = {b, one, J, ir_dim(64)};
+    IrNode *mq = input(g, "mq", IR_F32, 4, smq);
+    IrNode *am = ir_attention(g, mq, input(g, "mk", IR_F32, 4, smk), input(g, "mv", IR_F32, 4, smk), NULL, NULL,
+                              ir_const(g, 0.125, IR_F32), 1, 1);
+    out(g, "mqa_grad", ir_attention_grad(g, am, input(g, "md", IR_F32, 4, smq)));
+    IrDim swq[] = {b, two, n, ir_dim(8)}, swk[] = {b, one, J0, ir_dim(8)};
+    IrNode *wq = input(g, "wq", IR_F32, 4, swq);
+    IrNode *aw = ir_attention_window(g, wq, input(g, "wk", IR_F32, 4, swk), input(g, "wv", IR_F32, 4, swk), NULL, NULL,
+                                     ir_const(g, 0.35, IR_F32), 1, 1, 2);
+    out(g, "mqa_window_grad", ir_attention_grad(g, aw, input(g, "wd", IR_F32, 4, swq)));
+}
+
+/* build_flash_grad_grouped and, for kernels/flash_bwd.cuh alone (one stage of 16 rows), 2 query
+ * heads over 1 of 128, causal. */
+static inline void build_flash_grad_grouped16(IrGraph *g, IrDim b, IrDim n)
+{
+    build_flash_grad_grouped(g, b, n);
+    IrDim sq[] = {b, ir_dim(2), n, ir_dim(128)}, sk[] = {b, ir_dim(1), ir_dim_addc(n, 3), ir_dim(128)};
+    IrNode *q = input(g, "q128", IR_F32, 4, sq);
+    IrNode *a = ir_attention(g, q, input(g, "k128", IR_F32, 4, sk), input(g, "v128", IR_F32, 4, sk), NULL, NULL,
+                             ir_const(g, 0.09, IR_F32), 1, 1);
+    out(g, "mqa128_grad", ir_attention_grad(g, a, input(g, "d128", IR_F32, 4, sq)));
+}
+
 #endif

@@ -33,7 +33,10 @@
  *                16 u of max|ref| (P and dS rounded before their products), bf16 with f32 storage
  *                and fp16 with fp16 storage. With 16-bit storage of the mma's format
  *                (kernels/flash_bwd.cuh, case flash_bwd) also heads 32 and 128, bf16 and fp16,
- *                n = 130. The graphs are flash_cases.h's build_flash*.
+ *                n = 130. Grouped key/values through both backward kernels (case
+ *                flash_grouped): 4 query heads over 2, 8 over 2, multi-query, causal or not,
+ *                bf16 and fp16, f32 and 16-bit storage, n up to 130. The graphs are
+ *                flash_cases.h's build_flash*.
  *   a model      models/tiny_gpt.xtf through cuda-emu with --mma against the interpreter in f64
  *                on the unrounded weights: forward logits within 2e-2 max|ref| (bf16, 8-bit
  *                significands: about 10 units of rounding) and 4e-3 max|ref| (fp16, 11 bits:
@@ -772,6 +775,31 @@ START_TEST(test_flash_grad16)
 }
 END_TEST
 
+/* Grouped key/values on the tensor-core backward (flash_cases.h's build_flash_grad_grouped*):
+ * every attention_grad kernel is the converting kernel with f32 storage (heads up to 64) and
+ * kernels/flash_bwd.cuh with 16-bit storage of the mma's format, each reading k and v with
+ * their own heads; then dq, dk, dv against the interpreter's: bf16 and fp16 with f32 storage,
+ * bf16 and fp16 storage at n = 1, 7, 17, 70 and 130 (J = n + 3, n - 1 and n: ragged tiles). */
+START_TEST(test_flash_grad_grouped)
+{
+    IrGraph *g = new_graph("flash", build_flash_grad_grouped), *g16 = new_graph("flash", build_flash_grad_grouped16);
+    for (int st = 0, all; st <= 2; st++) {
+        int tc = count_attention_kernels(st ? g16 : g, st, IR_ATTENTION_GRAD, "backward on tensor cores: operands in",
+                                         st ? AS_STORED : NULL, &all);
+        ck_assert_int_eq(all, st ? 5 : 4);
+        ck_assert_int_eq(tc, all);
+    }
+    ir_graph_free(g);
+    ir_graph_free(g16);
+    Lib l;
+    lib_open(&l);
+    check_flash(&l, CG_MMA_BF16, build_flash_grad_grouped);
+    check_flash(&l, CG_MMA_FP16, build_flash_grad_grouped);
+    lib_close(&l);
+    check_flash16(build_flash_grad_grouped16);
+}
+END_TEST
+
 /* Sizes named as the kernel bodies' locals: a cross-attention of t query rows over nc context
  * keys with a [t, nc] context mask (2 batches), forward and gradient, bf16 storage (both
  * kernels/flash_fwd.cuh and flash_bwd.cuh). The mask macro's text names the sizes; the backward
@@ -1131,6 +1159,9 @@ static Suite *suite(void)
     tcase_add_test(fb, test_flash_grad16);
     tcase_add_test(fb, test_flash_bounded);
     suite_add_tcase(s, fb);
+    TCase *fg = tcase_create("flash_grouped"); /* CK_RUN_CASE=flash_grouped runs it alone */
+    tcase_add_test(fg, test_flash_grad_grouped);
+    suite_add_tcase(s, fg);
     TCase *fn = tcase_create("flash_names"); /* CK_RUN_CASE=flash_names runs it alone */
     tcase_add_test(fn, test_flash_size_names);
     suite_add_tcase(s, fn);

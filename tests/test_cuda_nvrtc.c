@@ -820,7 +820,8 @@ static int count_in(const char *from, const char *end, const char *what)
  * it takes, through head-split views), and the backward (cg_cuda_attention_mma_grad.c) of heads
  * of 64 (causal, with the logsumexp's gradient: unaligned rows; a bias and a mask) and, with
  * 16-bit storage (kernels/flash_bwd.cuh, cp.async, ldmatrix and .trans as the forward), 128
- * (causal), and a bounded (cosine-sim) forward of heads of 64, with --mma=bf16 and --mma=fp16, each with the f32 prelude and that of its 16-bit
+ * (causal), grouped key/values (8 query heads over 2 of 64; 4 over 1 of 128 with 16-bit storage:
+ * the key blocks loop over the group's query heads), and a bounded (cosine-sim) forward of heads of 64, with --mma=bf16 and --mma=fp16, each with the f32 prelude and that of its 16-bit
  * storage. Its PTX (sm_80) holds, per kernel, the mma.sync of the type
  * asked for (D / 16 per score tile, E / 8 per value k-step) and none of the other; ptxas -v
  * assembles it for sm_80 and sm_90 with no spills and no stack frame (no local memory). The
@@ -852,6 +853,15 @@ START_TEST(test_flash_instruction_mix)
     ir_output(g, "window40", ir_attention_window(g, q40, q40, v24, NULL, NULL, c, 1, 1, 256));
     IrNode *hx = ir_permute(g, ir_input(g, "x", IR_F32, 4, sx), split);
     ir_output(g, "heads128", ir_permute(g, ir_attention(g, hx, hx, hx, NULL, NULL, c, 1, 0), split));
+    /* grouped key/values: 8 query heads over 2 of 64 (causal, the logsumexp's gradient), 4 over 1
+     * of 128 (16-bit storage only) */
+    IrDim sg8[] = {b, ir_dim(8), n, ir_dim(64)}, sg8d[] = {b, ir_dim(8), n, ir_dim(65)}, sg2[] = {b, ir_dim(2), n, ir_dim(64)};
+    IrNode *gq = ir_input(g, "gq", IR_F32, 4, sg8), *gk = ir_input(g, "gk", IR_F32, 4, sg2);
+    ir_output(g, "gqa64_grad", ir_attention_grad(g, ir_attention(g, gq, gk, gk, NULL, NULL, c, 1, 1),
+                                                 ir_input(g, "gd", IR_F32, 4, sg8d)));
+    IrDim sm1[] = {b, one, n, ir_dim(128)};
+    IrNode *mk = ir_input(g, "mk", IR_F32, 4, sm1);
+    ir_output(g, "mqa128_grad", ir_attention_grad(g, ir_attention(g, q128, mk, mk, NULL, NULL, c, 1, 1), q128));
     IrDim sx64[] = {b, n, h, ir_dim(64)}; /* GPT's inference attention */
     IrNode *hx64 = ir_permute(g, ir_input(g, "x64", IR_F32, 4, sx64), split);
     ir_output(g, "heads64", ir_permute(g, ir_attention(g, hx64, hx64, hx64, NULL, NULL, c, 1, 0), split));
@@ -869,8 +879,8 @@ START_TEST(test_flash_instruction_mix)
             size_t len = 0;
             FILE *f = open_memstream(&src, &len);
             cu_prelude(f, g, u.nkernels, storage);
-            int flash = 0, stored = 0;
-            const char *stored_fn[11];
+            int flash = 0, stored = 0, grouped = 0;
+            const char *stored_fn[15];
             for (int k = 0; k < u.nkernels; k++) {
                 IrOp op = plan.kernels[k].node->op;
                 if (op == IR_ATTENTION_GRAD && !si && plan.kernels[k].node->in[0]->shape[3].c > 64)
@@ -885,13 +895,25 @@ START_TEST(test_flash_instruction_mix)
                     ck_assert_int_eq(as_stored, si);
                     if (as_stored)
                         stored_fn[stored++] = plan.kernels[k].fn;
+                    const IrNode *x = plan.kernels[k].node;
+                    if (op == IR_ATTENTION_GRAD && x->in[1]->shape[1].c != x->in[0]->shape[1].c) {
+                        char heads[64]; /* the key blocks loop over the group's query heads */
+                        snprintf(heads, sizeof heads, "#define XTC_FB_HEADS %lld",
+                                 (long long)(x->in[0]->shape[1].c / x->in[1]->shape[1].c));
+                        ck_assert_msg(strstr(u.kernel_text[k], si ? heads : "the group's query heads"), "%s",
+                                      u.kernel_text[k]);
+                        grouped++;
+                    }
                     fprintf(f, "\n%s", u.kernel_text[k]);
                     flash++;
                 }
             }
             fclose(f);
-            ck_assert_int_eq(stored, si ? 11 : 0);
-            ck_assert_int_eq(flash, si ? 11 : 10); /* 8 forward (masked64 for the gradient), 3 backward (2 in f32) */
+            ck_assert_int_eq(stored, si ? 15 : 0);
+            /* 10 forward (masked64 and the grouped two for the gradients), 5 backward (3 in f32), 2
+             * of them grouped (1) */
+            ck_assert_int_eq(flash, si ? 15 : 13);
+            ck_assert_int_eq(grouped, si ? 2 : 1);
             char *ptx = NULL;
             ck_assert_msg(cg_nvrtc_compile(src, "flash.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
             free(src);
@@ -912,7 +934,7 @@ START_TEST(test_flash_instruction_mix)
                 ck_assert_msg(have >= 8 + 3 && !bad, "entry %d: %d %s, %d of the other type", entries, have, want, bad);
                 entries++;
             }
-            ck_assert_int_eq(entries, si ? 11 : 10);
+            ck_assert_int_eq(entries, si ? 15 : 13);
             /* the forward of operands as stored: Q and K by ldmatrix, V by ldmatrix .trans, the
              * tiles by cp.async (16 bytes), waited for once a stage */
             for (int e = 0; e < stored; e++) {
@@ -930,7 +952,7 @@ START_TEST(test_flash_instruction_mix)
             char stem[64], what[128];
             snprintf(stem, sizeof stem, "flash_%d_%d", mma, storage);
             snprintf(what, sizeof what, "flash --mma=%s, %s storage", cg_mma_name(mma), storage_name[storage]);
-            ptxas_check(ptx, stem, si ? 11 : 10, what);
+            ptxas_check(ptx, stem, si ? 15 : 13, what);
             cg_cuda_unit_free(&u);
         }
     }

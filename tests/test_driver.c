@@ -69,14 +69,14 @@ START_TEST(test_targets)
     ck_assert_int_eq(t.passes.attention_max_head, 1024);
     ck_assert_int_eq(t.passes.attention_grad_max_head, 1024);
     ck_assert_int_eq(t.passes.attention_kv_groups, 1);
-    /* 16-bit storage runs the backward on tensor cores, which take q's heads: the repeat stays */
-    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 0);
+    /* every backward kernel sums each group, the tensor-core ones of 16-bit storage too */
+    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 1);
     ck_assert_int_eq(drv_target(&t, &(CgOptions){.target = "cuda-emu", .dtype = "bf16", .cuda_arch = "sm_90"},
                                 err, sizeof err), 0);
     ck_assert_ptr_null(t.loss_scale); /* bf16 has f32's range */
     ck_assert_int_eq(t.arch, 90);
-    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 0);
-    /* with CUDA cores (f32, or --mma=off) the backward sums each group: cuda and cuda-emu alike */
+    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 1);
+    /* with CUDA cores (f32, or --mma=off) likewise: cuda and cuda-emu alike */
     static const CgOptions cores[] = {{.target = "cuda"}, {.target = "cuda-emu"},
                                       {.target = "cuda", .dtype = "bf16", .mma = CG_MMA_OFF},
                                       {.target = "cuda-emu", .dtype = "fp16", .mma = CG_MMA_OFF}};
@@ -85,7 +85,7 @@ START_TEST(test_targets)
         ck_assert_int_eq(t.passes.attention_grad_kv_groups, 1);
     }
     ck_assert_int_eq(drv_target(&t, &(CgOptions){.target = "cuda", .mma = CG_MMA_BF16}, err, sizeof err), 0);
-    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 0); /* f32 storage, tensor cores asked for */
+    ck_assert_int_eq(t.passes.attention_grad_kv_groups, 1); /* f32 storage, tensor cores asked for */
 
     ck_assert_int_eq(drv_target(&t, &(CgOptions){.target = "interp"}, err, sizeof err), 0);
     ck_assert_ptr_null(t.backend);

@@ -466,7 +466,7 @@ const CgBackend cg_cuda_backend = {
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
-    .attention_grad_kv_groups = CG_GROUPS_CUDA_CORES, /* the CUDA-core backward sums each group */
+    .attention_grad_kv_groups = 1, /* every backward kernel sums each group: cu_att_grad_heads_begin */
     .scratch = cuda_scratch,
 };
 
@@ -481,6 +481,6 @@ const CgBackend cg_cuda_emu_backend = {
     .attention_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_grad_max_head = CG_CUDA_ATTENTION_MAX_HEAD,
     .attention_kv_groups = 1, /* every forward kernel: cu_att_operand_rows */
-    .attention_grad_kv_groups = CG_GROUPS_CUDA_CORES, /* the CUDA-core backward sums each group */
+    .attention_grad_kv_groups = 1, /* every backward kernel sums each group: cu_att_grad_heads_begin */
     .scratch = emu_scratch,
 };

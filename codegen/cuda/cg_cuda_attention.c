@@ -24,11 +24,10 @@
  *   (attention_grad_tiled, T = 32 rows and keys) or, for wide heads, a block per row; with --mma
  *   and heads up to 64 (128 with 16-bit storage of the mma's format), cg_cuda_attention_mma_grad.c's
  *   tensor-core kernels, split the same way. Grouped key/values (k and v with G heads where q
- *   has H, ops.def) take the CUDA-core kernels: a dq block reads its query head's key/value head
- *   (grad_rows), a dk/dv block of a head g < G loops over the query heads g, g + G, .. in order,
- *   summing into the same registers, and writes head g's rows; those of heads G..H-1 write zeros
- *   (grad_zero_rows): still one writer per row. The tensor-core kernels take q's heads only; the
- *   driver keeps the repeat where they would run (cg_attention_grad_kv_groups). The
+ *   has H, ops.def), in every kernel: a dq block reads its query head's key/value head
+ *   (cu_att_grad_rows), a dk/dv block of a head g < G loops over the query heads g, g + G, .. in
+ *   order, summing into the same registers, and writes head g's rows; those of heads G..H-1
+ *   write zeros (cu_att_grad_zero_rows): still one writer per row. The
  *   probabilities come back from the forward output's logsumexp (o's last column),
  *   p_ij = exp(s_ij - lse_i) (1 / J in a row whose every score was masked, where the logsumexp
  *   rounds to -FLT_MAX), and the softmax term from D_i = dout_i . o_i (flash attention's
@@ -639,7 +638,7 @@ static void load_tile(CuKernel *k, const char *dst, const char *src, const char 
 
 /* Grouped key/values in the backward (ops.def: k and v with G heads where q has H): 1 with H and
  * G set, else 0 (G = H). */
-static int grad_groups(const IrNode *x, long long *H, long long *G)
+int cu_att_grad_groups(const IrNode *x, long long *H, long long *G)
 {
     int r = x->in[0]->rank;
     *H = *G = 1;
@@ -650,20 +649,18 @@ static int grad_groups(const IrNode *x, long long *H, long long *G)
     return 1;
 }
 
-enum { GR_Q = 1, GR_KV = 2 }; /* grad_rows: the query side (qb, ob, gb, the batch indices), k and v */
-
 /* The backward's input rows of query batch index `batch` (a variable's name; the query side's is
  * `batch`, flat over q's batch dims): the batch
  * indices ix0.. and qb, ob, gb (GR_Q), kb, vb (GR_KV) at the key/value batch index of that query
  * head, (batch / H) G + batch % H % G with grouped key/values. */
-static void grad_rows(CuKernel *k, unsigned which, const char *batch, const char *indent)
+void cu_att_grad_rows(CuKernel *k, unsigned which, const char *batch, const char *indent)
 {
     const IrNode *x = k->node, *q = x->in[0];
     FILE *f = k->f;
     long long H, G;
     char kvb[96];
     snprintf(kvb, sizeof kvb, "%s", batch);
-    if (grad_groups(x, &H, &G))
+    if (cu_att_grad_groups(x, &H, &G))
         snprintf(kvb, sizeof kvb, "(%s / %lld * %lld + %s %% %lld %% %lld)", batch, H, G, batch, H, G);
     if (which & GR_Q) {
         cu_att_batch_indices(k, q, indent);
@@ -678,28 +675,28 @@ static void grad_rows(CuKernel *k, unsigned which, const char *batch, const char
 }
 
 /* The dk/dv side's loop over the query heads of key/value head `bt` (the block's batch index, whose
- * head is below G), ascending, as `batch`: R = H / G heads, or the one head bt; closed by
- * grad_heads_end. */
-static void grad_heads_begin(CuKernel *k, const char *indent)
+ * head is below G), ascending, as `batch`: R = H / G heads, or the one head bt; the caller
+ * closes it. */
+void cu_att_grad_heads_begin(CuKernel *k, const char *indent)
 {
     long long H, G;
-    if (grad_groups(k->node, &H, &G))
+    if (cu_att_grad_groups(k->node, &H, &G))
         fprintf(k->f, "%sfor (int rh = 0; rh < %lld; rh++) { /* the group's query heads, summed in order */\n"
                       "%s    const i64 batch = bt + rh * %lld;\n", indent, H / G, indent, G);
     else
         fprintf(k->f, "%s{\n%s    const i64 batch = bt;\n", indent, indent);
     char in[64];
     snprintf(in, sizeof in, "%s    ", indent);
-    grad_rows(k, GR_Q, "batch", in);
+    cu_att_grad_rows(k, GR_Q, "batch", in);
 }
 
 /* Rows [j0, j0 + n) (below J) of dk and dv of batch index bt set to zero where bt's head is one of
  * heads G..H-1 (grouped key/values: no key/value head of theirs); opens the else of the head that
  * has one, which the caller closes. */
-static void grad_zero_rows(CuKernel *k, const char *j0, const char *n, const char *indent)
+void cu_att_grad_zero_rows(CuKernel *k, const char *j0, const char *n, const char *indent)
 {
     long long H, G;
-    if (!grad_groups(k->node, &H, &G))
+    if (!cu_att_grad_groups(k->node, &H, &G))
         return;
     FILE *f = k->f;
     fprintf(f, "%sif (bt %% %lld >= %lld) { /* no key/value head: zero dk, dv rows */\n", indent, H, G);
@@ -744,7 +741,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     /* ---- dq ---- */
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j for T query rows */\n");
     fprintf(f, "            const i64 batch = bt, i0 = tile * %d;\n", t);
-    grad_rows(k, GR_Q | GR_KV, "batch", "            ");
+    cu_att_grad_rows(k, GR_Q | GR_KV, "batch", "            ");
     load_tile(k, "Qs", "qb", "i0", "I", "D", t, "            ");
     load_tile(k, "Gs", "gb", "i0", "I", "GC", t, "            ");
     fprintf(f, "            i64 rjb[%d], rje[%d];\n", rm, rm);
@@ -798,8 +795,8 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "            const i64 jt0 = (tile - qtiles) * %d;\n", t);
     char tn[16];
     snprintf(tn, sizeof tn, "%d", t);
-    grad_zero_rows(k, "jt0", tn, "            ");
-    grad_rows(k, GR_KV, "bt", "            ");
+    cu_att_grad_zero_rows(k, "jt0", tn, "            ");
+    cu_att_grad_rows(k, GR_KV, "bt", "            ");
     load_tile(k, "Ks", "kb", "jt0", "J", "D", t, "            ");
     load_tile(k, "Vs", "vb", "jt0", "J", "E", t, "            ");
     fprintf(f, "            float acc[%d][%lld], acc2[%d][%lld];\n", rm, dn, rm, dn);
@@ -812,7 +809,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "            {\n                const i64 j = (jt0 + %d < J ? jt0 + %d : J) - 1;\n", t, t);
     cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
-    grad_heads_begin(k, "            ");
+    cu_att_grad_heads_begin(k, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", t);
     load_tile(k, "Qs", "qb", "i0", "ihi", "D", t, "                ");
@@ -860,7 +857,7 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        }\n                    }\n                }\n");
     fprintf(f, "                __syncthreads(); /* before the next tile replaces Qs, Gs, Ls, Ps, Ss */\n");
     fprintf(f, "            }\n");
-    fprintf(f, "            }\n"); /* grad_heads_begin's loop */
+    fprintf(f, "            }\n"); /* cu_att_grad_heads_begin's loop */
     fprintf(f, "            for (int r = 0; r < %d; r++) {\n", rm);
     fprintf(f, "                const i64 j = jt0 + ty + 16 * r;\n");
     fprintf(f, "                for (int e = 0; e < %lld; e++)\n", dn);
@@ -868,8 +865,8 @@ static void attention_grad_tiled(CuKernel *k, const Att *a, const char *gcols, i
     fprintf(f, "                        xtc_st(dk, j * D + tx + 8 * e, acc[r][e]);\n");
     fprintf(f, "                        xtc_st(dv, j * D + tx + 8 * e, acc2[r][e]);\n                    }\n            }\n");
     long long H, G;
-    if (grad_groups(x, &H, &G))
-        fprintf(f, "            }\n"); /* grad_zero_rows' else */
+    if (cu_att_grad_groups(x, &H, &G))
+        fprintf(f, "            }\n"); /* cu_att_grad_zero_rows' else */
     fprintf(f, "        }\n");
     fprintf(f, "        __syncthreads(); /* before the next block's tiles */\n");
     fprintf(f, "    }\n");
@@ -919,7 +916,7 @@ int cg_cuda_attention_grad(CuKernel *k)
     /* dq rows */
     fprintf(f, "        if (r < I) { /* dq_i = sum_j ds_ij k_j */\n");
     fprintf(f, "            const i64 i = r, batch = bt;\n");
-    grad_rows(k, GR_Q | GR_KV, "batch", "            ");
+    cu_att_grad_rows(k, GR_Q | GR_KV, "batch", "            ");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(qb, i * D + d);\n                row_b[d] = xtc_ld(gb, i * GC + d);\n            }\n");
     fprintf(f, "            float dsum = 0.0f; /* D_i = dout_i . o_i */\n");
@@ -956,13 +953,13 @@ int cg_cuda_attention_grad(CuKernel *k)
     /* dk, dv rows */
     fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
     fprintf(f, "            const i64 j = r - I;\n");
-    grad_zero_rows(k, "j", "1", "            ");
-    grad_rows(k, GR_KV, "bt", "            ");
+    cu_att_grad_zero_rows(k, "j", "1", "            ");
+    cu_att_grad_rows(k, GR_KV, "bt", "            ");
     fprintf(f, "            for (int d = threadIdx.x; d < D; d += blockDim.x) {\n");
     fprintf(f, "                row_a[d] = xtc_ld(kb, j * D + d);\n                row_b[d] = xtc_ld(vb, j * E + d);\n            }\n");
     fprintf(f, "            __syncthreads();\n");
     cu_att_query_ranges(k, &a, "            ");
-    grad_heads_begin(k, "            ");
+    cu_att_grad_heads_begin(k, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? ib : 0, ihi = seg ? ie : fm; i0 < ihi; i0 += %d) {\n", ATT_BLOCK);
     fprintf(f, "                const i64 i = i0 + threadIdx.x;\n");
@@ -990,14 +987,14 @@ int cg_cuda_attention_grad(CuKernel *k)
     fprintf(f, "                }\n");
     fprintf(f, "                __syncthreads(); /* before the next chunk overwrites w1, w2 */\n");
     fprintf(f, "            }\n");
-    fprintf(f, "            }\n"); /* grad_heads_begin's loop */
+    fprintf(f, "            }\n"); /* cu_att_grad_heads_begin's loop */
     fprintf(f, "            for (int ci = 0; ci < %lld; ci++) {\n", accd);
     fprintf(f, "                const int d = threadIdx.x + %d * ci;\n", ATT_BLOCK);
     fprintf(f, "                if (d < D) {\n                    xtc_st(dk, j * D + d, acc[ci]);\n");
     fprintf(f, "                    xtc_st(dv, j * D + d, acc2[ci]);\n                }\n            }\n");
     long long H, G;
-    if (grad_groups(x, &H, &G))
-        fprintf(f, "            }\n"); /* grad_zero_rows' else */
+    if (cu_att_grad_groups(x, &H, &G))
+        fprintf(f, "            }\n"); /* cu_att_grad_zero_rows' else */
     fprintf(f, "        }\n");
     fprintf(f, "        __syncthreads(); /* before the next block of rows replaces row_a, row_b */\n");
     fprintf(f, "    }\n");

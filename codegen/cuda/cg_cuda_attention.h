@@ -49,6 +49,20 @@ void cu_att_operand_rows(CuKernel *k, const IrNode *x, unsigned view, const char
 /* I, J, batches, D, E, OC (and H with head views) */
 void cu_att_forward_sizes(CuKernel *k, const Att *a, long long ocols);
 
+/* Grouped key/values in the backward (ops.def: k and v with G heads where q has H): 1 with H and
+ * G set, else 0 (H = G = 1) */
+int cu_att_grad_groups(const IrNode *x, long long *H, long long *G);
+enum { GR_Q = 1, GR_KV = 2 }; /* cu_att_grad_rows: the query side (qb, ob, gb, the batch indices), k and v */
+/* The backward's input rows of query batch index `batch` (a variable's name): the batch indices
+ * ix0.. and qb, ob, gb (GR_Q), kb, vb (GR_KV) at the key/value batch index of that query head */
+void cu_att_grad_rows(CuKernel *k, unsigned which, const char *batch, const char *indent);
+/* Opens the dk/dv side's loop over the query heads of the block's batch index `bt` (all H / G of
+ * its group, ascending, or bt alone) as `batch`, with cu_att_grad_rows(GR_Q); the caller closes it */
+void cu_att_grad_heads_begin(CuKernel *k, const char *indent);
+/* With grouped key/values: rows [j0, j0 + n) (below J) of dk and dv zero where bt's head is one of
+ * G..H-1, and opens the else of the heads that have key/values, which the caller closes */
+void cu_att_grad_zero_rows(CuKernel *k, const char *j0, const char *n, const char *indent);
+
 /* `indent dst = ` the 16-bit pair (p[lo] where clo, p[hi] where chi, else 0) of x's elements in
  * the mma's format: raw bits when x is stored in that format, else rounded from xtc_ld's floats
  * (cg_cuda_attention_mma_grad.c) */
@@ -62,8 +76,8 @@ void cu_att_define_lines(FILE *f, const char *head, const char *body);
 /* The tensor-core forward (cg_cuda_attention_mma.c) when the module's matmuls are on tensor
  * cores and the heads fit it: 1 written, 0 not taken (the CUDA-core kernels then), -1 error. */
 int cu_attention_mma(CuKernel *k, const Att *a, int stats);
-/* attention_grad on tensor cores (cg_cuda_attention_mma_grad.c), the output gradient's columns
- * gcols: 1 written, 0 not taken (the CUDA-core kernels then: no --mma, heads over 128, or over 64
+/* attention_grad on tensor cores (cg_cuda_attention_mma_grad.c), grouped key/values or not, the
+ * output gradient's columns gcols: 1 written, 0 not taken (the CUDA-core kernels then: no --mma, heads over 128, or over 64
  * unless q, k, v and the output gradient are stored in the mma's format with heads multiples of
  * 8, which kernels/flash_bwd.cuh takes), -1 error. */
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols);

@@ -8,7 +8,11 @@
  * the CUDA-core kernel is covered, element by element as it does.
  *
  * The work is split as the CUDA-core tiled kernel splits it, so that every output row has one
- * writer (no atomics, no f32 workspace to clear and convert, the same bits on every run): per
+ * writer (no atomics, no f32 workspace to clear and convert, the same bits on every run), and
+ * grouped key/values (ops.def) as there: a dq block reads its query head's key/value head, a
+ * dk/dv block of head g < G streams the query tiles of the query heads g, g + G, .. in turn into
+ * the same accumulators, those of heads G..H-1 write zeros (cu_att_grad_rows, cu_att_grad_heads_begin,
+ * cu_att_grad_zero_rows; flash_bwd.cuh likewise). Per
  * batch, blocks [0, QT) take 64 query rows each (their dq), blocks [QT, QT + KT) 64 keys each
  * (their dk and dv), numbered tile-major and the dq tiles from the last rows on, so that under
  * causal limits the longest blocks (late query rows, early keys) start first. A block is 4 warps (128 threads), a warp owns 16 of the block's rows and
@@ -58,7 +62,7 @@ int cu_flash_bwd16_fits(int storage, int mma, const IrNode *x)
     const IrNode *q = x->in[0], *v = x->in[2];
     int r = q->rank;
     if (x->op != IR_ATTENTION_GRAD || mma == CG_MMA_OFF || r < 2 || !ir_dim_is_const(q->shape[r - 1]) ||
-        !ir_dim_is_const(v->shape[r - 1]) || ir_attention_kv_group(x) != 1)
+        !ir_dim_is_const(v->shape[r - 1]))
         return 0;
     long long D = (long long)q->shape[r - 1].c, E = (long long)v->shape[r - 1].c;
     return D == E && D >= 8 && D % 8 == 0 && D <= FLASH_BWD_HEAD && raw_format(storage, mma, q) &&
@@ -219,7 +223,7 @@ static int define_emitted(CuKernel *k, const Att *a, void (*emit)(CuKernel *, co
  * rows, in 48 KiB of static shared memory. Returns 1 written, 0 when it does not apply, -1 error. */
 static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
 {
-    const IrNode *x = k->node, *q = x->in[0];
+    const IrNode *x = k->node;
     const IrNode *mask = x->in[6], *scale = x->in[7];
     if (!cu_flash_bwd16_fits(k->gen->storage, k->gen->mma, x))
         return 0;
@@ -253,16 +257,20 @@ static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "#define XTC_FB_MMA %s\n#define XTC_FB_PACK %s\n",
             k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16",
             k->gen->mma == CG_MMA_FP16 ? "xtc_fa_pack_f16" : "xtc_fa_pack_bf16");
-    /* the batch indices and the operands' rows (kb and vb: where a key/value head mapping goes) */
+    /* the batch indices and the operands' rows (k and v at the query head's key/value head) */
     CuAttCapture c;
     if (cu_att_capture_begin(k, &c) < 0)
         return -1;
-    cu_att_batch_indices(k, q, "        ");
-    fprintf(k->f, "        const xtc_fs *qb = in0 + batch * I * D, *kb = in1 + batch * J * D, *vb = in2 + batch * J * E;\n");
-    fprintf(k->f, "        const xtc_fs *gb = in4 + batch * I * GC;\n");
-    fprintf(k->f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
-    fprintf(k->f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;", cu_mem_type(x));
+    cu_att_grad_rows(k, GR_Q | GR_KV, "batch", "        ");
     cu_att_capture_define(k, &c, "XTC_FB_TILE");
+    fprintf(f, "#define XTC_FB_OUT %s *dq = out + bt * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n",
+            cu_mem_type(x));
+    long long H, G;
+    if (cu_att_grad_groups(x, &H, &G)) /* grouped key/values (ops.def) */
+        fprintf(f, "#define XTC_FB_HEADS %lld\n#define XTC_FB_HSTEP %lld\n#define XTC_FB_NOKV(xtc_b) ((xtc_b) %% %lld >= %lld)\n",
+                H / G, G, H, G);
+    else
+        fprintf(f, "#define XTC_FB_HEADS 1\n#define XTC_FB_HSTEP 0\n#define XTC_FB_NOKV(xtc_b) 0\n");
     if (define_emitted(k, a, cu_att_key_range, "XTC_FB_KEYS(i, xtc_lo, xtc_hi)", "xtc_lo = jb;\n        xtc_hi = je;") < 0 ||
         define_emitted(k, a, cu_att_query_ranges, "XTC_FB_QUERIES(j, xtc_fm, xtc_ib, xtc_ie)",
                        "xtc_fm = fm;\n        xtc_ib = ib;\n        xtc_ie = ie;") < 0)
@@ -298,9 +306,7 @@ static int flash_bwd16(CuKernel *k, const Att *a, const char *gcols)
 
 int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
 {
-    /* grouped key/values (ops.def) take the CUDA-core kernels, which sum each group's query heads;
-     * the driver keeps the repeat where these would run (cg_attention_grad_kv_groups) */
-    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E != a->D || ir_attention_kv_group(k->node) != 1)
+    if (k->gen->mma == CG_MMA_OFF || a->D < 1 || a->E != a->D)
         return 0;
     int rc = flash_bwd16(k, a, gcols); /* operands in the mma's format: kernels/flash_bwd.cuh */
     if (rc)
@@ -328,17 +334,13 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "    const i64 qtiles = (I + %d) / %d, ktiles = (J + %d) / %d;\n", BT - 1, BT, BT - 1, BT);
     fprintf(f, "    for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {\n");
     fprintf(f, "        /* tile-major, the dq tiles last row first: under causal limits the longest blocks start first */\n");
-    fprintf(f, "        const i64 batch = blk %% batches, tile = blk / batches;\n");
-    cu_att_batch_indices(k, q, "        ");
-    fprintf(f, "        const %s *qb = in0 + batch * I * D;\n", cu_mem_type(q));
-    fprintf(f, "        const %s *kb = in1 + batch * J * D;\n", cu_mem_type(kk));
-    fprintf(f, "        const %s *vb = in2 + batch * J * E;\n", cu_mem_type(v));
-    fprintf(f, "        const %s *ob = in3 + batch * I * OC;\n", cu_mem_type(x->in[3]));
-    fprintf(f, "        const %s *gb = in4 + batch * I * GC;\n", cu_mem_type(dout));
-    fprintf(f, "        %s *dq = out + batch * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
+    fprintf(f, "        const i64 bt = blk %% batches, tile = blk / batches;\n");
+    fprintf(f, "        %s *dq = out + bt * (I + 2 * J) * D, *dk = dq + I * D, *dv = dk + J * D;\n", cu_mem_type(x));
 
     /* ---- dq: 64 query rows, the key tiles streamed ---- */
     fprintf(f, "        if (tile < qtiles) { /* dq_i = sum_j ds_ij k_j */\n");
+    fprintf(f, "            const i64 batch = bt;\n");
+    cu_att_grad_rows(k, GR_Q | GR_KV, "batch", "            ");
     fprintf(f, "            const int Ks = 0, Vs = %lld, Kt = %lld; /* where the tiles start in sm */\n", BT * st, 2 * BT * st);
     fprintf(f, "            const i64 i0 = (qtiles - 1 - tile) * %d, r0 = i0 + warp * 16 + g; /* the lane's rows r0, r0 + 8 */\n", BT);
     a_frags(k, q, "qf", "qb", "r0", "I", "D", "D", dk);
@@ -386,11 +388,15 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     store_rows(f, "dq", "acc", "r0", "I", dn);
 
     /* ---- dk, dv: 64 keys, the query tiles streamed ---- */
-    fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i */\n");
+    fprintf(f, "        } else { /* dk_j = sum_i ds_ij q_i, dv_j = sum_i p_ij dout_i (over a group's query heads) */\n");
     fprintf(f, "            const int Qs = 0, Gs = %lld, Qt = %lld, Gt = %lld; /* where the tiles start in sm */\n", BQ * st,
             2 * BQ * st, 2 * BQ * st + dpad * qtst);
     fprintf(f, "            const i64 jt0 = (tile - qtiles) * %d, c0 = jt0 + warp * 16 + g; /* the lane's keys c0, c0 + 8 */\n",
             BT);
+    char bt[16];
+    snprintf(bt, sizeof bt, "%d", BT);
+    cu_att_grad_zero_rows(k, "jt0", bt, "            ");
+    cu_att_grad_rows(k, GR_KV, "bt", "            ");
     a_frags(k, kk, "kf", "kb", "c0", "J", "D", "D", dk);
     a_frags(k, v, "vf", "vb", "c0", "J", "E", "E", dk);
     zero(f, "dka", dn, "            ");
@@ -402,6 +408,7 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     fprintf(f, "            {\n                const i64 j = (jt0 + %d < J ? jt0 + %d : J) - 1;\n", BT, BT);
     cu_att_query_ranges(k, a, "                ");
     fprintf(f, "                tie = ie;\n                (void)fm;\n                (void)ib;\n            }\n");
+    cu_att_grad_heads_begin(k, "            ");
     fprintf(f, "            for (int seg = 0; seg < 2; seg++)\n");
     fprintf(f, "            for (i64 i0 = seg ? tib : 0, ihi = seg ? tie : fmq; i0 < ihi; i0 += %d) {\n", BQ);
     load_pairs(k, q, "Qs", "qb", "i0", "ihi", "D", "D", BQ, dpairs, st);
@@ -443,8 +450,12 @@ int cu_attention_grad_mma(CuKernel *k, const Att *a, const char *gcols)
     products_t(k, mma, pack, "dka", "dp", "Qt", BQ, qtst, dn);
     fprintf(f, "                __syncthreads(); /* before the next tile replaces Qs, Gs, Qt, Gt, Ls, Dl */\n");
     fprintf(f, "            }\n");
+    fprintf(f, "            }\n"); /* cu_att_grad_heads_begin's */
     store_rows(f, "dk", "dka", "c0", "J", dn);
     store_rows(f, "dv", "dva", "c0", "J", dn);
+    long long H, G;
+    if (cu_att_grad_groups(x, &H, &G))
+        fprintf(f, "            }\n"); /* cu_att_grad_zero_rows' else */
     fprintf(f, "        }\n");
     fprintf(f, "    }\n");
     cu_kernel_end(k);

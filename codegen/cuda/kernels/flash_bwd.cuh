@@ -15,11 +15,17 @@
  *   XTC_FB_NST        stages of streamed tiles: 2 (copies overlap the products) or 1
  *   XTC_FB_DP         D rounded up to 16 (the tiles hold zeros past D)
  *   XTC_FB_MMA        xtc_mma_m16n8k16_bf16 or _f16;  XTC_FB_PACK: the matching xtc_fa_pack_*
- *   XTC_FB_TILE       statements: for `batch` in scope, the batch indices ix0.., the 16-bit
- *                     pointers qb, kb, vb (row strides D, D, E), gb (the output gradient, row
- *                     stride GC), ob (o) and dq, dk, dv (the [I + 2 J, D] result's three parts).
- *                     kb and vb are the only reads of keys and values: a key/value head mapping
- *                     (grouped heads) is their batch index alone
+ *   XTC_FB_TILE       statements: for the query batch index `batch` in scope, the batch indices
+ *                     ix0.., the 16-bit pointers qb, kb, vb (row strides D, D, E; k and v at the
+ *                     key/value batch index of that query head), gb (the output gradient, row
+ *                     stride GC) and ob (o)
+ *   XTC_FB_OUT        statement: for the block's batch index `bt`, dq, dk, dv (the [I + 2 J, D]
+ *                     result's three parts)
+ *   XTC_FB_HEADS, XTC_FB_HSTEP, XTC_FB_NOKV(b)  grouped key/values (k and v with G heads where
+ *                     q has H, query head h reading key/value head h mod G; ops.def): H / G query
+ *                     heads a key/value head, G apart in the batch index, and whether batch
+ *                     index b's head is one of G..H-1 (no key/value head: its dk, dv rows are
+ *                     zero); 1, 0 and 0 without groups
  *   XTC_FB_KEYS(i, lo, hi)        statement: the keys [lo, hi) query row i visits
  *   XTC_FB_QUERIES(j, fm, ib, ie) statement: the query rows key j gets gradient from, [0, fm)
  *                                 (rows that see no key) and [ib, ie)
@@ -37,7 +43,11 @@
  * The work is split so that every output row has one writer (no atomics, the same bits on
  * every run): per batch, blocks of 4 warps take 64 query rows (their dq) or 64 keys (their dk
  * and dv), numbered tile-major, the dq tiles from the last rows on and then the dk/dv tiles
- * from the first keys on, so that under causal limits the longest blocks start first. A block's
+ * from the first keys on, so that under causal limits the longest blocks start first. With
+ * grouped key/values a dq block reads its query head's key/value head, and a key block of head
+ * g < G streams the query rows of its H / G query heads g, g + G, .. in turn, accumulating dk
+ * and dv in the same registers, and writes them once; a key block of a head G..H-1 writes its
+ * zero rows. A block's
  * own 64 rows (Q and dO, or K and V: the resident tiles) stay in shared memory; the other side
  * (K and V, or Q and dO) streams through XTC_FB_NST stages of XTC_FB_BN rows, copied as stored
  * by 16-byte cp.async (rows padded by 16 bytes: the 8 rows an ldmatrix reads fall in 8 different
@@ -70,14 +80,18 @@
     const int lg = lane / 4, lt = lane % 4; /* the lane's fragment coordinates */
     const i64 qtiles = (I + 63) / 64, ktiles = (J + 63) / 64;
     for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {
-        const i64 batch = blk % batches, tile = blk / batches;
+        const i64 bt = blk % batches, tile = blk / batches;
         const int kv = tile >= qtiles; /* dk and dv of 64 keys; else dq of 64 query rows */
-        XTC_FB_TILE
+        XTC_FB_OUT
         const i64 r0 = kv ? (tile - qtiles) * 64 : (qtiles - 1 - tile) * 64, rlim = kv ? J : I; /* resident rows */
-        const xtc_fs *R1 = kv ? kb : qb, *R2 = kv ? vb : gb, *S1 = kv ? qb : kb, *S2 = kv ? gb : vb;
-        const i64 ld2 = kv ? E : GC, sld2 = kv ? GC : E;
-        const int v1 = ((unsigned long long)R1 & 15u) == 0, v2 = ((unsigned long long)R2 & 15u) == 0 && ld2 % 8 == 0;
-        const int w1 = ((unsigned long long)S1 & 15u) == 0, w2 = ((unsigned long long)S2 & 15u) == 0 && sld2 % 8 == 0;
+        if (kv && XTC_FB_NOKV(bt)) { /* a query head past the key/value heads: zero dk, dv rows */
+            for (i64 e = threadIdx.x; e < 64 * D; e += blockDim.x)
+                if (r0 + e / D < J) {
+                    xtc_st(dk, (r0 + e / D) * D + e % D, 0.0f);
+                    xtc_st(dv, (r0 + e / D) * D + e % D, 0.0f);
+                }
+            continue;
+        }
         i64 a0 = 0, e0 = 0, a1, e1; /* the streamed rows: [a0, e0), then [a1, e1) */
         if (kv) {
             i64 qfm, qib, qie, lfm, lib, lie; /* the first key's rows and the last key's */
@@ -98,7 +112,21 @@
         }
         const int n0 = (int)((e0 - a0 + XTC_FB_BN - 1) / XTC_FB_BN);
         const int nt = n0 + (int)(e1 > a1 ? (e1 - a1 + XTC_FB_BN - 1) / XTC_FB_BN : 0);
-        /* streamed tile n into stage s: its rows, and for a key block their statistics */
+        const i64 rw = r0 + warp * 16; /* the warp's first resident row; the lane's are rw + lg and rw + lg + 8 */
+        float acc1[XTC_FB_DP / 8][4], acc2[XTC_FB_DP / 8][4]; /* dq or dk; dv: summed over a group's query heads */
+#pragma unroll
+        for (int ci = 0; ci < XTC_FB_DP / 8; ci++)
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                acc1[ci][u] = acc2[ci][u] = 0.0f;
+        for (int hh = 0; hh < (kv ? XTC_FB_HEADS : 1); hh++) { /* a key block: its query heads, in order */
+            const i64 batch = bt + hh * XTC_FB_HSTEP;
+            XTC_FB_TILE
+            const xtc_fs *R1 = kv ? kb : qb, *R2 = kv ? vb : gb, *S1 = kv ? qb : kb, *S2 = kv ? gb : vb;
+            const i64 ld2 = kv ? E : GC, sld2 = kv ? GC : E;
+            const int v1 = ((unsigned long long)R1 & 15u) == 0, v2 = ((unsigned long long)R2 & 15u) == 0 && ld2 % 8 == 0;
+            const int w1 = ((unsigned long long)S1 & 15u) == 0, w2 = ((unsigned long long)S2 & 15u) == 0 && sld2 % 8 == 0;
+            /* streamed tile n into stage s: its rows, and for a key block their statistics */
 #define XTC_FB_FETCH(n_, s_)                                                                                          \
     do {                                                                                                              \
         const i64 fs0 = (n_) < n0 ? a0 + (i64)(n_) * XTC_FB_BN : a1 + (i64)((n_) - n0) * XTC_FB_BN;                   \
@@ -119,143 +147,140 @@
             fb_hi[s_][rr] = hi;                                                                                       \
         }                                                                                                             \
     } while (0)
-        xtc_fa_rows(sa, 2 * XTC_FB_DS, R1, D, r0, rlim, 64, XTC_FB_DP / 8, D / 8, v1);
-        xtc_fa_rows(sa + 2u * XTC_FB_RES, 2 * XTC_FB_DS, R2, ld2, r0, rlim, 64, XTC_FB_DP / 8, E / 8, v2);
-        if (nt > 0)
-            XTC_FB_FETCH(0, 0);
-        xtc_cp_async_commit();
-        const i64 rw = r0 + warp * 16; /* the warp's first resident row; the lane's are rw + lg and rw + lg + 8 */
-        float rls[2], rdl[2]; /* a query block: each of the lane's rows' logsumexp, dlse - D_i and keys */
-        i64 rlo[2], rhi[2];
-        if (!kv) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const i64 i = rw + lg + 8 * r;
-                i64 lo = 0, hi = 0;
-                if (i < I)
-                    XTC_FB_KEYS(i, lo, hi);
-                rlo[r] = lo;
-                rhi[r] = hi;
-                rls[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;
-                rdl[r] = i < I ? scratch[batch * I + i] : 0.0f;
+            if (hh == 0) { /* the resident rows: the same for every query head of a key block */
+                xtc_fa_rows(sa, 2 * XTC_FB_DS, R1, D, r0, rlim, 64, XTC_FB_DP / 8, D / 8, v1);
+                xtc_fa_rows(sa + 2u * XTC_FB_RES, 2 * XTC_FB_DS, R2, ld2, r0, rlim, 64, XTC_FB_DP / 8, E / 8, v2);
             }
-        } else {
+            if (nt > 0)
+                XTC_FB_FETCH(0, 0);
+            xtc_cp_async_commit();
+            float rls[2], rdl[2]; /* a query block: each of the lane's rows' logsumexp, dlse - D_i and keys */
+            i64 rlo[2], rhi[2];
+            if (!kv) {
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                rls[r] = rdl[r] = 0.0f;
-                rlo[r] = rhi[r] = 0;
-            }
-        }
-        float acc1[XTC_FB_DP / 8][4], acc2[XTC_FB_DP / 8][4]; /* dq or dk; dv */
-#pragma unroll
-        for (int ci = 0; ci < XTC_FB_DP / 8; ci++)
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc1[ci][u] = acc2[ci][u] = 0.0f;
-        for (int tn = 0; tn < nt; tn++) { /* (not n: a size's name) */
-            const int st = XTC_FB_NST == 2 ? tn & 1 : 0;
-            const i64 s0 = tn < n0 ? a0 + (i64)tn * XTC_FB_BN : a1 + (i64)(tn - n0) * XTC_FB_BN, lim = tn < n0 ? e0 : e1;
-            xtc_cp_async_wait(0);
-            __syncthreads(); /* stage st (and the resident tiles) arrived; the other stage read by every warp */
-            if (XTC_FB_NST == 2 && tn + 1 < nt) { /* the next tile's copies, while this one is multiplied */
-                XTC_FB_FETCH(tn + 1, XTC_FB_NST - 1 - st); /* the other stage */
-                xtc_cp_async_commit();
-            }
-            const xtc_sa s1 = sa + 2u * (2 * XTC_FB_RES + st * XTC_FB_STAGE), s2 = s1 + 2u * XTC_FB_BN * XTC_FB_DS;
-            /* the lane's ldmatrix rows: A of the warp's resident rows (row lane % 16, column 8 (lane / 16));
-             * B of two 8-row tiles (row 8 (lane / 16) + lane % 8, column 8 (lane / 8 % 2)); B .trans (row
-             * 8 (lane / 8 % 2) + lane % 8, column 8 (lane / 16)) */
-            const xtc_sa ra = xtc_fa_opaque(sa + 2u * ((warp * 16 + lane % 16) * XTC_FB_DS + 8 * (lane / 16)));
-            const unsigned bo = 2u * ((8 * (lane / 16) + lane % 8) * XTC_FB_DS + 8 * (lane / 8 % 2));
-            const unsigned to = 2u * ((8 * (lane / 8 % 2) + lane % 8) * XTC_FB_DS + 8 * (lane / 16));
-            const xtc_sa b1 = xtc_fa_opaque(s1 + bo), b2 = xtc_fa_opaque(s2 + bo);
-            float x[XTC_FB_BN / 8][4], y[XTC_FB_BN / 8][4]; /* tile nc: streamed rows 8 nc .. 8 nc + 7 */
-#pragma unroll
-            for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    x[nc][u] = y[nc][u] = 0.0f;
-#pragma unroll
-            for (int kd = 0; kd < XTC_FB_DP / 16; kd++) {
-                unsigned f1[4], f2[4];
-                xtc_ldmatrix_x4_sa(f1, ra + 2u * (16 * kd));
-                xtc_ldmatrix_x4_sa(f2, ra + 2u * (XTC_FB_RES + 16 * kd));
-#pragma unroll
-                for (int nc = 0; nc < XTC_FB_BN / 16; nc++) {
-                    unsigned k1[4], k2[4];
-                    xtc_ldmatrix_x4_sa(k1, b1 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
-                    xtc_ldmatrix_x4_sa(k2, b2 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
-                    XTC_FB_MMA(x[2 * nc], f1, k1, x[2 * nc]);
-                    XTC_FB_MMA(x[2 * nc + 1], f1, k1 + 2, x[2 * nc + 1]);
-                    XTC_FB_MMA(y[2 * nc], f2, k2, y[2 * nc]);
-                    XTC_FB_MMA(y[2 * nc + 1], f2, k2 + 2, y[2 * nc + 1]);
+                for (int r = 0; r < 2; r++) {
+                    const i64 i = rw + lg + 8 * r;
+                    i64 lo = 0, hi = 0;
+                    if (i < I)
+                        XTC_FB_KEYS(i, lo, hi);
+                    rlo[r] = lo;
+                    rhi[r] = hi;
+                    rls[r] = i < I ? xtc_ld(ob, i * OC + E) : 0.0f;
+                    rdl[r] = i < I ? scratch[batch * I + i] : 0.0f;
                 }
-            }
-            /* x becomes P, y dS: element (nc, u) is resident row lg + 8 (u / 2), streamed row 8 nc + 2 lt + u % 2 */
-            const i64 sl = (s0 + XTC_FB_BN < lim ? s0 + XTC_FB_BN : lim) - 1, wl = (rw + 16 < rlim ? rw + 16 : rlim) - 1;
-            if (s0 + XTC_FB_BN <= lim && rw + 16 <= rlim &&
-                (kv ? XTC_FB_FULL(s0, sl, rw, wl) : XTC_FB_FULL(rw, wl, s0, sl))) {
-#pragma unroll
-                for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int sc = 8 * nc + 2 * lt + u % 2;
-                        const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
-                        const float p = xtc_fa_exp2(x[nc][u] * XTC_FB_SCALE2 - lse * 1.44269504f);
-                        x[nc][u] = p;
-                        y[nc][u] = p * (y[nc][u] + dl) * XTC_FB_SCALE;
-                    }
             } else {
 #pragma unroll
-                for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int sc = 8 * nc + 2 * lt + u % 2;
-                        const i64 rr = rw + lg + 8 * (u / 2), i = kv ? s0 + sc : rr, j = kv ? rr : s0 + sc;
-                        const i64 lo = kv ? fb_lo[st][sc] : rlo[u / 2], hi = kv ? fb_hi[st][sc] : rhi[u / 2];
-                        float pv = 0.0f, dsv = 0.0f; /* outside the row's keys (and past I, J): no term */
-                        if (j >= lo && j < hi) {
-                            const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
-                            XTC_FB_PAIR(x[nc][u], y[nc][u], i, j, lse, dl, pv, dsv);
-                        }
-                        x[nc][u] = pv;
-                        y[nc][u] = dsv;
-                    }
-            }
-            const xtc_sa t1 = xtc_fa_opaque(s1 + to), t2 = xtc_fa_opaque(s2 + to);
-#pragma unroll
-            for (int kc = 0; kc < XTC_FB_BN / 16; kc++) { /* streamed rows 16 kc .. 16 kc + 15 */
-                unsigned da[4], pa[4];
-                da[0] = XTC_FB_PACK(y[2 * kc][0], y[2 * kc][1]);
-                da[1] = XTC_FB_PACK(y[2 * kc][2], y[2 * kc][3]);
-                da[2] = XTC_FB_PACK(y[2 * kc + 1][0], y[2 * kc + 1][1]);
-                da[3] = XTC_FB_PACK(y[2 * kc + 1][2], y[2 * kc + 1][3]);
-                pa[0] = XTC_FB_PACK(x[2 * kc][0], x[2 * kc][1]);
-                pa[1] = XTC_FB_PACK(x[2 * kc][2], x[2 * kc][3]);
-                pa[2] = XTC_FB_PACK(x[2 * kc + 1][0], x[2 * kc + 1][1]);
-                pa[3] = XTC_FB_PACK(x[2 * kc + 1][2], x[2 * kc + 1][3]);
-#pragma unroll
-                for (int ci = 0; ci < XTC_FB_DP / 16; ci++) { /* columns 16 ci .. + 7 and + 8 .. + 15 */
-                    unsigned sf[4];
-                    xtc_ldmatrix_x4_trans_sa(sf, t1 + 2u * (16 * kc * XTC_FB_DS + 16 * ci));
-                    XTC_FB_MMA(acc1[2 * ci], da, sf, acc1[2 * ci]);
-                    XTC_FB_MMA(acc1[2 * ci + 1], da, sf + 2, acc1[2 * ci + 1]);
-                    if (kv) {
-                        xtc_ldmatrix_x4_trans_sa(sf, t2 + 2u * (16 * kc * XTC_FB_DS + 16 * ci));
-                        XTC_FB_MMA(acc2[2 * ci], pa, sf, acc2[2 * ci]);
-                        XTC_FB_MMA(acc2[2 * ci + 1], pa, sf + 2, acc2[2 * ci + 1]);
-                    }
+                for (int r = 0; r < 2; r++) {
+                    rls[r] = rdl[r] = 0.0f;
+                    rlo[r] = rhi[r] = 0;
                 }
             }
-            if (XTC_FB_NST == 1) {
-                __syncthreads(); /* every warp done with the stage before the next tile's copies */
-                if (tn + 1 < nt) {
-                    XTC_FB_FETCH(tn + 1, 0);
+            for (int tn = 0; tn < nt; tn++) { /* (not n: a size's name) */
+                const int st = XTC_FB_NST == 2 ? tn & 1 : 0;
+                const i64 s0 = tn < n0 ? a0 + (i64)tn * XTC_FB_BN : a1 + (i64)(tn - n0) * XTC_FB_BN, lim = tn < n0 ? e0 : e1;
+                xtc_cp_async_wait(0);
+                __syncthreads(); /* stage st (and the resident tiles) arrived; the other stage read by every warp */
+                if (XTC_FB_NST == 2 && tn + 1 < nt) { /* the next tile's copies, while this one is multiplied */
+                    XTC_FB_FETCH(tn + 1, XTC_FB_NST - 1 - st); /* the other stage */
                     xtc_cp_async_commit();
                 }
+                const xtc_sa s1 = sa + 2u * (2 * XTC_FB_RES + st * XTC_FB_STAGE), s2 = s1 + 2u * XTC_FB_BN * XTC_FB_DS;
+                /* the lane's ldmatrix rows: A of the warp's resident rows (row lane % 16, column 8 (lane / 16));
+                 * B of two 8-row tiles (row 8 (lane / 16) + lane % 8, column 8 (lane / 8 % 2)); B .trans (row
+                 * 8 (lane / 8 % 2) + lane % 8, column 8 (lane / 16)) */
+                const xtc_sa ra = xtc_fa_opaque(sa + 2u * ((warp * 16 + lane % 16) * XTC_FB_DS + 8 * (lane / 16)));
+                const unsigned bo = 2u * ((8 * (lane / 16) + lane % 8) * XTC_FB_DS + 8 * (lane / 8 % 2));
+                const unsigned to = 2u * ((8 * (lane / 8 % 2) + lane % 8) * XTC_FB_DS + 8 * (lane / 16));
+                const xtc_sa b1 = xtc_fa_opaque(s1 + bo), b2 = xtc_fa_opaque(s2 + bo);
+                float x[XTC_FB_BN / 8][4], y[XTC_FB_BN / 8][4]; /* tile nc: streamed rows 8 nc .. 8 nc + 7 */
+#pragma unroll
+                for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        x[nc][u] = y[nc][u] = 0.0f;
+#pragma unroll
+                for (int kd = 0; kd < XTC_FB_DP / 16; kd++) {
+                    unsigned f1[4], f2[4];
+                    xtc_ldmatrix_x4_sa(f1, ra + 2u * (16 * kd));
+                    xtc_ldmatrix_x4_sa(f2, ra + 2u * (XTC_FB_RES + 16 * kd));
+#pragma unroll
+                    for (int nc = 0; nc < XTC_FB_BN / 16; nc++) {
+                        unsigned k1[4], k2[4];
+                        xtc_ldmatrix_x4_sa(k1, b1 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
+                        xtc_ldmatrix_x4_sa(k2, b2 + 2u * (16 * nc * XTC_FB_DS + 16 * kd));
+                        XTC_FB_MMA(x[2 * nc], f1, k1, x[2 * nc]);
+                        XTC_FB_MMA(x[2 * nc + 1], f1, k1 + 2, x[2 * nc + 1]);
+                        XTC_FB_MMA(y[2 * nc], f2, k2, y[2 * nc]);
+                        XTC_FB_MMA(y[2 * nc + 1], f2, k2 + 2, y[2 * nc + 1]);
+                    }
+                }
+                /* x becomes P, y dS: element (nc, u) is resident row lg + 8 (u / 2), streamed row 8 nc + 2 lt + u % 2 */
+                const i64 sl = (s0 + XTC_FB_BN < lim ? s0 + XTC_FB_BN : lim) - 1, wl = (rw + 16 < rlim ? rw + 16 : rlim) - 1;
+                if (s0 + XTC_FB_BN <= lim && rw + 16 <= rlim &&
+                    (kv ? XTC_FB_FULL(s0, sl, rw, wl) : XTC_FB_FULL(rw, wl, s0, sl))) {
+#pragma unroll
+                    for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            const int sc = 8 * nc + 2 * lt + u % 2;
+                            const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
+                            const float p = xtc_fa_exp2(x[nc][u] * XTC_FB_SCALE2 - lse * 1.44269504f);
+                            x[nc][u] = p;
+                            y[nc][u] = p * (y[nc][u] + dl) * XTC_FB_SCALE;
+                        }
+                } else {
+#pragma unroll
+                    for (int nc = 0; nc < XTC_FB_BN / 8; nc++)
+#pragma unroll
+                        for (int u = 0; u < 4; u++) {
+                            const int sc = 8 * nc + 2 * lt + u % 2;
+                            const i64 rr = rw + lg + 8 * (u / 2), i = kv ? s0 + sc : rr, j = kv ? rr : s0 + sc;
+                            const i64 lo = kv ? fb_lo[st][sc] : rlo[u / 2], hi = kv ? fb_hi[st][sc] : rhi[u / 2];
+                            float pv = 0.0f, dsv = 0.0f; /* outside the row's keys (and past I, J): no term */
+                            if (j >= lo && j < hi) {
+                                const float lse = kv ? fb_ls[st][sc] : rls[u / 2], dl = kv ? fb_dl[st][sc] : rdl[u / 2];
+                                XTC_FB_PAIR(x[nc][u], y[nc][u], i, j, lse, dl, pv, dsv);
+                            }
+                            x[nc][u] = pv;
+                            y[nc][u] = dsv;
+                        }
+                }
+                const xtc_sa t1 = xtc_fa_opaque(s1 + to), t2 = xtc_fa_opaque(s2 + to);
+#pragma unroll
+                for (int kc = 0; kc < XTC_FB_BN / 16; kc++) { /* streamed rows 16 kc .. 16 kc + 15 */
+                    unsigned da[4], pa[4];
+                    da[0] = XTC_FB_PACK(y[2 * kc][0], y[2 * kc][1]);
+                    da[1] = XTC_FB_PACK(y[2 * kc][2], y[2 * kc][3]);
+                    da[2] = XTC_FB_PACK(y[2 * kc + 1][0], y[2 * kc + 1][1]);
+                    da[3] = XTC_FB_PACK(y[2 * kc + 1][2], y[2 * kc + 1][3]);
+                    pa[0] = XTC_FB_PACK(x[2 * kc][0], x[2 * kc][1]);
+                    pa[1] = XTC_FB_PACK(x[2 * kc][2], x[2 * kc][3]);
+                    pa[2] = XTC_FB_PACK(x[2 * kc + 1][0], x[2 * kc + 1][1]);
+                    pa[3] = XTC_FB_PACK(x[2 * kc + 1][2], x[2 * kc + 1][3]);
+#pragma unroll
+                    for (int ci = 0; ci < XTC_FB_DP / 16; ci++) { /* columns 16 ci .. + 7 and + 8 .. + 15 */
+                        unsigned sf[4];
+                        xtc_ldmatrix_x4_trans_sa(sf, t1 + 2u * (16 * kc * XTC_FB_DS + 16 * ci));
+                        XTC_FB_MMA(acc1[2 * ci], da, sf, acc1[2 * ci]);
+                        XTC_FB_MMA(acc1[2 * ci + 1], da, sf + 2, acc1[2 * ci + 1]);
+                        if (kv) {
+                            xtc_ldmatrix_x4_trans_sa(sf, t2 + 2u * (16 * kc * XTC_FB_DS + 16 * ci));
+                            XTC_FB_MMA(acc2[2 * ci], pa, sf, acc2[2 * ci]);
+                            XTC_FB_MMA(acc2[2 * ci + 1], pa, sf + 2, acc2[2 * ci + 1]);
+                        }
+                    }
+                }
+                if (XTC_FB_NST == 1) {
+                    __syncthreads(); /* every warp done with the stage before the next tile's copies */
+                    if (tn + 1 < nt) {
+                        XTC_FB_FETCH(tn + 1, 0);
+                        xtc_cp_async_commit();
+                    }
+                }
             }
+            xtc_cp_async_wait(0); /* (no streamed tile: the resident copies) */
+            __syncthreads(); /* every warp done with the tiles before the next head's or block's copies */
         }
-        xtc_cp_async_wait(0); /* (no streamed tile: the resident copies) */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const i64 row = rw + lg + 8 * r;
@@ -273,7 +298,6 @@
                     }
                 }
         }
-        __syncthreads(); /* every warp done with the tiles before the next block's copies */
     }
 #undef XTC_FB_FETCH
 #undef XTC_FB_DS
@@ -285,6 +309,10 @@
 #undef XTC_FB_MMA
 #undef XTC_FB_PACK
 #undef XTC_FB_TILE
+#undef XTC_FB_OUT
+#undef XTC_FB_HEADS
+#undef XTC_FB_HSTEP
+#undef XTC_FB_NOKV
 #undef XTC_FB_KEYS
 #undef XTC_FB_QUERIES
 #undef XTC_FB_PAIR
