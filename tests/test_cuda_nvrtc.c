@@ -1219,7 +1219,7 @@ static Suite *suite(void)
     tcase_add_test(lib, test_library_kernels);
     suite_add_tcase(s, lib);
     TCase *fl = tcase_create("flash");
-    tcase_set_timeout(fl, 300);
+    tcase_set_timeout(fl, 600);
     tcase_add_test(fl, test_flash_instruction_mix);
     tcase_add_test(fl, test_matmul_instruction_mix);
     suite_add_tcase(s, fl);
