@@ -778,9 +778,11 @@ int xtc_session_run(XtcSession *s)
         /* a symbol outgrowing its plan again (a cache a token longer each call) is planned half
          * as large again, within its bound: the arenas are replanned and reallocated (and a
          * device's freed, synchronised and allocated) a logarithmic number of times, not at
-         * every call; where that plan cannot be had, the plan of these sizes */
+         * every call; where that plan cannot be had, the plan of these sizes. Only in a session
+         * that carries outputs into inputs (decoding): elsewhere a failed allocation is reported,
+         * never absorbed by a smaller plan */
         int grew = 0;
-        for (int k = 0; k < m->nsyms; k++)
+        for (int k = 0; k < m->nsyms && s->carried; k++)
             if (!m->sym_derived[k] && s->arena && s->planned[k] > 0 && syms[k] > s->planned[k]) {
                 int64_t b = sym_bound(s, k), v = syms[k] + syms[k] / 2;
                 next[k] = b > 0 && v > b ? b : v;
