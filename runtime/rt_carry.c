@@ -321,6 +321,7 @@ int xtc_session_carry(XtcSession *s, const char *output, const char *input)
     if (m->bufs[ib].row_norm > 0 && strcmp(output, input))
         return rs_fail(s, XTC_ERR_ARG, "input '%s' holds rows of L2 norm <= %g (cosine-sim attention relies on it): "
                        "only output '%s' carries into it", input, m->bufs[ib].row_norm, input);
+    s->carries = 1; /* a decoding session: its arenas get headroom (xtc_session_run) */
     int st = device_carry(s, oi, ib);
     if (st >= 0)
         return st;

@@ -782,7 +782,7 @@ int xtc_session_run(XtcSession *s)
          * that carries outputs into inputs (decoding): elsewhere a failed allocation is reported,
          * never absorbed by a smaller plan */
         int grew = 0;
-        for (int k = 0; k < m->nsyms && s->carried; k++)
+        for (int k = 0; k < m->nsyms && s->carries; k++)
             if (!m->sym_derived[k] && s->arena && s->planned[k] > 0 && syms[k] > s->planned[k]) {
                 int64_t b = sym_bound(s, k), v = syms[k] + syms[k] / 2;
                 next[k] = b > 0 && v > b ? b : v;

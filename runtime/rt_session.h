@@ -63,6 +63,7 @@ struct XtcSession {
     void **spare;                /* ... into this memory of spare_cap bytes (the run grows it) */
     size_t *spare_cap;
     size_t *own_cap;             /* an input's own[] capacity when it came from a spare (0: exact) */
+    int carries;                 /* xtc_session_carry was called (decoding) */
     /* a device module's outputs (rs_lazy_outputs) and carries (device_carry): per buffer, */
     uint8_t *lazy;               /* an output left on the device by the runs, ... */
     uint8_t *fetched;            /* ... and copied to the host when read after the last run */
