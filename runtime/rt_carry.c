@@ -189,8 +189,8 @@ int rs_place_carried(XtcSession *s, const int64_t *syms)
             s->ptr[i] = s->own[ib];
             continue;
         }
-        if (need > s->spare_cap[i]) { /* a cache grows by a row a call: room for a quarter more */
-            size_t cap = need + need / 4 + 64;
+        if (need > s->spare_cap[i]) { /* a cache grows by a row a call: room to grow (rs_headroom) */
+            size_t cap = (size_t)rs_headroom((int64_t)need) + 64;
             free(s->spare[i]);
             s->spare[i] = rt_malloc(cap);
             s->spare_cap[i] = s->spare[i] ? cap : 0;

@@ -775,8 +775,8 @@ int xtc_session_run(XtcSession *s)
         int64_t next[RT_MAXSYM];
         for (int k = 0; k < RT_MAXSYM; k++)
             next[k] = syms[k] > s->planned[k] ? syms[k] : s->planned[k];
-        /* a symbol outgrowing its plan again (a cache a token longer each call) is planned half
-         * as large again, within its bound: the arenas are replanned and reallocated (and a
+        /* a symbol outgrowing its plan again (a cache a token longer each call) is planned with
+         * room to grow (rs_headroom), within its bound: the arenas are replanned and reallocated (and a
          * device's freed, synchronised and allocated) a logarithmic number of times, not at
          * every call; where that plan cannot be had, the plan of these sizes. Only in a session
          * that carries outputs into inputs (decoding): elsewhere a failed allocation is reported,
@@ -784,7 +784,7 @@ int xtc_session_run(XtcSession *s)
         int grew = 0;
         for (int k = 0; k < m->nsyms && s->carries; k++)
             if (!m->sym_derived[k] && s->arena && s->planned[k] > 0 && syms[k] > s->planned[k]) {
-                int64_t b = sym_bound(s, k), v = syms[k] + syms[k] / 2;
+                int64_t b = sym_bound(s, k), v = rs_headroom(syms[k]);
                 next[k] = b > 0 && v > b ? b : v;
                 grew |= next[k] > syms[k];
             }

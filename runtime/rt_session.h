@@ -12,6 +12,15 @@
 
 #define ARENA_ALIGN 64
 
+/* What a decoding session's growing memory is given when it outgrows what it has: half as much
+ * again, so that a cache a token longer each call is reallocated a logarithmic number of times.
+ * The one growth rule of the runtime: the arenas' plan (xtc_session_run) and the carried outputs'
+ * spare memory (rt_carry.c) both take it. */
+static inline int64_t rs_headroom(int64_t need)
+{
+    return need + need / 2;
+}
+
 /* One layout of a module's temps in an arena, made by plan_offsets. */
 typedef struct {
     size_t *elem;   /* per buffer: bytes per element of a temp in this arena; 0: not in it */
