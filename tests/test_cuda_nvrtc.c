@@ -356,15 +356,21 @@ static void free_set(KernelSet *ks)
     free(ks->op);
 }
 
-/* GPT's kernels rendered with --mma (inference and training), only those on tensor cores, added
- * to ks: the others are the f32 ones already there. Returns how many were added. */
-static int add_mma_kernels(KernelSet *ks, int mma)
+static XtfFile *parse_gpt(void)
 {
     XtfDiag d;
     xtf_diag_init(&d);
     XtfFile *f = xtf_parse_file(XTC_SOURCE_DIR "/models/gpt.xtf", &d);
     ck_assert_msg(f && !d.nerrors && xtf_check(f, &d) == 0, "gpt.xtf: %s", d.text ? d.text : "");
     xtf_diag_free(&d);
+    return f;
+}
+
+/* GPT's kernels rendered with --mma (inference and training), only those on tensor cores, added
+ * to ks: the others are the f32 ones already there. Returns how many were added. */
+static int add_mma_kernels(KernelSet *ks, int mma)
+{
+    XtfFile *f = parse_gpt();
     int n0 = ks->n, graphs = ks->graphs, kernels = ks->kernels;
     ks->mma = mma;
     ks->only_mma = 1;
@@ -660,8 +666,9 @@ END_TEST
 /* occurrences of what in [from, end) (end NULL: to the end) */
 /* ptxas -v for sm_80 and sm_90 on ptx (written to tmpdir/stem.ptx; freed here): every kernel
  * without local memory (no stack frame, no spills), `kernels` of them; prints each kernel's
- * registers/shared bytes per arch under `what` */
-static void ptxas_check(char *ptx, const char *stem, int kernels, const char *what)
+ * registers/shared bytes per arch under `what`; with entry, its registers per arch into regs */
+static void ptxas_check_entry(char *ptx, const char *stem, int kernels, const char *what, const char *entry,
+                              int regs_of[2])
 {
     char ptx_path[512], log[512];
     snprintf(ptx_path, sizeof ptx_path, "%s/%s.ptx", tmpdir, stem);
@@ -690,7 +697,9 @@ static void ptxas_check(char *ptx, const char *stem, int kernels, const char *wh
         size_t fl = 0;
         for (const char *p = strstr(text, "Used "); p && fl < sizeof fig; p = strstr(p + 1, "Used ")) {
             int regs = 0, smem = 0;
-            const char *sm = strstr(p, "bytes smem");
+            const char *sm = strstr(p, "bytes smem"), *eol = strchr(p, '\n');
+            if (sm && eol && sm > eol) /* not this kernel's line: it has no shared memory */
+                sm = NULL;
             while (sm && sm > p && sm[-1] == ' ')
                 sm--;
             while (sm && sm > p && sm[-1] >= '0' && sm[-1] <= '9')
@@ -701,9 +710,14 @@ static void ptxas_check(char *ptx, const char *stem, int kernels, const char *wh
             fl += (size_t)snprintf(fig + fl, sizeof fig - fl, "%s%d/%d", fl ? ", " : "", regs, smem);
         }
         fprintf(stderr, "test_cuda_nvrtc: %s, %s: registers/shared bytes per kernel %s\n", what, arch + 6, fig);
+        char mark[256]; /* "Compiling entry function 'entry'", then its "Used N registers" */
+        snprintf(mark, sizeof mark, "function '%s'", entry ? entry : "");
+        const char *e = entry ? strstr(text, mark) : NULL, *u = e ? strstr(e, "Used ") : NULL;
+        ck_assert_msg(!entry || (u && sscanf(u, "Used %d registers", &regs_of[a]) == 1), "ptxas %s: no %s", arch, mark);
         free(text);
     }
 }
+#define ptxas_check(ptx, stem, kernels, what) ptxas_check_entry(ptx, stem, kernels, what, NULL, NULL)
 
 static int count_in(const char *from, const char *end, const char *what)
 {
@@ -1102,6 +1116,53 @@ START_TEST(test_copy_kernels)
 }
 END_TEST
 
+/* GPT's bf16 training module's kernels on tensor cores (matmuls with GPT's epilogues, flash
+ * attention forward and backward) after the bf16 prelude: NVRTC, then ptxas -v for sm_80 and sm_90
+ * with no local memory, and the backward within 168 registers on sm_80 (3 blocks an SM). */
+START_TEST(test_gpt_tensor_core_kernels)
+{
+    if (!toolkit_present())
+        return;
+    make_tmpdir();
+    XtfFile *xf = parse_gpt();
+    static const XtLowerOpts train = {.train = 1};
+    char err[4096];
+    PassOptions po = {.verify_each = 1};
+    IrGraph *g0 = lower(xf, NULL, &train), *g = NULL;
+    ck_assert_msg(g0 && harness_autodiff(g0, "cuda", err, sizeof err) == 0, "autodiff: %s", err);
+    ck_assert_msg((g = harness_passes(g0, "cuda", &po, err, sizeof err)) != NULL, "passes: %s", err);
+    CgPlan plan;
+    ck_assert_msg(cg_plan_build_views(g, &plan, (cg_cuda_backend.caps & CG_CAP_HEAD_VIEWS) != 0, err, sizeof err) == 0,
+                  "%s", err);
+    CgOptions opt = {.output = "-", .mma = CG_MMA_BF16, .dtype = "bf16"};
+    CuUnit u;
+    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
+    char *src = NULL, *ptx = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&src, &len);
+    cu_prelude(f, g, u.nkernels, 1);
+    int kernels = 0, grads = 0, regs[2] = {0, 0};
+    const char *grad = NULL;
+    for (int k = 0; k < u.nkernels; k++) {
+        if (!strstr(u.kernel_text[k], "xtc_mma_m16n8k16_bf16"))
+            continue;
+        if (plan.kernels[k].node->op == IR_ATTENTION_GRAD)
+            grad = plan.kernels[k].fn, grads++;
+        fprintf(f, "\n%s", u.kernel_text[k]);
+        kernels++;
+    }
+    fclose(f);
+    ck_assert(grads == 1 && kernels >= 10);
+    ck_assert_msg(cg_nvrtc_compile(src, "gpt_tc.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
+    free(src);
+    ptxas_check_entry(ptx, "gpt_tc", kernels, "GPT bf16 training, tensor-core matmuls and attention", grad, regs);
+    ck_assert_msg(regs[0] <= 168, "%s takes %d registers on sm_80 (3 blocks an SM: 168)", grad, regs[0]);
+    cg_cuda_unit_free(&u);
+    cg_plan_free(&plan);
+    ir_graph_free(g), ir_graph_free(g0), xtf_free(xf);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_nvrtc");
@@ -1120,6 +1181,7 @@ static Suite *suite(void)
     tcase_set_timeout(fl, 600);
     tcase_add_test(fl, test_flash_instruction_mix);
     tcase_add_test(fl, test_matmul_instruction_mix);
+    tcase_add_test(fl, test_gpt_tensor_core_kernels);
     suite_add_tcase(s, fl);
     TCase *gg = tcase_create("grouped grad"); /* CK_RUN_CASE="grouped grad" runs it alone */
     tcase_set_timeout(gg, 300);

@@ -722,6 +722,14 @@ static const char *const prelude[] = {
     "    asm volatile(\"st.shared.v4.u32 [%0], {%1, %2, %3, %4};\" :: \"r\"(dst), \"r\"(a), \"r\"(b), \"r\"(c), \"r\"(d)",
     "                 : \"memory\");",
     "}",
+    "/* x, which the compiler cannot see through: what is derived from it (addresses) is computed where",
+    " * it is used, not hoisted out of a loop into registers of its own */",
+    "XTC_INLINE unsigned xtc_opaque(unsigned x)",
+    "{",
+    "    unsigned y;",
+    "    asm volatile(\"mov.b32 %0, %1;\" : \"=r\"(y) : \"r\"(x));",
+    "    return y;",
+    "}",
     "#elif defined(XTC_CUDA_EMULATION)",
     "/* The emulator: the lanes' row addresses gathered in one warp exchange (the warp-synchronous",
     " * step of a shuffle; a block's shared memory is its OS thread's, so every lane can read it),",
@@ -767,6 +775,7 @@ static const char *const prelude[] = {
     "    const unsigned w[4] = {a, b, c, d};",
     "    memcpy((void *)dst, w, 16);",
     "}",
+    "XTC_INLINE unsigned xtc_opaque(unsigned x) { return x; }",
     "#endif",
     NULL};
 

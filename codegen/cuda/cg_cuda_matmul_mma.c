@@ -9,7 +9,12 @@
  * otherwise 64 x 64 tiles, each warp 32 x 16 (2 x 2 products), four times as many blocks.
  *
  * K advances KT (32) at a time through STAGES (3) shared buffers filled by cp.async: the copies
- * of stage s + 2 are issued while stage s is multiplied, one barrier a stage. The operands are
+ * of stage s + 2 are issued while stage s is multiplied, one barrier a stage. Registers: blocks
+ * are bounded to 2 an SM (128 registers a thread), which the large tiles' 64 sums and 24
+ * fragment registers nearly fill; so the copies' addresses are recomputed each stage from an
+ * opaque thread index (xtc_opaque: not hoisted out of the k loop into registers of their own)
+ * and the stage slots are ints stepped with kb, not 64-bit remainders (GPT's kernels spilled
+ * up to 28 bytes on sm_80 and sm_90 without these; test_cuda_nvrtc flash checks). The operands are
  * copied as stored, 8 values (16 bytes) a copy, into shared tiles of 16-bit values:
  *   A     [m][k], 4 chunks of 8 k a row (64 bytes), chunk c of row r at c ^ (r / 2 % 4)
  *   B^T   [n][k] (transpose_b: B stored [N, K]), the same layout
@@ -103,7 +108,7 @@ static void stage_copy(FILE *f, const Shape *sh, int tb, int R, int vec, const c
     snprintf(in, sizeof in, "%s    ", at);
     /* A: bm rows of 4 chunks */
     fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* A[m0 .., %s ..] */\n", at, sh->bm * 4 / THREADS, kz);
-    fprintf(f, "%s    const int e = threadIdx.x + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
+    fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
     fprintf(f, "%s    const i64 gr = m0 + r, gk = %s + 8 * c;\n", at, kz);
     chunk_at(dst, sizeof dst, 1, 0, "r", "c");
     fprintf(f, "%s    unsigned short *dst = &As[%s][%s];\n", at, slot, dst);
@@ -111,7 +116,7 @@ static void stage_copy(FILE *f, const Shape *sh, int tb, int R, int vec, const c
     fprintf(f, "%s}\n", at);
     if (tb) { /* B^T: bn rows (n) of 4 chunks */
         fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* B[n0 .., %s ..] */\n", at, sh->bn * 4 / THREADS, kz);
-        fprintf(f, "%s    const int e = threadIdx.x + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
+        fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
         if (R) { /* tile row r: the product's column (split_col) */
             cu_matmul_split_col("r", R, oc, sizeof oc, col, sizeof col);
             fprintf(f, "%s    const i64 oc = %s, gr = %s, gk = %s + 8 * c;\n", at, oc, col, kz);
@@ -127,7 +132,8 @@ static void stage_copy(FILE *f, const Shape *sh, int tb, int R, int vec, const c
     } else { /* B: 32 rows (k) of bn / 8 chunks */
         int cpr = sh->bn / 8;
         fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* B[%s .., n0 ..] */\n", at, KT * cpr / THREADS, kz);
-        fprintf(f, "%s    const int e = threadIdx.x + %d * i, r = e / %d, c = e %% %d;\n", at, THREADS, cpr, cpr);
+        fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e / %d, c = e %% %d;\n", at, THREADS, cpr,
+                cpr);
         if (R) { /* tile columns 8 c .. 8 c + 7: 8 consecutive columns of one half (R % 8 == 0) */
             cu_matmul_split_col("8 * c", R, oc, sizeof oc, col, sizeof col);
             fprintf(f, "%s    const i64 gk = %s + r, oc = %s, gn = %s;\n", at, kz, oc, col);
@@ -174,15 +180,17 @@ static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpi
     fprintf(f, "                    }\n");
     fprintf(f, "                    xtc_cp_async_commit();\n");
     fprintf(f, "                }\n");
-    fprintf(f, "                for (i64 kb = 0; kb < kt; kb++) {\n");
+    /* the stage slots as ints stepped with kb (no 64-bit remainders in the loop) */
+    fprintf(f, "                int cur = 0; /* kb's slot */\n");
+    fprintf(f, "                for (i64 kb = 0; kb < kt; kb++, cur = cur == %d ? 0 : cur + 1) {\n", STAGES - 1);
     fprintf(f, "                    xtc_cp_async_wait(%d); /* this thread's copies of stage kb have landed */\n", STAGES - 2);
     fprintf(f, "                    __syncthreads(); /* ... everyone's; and stage kb - 1 is read: it can be refilled */\n");
     fprintf(f, "                    if (kb + %d < kt) {\n", STAGES - 1);
-    fprintf(f, "                        const int slot = (int)((kb + %d) %% %d);\n", STAGES - 1, STAGES);
+    fprintf(f, "                        const int slot = cur == 0 ? %d : cur - 1; /* (kb + %d) %% %d */\n", STAGES - 1,
+            STAGES - 1, STAGES);
     stage_copy(f, sh, tb, R, vec, "slot", "(kb + 2) * 32", "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "                    xtc_cp_async_commit();\n");
-    fprintf(f, "                    const int cur = (int)(kb %% %d);\n", STAGES);
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int ks = 0; ks < 2; ks++) { /* k 16 ks .. 16 ks + 15 of the stage */\n");
     fprintf(f, "                        unsigned af[%d][4], bf[%d][2];\n", mi, nj);

@@ -82,8 +82,22 @@
     for (i64 blk = blockIdx.x; blk < batches * (qtiles + ktiles); blk += gridDim.x) {
         const i64 bt = blk % batches, tile = blk / batches;
         const int kv = tile >= qtiles; /* dk and dv of 64 keys; else dq of 64 query rows */
+        /* the resident (R) and streamed (S) operands of query batch index `batch`, and whether their
+         * rows can be copied 16 bytes at a time */
+#define XTC_FB_SIDES                                                                                                  \
+    const xtc_fs *R1 = kv ? kb : qb, *R2 = kv ? vb : gb, *S1 = kv ? qb : kb, *S2 = kv ? gb : vb;                      \
+    const i64 ld2 = kv ? E : GC, sld2 = kv ? GC : E;                                                                  \
+    const int v1 = ((unsigned long long)R1 & 15u) == 0, v2 = ((unsigned long long)R2 & 15u) == 0 && ld2 % 8 == 0;     \
+    const int w1 = ((unsigned long long)S1 & 15u) == 0, w2 = ((unsigned long long)S2 & 15u) == 0 && sld2 % 8 == 0;
+#if XTC_FB_HEADS == 1 /* no groups: the operands' pointers first, then the outputs', as before groups (in another
+                       * order GPT's kernel takes 204 or 210 registers on sm_80, not 164: 2 blocks an SM, not 3) */
+        const i64 batch = bt;
+        XTC_FB_TILE
+        XTC_FB_SIDES
+#endif
         XTC_FB_OUT
         const i64 r0 = kv ? (tile - qtiles) * 64 : (qtiles - 1 - tile) * 64, rlim = kv ? J : I; /* resident rows */
+#if XTC_FB_HEADS > 1
         if (kv && XTC_FB_NOKV(bt)) { /* a query head past the key/value heads: zero dk, dv rows */
             for (i64 e = threadIdx.x; e < 64 * D; e += blockDim.x)
                 if (r0 + e / D < J) {
@@ -92,6 +106,7 @@
                 }
             continue;
         }
+#endif
         i64 a0 = 0, e0 = 0, a1, e1; /* the streamed rows: [a0, e0), then [a1, e1) */
         if (kv) {
             i64 qfm, qib, qie, lfm, lib, lie; /* the first key's rows and the last key's */
@@ -114,18 +129,15 @@
         const int nt = n0 + (int)(e1 > a1 ? (e1 - a1 + XTC_FB_BN - 1) / XTC_FB_BN : 0);
         const i64 rw = r0 + warp * 16; /* the warp's first resident row; the lane's are rw + lg and rw + lg + 8 */
         float acc1[XTC_FB_DP / 8][4], acc2[XTC_FB_DP / 8][4]; /* dq or dk; dv: summed over a group's query heads */
-#pragma unroll
-        for (int ci = 0; ci < XTC_FB_DP / 8; ci++)
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                acc1[ci][u] = acc2[ci][u] = 0.0f;
+#if XTC_FB_HEADS > 1
         for (int hh = 0; hh < (kv ? XTC_FB_HEADS : 1); hh++) { /* a key block: its query heads, in order */
             const i64 batch = bt + hh * XTC_FB_HSTEP;
             XTC_FB_TILE
-            const xtc_fs *R1 = kv ? kb : qb, *R2 = kv ? vb : gb, *S1 = kv ? qb : kb, *S2 = kv ? gb : vb;
-            const i64 ld2 = kv ? E : GC, sld2 = kv ? GC : E;
-            const int v1 = ((unsigned long long)R1 & 15u) == 0, v2 = ((unsigned long long)R2 & 15u) == 0 && ld2 % 8 == 0;
-            const int w1 = ((unsigned long long)S1 & 15u) == 0, w2 = ((unsigned long long)S2 & 15u) == 0 && sld2 % 8 == 0;
+            XTC_FB_SIDES
+#else
+        { /* one query head a key/value head */
+            const int hh = 0;
+#endif
             /* streamed tile n into stage s: its rows, and for a key block their statistics */
 #define XTC_FB_FETCH(n_, s_)                                                                                          \
     do {                                                                                                              \
@@ -175,6 +187,12 @@
                     rlo[r] = rhi[r] = 0;
                 }
             }
+            if (hh == 0) /* (zeroed here, after the copies are issued: fewer registers) */
+#pragma unroll
+                for (int ci = 0; ci < XTC_FB_DP / 8; ci++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        acc1[ci][u] = acc2[ci][u] = 0.0f;
             for (int tn = 0; tn < nt; tn++) { /* (not n: a size's name) */
                 const int st = XTC_FB_NST == 2 ? tn & 1 : 0;
                 const i64 s0 = tn < n0 ? a0 + (i64)tn * XTC_FB_BN : a1 + (i64)(tn - n0) * XTC_FB_BN, lim = tn < n0 ? e0 : e1;
@@ -300,6 +318,7 @@
         }
     }
 #undef XTC_FB_FETCH
+#undef XTC_FB_SIDES
 #undef XTC_FB_DS
 #undef XTC_FB_RES
 #undef XTC_FB_STAGE

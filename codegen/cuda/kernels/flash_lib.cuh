@@ -30,14 +30,8 @@ XTC_INLINE unsigned xtc_fa_pack_f16(float lo, float hi)
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(y) : "f"(hi), "f"(lo));
     return y;
 }
-/* x, which the compiler cannot see through: addresses derived from it are computed where they are
- * used, not hoisted out of the loop into registers of their own */
-XTC_INLINE unsigned xtc_fa_opaque(unsigned x)
-{
-    unsigned y;
-    asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
+/* a shared address the compiler cannot see through (the prelude's xtc_opaque) */
+XTC_INLINE unsigned xtc_fa_opaque(unsigned x) { return xtc_opaque(x); }
 #else
 XTC_INLINE xtc_sa xtc_fa_opaque(xtc_sa x) { return x; }
 XTC_INLINE float xtc_fa_exp2(float x) { return exp2f(x); }
