@@ -6,21 +6,22 @@
 # parameter gradient within the DESIGN.md tolerance (graded by ../shared/parity/compare.py)
 # through each path of PATHS: the reference interpreter (`xtc run model.xtf --grads`), a compiled
 # CPU training module and an emulated CUDA training module (`xtc compile --train [--mask]
-# --target T -O0`, then `xtc run model.so --grads`). By default every case runs through the
-# interpreter and the CPU, and the combined cases (EMU_CASES) through the CUDA emulator too: its
-# NVRTC compile takes seconds a module, so all of them would be minutes (all 49 passed there when
-# this was written: tests/test_parity_newer.sh build . cuda-emu).
+# --target T -O0`, then `xtc run model.so --grads`). By default every case runs through all three
+# (the emulated compiles are ~3.5 s a module); in the sanitizer build (XTC_PARITY_EMU=some) only
+# the combined cases go through the emulator.
 set -u
 . "$2/tests/parity_lib.sh" "$1" "$2"
-paths=${3:-interp cpu}
-emu_cases=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask v1_rotary_xpos v2_xpos_gqa_qk_norm_mask "
-[ $# -ge 3 ] && emu_cases=""
+paths=${3:-interp cpu cuda-emu}
+combined=" v1_gqa_swiglu_rms_rotary v2_gqa_swiglu_rms_rotary v2_qk_norm_rotary_mqa_mask v1_rotary_xpos v2_xpos_gqa_qk_norm_mask "
+# XTC_PARITY_EMU=some (the sanitizer build, tests/CMakeLists.txt): the emulator for the combined cases only
+emu_cases=""
+[ "${XTC_PARITY_EMU:-all}" = some ] && [ $# -lt 3 ] && emu_cases=$combined
 cases_dir=$src/tests/parity_newer
 
 # run_case CASE: every path of the case, one line per path into $tmp/CASE.log
 run_case() {
   local c=$1 dir=$cases_dir/$1 x=$cases_dir/$1.xtf these=$paths p flags
-  [[ "$emu_cases" == *" $c "* ]] && these="$these cuda-emu"
+  [ -n "$emu_cases" ] && [[ "$emu_cases" != *" $c "* ]] && these=${these/cuda-emu/}
   for p in $these; do
     if [ "$p" = interp ]; then
       "$xtc" run "$x" --weights "$dir/weights.safetensors" --input "$dir/inputs.safetensors" \
@@ -49,5 +50,5 @@ ncases=$(ls -d "$cases_dir"/*/ | wc -l)
 cat "$tmp"/*.log
 pass=$(cat "$tmp"/*.log | grep -c '^ok')
 fail=$(cat "$tmp"/*.log | grep -c '^FAIL')
-echo "parity with x-transformers 1.29.2 and 2.26.4 ($paths; $emu_cases through cuda-emu): $pass passed, $fail failed ($ncases cases)"
+echo "parity with x-transformers 1.29.2 and 2.26.4 ($paths${emu_cases:+; cuda-emu only for$emu_cases}): $pass passed, $fail failed ($ncases cases)"
 [ $fail -eq 0 ] && [ $pass -gt 0 ] && [ $ncases -gt 0 ]

@@ -7,20 +7,21 @@
 # ../shared/parity/compare.py: both segments' logits and memories, segment 2's loss and every
 # parameter gradient. Paths: the reference interpreter (`xtc run model.xtf`), compiled CPU modules
 # and emulated CUDA modules (a forward module for segment 1, a --train module for segment 2). By
-# default every case runs through the interpreter and the CPU, and EMU_CASES through the CUDA
-# emulator too (its NVRTC compiles take seconds; every case passed there when this was written:
-# tests/test_parity_xl.sh build . "interp cpu cuda-emu"); PATHS given, every case runs through those.
+# default every case runs through all three; in the sanitizer build (XTC_PARITY_EMU=some) only the
+# combined cases go through the emulator; PATHS given, every case runs through those.
 set -u
 . "$2/tests/parity_lib.sh" "$1" "$2"
-paths=${3:-interp cpu}
-emu_cases=" xl_memory_tokens_rotary v2_xl_memory_tokens_gqa_rotary "
-[ $# -ge 3 ] && emu_cases=""
+paths=${3:-interp cpu cuda-emu}
+combined=" xl_memory_tokens_rotary v2_xl_memory_tokens_gqa_rotary "
+# XTC_PARITY_EMU=some (the sanitizer build, tests/CMakeLists.txt): the emulator for the combined cases only
+emu_cases=""
+[ "${XTC_PARITY_EMU:-all}" = some ] && [ $# -lt 3 ] && emu_cases=$combined
 cases_dir=$src/tests/parity_xl
 
 # run_case CASE: every path of the case, one line per path into $tmp/CASE.log
 run_case() {
   local c=$1 x=$cases_dir/$1.xtf d=$cases_dir/$1 these=$paths p o
-  [[ "$emu_cases" == *" $c "* ]] && these="$these cuda-emu"
+  [ -n "$emu_cases" ] && [[ "$emu_cases" != *" $c "* ]] && these=${these/cuda-emu/}
   for p in $these; do
     o=$tmp/$c.$p
     : > "$o.err"
@@ -52,5 +53,5 @@ ls "$cases_dir"/*.xtf | xargs -n1 basename | sed 's/\.xtf$//' | xargs -P 2 -I{} 
 cat "$tmp"/*.log
 pass=$(cat "$tmp"/*.log | grep -c '^ok')
 fail=$(cat "$tmp"/*.log | grep -c '^FAIL')
-echo "Transformer-XL with memory tokens, parity with x-transformers 0.23.0, 1.29.2 and 2.26.4 ($paths;$emu_cases through cuda-emu): $pass passed, $fail failed"
+echo "Transformer-XL with memory tokens, parity with x-transformers 0.23.0, 1.29.2 and 2.26.4 ($paths${emu_cases:+; cuda-emu only for$emu_cases}): $pass passed, $fail failed"
 [ $fail -eq 0 ] && [ $pass -gt 0 ]
