@@ -1102,6 +1102,8 @@ START_TEST(test_copy_kernels)
 }
 END_TEST
 
+#include "fused_rows_check.h"
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("cuda_nvrtc");
@@ -1129,6 +1131,10 @@ static Suite *suite(void)
     tcase_set_timeout(cp, 300);
     tcase_add_test(cp, test_copy_kernels);
     suite_add_tcase(s, cp);
+    TCase *fr = tcase_create("fused rows"); /* CK_RUN_CASE="fused rows" runs it alone */
+    tcase_set_timeout(fr, 300);
+    tcase_add_test(fr, test_fused_row_kernels);
+    suite_add_tcase(s, fr);
     return s;
 }
 
