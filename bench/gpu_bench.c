@@ -7,6 +7,10 @@
  *   gpu_bench train  MODULE.so ITERS WARMUP BxN...   training step: run (loss, gradients) + AdamW
  *   gpu_bench decode MODULE.so CONTEXT TOKENS        KV-cache decoding: a prompt of CONTEXT - TOKENS
  *                                                    tokens, then TOKENS one-token calls
+ *   gpu_bench matmul MODULE.so ITERS WARMUP [MODULE.so...]
+ *                                                    a product alone: modules of one matmul c = a b
+ *                                                    (inputs a [M, K] and b [K, N], or [N, K] for
+ *                                                    B transposed), each timed in turn
  *
  * fwd and train report the median and minimum wall time of ITERS runs (each run synchronises with
  * the device; a training step reads its loss, a forward reads nothing: the runtime copies an
@@ -22,7 +26,10 @@
  * write the per-kernel profile (xtc_session_print_profile) to stderr, and decode the time per
  * token spent in carries, runs and reading the logits. GPU_BENCH_THREADS=T runs the session on T
  * threads (default: one per CPU); decode also reports the process's CPU time per token
- * ("cpu_ms_per_token"), which a shared machine's other load disturbs less than the wall clock. */
+ * ("cpu_ms_per_token"), which a shared machine's other load disturbs less than the wall clock.
+ * matmul reports per module M, K, N, the median wall time of ITERS runs and the mean device time
+ * of ITERS profiled runs ("kernels_ms", CUDA events: the product's kernel alone, the inputs bound
+ * once, uniform in [-1, 1)) with its TFLOP/s (2 M N K flops). */
 #include "bench_util.h"
 
 #include <stdint.h>
@@ -226,11 +233,95 @@ static int decode(const char *path, const XtcModule *m, XtcSession *s, int64_t c
     return 0;
 }
 
+/* One matmul module: inputs a and b bound once, ITERS timed runs after WARMUP, ITERS profiled. */
+static int matmul(const char *path, int iters, int warmup)
+{
+    XtcModule *m;
+    if (xtc_module_load(path, &m)) {
+        fprintf(stderr, "gpu_bench: %s\n", xtc_module_error(m));
+        xtc_module_free(m);
+        return 1;
+    }
+    XtcSession *s = NULL;
+    XtcTensorInfo a, b, c;
+    int rc = 1;
+    if (xtc_module_tensor(m, XTC_INPUT, xtc_module_find(m, XTC_INPUT, "a"), &a) ||
+        xtc_module_tensor(m, XTC_INPUT, xtc_module_find(m, XTC_INPUT, "b"), &b) ||
+        xtc_module_tensor(m, XTC_OUTPUT, xtc_module_find(m, XTC_OUTPUT, "c"), &c) || a.rank != 2 || b.rank != 2 ||
+        c.rank != 2 || a.shape[0] < 1 || a.shape[1] < 1 || b.shape[0] < 1 || b.shape[1] < 1) {
+        fprintf(stderr, "gpu_bench: %s is not c = a b with a, b and c of constant shapes [., .]\n", path);
+        goto done;
+    }
+    int64_t M = c.shape[0], N = c.shape[1], K = a.shape[1];
+    XtcSessionOptions so = {.threads = 1};
+    if (xtc_session_new(m, &so, &s)) {
+        rc = die(s, "session");
+        goto done;
+    }
+    const XtcTensorInfo *in[2] = {&a, &b};
+    for (int i = 0; i < 2; i++) {
+        size_t count = (size_t)(in[i]->shape[0] * in[i]->shape[1]);
+        float *v = malloc(count * sizeof *v);
+        if (!v) {
+            fprintf(stderr, "gpu_bench: out of memory\n");
+            goto done;
+        }
+        for (size_t j = 0; j < count; j++)
+            v[j] = (float)(bench_next() >> 40) * 0x1p-23f - 1.0f;
+        int bad = xtc_session_set_input(s, in[i]->name, XTC_F32, 2, in[i]->shape, v);
+        free(v);
+        if (bad) {
+            rc = die(s, "inputs");
+            goto done;
+        }
+    }
+    double *t = calloc((size_t)iters, sizeof *t);
+    if (!t)
+        goto done;
+    for (int it = -warmup; it < iters; it++) {
+        double t0 = bench_now();
+        if (xtc_session_run(s)) {
+            free(t);
+            rc = die(s, "run");
+            goto done;
+        }
+        if (it >= 0)
+            t[it] = bench_now() - t0;
+    }
+    double med = bench_median(t, iters), min = t[0], ms[3];
+    free(t);
+    if (profile(m, s, iters, ms))
+        goto done;
+    double flop = 2.0 * (double)M * (double)N * (double)K;
+    printf("{\"mode\": \"matmul\", \"module\": \"%s\", \"device\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, "
+           "\"median_ms\": %.4f, \"min_ms\": %.4f, \"kernels_ms\": %.4f, \"tflops\": %.2f, "
+           "\"iters\": %d}\n",
+           path, xtc_session_device(s), (long long)M, (long long)K, (long long)N,
+           1e3 * med, 1e3 * min, ms[0], ms[0] > 0 ? flop / ms[0] * 1e-9 : 0.0, iters);
+    fflush(stdout);
+    rc = 0;
+done:
+    xtc_session_free(s);
+    xtc_module_free(m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 5 && !strcmp(argv[1], "matmul")) {
+        int iters = atoi(argv[3]), warmup = atoi(argv[4]), rc = 0;
+        if (iters < 1 || iters > 1000 || warmup < 0) {
+            fprintf(stderr, "gpu_bench: bad ITERS or WARMUP\n");
+            return 2;
+        }
+        for (int a = 2; a < argc; a = a == 2 ? 5 : a + 1)
+            rc |= matmul(argv[a], iters, warmup);
+        return rc;
+    }
     if (argc < 5 || (strcmp(argv[1], "fwd") && strcmp(argv[1], "train") && strcmp(argv[1], "decode"))) {
         fprintf(stderr, "usage: gpu_bench fwd|train MODULE.so ITERS WARMUP BxN...\n"
-                        "       gpu_bench decode MODULE.so CONTEXT TOKENS\n");
+                        "       gpu_bench decode MODULE.so CONTEXT TOKENS\n"
+                        "       gpu_bench matmul MODULE.so ITERS WARMUP [MODULE.so...]\n");
         return 2;
     }
     XtcModule *m;

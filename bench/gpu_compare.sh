@@ -23,6 +23,10 @@
 #   attn    causal attention alone (8 heads of 64, bf16), seq 1024 .. 16384 at 16384 tokens:
 #           xtc's attention and attention_grad kernels (CUDA events) against SDPA forward and
 #           backward
+#   matmul  one bf16 product alone, M x K x N: 4096^3 and GPT's training-step shapes at batch 8 x
+#           seq 1024 (forward with B transposed as a Linear's weight (t), the inputs' gradients,
+#           the weights' gradients g^T x): xtc's tensor-core kernel (a module of that one matmul,
+#           --dtype bf16) against torch.matmul (cuBLAS), device time by CUDA events, TFLOP/s
 #   decode  GPT with a KV cache: tokens/s of one-token calls at context 1024 (bf16 also through
 #           CUDA graphs, XTC_CUDA_GRAPHS=1)
 #   compile torch.compile of the gpt section's bf16 shapes (often slow to compile: last)
@@ -55,10 +59,15 @@ if [ $dry = 1 ]; then
   target=cuda-emu dev=cpu iters=1 warmup=0 tword=1 rounds=${rounds:-1}
   kit=${kit:-$tmp/kit} out=${out:-$tmp/gpu_results.txt}
   gpt_shapes=2x8,1x16 gptm_shapes=1x8 seqs=8,16 attn_tokens=16 ctx=12 ntok=4
+  mm_shapes=40x64x48t,24x40x16
 else
   target=cuda dev=cuda iters=10 warmup=2 tword=3 rounds=${rounds:-1}
   kit=${kit:-$build/gpu_kit} out=${out:-bench/gpu_results.txt}
   gpt_shapes=8x1024,1x1024 gptm_shapes=8x512 seqs=1024,2048,4096,8192,16384 attn_tokens=16384 ctx=1024 ntok=64
+  # 4096^3; GPT's forward (qkv, out, ff1, ff2, logits); the inputs' gradients g W of ff1, ff2,
+  # logits; the weights' gradients g^T x of out, ff1, ff2, logits (the step transposes g first)
+  mm_shapes=4096x4096x4096,8192x512x1536t,8192x512x512t,8192x512x2048t,8192x2048x512t,8192x512x20000t
+  mm_shapes=$mm_shapes,8192x2048x512,8192x512x2048,8192x20000x512,512x8192x512,2048x8192x512,512x8192x2048,20000x8192x512
 fi
 left() { echo $((budget - ($(date +%s) - start))); }
 say() { echo "$*" | tee -a "$tmp/log"; }
@@ -98,12 +107,25 @@ make_kit() {
   # dry: three f32 modules of the tiny model play every part (the paths are the same; the
   # emulated 16-bit kernels are slow, and tested by the CUDA suites)
   [ $dry = 1 ] && list=("${list[0]}" "${list[2]}" "${list[4]}")
+  # the matmul section's modules: one product each, c = a b, as IR text (xtc compile *.ir)
+  local nmm=0
+  for sh in ${mm_shapes//,/ }; do
+    local mkn=(${sh//[xt]/ }) bt=0
+    [ "${sh%t}" != "$sh" ] && bt=1
+    local bs="${mkn[1]}, ${mkn[2]}"
+    [ $bt = 1 ] && bs="${mkn[2]}, ${mkn[1]}"
+    printf 'graph mm {\n  %%a = input "a" : f32[%s, %s]\n  %%b = input "b" : f32[%s]\n  %%c = matmul %%a, %%b [transpose_b=%s] : f32[%s, %s]\n  output c = %%c\n}\n' \
+      "${mkn[0]}" "${mkn[1]}" "$bs" $bt "${mkn[0]}" "${mkn[2]}" > "$kit/mm_$sh.ir"
+    list+=("mm_$sh mm_$sh.ir --dtype bf16")
+    nmm=$((nmm + 1))
+  done
   local ok=0
   for e in "${list[@]}"; do
     set -- $e
     local name=$1 model=$2
     shift 2
-    "$build/xtc" compile "$kit/$model.xtf" --target $target "${a[@]}" "$@" -o "$kit/$name.so" \
+    [ "${model%.ir}" = "$model" ] && model=$model.xtf
+    "$build/xtc" compile "$kit/$model" --target $target "${a[@]}" "$@" -o "$kit/$name.so" \
       > "$kit/$name.log" 2>&1 &
     jobs+=($!)
     [ ${#jobs[@]} -ge "$(nproc)" ] && { wait "${jobs[0]}" && ok=$((ok + 1)); jobs=("${jobs[@]:1}"); }
@@ -115,7 +137,7 @@ make_kit() {
     ln -sf gpt_train_f32.so "$kit/attn_train_bf16.so"
   fi
   echo "target=$target arch=$arch commit=$(git rev-parse --short HEAD 2>/dev/null)" > "$kit/kit.txt"
-  say "kit: $ok of ${#list[@]} modules compiled for $target into $kit"
+  say "kit: $ok of ${#list[@]} modules compiled for $target into $kit ($nmm of them the matmul section's)"
 }
 
 if [ $prepare = 1 ]; then
@@ -216,6 +238,17 @@ for r in $(seq "$rounds"); do
   for n in ${seqs//,/ }; do b=$((attn_tokens / n)); shapes="$shapes $((b > 0 ? b : 1))x$n"; done
   xb 60 attn "$r" train attn_train_bf16 $((iters < 3 ? iters : 3)) 1 $shapes
   pt 40 attn "$r" sdpa attn --seqs $seqs --tokens $attn_tokens --heads "${attn[3]}" --dim-head $((attn[1] / attn[3]))
+done
+for r in $(seq "$rounds"); do
+  say "== matmul, round $r ($(left) s left)"
+  mods=()
+  for sh in ${mm_shapes//,/ }; do [ -f "$kit/mm_$sh.so" ] && mods+=("$kit/mm_$sh.so"); done
+  if [ $noxtc = 0 ] && [ -x "$bench" ] && [ ${#mods[@]} -gt 0 ]; then
+    guard 14 "matmul	xtc	$r	bf16" "$bench" matmul "${mods[0]}" $iters $warmup "${mods[@]:1}"
+  elif [ $noxtc = 0 ]; then
+    say "  matmul	xtc	$r: no module"
+  fi
+  pt 11 matmul "$r" cublas matmul --shapes $mm_shapes --dtype bf16
 done
 for r in $(seq "$rounds"); do
   say "== decode, round $r ($(left) s left)"

@@ -84,6 +84,35 @@ def attn_table(rows):
     return out + [""]
 
 
+def matmul_table(rows):
+    """Rows keyed by (M, K, N, B transposed): xtc's from its module's name (mm_MxKxN[t].so)."""
+    def key(section_tool, v):
+        if section_tool == "torch":
+            return (v["m"], v["k"], v["n"], v.get("b_transposed", 0))
+        name = v.get("module", "").rsplit("/", 1)[-1]
+        return (v["m"], v["k"], v["n"], int(name.endswith("t.so")))
+    got = {}
+    for r in rows:
+        if r[0] == "matmul" and "m" in r[3] and "median_ms" in r[3]:
+            ms_ = r[3]["kernels_ms"] if r[1] == "xtc" else r[3]["median_ms"]
+            got.setdefault(key(r[1], r[3]), {}).setdefault(r[1], []).append(ms_)
+    if not got:
+        return []
+    out = ["## matmul alone, bf16 (ms of the product on the device by CUDA events: xtc's kernel, torch.matmul's "
+           "cuBLAS; TFLOP/s = 2 M N K / time; ratio = cuBLAS ms / xtc ms, xtc's share of cuBLAS's TFLOP/s; "
+           "t: B given as [N, K])",
+           "%-20s %10s %9s %10s %9s %10s" % ("M x K x N", "xtc ms", "xtc TF/s", "cuBLAS ms", "cuBLAS TF", "xtc/cuBLAS")]
+    order = [k for r in rows if r[0] == "matmul" and "m" in r[3] for k in [key(r[1], r[3])]]
+    for k in sorted(got, key=order.index):
+        x, t = med(got[k].get("xtc", [])), med(got[k].get("torch", []))
+        flop = 2.0 * k[0] * k[1] * k[2]
+        tf = lambda v: "%9.1f" % (flop / v * 1e-9) if v else "%9s" % "-"
+        ms4 = lambda v: "%10.4f" % v if v is not None else "%10s" % "-"
+        out.append("%-20s %s %s %s %s %s" % ("%dx%dx%d%s" % (k[0], k[1], k[2], "t" if k[3] else ""), ms4(x), tf(x),
+                                            ms4(t), tf(t), " " + ratio(t, x)))
+    return out + [""]
+
+
 def decode_table(rows):
     out = []
     for dtype in ("f32", "bf16"):
@@ -113,6 +142,7 @@ def main():
     out += gpt_table(rows, "gpt", "GPT (%s)" % titles[0])
     out += gpt_table(rows, "gptm", "GPT-M (%s)" % titles[1])
     out += attn_table(rows)
+    out += matmul_table(rows)
     out += decode_table(rows)
     skipped = [r[3]["skipped"] for r in rows if "skipped" in r[3]]
     out += ["note: " + s for s in skipped]

@@ -11,6 +11,7 @@ SDPA and a KV cache.
   gpu_torch.py gpt --vocab V --dim D --depth L --heads H --shapes 8x1024,1x1024
                    [--dtypes f32,bf16] [--modes fwd,train] [--compile] [--device cuda]
   gpu_torch.py attn --seqs 1024,4096 --tokens 16384 [--heads 8 --dim-head 64] [--dtype bf16]
+  gpu_torch.py matmul --shapes 4096x4096x4096,8192x512x1536t [--dtype bf16]
   gpu_torch.py decode --vocab V --dim D --depth L --heads H --context 1024 --tokens 64 [--dtypes f32,bf16]
                       [--dim-head 64] [--device cpu --threads 1] [--weights W.safetensors] [--logits-out F.npy]
 
@@ -18,6 +19,9 @@ gpt times eager mode (or torch.compile with --compile): 'fwd' is a no-grad forwa
 whole step (forward, cross-entropy, backward, AdamW: fused=True on CUDA). bf16 is autocast with
 f32 master weights, as mixed-precision training is run. attn times causal attention alone,
 (B, H, N, 64) with B = tokens / N: forward, and forward + backward (backward = the difference).
+matmul times torch.matmul alone on M x K x N shapes (a [M, K] times b [K, N], or with a t suffix
+times b [N, K] transposed, F.linear as an nn.Linear runs): on CUDA the median of per-call CUDA
+events (the device's time, as xtc's "kernels_ms"), the wall median beside it.
 decode times one-token steps with a KV cache after a prompt of context - tokens (token i is
 i * 7 mod vocab, as `xtc bench --decode` feeds them), median per token over --passes passes.
 --weights loads xtc's weights (x-transformers' state_dict names: `xtc init model.so -o W`) so
@@ -229,6 +233,30 @@ def run_attn(a):
              bwd_ms=max(bm - fm, 0.0), fwd_tflops=flop / fm * 1e-9, device=dev)
 
 
+def run_matmul(a):
+    dev = a.device
+    dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    for spec in [s for s in a.shapes.split(",") if s]:
+        trans = spec.endswith("t")
+        m, k, n = (int(v) for v in spec.rstrip("t").split("x"))
+        x = torch.rand(m, k, device=dev, dtype=dt) * 2 - 1
+        w = torch.rand(*((n, k) if trans else (k, n)), device=dev, dtype=dt) * 2 - 1
+        fn = (lambda: F.linear(x, w)) if trans else (lambda: torch.matmul(x, w))
+        wall, _ = timeit(fn, a.iters, a.warmup, dev)
+        dms = wall
+        if dev == "cuda":
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(a.iters)]
+            for e0, e1 in ev:
+                e0.record()
+                fn()
+                e1.record()
+            torch.cuda.synchronize()
+            dms = statistics.median(e0.elapsed_time(e1) for e0, e1 in ev)
+        emit(kind="matmul", dtype=a.dtype, m=m, k=k, n=n, b_transposed=int(trans), median_ms=dms, wall_ms=wall,
+             tflops=2.0 * m * n * k / dms * 1e-9, device=dev)
+        del x, w
+
+
 def run_decode(a):
     dev = a.device
     if a.threads:
@@ -300,6 +328,12 @@ def main():
     t.add_argument("--heads", type=int, default=8)
     t.add_argument("--dim-head", type=int, default=64)
     t.add_argument("--dtype", default="bf16")
+    mm = sub.add_parser("matmul")
+    mm.add_argument("--device", default="cuda")
+    mm.add_argument("--iters", type=int, default=10)
+    mm.add_argument("--warmup", type=int, default=3)
+    mm.add_argument("--shapes", required=True, help="MxKxN[t],...: t for b given as [N, K] (F.linear)")
+    mm.add_argument("--dtype", default="bf16")
     d = sub.choices["decode"]
     d.add_argument("--context", type=int, default=1024)
     d.add_argument("--tokens", type=int, default=64)
@@ -315,7 +349,7 @@ def main():
         emit(kind="gpt", impl="compile", skipped="torch.compile is not in PyTorch %s" % torch.__version__)
         return
     torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, as xtc's default (--mma off)
-    {"gpt": run_gpt, "attn": run_attn, "decode": run_decode}[a.cmd](a)
+    {"gpt": run_gpt, "attn": run_attn, "decode": run_decode, "matmul": run_matmul}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,9 @@ int cli_compile(int argc, char **argv)
     };
     const CliCmd cmd = {
         .name = "compile", .usage = "model.xtf -o model.so [options]",
-        .about = "Compiles a model to a shared library that the runtime (include/xtc.h) loads.\n",
+        .about = "Compiles a model to a shared library that the runtime (include/xtc.h) loads.\n"
+                 "A file named *.ir is a graph in the IR's text form (xtc ir prints it), compiled\n"
+                 "as it is: the passes and code generation (--train: its outputs' gradients).\n",
         .opts = opts, .nopts = CLI_NOPTS(opts), .pos = &path, .maxpos = 1, .pos_name = "input file",
     };
     int prc = cli_parse(&cmd, argc, argv);
@@ -112,17 +114,30 @@ int cli_compile(int argc, char **argv)
     if (cli_output_is_input("compile", "-o", out, "the source", path))
         return 2;
     double t0 = now();
-    XtfFile *f = cli_load_xtf(path);
-    if (!f)
+    size_t len = strlen(path);
+    IrGraph *g = NULL;
+    XtfFile *f = NULL;
+    if (len > 3 && !strcmp(path + len - 3, ".ir")) { /* a graph as text: it enters at autodiff */
+        char *text = NULL;
+        if (rt_file_read_all(path, (size_t)1 << 28, "an IR graph", &text, &len, err, sizeof err) == 0)
+            g = ir_parse(text, path, err, sizeof err);
+        free(text);
+        if (!g) {
+            fprintf(stderr, "xtc compile: %s\n", err);
+            return 1;
+        }
+    } else if (!(f = cli_load_xtf(path))) {
         return 1;
+    }
     co.output = out;
     /* --train: the gradient of the built-in loss, or without one of the outputs the caller seeds
      * with grad.<output>; fp16 storage adds the loss scale the session manages */
-    DrvJob job = {.file = f, .model = model, .lower = lo, .grads = lo.train, .passes = &po, .cg = co};
+    DrvJob job = {.file = f, .graph = g, .model = model, .lower = lo, .grads = lo.train, .passes = &po, .cg = co};
     IrGraph *opt = NULL;
     CgStats st = {0};
     int rc = cli_drive("xtc compile", &job, &target, &opt, &st);
     xtf_free(f);
+    ir_graph_free(g); /* the passes made opt a new graph */
     if (rc != 0)
         return 1;
     char parts[64] = "";

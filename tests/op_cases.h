@@ -879,6 +879,25 @@ static void build_train_block(IrGraph *g, IrDim b, IrDim n)
     ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "autodiff: %s", err);
 }
 
+/* Row programs the pipeline fuses, sized for the CUDA row kernels' path of 8 columns a thread
+ * (cg_cuda_fused.c): a LayerNorm of rows of 1040 (more than one 8-column step a thread), softmax
+ * and cross-entropy's gradient over 24 classes, and rows of n + 1 (a multiple of 8 only at
+ * n = 7: the kernel's run-time test; else a column at a time); the cross-entropy loss over 2064
+ * classes (cg_cuda_reduce.c: more than one 8-class step a thread) */
+static void build_fused_rows(IrGraph *g, IrDim b, IrDim n)
+{
+    IrDim sx[] = {b, n, ir_dim(1040)}, sz[] = {b, n, ir_dim(24)}, s1[] = {b, n, ir_dim(1)};
+    IrDim sr[] = {b, ir_dim(3), ir_dim_addc(n, 1)};
+    out(g, "ln", layer_norm(g, input(g, "x", IR_F32, 3, sx), 1040, "ln"));
+    IrNode *z = input(g, "z", IR_F32, 3, sz);
+    IrNode *d = ir_binary(g, IR_SUB, ir_softmax(g, z), input(g, "onehot", IR_F32, 3, sz));
+    out(g, "xent_grad", ir_binary(g, IR_MUL, d, input(g, "wt", IR_F32, 3, s1)));
+    IrNode *r = input(g, "r", IR_F32, 3, sr);
+    out(g, "centred", ir_binary(g, IR_SUB, r, ir_binary(g, IR_MUL, ir_reduce(g, IR_SUM, r, -1), ir_const(g, 0.25, IR_F32))));
+    IrDim sc[] = {b, n, ir_dim(2064)}, st[] = {b, n};
+    out(g, "loss_rows", ir_xent(g, input(g, "zc", IR_F32, 3, sc), input(g, "tgt", IR_I64, 2, st)));
+}
+
 /* elementwise and data movement ops under autodiff, seeded by the caller's output gradient */
 static void build_train_ops(IrGraph *g, IrDim b, IrDim n)
 {
@@ -1088,6 +1107,7 @@ static const OpCase OP_CASES[] = {
      "hand-written programs for the CPU epilogue paths; CUDA gets its fused ops from the pipeline over every case"},
     {"train_block", build_train_block, OC_CUDA, 0, 1e-4, "CPU training graphs: test_train, test_parity_train"},
     {"train_ops", build_train_ops, OC_CUDA, 0, 1e-4, "CPU training graphs: test_train, test_parity_train"},
+    {"fused_rows", build_fused_rows, OC_CUDA, 0, 1e-4, "sized for the CUDA row kernels' 8-column path; the CPU's: fused"},
     {"matmul_large", build_matmul_large, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA kernels' 128 x 128 tiles"},
     {"attention_many", build_attention_many, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA kernel's 64-row tiles"},
     {"reduce_long", build_reduce_long, OC_CUDA, OC_ONCE, 1e-4, "sized for the CUDA reductions' block splits"},

@@ -23,7 +23,14 @@
  *   without reductions: a thread per output element, in a grid-stride loop;
  *   with reductions:    a block per row; for each reduction in program order a loop over its
  *                       argument's columns (softmax: two) and a block reduction whose result
- *                       every thread keeps; then a loop writing the row.
+ *                       every thread keeps; then a loop writing the row. Where the lengths of
+ *                       those loops are multiples of 8 (decided when generating for known sizes,
+ *                       tested in the kernel otherwise) and the f32 output and the f32 operands
+ *                       read along the row start 16-byte aligned (each row's offset a multiple
+ *                       of 8, the pointers tested), each thread takes 8 neighbouring columns at
+ *                       once: the operands read at the loop's column come in one 16-byte load
+ *                       of 16-bit storage (xtc_ld8; two of f32), the row goes out likewise
+ *                       (xtc_st8), the 8 columns computed in between; else a column at a time.
  * A program with a matmul step (bias and activation, a residual add after a matmul) is the tiled
  * matmul kernel (cg_cuda_matmul.c) with the rest of the program as its epilogue, run on each
  * product. */
@@ -53,6 +60,12 @@ typedef struct {
     const char *indent;
     int temps;           /* values at other columns: t<n> */
     const char *ix;      /* the index type: "int" where every offset fits, else "i64" */
+    int vec;             /* the rows' loops have a path of 8 columns a thread (see above) */
+    int vec_out;         /* ... the loop writing the row too */
+    int in_vec;          /* generating that path's columns: own-column reads of a vector operand are xv<op>[u] */
+    unsigned char vop[IR_MAXIN]; /* operands that may be read 8 at a time: f32, read along the row */
+    unsigned char vmark[IR_MAXIN]; /* ... read so in the loop being generated */
+    char vtest[1024];    /* the row's test of that path */
 } Fz;
 
 static int operand_of(const IrNode *x) { return x->s && x->s[0] == 'x' ? atoi(x->s + 1) : 0; }
@@ -218,6 +231,11 @@ static void value(Fz *z, const IrNode *x, const char *col, char *buf, size_t n)
     case IR_INPUT: {
         int op = operand_of(x);
         snprintf(ptr, sizeof ptr, "in%d", op);
+        if (z->in_vec && own && op < IR_MAXIN && z->vop[op]) { /* loaded with its 7 neighbours */
+            z->vmark[op] = 1;
+            snprintf(expr, sizeof expr, "xv%d[u]", op);
+            break;
+        }
         if (last_is_one(x))
             snprintf(idx, sizeof idx, "base%d", op);
         else
@@ -282,34 +300,103 @@ static void new_loop(Fz *z, const char *col, const char *indent)
     z->indent = indent;
 }
 
+enum { ACC_RED, ACC_INV, ACC_WRITE }; /* what a loop over the row's columns does with its value */
+
+/* The statement of column j of a loop at z->indent: add the value to red<id> or inv<id>, or
+ * write the row's value (in the 8-column path into ov[u]). */
+static void col_stmt(Fz *z, int what, const IrNode *x)
+{
+    FILE *f = z->f;
+    const char *in = z->indent;
+    const IrNode *n = z->k->node, *root = z->steps[z->prog.nsteps - 1];
+    char a[64];
+    if (what == ACC_WRITE) {
+        value(z, root, col_of(root, "j"), a, sizeof a);
+        char value_text[96], store[256];
+        snprintf(value_text, sizeof value_text, n->dtype == IR_BOOL ? "(u8)(%s)" : "%s", a);
+        if (z->in_vec)
+            fprintf(f, "%sov[u] = %s;\n", in, a);
+        else
+            fprintf(f, "%s%s;\n", in, cu_store(n, "out", "row * Lout + j", value_text, store, sizeof store));
+        return;
+    }
+    value(z, x->in[0], "j", a, sizeof a);
+    if (what == ACC_INV)
+        fprintf(f, "%sinv%d += expf(%s - red%d);\n", in, x->id, a, x->id);
+    else if (x->op != IR_SUM)
+        fprintf(f, "%sred%d = xtc_fmax(red%d, %s);\n", in, x->id, x->id, a);
+    else
+        fprintf(f, "%sred%d += %s;\n", in, x->id, a);
+}
+
+/* A loop over the row's len columns (at 8 spaces): a column a thread, or where z->vec, under
+ * the row's test `vec` 8 neighbouring columns a thread, the operands read at the column loaded
+ * 16 bytes at a time before the 8 columns' statements and the written row stored after them. */
+static void col_loop(Fz *z, int what, const IrNode *x, const char *len)
+{
+    FILE *f = z->f;
+    const char *ind = "        ";
+    if (z->vec && (what != ACC_WRITE || z->vec_out)) {
+        char *buf = NULL;
+        size_t blen = 0;
+        FILE *mem = open_memstream(&buf, &blen);
+        if (!mem) {
+            cu_error(z->k->gen, "out of memory");
+            return;
+        }
+        memset(z->vmark, 0, sizeof z->vmark);
+        z->f = mem;
+        z->in_vec = 1;
+        new_loop(z, "j", "                    ");
+        col_stmt(z, what, x);
+        z->in_vec = 0;
+        z->f = f;
+        fclose(mem);
+        fprintf(f, "%sif (vec) {\n", ind);
+        fprintf(f, "%s    for (%s jv = threadIdx.x * 8; jv < %s; jv += blockDim.x * 8) {\n", ind, z->ix, len);
+        if (what == ACC_WRITE)
+            fprintf(f, "%s        float ov[8];\n", ind);
+        for (int op = 0; op < IR_MAXIN; op++)
+            if (z->vmark[op]) {
+                fprintf(f, "%s        float xv%d[8];\n%s        xtc_ld8(xv%d, in%d, base%d + jv);\n", ind, op, ind, op, op, op);
+            }
+        fprintf(f, "%s        for (int u = 0; u < 8; u++) {\n", ind);
+        fprintf(f, "%s            const %s j = jv + u;\n%s            (void)j;\n", ind, z->ix, ind);
+        fputs(buf ? buf : "", f);
+        free(buf);
+        fprintf(f, "%s        }\n", ind);
+        if (what == ACC_WRITE)
+            fprintf(f, "%s        xtc_st8(out, row * Lout + jv, ov);\n", ind);
+        fprintf(f, "%s    }\n%s} else {\n", ind, ind);
+        fprintf(f, "%s    for (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", ind, z->ix, len);
+        new_loop(z, "j", "                ");
+        col_stmt(z, what, x);
+        fprintf(f, "%s    }\n%s}\n", ind, ind);
+        return;
+    }
+    fprintf(f, "%sfor (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", ind, z->ix, len);
+    new_loop(z, "j", "            ");
+    col_stmt(z, what, x);
+    fprintf(f, "%s}\n", ind);
+}
+
 /* One reduction of the row over its argument's columns: red<id> (and for a softmax inv<id>),
  * the same in every thread. */
 static void reduction(Fz *z, const IrNode *x)
 {
     FILE *f = z->f;
     const IrNode *e = x->in[0];
-    char a[64], len[CU_EXPR];
+    char len[CU_EXPR];
     int is_max = x->op != IR_SUM;
     cu_dim(z->k->gen, e->shape[e->rank - 1], len, sizeof len);
     fprintf(f, "        /* %s over %s columns */\n", ir_ops[x->op].name, len);
     fprintf(f, "        float red%d = %s;\n", x->id, is_max ? "-XTC_INF" : "0.0f");
-    fprintf(f, "        for (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", z->ix, len);
-    new_loop(z, "j", "            ");
-    value(z, e, "j", a, sizeof a);
-    if (is_max)
-        fprintf(f, "            red%d = xtc_fmax(red%d, %s);\n", x->id, x->id, a);
-    else
-        fprintf(f, "            red%d += %s;\n", x->id, a);
-    fprintf(f, "        }\n");
+    col_loop(z, ACC_RED, x, len);
     fprintf(f, "        red%d = %s(red%d);\n", x->id, is_max ? "xtc_block_max" : "xtc_block_sum", x->id);
     if (x->op != IR_SOFTMAX)
         return;
     fprintf(f, "        float inv%d = 0.0f; /* softmax: 1 / sum of exp(x - max) */\n", x->id);
-    fprintf(f, "        for (%s j = threadIdx.x; j < %s; j += blockDim.x) {\n", z->ix, len);
-    new_loop(z, "j", "            ");
-    value(z, e, "j", a, sizeof a);
-    fprintf(f, "            inv%d += expf(%s - red%d);\n", x->id, a, x->id);
-    fprintf(f, "        }\n");
+    col_loop(z, ACC_INV, x, len);
     fprintf(f, "        inv%d = 1.0f / xtc_block_sum(inv%d);\n", x->id, x->id);
 }
 
@@ -329,33 +416,100 @@ static int epilogue(void *ctx, CuKernel *k, const char *indent)
     return k->gen->err[0] ? -1 : 0;
 }
 
+/* Appends to t (cap bytes) at *len; past the end, only *len grows (the caller gives up then). */
+static void append(char *t, size_t cap, size_t *len, const char *fmt, const char *a, int i)
+{
+    char piece[CU_EXPR + 80];
+    snprintf(piece, sizeof piece, fmt, a ? a : "", i);
+    size_t l = strlen(piece);
+    if (*len + l < cap)
+        memcpy(t + *len, piece, l + 1);
+    *len += l;
+}
+
+/* Whether the rows' loops get the 8-column path, and the row's test of it (z->vtest): every
+ * reduction's length a multiple of 8 and the vector operands 16-byte aligned (pointers and each
+ * row's offset); the loop writing the row takes it too (z->vec_out) where the output is f32 with
+ * a length a multiple of 8 (a row of 1, the statistics of a norm, is written by one thread
+ * anyway), its pointer and rows aligned likewise. The vector operands (z->vop) are the f32 ones
+ * with a last axis longer than 1 that the program reads other than through a permute. */
+static void vec_plan(Fz *z)
+{
+    const IrNode *n = z->k->node;
+    CuGen *gen = z->k->gen;
+    char t[sizeof z->vtest] = "1";
+    size_t len = 1, cap = sizeof t;
+    if (!z->has_reduce || z->mm)
+        return;
+    IrDim dout = n->shape[n->rank - 1];
+    int out = n->dtype == IR_F32 && !last_is_one(n) && !(ir_dim_is_const(dout) && dout.c % 8);
+    for (int i = 0; i < z->pg->nnodes; i++) {
+        const IrNode *x = z->pg->nodes[i];
+        const IrNode *lx = ir_fused_is_reduce(x->op) ? x->in[0] : x == z->steps[z->prog.nsteps - 1] && out ? n : NULL;
+        if (lx) {
+            IrDim d = lx->shape[lx->rank - 1];
+            if (ir_dim_is_const(d) && d.c % 8)
+                return; /* decided here: a column at a time */
+            if (!ir_dim_is_const(d)) {
+                char dim[CU_EXPR];
+                cu_dim(gen, d, dim, sizeof dim);
+                append(t, cap, &len, " && (%s) %% 8 == 0", dim, 0);
+            }
+        }
+        for (int a = 0; a < x->nin; a++) {
+            const IrNode *in = x->in[a];
+            int op = operand_of(in);
+            if (in->op == IR_INPUT && x->op != IR_PERMUTE && op < IR_MAXIN && n->in[op]->dtype == IR_F32 &&
+                !last_is_one(in))
+                z->vop[op] = 1;
+        }
+    }
+    append(t, cap, &len, " && ((unsigned long long)(const void *)%s", out ? "out" : "0", 0);
+    int any = 0;
+    for (int op = 0; op < n->nin && op < IR_MAXIN; op++)
+        if (z->vop[op]) {
+            any = 1;
+            append(t, cap, &len, "%s | (unsigned long long)(const void *)in%d", NULL, op);
+        }
+    append(t, cap, &len, ") %% 16 == 0 && ((%s", out ? "row * Lout" : "0", 0);
+    for (int op = 0; op < n->nin && op < IR_MAXIN; op++)
+        if (z->vop[op])
+            append(t, cap, &len, "%s | base%d", NULL, op);
+    append(t, cap, &len, "%s) & 7) == 0", NULL, 0);
+    if (!any || len >= cap)
+        return; /* no operand read along the row, or a test too long: a column at a time */
+    memcpy(z->vtest, t + 5, strlen(t + 5) + 1); /* without "1 && " */
+    z->vec = 1;
+    z->vec_out = out;
+}
+
 /* The loops over the rows with index type ix, written to z->f. */
 static void body(Fz *z, const char *ix)
 {
     FILE *f = z->f;
-    const IrNode *n = z->k->node, *root = z->steps[z->prog.nsteps - 1];
-    char v[64];
+    char lout[32];
     z->ix = ix;
     z->temps = 0;
     if (z->has_reduce) {
         fprintf(f, "    for (%s row = blockIdx.x; row < (%s)rows; row += gridDim.x) {\n", ix, ix);
         row_bases(z, "row", "        ");
+        if (z->vec)
+            fprintf(f, "        const int vec = %s; /* 8 columns a thread */\n", z->vtest);
         for (int i = 0; i < z->pg->nnodes; i++)
             if (ir_fused_is_reduce(z->pg->nodes[i]->op))
                 reduction(z, z->pg->nodes[i]);
-        fprintf(f, "        for (%s j = threadIdx.x; j < (%s)Lout; j += blockDim.x) {\n", ix, ix);
-    } else {
-        fprintf(f, "    for (%s e = (%s)blockIdx.x * blockDim.x + threadIdx.x; e < (%s)(rows * Lout);\n", ix, ix, ix);
-        fprintf(f, "         e += (%s)gridDim.x * blockDim.x) {\n", ix);
-        fprintf(f, "        const %s row = e / (%s)Lout, j = e %% (%s)Lout;\n", ix, ix, ix);
-        row_bases(z, "row", "        ");
-        fprintf(f, "        {\n");
+        snprintf(lout, sizeof lout, "(%s)Lout", ix);
+        col_loop(z, ACC_WRITE, NULL, lout);
+        fprintf(f, "    }\n");
+        return;
     }
+    fprintf(f, "    for (%s e = (%s)blockIdx.x * blockDim.x + threadIdx.x; e < (%s)(rows * Lout);\n", ix, ix, ix);
+    fprintf(f, "         e += (%s)gridDim.x * blockDim.x) {\n", ix);
+    fprintf(f, "        const %s row = e / (%s)Lout, j = e %% (%s)Lout;\n", ix, ix, ix);
+    row_bases(z, "row", "        ");
+    fprintf(f, "        {\n");
     new_loop(z, "j", "            ");
-    value(z, root, col_of(root, "j"), v, sizeof v);
-    char value_text[96], store[256];
-    snprintf(value_text, sizeof value_text, n->dtype == IR_BOOL ? "(u8)(%s)" : "%s", v);
-    fprintf(f, "            %s;\n", cu_store(n, "out", "row * Lout + j", value_text, store, sizeof store));
+    col_stmt(z, ACC_WRITE, NULL);
     fprintf(f, "        }\n    }\n");
 }
 
@@ -406,6 +560,7 @@ int cg_cuda_fused(CuKernel *k)
     cu_dims_prod(gen, n->shape, 0, n->rank - 1, rows, sizeof rows);
     cu_dim(gen, n->shape[n->rank - 1], lout, sizeof lout);
     k->sync = z.has_reduce;
+    vec_plan(&z);
     cu_kernel_begin(k);
     fprintf(f, "    /* %s */\n", n->s);
     fprintf(f, "    const i64 rows = %s, Lout = %s; /* the output as [rows, Lout] */\n", rows, lout);

@@ -11,8 +11,9 @@
  *     long (a bias gradient: [1, n, 512] over n), blocks of 32 columns times chunks of rows,
  *     whose partial sums the last block of each column group adds in chunk order (col_loops);
  *     32-bit indices where the tensor is small enough, chosen at run time;
- *   - cross-entropy: a block per row, the blocks' partial sums added by the last block to
- *     finish, in block order: the loss is deterministic.
+ *   - cross-entropy: a block per row (8 neighbouring classes a thread, 16-byte loads, where the
+ *     row allows it), the blocks' partial sums added by the last block to finish, in block
+ *     order: the loss is deterministic.
  *
  * Like ir/interp.c: NaN propagates through max, a max over an empty axis is an error (status),
  * a sum over an empty axis is 0, targets < 0 are ignored and a target >= the number of classes
@@ -250,9 +251,34 @@ int cg_cuda_xent(CuKernel *k)
     fprintf(f, "        if (target >= classes) {\n            *status = 1;\n            continue;\n        }\n");
     fprintf(f, "        const %s *x = in0 + row * classes;\n", cu_mem_type(z));
     fprintf(f, "        float mx = -XTC_INF, sum = 0.0f;\n");
-    fprintf(f, "        for (i64 j = threadIdx.x; j < classes; j += blockDim.x)\n            mx = xtc_fmax(mx, xtc_ld(x, j));\n");
+    /* 8 neighbouring classes a thread, one 16-byte load of 16-bit storage (two of f32), where the
+     * row has a multiple of 8 and starts 16-byte aligned (decided here for a known count that is
+     * not, else tested); else a class at a time */
+    int vec = !ir_dim_is_const(z->shape[z->rank - 1]) || z->shape[z->rank - 1].c % 8 == 0;
+    if (vec) {
+        fprintf(f, "        const int vec = classes %% 8 == 0 && (unsigned long long)(const void *)x %% 16 == 0;\n");
+        fprintf(f, "        if (vec) {\n");
+        fprintf(f, "            for (i64 j = threadIdx.x * 8; j < classes; j += blockDim.x * 8) {\n");
+        fprintf(f, "                float v[8];\n                xtc_ld8(v, x, j);\n");
+        fprintf(f, "                for (int u = 0; u < 8; u++)\n                    mx = xtc_fmax(mx, v[u]);\n");
+        fprintf(f, "            }\n        } else {\n    ");
+    }
+    fprintf(f, "        for (i64 j = threadIdx.x; j < classes; j += blockDim.x)\n    %s        mx = xtc_fmax(mx, xtc_ld(x, j));\n",
+            vec ? "    " : "");
+    if (vec)
+        fprintf(f, "        }\n");
     fprintf(f, "        mx = xtc_block_max(mx);\n");
-    fprintf(f, "        for (i64 j = threadIdx.x; j < classes; j += blockDim.x)\n            sum += expf(xtc_ld(x, j) - mx);\n");
+    if (vec) {
+        fprintf(f, "        if (vec) {\n");
+        fprintf(f, "            for (i64 j = threadIdx.x * 8; j < classes; j += blockDim.x * 8) {\n");
+        fprintf(f, "                float v[8];\n                xtc_ld8(v, x, j);\n");
+        fprintf(f, "                for (int u = 0; u < 8; u++)\n                    sum += expf(v[u] - mx);\n");
+        fprintf(f, "            }\n        } else {\n    ");
+    }
+    fprintf(f, "        for (i64 j = threadIdx.x; j < classes; j += blockDim.x)\n    %s        sum += expf(xtc_ld(x, j) - mx);\n",
+            vec ? "    " : "");
+    if (vec)
+        fprintf(f, "        }\n");
     fprintf(f, "        sum = xtc_block_sum(sum);\n");
     fprintf(f, "        loss += (double)(mx + logf(sum) - xtc_ld(x, target));\n");
     fprintf(f, "        count++;\n    }\n");

@@ -245,6 +245,14 @@ static inline void xtc_emu_cp16(void *d, const void *s)
         memcpy(d, s, 16);
 }
 
+/* The prelude's other 16-byte accesses (xtc_ld8 of 16-bit storage, xtc_st8): p must be 16-byte
+ * aligned, as on the GPU; a misaligned one fails the launch. */
+static inline void xtc_emu_check16(const void *p, const char *what)
+{
+    if ((uintptr_t)p & 15u)
+        xtc_emu_fail(xtc_emu_block, "%s at %p: not 16-byte aligned", what, p);
+}
+
 /* ---- barriers and warp operations ---- */
 
 static inline void xtc_emu_syncthreads(void)
