@@ -750,7 +750,8 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
 /* int8 weights (matmul_q8): an i8 weight [n, k] with f32 scales [n, ceil(k / group)], per output
  * row (group = k) and in groups whose last one is partial, on each path of the CPU kernel: the
  * matrix-vector path (b n <= 4 rows: at the sizes 1), the blocked path with panels past n and k
- * blocks (KC = 256) that cut a group, and the plain path (n = 5 < 8). */
+ * blocks (KC = 256) that cut a group, and the plain path (n = 5 < 8); k = 96 for the int16
+ * products of the matrix-vector path. */
 static IrNode *q8(IrGraph *g, IrNode *a, const char *name, int64_t n, int64_t k, int64_t group)
 {
     char sname[64];
@@ -761,14 +762,18 @@ static IrNode *q8(IrGraph *g, IrNode *a, const char *name, int64_t n, int64_t k,
 
 static void build_matmul_q8(IrGraph *g, IrDim b, IrDim n)
 {
-    IrDim s40[] = {b, n, ir_dim(40)}, s300[] = {b, n, ir_dim(300)}, s2[] = {n, ir_dim(40)};
+    IrDim s40[] = {b, n, ir_dim(40)}, s300[] = {b, n, ir_dim(300)}, s2[] = {n, ir_dim(40)}, s96[] = {b, n, ir_dim(96)};
     IrNode *a = input(g, "a", IR_F32, 3, s40), *a300 = input(g, "a300", IR_F32, 3, s300);
+    IrNode *a96 = input(g, "a96", IR_F32, 3, s96);
     out(g, "per_row", q8(g, a, "w", 70, 40, 40));
     out(g, "groups", q8(g, a, "wg", 70, 40, 16));             /* 3 groups, the last of 8 */
     out(g, "k_blocks", q8(g, a300, "wk", 37, 300, 32));       /* 10 groups; KC = 256 cuts the 9th */
     out(g, "plain", q8(g, a, "wp", 5, 40, 32));
     out(g, "rank2", q8(g, input(g, "a2", IR_F32, 2, s2), "w2", 19, 40, 40));
     out(g, "group1", q8(g, a, "w1", 9, 40, 1));               /* a scale per weight */
+    /* k a multiple of 32: the matrix-vector path's int16 products (AVX512-BW, cg_llvm_q8.c) */
+    out(g, "i16_rows", q8(g, a96, "wi", 37, 96, 96));
+    out(g, "i16_groups", q8(g, a96, "wj", 21, 96, 32));
 }
 
 /* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
