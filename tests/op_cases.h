@@ -1038,7 +1038,8 @@ static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
 }
 
 /* A read through a permute of its last two dims (dW = g^T x): the CPU reads it in place (CG_VIEW_A_T), batched
- * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301), the plain path
+ * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and past the
+ * A^T path's double one (530), the plain path
  * (5 columns), summed over the batch (CG_VIEW_SUM_B); build_matmul_at adds a permute another op reads too (no
  * view; test_cpu_bf16 runs the forms). */
 static const int swap3[] = {0, 2, 1}, swap2[] = {1, 0};
@@ -1051,6 +1052,7 @@ static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
     out(g, "at_deep", ir_matmul(g, deep, input(g, "deep2", IR_F32, 2, sd2), 0));
     out(g, "at_plain", ir_matmul(g, deep, input(g, "deep3", IR_F32, 2, sd3), 0));
     out(g, "at_wide", ir_matmul(g, deep, input(g, "wide", IR_F32, 2, (IrDim[]){ir_dim(300), ir_dim(301)}), 0));
+    out(g, "at_wider", ir_matmul(g, deep, input(g, "wider", IR_F32, 2, (IrDim[]){ir_dim(300), ir_dim(530)}), 0));
     out(g, "at_tall", ir_matmul(g, ir_permute(g, input(g, "tall", IR_F32, 3, st), swap3), input(g, "tall2", IR_F32, 2, sd2), 0));
     out(g, "at_sum", ir_reduce(g, IR_SUM, ir_matmul(g, ir_permute(g, x, swap3), input(g, "y3", IR_F32, 3, sy), 0), 0));
     return x;

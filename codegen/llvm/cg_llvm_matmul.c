@@ -50,6 +50,7 @@ typedef struct {
     LLVMValueRef m, n, k, batch;
     LLVMValueRef w; /* the output's columns: n, or n / 2 under a two-part epilogue */
     int split;      /* that epilogue: the item's columns j and j + w of the product, side by side */
+    int at;         /* A read through the transposed view (CG_VIEW_A_T): wider items (item_cols) */
 } MmDims;
 
 static void mm_dims(CgFn *f, MmDims *d)
@@ -65,14 +66,19 @@ static void mm_dims(CgFn *f, MmDims *d)
         d->batch = cg_i64(f->cg, 1);
     }
     d->split = f->mm_parts == 2;
+    d->at = (f->views & CG_VIEW_A_T) != 0;
     d->w = d->split ? LLVMBuildSDiv(f->cg->b, d->n, cg_i64(f->cg, 2), "w") : d->n;
 }
 
 static int lanes(Cg *cg) { return cg->vec >= 16 ? 16 : cg->vec >= 8 ? 8 : 4; }
 static int tile_rows(Cg *cg) { return lanes(cg) == 16 ? 12 : 6; }  /* MR: 2 MR accumulators + 3 live */
 static int col_block(Cg *cg) { return 2 * lanes(cg) * 8; }          /* NC: 8 panels */
-/* an item's output columns: NC, or NC / 2 of each half of a split product (the same panels) */
-static int item_cols(Cg *cg, const MmDims *d) { return d->split ? col_block(cg) / 2 : col_block(cg); }
+/* an item's output columns: NC, or NC / 2 of each half of a split product (the same panels); with
+ * A read through the transposed view (the weights' gradients), 2 NC: each item packs A^T's tiles
+ * again on every k block, so half the items pack them half as often (B's panels, 512 KiB, and
+ * the A^T tiles, 192 KiB, still fit a 1 MiB L2; 1-thread CPU time in % of OpenBLAS on GPT-M's
+ * four weight-gradient shapes went from 84-88 to 89-94 on an AMD EPYC, bench/RESULTS.md) */
+static int item_cols(Cg *cg, const MmDims *d) { return d->split ? col_block(cg) / 2 : d->at ? 2 * col_block(cg) : col_block(cg); }
 
 static int plain_path(const IrNode *n)
 {
@@ -947,7 +953,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef ldb = tb ? d.k : d.n, lda = at ? d.m : d.k;
 
     /* the item's packed panels: NC / NR panels of KC x NR floats, aligned for vector loads */
-    int npanels_max = col_block(cg) / nr;
+    int npanels_max = (d.at ? 2 : 1) * col_block(cg) / nr;
     LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)(nr * npanels_max)), NULL, "bpanels");
     LLVMSetAlignment(bp, 64);
     /* a split product: the item's rows (at most MC) of both halves, side by side, [MC][2 icols] */
