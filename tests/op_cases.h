@@ -750,7 +750,8 @@ static void build_fused(IrGraph *g, IrDim b, IrDim n)
 /* int8 weights (matmul_q8): an i8 weight [n, k] with f32 scales [n, ceil(k / group)], per output
  * row (group = k) and in groups whose last one is partial, on each path of the CPU kernel: the
  * matrix-vector path (b n <= 4 rows: at the sizes 1), the blocked path with panels past n and k
- * blocks (KC = 256) that cut a group, and the plain path (n = 5 < 8). */
+ * blocks (KC = 256) that cut a group, and the plain path (n = 5 < 8); k = 96 for the int16
+ * products of the matrix-vector path. */
 static IrNode *q8(IrGraph *g, IrNode *a, const char *name, int64_t n, int64_t k, int64_t group)
 {
     char sname[64];
@@ -761,14 +762,18 @@ static IrNode *q8(IrGraph *g, IrNode *a, const char *name, int64_t n, int64_t k,
 
 static void build_matmul_q8(IrGraph *g, IrDim b, IrDim n)
 {
-    IrDim s40[] = {b, n, ir_dim(40)}, s300[] = {b, n, ir_dim(300)}, s2[] = {n, ir_dim(40)};
+    IrDim s40[] = {b, n, ir_dim(40)}, s300[] = {b, n, ir_dim(300)}, s2[] = {n, ir_dim(40)}, s96[] = {b, n, ir_dim(96)};
     IrNode *a = input(g, "a", IR_F32, 3, s40), *a300 = input(g, "a300", IR_F32, 3, s300);
+    IrNode *a96 = input(g, "a96", IR_F32, 3, s96);
     out(g, "per_row", q8(g, a, "w", 70, 40, 40));
     out(g, "groups", q8(g, a, "wg", 70, 40, 16));             /* 3 groups, the last of 8 */
     out(g, "k_blocks", q8(g, a300, "wk", 37, 300, 32));       /* 10 groups; KC = 256 cuts the 9th */
     out(g, "plain", q8(g, a, "wp", 5, 40, 32));
     out(g, "rank2", q8(g, input(g, "a2", IR_F32, 2, s2), "w2", 19, 40, 40));
     out(g, "group1", q8(g, a, "w1", 9, 40, 1));               /* a scale per weight */
+    /* k a multiple of 32: the matrix-vector path's int16 products (AVX512-BW, cg_llvm_q8.c) */
+    out(g, "i16_rows", q8(g, a96, "wi", 37, 96, 96));
+    out(g, "i16_groups", q8(g, a96, "wj", 21, 96, 32));
 }
 
 /* Products large enough for the f32 kernel's 128 x 128 tiles (cg_cuda_matmul.c: from LARGE_MIN =
@@ -1052,7 +1057,8 @@ static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
 }
 
 /* A read through a permute of its last two dims (dW = g^T x): the CPU reads it in place (CG_VIEW_A_T), batched
- * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301), the plain path
+ * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and past the
+ * A^T path's double one (530), the plain path
  * (5 columns), summed over the batch (CG_VIEW_SUM_B); build_matmul_at adds a permute another op reads too (no
  * view; test_cpu_bf16 runs the forms). */
 static const int swap3[] = {0, 2, 1}, swap2[] = {1, 0};
@@ -1065,6 +1071,7 @@ static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
     out(g, "at_deep", ir_matmul(g, deep, input(g, "deep2", IR_F32, 2, sd2), 0));
     out(g, "at_plain", ir_matmul(g, deep, input(g, "deep3", IR_F32, 2, sd3), 0));
     out(g, "at_wide", ir_matmul(g, deep, input(g, "wide", IR_F32, 2, (IrDim[]){ir_dim(300), ir_dim(301)}), 0));
+    out(g, "at_wider", ir_matmul(g, deep, input(g, "wider", IR_F32, 2, (IrDim[]){ir_dim(300), ir_dim(530)}), 0));
     out(g, "at_tall", ir_matmul(g, ir_permute(g, input(g, "tall", IR_F32, 3, st), swap3), input(g, "tall2", IR_F32, 2, sd2), 0));
     out(g, "at_sum", ir_reduce(g, IR_SUM, ir_matmul(g, ir_permute(g, x, swap3), input(g, "y3", IR_F32, 3, sy), 0), 0));
     return x;

@@ -557,6 +557,53 @@ START_TEST(test_weights_files)
 }
 END_TEST
 
+/* ---- the matrix-vector path's int16 products ----
+ * Decoding multiplies one row of activations by each int8 weight: with AVX512-BW the row is split
+ * into two int16 parts and the products are vpmaddwd/vpdpwssd (cg_llvm_q8.c, the dot products
+ * test_models checks against the interpreter); without AVX-512 the weights are widened to f32. */
+static int file_has(const char *path, const char *what)
+{
+    FILE *fp = fopen(path, "rb");
+    ck_assert_msg(fp != NULL, "no %s", path);
+    static char text[1 << 22];
+    size_t len = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[len] = 0;
+    return strstr(text, what) != NULL;
+}
+
+START_TEST(test_gemv_paths)
+{
+    static const char *src = "m = TransformerWrapper(num_tokens = 40, max_seq_len = 16,\n"
+                             "    attn_layers = Decoder(dim = 64, depth = 1, heads = 2))\n";
+    static const struct {
+        const char *cpu;
+        int i16;
+    } cases[] = {{"x86-64-v4", 1}, {"x86-64-v3", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        XtfDiag d;
+        xtf_diag_init(&d);
+        XtfFile *f = xtf_parse("gemv.xtf", src, strlen(src), &d);
+        ck_assert_ptr_nonnull(f);
+        xtf_check(f, &d);
+        char err[1024], ll[600];
+        snprintf(ll, sizeof ll, "%s/gemv.%s.ll", tmpdir, cases[i].cpu);
+        CgOptions opt = {.weights_dtype = "int8", .cpu = cases[i].cpu, .emit_llvm = ll, .opt_level = 1};
+        DrvTarget t;
+        ck_assert_msg(drv_target(&t, &opt, err, sizeof err) == 0, "%s", err);
+        DrvJob job = {.file = f, .lower = {.kv_cache = 1}, .cg = opt};
+        XtcModule *m = drv_build_load(&job, &t, NULL, err, sizeof err);
+        ck_assert_msg(m != NULL, "%s", err);
+        xtc_module_free(m);
+        /* f32 caches: the attention's int8-key scores (which use it too) are not in this module */
+        ck_assert_msg(file_has(ll, "llvm.x86.avx512.pmaddw.d.512") == cases[i].i16, "%s: int16 products %s", cases[i].cpu,
+                      cases[i].i16 ? "missing" : "used without AVX512-BW");
+        xtf_free(f);
+        xtf_diag_free(&d);
+    }
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 START_TEST(test_refusals)
@@ -593,6 +640,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_quantize_rule);
     tcase_add_test(tc, test_weights_files);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_gemv_paths);
     tcase_add_test(tc, test_models);
     suite_add_tcase(s, tc);
     return s;

@@ -148,6 +148,14 @@ LLVMValueRef cg_q8_weight(CgFn *f, LLVMValueRef j, LLVMValueRef p);
 void cg_q8_gemv_dots(CgFn *f, LLVMValueRef dst, const LLVMValueRef *arow, const LLVMValueRef *crow, int nr,
                      LLVMValueRef brow0, LLVMValueRef k, LLVMValueRef j, int nj);
 void cg_q8_pack(CgFn *f, LLVMValueRef bp, LLVMValueRef pc, LLVMValueRef kc, LLVMValueRef j0, LLVMValueRef nc);
+/* ... and the matrix-vector path in int16 products where cg_q8_gemv16_fits (AVX512-BW, k a constant
+ * multiple of 32 up to 8160, groups of a multiple of 32): pack_a16 splits row r of A (a[src ..
+ * src + k)) into two int16 parts in ap ([rows][2][k] i16, 64-byte aligned) and its scale in qs[r];
+ * dots16 has cg_q8_gemv_dots' contract with A read from ap and qs. */
+int cg_q8_gemv16_fits(const CgFn *f, int64_t k);
+void cg_q8_pack_a16(CgFn *f, LLVMValueRef ap, LLVMValueRef qs, LLVMValueRef a, LLVMValueRef src, LLVMValueRef r, int64_t k);
+void cg_q8_gemv_dots16(CgFn *f, LLVMValueRef dst, LLVMValueRef ap, LLVMValueRef qs, const LLVMValueRef *crow, int nr,
+                       LLVMValueRef brow0, int64_t k, LLVMValueRef j, int nj);
 /* cg_llvm_sort.c: the ops that order a row: kth_largest (radix select), entmax15 (heap sort) */
 void cg_kth_largest_work(CgFn *f, LLVMValueRef *items, LLVMValueRef *cost);
 int cg_kth_largest_impl(CgFn *f);

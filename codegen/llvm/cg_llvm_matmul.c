@@ -50,6 +50,7 @@ typedef struct {
     LLVMValueRef m, n, k, batch;
     LLVMValueRef w; /* the output's columns: n, or n / 2 under a two-part epilogue */
     int split;      /* that epilogue: the item's columns j and j + w of the product, side by side */
+    int at;         /* A read through the transposed view (CG_VIEW_A_T): wider items (item_cols) */
 } MmDims;
 
 static void mm_dims(CgFn *f, MmDims *d)
@@ -65,14 +66,19 @@ static void mm_dims(CgFn *f, MmDims *d)
         d->batch = cg_i64(f->cg, 1);
     }
     d->split = f->mm_parts == 2;
+    d->at = (f->views & CG_VIEW_A_T) != 0;
     d->w = d->split ? LLVMBuildSDiv(f->cg->b, d->n, cg_i64(f->cg, 2), "w") : d->n;
 }
 
 static int lanes(Cg *cg) { return cg->vec >= 16 ? 16 : cg->vec >= 8 ? 8 : 4; }
 static int tile_rows(Cg *cg) { return lanes(cg) == 16 ? 12 : 6; }  /* MR: 2 MR accumulators + 3 live */
 static int col_block(Cg *cg) { return 2 * lanes(cg) * 8; }          /* NC: 8 panels */
-/* an item's output columns: NC, or NC / 2 of each half of a split product (the same panels) */
-static int item_cols(Cg *cg, const MmDims *d) { return d->split ? col_block(cg) / 2 : col_block(cg); }
+/* an item's output columns: NC, or NC / 2 of each half of a split product (the same panels); with
+ * A read through the transposed view (the weights' gradients), 2 NC: each item packs A^T's tiles
+ * again on every k block, so half the items pack them half as often (B's panels, 512 KiB, and
+ * the A^T tiles, 192 KiB, still fit a 1 MiB L2; 1-thread CPU time in % of OpenBLAS on GPT-M's
+ * four weight-gradient shapes went from 84-88 to 89-94 on an AMD EPYC, bench/RESULTS.md) */
+static int item_cols(Cg *cg, const MmDims *d) { return d->split ? col_block(cg) / 2 : d->at ? 2 * col_block(cg) : col_block(cg); }
 
 static int plain_path(const IrNode *n)
 {
@@ -294,6 +300,24 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
     LLVMValueRef mk = LLVMBuildMul(b, d->m, d->k, ""), kn = LLVMBuildMul(b, d->k, d->n, ""), mn = LLVMBuildMul(b, d->m, d->n, "");
     LLVMValueRef nbi = shared ? d->batch : cg_i64(cg, 1); /* batch indices in an item */
     LLVMValueRef rows = LLVMBuildMul(b, nbi, d->m, "rows");
+    /* int8 weights (always one weight for every row: shared): the rows of A split into int16
+     * parts once per call, before the items, for the int16 dot products (cg_llvm_q8.c) */
+    const IrNode *an = n->in[0];
+    IrDim kd = an->shape[an->rank - 1];
+    int q8 = cg_q8(n); /* int8 weights: cg_llvm_q8.c (never with bf16 operands) */
+    int q16 = q8 && shared && ir_dim_is_const(kd) && cg_q8_gemv16_fits(f, kd.c);
+    LLVMValueRef a16 = NULL, qs16 = NULL;
+    if (q16) {
+        a16 = cg_var(f, LLVMArrayType(LLVMInt16TypeInContext(cg->ctx), (unsigned)(GEMV_ROWS * 2 * kd.c)), NULL, "a16");
+        LLVMSetAlignment(a16, 64);
+        qs16 = cg_var(f, LLVMArrayType(cg->t_f32, GEMV_ROWS), NULL, "a16scale");
+        CgLoop lq;
+        cg_for(f, &lq, cg_i64(cg, 0), rows, "a16row");
+        LLVMValueRef src = LLVMBuildAdd(b, batch_offset(f, an, LLVMBuildSDiv(b, lq.iv, d->m, ""), mk),
+                                        LLVMBuildMul(b, LLVMBuildSRem(b, lq.iv, d->m, ""), d->k, ""), "");
+        cg_q8_pack_a16(f, a16, qs16, f->in[0], src, lq.iv, kd.c);
+        cg_for_end(f, &lq);
+    }
     CgLoop li, lj;
     cg_for(f, &li, f->lo, f->hi, "item");
     LLVMValueRef bi0 = shared ? cg_i64(cg, 0) : LLVMBuildSRem(b, li.iv, d->batch, "");
@@ -307,9 +331,6 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
     LLVMValueRef bbase = batch_offset(f, n->in[1], bi0, kn);
     /* bf16 operands with a constant k (every weight): the item's rows of A rounded once, into
      * [GEMV_ROWS][k] floats, rather than in the loop of every block of columns */
-    const IrNode *an = n->in[0];
-    IrDim kd = an->shape[an->rank - 1];
-    int q8 = cg_q8(n); /* int8 weights: cg_llvm_q8.c (never with bf16 operands) */
     int pre = !q8 && cg->bf16 && ir_dim_is_const(kd) && kd.c > 0 && kd.c <= GEMV_PREROUND_K;
     /* ... as bf16 pairs, for the dot products that read a bf16 weight as stored (cg_llvm_gemv16.c) */
     int pairs = pre && f->in_bf16[1] && cg_gemv_bf16_fits(cg, kd.c);
@@ -350,7 +371,9 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
             cg_for(f, &lj, cg_i64(cg, 0), LLVMBuildSDiv(b, LLVMBuildSub(b, jfull, j0, ""), cg_i64(cg, GEMV_UNROLL), ""), "jg");
             LLVMValueRef j = LLVMBuildAdd(b, j0, LLVMBuildMul(b, lj.iv, cg_i64(cg, GEMV_UNROLL), ""), "");
             LLVMValueRef a = pre ? ar : f->in[0], brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, j, d->k, ""), "");
-            if (q8)
+            if (q16)
+                cg_q8_gemv_dots16(f, dst, a16, qs16, crow, nr, brow, kd.c, j, GEMV_UNROLL);
+            else if (q8)
                 cg_q8_gemv_dots(f, dst, arow, crow, nr, brow, d->k, j, GEMV_UNROLL);
             else if (pairs)
                 cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, j, GEMV_UNROLL);
@@ -359,7 +382,9 @@ static void gemv_items(CgFn *f, const CgMatmulEpilogue *epi, const MmDims *d)
             cg_for_end(f, &lj);
             cg_for(f, &lj, jfull, j1, "j");
             brow = LLVMBuildAdd(b, bpart, LLVMBuildMul(b, lj.iv, d->k, ""), "");
-            if (q8)
+            if (q16)
+                cg_q8_gemv_dots16(f, dst, a16, qs16, crow, nr, brow, kd.c, lj.iv, 1);
+            else if (q8)
                 cg_q8_gemv_dots(f, dst, arow, crow, nr, brow, d->k, lj.iv, 1);
             else if (pairs)
                 cg_gemv_dots_bf16(f, dst, ar, crow, nr, brow, kd.c, lj.iv, 1);
@@ -928,7 +953,7 @@ static int matmul_impl(CgFn *f, const CgMatmulEpilogue *epi)
     LLVMValueRef ldb = tb ? d.k : d.n, lda = at ? d.m : d.k;
 
     /* the item's packed panels: NC / NR panels of KC x NR floats, aligned for vector loads */
-    int npanels_max = col_block(cg) / nr;
+    int npanels_max = (d.at ? 2 : 1) * col_block(cg) / nr;
     LLVMValueRef bp = cg_var(f, LLVMArrayType(cg->t_f32, KC * (unsigned)(nr * npanels_max)), NULL, "bpanels");
     LLVMSetAlignment(bp, 64);
     /* a split product: the item's rows (at most MC) of both halves, side by side, [MC][2 icols] */
