@@ -93,9 +93,7 @@ static int reduced_grad(const IrNode *n, int depth, int *seen)
     switch (n->op) {
     case IR_CONST: return 1;
     case IR_SUM: {
-        int axis = (int)n->ia[IR_IA_AXIS];
-        const IrNode *x = n->in[0];
-        if (axis < 0 || axis >= x->rank || ir_dim_is_const(x->shape[axis]))
+        if (!cg_sum_keeps_f32(n->in[0], (int)n->ia[IR_IA_AXIS]))
             return 0;
         *seen = 1;
         return 1;
@@ -108,6 +106,11 @@ static int reduced_grad(const IrNode *n, int depth, int *seen)
         if (!reduced_grad(n->in[i], depth - 1, seen))
             return 0;
     return 1;
+}
+
+int cg_sum_keeps_f32(const IrNode *x, int axis)
+{
+    return axis >= 0 && axis < x->rank && !ir_dim_is_const(x->shape[axis]);
 }
 
 int cg_keeps_f32(const IrNode *n)
@@ -291,7 +294,7 @@ static int same_batch(const IrNode *x, const IrNode *mm)
 
 /* The CG_VIEW_A_T and CG_VIEW_SUM_B decisions (cg_plan.h): views[id] for matmul nodes, elide[id]
  * 1 for the permutes they read in place, 2 for the sums they write. stored: per node id, its
- * storage (a view reads the operand as f32). */
+ * storage (a view reads the operand as the permute's value would have been stored). */
 static void matmul_views(const IrGraph *g, const char *needed, const uint8_t *stored, unsigned *views, char *elide)
 {
     int nn = g->nnodes;
@@ -314,7 +317,8 @@ static void matmul_views(const IrGraph *g, const char *needed, const uint8_t *st
     }
     for (int i = 0; i < nn; i++) {
         const IrNode *pm = g->nodes[i];
-        if (!needed[i] || elide[i] || other[i] || !swaps_last_two(pm) || pm->dtype != IR_F32 || stored[pm->in[0]->id])
+        if (!needed[i] || elide[i] || other[i] || !swaps_last_two(pm) || pm->dtype != IR_F32 ||
+            stored[pm->in[0]->id] != stored[i])
             continue;
         int used = 0;
         for (int j = i + 1; j < nn; j++) {
@@ -560,8 +564,10 @@ int cg_plan_build_opts(const IrGraph *g, CgPlan *p, const CgPlanOpts *opts, char
             continue;
         if (node->op == IR_RESHAPE || elide[i]) {
             p->buf_of[i] = p->buf_of[node->in[0]->id];
-            if (elide[i] == 2) /* a sum its matmul writes (CG_VIEW_SUM_B): the buffer holds the sum's shape */
+            if (elide[i] == 2) { /* a sum its matmul writes (CG_VIEW_SUM_B): the buffer holds the sum's value */
                 p->bufs[p->buf_of[i]].node = node;
+                p->storage[p->buf_of[i]] = stored[i];
+            }
             continue;
         }
         CgStep *st = &p->steps[p->nsteps];

@@ -53,9 +53,11 @@ typedef struct {
  * rearrange 'b n (h d) -> b h n d' and back): four copies of an activation per layer saved. */
 enum { CG_VIEW_Q = 1, CG_VIEW_K = 2, CG_VIEW_V = 4, CG_VIEW_OUT = 8, CG_VIEW_A_T = 16, CG_VIEW_SUM_B = 32 };
 /* The transposed-A view (matmul_views, for the backends with CG_CAP_MATMUL_VIEWS: the CPU's
- * matmul, cg_llvm_matmul.c): a permute that swaps the last two dims, [.., k, m] -> [.., m, k],
- * makes no step when its every consumer is a matmul without transpose_b reading it as A (and
- * only as A), it is not an output and its operand is stored as its dtype: the matmul (CG_VIEW_A_T)
+ * matmul, cg_llvm_matmul.c, and CUDA's, cg_cuda_matmul.c and cg_cuda_matmul_mma.c): a permute that
+ * swaps the last two dims, [.., k, m] -> [.., m, k], makes no step when its every consumer is a
+ * matmul without transpose_b reading it as A (and only as A), it is not an output and its operand
+ * is stored as the permute would be (both f32 on the CPU, both 16-bit under CUDA's 16-bit
+ * storage, unless the operand keeps f32): the matmul (CG_VIEW_A_T)
  * reads the operand in place, element (i, p) of a matrix at p m + i. Such permutes are the
  * gradients' transposes of the weights' gradients, dW = g^T x (autodiff's grad_matmul): one copy
  * of an activation per Linear layer saved in a training step.
@@ -149,6 +151,10 @@ char *cg_plan_meta(const CgPlan *p, const char *const *options, int noptions);
  * rotary's inverse frequencies, which those tables read). Reshapes follow their operand, whose
  * buffer they share. */
 int cg_keeps_f32(const IrNode *n);
+/* ... for a sum of x over axis: whether it keeps f32 as the sum of a gradient over a symbolic axis
+ * (the batch, the positions) does; what a matmul summing its product over the batch itself
+ * (CG_VIEW_SUM_B, axis 0) writes its result as */
+int cg_sum_keeps_f32(const IrNode *x, int axis);
 
 /* Whether dims [from, to) of a shape are all the constant 1 (so their product is 1 for any
  * symbol values). */

@@ -111,7 +111,8 @@ enum {
     CG_CAP_HALF_WEIGHTS = 128, /* --dtype bf16 stores the matmul weights in bf16, the rest in f32
                                 * (CG_STORE_MATMUL_WEIGHTS, cg_plan.h); without CG_CAP_HALF */
     CG_CAP_MATMUL_VIEWS = 256, /* a matmul reads its A operand through a permute that swaps the last
-                                * two dims (CG_VIEW_A_T, cg_plan.h) */
+                                * two dims (CG_VIEW_A_T, cg_plan.h), and writes its sum over the batch
+                                * (CG_VIEW_SUM_B) */
 };
 
 /* Whether backend caps can compile storage (cg_dtype_parse); 0 with a message when not. */

@@ -1016,8 +1016,9 @@ static void build_mma_epilogues(IrGraph *g, IrDim b, IrDim n)
  * bf16 and fp16): K = 136 (a 5-stage run through the 3 buffers) with B as [K, N] and [N, K];
  * symbolic K = n + 7, which allows the 16-byte copies at n = 1, 17, 33, 65 and not at 7, 130, 0
  * (the kernel's run-time branch both ways); broadcast batches; and 44 b batches of n x 24 by
- * 24 x 16 and 24 x 24 transposed: at b = 3 these are 132 tiles, the 128 x 128 tiles' side of the
- * choice (ragged in M, N and K), the others the 64 x 64 tiles. */
+ * 24 x 16 and 24 x 24 transposed, and their Gram matrices 24 x n by n x 24 (A read transposed in
+ * place, CG_VIEW_A_T): at b = 3 these are 132 tiles, the 128 x 128 tiles' side of the choice
+ * (ragged in M, N and K), the others the 64 x 64 tiles. */
 static void build_mma16_forms(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sx[] = {b, n, ir_dim(136)}, sw[] = {ir_dim(136), ir_dim(72)}, swt[] = {ir_dim(80), ir_dim(136)};
@@ -1034,6 +1035,8 @@ static void build_mma16_forms(IrGraph *g, IrDim b, IrDim n)
     IrNode *many = input(g, "many", IR_F32, 4, sm);
     out(g, "many", ir_matmul(g, many, ir_param(g, "mw", 2, smw), 0));
     out(g, "many_t", ir_matmul(g, many, ir_param(g, "mwt", 2, smt), 1));
+    static const int swap_last[] = {0, 1, 3, 2};
+    out(g, "many_at", ir_matmul(g, ir_permute(g, many, swap_last), many, 0));
 }
 
 /* ... with the fused epilogues: bias and GELU, a residual, the GLU split with B as [K, N] (its
@@ -1056,11 +1059,11 @@ static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
                               ir_unary(g, IR_GELU, ir_slice(g, pt, -1, ir_dim(72), ir_dim(72)))));
 }
 
-/* A read through a permute of its last two dims (dW = g^T x): the CPU reads it in place (CG_VIEW_A_T), batched
- * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and past the
- * A^T path's double one (530), the plain path
- * (5 columns), summed over the batch (CG_VIEW_SUM_B); build_matmul_at adds a permute another op reads too (no
- * view; test_cpu_bf16 runs the forms). */
+/* A read through a permute of its last two dims (dW = g^T x): the CPU and CUDA read it in place (CG_VIEW_A_T),
+ * batched (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and past the
+ * CPU A^T path's double one (530), the plain path (5 columns), summed over the batch (CG_VIEW_SUM_B); m and n
+ * multiples of 8 (CUDA's 16-byte copies of A^T and B, at_vec), summed too; build_matmul_at adds a permute
+ * another op reads too (no view; test_cpu_bf16 runs the forms). */
 static const int swap3[] = {0, 2, 1}, swap2[] = {1, 0};
 static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
 {
@@ -1074,6 +1077,10 @@ static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
     out(g, "at_wider", ir_matmul(g, deep, input(g, "wider", IR_F32, 2, (IrDim[]){ir_dim(300), ir_dim(530)}), 0));
     out(g, "at_tall", ir_matmul(g, ir_permute(g, input(g, "tall", IR_F32, 3, st), swap3), input(g, "tall2", IR_F32, 2, sd2), 0));
     out(g, "at_sum", ir_reduce(g, IR_SUM, ir_matmul(g, ir_permute(g, x, swap3), input(g, "y3", IR_F32, 3, sy), 0), 0));
+    IrDim sv[] = {b, n, ir_dim(64)}, sw[] = {b, n, ir_dim(40)};
+    IrNode *v = input(g, "xv", IR_F32, 3, sv);
+    out(g, "at_vec", ir_matmul(g, ir_permute(g, v, swap3), input(g, "yv", IR_F32, 3, sw), 0));
+    out(g, "at_vec_sum", ir_reduce(g, IR_SUM, ir_matmul(g, ir_permute(g, v, swap3), input(g, "yv2", IR_F32, 3, sw), 0), 0));
     return x;
 }
 static void build_matmul_at(IrGraph *g, IrDim b, IrDim n)
@@ -1094,7 +1101,7 @@ static const OpCase OP_CASES[] = {
     {"move", build_move, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"copies", build_copies, OC_CPU | OC_CUDA, 0, 1e-4, NULL},
     {"matmul", build_matmul, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
-    {"matmul_at", build_matmul_at, OC_CPU, OC_EMPTY, 1e-4, "a view of the cpu's (CUDA runs the permutes)"},
+    {"matmul_at", build_matmul_at, OC_CPU | OC_CUDA | OC_MMA16, OC_EMPTY, 1e-4, NULL},
     {"matmul_q8", build_matmul_q8, OC_CPU, OC_EMPTY, 1e-4, "int8 weights are for the cpu target (op_case_backend_exempt)"},
     {"xent", build_xent, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},
     {"rand", build_rand, OC_CPU | OC_CUDA, OC_EMPTY, 1e-4, NULL},

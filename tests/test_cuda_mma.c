@@ -481,6 +481,24 @@ START_TEST(test_matmul_16bit_operands)
 }
 END_TEST
 
+/* A read transposed in place (CG_VIEW_A_T, summed over the batch too: CG_VIEW_SUM_B) by the
+ * tensor-core kernel for f32 storage, which converts as it stages (cg_cuda_matmul.c's matmul_mma):
+ * the matmul_at case's products (its permute that exp reads too is of unrounded operands here);
+ * the 16-bit storage's kernel runs the whole case in test_matmul_16bit_operands */
+static void build_at_forms(IrGraph *g, IrDim b, IrDim n) { matmul_at_forms(g, b, n); }
+
+START_TEST(test_matmul_at_f32_storage)
+{
+    Lib l;
+    lib_open(&l);
+    static const OpCase at = {"matmul_at_forms", build_at_forms, OC_MMA, OC_EMPTY, 1e-4, ""};
+    storage = 0;
+    for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++)
+        check_graph(&l, &at, mma);
+    lib_close(&l);
+}
+END_TEST
+
 /* What --dtype and --mma give together (cg_mma_resolve through the renderer): 16-bit storage
  * takes the tensor cores of its format by default, off below sm_80; an explicit --mma below
  * sm_80 (on the GPU) or of the other 16-bit format is refused, saying why. */
@@ -1148,6 +1166,7 @@ static Suite *suite(void)
     suite_add_tcase(s, tc);
     TCase *m16 = tcase_create("mma16");
     tcase_add_test(m16, test_matmul_16bit_operands);
+    tcase_add_test(m16, test_matmul_at_f32_storage);
     suite_add_tcase(s, m16);
     TCase *fl = tcase_create("flash");
     tcase_add_test(fl, test_flash_attention);

@@ -97,9 +97,11 @@ static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
 {
     char err[1024];
     CgPlan plan;
-    /* as cg_compile plans for the cuda target: inference attention through head-split views */
-    int views = (cg_cuda_backend.caps & CG_CAP_HEAD_VIEWS) != 0;
-    ck_assert_msg(cg_plan_build_views(g, &plan, views, err, sizeof err) == 0, "%s: plan: %s", what, err);
+    /* as cg_compile plans for the cuda target: inference attention through head-split views,
+     * weight gradients' matmuls reading A transposed in place */
+    unsigned caps = cg_cuda_backend.caps;
+    CgPlanOpts o = {.head_views = (caps & CG_CAP_HEAD_VIEWS) != 0, .matmul_views = (caps & CG_CAP_MATMUL_VIEWS) != 0};
+    ck_assert_msg(cg_plan_build_opts(g, &plan, &o, err, sizeof err) == 0, "%s: plan: %s", what, err);
     CuUnit u;
     CgOptions opt = {.output = "-", .mma = ks->mma};
     ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s: render: %s", what, err);
@@ -876,9 +878,11 @@ END_TEST
 /* The tensor-core matmul for 16-bit operands as stored (cg_cuda_matmul_mma.c), as the GPU gets
  * it: plain, transposed, batched with broadcasting, with fused epilogues (bias + GELU, residual,
  * a GLU split) over symbolic sizes, and known sizes with rows of a multiple of 8 values (K = 40)
- * and not (K = 36: no 16-bit copies possible, so none are emitted), with --dtype bf16 and fp16.
- * Every kernel's PTX (sm_80) holds ldmatrix and mma.sync of its type, those that can copy 16
- * bytes cp.async (ldmatrix .trans where B is [K, N]); ptxas -v assembles them for sm_80 and
+ * and not (K = 36: no 16-bit copies possible, so none are emitted), A read transposed in place
+ * (CG_VIEW_A_T, the plan's as cg_compile's for the cuda target), batched and summed over the
+ * batch (CG_VIEW_SUM_B), with --dtype bf16 and fp16. Every kernel's PTX (sm_80) holds ldmatrix
+ * and mma.sync of its type, those that can copy 16 bytes cp.async (ldmatrix .trans where B is
+ * [K, N], and for A^T); ptxas -v assembles them for sm_80 and
  * sm_90 with no spills and no stack frame. Registers and shared memory are printed. */
 static void build_mma16(IrGraph *g)
 {
@@ -899,6 +903,11 @@ static void build_mma16(IrGraph *g)
     ir_output(g, "known", ir_matmul(g, ir_input(g, "u", IR_F32, 2, s40), ir_input(g, "v", IR_F32, 2, s40b), 0));
     IrDim s36[] = {ir_dim(100), ir_dim(36)}, s36b[] = {ir_dim(36), ir_dim(72)};
     ir_output(g, "odd", ir_matmul(g, ir_input(g, "u2", IR_F32, 2, s36), ir_input(g, "v2", IR_F32, 2, s36b), 0));
+    static const int swap[] = {0, 2, 1}; /* the sum's product: 16 x 11 large tiles (a 20000-word vocabulary's) */
+    IrDim sgo[] = {b, n, ir_dim(192)}, swide[] = {b, n, ir_dim(2048)}, sgw[] = {b, n, ir_dim(1408)};
+    ir_output(g, "at", ir_matmul(g, ir_permute(g, x, swap), ir_input(g, "go", IR_F32, 3, sgo), 0));
+    IrNode *wide = ir_permute(g, ir_input(g, "wide", IR_F32, 3, swide), swap);
+    ir_output(g, "at_sum", ir_reduce(g, IR_SUM, ir_matmul(g, wide, ir_input(g, "gw", IR_F32, 3, sgw), 0), 0));
 }
 
 START_TEST(test_matmul_instruction_mix)
@@ -914,7 +923,8 @@ START_TEST(test_matmul_instruction_mix)
     IrGraph *g = harness_passes(built, "cuda", &po, err, sizeof err);
     ck_assert_msg(g != NULL, "%s", err);
     CgPlan plan;
-    ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
+    CgPlanOpts po_views = {.matmul_views = (cg_cuda_backend.caps & CG_CAP_MATMUL_VIEWS) != 0};
+    ck_assert_msg(cg_plan_build_opts(g, &plan, &po_views, err, sizeof err) == 0, "%s", err);
     for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
         CgOptions opt = {.output = "-", .mma = mma, .dtype = mma == CG_MMA_BF16 ? "bf16" : "fp16"};
         CuUnit u;
@@ -932,9 +942,11 @@ START_TEST(test_matmul_instruction_mix)
                 trans += strstr(u.kernel_text[k], "xtc_ldmatrix_x4_trans(") != NULL;
             }
         fclose(f);
-        ck_assert_int_eq(kernels, 6);
-        ck_assert_int_eq(copying, 5); /* all but K = 36 */
-        ck_assert_int_eq(trans, 4);   /* B as [K, N]: gelu, bcast, known, odd */
+        ck_assert_int_eq(kernels, 8);
+        ck_assert_int_eq(copying, 7); /* all but K = 36 */
+        ck_assert_int_eq(trans, 6);   /* B as [K, N]: gelu, bcast, known, odd, at, at_sum */
+        ck_assert_int_eq(count_in(src, NULL, "a read transposed in place"), 2);
+        ck_assert_int_eq(count_in(src, NULL, "summed over the batch"), 1);
         char *ptx = NULL;
         ck_assert_msg(cg_nvrtc_compile(src, "mma16.cu", "sm_80", &ptx, err, sizeof err) == 0, "%s", err);
         free(src);

@@ -13,6 +13,7 @@
  * test_pass_models.c (the pipeline holds the fusions); IR text in/out in test_passes.c
  * (tests/passes/attention/); each fused op against the interpreter in test_codegen.c. */
 #include "cg_plan.h"
+#include "codegen.h"
 #include "ir.h"
 #include "passes.h"
 #include "safetensors.h"
@@ -462,6 +463,71 @@ START_TEST(test_grouped_kv)
 }
 END_TEST
 
+/* GPT's training step planned as the cuda target compiles it with --dtype bf16 (bench/gpu_compare.sh's
+ * gpt_train_bf16: codegen.c's plan options from the backend's caps, 16-bit storage of every
+ * activation): every weight gradient's matmul reads its operand's transpose in place and sums its
+ * product over the batch itself (CG_CAP_MATMUL_VIEWS, cg_plan.h): no step permutes the last two dims
+ * into a matmul's A, no step sums such a matmul's product over the batch. Counts the steps with
+ * the views and without. */
+static int swaps_last_two(const IrNode *x)
+{
+    return x->op == IR_PERMUTE && x->rank >= 2 && x->perm[x->rank - 1] == x->rank - 2 && x->perm[x->rank - 2] == x->rank - 1;
+}
+
+static void cuda_plan(const IrGraph *g, int matmul_views, int *steps, int *kernels, int *permuted_a, int *summed,
+                      int *viewed)
+{
+    unsigned caps = cg_cuda_backend.caps;
+    CgPlanOpts o = {.head_views = (caps & CG_CAP_HEAD_VIEWS) != 0, .matmul_views = matmul_views, .storage = 1,
+                    .scope = CG_STORE_ALL};
+    CgPlan p;
+    char err[512];
+    ck_assert_msg(cg_plan_build_opts(g, &p, &o, err, sizeof err) == 0, "%s", err);
+    char *stepped = calloc((size_t)g->nnodes + 1, 1);
+    ck_assert_ptr_nonnull(stepped);
+    for (int s = 0; s < p.nsteps; s++)
+        stepped[p.steps[s].node->id] = 1;
+    *steps = p.nsteps, *kernels = p.nkernels, *permuted_a = *summed = *viewed = 0;
+    for (int s = 0; s < p.nsteps; s++) {
+        const IrNode *x = p.steps[s].node, *a = x->in[0];
+        if (x->op == IR_MATMUL && swaps_last_two(a) && stepped[a->id])
+            (*permuted_a)++;
+        *summed += x->op == IR_SUM && x->ia[IR_IA_AXIS] == 0 && a->op == IR_MATMUL && swaps_last_two(a->in[0]);
+        *viewed += x->op == IR_MATMUL && (p.kernels[p.steps[s].kernel].views & CG_VIEW_A_T) != 0;
+    }
+    free(stepped);
+    cg_plan_free(&p);
+}
+
+START_TEST(test_cuda_matmul_views)
+{
+    static const char *src = "gpt = TransformerWrapper(num_tokens = 20000, max_seq_len = 1024,\n"
+                             "    attn_layers = Decoder(dim = 512, depth = 12, heads = 8))\n";
+    XtLowerOpts lo = {.train = 1};
+    IrGraph *g = lower_xtf(NULL, src, &lo, 1);
+    ck_assert_ptr_nonnull(g);
+    DrvTarget c16;
+    char err[1024];
+    ck_assert_msg(drv_target(&c16, &(CgOptions){.target = "cuda", .dtype = "bf16"}, err, sizeof err) == 0, "%s", err);
+    IrGraph *h = pass_run_pipeline(g, &(PassOptions){.target = &c16.passes}, err, sizeof err);
+    ck_assert_msg(h != NULL, "%s", err);
+    int st[2], kn[2], pa[2], su[2], vw[2];
+    for (int v = 0; v <= 1; v++)
+        cuda_plan(h, v ? (cg_cuda_backend.caps & CG_CAP_MATMUL_VIEWS) != 0 : 0, &st[v], &kn[v], &pa[v], &su[v], &vw[v]);
+    printf("GPT's cuda bf16 training step: without the transposed-A view %d steps, %d kernels, %d permutes into a "
+           "matmul's A, %d batch sums of a product; with it %d steps, %d kernels, %d matmuls reading A in place\n",
+           st[0], kn[0], pa[0], su[0], st[1], kn[1], vw[1]);
+    ck_assert_int_eq(pa[1], 0);
+    ck_assert_int_eq(su[1], 0);
+    ck_assert_int_ge(vw[1], 6 * 12 + 1); /* 4 attention and 2 feed-forward projections a layer, the logits */
+    ck_assert_int_ge(pa[0], 6 * 12 + 1);
+    ck_assert_int_ge(su[0], 6 * 12 + 1);
+    ck_assert_int_eq(st[1], st[0] - pa[0] - su[0]);
+    ir_graph_free(h);
+    ir_graph_free(g);
+}
+END_TEST
+
 /* ---- memory: the arena at two sequence lengths ---- */
 
 START_TEST(test_arena_linear)
@@ -510,6 +576,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_kernel_counts);
     tcase_add_test(tc, test_window_fuses);
     tcase_add_test(tc, test_grouped_kv);
+    tcase_add_test(tc, test_cuda_matmul_views);
     tcase_add_test(tc, test_arena_linear);
     tcase_add_test(tc, test_module_parts);
     tcase_add_test(tc, test_parity_fused);

@@ -42,7 +42,7 @@ static char *emu_call_text(const CuGen *gen, const CgKernel *K, int scratch)
     if (!f)
         return NULL;
     int a = 0;
-    fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_mem_type(x), a++);
+    fprintf(f, "%s(*(%s **)a[%d]", K->fn, cu_out_type(K), a++);
     for (int i = 0; i < x->nin; i++)
         fprintf(f, ", *(const %s **)a[%d]", cu_mem_type(x->in[i]), a++);
     if (scratch)
@@ -458,7 +458,8 @@ done:
 const CgBackend cg_cuda_backend = {
     .name = "cuda",
     .description = "CUDA: kernels compiled by NVRTC to PTX, run through libcuda.so.1 on an NVIDIA GPU",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS |
+            CG_CAP_MATMUL_VIEWS,
     .supports = cuda_supports,
     .render = cuda_render,
     .compile = compile,
@@ -473,7 +474,8 @@ const CgBackend cg_cuda_backend = {
 const CgBackend cg_cuda_emu_backend = {
     .name = "cuda-emu",
     .description = "CUDA emulated on the CPU: the same CUDA C compiled by cc with the emulator (testing)",
-    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS,
+    .caps = CG_CAP_SYMBOLIC | CG_CAP_HOST_RUN | CG_CAP_HALF | CG_CAP_CUDA | CG_CAP_MMA | CG_CAP_HEAD_VIEWS |
+            CG_CAP_MATMUL_VIEWS,
     .supports = cuda_supports,
     .render = emu_render,
     .compile = compile,

@@ -134,6 +134,11 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
 int cg_cuda_mma16_fits(const CuKernel *k, int ia, int ib);
 int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
 void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts);
+/* The views (CG_VIEW_A_T, CG_VIEW_SUM_B of cg_plan.h) the matmul x reads and writes through: a plain
+ * matmul step's (a fused program's matmul reads no permute in place); and its count of batch
+ * matrices as an expression, 1 with the batch folded into the reduction (CG_VIEW_SUM_B) */
+unsigned cu_matmul_views(const CuKernel *k, const IrNode *x);
+void cu_matmul_batches(const CuKernel *k, const IrNode *x, char *buf, size_t n);
 void cu_matmul_split_col(const char *v, int R, char *oc, size_t on, char *col, size_t cn);
 int cu_matmul_store(CuKernel *k, CuEpilogue epilogue, void *ctx, const char *value, const char *value1, const char *indent);
 /* The static shared memory a block may declare (bytes): what a kernel's __shared__ arrays share. */
@@ -173,6 +178,9 @@ void cu_prelude(FILE *f, const IrGraph *g, int nkernels, int storage);
 /* The storage type of x's buffer (xtc_fs, the prelude's floating-point storage, or float where
  * cg_keeps_f32; int, i64, u8) and the type values are computed in (float, int, i64, int). */
 const char *cu_mem_type(const IrNode *x);
+/* ... of the buffer kernel K writes: its node's, or where its matmul writes the sum over the batch
+ * (CG_VIEW_SUM_B) the sum's, which keeps f32 as gradients summed over a symbolic batch do */
+const char *cu_out_type(const CgKernel *K);
 const char *cu_val_type(IrDType t);
 /* Element idx of pointer ptr holding values of x's dtype: "xtc_ld(ptr, idx)" for floating
  * point (loaded to float), "ptr[idx]" otherwise; and the statement storing value there

@@ -52,10 +52,13 @@ void cu_mma_operand(const CuKernel *k, const char *value, char *buf, size_t n)
 static int gemv_b_smem(unsigned threads) { return (int)(threads / 32) * GROWS * 32 * 4; }
 
 /* Whether node x's M may be small enough for this path, and its shared memory (none with B
- * transposed) fits in the smem bytes the kernel leaves. */
-static int may_take(const IrNode *x, unsigned threads, int smem)
+ * transposed) fits in the smem bytes the kernel leaves; never for A read transposed in place
+ * (CG_VIEW_A_T: the tiles read it, a weight's gradient, whose M is a weight's dim). */
+static int may_take(const CuKernel *k, const IrNode *x, unsigned threads, int smem)
 {
     if (!x->ia[IR_IA_TRANSPOSE_B] && gemv_b_smem(threads) > smem)
+        return 0;
+    if (cu_matmul_views(k, x) & CG_VIEW_A_T)
         return 0;
     IrDim m = x->shape[x->rank - 2];
     for (int s = 0; s < IR_MAXSYM; s++)
@@ -209,7 +212,7 @@ static int gemv_b(CuKernel *k, int parts, CuEpilogue epilogue, void *ctx, unsign
 int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx, unsigned threads,
                  int smem)
 {
-    if (!may_take(x, threads, smem))
+    if (!may_take(k, x, threads, smem))
         return 0;
     FILE *f = k->f;
     int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
@@ -229,7 +232,7 @@ int cg_cuda_gemv(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpil
 
 void cg_cuda_gemv_geometry(CuKernel *k, const IrNode *x, int parts, unsigned threads, int smem)
 {
-    if (!may_take(x, threads, smem))
+    if (!may_take(k, x, threads, smem))
         return;
     CuGen *gen = k->gen;
     int r = x->rank, tb = x->ia[IR_IA_TRANSPOSE_B] != 0;

@@ -122,6 +122,13 @@ const char *cu_mem_type(const IrNode *x)
     }
 }
 
+const char *cu_out_type(const CgKernel *K)
+{
+    if ((K->views & CG_VIEW_SUM_B) && K->node->dtype == IR_F32 && cg_sum_keeps_f32(K->node, 0))
+        return "float";
+    return cu_mem_type(K->node);
+}
+
 const char *cu_val_type(IrDType t)
 {
     switch (t) {
@@ -261,7 +268,11 @@ void cu_kernel_begin(CuKernel *k)
     case IR_RMAX:
     case IR_CONCAT:
     case IR_SLICE: fprintf(f, " over axis %lld", (long long)x->ia[IR_IA_AXIS]); break;
-    case IR_MATMUL: fprintf(f, "%s", x->ia[IR_IA_TRANSPOSE_B] ? ", b transposed" : ""); break;
+    case IR_MATMUL:
+        fprintf(f, "%s%s%s", x->ia[IR_IA_TRANSPOSE_B] ? ", b transposed" : "",
+                k->k->views & CG_VIEW_A_T ? ", a read transposed in place" : "",
+                k->k->views & CG_VIEW_SUM_B ? ", summed over the batch" : "");
+        break;
     default: break;
     }
     fprintf(f, ", %d step%s */\n", k->k->uses, k->k->uses == 1 ? "" : "s");
@@ -274,7 +285,7 @@ void cu_kernel_begin(CuKernel *k)
     int nparams = 1 + x->nin + scratch + k->gen->g->nsyms + 1;
     for (int p = 0; p < nparams; p++) {
         if (p == 0)
-            snprintf(param, sizeof param, "%s *__restrict__ out", cu_mem_type(x));
+            snprintf(param, sizeof param, "%s *__restrict__ out", x == k->k->node ? cu_out_type(k->k) : cu_mem_type(x));
         else if (p <= x->nin)
             snprintf(param, sizeof param, "const %s *__restrict__ in%d", cu_mem_type(x->in[p - 1]), p - 1);
         else if (scratch && p == x->nin + 1)

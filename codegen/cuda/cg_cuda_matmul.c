@@ -15,6 +15,12 @@
  * matmul (bias, activation, residual) replaces the store of C by its epilogue (cg_cuda_fused.c),
  * which reads mm, the product at (batch, row, col).
  *
+ * Views (cg_plan.h; a plain matmul step's, cu_matmul_views): with CG_VIEW_A_T, A is the permute's
+ * operand read in place, stored [.., K, M] (element (i, p) at p M + i): its tiles are staged
+ * along m as B's are along n. With CG_VIEW_SUM_B too the batch is folded into the reduction:
+ * operands [b, k, m] and [b, k, n] are contiguous [b k, m] and [b k, n] rows, so the kernel runs
+ * one product with K = b k (batches = 1) and writes the sum over the batch as C.
+ *
  * With tensor cores (CgOptions.mma, bf16 or fp16 operands, f32 sums) the block is 4 warps (128
  * threads) over a 64 x 64 tile of C, each warp a 32 x 32 quarter of it as 2 x 4 products of
  * mma.m16n8k16 (the prelude's xtc_mma_m16n8k16_*, whose fragment layout is the PTX ISA's). K
@@ -59,6 +65,19 @@ static void batch_offset(CuKernel *k, const IrNode *out, const IrNode *x, char *
 
 static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx);
 
+unsigned cu_matmul_views(const CuKernel *k, const IrNode *x)
+{
+    return k->k && k->node == x ? k->k->views & (CG_VIEW_A_T | CG_VIEW_SUM_B) : 0;
+}
+
+void cu_matmul_batches(const CuKernel *k, const IrNode *x, char *buf, size_t n)
+{
+    if (cu_matmul_views(k, x) & CG_VIEW_SUM_B)
+        snprintf(buf, n, "1");
+    else
+        cu_dims_prod(k->gen, x->shape, 0, x->rank - 2, buf, n);
+}
+
 int cg_cuda_matmul(CuKernel *k) { return cg_cuda_matmul_with(k, k->node, 0, 1, 1, NULL, NULL); }
 
 /* A split product (parts = 2, a GLU epilogue): a tile covers half as many output columns, from
@@ -83,8 +102,11 @@ void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts)
     char M[CU_EXPR], N[CU_EXPR], K[CU_EXPR], batches[CU_EXPR];
     cu_dim(gen, x->shape[r - 2], M, sizeof M);
     cu_dim(gen, x->shape[r - 1], N, sizeof N);
-    cu_dim(gen, a->shape[a->rank - 1], K, sizeof K);
-    cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
+    if (cu_matmul_views(k, x) & CG_VIEW_SUM_B) /* [b, k, m]^T x [b, k, n]: one product over the b k rows */
+        cu_dims_prod(gen, a->in[0]->shape, 0, 2, K, sizeof K);
+    else
+        cu_dim(gen, a->shape[a->rank - 1], K, sizeof K);
+    cu_matmul_batches(k, x, batches, sizeof batches);
     fprintf(f, "    const i64 M = %s, N = %s, K = %s, batches = %s;\n", M, N, K, batches);
     if (parts == 2)
         fprintf(f, "    const i64 Nout = N / 2; /* the output's columns: the product's halves side by side */\n");
@@ -117,7 +139,8 @@ void cu_matmul_prologue(CuKernel *k, const IrNode *x, int ia, int ib, int parts)
         fprintf(f, "        const %s *B = in%d;\n", tb_, ib);
     else
         fprintf(f, "        const %s *B = in%d + %s;\n", tb_, ib, offb);
-    fprintf(f, "        %s *C = out + batch * M * %s;\n", cu_mem_type(k->node), parts == 2 ? "Nout" : "N");
+    fprintf(f, "        %s *C = out + batch * M * %s;\n", cu_matmul_views(k, x) ? cu_out_type(k->k) : cu_mem_type(k->node),
+            parts == 2 ? "Nout" : "N");
 }
 
 /* The launch: tiles along x, batch matrices along y. */
@@ -128,7 +151,7 @@ static void matmul_geometry(CuKernel *k, const IrNode *x, unsigned threads)
     char M[CU_EXPR], N[CU_EXPR], batches[CU_EXPR];
     cu_dim(gen, x->shape[r - 2], M, sizeof M);
     cu_dim(gen, x->shape[r - 1], N, sizeof N);
-    cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
+    cu_matmul_batches(k, x, batches, sizeof batches);
     char tm[2 * CU_EXPR], tn[2 * CU_EXPR];
     cu_ceil_div(M, TILE, tm, sizeof tm);
     cu_ceil_div(N, TILE, tn, sizeof tn);
@@ -171,14 +194,21 @@ _Static_assert(64 * 16 == STAGE * THREADS && 128 * 8 == STAGE * THREADS, "each t
 
 /* One stage's share of the operand tiles, global memory to registers: ra[i] = A[m0 + tr, kz + tc]
  * for the thread's STAGE elements of A's tile x kt (e = threadIdx.x + THREADS i, tr = e / kt, tc =
- * e % kt: a warp reads rows of kt contiguous floats), rb[i] likewise from B's tile (transposed B
- * the same walk over n; else tr = e / tile along k, tc = e % tile along n); zero past the edges. */
-static void stage_load(FILE *f, const F32Shape *sh, int tb, int R, const char *kz, const char *at)
+ * e % kt: a warp reads rows of kt contiguous floats; A read transposed, ta, stored [K][M]: tr = e %
+ * tile along m, e / tile along k), rb[i] likewise from B's tile (transposed B the same walk over
+ * n; else tr = e / tile along k, tc = e % tile along n); zero past the edges. */
+static void stage_load(FILE *f, const F32Shape *sh, int tb, int ta, int R, const char *kz, const char *at)
 {
     fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* the stage from k = %s */\n", at, STAGE, kz);
     fprintf(f, "%s    const int e = threadIdx.x + %d * i;\n", at, THREADS);
-    fprintf(f, "%s    const i64 tr = e / %d, tc = %s + e %% %d;\n", at, sh->kt, kz, sh->kt);
-    fprintf(f, "%s    ra[i] = m0 + tr < M && tc < K ? xtc_ld(A, (m0 + tr) * K + tc) : 0.0f;\n", at);
+    if (ta) {
+        fprintf(f, "%s    const i64 ak = %s + e / %d, am = m0 + e %% %d;\n", at, kz, sh->tile, sh->tile);
+        fprintf(f, "%s    ra[i] = ak < K && am < M ? xtc_ld(A, ak * M + am) : 0.0f;\n", at);
+    }
+    if (!ta || tb)
+        fprintf(f, "%s    const i64 tr = e / %d, tc = %s + e %% %d;\n", at, sh->kt, kz, sh->kt);
+    if (!ta)
+        fprintf(f, "%s    ra[i] = m0 + tr < M && tc < K ? xtc_ld(A, (m0 + tr) * K + tc) : 0.0f;\n", at);
     char oc[256], col[256];
     if (tb && R) {
         split_col("tr", R, oc, sizeof oc, col, sizeof col);
@@ -197,11 +227,14 @@ static void stage_load(FILE *f, const F32Shape *sh, int tb, int R, const char *k
 }
 
 /* ... and registers to the shared buffer `buf`, both tiles stored [k][m or n] */
-static void stage_store(FILE *f, const F32Shape *sh, int tb, const char *buf, const char *at)
+static void stage_store(FILE *f, const F32Shape *sh, int tb, int ta, const char *buf, const char *at)
 {
     fprintf(f, "%sfor (int i = 0; i < %d; i++) {\n", at, STAGE);
     fprintf(f, "%s    const int e = threadIdx.x + %d * i;\n", at, THREADS);
-    fprintf(f, "%s    %s[%s][e %% %d][e / %d] = ra[i];\n", at, sh->as, buf, sh->kt, sh->kt);
+    if (ta)
+        fprintf(f, "%s    %s[%s][e / %d][e %% %d] = ra[i];\n", at, sh->as, buf, sh->tile, sh->tile);
+    else
+        fprintf(f, "%s    %s[%s][e %% %d][e / %d] = ra[i];\n", at, sh->as, buf, sh->kt, sh->kt);
     if (tb)
         fprintf(f, "%s    %s[%s][e %% %d][e / %d] = rb[i];\n", at, sh->bs, buf, sh->kt, sh->kt);
     else
@@ -215,7 +248,7 @@ static void stage_store(FILE *f, const F32Shape *sh, int tb, const char *buf, co
  * reads of A share 2 addresses, its reads of B are 256 contiguous bytes) for per x per fused
  * multiply-adds. The next stage's tiles are read from global memory into registers while the
  * current stage's products run, then stored to the other buffer: one barrier a stage. */
-static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int parts, CuEpilogue epilogue, void *ctx)
+static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int ta, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
     int t = sh->tile, per = sh->per, half = sh->tile / 2;
@@ -231,15 +264,15 @@ static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int parts, CuEpilo
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int w = 0; w < %d; w++)\n", per);
     fprintf(f, "                        acc[q][w] = 0.0f;\n");
-    stage_load(f, sh, tb, R, "0", "                ");
-    stage_store(f, sh, tb, "0", "                ");
+    stage_load(f, sh, tb, ta, R, "0", "                ");
+    stage_store(f, sh, tb, ta, "0", "                ");
     fprintf(f, "                __syncthreads();\n");
     fprintf(f, "                for (i64 k0 = 0; k0 < K; k0 += %d) {\n", sh->kt);
     fprintf(f, "                    const int cur = (int)(k0 / %d %% 2), more = k0 + %d < K;\n", sh->kt, sh->kt);
     fprintf(f, "                    if (more) { /* the next stage's loads, in flight during this one's products */\n");
     char kz[32];
     snprintf(kz, sizeof kz, "k0 + %d", sh->kt);
-    stage_load(f, sh, tb, R, kz, "                        ");
+    stage_load(f, sh, tb, ta, R, kz, "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                    for (int kk = 0; kk < %d; kk++) {\n", sh->kt);
@@ -255,7 +288,7 @@ static int f32_tiles(CuKernel *k, const F32Shape *sh, int tb, int parts, CuEpilo
     fprintf(f, "                                acc[q][w] += av[q] * bv[w];\n");
     fprintf(f, "                    }\n");
     fprintf(f, "                    if (more) {\n");
-    stage_store(f, sh, tb, "cur ^ 1", "                        ");
+    stage_store(f, sh, tb, ta, "cur ^ 1", "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "                    __syncthreads();\n");
     fprintf(f, "                }\n");
@@ -303,7 +336,7 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
         return cg_cuda_mma16_fits(k, ia, ib) ? cg_cuda_matmul_mma16(k, x, ia, ib, parts, epilogue, ctx)
                                              : matmul_mma(k, x, ia, ib, parts, epilogue, ctx);
     FILE *f = k->f;
-    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
+    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0, ta = (cu_matmul_views(k, x) & CG_VIEW_A_T) != 0;
     k->sync = 1;
     /* two blocks resident per SM: the registers capped at 128 a thread (the large tiles' 64
      * accumulators fit; uncapped, the compiler takes ~167 and one block runs per SM) */
@@ -328,10 +361,10 @@ int cg_cuda_matmul_with(CuKernel *k, const IrNode *x, int ia, int ib, int parts,
     char big[6 * CU_EXPR];
     large_test(big, sizeof big, "M", "N");
     fprintf(f, "        if (%s) {\n", big);
-    if (f32_tiles(k, &shape_large, tb, parts, epilogue, ctx) < 0)
+    if (f32_tiles(k, &shape_large, tb, ta, parts, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        } else {\n");
-    if (f32_tiles(k, &shape_small, tb, parts, epilogue, ctx) < 0)
+    if (f32_tiles(k, &shape_small, tb, ta, parts, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
@@ -414,7 +447,7 @@ static void stage_operand(CuKernel *k, const char *dst, const char *src, const c
 static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
-    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
+    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0, ta = (cu_matmul_views(k, x) & CG_VIEW_A_T) != 0;
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
     k->sync = 1;
     cu_kernel_begin(k);
@@ -440,7 +473,7 @@ static int matmul_mma(CuKernel *k, const IrNode *x, int ia, int ib, int parts, C
     fprintf(f, "                    for (int q = 0; q < 4; q++)\n");
     fprintf(f, "                        acc[i][j][q] = 0.0f;\n");
     fprintf(f, "            for (i64 k0 = 0; k0 < K; k0 += %d) {\n", MKT);
-    stage_operand(k, "As", "A", "M", "m0", 1, 0);
+    stage_operand(k, "As", "A", "M", "m0", !ta, 0); /* A read transposed (ta): stored [K][M] */
     stage_operand(k, "Bs", "B", "N", "n0", tb, R);
     fprintf(f, "                __syncthreads();\n");
     fprintf(f, "                for (int kp = 0; kp < %d; kp += 8) { /* k pairs kp .. kp + 7: one mma k-step */\n",

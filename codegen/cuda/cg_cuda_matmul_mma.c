@@ -31,7 +31,13 @@
  * complete before its barrier). Past the edges of M, N and K the tiles hold zeros (cp.async's
  * src-size 0). Without an epilogue a lane's two neighbouring columns of C go out in one store
  * (xtc_st2) where the row length is even. Operands stored in f32 (f32 storage with --mma, or a
- * buffer that keeps f32) take cg_cuda_matmul.c's tensor-core kernel, which converts as it stages. */
+ * buffer that keeps f32) take cg_cuda_matmul.c's tensor-core kernel, which converts as it stages.
+ *
+ * A read transposed in place (CG_VIEW_A_T, cg_plan.h; cg_cuda_matmul.c's prologue folds the batch
+ * into K under CG_VIEW_SUM_B): A stored [K][M] is copied as stored, as B is,
+ *   A^T   [k][m], BM / 8 chunks a row, chunk c of row r at c ^ (r % 8)
+ * and its fragments come by ldmatrix.x4.trans (stage_copy_at, a_frag_at); its copies need rows
+ * of a multiple of 8 values along M instead of K. */
 #include "cg_cuda.h"
 
 #include <string.h>
@@ -61,12 +67,15 @@ int cg_cuda_mma16_fits(const CuKernel *k, int ia, int ib)
 }
 
 /* 16-byte copies: 0 never (known sizes whose rows are not multiples of 8), else 1 (the kernel's
- * `vec` decides at run time, pointers and symbolic sizes) */
-static int copies_possible(const IrNode *x, int tb, int parts)
+ * `vec` decides at run time, pointers and symbolic sizes). ta: A read transposed, rows along M. */
+static int copies_possible(const IrNode *x, int tb, int ta, int parts)
 {
     const IrNode *a = x->in[0];
-    IrDim K = a->shape[a->rank - 1], N = x->shape[x->rank - 1];
-    if (ir_dim_is_const(K) && ir_dim_eval(K, NULL) % 8)
+    IrDim K = a->shape[a->rank - 1], N = x->shape[x->rank - 1], M = x->shape[x->rank - 2];
+    IrDim arow = ta ? M : K;
+    if (ir_dim_is_const(arow) && ir_dim_eval(arow, NULL) % 8)
+        return 0;
+    if (tb && ir_dim_is_const(K) && ir_dim_eval(K, NULL) % 8)
         return 0;
     if (!tb && ir_dim_is_const(N) && ir_dim_eval(N, NULL) % (parts == 2 ? 16 : 8))
         return 0;
@@ -101,19 +110,37 @@ static void copy_chunk(FILE *f, int vec, const char *P, const char *ok, const ch
 /* The copies of one stage: k from kz into buffer slot, every thread its share of the chunks of
  * A's tile (bm x 32) and B's (32 x bn either way); with vec, cp.async where the kernel's vec
  * allows, else (and without vec) value by value. */
-static void stage_copy(FILE *f, const Shape *sh, int tb, int R, int vec, const char *slot, const char *kz,
+/* ... A's tile when A is read transposed (CG_VIEW_A_T), stored [K][M]: 32 rows (k) of bm / 8 chunks */
+static void stage_copy_at(FILE *f, const Shape *sh, int vec, const char *slot, const char *kz, const char *at)
+{
+    char in[64], dst[256];
+    int cpr = sh->bm / 8;
+    snprintf(in, sizeof in, "%s    ", at);
+    fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* A^T[%s .., m0 ..] */\n", at, KT * cpr / THREADS, kz);
+    fprintf(f, "%s    const int e = threadIdx.x + %d * i, r = e / %d, c = e %% %d;\n", at, THREADS, cpr, cpr);
+    fprintf(f, "%s    const i64 gk = %s + r, gm = m0 + 8 * c;\n", at, kz);
+    chunk_at(dst, sizeof dst, 0, sh->bm, "r", "c");
+    fprintf(f, "%s    unsigned short *dst = &As[%s][%s];\n", at, slot, dst);
+    copy_chunk(f, vec, "A", "gk < K && gm < M", "gk * M + gm", "gk < K && gm + u < M", in);
+    fprintf(f, "%s}\n", at);
+}
+
+static void stage_copy(FILE *f, const Shape *sh, int tb, int ta, int R, int vec, const char *slot, const char *kz,
                        const char *at)
 {
     char in[64], dst[256], ok[512], oku[512], src[512], oc[256], col[256];
     snprintf(in, sizeof in, "%s    ", at);
-    /* A: bm rows of 4 chunks */
-    fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* A[m0 .., %s ..] */\n", at, sh->bm * 4 / THREADS, kz);
-    fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
-    fprintf(f, "%s    const i64 gr = m0 + r, gk = %s + 8 * c;\n", at, kz);
-    chunk_at(dst, sizeof dst, 1, 0, "r", "c");
-    fprintf(f, "%s    unsigned short *dst = &As[%s][%s];\n", at, slot, dst);
-    copy_chunk(f, vec, "A", "gr < M && gk < K", "gr * K + gk", "gr < M && gk + u < K", in);
-    fprintf(f, "%s}\n", at);
+    if (ta) {
+        stage_copy_at(f, sh, vec, slot, kz, at);
+    } else { /* A: bm rows of 4 chunks */
+        fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* A[m0 .., %s ..] */\n", at, sh->bm * 4 / THREADS, kz);
+        fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
+        fprintf(f, "%s    const i64 gr = m0 + r, gk = %s + 8 * c;\n", at, kz);
+        chunk_at(dst, sizeof dst, 1, 0, "r", "c");
+        fprintf(f, "%s    unsigned short *dst = &As[%s][%s];\n", at, slot, dst);
+        copy_chunk(f, vec, "A", "gr < M && gk < K", "gr * K + gk", "gr < M && gk + u < K", in);
+        fprintf(f, "%s}\n", at);
+    }
     if (tb) { /* B^T: bn rows (n) of 4 chunks */
         fprintf(f, "%sfor (int i = 0; i < %d; i++) { /* B[n0 .., %s ..] */\n", at, sh->bn * 4 / THREADS, kz);
         fprintf(f, "%s    const int e = (int)xtc_opaque(threadIdx.x) + %d * i, r = e >> 2, c = e & 3;\n", at, THREADS);
@@ -152,10 +179,21 @@ static void stage_copy(FILE *f, const Shape *sh, int tb, int R, int vec, const c
     fprintf(f, "%s}\n", at);
 }
 
+/* A's fragments of the warp's 16-row block i at k-step ks from A^T's tile [k][m] (CG_VIEW_A_T),
+ * transposed by ldmatrix: matrices (m +0..7, k +0..7), (m +8..15, k +0..7), (m +0..7, k +8..15),
+ * (m +8..15, k +8..15), the a0 .. a3 of m16n8k16, each read as 8 rows of k of 8 values of m */
+static void a_frag_at(FILE *f, int bm)
+{
+    char p[256];
+    fprintf(f, "                            const int r = 16 * ks + (lane & 7) + (lane >> 4) * 8, c = (wm + 16 * i) / 8 + (lane >> 3 & 1);\n");
+    chunk_at(p, sizeof p, 0, bm, "r", "c");
+    fprintf(f, "                            xtc_ldmatrix_x4_trans(af[i], &As[cur][%s]);\n", p);
+}
+
 /* The tile loop of one shape for the batch's A, B and C. Warp w covers rows wm .. wm + 16 mi
  * and columns wn .. wn + 8 nj of the tile; its lane (g, t) ends with acc[i][j] = the mma's d of
  * rows wm + 16 i + g (+ 8) and columns wn + 8 j + 2 t (+ 1). */
-static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpilogue epilogue, void *ctx)
+static int tiles(CuKernel *k, const Shape *sh, int tb, int ta, int parts, int vec, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
     const char *mma = k->gen->mma == CG_MMA_FP16 ? "xtc_mma_m16n8k16_f16" : "xtc_mma_m16n8k16_bf16";
@@ -176,7 +214,7 @@ static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpi
     fprintf(f, "                            acc[i][j][q] = 0.0f;\n");
     fprintf(f, "                for (int s = 0; s < %d; s++) { /* the first stages in flight */\n", STAGES - 1);
     fprintf(f, "                    if (s < kt) {\n");
-    stage_copy(f, sh, tb, R, vec, "s", "(i64)s * 32", "                        ");
+    stage_copy(f, sh, tb, ta, R, vec, "s", "(i64)s * 32", "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "                    xtc_cp_async_commit();\n");
     fprintf(f, "                }\n");
@@ -188,7 +226,7 @@ static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpi
     fprintf(f, "                    if (kb + %d < kt) {\n", STAGES - 1);
     fprintf(f, "                        const int slot = cur == 0 ? %d : cur - 1; /* (kb + %d) %% %d */\n", STAGES - 1,
             STAGES - 1, STAGES);
-    stage_copy(f, sh, tb, R, vec, "slot", "(kb + 2) * 32", "                        ");
+    stage_copy(f, sh, tb, ta, R, vec, "slot", "(kb + 2) * 32", "                        ");
     fprintf(f, "                    }\n");
     fprintf(f, "                    xtc_cp_async_commit();\n");
     fprintf(f, "#pragma unroll\n");
@@ -197,9 +235,13 @@ static int tiles(CuKernel *k, const Shape *sh, int tb, int parts, int vec, CuEpi
     char p[256];
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                        for (int i = 0; i < %d; i++) { /* rows +0..7 +8..15, k +0..7 +8..15 */\n", mi);
-    fprintf(f, "                            const int r = wm + 16 * i + (lane & 15), c = 2 * ks + (lane >> 4);\n");
-    chunk_at(p, sizeof p, 1, 0, "r", "c");
-    fprintf(f, "                            xtc_ldmatrix_x4(af[i], &As[cur][%s]);\n", p);
+    if (ta) {
+        a_frag_at(f, bm);
+    } else {
+        fprintf(f, "                            const int r = wm + 16 * i + (lane & 15), c = 2 * ks + (lane >> 4);\n");
+        chunk_at(p, sizeof p, 1, 0, "r", "c");
+        fprintf(f, "                            xtc_ldmatrix_x4(af[i], &As[cur][%s]);\n", p);
+    }
     fprintf(f, "                        }\n");
     fprintf(f, "#pragma unroll\n");
     fprintf(f, "                        for (int j = 0; j < %d; j += 2) { /* columns 8 j .. 8 j + 15 */\n", nj);
@@ -279,8 +321,8 @@ static void tile_large(char *buf, size_t n, const char *M, const char *N, const 
 int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts, CuEpilogue epilogue, void *ctx)
 {
     FILE *f = k->f;
-    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0;
-    int vec = copies_possible(x, tb, parts);
+    int tb = x->ia[IR_IA_TRANSPOSE_B] != 0, ta = (cu_matmul_views(k, x) & CG_VIEW_A_T) != 0;
+    int vec = copies_possible(x, tb, ta, parts);
     k->sync = 1;
     k->bound_threads = THREADS;
     k->bound_blocks = 2;
@@ -301,7 +343,7 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
         return -1;
     if (vec) {
         fprintf(f, "        /* 16-byte copies: rows of multiples of 8 values, aligned operands */\n");
-        fprintf(f, "        const int vec = K %% 8 == 0 && %s((unsigned long long)in%d & 15) == 0 &&\n",
+        fprintf(f, "        const int vec = %s %% 8 == 0 && %s((unsigned long long)in%d & 15) == 0 &&\n", ta ? "M" : "K",
                 tb ? "" : parts == 2 ? "Nout % 8 == 0 && " : "N % 8 == 0 && ", ia);
         fprintf(f, "                        ((unsigned long long)in%d & 15) == 0;\n", ib);
     }
@@ -310,10 +352,10 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     char big[6 * CU_EXPR];
     tile_large(big, sizeof big, "M", "N", "batches");
     fprintf(f, "        if (%s) {\n", big);
-    if (tiles(k, &shape_large, tb, parts, vec, epilogue, ctx) < 0)
+    if (tiles(k, &shape_large, tb, ta, parts, vec, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        } else {\n");
-    if (tiles(k, &shape_small, tb, parts, vec, epilogue, ctx) < 0)
+    if (tiles(k, &shape_small, tb, ta, parts, vec, epilogue, ctx) < 0)
         return -1;
     fprintf(f, "        }\n    }\n");
     cu_kernel_end(k);
@@ -323,7 +365,7 @@ int cg_cuda_matmul_mma16(CuKernel *k, const IrNode *x, int ia, int ib, int parts
     char M[CU_EXPR], N[CU_EXPR], batches[CU_EXPR], tl[2][2][2 * CU_EXPR];
     cu_dim(gen, x->shape[r - 2], M, sizeof M);
     cu_dim(gen, x->shape[r - 1], N, sizeof N);
-    cu_dims_prod(gen, x->shape, 0, r - 2, batches, sizeof batches);
+    cu_matmul_batches(k, x, batches, sizeof batches);
     tile_large(big, sizeof big, M, N, batches);
     const Shape *shapes[2] = {&shape_large, &shape_small};
     for (int s = 0; s < 2; s++) {
