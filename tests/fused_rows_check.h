@@ -24,11 +24,9 @@ START_TEST(test_fused_row_kernels)
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
     CgOptions opt = {.output = "-", .dtype = "bf16"};
     CuUnit u;
-    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
     char *src = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&src, &len);
-    cu_prelude(f, g, u.nkernels, 1);
+    FILE *f = render_with_prelude(&plan, &opt, g, 1, &u, &src, &len);
     int rows = 0, stores = 0, xent = 0, ln_grad = 0, loss = 0;
     for (int k = 0; k < u.nkernels; k++) {
         const char *t = u.kernel_text[k];

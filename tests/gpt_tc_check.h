@@ -21,11 +21,9 @@ START_TEST(test_gpt_tensor_core_kernels)
                   "%s", err);
     CgOptions opt = {.output = "-", .mma = CG_MMA_BF16, .dtype = "bf16"};
     CuUnit u;
-    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
     char *src = NULL, *ptx = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&src, &len);
-    cu_prelude(f, g, u.nkernels, 1);
+    FILE *f = render_with_prelude(&plan, &opt, g, 1, &u, &src, &len);
     int kernels = 0, grads = 0, regs[2] = {0, 0};
     const char *grad = NULL;
     for (int k = 0; k < u.nkernels; k++) {

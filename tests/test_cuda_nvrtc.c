@@ -93,6 +93,19 @@ typedef struct {
     int viewed;   /* of the distinct kernels: attention through head-split views (CG_VIEW_*) */
 } KernelSet;
 
+/* Renders plan's unit into *u and opens a memory stream at *src with the prelude for storage
+ * (0 f32, 1 bf16, 2 fp16) written: the caller appends the kernels it compiles, then closes it. */
+static FILE *render_with_prelude(const CgPlan *plan, const CgOptions *opt, const IrGraph *g, int storage, CuUnit *u,
+                                 char **src, size_t *len)
+{
+    char err[4096];
+    ck_assert_msg(cg_cuda_render_unit(plan, opt, 0, u, err, sizeof err) == 0, "%s", err);
+    FILE *f = open_memstream(src, len);
+    ck_assert_ptr_nonnull(f);
+    cu_prelude(f, g, u->nkernels, storage);
+    return f;
+}
+
 static void add_graph(KernelSet *ks, const IrGraph *g, const char *what)
 {
     char err[1024];
@@ -788,11 +801,9 @@ START_TEST(test_flash_instruction_mix)
             const int storage = si ? (mma == CG_MMA_BF16 ? 1 : 2) : 0; /* f32, or the format's 16-bit storage */
             CgOptions opt = {.output = "-", .mma = mma, .dtype = si ? storage_name[storage] : NULL};
             CuUnit u;
-            ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
             char *src = NULL;
             size_t len = 0;
-            FILE *f = open_memstream(&src, &len);
-            cu_prelude(f, g, u.nkernels, storage);
+            FILE *f = render_with_prelude(&plan, &opt, g, storage, &u, &src, &len);
             int flash = 0, stored = 0, grouped = 0;
             const char *stored_fn[15];
             for (int k = 0; k < u.nkernels; k++) {
@@ -928,11 +939,9 @@ START_TEST(test_matmul_instruction_mix)
     for (int mma = CG_MMA_BF16; mma <= CG_MMA_FP16; mma++) {
         CgOptions opt = {.output = "-", .mma = mma, .dtype = mma == CG_MMA_BF16 ? "bf16" : "fp16"};
         CuUnit u;
-        ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
         char *src = NULL;
         size_t len = 0;
-        FILE *f = open_memstream(&src, &len);
-        cu_prelude(f, g, u.nkernels, mma == CG_MMA_BF16 ? 1 : 2);
+        FILE *f = render_with_prelude(&plan, &opt, g, mma == CG_MMA_BF16 ? 1 : 2, &u, &src, &len);
         int kernels = 0, copying = 0, trans = 0;
         for (int k = 0; k < u.nkernels; k++)
             if (strstr(u.kernel_text[k], "cp.async pipeline")) {
@@ -1043,11 +1052,9 @@ START_TEST(test_grouped_grad_kernels)
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
     CgOptions opt = {.output = "-", .mma = CG_MMA_OFF};
     CuUnit u;
-    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
     char *src = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&src, &len);
-    cu_prelude(f, g, u.nkernels, 0);
+    FILE *f = render_with_prelude(&plan, &opt, g, 0, &u, &src, &len);
     int grads = 0;
     for (int k = 0; k < u.nkernels; k++)
         if (plan.kernels[k].node->op == IR_ATTENTION_GRAD) {
@@ -1093,11 +1100,9 @@ START_TEST(test_copy_kernels)
     ck_assert_msg(cg_plan_build(g, &plan, err, sizeof err) == 0, "%s", err);
     CgOptions opt = {.output = "-", .mma = CG_MMA_OFF, .dtype = "bf16"};
     CuUnit u;
-    ck_assert_msg(cg_cuda_render_unit(&plan, &opt, 0, &u, err, sizeof err) == 0, "%s", err);
     char *src = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&src, &len);
-    cu_prelude(f, g, u.nkernels, 1);
+    FILE *f = render_with_prelude(&plan, &opt, g, 1, &u, &src, &len);
     int copies = 0, vectors = 0, tiled = 0;
     for (int k = 0; k < u.nkernels; k++) {
         IrOp op = plan.kernels[k].node->op;
