@@ -884,11 +884,9 @@ static void build_train_block(IrGraph *g, IrDim b, IrDim n)
     ck_assert_msg(ir_autodiff(g, NULL, err, sizeof err) == 0, "autodiff: %s", err);
 }
 
-/* Row programs the pipeline fuses, sized for the CUDA row kernels' path of 8 columns a thread
- * (cg_cuda_fused.c): a LayerNorm of rows of 1040 (more than one 8-column step a thread), softmax
- * and cross-entropy's gradient over 24 classes, and rows of n + 1 (a multiple of 8 only at
- * n = 7: the kernel's run-time test; else a column at a time); the cross-entropy loss over 2064
- * classes (cg_cuda_reduce.c: more than one 8-class step a thread) */
+/* Fused row programs sized for CUDA's 8-columns-a-thread path (cg_cuda_fused.c): LayerNorm over 1040, softmax and
+ * cross-entropy's gradient over 24 classes, rows of n + 1 (a multiple of 8 only at n = 7: the run-time test; else a
+ * column at a time); the cross-entropy loss over 2064 classes (cg_cuda_reduce.c: more than one 8-class step) */
 static void build_fused_rows(IrGraph *g, IrDim b, IrDim n)
 {
     IrDim sx[] = {b, n, ir_dim(1040)}, sz[] = {b, n, ir_dim(24)}, s1[] = {b, n, ir_dim(1)};
@@ -1059,11 +1057,10 @@ static void build_mma16_epilogues(IrGraph *g, IrDim b, IrDim n)
                               ir_unary(g, IR_GELU, ir_slice(g, pt, -1, ir_dim(72), ir_dim(72)))));
 }
 
-/* A read through a permute of its last two dims (dW = g^T x): the CPU and CUDA read it in place (CG_VIEW_A_T),
- * batched (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and past the
- * CPU A^T path's double one (530), the plain path (5 columns), summed over the batch (CG_VIEW_SUM_B); m and n
- * multiples of 8 (CUDA's 16-byte copies of A^T and B, at_vec), summed too; build_matmul_at adds a permute
- * another op reads too (no view; test_cpu_bf16 runs the forms). */
+/* A read through a permute of its last two dims (dW = g^T x): the CPU and CUDA read it in place (CG_VIEW_A_T), batched
+ * (k = n), k past KC with a partial tile, m past two MC blocks, n past a column block (301) and the CPU A^T path's double
+ * one (530), the plain path (5 columns), summed over the batch (CG_VIEW_SUM_B); m, n multiples of 8 (CUDA's 16-byte
+ * copies, at_vec), summed too; build_matmul_at adds a permute another op reads (no view; test_cpu_bf16 runs the forms) */
 static const int swap3[] = {0, 2, 1}, swap2[] = {1, 0};
 static IrNode *matmul_at_forms(IrGraph *g, IrDim b, IrDim n)
 {
